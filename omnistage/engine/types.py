@@ -1,0 +1,95 @@
+"""Typed requests, payloads and outputs that cross the engine boundary.
+
+Every engine (AR, diffusion, generation) takes `StageRequest`s and emits `StageOutput`s
+whose payload is one of the typed payloads below. Engines never know which stage comes
+next; the orchestrator routes payloads between stages.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+# --- payloads (what a stage produces) -------------------------------------------------
+
+@dataclass
+class TextPayload:
+    """AR output so far. `delta_*` is what this step added; the rest is cumulative."""
+    token_ids: list[int]
+    text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+    delta_text: str = ""
+    hidden_states: Any = None  # torch.Tensor [num_tokens, hidden] when a downstream stage asked for it
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    extras: dict[str, Any] = field(default_factory=dict)  # model-specific tensors for the next stage
+
+
+@dataclass
+class ImagePayload:
+    images: list[Any]  # PIL.Image.Image
+
+
+@dataclass
+class VideoPayload:
+    frames: Any  # np.ndarray uint8 [num_frames, H, W, 3]
+    fps: float
+
+
+@dataclass
+class AudioPayload:
+    audio: Any  # np.ndarray float32, mono
+    sample_rate: int
+    is_chunk: bool = False  # True for a streamed piece; the final payload holds the whole waveform
+
+
+@dataclass
+class LatentPayload:
+    latents: Any  # torch.Tensor
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ProgressPayload:
+    step: int
+    num_steps: int
+    preview: Any = None  # optional PIL preview of the current latents
+
+
+# --- requests and outputs -----------------------------------------------------------------
+
+@dataclass
+class StageRequest:
+    request_id: str
+    inputs: Any  # built by the stage's input processor (e.g. {"prompt": str, "image": PIL} or token ids)
+    params: Any = None  # DiffusionParams | SamplingParams | None (engine defaults)
+    arrival_time: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class StageOutput:
+    request_id: str
+    payload: Any  # one of the payload types above, or None with an error
+    finished: bool
+    error: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the orchestrator needs from every stage engine. Steps are driven by the caller."""
+
+    def add_request(self, request: StageRequest) -> None: ...
+
+    def abort_request(self, request_id: str) -> None: ...
+
+    def step(self) -> list[StageOutput]:
+        """Run one scheduling step; return the outputs it produced (possibly none)."""
+        ...
+
+    def has_unfinished_requests(self) -> bool: ...
+
+    def is_healthy(self) -> bool: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,103 @@
+"""The tiny model zoo: random-weight checkpoints written in the real on-disk formats.
+
+Each entry knows how to write one model family at a given size. Builders live in
+`diffusion_models.py` (diffusers `model_index.json` folders) and `speech_models.py`
+(transformers folders); they register themselves here with `register_zoo_model`.
+
+`build(name, out_dir)` writes a checkpoint; `ensure(name)` builds it once into a cache
+directory and returns the path, which is what tests and the demo server use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Bump when any builder changes its output, so cached folders are rebuilt.
+ZOO_VERSION = 1
+SIZES = ("tiny", "small")
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    name: str
+    kind: str  # "diffusion" | "ar" | "omni" | "speech"
+    reference_class: str  # the reference library class that loads it, e.g. "diffusers.ZImagePipeline"
+    builder: Callable[[Path, str, int], None]  # (out_dir, size, seed) -> writes the checkpoint
+    sizes: tuple[str, ...] = ("tiny",)
+    description: str = ""
+    extras: dict = field(default_factory=dict)
+
+
+_ZOO: dict[str, ZooModel] = {}
+
+
+def register_zoo_model(model: ZooModel) -> ZooModel:
+    _ZOO[model.name] = model
+    return model
+
+
+def _load_builders() -> None:
+    # Imported lazily: builders import torch/diffusers/transformers.
+    from omnistage.testing import diffusion_models, speech_models  # noqa: F401
+
+
+def list_models() -> list[ZooModel]:
+    _load_builders()
+    return [_ZOO[k] for k in sorted(_ZOO)]
+
+
+def get_model(name: str) -> ZooModel:
+    _load_builders()
+    if name not in _ZOO:
+        raise KeyError(f"unknown zoo model {name!r}; available: {', '.join(sorted(_ZOO))}")
+    return _ZOO[name]
+
+
+def build(name: str, out_dir: str | os.PathLike, size: str = "tiny", seed: int = 0) -> Path:
+    """Write the zoo model `name` at `size` into `out_dir` (created; must be empty or absent)."""
+    model = get_model(name)
+    if size not in model.sizes:
+        raise ValueError(f"zoo model {name!r} has sizes {list(model.sizes)}, not {size!r}")
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} is not empty")
+    out.mkdir(parents=True, exist_ok=True)
+    model.builder(out, size, seed)
+    return out
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "omnistage" / "zoo"
+
+
+def ensure(name: str, size: str = "tiny", seed: int = 0, cache_dir: str | os.PathLike | None = None) -> Path:
+    """Return the cached checkpoint for (name, size, seed), building it first if needed.
+
+    The build goes to a temporary folder that is renamed into place, so a crash or a
+    concurrent build never leaves a half-written model behind.
+    """
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    target = root / f"{name}-{size}-s{seed}-v{ZOO_VERSION}"
+    if (target / ".complete").exists():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    try:
+        build(name, tmp / "m", size=size, seed=seed)
+        (tmp / "m" / ".complete").write_text(json.dumps({"name": name, "size": size, "seed": seed}))
+        try:
+            os.rename(tmp / "m", target)
+        except OSError:
+            if not (target / ".complete").exists():  # lost a race to a half-built target: replace it
+                shutil.rmtree(target, ignore_errors=True)
+                os.rename(tmp / "m", target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

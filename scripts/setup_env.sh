@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Create or reuse .venv in the repo root and install omnistage into it.
+# Sourced by serve.sh and test.sh; safe to run again (skips work when nothing changed).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+PY="${PYTHON:-python3}"
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[omnistage] creating virtualenv at $VENV"
+  "$PY" -m venv "$VENV"
+  "$VENV/bin/pip" install -q -U pip
+fi
+
+# Reinstall only when the dependency list changed.
+STAMP="$VENV/.omnistage-install-stamp"
+WANT="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1)"
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
+  if ! command -v nvidia-smi >/dev/null 2>&1; then
+    # No CUDA here: a bare `torch` requirement would pull a multi-GB CUDA build.
+    echo "[omnistage] no CUDA found: installing the CPU build torch==2.13.0"
+    "$VENV/bin/pip" install -q torch==2.13.0
+  fi
+  echo "[omnistage] installing omnistage (editable) with dev extras"
+  "$VENV/bin/pip" install -q -e "$ROOT[dev]"
+  echo "$WANT" > "$STAMP"
+fi
