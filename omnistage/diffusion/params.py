@@ -1,0 +1,74 @@
+"""User-facing diffusion request parameters, validated at the edge.
+
+`DiffusionParams` holds the prompt-level fields every diffusion model understands; a
+field left as None takes the pipeline's default. Model-specific knobs go in `extras`
+and are checked against the extras the pipeline declares (`ExtraSpec`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class DiffusionParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    negative_prompt: str | None = None
+    height: int | None = Field(default=None, ge=8, le=8192)
+    width: int | None = Field(default=None, ge=8, le=8192)
+    num_frames: int | None = Field(default=None, ge=1, le=1024)
+    fps: float | None = Field(default=None, gt=0, le=240)
+    num_inference_steps: int | None = Field(default=None, ge=1, le=1000)
+    guidance_scale: float | None = Field(default=None, ge=0)
+    true_cfg_scale: float | None = Field(default=None, ge=0)
+    guidance_scale_2: float | None = Field(default=None, ge=0)
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    num_outputs_per_prompt: int = Field(default=1, ge=1, le=16)
+    extras: dict[str, Any] = Field(default_factory=dict)
+    """Model-declared extras, e.g. {"max_sequence_length": 64}; unknown names are rejected."""
+
+    def with_defaults(self, defaults: dict[str, Any]) -> "DiffusionParams":
+        """Fill fields left as None (and missing extras) from `defaults`."""
+        updates = {k: v for k, v in defaults.items() if k != "extras" and getattr(self, k, None) is None}
+        extras = {**defaults.get("extras", {}), **self.extras}
+        return self.model_copy(update={**updates, "extras": extras})
+
+
+@dataclass(frozen=True)
+class ExtraSpec:
+    """A model-declared request extra: its type, default and allowed range."""
+
+    type: type
+    default: Any = None
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[Any, ...] | None = None
+    help: str = ""
+
+    def check(self, name: str, value: Any) -> Any:
+        if self.type is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
+            raise ValueError(f"extras.{name} must be {self.type.__name__}, got {type(value).__name__}")
+        if self.min is not None and value < self.min:
+            raise ValueError(f"extras.{name} must be >= {self.min}, got {value}")
+        if self.max is not None and value > self.max:
+            raise ValueError(f"extras.{name} must be <= {self.max}, got {value}")
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"extras.{name} must be one of {list(self.choices)}, got {value!r}")
+        return value
+
+
+def validate_extras(extras: dict[str, Any], schema: dict[str, ExtraSpec]) -> dict[str, Any]:
+    """Check `extras` against `schema`; return them with declared defaults filled in."""
+    unknown = sorted(set(extras) - set(schema))
+    if unknown:
+        known = ", ".join(sorted(schema)) or "none"
+        raise ValueError(f"unknown extras {unknown}; this model accepts: {known}")
+    out = {name: spec.default for name, spec in schema.items() if spec.default is not None}
+    for name, value in extras.items():
+        out[name] = schema[name].check(name, value)
+    return out

@@ -1,0 +1,1 @@
+"""Diffusion zoo builders (diffusers model_index.json folders)."""
