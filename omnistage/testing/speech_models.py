@@ -33,6 +33,12 @@ def _save_speakers(speakers: dict, path: Path) -> None:
     torch.save(speakers, path)
 
 
+def _check_vocab(tokenizer, limit: int) -> None:
+    """The model's embedding must cover every token id the tokenizer can produce."""
+    if len(tokenizer) > limit:
+        raise ValueError(f"tokenizer has {len(tokenizer)} tokens but only ids below {limit} are allowed")
+
+
 # --------------------------------------------------------------------------- qwen2-llm
 
 # head_dim 64: vLLM's CPU attention accepts only head sizes in {32, 64, 80, ...}.
@@ -51,7 +57,7 @@ def build_qwen2_llm(out_dir: Path, size: str, seed: int) -> None:
 
     tok = build_bpe_tokenizer(QWEN_SPECIAL_TOKENS, vocab_size=QWEN2_VOCAB, chat_template=CHATML_TEMPLATE,
                               eos_token="<|im_end|>", pad_token="<|endoftext|>", model_max_length=2048)
-    assert len(tok) <= QWEN2_VOCAB, len(tok)
+    _check_vocab(tok, QWEN2_VOCAB)
     endoftext, im_end = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
     # Like the real Qwen2.5 instruct checkpoints: bos = pad = <|endoftext|>, the model stops on
     # <|im_end|> (chat) or <|endoftext|> (plain completion).
@@ -125,7 +131,7 @@ OMNI_AUDIO_IN_SAMPLE_RATE = 16000  # WhisperFeatureExtractor input rate
 def _omni_config(tok):
     from transformers import Qwen2_5OmniConfig
 
-    ids = dict(zip(QWEN_OMNI_SPECIAL_TOKENS, range(len(QWEN_OMNI_SPECIAL_TOKENS))))
+    ids = dict(zip(QWEN_OMNI_SPECIAL_TOKENS, tok.convert_tokens_to_ids(QWEN_OMNI_SPECIAL_TOKENS)))
     media_ids = dict(audio_token_index=ids["<|AUDIO|>"], image_token_index=ids["<|IMAGE|>"],
                      video_token_index=ids["<|VIDEO|>"], audio_start_token_id=ids["<|audio_bos|>"],
                      audio_end_token_id=ids["<|audio_eos|>"], vision_start_token_id=ids["<|vision_bos|>"],
@@ -174,7 +180,7 @@ def build_qwen25_omni(out_dir: Path, size: str, seed: int) -> None:
 
     tok = build_bpe_tokenizer(QWEN_OMNI_SPECIAL_TOKENS, vocab_size=448, chat_template=QWEN_OMNI_CHAT_TEMPLATE,
                               eos_token="<|im_end|>", pad_token="<|endoftext|>", model_max_length=4096)
-    assert len(tok) <= OMNI_TTS_PAD, len(tok)  # ids from 500 up are reserved for the talker's text tokens
+    _check_vocab(tok, OMNI_TTS_PAD)  # ids from 500 up are the talker's text tokens
     config = _omni_config(tok)
     torch.manual_seed(seed)
     model = Qwen2_5OmniForConditionalGeneration(config).float().eval()
@@ -202,6 +208,69 @@ register_zoo_model(ZooModel(
 ))
 
 
+# --------------------------------------------------------------------------- csm
+#
+# No hard obstacles (reference doc, section 3). Two constraints shape the config:
+# - `CsmProcessor` hard-codes the real Mimi encoder's kernels and strides to count the
+#   <|AUDIO|> tokens of a context utterance, so the tiny Mimi keeps upsampling_ratios
+#   [8, 6, 5, 4] and the default kernel sizes and shrinks only the widths.
+# - Mimi's `upsample_groups` must divide `hidden_size`, and `codebook_size` is a power of 2.
+
+# The Llama-3 specials CSM uses, in their real order (128000.. there, 0.. here).
+CSM_SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|AUDIO|>", "<|audio_eos|>"]
+# sesame/csm-1b's template without its validation: the role is the speaker id.
+CSM_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ bos_token }}[{{ message['role'] }}]{{ part['text'] }}{{ eos_token }}"
+    "{% elif part['type'] == 'audio' %}<|AUDIO|><|audio_eos|>{% endif %}{% endfor %}{% endfor %}"
+)
+CSM_NUM_CODEBOOKS, CSM_CODEBOOK_SIZE = 8, 2048  # real: 32 x 2048
+CSM_TEXT_VOCAB = 512
+CSM_SAMPLE_RATE = 24000  # Mimi: 12.5 frames/s, 1920 samples per frame
+
+
+def build_csm(out_dir: Path, size: str, seed: int) -> None:
+    import torch
+    from transformers import CsmConfig, CsmForConditionalGeneration, CsmProcessor, EncodecFeatureExtractor
+
+    tok = build_bpe_tokenizer(CSM_SPECIAL_TOKENS, vocab_size=448, chat_template=CSM_CHAT_TEMPLATE,
+                              bos_token="<|begin_of_text|>", eos_token="<|end_of_text|>", pad_token="<|AUDIO|>",
+                              model_max_length=2048)
+    _check_vocab(tok, CSM_TEXT_VOCAB)
+    bos, audio, audio_eos = tok.convert_tokens_to_ids(["<|begin_of_text|>", "<|AUDIO|>", "<|audio_eos|>"])
+    nq, cb = CSM_NUM_CODEBOOKS, CSM_CODEBOOK_SIZE
+    config = CsmConfig(
+        num_codebooks=nq, vocab_size=cb + 3, codebook_pad_token_id=cb + 2, codebook_eos_token_id=0,
+        text_vocab_size=CSM_TEXT_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        bos_token_id=bos, pad_token_id=audio, audio_token_id=audio, audio_eos_token_id=audio_eos,
+        depth_decoder_config=dict(num_codebooks=nq, backbone_hidden_size=64, vocab_size=cb + 3, hidden_size=32,
+                                  intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                  num_key_value_heads=1, max_position_embeddings=nq + 1),
+        codec_config=dict(model_type="mimi", sampling_rate=CSM_SAMPLE_RATE, hidden_size=32, num_filters=4,
+                          num_residual_layers=1, upsampling_ratios=[8, 6, 5, 4], codebook_size=cb, codebook_dim=16,
+                          num_quantizers=nq, num_semantic_quantizers=1, vector_quantization_hidden_dimension=16,
+                          upsample_groups=32, num_hidden_layers=1, intermediate_size=64, num_attention_heads=2,
+                          num_key_value_heads=2, sliding_window=250, frame_rate=12.5),
+    )
+    torch.manual_seed(seed)
+    model = CsmForConditionalGeneration(config).float().eval()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    processor = CsmProcessor(feature_extractor=EncodecFeatureExtractor(feature_size=1, sampling_rate=CSM_SAMPLE_RATE),
+                             tokenizer=tok, chat_template=CSM_CHAT_TEMPLATE)
+    processor.save_pretrained(out_dir)
+
+
+register_zoo_model(ZooModel(
+    name="csm",
+    kind="speech",
+    reference_class="transformers.CsmForConditionalGeneration",
+    builder=build_csm,
+    sizes=("tiny",),
+    description="CSM backbone + depth decoder + Mimi codec (8 x 2048 codes, 24 kHz), CsmProcessor, fp32.",
+))
+
+
 # --------------------------------------------------------------------------- generate kwargs
 
 # What a reference-library `generate` call needs on each tiny model, greedy everywhere, so
@@ -219,4 +288,5 @@ DEFAULT_GENERATE_KWARGS: dict[str, dict] = {
         talker_eos_token_id=[OMNI_CODEC_PAD, OMNI_CODEC_EOS],
         token2wav_num_steps=4,
     ),
+    "csm": dict(max_new_tokens=8, do_sample=False, depth_decoder_do_sample=False, output_audio=True),
 }
