@@ -1,13 +1,19 @@
-"""Per-stage deploy fields: the knobs a user may set for one stage in a deploy file.
+"""Deploy fields: the knobs a user may set in a deploy file.
 
-One dataclass, every field documented. `config/deploy.py` loads YAML, merges layers and
-validates into this type; engines read it.
+`StageDeployConfig` holds one stage's fields, `PipelineDeployConfig` the pipeline-wide
+ones. Every field is documented; its range or choices sit in the CONSTRAINTS table
+below its class. `config/deploy.py` loads YAML and merges layers into these types;
+engines read them. Constructing either type validates it and raises one `ValueError`
+listing every problem.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+import math
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
+
+from omnistage.config.validation import at_least, check_fields, format_problems, one_of
 
 
 @dataclass(frozen=True)
@@ -52,5 +58,113 @@ class StageDeployConfig:
     env: dict[str, str] = field(default_factory=dict)
     """Environment for this stage's worker processes (process plumbing only)."""
 
+    def __post_init__(self) -> None:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        converted, problems = check_fields(StageDeployConfig, values, STAGE_CONSTRAINTS)
+        if not problems:
+            problems = stage_consistency_problems(converted)
+        if problems:
+            raise ValueError(format_problems("invalid StageDeployConfig:", problems))
+        # YAML hands us lists and ints; store the declared tuple/float types.
+        for name, value in converted.items():
+            object.__setattr__(self, name, value)
+
 
 STAGE_FIELDS = tuple(f.name for f in fields(StageDeployConfig))
+
+STAGE_CONSTRAINTS = {
+    "runtime": one_of("inline", "process", "ray"),
+    "dtype": one_of("auto", "float32", "bfloat16", "float16"),
+    "max_num_seqs": at_least(1),
+    "request_batch_max_wait_ms": at_least(0),
+    "executor": one_of("uni", "mp", "ray"),
+    "num_devices": at_least(1),
+    "cfg_parallel_size": at_least(1),
+    "ulysses_degree": at_least(1),
+    "ring_degree": at_least(1),
+    "tensor_parallel_size": at_least(1),
+    "vae_patch_parallel_size": at_least(1),
+    "offload": one_of("model", "sequential"),
+    "max_model_len": at_least(1),
+    "ar_backend": one_of("native", "vllm"),
+    # cache_backend, quantization and attention_backend are open sets: the registries
+    # that implement them (diffusion/cache, quant.py, attention.py) own the valid names.
+}
+
+# Mapping fields whose keys are independent settings: layers merge them key by key
+# (a platform overlay adds one sampling default without restating the others). The
+# other mapping fields (cache_config, lora) belong to the backend or adapter named
+# beside them, so a layer that sets them replaces them whole.
+MERGED_MAPPING_FIELDS = ("default_sampling_params", "env")
+
+PARALLEL_DEGREES = ("cfg_parallel_size", "ulysses_degree", "ring_degree", "tensor_parallel_size")
+
+
+def stage_consistency_problems(values: dict[str, Any]) -> list[str]:
+    """Rules across fields of one stage (each field alone is already valid).
+
+    NOTE: every worker rank holds exactly one cell of the parallel mesh (CFG branch x
+    Ulysses x ring x tensor shard), so the product of the degrees must equal the number
+    of devices: fewer devices cannot hold the mesh, more would sit idle. VAE patch
+    parallelism reuses those ranks after denoising, so it only needs to fit in them.
+    """
+    v = {**_STAGE_DEFAULTS, **values}
+    problems = []
+    num_devices = v["num_devices"]
+    degrees = {name: v[name] for name in PARALLEL_DEGREES}
+    product = math.prod(degrees.values())
+    if product != num_devices:
+        terms = " * ".join(f"{name}={value}" for name, value in degrees.items())
+        problems.append(f"parallel degrees: {terms} = {product}, but num_devices={num_devices}")
+    if v["vae_patch_parallel_size"] > num_devices:
+        problems.append(f"vae_patch_parallel_size={v['vae_patch_parallel_size']} is more than num_devices={num_devices}")
+    if v["devices"] and len(v["devices"]) != num_devices:
+        problems.append(
+            f"devices lists {len(v['devices'])} device(s) {list(v['devices'])}, but num_devices={num_devices}"
+        )
+    if v["executor"] == "uni" and num_devices > 1:
+        problems.append(f"executor 'uni' runs one in-process worker; num_devices={num_devices} needs 'mp' or 'ray'")
+    return problems
+
+
+@dataclass(frozen=True)
+class PipelineDeployConfig:
+    """Pipeline-wide deploy fields (the top level of a deploy file, outside `stages:`)."""
+
+    connector: str = "inline"
+    """How payloads travel between stages: "inline" (object passed in-process) | "shm" | "ray"."""
+    shm_threshold_bytes: int = 65536
+    """With the shm connector: tensors at least this large go through shared memory, smaller ones inline."""
+    output_modalities: tuple[str, ...] | None = None
+    """Modalities to return, e.g. ["text"]; None = all the pipeline produces. A pipeline resolver may
+    pick a smaller variant from it (e.g. an omni model without its audio stages)."""
+
+    def __post_init__(self) -> None:
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        converted, problems = check_fields(PipelineDeployConfig, values, PIPELINE_CONSTRAINTS)
+        if problems:
+            raise ValueError(format_problems("invalid PipelineDeployConfig:", problems))
+        for name, value in converted.items():
+            object.__setattr__(self, name, value)
+
+
+def _check_modalities(value: tuple[str, ...]) -> str | None:
+    # Imported here: spec.py imports this module for the stage field names.
+    from omnistage.config.spec import MODALITIES
+
+    bad = [m for m in value if m not in MODALITIES]
+    return f"{bad} not in {'|'.join(MODALITIES)}" if bad else None
+
+
+PIPELINE_FIELDS = tuple(f.name for f in fields(PipelineDeployConfig))
+
+PIPELINE_CONSTRAINTS = {
+    "connector": one_of("inline", "shm", "ray"),
+    "shm_threshold_bytes": at_least(0),
+    "output_modalities": _check_modalities,
+}
+
+_STAGE_DEFAULTS = {
+    f.name: f.default if f.default_factory is MISSING else f.default_factory()
+    for f in fields(StageDeployConfig)
+}

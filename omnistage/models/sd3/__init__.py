@@ -1,0 +1,19 @@
+"""Stable Diffusion 3 / 3.5: text -> image in one diffusion stage."""
+
+from omnistage.config import PipelineSpec, StageSpec, register_pipeline
+
+SD3 = PipelineSpec(
+    name="sd3",
+    stages=(
+        StageSpec(
+            id=0,
+            name="diffusion",
+            kind="diffusion",
+            output="image",
+            final_output=True,
+            model="StableDiffusion3Pipeline",
+        ),
+    ),
+)
+
+register_pipeline("StableDiffusion3Pipeline", SD3, deploy_config="sd3.yaml")
