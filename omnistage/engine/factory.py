@@ -1,0 +1,71 @@
+"""Which engine class runs which stage kind, imported only when a stage needs it.
+
+An engine factory is any callable `(model_path, stage, config) -> Engine`; every engine
+class has that constructor, so a class is a factory. The orchestrator takes a factory
+argument (default `create_engine`) so tests can run the real routing over fake engines.
+A factory for process stages must be picklable (a module-level function or class).
+`stage_model_paths` says which checkpoint each stage's engine loads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omnistage.config.deploy_fields import StageDeployConfig
+    from omnistage.config.spec import PipelineSpec, StageSpec
+    from omnistage.engine.types import Engine
+
+EngineFactory = Callable[[str, "StageSpec", "StageDeployConfig"], "Engine"]
+
+ENGINE_CLASSES = {
+    "ar": "omnistage.ar.engine:AREngine",
+    "diffusion": "omnistage.diffusion.engine:DiffusionEngine",
+    "generation": "omnistage.generation.engine:GenerationEngine",
+}
+
+
+def get_engine_class(kind: str) -> type:
+    """The engine class for stage kind `kind` (imports its module now)."""
+    if kind not in ENGINE_CLASSES:
+        raise ValueError(f"no engine for stage kind {kind!r}; known kinds: {', '.join(ENGINE_CLASSES)}")
+    module_name, class_name = ENGINE_CLASSES[kind].split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def create_engine(model_path: str, stage: StageSpec, config: StageDeployConfig) -> Engine:
+    """The default engine factory: the engine class of the stage's kind."""
+    return get_engine_class(stage.kind)(model_path, stage, config)
+
+
+def stage_model_paths(model_path: str, pipeline: PipelineSpec) -> dict[int, str]:
+    """The checkpoint each stage loads: `model_path`, unless it is a pipeline folder.
+
+    A pipeline made of several models is a local folder whose `config.json` names the
+    registered pipeline and each stage's checkpoint by stage name: a path (relative to the
+    folder, or absolute) or a hub id:
+
+        {"model_type": "prompt_expand_image",
+         "stage_models": {"expander": "qwen2-0.5b", "drawer": "/models/z-image-turbo"}}
+
+    A stage it does not list loads `model_path` itself.
+    """
+    root = Path(model_path).expanduser()
+    config_file = root / "config.json"
+    stage_models = {}
+    if config_file.is_file():
+        stage_models = json.loads(config_file.read_text()).get("stage_models") or {}
+    names = {stage.name for stage in pipeline.stages}
+    unknown = sorted(set(stage_models) - names)
+    if unknown:
+        raise ValueError(f"{config_file}: stage_models names {unknown}, which are not stages of pipeline "
+                         f"{pipeline.name!r} ({pipeline.describe_stages()})")
+    paths = {}
+    for stage in pipeline.stages:
+        given = stage_models.get(stage.name)
+        paths[stage.id] = model_path if given is None else str(root / given) if (root / given).exists() else given
+    return paths

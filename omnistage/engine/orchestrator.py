@@ -1,0 +1,497 @@
+"""Orchestrator: walks each request through the stage graph.
+
+One `step()` reads like vLLM's `EngineCore.step`:
+
+    _collect_inputs()    new requests and aborts from the inbox; entry stages get the prompt
+    _dispatch()          hand the queued stage inputs to their stage handles
+    _collect_outputs()   step every stage (inline: one engine step; process: read its pipe)
+    _route(outputs)      chunks down streamed edges, whole payloads to stages whose inputs
+                         are all in, deltas of final stages to the user
+    _finish()            deliver this step's `OmniOutput`s to their requests' sinks
+
+Hand-off per edge (both ends agree; `PipelineSpec` validates it):
+
+- whole: a stage starts once all its inputs have finished; its input processor gets
+  `{upstream id: whole payload}` (no processor: the payload itself, or the dict when
+  there are several inputs). Entry stages get the prompt as given.
+- streamed: the upstream's chunk processor maps each of its outputs to a partial payload
+  (or None); each partial becomes one engine request `{request_id}#{n}` ("part") of the
+  downstream stage, whose input processor gets `{upstream id: partial}`. So the
+  downstream starts before the upstream ends. Outputs of part n are held until part n-1
+  has finished, so the downstream's own stream stays in order; its whole payload joins
+  the parts (`merge_payloads`).
+
+A request finishes when every `final_output` stage has; its last `OmniOutput` carries the
+media of all of them. Any stage error fails only its request, naming the stage, and
+aborts the request everywhere else; `abort()` does the same with finish_reason "abort".
+
+Threads: `submit()` and `abort()` may be called from any thread (they post to an inbox
+and wake the loop). Everything else runs on one thread: the loop `start()` runs, or a
+caller driving `step()` itself (tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing.connection
+import queue
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.config.spec import PipelineSpec, StageSpec
+from omnistage.engine.connectors import DEFAULT_SHM_THRESHOLD_BYTES
+from omnistage.engine.factory import EngineFactory, create_engine, stage_model_paths
+from omnistage.engine.metrics import PrometheusMetrics, StageMetrics
+from omnistage.engine.outputs import Delta, OmniOutput, StageStream, fill_media
+from omnistage.engine.stage_handle import StageHandle, make_stage_handle
+from omnistage.engine.types import ProgressPayload, StageOutput, StageRequest
+
+logger = logging.getLogger(__name__)
+
+IDLE_WAIT_S = 0.5  # longest sleep of an idle loop; any new request, abort or stage output wakes it
+Sink = Callable[[OmniOutput], None]
+
+
+@dataclass(frozen=True)
+class OmniRequest:
+    """A user request as the orchestrator holds it; what input and chunk processors receive."""
+
+    request_id: str
+    prompt: Any
+    """As the user gave it: a str, a dict such as {"prompt": ..., "image": PIL}, or chat messages."""
+    params: Mapping[int, Any] = field(default_factory=dict)
+    """Params per stage id (DiffusionParams, SamplingParams, ...); a missing id = engine defaults."""
+    arrival_time: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class _StageRun:
+    """One request's progress through one stage."""
+
+    stage: StageSpec
+    upstream: dict[int, Any] = field(default_factory=dict)
+    """Whole payloads of the inputs that have finished."""
+    engine_ids: list[str] = field(default_factory=list)
+    """Engine request ids sent, in order: one, or one per streamed chunk (part)."""
+    num_parts_done: int = 0
+    held: dict[int, list[StageOutput]] = field(default_factory=dict)
+    """Outputs of parts that arrived before the parts ahead of them finished."""
+    upstream_finished: bool = False
+    """No more input will come (for a whole hand-off, as soon as the stage starts)."""
+    finished: bool = False
+    stream: StageStream = field(default_factory=StageStream)
+    metrics: StageMetrics = field(default_factory=StageMetrics)
+
+    @property
+    def all_parts_done(self) -> bool:
+        return self.upstream_finished and self.num_parts_done == len(self.engine_ids)
+
+
+@dataclass
+class _RequestState:
+    request: OmniRequest
+    runs: dict[int, _StageRun]
+    final_pending: set[int]
+    """Final stages that have not finished yet."""
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        pipeline: PipelineSpec,
+        model_path: str,
+        stage_configs: Mapping[int, StageDeployConfig] | None = None,
+        *,
+        connector: str = "shm",
+        shm_threshold_bytes: int = DEFAULT_SHM_THRESHOLD_BYTES,
+        engine_factory: EngineFactory = create_engine,
+        metrics_registry: Any = None,
+        init_timeout_s: float = 600.0,
+    ):
+        """Start every stage's engine (inline, or in its own process) and wait until all are up.
+
+        `model_path` is the checkpoint, or a pipeline folder holding one checkpoint per
+        stage (see `factory.stage_model_paths`). `connector` carries payloads to and from process
+        stages. `metrics_registry` is a prometheus_client `CollectorRegistry` to export
+        into; None gives this orchestrator its own (`self.metrics_registry`).
+        """
+        from prometheus_client import CollectorRegistry
+
+        self.pipeline = pipeline
+        self.model_path = str(model_path)
+        configs = dict(stage_configs or {})
+        self.stage_configs = {s.id: configs.get(s.id, StageDeployConfig()) for s in pipeline.stages}
+        self._downstream = {s.id: pipeline.downstream_of(s.id) for s in pipeline.stages}
+        self.metrics_registry = metrics_registry if metrics_registry is not None else CollectorRegistry()
+        self.metrics = PrometheusMetrics(self.metrics_registry, pipeline.name)
+
+        self._requests: dict[str, _RequestState] = {}
+        self._sinks: dict[str, Sink] = {}
+        self._engine_ids: dict[tuple[int, str], tuple[str, int]] = {}  # (stage, engine id) -> (request, part)
+        self._to_dispatch: list[tuple[int, StageRequest]] = []
+        self._outputs: list[OmniOutput] = []
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # orders submit() against close(): no request slips in after the last drain
+        self._closed = False
+        self.fatal_error: str | None = None
+        self.handles = self._start_stages(engine_factory, connector, shm_threshold_bytes, init_timeout_s)
+
+    def _start_stages(self, factory: EngineFactory, connector: str, shm_threshold_bytes: int,
+                      init_timeout_s: float) -> dict[int, StageHandle]:
+        # Process stages first: they load in parallel while inline stages load here.
+        token = secrets.token_hex(3)
+        model_paths = stage_model_paths(self.model_path, self.pipeline)
+        order = sorted(self.pipeline.stages, key=lambda s: self.stage_configs[s.id].runtime != "process")
+        handles: dict[int, StageHandle] = {}
+        try:
+            for stage in order:
+                handles[stage.id] = make_stage_handle(
+                    stage, self.stage_configs[stage.id], model_paths[stage.id], factory,
+                    connector, shm_threshold_bytes, shm_prefix=f"os{token}{stage.id}")
+            for handle in handles.values():
+                handle.wait_ready(init_timeout_s)
+        except BaseException:
+            for handle in handles.values():
+                handle.close()
+            raise
+        return {s.id: handles[s.id] for s in self.pipeline.stages}
+
+    # --- called from any thread ------------------------------------------------------------
+
+    def submit(self, request: OmniRequest, sink: Sink | None = None) -> None:
+        """Queue `request`; `sink` gets each of its `OmniOutput`s on the loop's thread."""
+        with self._lock:
+            if self._closed or self.fatal_error is not None:
+                raise RuntimeError(self.fatal_error or "the orchestrator is closed")
+            self._inbox.put(("add", request, sink))
+        self._wake()
+
+    def abort(self, request_id: str) -> None:
+        """Stop `request_id` in every stage; its sink gets a last output with finish_reason "abort"."""
+        self._inbox.put(("abort", request_id, None))
+        self._wake()
+
+    def check_health(self) -> bool:
+        return (not self._closed and self.fatal_error is None
+                and all(handle.is_healthy() for handle in self.handles.values()))
+
+    def start(self) -> None:
+        """Run `step()` in a background thread until `close()`."""
+        self._thread = threading.Thread(target=self._run_loop, name="omnistage-orchestrator", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the loop, end every open request (its sink gets an error output) and stop the stages."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._wake()
+        if self._thread is not None:
+            self._thread.join()
+        self._fail_all("the orchestrator was closed")
+        for handle in self.handles.values():
+            handle.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def step(self) -> list[OmniOutput]:
+        self._collect_inputs()
+        self._dispatch()
+        self._route(self._collect_outputs())
+        return self._finish()
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    def _run_loop(self) -> None:
+        try:
+            while not self._closed:
+                self.step()
+                if not self._has_local_work():
+                    self._wait_for_work(IDLE_WAIT_S)
+        except BaseException as e:  # a bug here must not leave callers waiting forever
+            logger.exception("orchestrator loop crashed")
+            with self._lock:
+                self.fatal_error = f"the orchestrator loop crashed: {type(e).__name__}: {e}"
+            self._fail_all(self.fatal_error)
+
+    def _has_local_work(self) -> bool:
+        return bool(self._to_dispatch) or any(h.has_local_work() for h in self.handles.values())
+
+    def _wait_for_work(self, timeout: float) -> None:
+        objects = [self._wake_r] + [o for h in self.handles.values() for o in h.wait_objects()]
+        multiprocessing.connection.wait(objects, timeout)
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # the buffer is full (a wake-up is pending anyway) or the socket is closed
+
+    # --- 1. collect inputs -----------------------------------------------------------------
+
+    def _collect_inputs(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        while True:
+            try:
+                kind, body, sink = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self._add_request(body, sink)
+            elif kind == "abort":
+                self._abort_request(body)
+
+    def _add_request(self, request: OmniRequest, sink: Sink | None) -> None:
+        rid = request.request_id
+        if rid in self._requests:
+            error = OmniOutput(rid, finished=True, finish_reason="error", error=f"request_id {rid!r} is already running")
+            _deliver(sink, error)
+            return
+        if sink is not None:
+            self._sinks[rid] = sink
+        stages = self.pipeline.stages
+        state = _RequestState(request, {s.id: _StageRun(s) for s in stages},
+                              {s.id for s in stages if s.final_output})
+        self._requests[rid] = state
+        for stage in self.pipeline.entry_stages:
+            if rid in self._requests:
+                self._start_stage(state, stage)
+
+    def _abort_request(self, request_id: str) -> None:
+        state = self._requests.get(request_id)
+        if state is None:
+            return
+        text = next((state.runs[s.id].stream.text for s in self.pipeline.final_stages
+                     if state.runs[s.id].stream.text is not None), None)
+        self._outputs.append(OmniOutput(request_id, finished=True, text=text, finish_reason="abort",
+                                        metrics=self._request_metrics(state)))
+        self._retire(state, "abort")
+
+    # --- 2. dispatch -----------------------------------------------------------------------
+
+    def _start_stage(self, state: _RequestState, stage: StageSpec) -> None:
+        """Whole hand-off (or an entry stage): every input is in; send the stage its one request."""
+        run = state.runs[stage.id]
+        run.upstream_finished = True
+        ok, inputs = self._build_input(state, stage, run.upstream)
+        if ok:
+            self._send(state, run, inputs)
+
+    def _build_input(self, state: _RequestState, stage: StageSpec, upstream: dict[int, Any]) -> tuple[bool, Any]:
+        if stage.input_processor is not None:
+            return self._call(state, stage, "input_processor", stage.input_processor, state.request, upstream)
+        if not stage.inputs:
+            return True, state.request.prompt
+        return True, next(iter(upstream.values())) if len(upstream) == 1 else dict(upstream)
+
+    def _send(self, state: _RequestState, run: _StageRun, inputs: Any) -> None:
+        rid, part = state.request.request_id, len(run.engine_ids)
+        engine_id = f"{rid}#{part}" if run.stage.stream_input else rid
+        run.engine_ids.append(engine_id)
+        self._engine_ids[(run.stage.id, engine_id)] = (rid, part)
+        run.metrics.on_start(state.request.arrival_time if not run.stage.inputs else None)
+        params = state.request.params.get(run.stage.id)
+        self._to_dispatch.append((run.stage.id, StageRequest(engine_id, inputs, params)))
+
+    def _dispatch(self) -> None:
+        pending, self._to_dispatch = self._to_dispatch, []
+        for stage_id, request in pending:
+            key = (stage_id, request.request_id)
+            if key not in self._engine_ids:
+                continue  # aborted since
+            self._requests[self._engine_ids[key][0]].runs[stage_id].metrics.on_dispatch()
+            self.handles[stage_id].add_request(request)
+
+    # --- 3. collect outputs ----------------------------------------------------------------
+
+    def _collect_outputs(self) -> list[tuple[int, StageOutput]]:
+        return [(stage_id, out) for stage_id, handle in self.handles.items() for out in handle.step()]
+
+    # --- 4. route ----------------------------------------------------------------------------
+
+    def _route(self, outputs: list[tuple[int, StageOutput]]) -> None:
+        for stage_id, out in outputs:
+            key = (stage_id, out.request_id)
+            if key not in self._engine_ids:
+                continue  # its request was aborted or failed
+            rid, part = self._engine_ids[key]
+            state = self._requests[rid]
+            run = state.runs[stage_id]
+            if out.error is not None:
+                self._fail(state, run.stage, out.error)
+                continue
+            if out.finished:
+                del self._engine_ids[key]
+            if part != run.num_parts_done:
+                run.held.setdefault(part, []).append(out)
+                continue
+            self._on_part_output(state, run, out)
+            while rid in self._requests and run.num_parts_done in run.held:
+                for held in run.held.pop(run.num_parts_done):
+                    if rid in self._requests:
+                        self._on_part_output(state, run, held)
+
+    def _on_part_output(self, state: _RequestState, run: _StageRun, out: StageOutput) -> None:
+        run.metrics.on_output(out.payload, out.metrics, out.finished)
+        if out.finished:
+            run.num_parts_done += 1
+        delta = run.stream.add(out.payload, out.finished)
+        self._on_stage_output(state, run, out.payload, delta, finished=out.finished and run.all_parts_done)
+
+    def _on_stage_output(self, state: _RequestState, run: _StageRun, payload: Any, delta: Delta,
+                         finished: bool) -> None:
+        """One output of a stage for a request, in order; `finished` = the stage is done with it."""
+        stage, rid = run.stage, state.request.request_id
+        run.finished = run.finished or finished
+        # Streamed edges: every output may become a chunk for the downstream stages.
+        if stage.chunk_processor is not None and not isinstance(payload, ProgressPayload):
+            if payload is not None or finished:
+                ok, partial = self._call(state, stage, "chunk_processor", stage.chunk_processor,
+                                         state.request, payload, finished)
+                for downstream in self._downstream[stage.id]:
+                    if not ok or rid not in self._requests:
+                        return
+                    self._feed_chunk(state, state.runs[downstream.id], stage, partial, finished)
+        # Whole edges: the finished payload goes to each stage whose inputs are now all in.
+        if finished:
+            for downstream in self._downstream[stage.id]:
+                if downstream.stream_input or rid not in self._requests:
+                    continue
+                downstream_run = state.runs[downstream.id]
+                downstream_run.upstream[stage.id] = run.stream.whole()
+                if len(downstream_run.upstream) == len(downstream.inputs):
+                    self._start_stage(state, downstream)
+        if rid in self._requests:
+            self._emit(state, run, delta, finished)
+
+    def _feed_chunk(self, state: _RequestState, run: _StageRun, upstream: StageSpec, partial: Any,
+                    upstream_finished: bool) -> None:
+        if partial is not None:
+            ok, inputs = self._build_input(state, run.stage, {upstream.id: partial})
+            if not ok:
+                return
+            self._send(state, run, inputs)
+        if upstream_finished:
+            run.upstream_finished = True
+            if run.all_parts_done and not run.finished:  # its last part finished before the upstream did
+                self._on_stage_output(state, run, None, Delta(), finished=True)
+
+    def _emit(self, state: _RequestState, run: _StageRun, delta: Delta, finished: bool) -> None:
+        stage, rid = run.stage, state.request.request_id
+        if stage.final_output and finished:
+            state.final_pending.discard(stage.id)
+            if not state.final_pending:
+                self._complete(state, stage, delta)
+                return
+        if stage.final_output and not delta.is_empty:
+            self._outputs.append(OmniOutput(
+                rid, text=delta.text, text_delta=delta.text_delta, audio_chunk=delta.audio_chunk,
+                sample_rate=delta.sample_rate, progress=delta.progress, stage=stage.name))
+        elif delta.progress is not None:  # every stage's progress is worth showing
+            self._outputs.append(OmniOutput(rid, progress=delta.progress, stage=stage.name))
+
+    def _complete(self, state: _RequestState, last_stage: StageSpec, delta: Delta) -> None:
+        out = OmniOutput(state.request.request_id, finished=True, stage=last_stage.name,
+                         text_delta=delta.text_delta, audio_chunk=delta.audio_chunk)
+        for stage in self.pipeline.final_stages:
+            fill_media(out, state.runs[stage.id].stream.whole())
+        out.finish_reason = out.finish_reason or "stop"
+        out.metrics = self._request_metrics(state)
+        self._outputs.append(out)
+        self._retire(state, "finished")
+
+    # --- 5. finish -------------------------------------------------------------------------
+
+    def _finish(self) -> list[OmniOutput]:
+        outputs, self._outputs = self._outputs, []
+        for out in outputs:
+            sink = self._sinks.pop(out.request_id, None) if out.finished else self._sinks.get(out.request_id)
+            _deliver(sink, out)
+        self.metrics.set_num_running(len(self._requests))
+        return outputs
+
+    # --- failures and bookkeeping ------------------------------------------------------------
+
+    def _call(self, state: _RequestState, stage: StageSpec, what: str, fn: Callable, *args: Any) -> tuple[bool, Any]:
+        """Run a model's processor; if it raises, fail the request naming the stage."""
+        try:
+            return True, fn(*args)
+        except Exception as e:
+            logger.exception("stage %s: %s failed for request %s", stage.label, what, state.request.request_id)
+            self._fail(state, stage, f"{what} raised {type(e).__name__}: {e}")
+            return False, None
+
+    def _fail(self, state: _RequestState, stage: StageSpec, message: str) -> None:
+        self.metrics.observe_stage_error(stage.name)
+        self._outputs.append(OmniOutput(
+            state.request.request_id, finished=True, finish_reason="error", stage=stage.name,
+            error=f"stage {stage.label}: {message}", metrics=self._request_metrics(state)))
+        self._retire(state, "error")
+
+    def _fail_all(self, reason: str) -> None:
+        """End every request, queued ones included (close, or a crashed loop)."""
+        while True:
+            try:
+                kind, body, sink = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                _deliver(sink, OmniOutput(body.request_id, finished=True, finish_reason="error", error=reason))
+        for state in list(self._requests.values()):
+            self._outputs.append(OmniOutput(state.request.request_id, finished=True, finish_reason="error",
+                                            error=reason, metrics=self._request_metrics(state)))
+            try:
+                self._retire(state, "error")
+            except Exception:  # after a crashed loop the bookkeeping may be broken; answer anyway
+                logger.exception("retiring request %s failed", state.request.request_id)
+                self._requests.pop(state.request.request_id, None)
+        self._finish()
+
+    def _retire(self, state: _RequestState, status: str) -> None:
+        """Forget a request: abort what is still running for it, record its metrics."""
+        for run in state.runs.values():
+            for engine_id in run.engine_ids:
+                if self._engine_ids.pop((run.stage.id, engine_id), None) is not None:
+                    self.handles[run.stage.id].abort_request(engine_id)
+            if run.finished:
+                self.metrics.observe_stage(run.stage.name, run.metrics.as_dict())
+        del self._requests[state.request.request_id]
+        self.metrics.observe_request(status, time.monotonic() - state.request.arrival_time)
+
+    def _request_metrics(self, state: _RequestState) -> dict[str, Any]:
+        """End-to-end time, the prompt's token count (as the entry stages tokenized it), per-stage metrics."""
+        prompt_tokens = [state.runs[s.id].metrics.engine.get("num_prompt_tokens") for s in self.pipeline.entry_stages]
+        prompt_tokens = [n for n in prompt_tokens if n is not None]
+        return {
+            "e2e_time": time.monotonic() - state.request.arrival_time,
+            "num_prompt_tokens": sum(prompt_tokens) if prompt_tokens else None,
+            "stages": {run.stage.name: run.metrics.as_dict()
+                       for run in state.runs.values() if run.metrics.start_time is not None},
+        }
+
+
+def _deliver(sink: Sink | None, out: OmniOutput) -> None:
+    if sink is None:
+        return
+    try:
+        sink(out)
+    except Exception:  # a consumer that went away must not take the loop down
+        logger.exception("delivering an output of request %s failed", out.request_id)

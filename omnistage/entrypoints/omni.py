@@ -1,0 +1,321 @@
+"""The Python API: `AsyncOmni` (streaming, the server's core) and `Omni` (offline batches).
+
+Both stand on one `Orchestrator`, whose loop runs in a background thread and steps every
+stage; nothing here loops over stages. `AsyncOmni.generate` submits a request and reads
+its outputs from an asyncio queue the loop feeds; `Omni.generate` submits a batch and
+reads the finished outputs from a thread-safe queue.
+
+    with Omni("path/to/z-image") as omni:
+        [out] = omni.generate("a cat", DiffusionParams(num_inference_steps=4))
+        out.images[0].save("cat.png")
+
+    omni = AsyncOmni("path/to/qwen2")
+    async for out in omni.generate("Hello", SamplingParams(max_tokens=32)):
+        print(out.text_delta, end="")
+
+`model` is a checkpoint folder or hub id, or a pipeline folder naming one checkpoint per
+stage (see `omnistage.engine.factory.stage_model_paths`). Stages with `runtime:
+process` are spawned, so a script that uses them needs the `if __name__ == "__main__":`
+guard. Deploy settings come from the
+deploy file (`deploy_config`, default: the family's bundled one), then `**overrides`
+(fields applied to every stage of a kind that uses them, e.g. `max_num_seqs=8`,
+`cache_backend="tea_cache"`), then `stage_overrides` (`{"0": {...}, "*": {...}}`).
+
+Params: one object (given to every stage of the kind it belongs to: DiffusionParams to
+diffusion stages, SamplingParams to AR stages), a list with one entry per stage in
+stage order, or a dict keyed by stage name. None = each engine's defaults.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from omnistage.config import (
+    DeployConfig,
+    EffectiveConfig,
+    PipelineSpec,
+    build_effective_config,
+    detect_platform,
+    load_deploy_config,
+    parse_stage_overrides,
+    resolve_pipeline,
+)
+from omnistage.config.deploy import ALL_STAGES, DeployLayer, merge_fields
+from omnistage.engine.factory import EngineFactory, create_engine
+from omnistage.engine.orchestrator import OmniRequest, Orchestrator
+from omnistage.engine.outputs import OmniOutput
+
+# Deploy fields only one stage kind uses; an Omni(**overrides) field applies to the
+# stages of that kind and to every stage otherwise.
+KIND_ONLY_FIELDS = {
+    "diffusion": ("step_execution", "cfg_parallel_size", "ulysses_degree", "ring_degree",
+                  "vae_patch_parallel_size", "vae_use_tiling", "cache_backend", "cache_config"),
+    "ar": ("max_model_len", "ar_backend"),
+}
+
+
+class OmniRequestError(RuntimeError):
+    """A request of `Omni.generate` failed; `output.error` names the stage."""
+
+    def __init__(self, output: OmniOutput, outputs: list[OmniOutput] | None = None):
+        super().__init__(f"request {output.request_id!r} failed: {output.error}")
+        self.output = output
+        self.outputs = outputs
+        """Every output of the batch, in input order (failed ones have `error` set)."""
+
+
+class AsyncOmni:
+    def __init__(
+        self,
+        model: str | Path,
+        deploy_config: DeployConfig | str | Path | None = None,
+        stage_overrides: str | Mapping[str, Any] | None = None,
+        *,
+        pipeline: PipelineSpec | None = None,
+        engine_factory: EngineFactory = create_engine,
+        metrics_registry: Any = None,
+        **overrides: Any,
+    ):
+        """Resolve the pipeline and deploy config, and start every stage.
+
+        `pipeline` skips detection (a spec built by hand). `engine_factory` builds each
+        stage's engine (tests pass fakes). `metrics_registry` is the prometheus_client
+        registry to export into (default: one of this instance's own).
+        """
+        self.config = load_config(model, deploy_config, stage_overrides, overrides, pipeline)
+        self.spec = self.config.pipeline
+        self.orchestrator = Orchestrator(
+            self.spec, str(model), self.config.stage_configs,
+            connector=self.config.pipeline_config.connector,
+            shm_threshold_bytes=self.config.pipeline_config.shm_threshold_bytes,
+            engine_factory=engine_factory, metrics_registry=metrics_registry,
+        )
+        self.orchestrator.start()
+
+    @property
+    def metrics_registry(self) -> Any:
+        return self.orchestrator.metrics_registry
+
+    def make_request(self, prompt: Any, params: Any = None, request_id: str | None = None) -> OmniRequest:
+        """Check `params` against the pipeline (ValueError naming the problem) and build the request."""
+        return OmniRequest(request_id or uuid.uuid4().hex, prompt, resolve_params(self.spec, params))
+
+    async def generate(self, prompt: Any, params: Any = None, request_id: str | None = None
+                       ) -> AsyncIterator[OmniOutput]:
+        """Yield the request's outputs as they come; the last has `finished=True`.
+
+        A failed request ends with an output whose `error` names the stage (nothing is
+        raised, so a stream can report it). Bad params raise ValueError on the first
+        iteration, before anything is queued. Leaving the loop early aborts the request.
+        """
+        request = self.make_request(prompt, params, request_id)
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue[OmniOutput] = asyncio.Queue()
+        self.orchestrator.submit(request, sink=lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out))
+        finished = False
+        try:
+            while not finished:
+                out = await outputs.get()
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self.orchestrator.abort(request.request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self.orchestrator.abort(request_id)
+
+    async def check_health(self) -> bool:
+        return self.orchestrator.check_health()
+
+    async def shutdown(self) -> None:
+        # close() waits for the step in flight; keep the event loop serving meanwhile.
+        await asyncio.to_thread(self.close)
+
+    def close(self) -> None:
+        """Stop every stage; open requests end with an error output."""
+        self.orchestrator.close()
+
+    async def __aenter__(self) -> AsyncOmni:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.shutdown()
+
+
+class Omni:
+    """Offline batches over the same orchestrator as `AsyncOmni` (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: str | Path,
+        deploy_config: DeployConfig | str | Path | None = None,
+        stage_overrides: str | Mapping[str, Any] | None = None,
+        *,
+        pipeline: PipelineSpec | None = None,
+        engine_factory: EngineFactory = create_engine,
+        metrics_registry: Any = None,
+        **overrides: Any,
+    ):
+        self.engine = AsyncOmni(model, deploy_config, stage_overrides, pipeline=pipeline,
+                                engine_factory=engine_factory, metrics_registry=metrics_registry, **overrides)
+
+    @property
+    def spec(self) -> PipelineSpec:
+        return self.engine.spec
+
+    def generate(self, prompts: Any, params: Any = None, *, use_tqdm: bool = True) -> list[OmniOutput]:
+        """The finished output of each prompt, in input order.
+
+        `prompts` is one prompt (a str, or a dict such as {"prompt": ..., "image": PIL},
+        or {"messages": [...]}) or a list of them; a bare list of chat messages must be
+        wrapped in a list. Raises OmniRequestError (naming the stage) after the whole
+        batch has ended if any request failed; the error holds every output.
+        """
+        from tqdm.auto import tqdm
+
+        requests = [self.engine.make_request(p, params) for p in _prompt_list(prompts)]
+        done: queue.Queue[OmniOutput] = queue.Queue()
+        for request in requests:
+            self.engine.orchestrator.submit(request, sink=lambda out: out.finished and done.put(out))
+        results: dict[str, OmniOutput] = {}
+        try:
+            with tqdm(total=len(requests), desc="Generating", unit="req", disable=not use_tqdm) as bar:
+                while len(results) < len(requests):
+                    out = done.get()
+                    results[out.request_id] = out
+                    bar.update(1)
+        except BaseException:  # e.g. KeyboardInterrupt: leave nothing running
+            for request in requests:
+                if request.request_id not in results:
+                    self.engine.orchestrator.abort(request.request_id)
+            raise
+        outputs = [results[r.request_id] for r in requests]
+        failed = [out for out in outputs if out.error is not None]
+        if failed:
+            raise OmniRequestError(failed[0], outputs)
+        return outputs
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def __enter__(self) -> Omni:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+
+# --- config and params ----------------------------------------------------------------------
+
+
+def load_config(
+    model: str | Path,
+    deploy_config: DeployConfig | str | Path | None,
+    stage_overrides: str | Mapping[str, Any] | None,
+    overrides: Mapping[str, Any],
+    pipeline: PipelineSpec | None = None,
+) -> EffectiveConfig:
+    """The pipeline (detected, or `pipeline`) with every deploy layer merged."""
+    platform = detect_platform()
+    found: dict[str, Any] = {"model": str(model)}
+    if pipeline is None:
+        resolution = resolve_pipeline(model, deploy_config, platform=platform)
+        pipeline, deploy = resolution.spec, resolution.deploy
+        found.update(pipeline_key=resolution.key, resolved_by=resolution.rule)
+    else:
+        deploy = load_deploy_config(deploy_config) if isinstance(deploy_config, (str, Path)) else deploy_config
+        found.update(resolved_by="given pipeline")
+    layer = override_layer(pipeline, stage_overrides, overrides)
+    config = build_effective_config(pipeline, deploy, platform=platform, stage_overrides=layer)
+    return dataclasses.replace(config, **found)
+
+
+def override_layer(spec: PipelineSpec, stage_overrides: str | Mapping[str, Any] | None,
+                   overrides: Mapping[str, Any]) -> DeployLayer:
+    """`stage_overrides` over `overrides`, as one layer of per-stage fields.
+
+    An override goes to every stage whose kind uses it (KIND_ONLY_FIELDS); one no stage
+    uses is an error, not a silent no-op. Within `stage_overrides`, a numbered entry
+    beats "*", and both beat `overrides`.
+    """
+    user = parse_stage_overrides(stage_overrides)
+    given = parse_stage_overrides({ALL_STAGES: dict(overrides)}).stage_fields.get(ALL_STAGES, {})
+    unused = [name for name in given if not any(_uses(stage.kind, name) for stage in spec.stages)]
+    if unused:
+        kinds = ", ".join(f"{name} ({_kind_of(name)} stages)" for name in unused)
+        raise ValueError(f"pipeline {spec.name!r} has no stage that uses {kinds}; stages: {spec.describe_stages()}")
+    stage_fields = {key: values for key, values in user.stage_fields.items() if key != ALL_STAGES}
+    for stage in spec.stages:
+        mine = {name: value for name, value in given.items() if _uses(stage.kind, name)}
+        stage_fields[stage.id] = merge_fields(mine, user.fields_for(stage.id))
+    return DeployLayer(origin="Omni(**overrides) and stage_overrides", stage_fields=stage_fields)
+
+
+def _kind_of(field_name: str) -> str | None:
+    return next((kind for kind, names in KIND_ONLY_FIELDS.items() if field_name in names), None)
+
+
+def _uses(kind: str, field_name: str) -> bool:
+    owner = _kind_of(field_name)
+    return owner is None or owner == kind
+
+
+def resolve_params(spec: PipelineSpec, params: Any) -> dict[int, Any]:
+    """Params per stage id from one object, a per-stage list, or a dict by stage name."""
+    stages = spec.stages
+    if params is None:
+        return {}
+    if isinstance(params, (list, tuple)):
+        if len(params) != len(stages):
+            raise ValueError(f"params: got a list of {len(params)}, but pipeline {spec.name!r} has "
+                             f"{len(stages)} stages ({spec.describe_stages()}); give one entry per stage")
+        by_stage = {stage.id: p for stage, p in zip(stages, params) if p is not None}
+    elif isinstance(params, Mapping):
+        names = {stage.name: stage.id for stage in stages}
+        unknown = sorted(str(k) for k in params if k not in names)
+        if unknown:
+            raise ValueError(f"params: {unknown} are not stage names of pipeline {spec.name!r}; "
+                             f"stages: {', '.join(names)}")
+        by_stage = {names[name]: p for name, p in params.items() if p is not None}
+    else:
+        by_stage = {stage.id: params for stage in stages if _params_kind(params) == stage.kind}
+        if not by_stage:
+            raise ValueError(f"params: {type(params).__name__} is for {_params_kind(params) or 'no'} stages, and "
+                             f"pipeline {spec.name!r} has none ({spec.describe_stages()})")
+    for stage_id, p in by_stage.items():
+        stage = spec.get_stage(stage_id)
+        expected = _PARAMS_BY_KIND.get(stage.kind)
+        if expected is not None and _params_kind(p) != stage.kind:
+            raise ValueError(f"params for stage {stage.label}: expected {expected}, got {type(p).__name__}")
+    return by_stage
+
+
+_PARAMS_BY_KIND = {"diffusion": "DiffusionParams", "ar": "SamplingParams"}
+
+
+def _params_kind(params: Any) -> str | None:
+    from omnistage.ar.sampling_params import SamplingParams
+    from omnistage.diffusion.params import DiffusionParams
+
+    if isinstance(params, DiffusionParams):
+        return "diffusion"
+    if isinstance(params, SamplingParams):
+        return "ar"
+    return None
+
+
+def _prompt_list(prompts: Any) -> list[Any]:
+    if not isinstance(prompts, Sequence) or isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    if any(isinstance(p, Mapping) and "role" in p for p in prompts):
+        raise ValueError("prompts: this looks like one list of chat messages; pass [messages] for one "
+                         "conversation, or a list of conversations")
+    return prompts

@@ -1,0 +1,147 @@
+"""Fake engines with the real `Engine` protocol, for orchestrator tests without models.
+
+`FakeEngine` answers by the stage's output modality, one output per step:
+- "text": the string `"{stage name}({input text})"` in `num_tokens` pieces (TextPayload);
+- "image": `num_steps` ProgressPayloads, then one RGB image of `image_size` whose
+  `info["prompt"]` is the input text (ImagePayload);
+- "audio": one AudioPayload of 10 samples per input character.
+
+Inputs whose text contains a trigger word misbehave: "poison" makes `add_request` raise,
+"explode" makes `step` raise, "crash" kills the process, "fail" makes the engine return
+an error output; "crash:drawer" only in the stage named drawer. Module-level and picklable, so process stages can run it
+(`functools.partial(FakeEngine, step_delay=...)` is a factory too).
+
+Two small pipelines to run them in: `text_to_image()` (an AR stage whose text becomes
+a diffusion prompt, whole hand-off) and `streamed_tts()` (an AR stage streaming its text
+in chunks to an audio stage; both final).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from omnistage.config import PipelineSpec, StageSpec
+from omnistage.engine.types import AudioPayload, ImagePayload, ProgressPayload, StageOutput, StageRequest, TextPayload
+
+
+def input_text(inputs: Any) -> str:
+    if isinstance(inputs, str):
+        return inputs
+    if isinstance(inputs, TextPayload):
+        return inputs.text
+    if isinstance(inputs, dict):
+        if "prompt" in inputs:
+            return str(inputs["prompt"])
+        return "+".join(input_text(v) for _, v in sorted(inputs.items()))
+    return repr(inputs)
+
+
+class FakeEngine:
+    def __init__(self, model_path: str, stage: Any, config: Any, *, num_tokens: int = 4, num_steps: int = 2,
+                 image_size: int = 8, step_delay: float = 0.0):
+        self.model_path = model_path
+        self.stage = stage
+        self.config = config
+        self.num_tokens = num_tokens
+        self.num_steps = num_steps
+        self.image_size = image_size
+        self.step_delay = step_delay
+        self.running: dict[str, dict[str, Any]] = {}
+        self.aborted: list[str] = []
+        self.added: list[str] = []
+        self.params: dict[str, Any] = {}
+        self.closed = False
+
+    def add_request(self, request: StageRequest) -> None:
+        text = input_text(request.inputs)
+        if self._triggered("poison", text):
+            raise ValueError(f"poisoned input {text!r}")
+        self.added.append(request.request_id)
+        self.params[request.request_id] = request.params
+        self.running[request.request_id] = {"text": text, "n": 0, "params": request.params}
+
+    def abort_request(self, request_id: str) -> None:
+        if self.running.pop(request_id, None) is not None:
+            self.aborted.append(request_id)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running)
+
+    def step(self) -> list[StageOutput]:
+        if self.step_delay:
+            time.sleep(self.step_delay)
+        outputs = []
+        for rid, state in list(self.running.items()):
+            if self._triggered("crash", state["text"]):
+                os._exit(3)
+            if self._triggered("explode", state["text"]):
+                raise RuntimeError("the engine exploded")
+            if self._triggered("fail", state["text"]):
+                del self.running[rid]
+                outputs.append(StageOutput(rid, None, finished=True, error="the fake engine failed"))
+                continue
+            state["n"] += 1
+            out = self._output(rid, state)
+            if out.finished:
+                del self.running[rid]
+            outputs.append(out)
+        return outputs
+
+    def _triggered(self, word: str, text: str) -> bool:
+        return any(stage in ("", self.stage.name) for stage in re.findall(rf"{word}(?::(\w+))?", text))
+
+    def _output(self, rid: str, state: dict[str, Any]) -> StageOutput:
+        kind, n, text = self.stage.output, state["n"], state["text"]
+        if kind == "text":
+            target = f"{self.stage.name}({text})"
+            cut = lambda i: len(target) * i // self.num_tokens  # noqa: E731
+            finished = n == self.num_tokens
+            payload = TextPayload(token_ids=list(range(n)), text=target[:cut(n)], delta_token_ids=[n - 1],
+                                  delta_text=target[cut(n - 1):cut(n)], finish_reason="stop" if finished else None)
+            return StageOutput(rid, payload, finished, metrics={"num_generated_tokens": n} if finished else {})
+        if kind == "image":
+            if n <= self.num_steps:
+                return StageOutput(rid, ProgressPayload(n, self.num_steps), False)
+            image = Image.new("RGB", (self.image_size, self.image_size), (len(text) % 256, 0, 0))
+            image.info["prompt"] = text
+            return StageOutput(rid, ImagePayload([image]), True, metrics={"queue_time": 0.0, "num_steps": self.num_steps})
+        if kind == "audio":
+            return StageOutput(rid, AudioPayload(np.full(10 * len(text), 0.5, np.float32), 16000), True)
+        raise ValueError(f"FakeEngine cannot make {kind!r}")
+
+    def is_healthy(self) -> bool:
+        return not self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def expand_to_image(request, upstream):
+    return {"prompt": upstream[0].text}
+
+
+def every_token(request, payload, finished):
+    """Chunk processor: each new piece of text becomes a chunk."""
+    if payload is None or not payload.delta_text:
+        return None
+    return TextPayload(token_ids=payload.delta_token_ids, text=payload.delta_text)
+
+
+def text_to_image() -> PipelineSpec:
+    return PipelineSpec("t2i", (
+        StageSpec(0, "expander", "ar", "text"),
+        StageSpec(1, "drawer", "diffusion", "image", inputs=(0,), final_output=True, input_processor=expand_to_image),
+    ))
+
+
+def streamed_tts() -> PipelineSpec:
+    return PipelineSpec("tts", (
+        StageSpec(0, "talker", "ar", "text", final_output=True, chunk_processor=every_token),
+        StageSpec(1, "vocoder", "generation", "audio", inputs=(0,), final_output=True, stream_input=True),
+    ))

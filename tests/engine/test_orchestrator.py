@@ -1,0 +1,287 @@
+"""Orchestrator routing over fake engines: whole and streamed hand-off, fan-in, several
+final stages, abort, stage errors, metrics. Inline stages, driven by `step()`."""
+
+from __future__ import annotations
+
+import pytest
+from fake_engines import FakeEngine, every_token, expand_to_image, streamed_tts, text_to_image
+
+from omnistage.config import PipelineSpec, StageDeployConfig, StageSpec
+from omnistage.engine.orchestrator import OmniRequest, Orchestrator
+
+
+def make(spec: PipelineSpec, **engine_kwargs) -> Orchestrator:
+    return Orchestrator(spec, "fake-model", engine_factory=lambda m, s, c: FakeEngine(m, s, c, **engine_kwargs))
+
+
+def run(orch: Orchestrator, *requests: OmniRequest, max_steps: int = 200) -> dict[str, list]:
+    """Submit, step until idle; every output by request id."""
+    for request in requests:
+        orch.submit(request)
+    outputs: dict[str, list] = {r.request_id: [] for r in requests}
+    for _ in range(max_steps):
+        for out in orch.step():
+            outputs[out.request_id].append(out)
+        if not orch.has_unfinished_requests():
+            return outputs
+    raise AssertionError("requests did not finish")
+
+
+def engine(orch: Orchestrator, stage_id: int) -> FakeEngine:
+    return orch.handles[stage_id].engine.engine
+
+
+def test_whole_handoff_text_becomes_image_prompt():
+    orch = make(text_to_image())
+    outs = run(orch, OmniRequest("r1", "a cat"))["r1"]
+    final = outs[-1]
+    assert final.finished and final.error is None and final.finish_reason == "stop"
+    assert [o.finished for o in outs[:-1]] == [False] * (len(outs) - 1)
+    assert final.images[0].info["prompt"] == "expander(a cat)"
+    assert final.text is None and final.audio is None and final.video is None
+    # progress of the diffusion stage streams to the user, text of the non-final stage does not
+    assert [(o.stage, o.progress.step) for o in outs[:-1]] == [("drawer", 1), ("drawer", 2)]
+    stages = final.metrics["stages"]
+    assert stages["expander"]["num_tokens"] == 4 and stages["drawer"]["num_steps"] == 2
+    assert stages["expander"]["finish_time"] <= stages["drawer"]["start_time"]
+    orch.close()
+
+
+def test_entry_stage_gets_the_prompt_as_given_and_params_per_stage():
+    orch = make(text_to_image())
+    prompt = {"prompt": "dog", "extra": 1}
+    run(orch, OmniRequest("r1", prompt, params={1: "drawer-params"}))
+    assert engine(orch, 0).added == ["r1"] and engine(orch, 1).added == ["r1"]
+    orch.close()
+
+
+def test_fan_in_waits_for_every_input():
+    def join(request, upstream):
+        return {"prompt": f"{upstream[0].text} & {upstream[1].text}"}
+
+    spec = PipelineSpec("fan", (
+        StageSpec(0, "left", "ar", "text"),
+        StageSpec(1, "right", "ar", "text"),
+        StageSpec(2, "joiner", "ar", "text", inputs=(0, 1), final_output=True, input_processor=join),
+    ))
+    orch = make(spec)
+    final = run(orch, OmniRequest("r", "x"))["r"][-1]
+    assert final.text == "joiner(left(x) & right(x))"
+    orch.close()
+
+
+def test_default_input_without_processor_is_the_upstream_payload_or_dict():
+    spec = PipelineSpec("fan", (
+        StageSpec(0, "a", "ar", "text"),
+        StageSpec(1, "b", "ar", "text"),
+        StageSpec(2, "c", "ar", "text", inputs=(0, 1), final_output=True),
+    ))
+    orch = make(spec)
+    assert run(orch, OmniRequest("r", "x"))["r"][-1].text == "c(a(x)+b(x))"
+    orch.close()
+
+
+def test_text_and_audio_from_two_final_stages_streamed_in_order():
+    orch = make(streamed_tts())
+    outs = run(orch, OmniRequest("r", "hello world"))["r"]
+    final = outs[-1]
+    assert final.finished and final.text == "talker(hello world)"
+    # the vocoder ran once per chunk; its whole waveform joins the chunks in order
+    pieces = [o.text_delta for o in outs if o.stage == "talker" and o.text_delta]
+    assert "".join(pieces) == final.text
+    chunks = [o.audio_chunk for o in outs if o.audio_chunk is not None]
+    assert len(chunks) == 4 and sum(len(c) for c in chunks) == len(final.audio) == 10 * len(final.text)
+    assert final.sample_rate == 16000 and final.audio.dtype.name == "float32"
+    assert engine(orch, 1).added == ["r#0", "r#1", "r#2", "r#3"]
+    orch.close()
+
+
+def test_streamed_downstream_starts_before_upstream_ends():
+    orch = make(streamed_tts(), num_tokens=6)
+    final = run(orch, OmniRequest("r", "stream me"))["r"][-1]
+    talker, vocoder = final.metrics["stages"]["talker"], final.metrics["stages"]["vocoder"]
+    assert vocoder["start_time"] < talker["finish_time"]
+    assert vocoder["first_output_time"] < talker["finish_time"]
+    orch.close()
+
+
+def test_streamed_parts_finishing_out_of_order_are_reordered():
+    class Reversed(FakeEngine):
+        """Holds audio requests and answers them in reverse order once it has three."""
+
+        def step(self):
+            if self.stage.output != "audio":
+                return super().step()
+            if len(self.running) < 3:
+                return []
+            outs = super().step()
+            return outs[::-1]
+
+    spec = PipelineSpec("tts", (
+        StageSpec(0, "talker", "ar", "text", chunk_processor=every_token),
+        StageSpec(1, "vocoder", "generation", "audio", inputs=(0,), final_output=True, stream_input=True),
+    ))
+    orch = Orchestrator(spec, "m", engine_factory=lambda m, s, c: Reversed(m, s, c, num_tokens=3))
+    outs = run(orch, OmniRequest("r", "abcdefghi"))["r"]
+    chunks = [o.audio_chunk for o in outs if o.audio_chunk is not None]
+    # part sizes follow the text pieces in order, whatever order the engine answered in
+    target = "talker(abcdefghi)"
+    expected = [10 * (len(target) * (i + 1) // 3 - len(target) * i // 3) for i in range(3)]
+    assert [len(c) for c in chunks] == expected
+    orch.close()
+
+
+def test_abort_mid_request_stops_every_stage():
+    orch = make(streamed_tts(), num_tokens=12)
+    orch.submit(OmniRequest("r", "long"))  # "talker(long)", one character a step
+    outs = []
+    for _ in range(5):
+        outs += orch.step()
+    assert engine(orch, 0).running and orch.has_unfinished_requests()
+    orch.abort("r")
+    outs += orch.step()
+    assert outs[-1].finished and outs[-1].finish_reason == "abort"
+    assert outs[-1].text == "talke"  # the text so far
+    # the fifth chunk was still queued for dispatch when the abort came: it never reached the engine
+    assert engine(orch, 1).added == [f"r#{i}" for i in range(4)] and not engine(orch, 1).running
+    assert engine(orch, 0).aborted == ["r"] and not engine(orch, 0).running
+    assert not orch.has_unfinished_requests() and not orch._engine_ids
+    assert orch.step() == []  # nothing arrives for it afterwards
+    orch.close()
+
+
+def test_failing_input_processor_fails_only_its_request():
+    def picky(request, upstream):
+        if "bad" in request.prompt:
+            raise ValueError("no bad prompts")
+        return expand_to_image(request, upstream)
+
+    spec = PipelineSpec("t2i", (
+        StageSpec(0, "expander", "ar", "text"),
+        StageSpec(1, "drawer", "diffusion", "image", inputs=(0,), final_output=True, input_processor=picky),
+    ))
+    orch = make(spec)
+    outs = run(orch, OmniRequest("bad", "bad one"), OmniRequest("good", "good one"))
+    bad, good = outs["bad"][-1], outs["good"][-1]
+    assert bad.finished and bad.finish_reason == "error" and bad.stage == "drawer"
+    assert bad.error.startswith("stage 1 (drawer): input_processor raised ValueError: no bad prompts")
+    assert good.error is None and good.images[0].info["prompt"] == "expander(good one)"
+    orch.close()
+
+
+@pytest.mark.parametrize("trigger, message", [
+    ("poison", "add_request raised ValueError"),
+    ("fail", "the fake engine failed"),
+])
+def test_engine_error_names_the_stage_and_spares_other_requests(trigger, message):
+    orch = make(text_to_image())
+    outs = run(orch, OmniRequest("bad", f"{trigger} me"), OmniRequest("good", "fine"))
+    bad = outs["bad"][-1]
+    assert bad.error.startswith("stage 0 (expander): ") and message in bad.error
+    assert outs["good"][-1].error is None and outs["good"][-1].images
+    orch.close()
+
+
+def test_engine_step_raising_fails_the_requests_it_held_and_the_stage_goes_on():
+    orch = make(text_to_image())
+    outs = run(orch, OmniRequest("a", "explode"), OmniRequest("b", "too"))
+    assert "engine step raised RuntimeError: the engine exploded" in outs["a"][-1].error
+    assert outs["b"][-1].error is not None  # it shared the failed step
+    after = run(orch, OmniRequest("c", "later"))["c"][-1]
+    assert after.error is None and after.images
+    assert orch.check_health()
+    orch.close()
+
+
+def test_duplicate_request_id_is_refused():
+    got = []
+    orch = make(text_to_image(), num_tokens=20)
+    orch.submit(OmniRequest("r", "x"))
+    orch.submit(OmniRequest("r", "y"), sink=got.append)
+    orch.step()
+    assert got and got[0].finished and "already running" in got[0].error
+    orch.close()
+
+
+def test_prometheus_metrics_go_to_each_orchestrators_own_registry():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    first = Orchestrator(text_to_image(), "m", engine_factory=FakeEngine, metrics_registry=registry)
+    second = make(text_to_image())  # its own registry: no duplicate-timeseries clash
+    run(first, OmniRequest("r", "x"), OmniRequest("bad", "poison"))
+    text = generate_latest(registry).decode()
+    assert 'omnistage_requests_total{pipeline="t2i",status="finished"} 1.0' in text
+    assert 'omnistage_requests_total{pipeline="t2i",status="error"} 1.0' in text
+    assert 'omnistage_stage_errors_total{pipeline="t2i",stage="expander"} 1.0' in text
+    assert 'omnistage_stage_tokens_total{pipeline="t2i",stage="expander"} 4.0' in text
+    assert 'omnistage_stage_time_to_first_output_seconds_count{pipeline="t2i",stage="drawer"} 1.0' in text
+    assert 'status="finished"' not in generate_latest(second.metrics_registry).decode()
+    first.close()
+    second.close()
+
+
+def test_close_ends_open_requests():
+    got = []
+    orch = make(text_to_image(), num_tokens=100)
+    orch.submit(OmniRequest("r", "x"), sink=got.append)
+    orch.step()
+    orch.close()
+    assert got[-1].finished and "closed" in got[-1].error
+    assert engine(orch, 0).closed
+
+
+def test_background_loop_delivers_to_sinks():
+    import threading
+
+    done = threading.Event()
+    got = []
+
+    def sink(out):
+        got.append(out)
+        if out.finished:
+            done.set()
+
+    orch = make(text_to_image())
+    orch.start()
+    orch.submit(OmniRequest("r", "x"), sink=sink)
+    assert done.wait(10)
+    assert got[-1].images and orch.check_health()
+    orch.close()
+    assert not orch.check_health()
+
+
+@pytest.mark.parametrize("upstream_chunks, downstream_streams, problem", [
+    (True, False, "has a chunk_processor but its downstream 1 (b) has stream_input=False"),
+    (False, True, "has stream_input=True but its input 0 (a) has no chunk_processor"),
+])
+def test_both_ends_of_an_edge_must_agree_on_streaming(upstream_chunks, downstream_streams, problem):
+    with pytest.raises(ValueError, match="streamed|stream_input") as info:
+        PipelineSpec("p", (
+            StageSpec(0, "a", "ar", "text", chunk_processor=every_token if upstream_chunks else None),
+            StageSpec(1, "b", "generation", "audio", inputs=(0,), final_output=True, stream_input=downstream_streams),
+        ))
+    assert problem in str(info.value)
+
+
+def test_stage_configs_reach_the_engines():
+    orch = Orchestrator(text_to_image(), "m", {1: StageDeployConfig(max_num_seqs=3)}, engine_factory=FakeEngine)
+    assert engine(orch, 1).config.max_num_seqs == 3 and engine(orch, 0).config.max_num_seqs == 1
+    orch.close()
+
+
+def test_a_pipeline_folder_names_each_stages_checkpoint(tmp_path):
+    import json
+
+    from omnistage.engine.factory import stage_model_paths
+
+    (tmp_path / "llm").mkdir()
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"model_type": "t2i", "stage_models": {"expander": "llm", "drawer": "org/some-hub-model"}}))
+    assert stage_model_paths(str(tmp_path), text_to_image()) == {0: str(tmp_path / "llm"), 1: "org/some-hub-model"}
+    orch = make(text_to_image())  # a plain checkpoint: every stage loads it
+    assert engine(orch, 0).model_path == engine(orch, 1).model_path == "fake-model"
+    orch.close()
+    (tmp_path / "config.json").write_text(json.dumps({"stage_models": {"painter": "x"}}))
+    with pytest.raises(ValueError, match=r"stage_models names \['painter'\], which are not stages of pipeline 't2i'"):
+        stage_model_paths(str(tmp_path), text_to_image())
