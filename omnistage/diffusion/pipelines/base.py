@@ -16,6 +16,7 @@ request draws its noise from its own generator seeded with its own seed.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -73,6 +74,10 @@ class DiffusionPipelineBase(ABC):
     """Model-declared request extras (e.g. max_sequence_length)."""
     needs_image: ClassVar[bool] = False
     """Whether a request must carry an input image (edit, I2V)."""
+    supports_step_execution: ClassVar[bool] = True
+    """Whether `encode` / `denoise_step` / `decode` work (step mode); False for the generic adapter."""
+    max_batch_size: ClassVar[int | None] = None
+    """Most requests one `forward` call takes; None = no limit (the generic adapter takes 1)."""
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32):
@@ -104,6 +109,13 @@ class DiffusionPipelineBase(ABC):
         if not self.needs_image and request.images:
             raise ValueError("image: this model does not take an input image")
 
+    def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:
+        """The request with defaults filled and extras validated, after `check_inputs`.
+        The first thing every `encode` does; idempotent, so callers may prepare earlier."""
+        request = dataclasses.replace(request, params=self.prepare_params(request.params))
+        self.check_inputs(request)
+        return request
+
     def batch_key(self, params: DiffusionParams) -> tuple:
         """Requests whose keys match may share one request-mode batch."""
         return (params.height, params.width, params.num_frames, params.num_inference_steps,
@@ -128,22 +140,28 @@ class DiffusionPipelineBase(ABC):
 
     def decode(self, states: list[DenoiseState]) -> list[Any]:
         """Decode finished states into one ImagePayload / VideoPayload per state."""
+        return [self.to_payload(arr, state.request) for state, arr in zip(states, self.decode_arrays(states))]
+
+    def to_payload(self, arr: np.ndarray, request: DiffusionRequest) -> Any:
+        """One decoded float array in [0, 1] -> the ImagePayload / VideoPayload the engine returns."""
         from PIL import Image
 
-        payloads = []
-        for state, arr in zip(states, self.decode_arrays(states)):
-            uint8 = (np.clip(arr, 0.0, 1.0) * 255).round().astype(np.uint8)
-            if self.output_modality == "video":
-                fps = state.request.params.fps or self.default_params.get("fps", 16)
-                payloads.append(VideoPayload(frames=uint8, fps=float(fps)))
-            else:
-                payloads.append(ImagePayload(images=[Image.fromarray(img) for img in uint8]))
-        return payloads
+        uint8 = (np.clip(arr, 0.0, 1.0) * 255).round().astype(np.uint8)
+        if self.output_modality == "video":
+            fps = request.params.fps or self.default_params.get("fps", 16)
+            return VideoPayload(frames=uint8, fps=float(fps))
+        return ImagePayload(images=[Image.fromarray(img) for img in uint8])
 
     # -- request mode --------------------------------------------------------------------
 
     @torch.no_grad()
     def forward(self, requests: list[DiffusionRequest], on_step: ProgressCallback | None = None) -> list[Any]:
+        return self.decode(self.denoise(requests, on_step))
+
+    @torch.no_grad()
+    def denoise(self, requests: list[DiffusionRequest], on_step: ProgressCallback | None = None) -> list[DenoiseState]:
+        """`forward` before decoding: encode, then batched steps until every state is done.
+        Parity tests decode its states with `decode_arrays` to compare floats, not uint8."""
         states = self.encode(requests)
         while True:
             running = [s for s in states if not s.is_done]
@@ -152,7 +170,7 @@ class DiffusionPipelineBase(ABC):
             self.denoise_step(running)
             if on_step is not None:
                 on_step(running)
-        return self.decode(states)
+        return states
 
     # -- helpers shared by the families --------------------------------------------------
 
@@ -165,6 +183,26 @@ class DiffusionPipelineBase(ABC):
         """A private scheduler per request: diffusers schedulers keep the step index inside."""
         return copy.deepcopy(self.components["scheduler"])
 
+    @staticmethod
+    def scheduler_step(state: DenoiseState, noise_pred: torch.Tensor) -> None:
+        """Advance `state` one step with its own scheduler (x_t -> x_t-1) given its noise prediction."""
+        t = state.timesteps[state.step_index]
+        state.latents = state.scheduler.step(noise_pred, t, state.latents, return_dict=False)[0]
+        state.step_index += 1
+
+
+# -- module-level helpers shared by the families ---------------------------------------------
+
+
+def load_components(path: str, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32, **overrides: Any) -> dict[str, Any]:
+    """A diffusers folder's components (transformer, VAE, text encoders, tokenizers, scheduler),
+    loaded by diffusers' own classes as named in its model_index.json, on `device` in `dtype`.
+    `overrides` pass given (or None) components instead of loading them, as diffusers allows."""
+    from diffusers import DiffusionPipeline
+
+    return DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **overrides).to(device).components
+
 
 def group_by(states: Iterable[DenoiseState], key: Callable[[DenoiseState], Any]) -> list[list[DenoiseState]]:
     """Split states into lists with equal `key`, keeping their order."""
@@ -172,3 +210,69 @@ def group_by(states: Iterable[DenoiseState], key: Callable[[DenoiseState], Any])
     for s in states:
         groups.setdefault(key(s), []).append(s)
     return list(groups.values())
+
+
+def map_groups(states: list[DenoiseState], key: Callable[[DenoiseState], Any],
+               fn: Callable[[list[DenoiseState]], list[Any]]) -> list[Any]:
+    """Run `fn` once per group of states with equal `key` (e.g. one batched VAE call per
+    image size); return its per-state results in the order of `states`."""
+    results: dict[int, Any] = {}
+    for group in group_by(states, key):
+        results.update(zip(map(id, group), fn(group)))
+    return [results[id(s)] for s in states]
+
+
+def current_timesteps(states: list[DenoiseState]) -> torch.Tensor:
+    """Each state's current timestep, repeated for each of its latents: the per-sample timestep
+    tensor a transformer call over `torch.cat([s.latents for s in states])` needs."""
+    return torch.cat([s.timesteps[s.step_index].expand(s.latents.shape[0]) for s in states])
+
+
+def split_per_state(batch: Any, states: list[DenoiseState]) -> list[Any]:
+    """Cut a batch built from `torch.cat([s.latents for s in states])` (a tensor or array with
+    the same leading rows) back into one piece per state."""
+    pieces, offset = [], 0
+    for s in states:
+        n = s.latents.shape[0]
+        pieces.append(batch[offset: offset + n])
+        offset += n
+    return pieces
+
+
+def set_flow_match_timesteps(scheduler: Any, sigmas: Any, image_seq_len: int,
+                             device: torch.device | str | None = None) -> torch.Tensor:
+    """Set a flow-matching scheduler to `sigmas` with the resolution-dependent shift `mu`
+    (Flux, Qwen-Image, Z-Image), read from the checkpoint's scheduler config like diffusers does.
+    Returns the timesteps; the step index starts at 0 (no timestep lookup per step)."""
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
+
+    mu = calculate_shift(
+        image_seq_len,
+        scheduler.config.get("base_image_seq_len", 256),
+        scheduler.config.get("max_image_seq_len", 4096),
+        scheduler.config.get("base_shift", 0.5),
+        scheduler.config.get("max_shift", 1.15),
+    )
+    timesteps, _ = retrieve_timesteps(scheduler, len(sigmas), device, sigmas=sigmas, mu=mu)
+    scheduler.set_begin_index(0)
+    return timesteps
+
+
+def classifier_free_guidance(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    """uncond + scale * (cond - uncond), in diffusers' operation order."""
+    return uncond + scale * (cond - uncond)
+
+
+def pack_latents(latents: torch.Tensor) -> torch.Tensor:
+    """[B, C, H, W] -> [B, (H/2)*(W/2), C*4]: 2x2 patches as tokens (Flux, Qwen-Image)."""
+    b, c, h, w = latents.shape
+    latents = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return latents.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+def unpack_latents(latents: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """The inverse of `pack_latents` for a latent grid of `height` x `width`: -> [B, C, H, W]."""
+    b, _, channels = latents.shape
+    latents = latents.view(b, height // 2, width // 2, channels // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return latents.reshape(b, channels // 4, height, width)
+

@@ -1,0 +1,264 @@
+"""Qwen-Image: a Qwen2.5-VL text encoder, an MMDiT on 2x2-packed latents and a causal-3D VAE.
+
+Reproduces `diffusers.QwenImagePipeline` (pipelines/qwenimage/pipeline_qwenimage.py),
+split at the encode / denoise_step / decode seams. `QwenImageEdit` (qwen_image_edit.py)
+subclasses it and overrides only the hooks that differ: the prompt template, the text
+inputs (the encoder also sees the input image), the condition image and its latents.
+
+True CFG runs as in diffusers: a second transformer pass on the negative prompt, only
+when `true_cfg_scale > 1` and a negative prompt was given, combined with a rescale that
+keeps each token's prediction norm equal to the cond prediction's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from omnistage.diffusion.params import ExtraSpec
+from omnistage.diffusion.pipelines.base import (
+    DenoiseState,
+    DiffusionPipelineBase,
+    DiffusionRequest,
+    classifier_free_guidance,
+    current_timesteps,
+    group_by,
+    load_components,
+    map_groups,
+    pack_latents,
+    set_flow_match_timesteps,
+    split_per_state,
+    unpack_latents,
+)
+
+
+class QwenImage(DiffusionPipelineBase):
+    reference_class: ClassVar[str] = "QwenImagePipeline"
+    model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
+    _optional_components: ClassVar[list[str]] = []
+    # QwenImagePipeline.__call__ defaults; height/width (default_sample_size * VAE factor)
+    # depend on the checkpoint and are added per instance in __init__.
+    default_params: ClassVar[dict[str, Any]] = {
+        "num_inference_steps": 50,
+        "true_cfg_scale": 4.0,
+    }
+    extras: ClassVar[dict[str, ExtraSpec]] = {
+        "max_sequence_length": ExtraSpec(int, default=512, min=1, max=1024, help="Prompt tokens kept."),
+    }
+
+    # QwenImagePipeline's prompt template; the encoder's hidden states of the first
+    # `prompt_template_start_idx` tokens (the system prompt) are dropped.
+    prompt_template: ClassVar[str] = (
+        "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
+        "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    prompt_template_start_idx: ClassVar[int] = 34
+    tokenizer_max_length: ClassVar[int] = 1024
+    default_sample_size: ClassVar[int] = 128  # latent pixels; times the VAE factor = 1024
+
+    def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32):
+        from diffusers.image_processor import VaeImageProcessor
+
+        super().__init__(components, device, dtype)
+        self.vae_scale_factor = 2 ** len(self.vae.temperal_downsample)
+        # Latents are packed in 2x2 patches, so pixel sizes must divide by twice the VAE factor.
+        self.multiple_of = self.vae_scale_factor * 2
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
+        self.latent_channels = self.vae.config.z_dim
+        self.default_params = self._checkpoint_defaults()
+
+    def _checkpoint_defaults(self) -> dict[str, Any]:
+        side = self.default_sample_size * self.vae_scale_factor
+        return {**type(self).default_params, "height": side, "width": side}
+
+    @classmethod
+    def from_pretrained(cls, path: str, device: torch.device | str = "cpu",
+                        dtype: torch.dtype = torch.float32) -> "QwenImage":
+        return cls(load_components(path, device, dtype), device, dtype)
+
+    # -- 1. check inputs ----------------------------------------------------------------
+
+    def check_inputs(self, request: DiffusionRequest) -> None:
+        super().check_inputs(request)
+        params = request.params
+        for name in ("height", "width"):
+            value = getattr(params, name)
+            # diffusers warns and rounds down; we refuse rather than return another size.
+            if value is not None and value % self.multiple_of != 0:
+                raise ValueError(f"{name} must be divisible by {self.multiple_of}, got {value}")
+        distilled = self.transformer.config.guidance_embeds
+        if distilled and params.guidance_scale is None:
+            raise ValueError("guidance_scale is required: this model is guidance-distilled")
+        if not distilled and params.guidance_scale is not None:
+            raise ValueError("guidance_scale: this model is not guidance-distilled; use true_cfg_scale "
+                             "with a negative_prompt for classifier-free guidance")
+
+    # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
+
+    @torch.no_grad()
+    def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
+        requests = [self.prepare_request(r) for r in requests]
+        images = [self._condition_image(r) for r in requests]
+        embeds = self._encode_requests(requests, images)
+        return [self._initial_state(r, image, *e) for r, image, e in zip(requests, images, embeds)]
+
+    def _condition_image(self, request: DiffusionRequest) -> Any:
+        """The input image as the model sees it (edit models); None for text-to-image."""
+        return None
+
+    @staticmethod
+    def _uses_cfg(request: DiffusionRequest) -> bool:
+        # As in diffusers: the default true_cfg_scale (4.0) only takes effect with a negative prompt.
+        return request.params.true_cfg_scale > 1 and request.params.negative_prompt is not None
+
+    def _encode_requests(self, requests: list[DiffusionRequest],
+                         images: list[Any]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """(prompt embeds, negative prompt embeds or None) per request, all prompts in one
+        text-encoder call. Each embedding is [num_tokens, dim] without padding."""
+        guided = [i for i, r in enumerate(requests) if self._uses_cfg(r)]
+        texts = [r.prompt for r in requests] + [requests[i].params.negative_prompt for i in guided]
+        embeds = self._encode_prompts(texts, images + [images[i] for i in guided])
+        negatives = dict(zip(guided, embeds[len(requests):]))
+        return [(e, negatives.get(i)) for i, e in enumerate(embeds[: len(requests)])]
+
+    def _encode_prompts(self, prompts: list[str], images: list[Any]) -> list[torch.Tensor]:
+        """The last hidden state of each templated prompt, its padding and system prompt dropped
+        (QwenImagePipeline._get_qwen_prompt_embeds)."""
+        inputs = self._text_inputs([self.prompt_template.format(p) for p in prompts], images)
+        hidden = self.text_encoder(
+            input_ids=inputs["input_ids"],
+            attention_mask=inputs["attention_mask"],
+            pixel_values=inputs.get("pixel_values"),
+            image_grid_thw=inputs.get("image_grid_thw"),
+            output_hidden_states=True,
+        ).hidden_states[-1]
+        masks = inputs["attention_mask"].bool()
+        return [h[m][self.prompt_template_start_idx:] for h, m in zip(hidden, masks)]
+
+    def _text_inputs(self, texts: list[str], images: list[Any]) -> dict[str, torch.Tensor]:
+        # Right padding: a prompt's tokens see the same positions in a batch as alone.
+        return self.tokenizer(texts, max_length=self.tokenizer_max_length + self.prompt_template_start_idx,
+                              padding=True, truncation=True, return_tensors="pt").to(self.device)
+
+    def _truncate(self, embeds: torch.Tensor, request: DiffusionRequest) -> torch.Tensor:
+        return embeds[: request.params.extras["max_sequence_length"]]
+
+    def _initial_state(self, request: DiffusionRequest, image: Any, prompt_embeds: torch.Tensor,
+                       negative_embeds: torch.Tensor | None) -> DenoiseState:
+        from diffusers.utils.torch_utils import randn_tensor
+
+        params = request.params
+        dtype = prompt_embeds.dtype
+        latent_h = 2 * (params.height // self.multiple_of)
+        latent_w = 2 * (params.width // self.multiple_of)
+        # Same draw as diffusers' [n, 1 frame, C, h, w] noise, packed to [n, h/2 * w/2, 4C].
+        shape = (params.num_outputs_per_prompt, self.transformer.config.in_channels // 4, latent_h, latent_w)
+        noise = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=dtype)
+        latents = pack_latents(noise)
+
+        num_steps = params.num_inference_steps
+        scheduler = self.scheduler_copy()
+        sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
+        timesteps = set_flow_match_timesteps(scheduler, sigmas, latents.shape[1], self.device)
+        return DenoiseState(
+            request=request,
+            latents=latents,
+            scheduler=scheduler,
+            timesteps=timesteps,
+            cond={
+                "prompt_embeds": self._truncate(prompt_embeds, request),
+                "negative_prompt_embeds": None if negative_embeds is None else self._truncate(negative_embeds, request),
+                "true_cfg_scale": params.true_cfg_scale,
+                "guidance_scale": params.guidance_scale,  # None unless the model is guidance-distilled
+                "latent_size": (latent_h, latent_w),
+                # (frames, rows, cols) of each token grid the transformer sees, for RoPE.
+                "img_shapes": ((1, latent_h // 2, latent_w // 2),),
+            },
+        )
+
+    # -- 3. denoise -----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def denoise_step(self, states: list[DenoiseState]) -> None:
+        # One transformer call per token-grid layout (RoPE is computed for the batch's first).
+        for group in group_by(states, lambda s: s.cond["img_shapes"]):
+            with self.transformer.cache_context("cond"):
+                preds = self._predict(group, "prompt_embeds")
+            guided = [s for s in group if s.cond["negative_prompt_embeds"] is not None]
+            neg_preds = {}
+            if guided:
+                with self.transformer.cache_context("uncond"):
+                    neg_preds = dict(zip(map(id, guided), self._predict(guided, "negative_prompt_embeds")))
+            for state, pred in zip(group, preds):
+                if id(state) in neg_preds:
+                    pred = self._true_cfg(pred, neg_preds[id(state)], state.cond["true_cfg_scale"])
+                self.scheduler_step(state, pred)
+
+    def _predict(self, states: list[DenoiseState], embeds_key: str) -> list[torch.Tensor]:
+        """One batched transformer pass; returns each state's noise prediction."""
+        latents = torch.cat([s.latents for s in states])
+        hidden_states = torch.cat([self._model_input(s) for s in states])
+        embeds, mask = self._pad_embeds([s.cond[embeds_key] for s in states for _ in range(s.latents.shape[0])])
+        guidance = None
+        if self.transformer.config.guidance_embeds:
+            guidance = torch.cat([torch.full((s.latents.shape[0],), s.cond["guidance_scale"], device=self.device,
+                                             dtype=torch.float32) for s in states])
+        noise_pred = self.transformer(
+            hidden_states=hidden_states,
+            timestep=current_timesteps(states).to(latents.dtype) / 1000,
+            guidance=guidance,
+            encoder_hidden_states=embeds,
+            encoder_hidden_states_mask=mask,
+            img_shapes=[list(states[0].cond["img_shapes"])] * latents.shape[0],
+            return_dict=False,
+        )[0]
+        # Edit models also predict the condition-image tokens appended after the target's.
+        return split_per_state(noise_pred[:, : latents.shape[1]], states)
+
+    def _model_input(self, state: DenoiseState) -> torch.Tensor:
+        """The transformer's image tokens for `state`: its latents (edit: plus the input image's)."""
+        return state.latents
+
+    @staticmethod
+    def _pad_embeds(embeds: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Right-pad prompt embeddings to one length; the mask marks real tokens. No mask when
+        nothing was padded, as diffusers passes none for a single unpadded prompt."""
+        max_len = max(e.shape[0] for e in embeds)
+        padded = torch.stack([torch.cat([e, e.new_zeros(max_len - e.shape[0], e.shape[1])]) for e in embeds])
+        if all(e.shape[0] == max_len for e in embeds):
+            return padded, None
+        mask = torch.stack([torch.arange(max_len, device=e.device) < e.shape[0] for e in embeds]).long()
+        return padded, mask
+
+    @staticmethod
+    def _true_cfg(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+        # Guide, then rescale each token's prediction back to the cond prediction's norm.
+        combined = classifier_free_guidance(cond, uncond, scale)
+        cond_norm = torch.norm(cond, dim=-1, keepdim=True)
+        combined_norm = torch.norm(combined, dim=-1, keepdim=True)
+        return combined * (cond_norm / combined_norm)
+
+    # -- 4. decode ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        return map_groups(states, lambda s: s.cond["latent_size"], self._decode_group)  # one VAE call per size
+
+    def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        latent_h, latent_w = states[0].cond["latent_size"]
+        latents = unpack_latents(torch.cat([s.latents for s in states]), latent_h, latent_w)
+        latents = latents.unsqueeze(2).to(self.vae.dtype)  # [B, C, 1 frame, h, w]
+        mean, std = self._latents_stats(latents)
+        images = self.vae.decode(latents * std + mean, return_dict=False)[0][:, :, 0]
+        return split_per_state(self.image_processor.postprocess(images, output_type="np"), states)
+
+    def _latents_stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The checkpoint's per-channel latent mean and std, shaped [1, C, 1, 1, 1] like `like`."""
+        shape = (1, self.latent_channels, 1, 1, 1)
+        mean = torch.tensor(self.vae.config.latents_mean).view(shape).to(like.device, like.dtype)
+        std = torch.tensor(self.vae.config.latents_std).view(shape).to(like.device, like.dtype)
+        return mean, std

@@ -1,0 +1,204 @@
+"""Z-Image: a Qwen3 text encoder, a single-stream DiT and a 16-channel AutoencoderKL.
+
+Reproduces `diffusers.ZImagePipeline` (pipelines/z_image/pipeline_z_image.py), split at
+the encode / denoise_step / decode seams. The transformer takes *lists* of latents and
+caption embeddings and pads them itself, so one call mixes requests with different
+prompt lengths, image sizes, step positions and guidance settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from omnistage.diffusion.params import ExtraSpec
+from omnistage.diffusion.pipelines.base import (
+    DenoiseState,
+    DiffusionPipelineBase,
+    DiffusionRequest,
+    load_components,
+    map_groups,
+    set_flow_match_timesteps,
+    split_per_state,
+)
+
+
+class ZImage(DiffusionPipelineBase):
+    reference_class: ClassVar[str] = "ZImagePipeline"
+    model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
+    _optional_components: ClassVar[list[str]] = []
+    # ZImagePipeline.__call__ defaults.
+    default_params: ClassVar[dict[str, Any]] = {
+        "height": 1024,
+        "width": 1024,
+        "num_inference_steps": 50,
+        "guidance_scale": 5.0,
+    }
+    extras: ClassVar[dict[str, ExtraSpec]] = {
+        "max_sequence_length": ExtraSpec(int, default=512, min=1, help="Prompt tokens kept (padded to this length)."),
+        # diffusers types it as a bool but uses it as a factor: the guided prediction's norm
+        # is capped at cfg_normalization * |cond prediction| (True there = 1.0 here; 0 = off).
+        "cfg_normalization": ExtraSpec(float, default=0.0, min=0.0,
+                                       help="Cap the CFG output norm at this multiple of the cond norm; 0 = off."),
+        "cfg_truncation": ExtraSpec(float, default=1.0, min=0.0,
+                                    help="Drop CFG on steps where (1000 - t) / 1000 exceeds this; 1.0 = never."),
+    }
+
+    def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32):
+        from diffusers.image_processor import VaeImageProcessor
+
+        super().__init__(components, device, dtype)
+        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
+        # Latents are cut into 2x2 patches, so pixel sizes must divide by twice the VAE factor.
+        self.multiple_of = self.vae_scale_factor * 2
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
+
+    @classmethod
+    def from_pretrained(cls, path: str, device: torch.device | str = "cpu",
+                        dtype: torch.dtype = torch.float32) -> "ZImage":
+        return cls(load_components(path, device, dtype), device, dtype)
+
+    # -- 1. check inputs ----------------------------------------------------------------
+
+    def check_inputs(self, request: DiffusionRequest) -> None:
+        super().check_inputs(request)
+        params = request.params.with_defaults(self.default_params)
+        for name in ("height", "width"):
+            value = getattr(params, name)
+            if value % self.multiple_of != 0:
+                raise ValueError(f"{name} must be divisible by {self.multiple_of}, got {value}")
+
+    # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
+
+    @torch.no_grad()
+    def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
+        requests = [self.prepare_request(r) for r in requests]
+        embeds = self._encode_requests(requests)
+        return [self._initial_state(r, *e) for r, e in zip(requests, embeds)]
+
+    def _encode_requests(self, requests: list[DiffusionRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """(prompt embeds, negative prompt embeds or None) per request, with one text-encoder
+        call per distinct max_sequence_length. The negative prompt ("" unless given) is only
+        encoded when CFG is on (guidance_scale > 0), as in diffusers."""
+        out: list[Any] = [None] * len(requests)
+        by_length: dict[int, list[int]] = {}
+        for i, r in enumerate(requests):
+            by_length.setdefault(r.params.extras["max_sequence_length"], []).append(i)
+        for max_length, idxs in by_length.items():
+            guided = [i for i in idxs if requests[i].params.guidance_scale > 0]
+            texts = [requests[i].prompt for i in idxs] + [requests[i].params.negative_prompt or "" for i in guided]
+            embeds = self._encode_prompts(texts, max_length)
+            negatives = dict(zip(guided, embeds[len(idxs):]))
+            for i, prompt_embeds in zip(idxs, embeds):
+                out[i] = (prompt_embeds, negatives.get(i))
+        return out
+
+    def _encode_prompts(self, prompts: list[str], max_length: int) -> list[torch.Tensor]:
+        """One [num_tokens, dim] embedding per prompt: the second-to-last hidden state of the
+        chat-templated prompt with padding dropped (ZImagePipeline._encode_prompt)."""
+        texts = [
+            self.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                               add_generation_prompt=True, enable_thinking=True)
+            for p in prompts
+        ]
+        # Padded to max_length like diffusers, so a prompt encoded in a batch sees exactly the
+        # token positions it sees alone.
+        tokens = self.tokenizer(texts, padding="max_length", max_length=max_length, truncation=True,
+                                return_tensors="pt")
+        masks = tokens.attention_mask.to(self.device).bool()
+        hidden = self.text_encoder(input_ids=tokens.input_ids.to(self.device), attention_mask=masks,
+                                   output_hidden_states=True).hidden_states[-2]
+        return [h[m] for h, m in zip(hidden, masks)]
+
+    def _initial_state(self, request: DiffusionRequest, prompt_embeds: torch.Tensor,
+                       negative_embeds: torch.Tensor | None) -> DenoiseState:
+        from diffusers.utils.torch_utils import randn_tensor
+
+        params = request.params
+        latent_h = 2 * (params.height // self.multiple_of)
+        latent_w = 2 * (params.width // self.multiple_of)
+        # Z-Image keeps latents in float32 whatever the transformer dtype, as diffusers does.
+        shape = (params.num_outputs_per_prompt, self.transformer.config.in_channels, latent_h, latent_w)
+        latents = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=torch.float32)
+
+        # Z-Image's own sigmas, shifted by the scheduler config's rules.
+        num_steps = params.num_inference_steps
+        scheduler = self.scheduler_copy()
+        sigmas = torch.linspace(1.0, 1 / num_steps, num_steps).tolist()
+        timesteps = set_flow_match_timesteps(scheduler, sigmas, (latent_h // 2) * (latent_w // 2), self.device)
+        # The CFG scale of every step, decided up front (no device sync per step): none without
+        # a negative branch, and none once (1000 - t) / 1000 passes cfg_truncation.
+        t_norms = ((1000 - timesteps.float()) / 1000).tolist()
+        truncation = params.extras["cfg_truncation"]
+        cfg_scales = [params.guidance_scale if negative_embeds is not None and t <= truncation else 0.0
+                      for t in t_norms]
+        return DenoiseState(
+            request=request,
+            latents=latents,
+            scheduler=scheduler,
+            timesteps=timesteps,
+            cond={
+                "prompt_embeds": prompt_embeds,
+                "negative_prompt_embeds": negative_embeds,
+                "cfg_scales": cfg_scales,
+                "cfg_normalization": params.extras["cfg_normalization"],
+            },
+        )
+
+    # -- 3. denoise -----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def denoise_step(self, states: list[DenoiseState]) -> None:
+        # One transformer call over every latent: each state's cond branch, then the uncond
+        # branch of the states that apply CFG at this step (as diffusers stacks pos + neg).
+        scales = [s.cond["cfg_scales"][s.step_index] for s in states]
+        guided = [s for s, scale in zip(states, scales) if scale > 0]
+        branches = [(s, s.cond["prompt_embeds"]) for s in states]
+        branches += [(s, s.cond["negative_prompt_embeds"]) for s in guided]
+        latents, timesteps, captions = [], [], []
+        for state, embeds in branches:
+            t = (1000 - state.timesteps[state.step_index]) / 1000  # the transformer counts time up from noise
+            for latent in state.latents.to(self.transformer.dtype):
+                latents.append(latent.unsqueeze(1))  # [C, 1 frame, H, W]
+                timesteps.append(t)
+                captions.append(embeds)
+        outputs = self.transformer(latents, torch.stack(timesteps), captions, return_dict=False)[0]
+
+        num_cond = sum(s.latents.shape[0] for s in states)
+        cond_out, uncond_out = iter(outputs[:num_cond]), iter(outputs[num_cond:])
+        for state, scale in zip(states, scales):
+            preds = []
+            for _ in range(state.latents.shape[0]):
+                pred = next(cond_out).float()
+                if scale > 0:
+                    pred = self._guide(pred, next(uncond_out).float(), scale, state.cond["cfg_normalization"])
+                preds.append(pred)
+            # The transformer predicts the flow towards the data; the scheduler steps along its negation.
+            noise_pred = -torch.stack(preds).squeeze(2)
+            self.scheduler_step(state, noise_pred.to(torch.float32))
+
+    @staticmethod
+    def _guide(pos: torch.Tensor, neg: torch.Tensor, scale: float, max_norm_ratio: float) -> torch.Tensor:
+        # Z-Image's CFG extrapolates from the cond prediction: pos + s * (pos - neg).
+        pred = pos + scale * (pos - neg)
+        if max_norm_ratio > 0:
+            max_norm = torch.linalg.vector_norm(pos) * max_norm_ratio
+            new_norm = torch.linalg.vector_norm(pred)
+            if new_norm > max_norm:
+                pred = pred * (max_norm / new_norm)
+        return pred
+
+    # -- 4. decode ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        return map_groups(states, lambda s: tuple(s.latents.shape[1:]), self._decode_group)  # one VAE call per size
+
+    def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        latents = torch.cat([s.latents for s in states]).to(self.vae.dtype)
+        latents = latents / self.vae.config.scaling_factor + self.vae.config.shift_factor
+        images = self.image_processor.postprocess(self.vae.decode(latents, return_dict=False)[0], output_type="np")
+        return split_per_state(images, states)
