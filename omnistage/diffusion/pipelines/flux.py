@@ -1,0 +1,225 @@
+"""FLUX.1: CLIP (pooled) + T5 text encoders, an MMDiT over packed 2x2 latent patches.
+
+Reproduces `diffusers.FluxPipeline` (pipelines/flux/pipeline_flux.py), split at the
+encode / denoise_step / decode seams. Guidance-distilled checkpoints (dev) take
+`guidance_scale` as an embedding (`transformer.config.guidance_embeds`); schnell has none.
+True CFG (a second, negative-prompt pass) runs when `true_cfg_scale > 1` and the request
+has a `negative_prompt`, as in diffusers. IP-Adapter inputs are not supported.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from omnistage.diffusion.params import ExtraSpec
+from omnistage.diffusion.pipelines.base import (
+    DenoiseState,
+    DiffusionPipelineBase,
+    DiffusionRequest,
+    classifier_free_guidance,
+    current_timesteps,
+    group_by,
+    load_components,
+    map_groups,
+    pack_latents,
+    set_flow_match_timesteps,
+    split_per_state,
+    unpack_latents,
+)
+
+
+class Flux(DiffusionPipelineBase):
+    reference_class: ClassVar[str] = "FluxPipeline"
+    model_cpu_offload_seq: ClassVar[str] = "text_encoder->text_encoder_2->transformer->vae"
+    # Loaded when the checkpoint has them, unused: IP-Adapter is not supported.
+    _optional_components: ClassVar[list[str]] = ["image_encoder", "feature_extractor"]
+    # FluxPipeline.__call__ defaults; height/width (128 latent pixels times the VAE factor)
+    # depend on the checkpoint and are filled in __init__.
+    default_params: ClassVar[dict[str, Any]] = {
+        "num_inference_steps": 28,
+        "guidance_scale": 3.5,
+        "true_cfg_scale": 1.0,
+    }
+    extras: ClassVar[dict[str, ExtraSpec]] = {
+        "max_sequence_length": ExtraSpec(int, default=512, min=1, max=512,
+                                         help="T5 prompt tokens (the prompt is padded to this length)."),
+    }
+    default_sample_size: ClassVar[int] = 128  # FluxPipeline.default_sample_size, in latent pixels
+
+    def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32):
+        from diffusers.image_processor import VaeImageProcessor
+
+        super().__init__(components, device, dtype)
+        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
+        # Latents are cut into 2x2 patches, so pixel sizes must divide by twice the VAE factor.
+        self.multiple_of = self.vae_scale_factor * 2
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
+        self.tokenizer_max_length = self.tokenizer.model_max_length
+        size = self.default_sample_size * self.vae_scale_factor
+        self.default_params = {**type(self).default_params, "height": size, "width": size}
+
+    @classmethod
+    def from_pretrained(cls, path: str, device: torch.device | str = "cpu",
+                        dtype: torch.dtype = torch.float32) -> "Flux":
+        return cls(load_components(path, device, dtype), device, dtype)
+
+    # -- 1. check inputs ----------------------------------------------------------------
+
+    def check_inputs(self, request: DiffusionRequest) -> None:
+        super().check_inputs(request)
+        params = request.params.with_defaults(self.default_params)
+        # diffusers warns and rounds down; we refuse, so the output has the size asked for.
+        for name in ("height", "width"):
+            value = getattr(params, name)
+            if value % self.multiple_of != 0:
+                raise ValueError(f"{name} must be divisible by {self.multiple_of}, got {value}")
+
+    # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
+
+    def _encode_prompts(self, prompts: list[str], max_sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(T5 embeddings [N, max_sequence_length, D], CLIP pooled [N, D_pool]) for N prompts
+        (FluxPipeline.encode_prompt). Neither encoder gets an attention mask, so padding to
+        max_length makes a prompt's embedding the same in a batch as alone."""
+        clip_ids = self.tokenizer(prompts, padding="max_length", max_length=self.tokenizer_max_length,
+                                  truncation=True, return_tensors="pt").input_ids
+        pooled = self.text_encoder(clip_ids.to(self.device), output_hidden_states=False).pooler_output
+        t5_ids = self.tokenizer_2(prompts, padding="max_length", max_length=max_sequence_length,
+                                  truncation=True, return_tensors="pt").input_ids
+        embeds = self.text_encoder_2(t5_ids.to(self.device), output_hidden_states=False)[0]
+        return embeds.to(self.text_encoder_2.dtype), pooled.to(self.text_encoder.dtype)
+
+    @torch.no_grad()
+    def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
+        requests = [self.prepare_request(r) for r in requests]
+        # True CFG needs both a scale above 1 and a negative prompt (diffusers' rule).
+        uses_cfg = [r.params.true_cfg_scale > 1 and r.params.negative_prompt is not None for r in requests]
+        states: dict[int, DenoiseState] = {}
+        # Requests with the same max_sequence_length share one call per text encoder.
+        for max_len in sorted({r.params.extras["max_sequence_length"] for r in requests}):
+            group = [i for i, r in enumerate(requests) if r.params.extras["max_sequence_length"] == max_len]
+            guided = [i for i in group if uses_cfg[i]]
+            prompts = [requests[i].prompt for i in group]
+            negatives = [requests[i].params.negative_prompt for i in guided]
+            embeds, pooled = self._encode_prompts(prompts + negatives, max_len)
+            negative_row = {i: len(prompts) + k for k, i in enumerate(guided)}
+            for row, i in enumerate(group):
+                negative = None
+                if i in negative_row:
+                    negative = (embeds[negative_row[i]], pooled[negative_row[i]])
+                states[i] = self._initial_state(requests[i], (embeds[row], pooled[row]), negative)
+        return [states[i] for i in range(len(requests))]
+
+    def _initial_state(self, request: DiffusionRequest, prompt: tuple[torch.Tensor, torch.Tensor],
+                       negative: tuple[torch.Tensor, torch.Tensor] | None) -> DenoiseState:
+        from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
+        from diffusers.utils.torch_utils import randn_tensor
+
+        params = request.params
+        n = params.num_outputs_per_prompt
+        latent_h = 2 * (params.height // self.multiple_of)
+        latent_w = 2 * (params.width // self.multiple_of)
+        embeds, pooled = prompt
+        # Noise is drawn unpacked, as one [n, C, H, W] tensor from the request's own generator,
+        # exactly as diffusers draws it for num_images_per_prompt=n.
+        shape = (n, self.transformer.config.in_channels // 4, latent_h, latent_w)
+        latents = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=embeds.dtype)
+        latents = pack_latents(latents)
+
+        scheduler = self.scheduler_copy()
+        num_steps = params.num_inference_steps
+        sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
+        if scheduler.config.get("use_flow_sigmas", False):
+            # A scheduler that builds its own flow sigmas (e.g. UniPC) gets only the step count.
+            from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
+
+            mu = calculate_shift(latents.shape[1], scheduler.config.get("base_image_seq_len", 256),
+                                 scheduler.config.get("max_image_seq_len", 4096),
+                                 scheduler.config.get("base_shift", 0.5), scheduler.config.get("max_shift", 1.15))
+            timesteps, _ = retrieve_timesteps(scheduler, num_steps, self.device, mu=mu)
+            scheduler.set_begin_index(0)
+        else:
+            timesteps = set_flow_match_timesteps(scheduler, sigmas, latents.shape[1], self.device)
+
+        cond: dict[str, Any] = {
+            "prompt_embeds": embeds.unsqueeze(0).expand(n, -1, -1),
+            "pooled_prompt_embeds": pooled.unsqueeze(0).expand(n, -1),
+            # Text tokens all sit at position 0; image tokens at their (row, col) in the grid.
+            "text_ids": torch.zeros(embeds.shape[0], 3, device=self.device, dtype=embeds.dtype),
+            "latent_image_ids": FluxPipeline._prepare_latent_image_ids(n, latent_h // 2, latent_w // 2,
+                                                                        self.device, embeds.dtype),
+            "guidance_scale": params.guidance_scale,
+            "true_cfg_scale": params.true_cfg_scale,
+            "negative_prompt_embeds": None,
+            "negative_pooled_prompt_embeds": None,
+        }
+        if negative is not None:
+            cond["negative_prompt_embeds"] = negative[0].unsqueeze(0).expand(n, -1, -1)
+            cond["negative_pooled_prompt_embeds"] = negative[1].unsqueeze(0).expand(n, -1)
+        return DenoiseState(request=request, latents=latents, scheduler=scheduler, timesteps=timesteps, cond=cond)
+
+    # -- 3. denoise -----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def denoise_step(self, states: list[DenoiseState]) -> None:
+        # The position ids are shared across a transformer call, so its states need the same
+        # latent grid (not just token count: 32x64 and 64x32 have equal ones) and prompt length.
+        def key(s: DenoiseState) -> tuple:
+            return (s.request.params.height, s.request.params.width, s.cond["prompt_embeds"].shape[1])
+
+        for group in group_by(states, key):
+            self._denoise_group(group)
+
+    def _predict(self, states: list[DenoiseState], branch: str) -> torch.Tensor:
+        """The transformer's prediction for `states` stacked, with the `branch` prompt
+        ("" = positive, "negative_" = negative); timesteps and guidance are per sample."""
+        latents = torch.cat([s.latents for s in states])
+        timestep = current_timesteps(states).to(latents.dtype)
+        guidance = None
+        if self.transformer.config.guidance_embeds:
+            guidance = torch.cat([torch.full((s.latents.shape[0],), s.cond["guidance_scale"],
+                                             device=self.device, dtype=torch.float32) for s in states])
+        with self.transformer.cache_context("uncond" if branch else "cond"):
+            return self.transformer(
+                hidden_states=latents,
+                timestep=timestep / 1000,
+                guidance=guidance,
+                pooled_projections=torch.cat([s.cond[f"{branch}pooled_prompt_embeds"] for s in states]),
+                encoder_hidden_states=torch.cat([s.cond[f"{branch}prompt_embeds"] for s in states]),
+                txt_ids=states[0].cond["text_ids"],
+                img_ids=states[0].cond["latent_image_ids"],
+                return_dict=False,
+            )[0]
+
+    def _denoise_group(self, states: list[DenoiseState]) -> None:
+        # Like diffusers: the cond and the uncond branch are separate calls (step caches keep
+        # them apart by cache_context); the uncond call holds only the true-CFG states.
+        noise_pred = split_per_state(self._predict(states, ""), states)
+        guided = [i for i, s in enumerate(states) if s.cond["negative_prompt_embeds"] is not None]
+        uncond: dict[int, torch.Tensor] = {}
+        if guided:
+            guided_states = [states[i] for i in guided]
+            uncond = dict(zip(guided, split_per_state(self._predict(guided_states, "negative_"), guided_states)))
+        for i, state in enumerate(states):
+            pred = noise_pred[i]
+            if i in uncond:
+                pred = classifier_free_guidance(pred, uncond[i], state.cond["true_cfg_scale"])
+            self.scheduler_step(state, pred)
+
+    # -- 4. decode ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        # States with the same image size share one VAE call.
+        return map_groups(states, lambda s: (s.request.params.height, s.request.params.width), self._decode_group)
+
+    def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        params = states[0].request.params
+        latents = unpack_latents(torch.cat([s.latents for s in states]), 2 * (params.height // self.multiple_of),
+                                 2 * (params.width // self.multiple_of))
+        latents = latents / self.vae.config.scaling_factor + self.vae.config.shift_factor
+        image = self.vae.decode(latents.to(self.vae.dtype), return_dict=False)[0]
+        return split_per_state(self.image_processor.postprocess(image, output_type="np"), states)

@@ -1,0 +1,209 @@
+"""Stable Diffusion 3 / 3.5: two CLIP text encoders + T5, an MMDiT, classifier-free guidance.
+
+Reproduces `diffusers.StableDiffusion3Pipeline`
+(pipelines/stable_diffusion_3/pipeline_stable_diffusion_3.py), split at the encode /
+denoise_step / decode seams. CFG runs when `guidance_scale > 1`, with the negative prompt
+"" by default; the cond and uncond branches share one transformer call, as in diffusers.
+Not supported: skip-layer guidance, clip_skip, IP-Adapter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from omnistage.diffusion.params import ExtraSpec
+from omnistage.diffusion.pipelines.base import (
+    DenoiseState,
+    DiffusionPipelineBase,
+    DiffusionRequest,
+    classifier_free_guidance,
+    current_timesteps,
+    group_by,
+    load_components,
+    map_groups,
+    split_per_state,
+)
+
+
+class StableDiffusion3(DiffusionPipelineBase):
+    reference_class: ClassVar[str] = "StableDiffusion3Pipeline"
+    model_cpu_offload_seq: ClassVar[str] = "text_encoder->text_encoder_2->text_encoder_3->transformer->vae"
+    # text_encoder_3 (T5) may be left out of a checkpoint: its embeddings are then zeros.
+    # image_encoder/feature_extractor are loaded when present, unused (no IP-Adapter).
+    _optional_components: ClassVar[list[str]] = ["text_encoder_3", "tokenizer_3", "image_encoder",
+                                                 "feature_extractor"]
+    # StableDiffusion3Pipeline.__call__ defaults; height/width (transformer sample_size times
+    # the VAE factor) depend on the checkpoint and are filled in __init__.
+    default_params: ClassVar[dict[str, Any]] = {
+        "num_inference_steps": 28,
+        "guidance_scale": 7.0,
+    }
+    extras: ClassVar[dict[str, ExtraSpec]] = {
+        "max_sequence_length": ExtraSpec(int, default=256, min=1, max=512,
+                                         help="T5 prompt tokens (the prompt is padded to this length)."),
+    }
+
+    def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32):
+        from diffusers.image_processor import VaeImageProcessor
+
+        super().__init__(components, device, dtype)
+        self.text_encoder_3 = components.get("text_encoder_3")
+        self.tokenizer_3 = components.get("tokenizer_3")
+        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
+        self.patch_size = self.transformer.config.patch_size
+        # Latents are cut into patch_size x patch_size patches.
+        self.multiple_of = self.vae_scale_factor * self.patch_size
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor)
+        self.tokenizer_max_length = self.tokenizer.model_max_length
+        size = self.transformer.config.sample_size * self.vae_scale_factor
+        self.default_params = {**type(self).default_params, "height": size, "width": size}
+
+    @classmethod
+    def from_pretrained(cls, path: str, device: torch.device | str = "cpu",
+                        dtype: torch.dtype = torch.float32) -> "StableDiffusion3":
+        return cls(load_components(path, device, dtype), device, dtype)
+
+    # -- 1. check inputs ----------------------------------------------------------------
+
+    def check_inputs(self, request: DiffusionRequest) -> None:
+        super().check_inputs(request)
+        params = request.params.with_defaults(self.default_params)
+        for name in ("height", "width"):
+            value = getattr(params, name)
+            if value % self.multiple_of != 0:
+                raise ValueError(f"{name} must be divisible by {self.multiple_of}, got {value}")
+
+    # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
+
+    def _clip_embeds(self, tokenizer: Any, text_encoder: Any, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(penultimate hidden state [N, 77, D], projected pooled output [N, D]) of one CLIP."""
+        ids = tokenizer(prompts, padding="max_length", max_length=self.tokenizer_max_length,
+                        truncation=True, return_tensors="pt").input_ids
+        out = text_encoder(ids.to(self.device), output_hidden_states=True)
+        return out.hidden_states[-2].to(self.text_encoder.dtype), out[0]
+
+    def _t5_embeds(self, prompts: list[str], max_sequence_length: int) -> torch.Tensor:
+        if self.text_encoder_3 is None:
+            # Without T5 diffusers feeds zeros of the transformer's joint_attention_dim.
+            return torch.zeros(len(prompts), max_sequence_length, self.transformer.config.joint_attention_dim,
+                               device=self.device, dtype=self.dtype)
+        ids = self.tokenizer_3(prompts, padding="max_length", max_length=max_sequence_length, truncation=True,
+                               add_special_tokens=True, return_tensors="pt").input_ids
+        return self.text_encoder_3(ids.to(self.device))[0].to(self.text_encoder_3.dtype)
+
+    def _encode_prompts(self, prompts: list[str], max_sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(joint embeddings [N, 77 + max_sequence_length, D], pooled [N, D1 + D2]) for N
+        prompts (StableDiffusion3Pipeline.encode_prompt): the two CLIPs' hidden states side
+        by side, zero-padded to T5's width, then T5's tokens appended. No encoder gets an
+        attention mask, so a prompt's embedding is the same in a batch as alone."""
+        clip_1, pooled_1 = self._clip_embeds(self.tokenizer, self.text_encoder, prompts)
+        clip_2, pooled_2 = self._clip_embeds(self.tokenizer_2, self.text_encoder_2, prompts)
+        t5 = self._t5_embeds(prompts, max_sequence_length)
+        clip = torch.cat([clip_1, clip_2], dim=-1)
+        clip = torch.nn.functional.pad(clip, (0, t5.shape[-1] - clip.shape[-1]))
+        return torch.cat([clip, t5], dim=-2), torch.cat([pooled_1, pooled_2], dim=-1)
+
+    @torch.no_grad()
+    def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
+        requests = [self.prepare_request(r) for r in requests]
+        uses_cfg = [r.params.guidance_scale > 1 for r in requests]
+        states: dict[int, DenoiseState] = {}
+        # Requests with the same max_sequence_length share one call per text encoder.
+        for max_len in sorted({r.params.extras["max_sequence_length"] for r in requests}):
+            group = [i for i, r in enumerate(requests) if r.params.extras["max_sequence_length"] == max_len]
+            guided = [i for i in group if uses_cfg[i]]
+            prompts = [requests[i].prompt for i in group]
+            negatives = [requests[i].params.negative_prompt or "" for i in guided]
+            embeds, pooled = self._encode_prompts(prompts + negatives, max_len)
+            negative_row = {i: len(prompts) + k for k, i in enumerate(guided)}
+            for row, i in enumerate(group):
+                negative = None
+                if i in negative_row:
+                    negative = (embeds[negative_row[i]], pooled[negative_row[i]])
+                states[i] = self._initial_state(requests[i], (embeds[row], pooled[row]), negative)
+        return [states[i] for i in range(len(requests))]
+
+    def _initial_state(self, request: DiffusionRequest, prompt: tuple[torch.Tensor, torch.Tensor],
+                       negative: tuple[torch.Tensor, torch.Tensor] | None) -> DenoiseState:
+        from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
+        from diffusers.utils.torch_utils import randn_tensor
+
+        params = request.params
+        n = params.num_outputs_per_prompt
+        embeds, pooled = prompt
+        shape = (n, self.transformer.config.in_channels, params.height // self.vae_scale_factor,
+                 params.width // self.vae_scale_factor)
+        latents = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=embeds.dtype)
+
+        scheduler = self.scheduler_copy()
+        kwargs = {}
+        # SD3.5 checkpoints may shift the schedule by resolution (dynamic shifting); SD3 uses
+        # a fixed shift from the scheduler config.
+        if scheduler.config.get("use_dynamic_shifting", None):
+            image_seq_len = (shape[2] // self.patch_size) * (shape[3] // self.patch_size)
+            kwargs["mu"] = calculate_shift(
+                image_seq_len,
+                scheduler.config.get("base_image_seq_len", 256),
+                scheduler.config.get("max_image_seq_len", 4096),
+                scheduler.config.get("base_shift", 0.5),
+                scheduler.config.get("max_shift", 1.16),
+            )
+        timesteps, _ = retrieve_timesteps(scheduler, params.num_inference_steps, self.device, **kwargs)
+        scheduler.set_begin_index(0)
+
+        cond: dict[str, Any] = {
+            "prompt_embeds": embeds.unsqueeze(0).expand(n, -1, -1),
+            "pooled_prompt_embeds": pooled.unsqueeze(0).expand(n, -1),
+            "guidance_scale": params.guidance_scale,
+            "negative_prompt_embeds": None,
+            "negative_pooled_prompt_embeds": None,
+        }
+        if negative is not None:
+            cond["negative_prompt_embeds"] = negative[0].unsqueeze(0).expand(n, -1, -1)
+            cond["negative_pooled_prompt_embeds"] = negative[1].unsqueeze(0).expand(n, -1)
+        return DenoiseState(request=request, latents=latents, scheduler=scheduler, timesteps=timesteps, cond=cond)
+
+    # -- 3. denoise -----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def denoise_step(self, states: list[DenoiseState]) -> None:
+        # One transformer call needs equal latent sizes and prompt lengths.
+        for group in group_by(states, lambda s: (tuple(s.latents.shape[1:]), s.cond["prompt_embeds"].shape[1])):
+            self._denoise_group(group)
+
+    def _denoise_group(self, states: list[DenoiseState]) -> None:
+        # Rows: every state's cond latents, then the uncond latents of the CFG states. SD3's
+        # transformer takes both branches in one call (diffusers batches them the same way).
+        guided = [s for s in states if s.cond["negative_prompt_embeds"] is not None]
+        rows = [(s, "") for s in states] + [(s, "negative_") for s in guided]
+        row_states = [s for s, _ in rows]
+        noise_pred = self.transformer(
+            hidden_states=torch.cat([s.latents for s in row_states]),
+            timestep=current_timesteps(row_states),
+            encoder_hidden_states=torch.cat([s.cond[f"{b}prompt_embeds"] for s, b in rows]),
+            pooled_projections=torch.cat([s.cond[f"{b}pooled_prompt_embeds"] for s, b in rows]),
+            return_dict=False,
+        )[0]
+        preds = split_per_state(noise_pred, row_states)
+        uncond = {id(s): p for s, p in zip(guided, preds[len(states):])}
+        for state, pred in zip(states, preds):
+            if id(state) in uncond:
+                pred = classifier_free_guidance(pred, uncond[id(state)], state.cond["guidance_scale"])
+            self.scheduler_step(state, pred)
+
+    # -- 4. decode ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        # States with the same latent size share one VAE call.
+        return map_groups(states, lambda s: tuple(s.latents.shape[1:]), self._decode_group)
+
+    def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        latents = torch.cat([s.latents for s in states])
+        latents = latents / self.vae.config.scaling_factor + self.vae.config.shift_factor
+        image = self.vae.decode(latents.to(self.vae.dtype), return_dict=False)[0]
+        return split_per_state(self.image_processor.postprocess(image, output_type="np"), states)

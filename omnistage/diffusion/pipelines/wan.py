@@ -1,0 +1,351 @@
+"""Wan 2.1 / 2.2 video: a UMT5 text encoder, a 3D DiT and the causal Wan VAE.
+
+Reproduces `diffusers.WanPipeline` (pipelines/wan/pipeline_wan.py) as `WanT2V` and
+`diffusers.WanImageToVideoPipeline` (pipeline_wan_i2v.py) as `WanI2V`, split at the encode /
+denoise_step / decode seams. The two share everything but the conditioning: I2V adds the
+VAE-encoded first frame (plus, on Wan 2.1, CLIP image embeddings) to every transformer call.
+
+Checkpoint-driven variants, read from model_index.json as diffusers does:
+- `boundary_ratio` + `transformer_2` (Wan 2.2 A14B): steps with t >= boundary_ratio *
+  num_train_timesteps use `transformer` and `guidance_scale`, later ones `transformer_2`
+  and `guidance_scale_2` (which defaults to `guidance_scale`).
+- `expand_timesteps` (Wan 2.2 TI2V-5B): the timestep is given per latent token, and for I2V
+  the first latent frame is pinned to the encoded image instead of channel-concatenated.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from omnistage.diffusion.params import ExtraSpec
+from omnistage.diffusion.pipelines.base import (
+    DenoiseState,
+    DiffusionPipelineBase,
+    DiffusionRequest,
+    classifier_free_guidance,
+    group_by,
+    map_groups,
+    split_per_state,
+)
+
+
+class _Wan(DiffusionPipelineBase):
+    """What Wan T2V and I2V share: checks, prompts, noise, the denoising step and decoding."""
+
+    output_modality: ClassVar[str] = "video"
+    # WanPipeline / WanImageToVideoPipeline.__call__ defaults (fps: diffusers' examples export at 16).
+    default_params: ClassVar[dict[str, Any]] = {
+        "height": 480,
+        "width": 832,
+        "num_frames": 81,
+        "fps": 16,
+        "num_inference_steps": 50,
+        "guidance_scale": 5.0,
+    }
+    extras: ClassVar[dict[str, ExtraSpec]] = {
+        "max_sequence_length": ExtraSpec(int, default=512, min=1,
+                                         help="UMT5 prompt tokens (embeddings are zero-padded to this length)."),
+    }
+
+    def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, *, boundary_ratio: float | None = None,
+                 expand_timesteps: bool = False):
+        from diffusers.video_processor import VideoProcessor
+
+        super().__init__(components, device, dtype)
+        self.transformer = components.get("transformer")
+        self.transformer_2 = components.get("transformer_2")
+        self.boundary_ratio = boundary_ratio
+        self.expand_timesteps = expand_timesteps
+        # Either expert may be left out of a Wan 2.2 checkpoint; they share a config shape.
+        self.main_transformer = self.transformer if self.transformer is not None else self.transformer_2
+        self.vae_scale_factor_temporal = self.vae.config.scale_factor_temporal
+        self.vae_scale_factor_spatial = self.vae.config.scale_factor_spatial
+        self.video_processor = VideoProcessor(vae_scale_factor=self.vae_scale_factor_spatial)
+        patch_size = self.main_transformer.config.patch_size
+        self.patch_size = tuple(patch_size)
+        # diffusers requires multiples of 16 and then rounds down to whole transformer patches.
+        self.height_multiple_of = math.lcm(16, self.vae_scale_factor_spatial * patch_size[1])
+        self.width_multiple_of = math.lcm(16, self.vae_scale_factor_spatial * patch_size[2])
+
+    @classmethod
+    def from_pretrained(cls, path: str, device: torch.device | str = "cpu",
+                        dtype: torch.dtype = torch.float32) -> "_Wan":
+        from diffusers import DiffusionPipeline
+
+        # boundary_ratio / expand_timesteps live in model_index.json, i.e. the pipeline's config.
+        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype).to(device)
+        return cls(pipe.components, device, dtype, boundary_ratio=pipe.config.get("boundary_ratio"),
+                   expand_timesteps=bool(pipe.config.get("expand_timesteps", False)))
+
+    # -- 1. check inputs ----------------------------------------------------------------
+
+    def check_inputs(self, request: DiffusionRequest) -> None:
+        super().check_inputs(request)
+        params = request.params.with_defaults(self.default_params)
+        # diffusers warns and rounds these down; we refuse, so the output has the size asked for.
+        for name, multiple in (("height", self.height_multiple_of), ("width", self.width_multiple_of)):
+            value = getattr(params, name)
+            if value % multiple != 0:
+                raise ValueError(f"{name} must be divisible by {multiple}, got {value}")
+        if (params.num_frames - 1) % self.vae_scale_factor_temporal != 0:
+            raise ValueError(f"num_frames - 1 must be divisible by {self.vae_scale_factor_temporal}, "
+                             f"got num_frames={params.num_frames}")
+        if params.num_outputs_per_prompt != 1:
+            raise ValueError(f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}")
+        if params.guidance_scale_2 is not None and self.boundary_ratio is None:
+            raise ValueError("guidance_scale_2 needs a two-expert checkpoint (boundary_ratio in model_index.json)")
+
+    # -- 2. encode: prompts, conditioning, initial noise, timesteps -------------------------
+
+    def _encode_prompts(self, prompts: list[str], max_sequence_length: int) -> torch.Tensor:
+        """UMT5 embeddings [N, max_sequence_length, D] with the padding positions zeroed
+        (WanPipeline._get_t5_prompt_embeds). The attention mask keeps rows independent."""
+        from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
+        tokens = self.tokenizer([prompt_clean(p) for p in prompts], padding="max_length",
+                                max_length=max_sequence_length, truncation=True, add_special_tokens=True,
+                                return_attention_mask=True, return_tensors="pt")
+        mask = tokens.attention_mask.to(self.device)
+        embeds = self.text_encoder(tokens.input_ids.to(self.device), mask).last_hidden_state
+        # Keep each prompt's first seq_len positions and zero the rest, as diffusers does.
+        seq_lens = mask.gt(0).sum(dim=1)
+        keep = torch.arange(max_sequence_length, device=self.device)[None, :] < seq_lens[:, None]
+        return (embeds * keep.unsqueeze(-1)).to(self.main_transformer.dtype)
+
+    @torch.no_grad()
+    def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
+        requests = [self.prepare_request(r) for r in requests]
+        # CFG follows the first expert's scale only, as in diffusers; the negative prompt is "".
+        uses_cfg = [r.params.guidance_scale > 1 for r in requests]
+        image_embeds = self._encode_images(requests)
+        states: dict[int, DenoiseState] = {}
+        # Requests with the same max_sequence_length share one text-encoder call.
+        for max_len in sorted({r.params.extras["max_sequence_length"] for r in requests}):
+            group = [i for i, r in enumerate(requests) if r.params.extras["max_sequence_length"] == max_len]
+            guided = [i for i in group if uses_cfg[i]]
+            prompts = [requests[i].prompt for i in group]
+            negatives = [requests[i].params.negative_prompt or "" for i in guided]
+            embeds = self._encode_prompts(prompts + negatives, max_len)
+            negative_row = {i: len(prompts) + k for k, i in enumerate(guided)}
+            for row, i in enumerate(group):
+                negative = None
+                if i in negative_row:
+                    negative = embeds[negative_row[i]: negative_row[i] + 1]
+                cond = {"prompt_embeds": embeds[row: row + 1], "negative_prompt_embeds": negative,
+                        "image_embeds": image_embeds[i]}
+                states[i] = self._initial_state(requests[i], cond)
+        return [states[i] for i in range(len(requests))]
+
+    def _encode_images(self, requests: list[DiffusionRequest]) -> list[torch.Tensor | None]:
+        """Per request, the CLIP image embeddings the transformer cross-attends to (I2V only)."""
+        return [None] * len(requests)
+
+    def _initial_state(self, request: DiffusionRequest, cond: dict[str, Any]) -> DenoiseState:
+        from diffusers.utils.torch_utils import randn_tensor
+
+        params = request.params
+        num_latent_frames = (params.num_frames - 1) // self.vae_scale_factor_temporal + 1
+        shape = (1, self.num_channels_latents, num_latent_frames, params.height // self.vae_scale_factor_spatial,
+                 params.width // self.vae_scale_factor_spatial)
+        # Wan keeps latents (and the scheduler's arithmetic) in float32 whatever the model dtype.
+        latents = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=torch.float32)
+
+        scheduler = self.scheduler_copy()
+        scheduler.set_timesteps(params.num_inference_steps, device=self.device)
+        # Start at index 0 rather than looking the first timestep up (diffusers' T2V does the same).
+        scheduler.set_begin_index(0)
+        cond.update(self._condition(request, latents))
+        cond["guidance_scale"] = params.guidance_scale
+        cond["guidance_scale_2"] = (params.guidance_scale_2 if params.guidance_scale_2 is not None
+                                    else params.guidance_scale)
+        return DenoiseState(request=request, latents=latents, scheduler=scheduler,
+                            timesteps=scheduler.timesteps, cond=cond)
+
+    @property
+    def num_channels_latents(self) -> int:
+        return self.main_transformer.config.in_channels
+
+    def _condition(self, request: DiffusionRequest, latents: torch.Tensor) -> dict[str, Any]:
+        """Extra per-request tensors for the transformer input (I2V: the encoded image)."""
+        # expand_timesteps gives every latent token its own timestep; for T2V they are all t.
+        return {"timestep_mask": torch.ones(latents.shape[2:], device=self.device)}
+
+    # -- 3. denoise -----------------------------------------------------------------------
+
+    def _expert(self, state: DenoiseState) -> int:
+        """Which transformer denoises this step: 0 = `transformer` (Wan 2.1, or Wan 2.2's
+        high-noise steps), 1 = `transformer_2` (Wan 2.2's low-noise steps)."""
+        if self.boundary_ratio is None:
+            return 0
+        boundary = self.boundary_ratio * self.scheduler.config.num_train_timesteps
+        return 0 if state.timesteps[state.step_index] >= boundary else 1
+
+    def _model_input(self, state: DenoiseState) -> torch.Tensor:
+        return state.latents
+
+    def _timestep(self, state: DenoiseState) -> torch.Tensor:
+        """[1] (one timestep per sample), or [1, num_tokens] with expand_timesteps."""
+        t = state.timesteps[state.step_index]
+        if not self.expand_timesteps:
+            return t.expand(1)
+        _, ph, pw = self.patch_size
+        return (state.cond["timestep_mask"][:, ::ph, ::pw] * t).flatten().unsqueeze(0)
+
+    @torch.no_grad()
+    def denoise_step(self, states: list[DenoiseState]) -> None:
+        # One transformer call needs the same expert, latent shape and prompt length, and the
+        # same kind of image conditioning.
+        def key(s: DenoiseState) -> tuple:
+            image = s.cond["image_embeds"]
+            return (self._expert(s), tuple(s.latents.shape[1:]), s.cond["prompt_embeds"].shape[1],
+                    None if image is None else tuple(image.shape[1:]))
+
+        for group in group_by(states, key):
+            self._denoise_group(group, self._expert(group[0]))
+
+    def _predict(self, model: Any, states: list[DenoiseState], branch: str) -> torch.Tensor:
+        images = [s.cond["image_embeds"] for s in states]
+        with model.cache_context(branch):
+            return model(
+                hidden_states=torch.cat([self._model_input(s) for s in states]).to(model.dtype),
+                timestep=torch.cat([self._timestep(s) for s in states]),
+                encoder_hidden_states=torch.cat([
+                    s.cond["prompt_embeds" if branch == "cond" else "negative_prompt_embeds"] for s in states
+                ]),
+                encoder_hidden_states_image=None if images[0] is None else torch.cat(images),
+                return_dict=False,
+            )[0]
+
+    def _denoise_group(self, states: list[DenoiseState], expert: int) -> None:
+        model = self.transformer if expert == 0 else self.transformer_2
+        # Like diffusers: the cond and the uncond branch are separate calls (step caches keep
+        # them apart by cache_context); the uncond call holds only the CFG states.
+        noise_pred = split_per_state(self._predict(model, states, "cond"), states)
+        guided = [i for i, s in enumerate(states) if s.cond["negative_prompt_embeds"] is not None]
+        uncond: dict[int, torch.Tensor] = {}
+        if guided:
+            guided_states = [states[i] for i in guided]
+            uncond = dict(zip(guided, split_per_state(self._predict(model, guided_states, "uncond"), guided_states)))
+        for i, state in enumerate(states):
+            pred = noise_pred[i]
+            if i in uncond:
+                scale = state.cond["guidance_scale" if expert == 0 else "guidance_scale_2"]
+                pred = classifier_free_guidance(pred, uncond[i], scale)
+            self.scheduler_step(state, pred)
+
+    # -- 4. decode ------------------------------------------------------------------------
+
+    def _final_latents(self, state: DenoiseState) -> torch.Tensor:
+        return state.latents
+
+    @torch.no_grad()
+    def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        # States with the same video shape share one VAE call.
+        return map_groups(states, lambda s: tuple(s.latents.shape[1:]), self._decode_group)
+
+    def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        latents = torch.cat([self._final_latents(s) for s in states]).to(self.vae.dtype)
+        mean, inv_std = self._latent_stats(self.vae.dtype)
+        video = self.vae.decode(latents / inv_std + mean, return_dict=False)[0]
+        return list(self.video_processor.postprocess_video(video, output_type="np"))  # [F, H, W, 3] each
+
+    def _latent_stats(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mean, 1 / std) of the VAE latents, shaped to broadcast over [B, C, T, H, W]."""
+        z_dim = self.vae.config.z_dim
+        mean = torch.tensor(self.vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(self.device, dtype)
+        inv_std = 1.0 / torch.tensor(self.vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(self.device, dtype)
+        return mean, inv_std
+
+
+class WanT2V(_Wan):
+    reference_class: ClassVar[str] = "WanPipeline"
+    model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->transformer_2->vae"
+    _optional_components: ClassVar[list[str]] = ["transformer", "transformer_2"]
+
+
+class WanI2V(_Wan):
+    reference_class: ClassVar[str] = "WanImageToVideoPipeline"
+    model_cpu_offload_seq: ClassVar[str] = "text_encoder->image_encoder->transformer->transformer_2->vae"
+    # Wan 2.2 I2V has no CLIP image encoder: its transformer has no image_dim.
+    _optional_components: ClassVar[list[str]] = ["transformer", "transformer_2", "image_encoder", "image_processor"]
+    needs_image: ClassVar[bool] = True
+
+    def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, **config: Any):
+        super().__init__(components, device, dtype, **config)
+        self.image_encoder = components.get("image_encoder")
+        self.image_processor = components.get("image_processor")
+
+    def check_inputs(self, request: DiffusionRequest) -> None:
+        import PIL.Image
+
+        super().check_inputs(request)
+        if len(request.images) != 1:
+            raise ValueError(f"image: expected exactly one input image, got {len(request.images)}")
+        if not isinstance(request.images[0], PIL.Image.Image):
+            raise ValueError(f"image: must be a PIL image, got {type(request.images[0]).__name__}")
+
+    @property
+    def num_channels_latents(self) -> int:
+        # The transformer's input is the noise plus the condition; the noise has the VAE's channels.
+        return self.vae.config.z_dim
+
+    def _encode_images(self, requests: list[DiffusionRequest]) -> list[torch.Tensor | None]:
+        # Only Wan 2.1's I2V transformer cross-attends to CLIP image features (image_dim set).
+        if self.transformer is None or self.transformer.config.image_dim is None:
+            return [None] * len(requests)
+        pixels = self.image_processor(images=[r.images[0] for r in requests], return_tensors="pt").to(self.device)
+        hidden = self.image_encoder(**pixels, output_hidden_states=True).hidden_states[-2]
+        return [h.unsqueeze(0).to(self.main_transformer.dtype) for h in hidden]
+
+    def _condition(self, request: DiffusionRequest, latents: torch.Tensor) -> dict[str, Any]:
+        """The first frame through the VAE (WanImageToVideoPipeline.prepare_latents).
+
+        Wan 2.1 / 2.2 A14B: the video [image, zeros...] is encoded and concatenated to the noise
+        on the channel axis, behind a mask that marks the frames the image fixes. With
+        expand_timesteps only the image is encoded; it replaces the first latent frame, whose
+        tokens then get timestep 0."""
+        from diffusers.pipelines.wan.pipeline_wan_i2v import retrieve_latents
+
+        params = request.params
+        height, width, num_frames = params.height, params.width, params.num_frames
+        _, _, num_latent_frames, latent_h, latent_w = latents.shape
+        image = self.video_processor.preprocess(request.images[0], height=height, width=width)
+        image = image.to(self.device, dtype=torch.float32).unsqueeze(2)  # [1, 3, 1, H, W]
+        if self.expand_timesteps:
+            video = image
+        else:
+            video = torch.cat([image, image.new_zeros(1, 3, num_frames - 1, height, width)], dim=2)
+        mean, inv_std = self._latent_stats(torch.float32)
+        encoded = retrieve_latents(self.vae.encode(video.to(self.vae.dtype)), sample_mode="argmax")
+        encoded = (encoded.to(torch.float32) - mean) * inv_std
+
+        if self.expand_timesteps:
+            first_frame_mask = torch.ones(1, 1, num_latent_frames, latent_h, latent_w, device=self.device)
+            first_frame_mask[:, :, 0] = 0
+            return {"condition": encoded, "first_frame_mask": first_frame_mask, "timestep_mask": first_frame_mask[0, 0]}
+
+        # One mask channel per frame the VAE folds into a latent frame: the first latent frame
+        # stands for the image repeated scale_factor_temporal times.
+        temporal = self.vae_scale_factor_temporal
+        mask = torch.ones(1, 1, num_frames, latent_h, latent_w)
+        mask[:, :, 1:] = 0
+        mask = torch.cat([mask[:, :, :1].repeat_interleave(temporal, dim=2), mask[:, :, 1:]], dim=2)
+        mask = mask.view(1, -1, temporal, latent_h, latent_w).transpose(1, 2).to(self.device)
+        return {"condition": torch.cat([mask, encoded], dim=1)}
+
+    def _model_input(self, state: DenoiseState) -> torch.Tensor:
+        if self.expand_timesteps:
+            return self._final_latents(state)
+        return torch.cat([state.latents, state.cond["condition"]], dim=1)
+
+    def _final_latents(self, state: DenoiseState) -> torch.Tensor:
+        if not self.expand_timesteps:
+            return state.latents
+        mask = state.cond["first_frame_mask"]
+        return (1 - mask) * state.cond["condition"] + mask * state.latents
