@@ -1,0 +1,77 @@
+"""Helpers every benchmark script shares: RESULTS.md sections, peak RSS, machine facts."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+
+
+def machine_line() -> str:
+    import diffusers
+    import torch
+    import transformers
+
+    return (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+            f"torch {torch.__version__}, diffusers {diffusers.__version__}, transformers {transformers.__version__}")
+
+
+def write_section(heading: str, script: str, body: str) -> None:
+    """Replace (or append) `## heading` in RESULTS.md, keeping every other section."""
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    section = (f"## {heading}\n\n`{script}` ({machine_line()}; {time.strftime('%Y-%m-%d')})\n\n"
+               f"{body.strip()}\n")
+    pattern = re.compile(rf"^## {re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text).rstrip() + "\n"
+    else:
+        text = text.rstrip() + "\n\n" + section
+    RESULTS.write_text(text)
+
+
+class PeakRSS:
+    """Samples the summed RSS of a process and its children in a background thread."""
+
+    def __init__(self, pid: int | None = None, interval: float = 0.05, children: bool = True):
+        self.process = psutil.Process(pid or os.getpid())
+        self.children = children
+        self.interval = interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> int:
+        total = 0
+        procs = [self.process, *(self.process.children(recursive=True) if self.children else [])]
+        for p in procs:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._sample())
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "PeakRSS":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._sample())
+
+    @property
+    def peak_mib(self) -> float:
+        return self.peak / 2**20
