@@ -1,0 +1,177 @@
+"""The seam between the AR engine and a model family: `ARModel`, and its registry.
+
+The engine owns scheduling, the slot KV cache, sampling, detokenization and streaming.
+A model family owns what is specific to it:
+
+- `build_prompt(inputs)`: turn `StageRequest.inputs` into prompt token ids plus any
+  per-request state (multimodal embeddings, rope deltas, a thinker's hidden states);
+- `forward(batch, cache)`: one batched prefill or decode forward, returning the logits
+  at each row's last position and, when asked, last-layer hidden states and input
+  embeddings. A family may build `inputs_embeds` itself (Qwen2.5-Omni's talker adds
+  thinker states to codec embeddings), compute its own positions (M-RoPE) or mask
+  logits (suppressed tokens);
+- `on_sampled(batch, output, token_ids)`: an optional hook after sampling, e.g. CSM's
+  depth decoder turning the backbone's codebook-0 token into a full frame, returning
+  per-request extras for the output and keeping what the next step feeds in `seq.model_state`.
+
+The scheduler, the slot KV cache (a transformers `Cache` passed as `cache=`), the
+sampler, stop rules, detokenization and streaming are shared by every family.
+
+`HFCausalLM` (hf_model.py) is the default: any transformers `AutoModelForCausalLM`.
+Families register a subclass under the key their `StageSpec.model` names, from their
+(torch-free) package `__init__.py`:
+
+    register_ar_model("qwen2_5_omni.talker", "omnistage.models.qwen2_5_omni.talker:OmniTalker")
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from omnistage.ar.sequence import Sequence
+    from omnistage.config.spec import StageSpec
+
+
+@dataclass
+class PromptInputs:
+    token_ids: list[int]
+    model_state: Any = None
+    """Per-request state the family's forward reads back from `seq.model_state`."""
+
+
+@dataclass
+class ModelInput:
+    """One batched forward, padded to `[B, T]` (T = 1 in decode)."""
+    input_ids: torch.Tensor
+    """[B, T] long; padding positions hold 0."""
+    positions: torch.Tensor
+    """[B, T] long: each token's position in its sequence."""
+    attention_mask: torch.Tensor
+    """[B, 1, T, kv_len] bool, True = attend: causal, within the row's real tokens."""
+    last_indices: torch.Tensor | None
+    """Prefill: [B] index of each row's last real token (where logits are taken); decode: None."""
+    query_lens: list[int]
+    """Real (unpadded) tokens per row."""
+    kv_len: int
+    """Key length the attention sees: T in prefill, the longest row's context in decode."""
+    seqs: list[Sequence]
+    """The batch's sequences, row order (family state is `seq.model_state`)."""
+    is_prefill: bool
+    output_hidden_states: bool = False
+    output_input_embeds: bool = False
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor
+    """[B, V] at each row's last real position."""
+    hidden_states: torch.Tensor | None = None
+    """[B, T, H] last-layer (final-norm) hidden states, when `output_hidden_states`."""
+    input_embeds: torch.Tensor | None = None
+    """[B, T, H] the embeddings fed to the first layer, when `output_input_embeds`."""
+    extras: list[dict[str, Any]] | None = None
+    """Per-row tensors for `TextPayload.extras` (this step's values)."""
+
+
+class ARModel(ABC):
+    """What the AR engine needs from a model (see module docstring)."""
+
+    tokenizer: Any = None
+    """A transformers fast tokenizer, or None when the stage emits codes rather than text."""
+    eos_token_ids: tuple[int, ...] = ()
+    max_position_embeddings: int = 0
+    num_layers: int = 0
+    """Attention layers that call `cache.update` (sizes the KV cache)."""
+    device: Any = None
+
+    @classmethod
+    @abstractmethod
+    def load(cls, model_path: str, stage: StageSpec | None, device: torch.device, dtype: torch.dtype) -> ARModel:
+        ...
+
+    @abstractmethod
+    def forward(self, batch: ModelInput, cache: Any) -> ModelOutput:
+        """Run one forward over `batch`, reading and writing `cache` (a transformers `Cache`)."""
+
+    def build_prompt(self, inputs: Any) -> PromptInputs:
+        """`StageRequest.inputs` -> prompt ids. The default accepts a str, or a dict with exactly one
+        of "prompt" (str), "prompt_token_ids" (list[int]) or "messages" (chat messages; the
+        checkpoint's chat template is applied with add_generation_prompt)."""
+        if isinstance(inputs, str):
+            inputs = {"prompt": inputs}
+        if not isinstance(inputs, dict):
+            raise TypeError(f"AR inputs must be a str or a dict, got {type(inputs).__name__}")
+        given = [k for k in ("prompt", "prompt_token_ids", "messages") if k in inputs]
+        unknown = sorted(set(inputs) - {"prompt", "prompt_token_ids", "messages"})
+        if unknown:
+            raise ValueError(f"unknown AR input key(s) {unknown}; expected one of prompt, prompt_token_ids, messages")
+        if len(given) != 1:
+            raise ValueError(f"AR inputs need exactly one of prompt, prompt_token_ids, messages; got {given or 'none'}")
+        if "prompt_token_ids" in inputs:
+            ids = inputs["prompt_token_ids"]
+            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+                raise ValueError("prompt_token_ids must be a list of non-negative integers")
+            return PromptInputs(list(ids))
+        if self.tokenizer is None:
+            raise ValueError(f"this model has no tokenizer; pass prompt_token_ids instead of {given[0]}")
+        if "messages" in inputs:
+            enc = self.tokenizer.apply_chat_template(inputs["messages"], add_generation_prompt=True,
+                                                     tokenize=True, return_dict=True)
+            return PromptInputs(list(enc["input_ids"]))
+        return PromptInputs(self.tokenizer(inputs["prompt"])["input_ids"])
+
+    def on_sampled(self, batch: ModelInput, output: ModelOutput, token_ids: torch.Tensor) -> list[dict] | None:
+        """Hook after sampling, before the tokens are appended: returns per-row extras for this
+        step's outputs, or None. It may rewrite `token_ids` in place (e.g. to an EOS id when
+        a family's own stop rule fires, such as CSM's all-zero frame)."""
+        return None
+
+    def release(self, seq: Sequence) -> None:
+        """A sequence finished or was aborted: drop any per-request state held outside `seq`."""
+
+    def close(self) -> None:
+        """Free weights and buffers."""
+
+
+# --- registry --------------------------------------------------------------------------
+
+_AR_MODELS: dict[str, str | type[ARModel]] = {}
+
+
+def register_ar_model(key: str, target: str | type[ARModel]) -> None:
+    """Run stages whose `StageSpec.model == key` on `target`: an ARModel subclass, or its
+    "module:Class" path so a family's cheap `__init__.py` can register without importing torch."""
+    if key in _AR_MODELS and _AR_MODELS[key] != target:
+        raise ValueError(f"AR model key {key!r} is already registered to {_AR_MODELS[key]!r}")
+    _AR_MODELS[key] = target
+
+
+def get_ar_model_class(key: str | None) -> type[ARModel]:
+    """The ARModel for `StageSpec.model`; None = the generic transformers causal LM."""
+    if key is None:
+        target: str | type[ARModel] = "omnistage.ar.hf_model:HFCausalLM"
+    else:
+        if key not in _AR_MODELS:
+            _import_families()
+        if key not in _AR_MODELS:
+            raise ValueError(f"no AR model registered for StageSpec.model={key!r}; registered: {sorted(_AR_MODELS)}")
+        target = _AR_MODELS[key]
+    if isinstance(target, str):
+        module, name = target.split(":")
+        target = getattr(importlib.import_module(module), name)
+    return target
+
+
+def _import_families() -> None:
+    # Families register on import; the pipeline registry normally imported them already.
+    package = importlib.import_module("omnistage.models")
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.ispkg:
+            importlib.import_module(f"omnistage.models.{info.name}")

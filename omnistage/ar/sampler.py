@@ -1,0 +1,126 @@
+"""Per-request sampling over a batch of logits.
+
+Order, as in transformers' logits processors: repetition penalty and min_tokens (these
+apply to greedy requests too), then temperature, top-k, top-p, min-p, then a draw.
+
+The draw is an exponential race (argmax of p / q with q ~ Exp(1)), which samples
+exactly from p. Seeded requests fill their row of q from their own generator, so their
+tokens do not depend on what else is in the batch. A batch of only plain greedy rows
+skips all of this and is one argmax.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omnistage.ar.sequence import Sequence
+
+
+class Sampler:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._generators: dict[str, torch.Generator] = {}
+        self._id_tensors: dict[frozenset[int], torch.Tensor] = {}  # stop-id sets -> index tensors (few, reused)
+
+    def release(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """logits [B, V] -> token ids [B] (long, on logits' device)."""
+        logits = logits.float()
+        self._apply_penalties(logits, seqs)
+        greedy = [s.params.is_greedy for s in seqs]
+        if all(greedy):
+            return logits.argmax(dim=-1)
+        tokens = self._sample(logits, seqs)
+        if any(greedy):
+            rows = torch.tensor([i for i, g in enumerate(greedy) if g], device=logits.device)
+            tokens[rows] = logits[rows].argmax(dim=-1)
+        return tokens
+
+    # --- 1. penalties -----------------------------------------------------------------------
+
+    def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        masked_rows: list[int] = []
+        masked_ids: set[frozenset[int]] = set()
+        for i, seq in enumerate(seqs):
+            if seq.params.repetition_penalty != 1.0:
+                _repetition_penalty(logits[i], seq.all_token_ids, seq.params.repetition_penalty)
+            if seq.needs_min_tokens_mask:
+                masked_rows.append(i)
+                masked_ids.add(seq.stop_ids)
+        if not masked_rows:
+            return
+        # min_tokens: hide EOS and stop ids. Usually every masked row has the same ids (EOS),
+        # so this is one indexed fill; otherwise one per distinct set.
+        for ids in masked_ids:
+            rows = [i for i in masked_rows if seqs[i].stop_ids == ids] if len(masked_ids) > 1 else masked_rows
+            cols = self._ids_tensor(ids, logits.shape[-1])
+            if len(rows) == len(seqs):
+                logits[:, cols] = -float("inf")
+            else:
+                logits[torch.tensor(rows, device=logits.device)[:, None], cols] = -float("inf")
+
+    def _ids_tensor(self, ids: frozenset[int], vocab: int) -> torch.Tensor:
+        t = self._id_tensors.get(ids)
+        if t is None:
+            if len(self._id_tensors) > 256:  # per-request stop_token_ids make new sets; keep this bounded
+                self._id_tensors.clear()
+            t = self._id_tensors[ids] = torch.tensor(sorted(i for i in ids if i < vocab), dtype=torch.long,
+                                                     device=self.device)
+        return t
+
+    # --- 2. temperature, top-k, top-p, min-p, draw ------------------------------------------
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        dev = logits.device
+        params = [s.params for s in seqs]
+        temps = torch.tensor([p.temperature if not p.is_greedy else 1.0 for p in params], device=dev)
+        x = logits / temps[:, None]
+        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+            x = _top_k_top_p(x, [p.top_k for p in params], [p.top_p for p in params])
+        probs = x.softmax(dim=-1)
+        if any(p.min_p > 0 for p in params):
+            min_p = torch.tensor([p.min_p for p in params], device=dev)
+            probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
+        q = torch.empty_like(probs)
+        unseeded = [i for i, p in enumerate(params) if p.seed is None]
+        if len(unseeded) == len(params):
+            q.exponential_()
+        else:
+            if unseeded:
+                q[unseeded] = torch.empty(len(unseeded), q.shape[1], device=dev).exponential_()
+            for i, seq in enumerate(seqs):
+                if seq.params.seed is not None:
+                    q[i].exponential_(generator=self._generator(seq))
+        return (probs / q).argmax(dim=-1)
+
+    def _generator(self, seq: Sequence) -> torch.Generator:
+        gen = self._generators.get(seq.request_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device).manual_seed(seq.params.seed)
+            self._generators[seq.request_id] = gen
+        return gen
+
+
+def _top_k_top_p(x: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """Mask logits outside each row's top-k and nucleus (0 / 1.0 = off for that row)."""
+    vocab = x.shape[-1]
+    sorted_x, order = x.sort(dim=-1, descending=False)
+    k = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], device=x.device)
+    kth = sorted_x.gather(-1, (vocab - k)[:, None])  # the k-th largest value per row
+    sorted_x = sorted_x.masked_fill(sorted_x < kth, -float("inf"))
+    p = torch.tensor(top_p, device=x.device)
+    cum = sorted_x.softmax(dim=-1).cumsum(dim=-1)
+    drop = cum <= (1 - p)[:, None]
+    drop[:, -1] = False  # always keep the most likely token
+    sorted_x = sorted_x.masked_fill(drop, -float("inf"))
+    return torch.empty_like(x).scatter_(-1, order, sorted_x)
+
+
+def _repetition_penalty(row: torch.Tensor, token_ids: list[int], penalty: float) -> None:
+    """In place on one row of logits: divide positive logits of seen tokens by `penalty`, multiply negative ones."""
+    ids = torch.tensor(token_ids, device=row.device)
+    ids = ids[ids < row.shape[0]]
+    seen = row[ids]
+    row[ids] = torch.where(seen < 0, seen * penalty, seen / penalty)

@@ -1,0 +1,105 @@
+"""Per-request sampling parameters for AR stages, with vLLM's field names.
+
+Plain Python (no torch import): `omnistage` exports `SamplingParams` lazily and the
+OpenAI layer builds it from request bodies without paying for torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+_GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy
+
+
+@dataclass
+class SamplingParams:
+    """How one request samples tokens. Construction validates every field.
+
+    Greedy decoding is `temperature=0`. `top_k=1` with any temperature also picks the
+    most likely token. Penalties and `min_tokens` apply to greedy requests too.
+    """
+
+    max_tokens: int | None = 16
+    """Most tokens to generate; None = until max_model_len."""
+    min_tokens: int = 0
+    """EOS and `stop_token_ids` are masked, and stop strings ignored, until this many tokens exist."""
+    temperature: float = 1.0
+    """0 = greedy; otherwise logits are divided by it before sampling."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability sums to at least top_p, in (0, 1]."""
+    top_k: int = 0
+    """Keep the k most likely tokens; 0 (or -1, vLLM's old spelling) = all."""
+    min_p: float = 0.0
+    """Drop tokens whose probability is below min_p times the top token's, in [0, 1]."""
+    repetition_penalty: float = 1.0
+    """> 1 discourages tokens already in the prompt or output (the HF/vLLM rule: positive logits
+    are divided by it, negative ones multiplied)."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings; the output text ends before the first one found (it is not included)."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Token ids that end the request like EOS (the id is kept in `token_ids`)."""
+    seed: int | None = None
+    """Per-request RNG seed: the same seed gives the same tokens whatever else is in the batch."""
+    ignore_eos: bool = False
+    """Keep generating past EOS (benchmarks); `stop_token_ids` still apply."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids)
+        if self.top_k == -1:
+            self.top_k = 0
+        problems = self._problems()
+        if problems:
+            raise ValueError("invalid SamplingParams: " + "; ".join(problems))
+
+    def _problems(self) -> list[str]:
+        p: list[str] = []
+        if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+            p.append(f"max_tokens must be an integer >= 1 or None, got {self.max_tokens!r}")
+        if not _is_int(self.min_tokens) or self.min_tokens < 0:
+            p.append(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+        elif self.max_tokens is not None and _is_int(self.max_tokens) and self.min_tokens > self.max_tokens:
+            p.append(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+        if not _is_num(self.temperature) or self.temperature < 0:
+            p.append(f"temperature must be >= 0, got {self.temperature!r}")
+        if not _is_num(self.top_p) or not 0 < self.top_p <= 1:
+            p.append(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            p.append(f"top_k must be an integer >= 0 (0 or -1 = disabled), got {self.top_k!r}")
+        if not _is_num(self.min_p) or not 0 <= self.min_p <= 1:
+            p.append(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not _is_num(self.repetition_penalty) or self.repetition_penalty <= 0:
+            p.append(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            p.append(f"stop must be a list of non-empty strings, got {self.stop!r}")
+        if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
+            p.append(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            p.append(f"seed must be an integer or None, got {self.seed!r}")
+        if not isinstance(self.ignore_eos, bool):
+            p.append(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        return p
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS or self.top_k == 1
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> SamplingParams:
+        """Build from a mapping (deploy `default_sampling_params`, request bodies); unknown keys are an error."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown SamplingParams field(s) {unknown}; valid fields: {sorted(known)}")
+        return cls(**values)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
