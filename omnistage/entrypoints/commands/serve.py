@@ -3,22 +3,54 @@
 With no MODEL it serves the embedded demo: the zoo's tiny Z-Image, built once into the
 user cache dir. Its weights are random, so its images are noise; it exists so that a
 fresh machine can try every route without downloading anything.
+
+SIGINT and SIGTERM stop it gracefully: no new connections, in-flight requests get
+`--graceful-timeout` seconds to finish (then they are cancelled and their engine
+requests aborted), video jobs are cancelled, the engine and its stage processes stop,
+and the process exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import signal
+import sys
+from typing import Any
 
 DEMO_MODEL = "z-image"
 
 
 def register(subparsers) -> None:
+    from omnistage.entrypoints.openai.settings import ServerSettings
+
+    defaults = ServerSettings(served_model_name="", model_path="")
     p = subparsers.add_parser("serve", help="start the OpenAI-compatible server")
     p.add_argument("model", nargs="?", default=None,
                    help="model folder or hub id (default: the embedded tiny demo model)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--served-model-name", default=None,
+                   help="the model id /v1/models lists and requests may name (default: MODEL)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every /v1 route")
+    p.add_argument("--deploy-config", default=None, help="deploy YAML (default: the model family's bundled one)")
+    p.add_argument("--stage-overrides", default=None,
+                   help="per-stage deploy fields as JSON, e.g. "
+                        '\'{"0": {"max_num_seqs": 4}, "*": {"dtype": "float32"}}\'')
+    limits = p.add_argument_group("limits")
+    limits.add_argument("--max-upload-bytes", type=int, default=defaults.max_upload_bytes,
+                        help="largest request body; larger ones get 413 (default: %(default)s)")
+    limits.add_argument("--max-n", type=int, default=defaults.max_n,
+                        help="most images per images request (default: %(default)s)")
+    limits.add_argument("--max-pixels", type=int, default=defaults.max_pixels,
+                        help="largest width*height per image or video frame (default: %(default)s)")
+    limits.add_argument("--max-queued-requests", type=int, default=defaults.max_queued_requests,
+                        help="requests in the engine at once; more get 429 (default: %(default)s)")
+    limits.add_argument("--file-ttl", type=float, default=defaults.file_ttl_s,
+                        help="seconds that image URLs and finished videos stay downloadable (default: %(default)s)")
+    limits.add_argument("--graceful-timeout", type=float, default=30.0,
+                        help="seconds in-flight requests get to finish at shutdown (default: %(default)s)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=run)
 
 
@@ -28,23 +60,80 @@ def resolve_model(model: str | None) -> tuple[str, str, bool]:
         return model, model, False
     from omnistage.testing import ensure
 
-    print(f"[omnistage] no model given: building the tiny demo model {DEMO_MODEL!r} (once, cached)")
+    print(f"[omnistage] no model given: building the tiny demo model {DEMO_MODEL!r} (once, cached)", flush=True)
     path = ensure(DEMO_MODEL)
     return str(path), f"omnistage-demo-{DEMO_MODEL}", True
 
 
+class _Terminated(Exception):
+    """SIGTERM, turned into an exception so that cleanup runs and the exit code is 0."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
 def run(args: argparse.Namespace) -> int:
     import uvicorn
+    from prometheus_client import CollectorRegistry
 
+    from omnistage.entrypoints.omni import AsyncOmni
     from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
 
-    path, name, is_demo = resolve_model(args.model)
-    name = args.served_model_name or name
-    app = create_app(ServerSettings(served_model_name=name, model_path=path))
-    url = f"http://{args.host}:{args.port}"
-    print(f"[omnistage] serving {name} at {url}")
-    if is_demo:
-        print("[omnistage] the demo model has random weights: its images are noise.")
-    print(f"[omnistage] try: curl {url}/v1/models")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info")
+    # uvicorn re-raises the signal it stopped on once it has shut down; SIGTERM's default
+    # action would kill the process before the engine is closed.
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    engine = None
+    try:
+        path, name, is_demo = resolve_model(args.model)
+        settings = ServerSettings(
+            served_model_name=args.served_model_name or name, model_path=path, api_key=args.api_key,
+            max_upload_bytes=args.max_upload_bytes, max_n=args.max_n, max_pixels=args.max_pixels,
+            max_queued_requests=args.max_queued_requests, file_ttl_s=args.file_ttl)
+        registry = CollectorRegistry()
+        print(f"[omnistage] loading {path}", flush=True)
+        engine = AsyncOmni(path, deploy_config=args.deploy_config, stage_overrides=args.stage_overrides,
+                           metrics_registry=registry)
+        app = create_app(settings, engine, registry)
+        url = f"http://{args.host}:{args.port}"
+        print(f"[omnistage] serving {settings.served_model_name} at {url}", flush=True)
+        print(f"[omnistage] routes: {', '.join(app.state.capabilities.routes)}", flush=True)
+        if is_demo:
+            print("[omnistage] the demo model has random weights: its images are noise.", flush=True)
+        print(f"[omnistage] try: {example_curl(url, app.state.capabilities, bool(args.api_key))}", flush=True)
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                timeout_graceful_shutdown=args.graceful_timeout)
+        uvicorn.Server(config).run()
+    except (KeyboardInterrupt, _Terminated):
+        pass
+    except ValueError as e:  # bad deploy config, stage overrides, model or flags
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if engine is not None:
+            engine.close()  # the app's lifespan has closed it unless startup failed; closing twice is a no-op
+    print("[omnistage] stopped", flush=True)
     return 0
+
+
+def example_curl(url: str, capabilities: Any, with_key: bool) -> str:
+    """A curl command for the first route the model serves."""
+    auth = ' -H "Authorization: Bearer $OMNISTAGE_API_KEY"' if with_key else ""
+    if capabilities.serves("images.generations"):
+        body = {"prompt": "a lighthouse at dusk", "size": "64x64", "num_inference_steps": 4}
+        return (f"curl {url}/v1/images/generations{auth} -H 'Content-Type: application/json' "
+                f"-d '{json.dumps(body)}' | python -c \"import sys, json, base64; "
+                f"open('out.png', 'wb').write(base64.b64decode(json.load(sys.stdin)['data'][0]['b64_json']))\"")
+    if capabilities.serves("images.edits"):
+        return (f"curl {url}/v1/images/edits{auth} -F image=@in.png -F prompt='make it blue' "
+                f"-F response_format=url")
+    if capabilities.serves("videos"):
+        return f"curl {url}/v1/videos/sync{auth} -F prompt='waves on a beach' -o out.mp4"
+    if capabilities.serves("chat"):
+        body = {"messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}
+        return f"curl {url}/v1/chat/completions{auth} -H 'Content-Type: application/json' -d '{json.dumps(body)}'"
+    if capabilities.serves("audio.speech"):
+        body = {"input": "Hello there!", "response_format": "wav"}
+        return (f"curl {url}/v1/audio/speech{auth} -H 'Content-Type: application/json' "
+                f"-d '{json.dumps(body)}' -o out.wav")
+    return f"curl {url}/v1/models{auth}"

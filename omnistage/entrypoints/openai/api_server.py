@@ -1,66 +1,120 @@
-"""The FastAPI application: app state, route groups, and OpenAI-style errors.
+"""The FastAPI application: app state, route groups, middleware and OpenAI-style errors.
 
 `create_app` takes everything it needs as arguments (no module globals), so tests can
-build an app around any engine client. Route groups live in sibling folders and mount
-themselves with `attach_router(app)`.
+build an app around any engine client. What a request can reach:
+
+    /health                 200, or 503 when the engine is unhealthy
+    /metrics                Prometheus text: HTTP, queue and (from the engine) stage metrics
+    /files/{name}           images and videos handed out by URL (the name is the secret)
+    /v1/models              the served model
+    /v1/images/...          images/       (diffusion models with image output)
+    /v1/videos...           videos/       (diffusion models with video output)
+    /v1/chat/completions    chat/         (text, omni and image models)
+    /v1/audio/speech        audio/        (models with audio output; also /v1/audio/voices
+                                           and the WebSocket /v1/audio/speech/stream)
+
+Every /v1 route needs the API key when one is set. The app's lifespan shuts down, in
+order: video jobs (their engine requests are aborted), the engine, the served files.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from omnistage.entrypoints.openai.audio.api_router import attach_router as attach_audio
+from omnistage.entrypoints.openai.audio.serving import SpeechServing
+from omnistage.entrypoints.openai.audio.voices import VoiceStore
+from omnistage.entrypoints.openai.capabilities import Capabilities
+from omnistage.entrypoints.openai.chat.api_router import attach_router as attach_chat
+from omnistage.entrypoints.openai.chat.serving import ChatServing
+from omnistage.entrypoints.openai.engine_client import EngineGateway, maybe_await
+from omnistage.entrypoints.openai.errors import APIError, install_error_handlers, openai_error
+from omnistage.entrypoints.openai.files import MEDIA_TYPES, FileStore
+from omnistage.entrypoints.openai.images.api_router import attach_router as attach_images
+from omnistage.entrypoints.openai.images.serving import ImageServing
+from omnistage.entrypoints.openai.metrics import ServerMetrics
+from omnistage.entrypoints.openai.middleware import AuthMiddleware, BodySizeLimitMiddleware, MetricsMiddleware
+from omnistage.entrypoints.openai.settings import ServerSettings
+from omnistage.entrypoints.openai.videos.api_router import attach_router as attach_videos
+from omnistage.entrypoints.openai.videos.serving import VideoServing
+
+__all__ = ["ServerSettings", "create_app", "openai_error"]
 
 
-@dataclass
-class ServerSettings:
-    served_model_name: str
-    model_path: str
-    created: int = field(default_factory=lambda: int(time.time()))
+def create_app(settings: ServerSettings, engine: Any = None, registry: CollectorRegistry | None = None) -> FastAPI:
+    """Build the app around `engine` (an AsyncOmni or anything with its surface; None
+    serves only metadata). `registry` is the Prometheus registry the engine exports into."""
+    metrics = ServerMetrics(registry)
+    files = FileStore(settings.file_ttl_s, settings.files_dir)
+    if engine is not None:
+        capabilities = Capabilities.from_spec(settings.served_model_name, engine.spec)
+    else:
+        capabilities = Capabilities(settings.served_model_name, frozenset())
+    gateway = EngineGateway(engine, settings.max_queued_requests, metrics)
+    video_serving = VideoServing(gateway, capabilities, settings, files)
 
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await video_serving.shutdown()
+            if engine is not None:
+                await maybe_await(engine.shutdown())
+            files.close()
 
-def openai_error(status: int, message: str, type_: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> JSONResponse:
-    """OpenAI's error body: {"error": {"message", "type", "param", "code"}}."""
-    return JSONResponse(status_code=status,
-                        content={"error": {"message": message, "type": type_, "param": param, "code": code}})
-
-
-def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-    first = exc.errors()[0] if exc.errors() else {}
-    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "form")]
-    param = ".".join(loc) or None
-    return openai_error(400, f"{param or 'request'}: {first.get('msg', 'invalid request')}", param=param)
-
-
-def create_app(settings: ServerSettings, engine: Any = None) -> FastAPI:
-    """Build the app. `engine` is the AsyncOmni client (None while only metadata is served)."""
-    app = FastAPI(title="omnistage", version="0.1.0")
+    app = FastAPI(title="omnistage", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
     app.state.engine = engine
-    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.state.metrics = metrics
+    app.state.files = files
+    app.state.capabilities = capabilities
+    app.state.gateway = gateway
+    app.state.image_serving = ImageServing(gateway, capabilities, settings, files)
+    app.state.video_serving = video_serving
+    app.state.chat_serving = ChatServing(gateway, capabilities, settings)
+    app.state.voice_store = VoiceStore.from_spec(engine.spec if engine is not None else None)
+    app.state.speech_serving = SpeechServing(gateway, capabilities, settings, app.state.voice_store)
 
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        engine = app.state.engine
-        healthy = engine is None or await _maybe_await(engine.check_health())
-        return JSONResponse(status_code=200 if healthy else 503, content={"status": "ok" if healthy else "unhealthy"})
+    install_error_handlers(app)
+    # Added last = runs first: metrics see every answer, auth and size run before routing.
+    app.add_middleware(BodySizeLimitMiddleware)
+    app.add_middleware(AuthMiddleware)
+    app.add_middleware(MetricsMiddleware)
 
-    @app.get("/v1/models")
-    async def list_models() -> dict:
-        s = app.state.settings
-        return {"object": "list", "data": [
-            {"id": s.served_model_name, "object": "model", "created": s.created, "owned_by": "omnistage",
-             "root": s.model_path}]}
-
+    _attach_system_routes(app)
+    for attach in (attach_images, attach_videos, attach_chat, attach_audio):
+        attach(app)
     return app
 
 
-async def _maybe_await(value: Any) -> Any:
-    if hasattr(value, "__await__"):
-        return await value
-    return value
+def _attach_system_routes(app: FastAPI) -> None:
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        engine = request.app.state.engine
+        healthy = engine is None or bool(await maybe_await(engine.check_health()))
+        return JSONResponse(status_code=200 if healthy else 503, content={"status": "ok" if healthy else "unhealthy"})
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> dict:
+        s: ServerSettings = request.app.state.settings
+        return {"object": "list", "data": [
+            {"id": s.served_model_name, "object": "model", "created": s.created, "owned_by": "omnistage",
+             "root": s.model_path, "routes": request.app.state.capabilities.routes}]}
+
+    @app.get("/files/{name}")
+    async def get_file(name: str, request: Request) -> FileResponse:
+        path = request.app.state.files.path(name)
+        if path is None:
+            raise APIError(404, "no such file (file URLs expire)", code="file_not_found")
+        return FileResponse(path, media_type=MEDIA_TYPES.get(path.suffix, "application/octet-stream"))

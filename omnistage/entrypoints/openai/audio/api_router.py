@@ -1,0 +1,73 @@
+"""Routes of the audio group. Handlers come from `app.state`: `speech_serving` (speech and
+its WebSocket stream) and `voice_store` (voices)."""
+
+from __future__ import annotations
+
+import secrets
+
+from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket
+from fastapi.responses import Response, StreamingResponse
+
+from omnistage.entrypoints.openai.audio.protocol import SpeechRequest, VoiceInfo, VoiceList
+from omnistage.entrypoints.openai.audio.serving import SpeechServing
+from omnistage.entrypoints.openai.audio.stream import SpeechStreamSession
+from omnistage.entrypoints.openai.audio.voices import VoiceStore
+from omnistage.entrypoints.openai.common import require_json
+from omnistage.entrypoints.openai.errors import bad_request
+
+router = APIRouter()
+
+
+def serving(request: Request) -> SpeechServing:
+    return request.app.state.speech_serving
+
+
+def voice_store(request: Request) -> VoiceStore:
+    request.app.state.capabilities.require("audio.speech")
+    return request.app.state.voice_store
+
+
+@router.post("/v1/audio/speech", dependencies=[Depends(require_json)], response_model=None)
+async def create_speech(body: SpeechRequest, handler: SpeechServing = Depends(serving)) -> Response:
+    answer = await handler.create(body)
+    headers = {"x-sample-rate": str(answer.sample_rate)}
+    if isinstance(answer.body, bytes):
+        return Response(answer.body, media_type=answer.media_type, headers=headers)
+    return StreamingResponse(answer.body, media_type=answer.media_type, headers=headers)
+
+
+@router.post("/v1/audio/voices")
+async def register_voice(request: Request, voices: VoiceStore = Depends(voice_store)) -> VoiceInfo:
+    return await voices.register(request)
+
+
+@router.get("/v1/audio/voices")
+async def list_voices(voices: VoiceStore = Depends(voice_store)) -> VoiceList:
+    return voices.list()
+
+
+@router.delete("/v1/audio/voices/{name}")
+async def delete_voice(name: str, voices: VoiceStore = Depends(voice_store)) -> dict:
+    return voices.delete(name)
+
+
+@router.websocket("/v1/audio/speech/stream")
+async def speech_stream(websocket: WebSocket) -> None:
+    state = websocket.app.state
+    key = state.settings.api_key  # the HTTP auth middleware does not see WebSockets
+    if key:
+        scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
+            await websocket.close(code=1008, reason="invalid or missing API key")
+            return
+    if not state.capabilities.serves("audio.speech"):
+        await websocket.accept()
+        error = bad_request(f"model {state.capabilities.model!r} does not make speech", code="unsupported_route")
+        await websocket.send_json({"type": "error", "message": error.message, "param": None, "code": error.code})
+        await websocket.close(code=1008)
+        return
+    await SpeechStreamSession(websocket, state.speech_serving).run()
+
+
+def attach_router(app: FastAPI) -> None:
+    app.include_router(router)

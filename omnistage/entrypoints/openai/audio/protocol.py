@@ -1,0 +1,72 @@
+"""The speech request (OpenAI's fields; `aac` is not offered)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus"]
+
+
+class SpeechRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    input: str = Field(min_length=1, max_length=4096)
+    voice: str | None = None
+    """A voice the model knows; None = the model's default voice."""
+    instructions: str | None = Field(default=None, max_length=4096)
+    response_format: SpeechFormat = "mp3"
+    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    stream_format: Literal["audio", "sse"] = "audio"
+
+
+# --- voices ------------------------------------------------------------------------------
+
+
+class VoiceInfo(BaseModel):
+    name: str
+    type: Literal["builtin", "cloned"]
+    sample_rate: int | None = None
+    duration_s: float | None = None
+    ref_text: str | None = None
+    created_at: int | None = None
+
+
+class VoiceList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[VoiceInfo]
+
+
+# --- WS /v1/audio/speech/stream: what the client sends -----------------------------------
+
+
+class SessionConfig(BaseModel):
+    """Sticky settings of a streaming session; send it before the first text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["session.config"]
+    model: str | None = None
+    voice: str | None = None
+    instructions: str | None = Field(default=None, max_length=4096)
+    response_format: Literal["pcm", "wav"] = "pcm"
+    """Binary frames carry PCM16; "wav" puts a streaming WAV header before each sentence's first frame."""
+    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+
+
+class InputText(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["input.text"]
+    text: str = Field(max_length=4096)
+
+
+class InputDone(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["input.done"]
+
+
+ClientMessage = Annotated[SessionConfig | InputText | InputDone, Field(discriminator="type")]

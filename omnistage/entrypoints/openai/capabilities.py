@@ -1,0 +1,84 @@
+"""Which routes the loaded model serves, decided once from its `PipelineSpec`.
+
+The final stages' output modalities say what a model can answer: images, video, text,
+audio, or text and audio. Whether an image model *takes* an image (edit, I2V) comes from
+its native pipeline class (`needs_image`); a generic diffusers adapter is only known once
+loaded, so both image routes stay open and the engine rejects what does not fit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from omnistage.entrypoints.openai.errors import bad_request
+
+Task = Literal["images.generations", "images.edits", "videos", "chat", "chat.audio", "audio.speech"]
+ImageInput = Literal["none", "required", "optional"]
+
+ROUTES: dict[str, str] = {
+    "images.generations": "POST /v1/images/generations",
+    "images.edits": "POST /v1/images/edits",
+    "videos": "/v1/videos",
+    "chat": "POST /v1/chat/completions",
+    "audio.speech": "POST /v1/audio/speech",
+}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    model: str
+    outputs: frozenset[str]
+    """Output modalities over all final stages, e.g. {"text", "audio"}."""
+    image_input: ImageInput = "none"
+    """Whether a request to an image/video model carries an input image."""
+
+    @classmethod
+    def from_spec(cls, model: str, spec: Any) -> Capabilities:
+        outputs = frozenset(m for stage in spec.final_stages for m in stage.modalities)
+        return cls(model=model, outputs=outputs, image_input=_image_input(spec))
+
+    def serves(self, task: str) -> bool:
+        if task == "images.generations":
+            return "image" in self.outputs and self.image_input != "required"
+        if task == "images.edits":
+            return "image" in self.outputs and self.image_input != "none"
+        if task == "videos":
+            return "video" in self.outputs
+        if task == "chat":
+            return bool({"text", "image"} & self.outputs)
+        if task == "chat.audio":
+            return {"text", "audio"} <= self.outputs
+        if task == "audio.speech":
+            # Speech reads `input` aloud: a TTS pipeline. An omni model (text + audio) would
+            # answer the input instead; it speaks through chat with modalities ["audio"].
+            return self.outputs == {"audio"}
+        raise KeyError(task)
+
+    @property
+    def routes(self) -> list[str]:
+        return [route for task, route in ROUTES.items() if self.serves(task)]
+
+    def require(self, task: str) -> None:
+        """400 naming what the model does serve, when it cannot serve `task`."""
+        if self.serves(task):
+            return
+        what = ROUTES.get(task, task)
+        if task == "chat.audio":
+            what = "audio output (modalities: ['audio'])"
+        served = ", ".join(self.routes) or "nothing"
+        raise bad_request(f"model {self.model!r} does not serve {what}; it serves: {served}",
+                          code="unsupported_route")
+
+
+def _image_input(spec: Any) -> ImageInput:
+    entries = [s for s in spec.entry_stages if s.kind == "diffusion"]
+    if not entries:
+        return "none"
+    if entries[0].model is None:
+        return "optional"
+    from omnistage.diffusion.pipelines import NATIVE_PIPELINES, pipeline_class
+
+    if entries[0].model not in NATIVE_PIPELINES:
+        return "optional"
+    return "required" if pipeline_class(entries[0].model).needs_image else "none"

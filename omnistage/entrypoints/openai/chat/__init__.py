@@ -1,0 +1,1 @@
+"""POST /v1/chat/completions: text, image and audio in; text, audio or images out."""

@@ -1,0 +1,132 @@
+"""Chat request and response bodies (OpenAI's), with vLLM's sampling extensions.
+
+Content parts: `text`, `image_url` (a data URL or bare base64: the server fetches
+nothing), `input_audio` ({data: base64, format}) and `audio_url` (a data URL). Sampling
+fields beyond OpenAI's (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
+`stop_token_ids`, `ignore_eos`) go at the top level, as with vLLM. For image models the
+diffusion fields of the images routes (`size`, `num_inference_steps`, ...) apply.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from omnistage.entrypoints.openai.common import DiffusionFields
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ImageURL(_Strict):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Strict):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+class InputAudio(_Strict):
+    data: str
+    format: Literal["wav", "mp3", "flac", "ogg"] = "wav"
+
+
+class InputAudioPart(_Strict):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+class AudioURL(_Strict):
+    url: str
+
+
+class AudioURLPart(_Strict):
+    type: Literal["audio_url"]
+    audio_url: AudioURL
+
+
+ContentPart = Annotated[TextPart | ImagePart | InputAudioPart | AudioURLPart, Field(discriminator="type")]
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class AudioOptions(_Strict):
+    voice: str | None = None
+    format: Literal["wav", "mp3", "flac", "opus", "pcm16"] = "wav"
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(DiffusionFields):
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    modalities: list[Literal["text", "audio", "image"]] | None = None
+    audio: AudioOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    n: Literal[1] = 1
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    frequency_penalty: Literal[0, 0.0] | None = None
+    """Accepted only as 0: the engine has no frequency penalty (use repetition_penalty)."""
+    presence_penalty: Literal[0, 0.0] | None = None
+    """Accepted only as 0: the engine has no presence penalty (use repetition_penalty)."""
+    logprobs: Literal[False] | None = None
+    user: str | None = None
+    size: str | None = None
+    """Image models: 'WIDTHxHEIGHT' of the answer image."""
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class AudioAnswer(BaseModel):
+    id: str
+    data: str
+    expires_at: int
+    transcript: str
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | list[dict[str, Any]] | None = None
+    audio: AudioAnswer | None = None
+    refusal: None = None
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: str | None = "stop"
+    logprobs: None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage

@@ -1,0 +1,241 @@
+"""The engine surface the server uses, and the one path every request takes into it.
+
+`EngineClient` is the part of `omnistage.AsyncOmni` the routes call; tests pass any
+object with the same surface. `EngineGateway` wraps it with the server's rules:
+
+1. admission: at most `max_queued_requests` requests in the engine; more get 429;
+2. the first output is awaited before any answer starts, so a `ValueError` the engine
+   raises while checking params (before queueing) becomes a 400, not a broken stream;
+3. a request that ends early (client gone, server stopping, error) is aborted in the
+   engine, and its admission slot is freed exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from starlette.requests import Request
+
+from omnistage.entrypoints.openai.errors import APIError, EngineError, from_value_error
+from omnistage.entrypoints.openai.metrics import ServerMetrics
+
+
+class EngineClient(Protocol):
+    """What the server needs from `AsyncOmni`."""
+
+    spec: Any
+    """The resolved PipelineSpec (final stages' output modalities decide the routes)."""
+
+    def generate(self, prompt: Any, params: Any = None, request_id: str | None = None) -> AsyncIterator[Any]:
+        """Yield `OmniOutput`s for one request; the last has finished=True."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def check_health(self) -> bool: ...
+
+    async def shutdown(self) -> None: ...
+
+
+def stage_default_params(engine: Any, stage_id: int) -> dict[str, Any]:
+    """The stage's deploy `default_sampling_params` (AsyncOmni's `config`; {} for clients
+    without one). The AR engine takes a request's params whole, so the server fills the
+    fields a request leaves out from these."""
+    config = getattr(engine, "config", None)
+    if config is None:
+        return {}
+    return dict(config.stage_config(stage_id).default_sampling_params)
+
+
+# An engine's `add_request` raising ValueError is the engine refusing the request's
+# inputs or params (sizes, extras, a missing image): the user's error, not the server's.
+# The orchestrator reports it as "stage 0 (diffusion): add_request raised ValueError: ...".
+_REJECTION = re.compile(r"^(stage .*?): add_request raised (?:ValueError|ValidationError): (.*)$", re.DOTALL)
+
+
+def rejection_message(error: str) -> str | None:
+    """The user-facing message when `error` is an engine rejecting the request, else None."""
+    match = _REJECTION.match(error)
+    return None if match is None else f"{match.group(2)} ({match.group(1)})"
+
+
+def new_request_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+async def maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class RequestStream:
+    """One admitted request's outputs, read with `next()` or `async for`.
+
+    It closes itself after the finished output or on any failure; `close()` may be called
+    again and aborts the engine request if it has not finished. A `ValueError` before the
+    first output is the engine rejecting the request before queueing (400); any failure
+    after it is the engine's (500).
+    """
+
+    def __init__(self, gateway: EngineGateway, request_id: str, outputs: AsyncIterator[Any]):
+        self.gateway = gateway
+        self.request_id = request_id
+        self._outputs = outputs
+        self._peeked: Any = None
+        self._started = False
+        self._finished = False
+        self._closed = False
+
+    async def start(self) -> Any:
+        """Wait for the first output (it stays the next one `next()` returns)."""
+        if self._peeked is None and not self._started:
+            self._peeked = await self._pull()
+        return self._peeked
+
+    async def next(self) -> Any | None:
+        """The next output, or None after the finished one."""
+        if self._peeked is not None:
+            out, self._peeked = self._peeked, None
+        elif self._finished or self._closed:
+            await self.close()
+            return None
+        else:
+            out = await self._pull()
+        if out.finished:
+            self._finished = True
+        return out
+
+    async def _pull(self) -> Any:
+        first = not self._started
+        self._started = True
+        try:
+            out = await self._outputs.__anext__()
+        except ValueError as e:
+            await self.close()
+            raise (from_value_error(e) if first else EngineError(str(e))) from None
+        except StopAsyncIteration:
+            await self.close()
+            raise EngineError("the engine ended the request without a final output") from None
+        except BaseException:
+            await self.close()
+            raise
+        if out.error:
+            self._finished = True  # the engine has already dropped it
+            await self.close()
+            rejection = rejection_message(out.error)
+            raise from_value_error(ValueError(rejection)) if rejection is not None else EngineError(out.error)
+        return out
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        try:
+            while (out := await self.next()) is not None:
+                yield out
+        finally:
+            await self.close()
+
+    async def collect(self) -> Any:
+        """The finished output (media of every final stage)."""
+        last = None
+        async for out in self:
+            last = out
+        return last
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if not self._finished:
+                await maybe_await(self.gateway.engine.abort(self.request_id))
+            aclose = getattr(self._outputs, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        finally:
+            self.gateway.release(self.request_id)
+
+
+class EngineGateway:
+    def __init__(self, engine: Any, max_queued_requests: int, metrics: ServerMetrics):
+        self.engine = engine
+        self.max_queued_requests = max_queued_requests
+        self.metrics = metrics
+        self._admitted: set[str] = set()
+
+    @property
+    def num_admitted(self) -> int:
+        return len(self._admitted)
+
+    def admit(self, request_id: str) -> None:
+        if len(self._admitted) >= self.max_queued_requests:
+            self.metrics.rejected.labels("queue_full").inc()
+            raise APIError(429, f"the server has {len(self._admitted)} requests queued or running "
+                                f"(limit {self.max_queued_requests}); retry later",
+                           code="rate_limit_exceeded", headers={"retry-after": "1"})
+        self._admitted.add(request_id)
+        self.metrics.queue_depth.set(len(self._admitted))
+
+    def release(self, request_id: str) -> None:
+        self._admitted.discard(request_id)
+        self.metrics.queue_depth.set(len(self._admitted))
+
+    def submit(self, prompt: Any, params: Any, request_id: str) -> RequestStream:
+        """Admit the request and hand it to the engine (429 when full, 400 when the engine
+        rejects it at once). Nothing is awaited: iterate the stream, or `start()` it."""
+        if self.engine is None:
+            raise APIError(503, "no engine is loaded", code="engine_unavailable")
+        self.admit(request_id)
+        try:
+            outputs = self.engine.generate(prompt, params, request_id=request_id)
+        except ValueError as e:
+            self.release(request_id)
+            raise from_value_error(e) from None
+        except BaseException:
+            self.release(request_id)
+            raise
+        return RequestStream(self, request_id, outputs)
+
+    async def open(self, prompt: Any, params: Any, request_id: str) -> RequestStream:
+        """`submit`, then wait for the first output (so engine rejections are a 400)."""
+        stream = self.submit(prompt, params, request_id)
+        await stream.start()
+        return stream
+
+    async def run(self, prompt: Any, params: Any, request_id: str, request: Request | None = None) -> Any:
+        """The finished output of one request; aborted if `request`'s client goes away."""
+
+        async def go() -> Any:
+            return await (await self.open(prompt, params, request_id)).collect()
+
+        if request is None:
+            return await go()
+        return await cancel_on_disconnect(request, go())
+
+
+async def cancel_on_disconnect(request: Request, coro: Any) -> Any:
+    """Run `coro`, cancelling it if the client disconnects first (call after the body is read)."""
+    task = asyncio.ensure_future(coro)
+
+    async def wait_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(wait_disconnect())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        try:
+            await task
+        except (asyncio.CancelledError, Exception):
+            pass
+        raise APIError(499, "the client closed the request", code="client_closed_request")
+    return task.result()

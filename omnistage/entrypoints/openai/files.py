@@ -1,0 +1,71 @@
+"""Files the server hands out by URL: generated images (`response_format=url`) and videos.
+
+Names are 32 random URL-safe bytes plus an extension, so a URL is its own capability
+(browsers fetch it without the API key); each file expires `ttl_s` after it was
+written and is deleted at the next write or read past that time, or at shutdown.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+MEDIA_TYPES = {".png": "image/png", ".jpeg": "image/jpeg", ".webp": "image/webp", ".mp4": "video/mp4"}
+_NAME = re.compile(r"^[A-Za-z0-9_-]{43}\.[a-z0-9]{2,5}$")
+
+
+class FileStore:
+    def __init__(self, ttl_s: float, directory: str | None = None):
+        self.ttl_s = ttl_s
+        self._given = None if directory is None else Path(directory)
+        self._directory: Path | None = None
+        self._expiry: dict[str, float] = {}
+
+    @property
+    def directory(self) -> Path:
+        """Created on first use: a server that never hands out a URL leaves nothing behind."""
+        if self._directory is None:
+            if self._given is not None:
+                self._given.mkdir(parents=True, exist_ok=True)
+                self._directory = self._given
+            else:
+                self._directory = Path(tempfile.mkdtemp(prefix="omnistage-files-"))
+        return self._directory
+
+    def put(self, data: bytes, suffix: str) -> tuple[str, int]:
+        """Store `data`; return its name and the unix time it expires."""
+        self.purge_expired()
+        name = secrets.token_urlsafe(32) + suffix
+        (self.directory / name).write_bytes(data)
+        expires_at = time.time() + self.ttl_s
+        self._expiry[name] = expires_at
+        return name, int(expires_at)
+
+    def path(self, name: str) -> Path | None:
+        """The file's path, or None when the name is unknown or expired."""
+        if not _NAME.match(name) or name not in self._expiry:
+            return None
+        if self._expiry[name] < time.time():
+            self.delete(name)
+            return None
+        return self.directory / name
+
+    def delete(self, name: str) -> None:
+        self._expiry.pop(name, None)
+        (self.directory / name).unlink(missing_ok=True)
+
+    def purge_expired(self) -> None:
+        now = time.time()
+        for name in [n for n, t in self._expiry.items() if t < now]:
+            self.delete(name)
+
+    def close(self) -> None:
+        for name in list(self._expiry):
+            self.delete(name)
+        if self._directory is not None and self._given is None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+        self._directory = None

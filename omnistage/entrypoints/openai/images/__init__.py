@@ -1,0 +1,1 @@
+"""POST /v1/images/generations and POST /v1/images/edits."""

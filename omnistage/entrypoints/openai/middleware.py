@@ -1,0 +1,104 @@
+"""ASGI middleware that runs before any route: metrics, API-key auth, body-size limit.
+
+They read the app's settings from `scope["app"].state` on every request, so they hold
+no state of their own and tests can build apps with any settings.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from starlette.exceptions import HTTPException
+
+from omnistage.entrypoints.openai.errors import APIError
+
+Scope = dict[str, Any]
+
+
+def _settings(scope: Scope) -> Any:
+    return scope["app"].state.settings
+
+
+async def _send_error(send: Any, error: APIError) -> None:
+    response = error.response()
+    await send({"type": "http.response.start", "status": response.status_code,
+                "headers": response.raw_headers})
+    await send({"type": "http.response.body", "body": response.body})
+
+
+class MetricsMiddleware:
+    """Counts every HTTP answer by route template and status, and times it to its last byte."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            # Route templates keep the label set small (no video ids); unrouted paths share one label.
+            label = getattr(route, "path", None) or "(unmatched)"
+            scope["app"].state.metrics.observe_http(label, scope["method"], status, time.perf_counter() - start)
+
+
+class AuthMiddleware:
+    """With an API key set, every /v1 route needs `Authorization: Bearer <key>` (401 otherwise)."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        key = _settings(scope).api_key if scope["type"] == "http" else None
+        if key and scope["path"].startswith("/v1/") and scope["method"] != "OPTIONS":
+            headers = dict(scope["headers"])
+            scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+            if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
+                message = ("missing API key: send 'Authorization: Bearer <key>'" if not token
+                           else "invalid API key")
+                return await _send_error(send, APIError(401, message, code="invalid_api_key",
+                                                        headers={"www-authenticate": "Bearer"}))
+        await self.app(scope, receive, send)
+
+
+class BodySizeLimitMiddleware:
+    """Answers 413 for bodies over `max_upload_bytes`: from Content-Length before reading,
+    or while reading a chunked body (raised as an HTTPException so that FastAPI's body
+    parsing passes it through to the error handler)."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        limit = _settings(scope).max_upload_bytes
+        message = f"the request body is larger than the server's limit of {limit} bytes"
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            return await _send_error(send, APIError(413, message, code="request_too_large"))
+        received = 0
+
+        async def receive_wrapper() -> dict:
+            nonlocal received
+            event = await receive()
+            if event["type"] == "http.request":
+                received += len(event.get("body", b""))
+                if received > limit:
+                    raise HTTPException(413, message)
+            return event
+
+        await self.app(scope, receive_wrapper, send)

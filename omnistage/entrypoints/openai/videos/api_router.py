@@ -1,0 +1,60 @@
+"""Routes of the videos group; handlers come from `app.state.video_serving`."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.responses import FileResponse, Response
+
+from omnistage.entrypoints.openai.common import read_form
+from omnistage.entrypoints.openai.videos.protocol import VideoDeleted, VideoJob, VideoList
+from omnistage.entrypoints.openai.videos.serving import FILE_FIELDS, VideoServing
+
+router = APIRouter()
+
+
+def serving(request: Request) -> VideoServing:
+    return request.app.state.video_serving
+
+
+@router.post("/v1/videos", response_model=VideoJob)
+async def create_video(request: Request, handler: VideoServing = Depends(serving)) -> VideoJob:
+    form = await read_form(request, allow_urlencoded=True, file_fields=FILE_FIELDS)
+    return await handler.create(form)
+
+
+@router.post("/v1/videos/sync")
+async def create_video_sync(request: Request, handler: VideoServing = Depends(serving)) -> Response:
+    form = await read_form(request, allow_urlencoded=True, file_fields=FILE_FIELDS)
+    result = await handler.sync(form, request)
+    return Response(result.mp4, media_type="video/mp4",
+                    headers={"x-num-frames": str(result.num_frames), "x-fps": f"{result.fps:g}",
+                             "x-video-size": f"{result.width}x{result.height}"})
+
+
+@router.get("/v1/videos", response_model=VideoList)
+async def list_videos(after: str | None = None, limit: int = Query(default=20, ge=1, le=100),
+                      order: Literal["asc", "desc"] = "desc",
+                      handler: VideoServing = Depends(serving)) -> VideoList:
+    return handler.list_jobs(after, limit, order)
+
+
+@router.get("/v1/videos/{video_id}", response_model=VideoJob)
+async def get_video(video_id: str, handler: VideoServing = Depends(serving)) -> VideoJob:
+    return handler.get(video_id).job
+
+
+@router.get("/v1/videos/{video_id}/content")
+async def get_video_content(video_id: str, variant: Literal["video"] = "video",
+                            handler: VideoServing = Depends(serving)) -> FileResponse:
+    return FileResponse(handler.content_path(video_id), media_type="video/mp4", filename=f"{video_id}.mp4")
+
+
+@router.delete("/v1/videos/{video_id}", response_model=VideoDeleted)
+async def delete_video(video_id: str, handler: VideoServing = Depends(serving)) -> VideoDeleted:
+    return await handler.delete(video_id)
+
+
+def attach_router(app: FastAPI) -> None:
+    app.include_router(router)

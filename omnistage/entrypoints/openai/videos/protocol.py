@@ -1,0 +1,83 @@
+"""Fields of the video forms (multipart or urlencoded) and the OpenAI video job object.
+
+A clip of `seconds` at `fps` has `round(seconds * fps) + 1` frames: the first frame
+plus one per 1/fps (Wan's 81 frames are 5 s at 16 fps). `seconds` therefore needs `fps`;
+or give `num_frames` directly.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from omnistage.entrypoints.openai.common import DiffusionFields
+
+VideoStatus = Literal["queued", "in_progress", "completed", "failed"]
+
+
+class VideoCreateRequest(DiffusionFields):
+    model: str | None = None
+    prompt: str = Field(min_length=1, max_length=32000)
+    size: str | None = None
+    """'WIDTHxHEIGHT'; or give width and height."""
+    width: int | None = Field(default=None, ge=1)
+    height: int | None = Field(default=None, ge=1)
+    num_frames: int | None = Field(default=None, ge=1, le=1024)
+    seconds: float | None = Field(default=None, gt=0, le=600)
+    fps: float | None = Field(default=None, gt=0, le=240)
+    guidance_scale_2: float | None = Field(default=None, ge=0)
+    extra_params: dict[str, Any] = Field(default_factory=dict)
+    """Model extras as a JSON object, e.g. '{"max_sequence_length": 64}'."""
+    user: str | None = None
+
+    @field_validator("extra_params", mode="before")
+    @classmethod
+    def _parse_json(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else {}
+            except ValueError as e:
+                raise ValueError(f"not valid JSON ({e})") from None
+        if not isinstance(value, dict):
+            raise ValueError("must be a JSON object")
+        return value
+
+
+class VideoError(BaseModel):
+    code: str
+    message: str
+
+
+class VideoJob(BaseModel):
+    """OpenAI's video object, plus `num_frames` and `fps` once known."""
+
+    id: str
+    object: Literal["video"] = "video"
+    model: str
+    status: VideoStatus = "queued"
+    progress: int = 0
+    created_at: int
+    completed_at: int | None = None
+    expires_at: int | None = None
+    prompt: str
+    size: str | None = None
+    seconds: str | None = None
+    num_frames: int | None = None
+    fps: float | None = None
+    error: VideoError | None = None
+
+
+class VideoList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[VideoJob]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
+
+
+class VideoDeleted(BaseModel):
+    id: str
+    object: Literal["video.deleted"] = "video.deleted"
+    deleted: bool = True

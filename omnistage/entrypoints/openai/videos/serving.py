@@ -1,0 +1,246 @@
+"""Video jobs: validate the form, run the request in the background, keep the MP4.
+
+A job is one engine request. Its status follows OpenAI's lifecycle: `queued` until the
+first output, `in_progress` with `progress` from the denoising steps, then `completed`
+(the MP4 is kept `file_ttl_s`) or `failed` with an error. DELETE aborts a running job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from omnistage.diffusion.params import DiffusionParams
+from omnistage.entrypoints.openai.capabilities import Capabilities
+from omnistage.entrypoints.openai.common import Form, check_dims, check_model, parse_size, read_upload, validate
+from omnistage.entrypoints.openai.engine_client import EngineGateway, RequestStream, cancel_on_disconnect
+from omnistage.entrypoints.openai.errors import APIError, bad_request, from_value_error
+from omnistage.entrypoints.openai.files import FileStore
+from omnistage.entrypoints.openai.settings import ServerSettings
+from omnistage.entrypoints.openai.videos.protocol import (
+    VideoCreateRequest,
+    VideoDeleted,
+    VideoError,
+    VideoJob,
+    VideoList,
+)
+from omnistage.media.image import decode_image
+from omnistage.media.video import encode_mp4
+
+logger = logging.getLogger(__name__)
+
+FILE_FIELDS = ("input_reference",)
+
+
+@dataclass
+class VideoTask:
+    """A job as the server tracks it: the public object plus what runs it."""
+
+    job: VideoJob
+    task: asyncio.Task | None = None
+    file_name: str | None = None
+
+
+@dataclass
+class VideoResult:
+    mp4: bytes
+    num_frames: int
+    fps: float
+    width: int
+    height: int
+
+
+class VideoServing:
+    def __init__(self, gateway: EngineGateway, capabilities: Capabilities, settings: ServerSettings,
+                 files: FileStore):
+        self.gateway = gateway
+        self.capabilities = capabilities
+        self.settings = settings
+        self.files = files
+        self._jobs: dict[str, VideoTask] = {}
+
+    # --- requests -----------------------------------------------------------------
+
+    async def _build(self, form: Form) -> tuple[VideoCreateRequest, Any, DiffusionParams]:
+        """The edge checks of both create routes: (request, prompt, params) or a 4xx."""
+        self.capabilities.require("videos")
+        body: VideoCreateRequest = validate(VideoCreateRequest, form.fields)
+        check_model(body.model, self.settings)
+        width, height = self._dims(body)
+        num_frames = body.num_frames
+        if body.seconds is not None:
+            if num_frames is not None:
+                raise bad_request("give num_frames or seconds, not both", param="seconds")
+            if body.fps is None:
+                raise bad_request("seconds: also give fps (frames = seconds * fps + 1), or give num_frames",
+                                  param="seconds")
+            num_frames = round(body.seconds * body.fps) + 1
+        extras = body.extras(decode_strings=True)
+        both = sorted(set(extras) & set(body.extra_params))
+        if both:
+            raise bad_request(f"{both} given both as fields and in extra_params", param="extra_params")
+        image = await self._reference(form)
+        try:
+            params = DiffusionParams(height=height, width=width, num_frames=num_frames, fps=body.fps,
+                                     guidance_scale_2=body.guidance_scale_2, extras={**body.extra_params, **extras},
+                                     **body.diffusion_fields())
+        except ValueError as e:
+            raise from_value_error(e) from None
+        prompt = body.prompt if image is None else {"prompt": body.prompt, "image": image}
+        return body, prompt, params
+
+    def _dims(self, body: VideoCreateRequest) -> tuple[int | None, int | None]:
+        if body.size is not None:
+            if body.width is not None or body.height is not None:
+                raise bad_request("give size or width/height, not both", param="size")
+            return parse_size(body.size, self.settings)
+        if (body.width is None) != (body.height is None):
+            raise bad_request("give both width and height", param="width" if body.width is None else "height")
+        if body.width is not None:
+            check_dims(body.width, body.height, self.settings, param="width")
+        return body.width, body.height
+
+    async def _reference(self, form: Form) -> Any:
+        uploads = form.files.get("input_reference", [])
+        if len(uploads) > 1:
+            raise bad_request("input_reference: give one image", param="input_reference")
+        needs = self.capabilities.image_input
+        if not uploads:
+            if needs == "required":
+                raise bad_request(f"input_reference: model {self.capabilities.model!r} generates from an image; "
+                                  "upload one", param="input_reference")
+            return None
+        if needs == "none":
+            raise bad_request(f"input_reference: model {self.capabilities.model!r} is text-to-video and takes no "
+                              "image", param="input_reference")
+        try:
+            return decode_image(await read_upload(uploads[0], "input_reference"), field="input_reference")
+        except ValueError as e:
+            raise bad_request(str(e), param="input_reference") from None
+
+    # --- routes -------------------------------------------------------------------
+
+    async def create(self, form: Form) -> VideoJob:
+        body, prompt, params = await self._build(form)
+        job_id = f"video_{uuid.uuid4().hex}"
+        stream = self.gateway.submit(prompt, params, job_id)
+        size = body.size or (f"{body.width}x{body.height}" if body.width else None)
+        job = VideoJob(id=job_id, model=self.settings.served_model_name, created_at=int(time.time()),
+                       prompt=body.prompt, size=size, seconds=None if body.seconds is None else f"{body.seconds:g}",
+                       num_frames=params.num_frames, fps=params.fps)
+        entry = VideoTask(job)
+        self._jobs[job_id] = entry
+        entry.task = asyncio.create_task(self._run(entry, stream), name=f"omnistage-{job_id}")
+        return job
+
+    async def sync(self, form: Form, request: Request) -> VideoResult:
+        _, prompt, params = await self._build(form)
+
+        async def go() -> VideoResult:
+            stream = await self.gateway.open(prompt, params, f"video_sync_{uuid.uuid4().hex}")
+            return await _encode(await stream.collect())
+
+        return await cancel_on_disconnect(request, go())
+
+    def get(self, video_id: str) -> VideoTask:
+        self._purge_expired()
+        entry = self._jobs.get(video_id)
+        if entry is None:
+            raise APIError(404, f"no video job {video_id!r}", param="video_id", code="video_not_found")
+        return entry
+
+    def list_jobs(self, after: str | None, limit: int, order: str) -> VideoList:
+        self._purge_expired()
+        jobs = [e.job for e in self._jobs.values()]
+        if order == "desc":
+            jobs.reverse()
+        if after is not None:
+            ids = [j.id for j in jobs]
+            if after not in ids:
+                raise bad_request(f"after: no video job {after!r}", param="after")
+            jobs = jobs[ids.index(after) + 1:]
+        page = jobs[:limit]
+        return VideoList(data=page, first_id=page[0].id if page else None, last_id=page[-1].id if page else None,
+                         has_more=len(jobs) > limit)
+
+    def content_path(self, video_id: str) -> Any:
+        entry = self.get(video_id)
+        if entry.job.status != "completed":
+            raise APIError(409, f"video {video_id!r} is {entry.job.status}, not completed", param="video_id",
+                           code="video_not_ready")
+        path = self.files.path(entry.file_name or "")
+        if path is None:
+            raise APIError(404, f"video {video_id!r} has expired", param="video_id", code="video_expired")
+        return path
+
+    async def delete(self, video_id: str) -> VideoDeleted:
+        entry = self.get(video_id)
+        del self._jobs[video_id]
+        if entry.task is not None and not entry.task.done():
+            entry.task.cancel()  # closing the stream aborts the engine request
+            await asyncio.gather(entry.task, return_exceptions=True)
+        if entry.file_name:
+            self.files.delete(entry.file_name)
+        return VideoDeleted(id=video_id)
+
+    async def shutdown(self) -> None:
+        """Cancel running jobs (their engine requests are aborted)."""
+        tasks = [e.task for e in self._jobs.values() if e.task is not None and not e.task.done()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # --- the background job ---------------------------------------------------------
+
+    async def _run(self, entry: VideoTask, stream: RequestStream) -> None:
+        job = entry.job
+        try:
+            final = None
+            async for out in stream:
+                job.status = "in_progress"
+                if out.progress is not None and out.progress.num_steps:
+                    # Decoding and encoding follow the last step: hold 99 until the MP4 exists.
+                    job.progress = max(job.progress, min(99, 100 * out.progress.step // out.progress.num_steps))
+                final = out
+            result = await _encode(final)
+            entry.file_name, job.expires_at = self.files.put(result.mp4, ".mp4")
+            job.num_frames, job.fps = result.num_frames, result.fps
+            job.size = f"{result.width}x{result.height}"
+            job.seconds = f"{result.num_frames / result.fps:.3g}"
+            job.progress, job.status, job.completed_at = 100, "completed", int(time.time())
+        except APIError as e:
+            job.status, job.error = "failed", VideoError(code=e.code or e.type, message=e.message)
+        except asyncio.CancelledError:
+            job.status, job.error = "failed", VideoError(code="cancelled", message="the job was cancelled")
+            raise
+        except Exception as e:  # a bug must fail the job, not vanish in a task
+            logger.exception("video job %s failed", job.id)
+            job.status, job.error = "failed", VideoError(code="server_error", message=f"{type(e).__name__}: {e}")
+        finally:
+            if job.status == "failed":
+                job.completed_at = int(time.time())
+                job.expires_at = int(time.time() + self.settings.file_ttl_s)
+
+    def _purge_expired(self) -> None:
+        now = time.time()
+        for job_id in [i for i, e in self._jobs.items() if e.job.expires_at is not None and e.job.expires_at < now]:
+            entry = self._jobs.pop(job_id)
+            if entry.file_name:
+                self.files.delete(entry.file_name)
+
+
+async def _encode(out: Any) -> VideoResult:
+    if out is None or out.video is None:
+        raise APIError(500, "the model returned no video", type="server_error", code="engine_error")
+    if not out.fps:
+        raise APIError(500, "the model returned a video without fps", type="server_error", code="engine_error")
+    frames, fps = out.video, float(out.fps)
+    mp4 = await asyncio.to_thread(encode_mp4, frames, fps)
+    return VideoResult(mp4=mp4, num_frames=int(frames.shape[0]), fps=fps, width=int(frames.shape[2]),
+                       height=int(frames.shape[1]))

@@ -1,0 +1,98 @@
+"""Server-wide behaviour over a fake engine: health, models, metrics, auth, limits, errors."""
+
+from __future__ import annotations
+
+import threading
+
+import openai
+import pytest
+
+
+def test_health_models_and_metrics(app_client):
+    http, engine = app_client("image")
+    assert http.get("/health").json() == {"status": "ok"}
+    engine.healthy = False
+    assert http.get("/health").status_code == 503
+    engine.healthy = True
+
+    models = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http).models.list()
+    assert [m.id for m in models.data] == ["fake-image"]
+    assert http.get("/v1/models").json()["data"][0]["routes"] == [
+        "POST /v1/images/generations", "POST /v1/images/edits", "POST /v1/chat/completions"]
+
+    assert http.post("/v1/images/generations", json={"prompt": "x"}).status_code == 200
+    assert http.post("/v1/images/generations", json={"prompt": "x", "size": "no"}).status_code == 400
+    text = http.get("/metrics").text
+    assert 'omnistage_http_requests_total{method="POST",route="/v1/images/generations",status="200"} 1.0' in text
+    assert 'omnistage_http_requests_total{method="POST",route="/v1/images/generations",status="400"} 1.0' in text
+    assert "omnistage_http_request_duration_seconds_bucket" in text
+    assert "omnistage_queue_depth 0.0" in text
+
+
+def test_api_key_guards_every_v1_route(app_client):
+    http, _ = app_client("image", api_key="s3cret")
+    resp = http.get("/v1/models")
+    assert resp.status_code == 401 and resp.json()["error"]["code"] == "invalid_api_key"
+    assert http.post("/v1/images/generations", json={"prompt": "x"},
+                     headers={"authorization": "Bearer wrong"}).status_code == 401
+    assert http.post("/v1/videos", data={"prompt": "x"}).status_code == 401
+    assert http.get("/health").status_code == 200  # probes need no key
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url="http://testserver/v1", api_key="nope", http_client=http, max_retries=0).models.list()
+    good = openai.OpenAI(base_url="http://testserver/v1", api_key="s3cret", http_client=http)
+    assert good.images.generate(prompt="x").data[0].b64_json
+
+
+def test_unknown_routes_and_methods_use_openai_errors(app_client):
+    http, _ = app_client("image")
+    resp = http.get("/v1/nothing")
+    assert resp.status_code == 404 and set(resp.json()["error"]) == {"message", "type", "param", "code"}
+    resp = http.get("/v1/images/generations")
+    assert resp.status_code == 405 and "error" in resp.json()
+
+
+def test_queue_limit_answers_429_and_frees_slots(app_client):
+    http, engine = app_client("image", max_queued_requests=1, step_delay=0.2)
+    results = []
+    first = threading.Thread(target=lambda: results.append(http.post("/v1/images/generations", json={"prompt": "a"})))
+    first.start()
+    import time
+
+    deadline = time.time() + 5
+    while not engine.requests and time.time() < deadline:
+        time.sleep(0.01)
+    resp = http.post("/v1/images/generations", json={"prompt": "b"})
+    assert resp.status_code == 429 and resp.json()["error"]["type"] == "rate_limit_error"
+    first.join()
+    assert results[0].status_code == 200
+    assert http.post("/v1/images/generations", json={"prompt": "c"}).status_code == 200
+    assert http.app.state.gateway.num_admitted == 0
+
+
+def test_engine_rejection_is_400_and_engine_failure_is_500(app_client):
+    http, engine = app_client("image")
+    resp = http.post("/v1/images/generations", json={"prompt": "x", "max_sequence_length": 9999})
+    assert resp.status_code == 400 and "max_sequence_length" in resp.json()["error"]["message"]
+
+    async def broken(prompt, params=None, request_id=None):
+        from omnistage.engine.outputs import OmniOutput
+
+        yield OmniOutput(request_id, finished=True, finish_reason="error", error="stage 0 (diffusion): boom")
+
+    engine.generate = broken
+    resp = http.post("/v1/images/generations", json={"prompt": "x"})
+    assert resp.status_code == 500
+    assert resp.json()["error"]["type"] == "server_error" and "boom" in resp.json()["error"]["message"]
+    assert http.app.state.gateway.num_admitted == 0
+
+
+def test_lifespan_shuts_the_engine_down_and_removes_files():
+    from fake_engine import make_client
+
+    http, engine = make_client("image")
+    with http:
+        resp = http.post("/v1/images/generations", json={"prompt": "x", "response_format": "url"})
+        assert resp.status_code == 200
+        directory = http.app.state.files.directory
+        assert any(directory.iterdir())
+    assert engine.is_shut_down and not directory.exists()

@@ -1,0 +1,122 @@
+"""Video jobs and /v1/videos/sync over a fake engine (raw HTTP, as the OpenAI client's
+video API targets a hosted model)."""
+
+from __future__ import annotations
+
+import io
+import time
+
+import numpy as np
+from PIL import Image
+
+from omnistage.media.video import decode_video
+
+
+def _wait(http, video_id, status="completed", timeout=10.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        job = http.get(f"/v1/videos/{video_id}").json()
+        if job["status"] == status:
+            return job
+        time.sleep(0.02)
+    raise AssertionError(f"job {video_id} stayed {job['status']}")
+
+
+def test_job_lifecycle_progress_list_content_delete(app_client):
+    http, engine = app_client("video", step_delay=0.05)
+    resp = http.post("/v1/videos", data={"prompt": "a wave", "size": "32x16", "num_frames": "9", "fps": "8",
+                                         "num_inference_steps": "4", "seed": "1",
+                                         "extra_params": '{"max_sequence_length": 32}'})
+    assert resp.status_code == 200, resp.text
+    job = resp.json()
+    assert job["object"] == "video" and job["status"] == "queued" and job["progress"] == 0
+    assert job["id"].startswith("video_") and job["size"] == "32x16" and job["model"] == "fake-video"
+
+    seen = set()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        current = http.get(f"/v1/videos/{job['id']}").json()
+        seen.add((current["status"], current["progress"]))
+        if current["status"] == "completed":
+            break
+        time.sleep(0.01)
+    assert current["progress"] == 100 and current["num_frames"] == 9 and current["seconds"] == "1.12"
+    assert any(status == "in_progress" and 0 < progress < 100 for status, progress in seen)
+    _, params, _ = engine.requests[-1]
+    assert params.num_frames == 9 and params.extras == {"max_sequence_length": 32} and params.seed == 1
+
+    listed = http.get("/v1/videos").json()
+    assert listed["object"] == "list" and [v["id"] for v in listed["data"]] == [job["id"]]
+
+    content = http.get(f"/v1/videos/{job['id']}/content")
+    assert content.status_code == 200 and content.headers["content-type"] == "video/mp4"
+    frames, fps = decode_video(content.content)
+    assert frames.shape[:3] == (9, 16, 32) and fps == 8
+
+    deleted = http.delete(f"/v1/videos/{job['id']}").json()
+    assert deleted == {"id": job["id"], "object": "video.deleted", "deleted": True}
+    assert http.get(f"/v1/videos/{job['id']}").status_code == 404
+
+
+def test_delete_cancels_a_running_job(app_client):
+    http, engine = app_client("video", step_delay=0.5)
+    job = http.post("/v1/videos", data={"prompt": "slow"}).json()
+    _wait(http, job["id"], "in_progress")
+    resp = http.get(f"/v1/videos/{job['id']}/content")
+    assert resp.status_code == 409 and resp.json()["error"]["code"] == "video_not_ready"
+    assert http.delete(f"/v1/videos/{job['id']}").status_code == 200
+    assert engine.aborted == [job["id"]]
+    assert http.app.state.gateway.num_admitted == 0
+
+
+def test_sync_returns_mp4_with_frame_count(app_client):
+    http, engine = app_client("video")
+    resp = http.post("/v1/videos/sync", data={"prompt": "x", "width": "24", "height": "16", "seconds": "1",
+                                              "fps": "4"})
+    assert resp.status_code == 200 and resp.headers["content-type"] == "video/mp4"
+    assert resp.headers["x-num-frames"] == "5"  # 1 s at 4 fps: the first frame plus 4
+    frames, _ = decode_video(resp.content)
+    assert frames.shape[:3] == (5, 16, 24)
+
+    # multipart with an input reference (a generic pipeline may take one)
+    buf = io.BytesIO()
+    Image.new("RGB", (24, 16)).save(buf, format="PNG")
+    reference = {"input_reference": ("r.png", buf.getvalue(), "image/png")}
+    resp = http.post("/v1/videos/sync", data={"prompt": "x"}, files=reference)
+    assert resp.status_code == 200
+    assert isinstance(engine.requests[-1][0]["image"], Image.Image)
+
+
+def test_video_form_errors(app_client):
+    http, engine = app_client("video")
+    cases = [
+        ({"prompt": "x", "size": "32x16", "width": "32"}, "size"),
+        ({"prompt": "x", "width": "32"}, "height"),
+        ({"prompt": "x", "seconds": "2"}, "seconds"),
+        ({"prompt": "x", "seconds": "2", "num_frames": "9", "fps": "4"}, "seconds"),
+        ({"prompt": "x", "extra_params": "{oops"}, "extra_params"),
+        ({"prompt": "x", "extra_params": "[1]"}, "extra_params"),
+        ({"prompt": "x", "num_frames": "0"}, "num_frames"),
+        ({"prompt": "x", "size": "99999x8"}, "size"),
+        ({"size": "32x16"}, "prompt"),
+    ]
+    for data, param in cases:
+        resp = http.post("/v1/videos", data=data)
+        assert resp.status_code == 400, (data, resp.text)
+        assert resp.json()["error"]["param"] == param, (data, resp.json())
+    resp = http.post("/v1/videos", json={"prompt": "x"})
+    assert resp.status_code == 415
+    assert engine.requests == []
+    # What only the engine can check fails the job (sync: a 400), naming the field.
+    resp = http.post("/v1/videos/sync", data={"prompt": "x", "extra_params": '{"nope": 1}'})
+    assert resp.status_code == 400 and "nope" in resp.json()["error"]["message"]
+    job = http.post("/v1/videos", data={"prompt": "x", "extra_params": '{"nope": 1}'}).json()
+    job = _wait(http, job["id"], "failed")
+    assert "nope" in job["error"]["message"] and job["error"]["code"] == "invalid_request_error"
+    assert http.get("/v1/videos/video_missing").status_code == 404
+
+
+def test_image_model_does_not_serve_videos(app_client):
+    http, _ = app_client("image")
+    resp = http.post("/v1/videos/sync", data={"prompt": "x"})
+    assert resp.status_code == 400 and "/v1/images/generations" in resp.json()["error"]["message"]
