@@ -1,0 +1,178 @@
+"""`DiffusionEngine`: one diffusion stage behind the `Engine` protocol.
+
+    add_request -> validate at the edge (ValueError naming the field), queue
+    step        -> scheduler.schedule() -> executor.execute(batch) -> scheduler.update(batch, output)
+    outputs     -> ProgressPayload per step per request (finished=False), then the final
+                   ImagePayload / VideoPayload (finished=True) with metrics, or an error
+
+Request mode (`RequestScheduler`) runs whole batches with `pipeline.forward`; step mode
+(`StepScheduler`, `step_execution: true`) advances the running set one denoising step per
+`step()`. A failing batch fails its own requests; a dead worker fails every unfinished
+request, and the engine then reports unhealthy and refuses new work.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.config.spec import StageSpec
+from omnistage.diffusion.executor import Executor, WorkerDiedError, get_executor_class
+from omnistage.diffusion.inputs import check_default_params, freeze, read_class_name, to_diffusion_request
+from omnistage.diffusion.pipelines import pipeline_class
+from omnistage.diffusion.progress import ProgressBar
+from omnistage.diffusion.runner import error_message
+from omnistage.diffusion.sched import EngineRequest, RequestScheduler, RequestStatus, RunnerOutput, StepScheduler
+from omnistage.diffusion.worker import WorkerConfig, resolve_devices
+from omnistage.engine.types import StageOutput, StageRequest
+
+# Longest nap in step() while a not-full batch waits for a burst, so new requests and
+# aborts are still picked up promptly.
+MAX_IDLE_SLEEP_S = 0.005
+
+
+class DiffusionEngine:
+    def __init__(self, model_path: str, stage: StageSpec | None = None,
+                 config: StageDeployConfig = StageDeployConfig(), *, pipeline_cls: type | None = None,
+                 show_progress: bool = False, preview_interval: int = 0,
+                 clock: Callable[[], float] = time.monotonic):
+        """`pipeline_cls` overrides the class picked from the checkpoint (custom pipelines,
+        tests). `show_progress` shows a tqdm bar (the offline API turns it on).
+        `preview_interval` (step mode) attaches a decoded preview to every N-th progress event."""
+        self.model_path = str(model_path)
+        self.config = config
+        self.pipeline_cls = pipeline_cls or pipeline_class(self._class_name(self.model_path, stage))
+        check_default_params(config.default_sampling_params)
+        devices = resolve_devices(config)
+        self.scheduler = self._make_scheduler(config, clock, preview_interval)
+        self.clock = clock
+        self.progress = ProgressBar(show_progress)
+        self._lock = threading.Lock()  # guards the scheduler: add/abort may come from another thread
+        self._dead: str | None = None
+        self._closed = False
+        self.executor: Executor = get_executor_class(config.executor)(
+            WorkerConfig(self.model_path, self.pipeline_cls, devices, config))
+
+    @staticmethod
+    def _class_name(model_path: str, stage: StageSpec | None) -> str:
+        """The stage's model key (a diffusers class name, set by the family) when given, else
+        the checkpoint's model_index.json `_class_name`."""
+        if stage is not None and stage.model:
+            return stage.model
+        return read_class_name(model_path)
+
+    def _make_scheduler(self, config: StageDeployConfig, clock: Callable[[], float], preview_interval: int):
+        if config.step_execution:
+            if not getattr(self.pipeline_cls, "supports_step_execution", True):
+                raise ValueError(f"step_execution: {self.pipeline_cls.__name__} runs in request mode only; "
+                                 "set step_execution: false")
+            return StepScheduler(config.max_num_seqs, config.request_batch_max_wait_ms, clock, preview_interval)
+        cap = getattr(self.pipeline_cls, "max_batch_size", None)
+        max_num_seqs = min(config.max_num_seqs, cap) if cap else config.max_num_seqs
+        return RequestScheduler(max_num_seqs, config.request_batch_max_wait_ms, clock)
+
+    # -- the Engine protocol -------------------------------------------------------------
+
+    def add_request(self, request: StageRequest) -> None:
+        if not self.is_healthy():
+            raise RuntimeError(f"diffusion engine is unhealthy and takes no new requests: {self._dead}")
+        diffusion_request = to_diffusion_request(request, self.config.default_sampling_params)
+        with self._lock:
+            if self.scheduler.get_request(request.request_id) is not None:
+                raise ValueError(f"request_id: {request.request_id!r} is already running")
+        diffusion_request, key = self.executor.check_request(diffusion_request)
+        params = diffusion_request.params
+        with self._lock:
+            self.scheduler.add_request(EngineRequest(diffusion_request, freeze(key), arrival_time=self.clock(),
+                                                     num_steps=params.num_inference_steps))
+
+    def abort_request(self, request_id: str) -> None:
+        with self._lock:
+            self.scheduler.abort_request(request_id)
+
+    def step(self) -> list[StageOutput]:
+        if not self.is_healthy():
+            return self._fail_all(self._dead) if self.has_unfinished_requests() else []
+        with self._lock:
+            batch = self.scheduler.schedule()
+        if batch.is_empty:
+            self._idle()
+            return []
+        on_progress = self.progress.update if self.progress.enabled else None
+        try:
+            output = self.executor.execute(batch, on_progress=on_progress)
+        except WorkerDiedError as exc:
+            return self._fail_all(str(exc))
+        except Exception as exc:  # noqa: BLE001 - e.g. a batch that could not be sent: fail it, keep serving
+            output = RunnerOutput.failed(batch, error_message(exc))
+        with self._lock:
+            finished = self.scheduler.update(batch, output)
+            outputs = self._outputs(output, finished)
+        if not self.has_unfinished_requests():
+            self.progress.close()
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def is_healthy(self) -> bool:
+        if self._dead is None and not self.executor.is_healthy():
+            self._dead = "a diffusion worker died"
+        return self._dead is None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.progress.close()
+        self.executor.close()
+        self._dead = self._dead or "engine closed"
+
+    def __enter__(self) -> "DiffusionEngine":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _outputs(self, output: RunnerOutput, finished: list[EngineRequest]) -> list[StageOutput]:
+        """Progress of live requests first, then the finished ones (aborted ones say nothing)."""
+        finished_ids = {r.request_id for r in finished}
+        outputs = [StageOutput(rid, progress, finished=False) for rid, progress in output.progress
+                   if rid in finished_ids or self.scheduler.get_request(rid) is not None]
+        for req in finished:
+            rid = req.request_id
+            if req.status is RequestStatus.FINISHED:
+                outputs.append(StageOutput(rid, output.payloads[rid], finished=True, metrics=self._metrics(req)))
+            else:
+                error = output.errors.get(rid, "the worker returned no output for this request")
+                outputs.append(StageOutput(rid, None, finished=True, error=error, metrics=self._metrics(req)))
+        return outputs
+
+    @staticmethod
+    def _metrics(req: EngineRequest) -> dict[str, float]:
+        start = req.scheduled_time if req.scheduled_time is not None else req.finish_time
+        return {
+            "queue_time": start - req.arrival_time,
+            "run_time": req.finish_time - start,
+            "num_steps": req.num_steps_done,
+            "batch_size": req.mean_batch_size,
+            "seed": req.request.params.seed,
+        }
+
+    def _fail_all(self, reason: str) -> list[StageOutput]:
+        self._dead = reason
+        with self._lock:
+            failed = self.scheduler.fail_all()
+        self.progress.close()
+        return [StageOutput(r.request_id, None, finished=True, error=f"{reason}; request not completed",
+                            metrics=self._metrics(r)) for r in failed]
+
+    def _idle(self) -> None:
+        """Nothing to run: nap while a not-full batch waits for a burst to fill it."""
+        wait = self.scheduler.wait_time()
+        if wait > 0:
+            time.sleep(min(wait, MAX_IDLE_SLEEP_S))

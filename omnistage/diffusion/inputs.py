@@ -1,0 +1,98 @@
+"""Edge checks that turn a `StageRequest` into the pipeline's `DiffusionRequest`.
+
+`inputs` is the user prompt: a str, or `{"prompt": str, "image": PIL | [PIL, ...]}`;
+`params` is `DiffusionParams`, a dict of its fields, or None. Every problem raises
+ValueError naming the field, before anything is queued. Model-dependent checks (sizes,
+extras, whether an image is needed) run afterwards in the pipeline's `prepare_request`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from omnistage.diffusion.params import DiffusionParams
+from omnistage.diffusion.pipelines.base import DiffusionRequest
+from omnistage.engine.types import StageRequest
+
+INPUT_KEYS = ("prompt", "image")
+
+
+def parse_prompt(inputs: Any) -> tuple[str, list[Any]]:
+    from PIL import Image
+
+    if isinstance(inputs, str):
+        return inputs, []
+    if not isinstance(inputs, Mapping):
+        raise ValueError(f"inputs must be a prompt string or a dict with keys {list(INPUT_KEYS)}, "
+                         f"got {type(inputs).__name__}")
+    unknown = sorted(set(inputs) - set(INPUT_KEYS))
+    if unknown:
+        raise ValueError(f"inputs: unknown keys {unknown}; allowed: {list(INPUT_KEYS)}")
+    prompt = inputs.get("prompt")
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
+    images = inputs.get("image")
+    if images is None:
+        images = []
+    elif not isinstance(images, (list, tuple)):
+        images = [images]
+    for i, image in enumerate(images):
+        if not isinstance(image, Image.Image):
+            raise ValueError(f"image[{i}] must be a PIL image, got {type(image).__name__}")
+    return prompt, list(images)
+
+
+def parse_params(params: Any, defaults: Mapping[str, Any]) -> DiffusionParams:
+    """The request's params over the stage's `default_sampling_params`, with a seed drawn
+    when none is given so the result can be reproduced (the seed is in the metrics)."""
+    if params is None:
+        params = DiffusionParams()
+    elif isinstance(params, Mapping):
+        params = DiffusionParams(**params)  # pydantic's ValidationError is a ValueError naming the field
+    elif not isinstance(params, DiffusionParams):
+        raise ValueError(f"params must be DiffusionParams, got {type(params).__name__}")
+    params = params.with_defaults(dict(defaults))
+    if params.seed is None:
+        params = params.model_copy(update={"seed": random.randrange(2**63)})
+    return params
+
+
+def check_default_params(defaults: Mapping[str, Any]) -> None:
+    unknown = sorted(set(defaults) - set(DiffusionParams.model_fields))
+    if unknown:
+        raise ValueError(f"default_sampling_params: unknown DiffusionParams fields {unknown}")
+    DiffusionParams(**defaults)
+
+
+def to_diffusion_request(request: StageRequest, defaults: Mapping[str, Any]) -> DiffusionRequest:
+    if not isinstance(request.request_id, str) or not request.request_id:
+        raise ValueError("request_id must be a non-empty string")
+    prompt, images = parse_prompt(request.inputs)
+    return DiffusionRequest(request.request_id, prompt, parse_params(request.params, defaults), images)
+
+
+def read_class_name(model_path: str) -> str:
+    """The diffusers pipeline `_class_name` from the checkpoint's model_index.json."""
+    index = Path(model_path) / "model_index.json"
+    if index.is_file():
+        config = json.loads(index.read_text())
+    else:  # a hub id: let diffusers find (and cache) the file
+        from diffusers import DiffusionPipeline
+
+        config = DiffusionPipeline.load_config(model_path)
+    if "_class_name" not in config:
+        raise ValueError(f"{model_path}: model_index.json has no _class_name")
+    return config["_class_name"]
+
+
+def freeze(value: Any) -> Any:
+    """A hashable copy of a batch key (extras may hold dicts or lists, e.g. a LoRA spec)."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple, set)):
+        return tuple(freeze(v) for v in value)
+    return value

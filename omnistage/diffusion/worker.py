@@ -1,0 +1,104 @@
+"""A worker owns one device: it sets the device up, joins the stage's torch.distributed
+group, loads the pipeline there and hands batches to its runner.
+
+Executors call workers only through `collective_rpc(method, ...)`, so every public method
+here is an RPC. What ranks do today: every rank loads the same pipeline and runs the same
+batch (a data-parallel duplicate); rank 0's result is the one returned and the other
+ranks answer `None`. The group is live (checked by an all_reduce at start-up) so the
+parallel features (CFG / sequence / VAE patch parallel) can split the work later.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from omnistage.ar.device import resolve_dtype
+from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.diffusion.pipelines.base import DiffusionRequest
+from omnistage.diffusion.runner import DiffusionRunner, ProgressSink
+from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
+
+def resolve_devices(config: StageDeployConfig) -> tuple[str, ...]:
+    """One device per rank: `devices` when set, else cuda:0..n-1 on a CUDA machine, else cpu.
+    (StageDeployConfig already checked that `devices` and `num_devices` agree.)"""
+    if config.devices:
+        return tuple(config.devices)
+    if torch.cuda.is_available():
+        if config.num_devices > torch.cuda.device_count():
+            raise ValueError(f"num_devices={config.num_devices} but only {torch.cuda.device_count()} CUDA devices")
+        return tuple(f"cuda:{i}" for i in range(config.num_devices))
+    return ("cpu",) * config.num_devices
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs to start, picklable for spawned processes."""
+
+    model_path: str
+    pipeline_cls: type
+    devices: tuple[str, ...]
+    stage: StageDeployConfig
+
+    @property
+    def world_size(self) -> int:
+        return len(self.devices)
+
+
+class DiffusionWorker:
+    def __init__(self, config: WorkerConfig, rank: int = 0):
+        self.config = config
+        self.rank = rank
+        self.device = torch.device(config.devices[rank])
+        self.dtype = resolve_dtype(config.stage, self.device)
+        self.runner: DiffusionRunner | None = None
+
+    # -- start-up ------------------------------------------------------------------------
+
+    def init_device(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        elif self.config.world_size > 1:
+            # CPU ranks share the machine's cores; without a split each would claim them all.
+            num_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            torch.set_num_threads(max(1, num_cpus // self.config.world_size))
+
+    def init_distributed(self, store_host: str, store_port: int) -> None:
+        """Join the stage's group through the executor's TCPStore (bound to a free port).
+        gloo on CPU, nccl on CUDA."""
+        import torch.distributed as dist
+
+        world_size = self.config.world_size
+        store = dist.TCPStore(store_host, store_port, None, is_master=False)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=world_size,
+                                device_id=self.device if backend == "nccl" else None)
+        check = torch.ones(1, device=self.device)
+        dist.all_reduce(check)
+        if int(check.item()) != world_size:
+            raise RuntimeError(f"all_reduce check gave {check.item()}, expected {world_size}")
+
+    def load_model(self) -> None:
+        pipeline = self.config.pipeline_cls.from_pretrained(self.config.model_path, device=self.device,
+                                                            dtype=self.dtype)
+        self.runner = DiffusionRunner(pipeline)
+
+    # -- RPCs ----------------------------------------------------------------------------
+
+    def check_request(self, request: DiffusionRequest) -> tuple[DiffusionRequest, tuple]:
+        return self.runner.check_request(request)
+
+    def execute_model(self, batch: SchedulerOutput, on_progress: ProgressSink | None = None) -> RunnerOutput | None:
+        output = self.runner.execute(batch, on_progress)
+        return output if self.rank == 0 else None
+
+    def get_pid(self) -> int:
+        return os.getpid()
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()

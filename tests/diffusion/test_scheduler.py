@@ -1,0 +1,235 @@
+"""The diffusion schedulers, driven directly with a fake clock and hand-built runner outputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from omnistage.diffusion.params import DiffusionParams
+from omnistage.diffusion.pipelines.base import DiffusionRequest
+from omnistage.diffusion.sched import (
+    EngineRequest,
+    RequestScheduler,
+    RequestStatus,
+    RunnerOutput,
+    SchedulerOutput,
+    StepScheduler,
+)
+from omnistage.engine.types import ImagePayload, ProgressPayload
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_request(rid: str, key="a", steps: int = 2, at: float = 100.0) -> EngineRequest:
+    params = DiffusionParams(num_inference_steps=steps, seed=0)
+    return EngineRequest(DiffusionRequest(rid, "p", params), key, arrival_time=at, num_steps=steps)
+
+
+def ids(batch: SchedulerOutput) -> list[str]:
+    return batch.req_ids
+
+
+class FakeRunner:
+    """Advances requests by one step per batch (step mode) or to the end (request mode)."""
+
+    def __init__(self):
+        self.steps: dict[str, tuple[int, int]] = {}  # rid -> (done, total)
+        self.freed: set[str] = set()
+
+    def execute(self, batch: SchedulerOutput, fail: set[str] = frozenset()) -> RunnerOutput:
+        for rid in batch.finished_req_ids:
+            self.freed.add(rid)
+            self.steps.pop(rid, None)
+        for r in batch.new_requests:
+            self.steps[r.request_id] = (0, r.params.num_inference_steps)
+        out = RunnerOutput()
+        for rid in batch.req_ids:
+            if rid in fail:
+                out.errors[rid] = "boom"
+                self.steps.pop(rid)
+                continue
+            done, total = self.steps[rid]
+            for step in range(done + 1, (total if batch.mode == "request" else done + 1) + 1):
+                out.progress.append((rid, ProgressPayload(step, total)))
+            done = total if batch.mode == "request" else done + 1
+            self.steps[rid] = (done, total)
+            if done == total:
+                out.payloads[rid] = ImagePayload([])
+                del self.steps[rid]
+        return out
+
+
+# -- request mode ----------------------------------------------------------------------------
+
+
+def test_request_mode_batches_matching_keys_fifo_up_to_max():
+    s = RequestScheduler(max_num_seqs=2, clock=Clock())
+    for rid, key in [("r0", "a"), ("r1", "b"), ("r2", "a"), ("r3", "a"), ("r4", "b")]:
+        s.add_request(make_request(rid, key))
+    assert ids(s.schedule()) == ["r0", "r2"]  # head's key, arrival order, capped at 2
+    assert ids(s.schedule()) == ["r1", "r4"]  # the incompatible request now heads the queue
+    assert ids(s.schedule()) == ["r3"]
+    assert s.schedule().is_empty
+
+
+def test_request_mode_update_finishes_and_fails_and_records_metrics():
+    clock = Clock()
+    s, runner = RequestScheduler(max_num_seqs=4, clock=clock), FakeRunner()
+    for rid in ("r0", "r1", "r2"):
+        s.add_request(make_request(rid, steps=3))
+    clock.now = 101.0
+    batch = s.schedule()
+    assert batch.mode == "request" and len(batch.new_requests) == 3
+    clock.now = 103.0
+    out = runner.execute(batch, fail={"r1"})
+    assert len(out.progress) == 6  # 3 steps x 2 surviving requests
+    finished = {r.request_id: r for r in s.update(batch, out)}
+    assert finished["r0"].status is RequestStatus.FINISHED and finished["r1"].status is RequestStatus.FAILED
+    r0 = finished["r0"]
+    assert (r0.scheduled_time - r0.arrival_time, r0.finish_time - r0.scheduled_time) == (1.0, 2.0)
+    assert r0.num_steps_done == 3 and r0.mean_batch_size == 3
+    assert not s.has_unfinished_requests()
+
+
+def test_request_mode_coalesces_a_burst_until_max_wait():
+    clock = Clock()
+    s = RequestScheduler(max_num_seqs=3, max_wait_ms=50, clock=clock)
+    s.add_request(make_request("r0", at=clock.now))
+    assert s.schedule().is_empty and s.wait_time() == pytest.approx(0.05)
+    clock.now += 0.02
+    s.add_request(make_request("r1", at=clock.now))
+    assert s.schedule().is_empty  # still not full, head only 20 ms old
+    clock.now += 0.031
+    assert ids(s.schedule()) == ["r0", "r1"]  # head's wait is over: go with what we have
+    for i in range(3):
+        s.add_request(make_request(f"f{i}", at=clock.now))
+    assert ids(s.schedule()) == ["f0", "f1", "f2"]  # a full batch never waits
+
+
+def test_request_mode_abort_waiting_and_in_flight():
+    s = RequestScheduler(max_num_seqs=2, clock=Clock())
+    for rid in ("r0", "r1", "r2"):
+        s.add_request(make_request(rid))
+    assert s.abort_request("r2") and not s.abort_request("nope")
+    batch = s.schedule()
+    s.abort_request("r1")  # in flight: its result is dropped
+    finished = s.update(batch, FakeRunner().execute(batch))
+    assert [r.request_id for r in finished] == ["r0"]
+    assert not s.has_unfinished_requests()
+
+
+def test_duplicate_request_id_is_rejected():
+    s = RequestScheduler()
+    s.add_request(make_request("r0"))
+    with pytest.raises(ValueError, match="request_id"):
+        s.add_request(make_request("r0"))
+
+
+@pytest.mark.parametrize("cls", [RequestScheduler, StepScheduler])
+def test_bad_limits_name_the_field(cls):
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        cls(max_num_seqs=0)
+    with pytest.raises(ValueError, match="request_batch_max_wait_ms"):
+        cls(max_wait_ms=-1)
+
+
+# -- step mode -------------------------------------------------------------------------------
+
+
+def run_ticks(s: StepScheduler, runner: FakeRunner, n: int, fail=frozenset()):
+    done = []
+    for _ in range(n):
+        batch = s.schedule()
+        done += [r.request_id for r in s.update(batch, runner.execute(batch, fail))]
+    return done
+
+
+def test_step_mode_joins_at_step_boundaries_and_mixes_step_counts():
+    s, runner = StepScheduler(max_num_seqs=3, clock=Clock()), FakeRunner()
+    s.add_request(make_request("long", steps=4))
+    b1 = s.schedule()
+    assert [r.request_id for r in b1.new_requests] == ["long"] and b1.running_req_ids == []
+    s.update(b1, runner.execute(b1))
+    s.add_request(make_request("short", steps=1))
+    b2 = s.schedule()
+    # the joiner arrives in full, the running one by id only
+    assert [r.request_id for r in b2.new_requests] == ["short"] and b2.running_req_ids == ["long"]
+    assert [r.request_id for r in s.update(b2, runner.execute(b2))] == ["short"]
+    b3 = s.schedule()
+    assert b3.new_requests == [] and b3.running_req_ids == ["long"]
+    assert [r.request_id for r in s.update(b3, runner.execute(b3))] == []
+    assert run_ticks(s, runner, 1) == ["long"]
+    assert not s.has_unfinished_requests() and runner.steps == {}
+
+
+def test_step_mode_caps_running_set_and_admits_fifo_as_slots_free():
+    s, runner = StepScheduler(max_num_seqs=2, clock=Clock()), FakeRunner()
+    s.add_request(make_request("r0", steps=1))
+    s.add_request(make_request("r1", steps=3))
+    s.add_request(make_request("r2", steps=1))
+    b1 = s.schedule()
+    assert b1.req_ids == ["r0", "r1"] and s.num_waiting == 1
+    s.update(b1, runner.execute(b1))  # r0 done: a slot frees
+    b2 = s.schedule()
+    assert b2.req_ids == ["r2", "r1"]
+
+
+def test_step_mode_abort_frees_state_at_next_boundary():
+    s, runner = StepScheduler(max_num_seqs=4, clock=Clock()), FakeRunner()
+    s.add_request(make_request("keep", steps=3))
+    s.add_request(make_request("drop", steps=3))
+    run_ticks(s, runner, 1)
+    s.abort_request("drop")
+    batch = s.schedule()
+    assert batch.finished_req_ids == {"drop"} and batch.running_req_ids == ["keep"]
+    s.update(batch, runner.execute(batch))
+    assert "drop" in runner.freed
+    assert run_ticks(s, runner, 1) == ["keep"]
+    # an abort while nothing else runs still reaches the workers
+    s.add_request(make_request("late", steps=3))
+    run_ticks(s, runner, 1)
+    s.abort_request("late")
+    batch = s.schedule()
+    assert not batch.is_empty and batch.num_reqs == 0 and batch.finished_req_ids == {"late"}
+
+
+def test_step_mode_failure_retires_request_and_frees_its_state():
+    s, runner = StepScheduler(max_num_seqs=4, clock=Clock()), FakeRunner()
+    s.add_request(make_request("ok", steps=2))
+    s.add_request(make_request("bad", steps=2))
+    batch = s.schedule()
+    finished = s.update(batch, runner.execute(batch, fail={"bad"}))
+    assert [(r.request_id, r.status) for r in finished] == [("bad", RequestStatus.FAILED)]
+    assert s.schedule().finished_req_ids == {"bad"}
+
+
+def test_step_mode_waits_for_a_burst_only_when_idle():
+    clock = Clock()
+    s, runner = StepScheduler(max_num_seqs=4, max_wait_ms=10, clock=clock), FakeRunner()
+    s.add_request(make_request("r0", steps=3, at=clock.now))
+    assert s.schedule().is_empty
+    clock.now += 0.011
+    s.update(b := s.schedule(), runner.execute(b))
+    s.add_request(make_request("r1", steps=3, at=clock.now))  # something runs: join at once
+    assert s.schedule().req_ids == ["r1", "r0"]
+
+
+def test_step_mode_records_mean_batch_size_and_fail_all():
+    s, runner = StepScheduler(max_num_seqs=4, clock=Clock(), preview_interval=2), FakeRunner()
+    s.add_request(make_request("a", steps=2))
+    batch = s.schedule()
+    assert batch.preview_interval == 2
+    s.update(batch, runner.execute(batch))
+    s.add_request(make_request("b", steps=2))
+    s.add_request(make_request("c", steps=2))
+    finished = run_ticks(s, runner, 1)
+    assert finished == ["a"]
+    assert s.get_request("b").mean_batch_size == 3
+    failed = s.fail_all()
+    assert {r.request_id for r in failed} == {"b", "c"} and not s.has_unfinished_requests()
+    assert s.schedule().req_ids == []
