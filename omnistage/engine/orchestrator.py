@@ -99,6 +99,8 @@ class _RequestState:
     runs: dict[int, _StageRun]
     final_pending: set[int]
     """Final stages that have not finished yet."""
+    first_audio_time: float | None = None
+    """When the first audio of a final stage went to the user (time to first audio packet)."""
 
 
 class Orchestrator:
@@ -336,7 +338,7 @@ class Orchestrator:
             state = self._requests[rid]
             run = state.runs[stage_id]
             if out.error is not None:
-                self._fail(state, run.stage, out.error)
+                self._fail(state, run.stage, out.error, out.error_kind)
                 continue
             if out.finished:
                 del self._engine_ids[key]
@@ -396,6 +398,8 @@ class Orchestrator:
 
     def _emit(self, state: _RequestState, run: _StageRun, delta: Delta, finished: bool) -> None:
         stage, rid = run.stage, state.request.request_id
+        if stage.final_output and delta.audio_chunk is not None and state.first_audio_time is None:
+            state.first_audio_time = time.monotonic()
         if stage.final_output and finished:
             state.final_pending.discard(stage.id)
             if not state.final_pending:
@@ -415,6 +419,8 @@ class Orchestrator:
             fill_media(out, state.runs[stage.id].stream.whole())
         out.finish_reason = out.finish_reason or "stop"
         out.metrics = self._request_metrics(state)
+        if out.audio is not None and out.sample_rate:
+            self._add_audio_metrics(state, out)
         self._outputs.append(out)
         self._retire(state, "finished")
 
@@ -439,11 +445,11 @@ class Orchestrator:
             self._fail(state, stage, f"{what} raised {type(e).__name__}: {e}")
             return False, None
 
-    def _fail(self, state: _RequestState, stage: StageSpec, message: str) -> None:
+    def _fail(self, state: _RequestState, stage: StageSpec, message: str, kind: str | None = None) -> None:
         self.metrics.observe_stage_error(stage.name)
         self._outputs.append(OmniOutput(
             state.request.request_id, finished=True, finish_reason="error", stage=stage.name,
-            error=f"stage {stage.label}: {message}", metrics=self._request_metrics(state)))
+            error=f"stage {stage.label}: {message}", error_kind=kind, metrics=self._request_metrics(state)))
         self._retire(state, "error")
 
     def _fail_all(self, reason: str) -> None:
@@ -486,6 +492,15 @@ class Orchestrator:
             "stages": {run.stage.name: run.metrics.as_dict()
                        for run in state.runs.values() if run.metrics.start_time is not None},
         }
+
+    def _add_audio_metrics(self, state: _RequestState, out: OmniOutput) -> None:
+        """Time to first audio packet and real-time factor (e2e time / audio duration)."""
+        audio_seconds = len(out.audio) / out.sample_rate
+        first = state.first_audio_time
+        ttfp = None if first is None else first - state.request.arrival_time
+        rtf = out.metrics["e2e_time"] / audio_seconds if audio_seconds > 0 else None
+        out.metrics.update(time_to_first_audio=ttfp, audio_seconds=audio_seconds, real_time_factor=rtf)
+        self.metrics.observe_audio(ttfp, rtf)
 
 
 def _deliver(sink: Sink | None, out: OmniOutput) -> None:

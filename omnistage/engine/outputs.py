@@ -46,6 +46,8 @@ class OmniOutput:
     """"stop" | "length" from a text stage; "abort" when aborted; "error" with `error`."""
     error: str | None = None
     """Why the request failed, naming the stage."""
+    error_kind: str | None = None
+    """"invalid_request" when a stage refused the request's inputs or params, else None."""
     # --- what is new in a streamed output ---
     stage: str | None = None
     """Name of the stage this update came from."""

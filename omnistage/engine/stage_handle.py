@@ -60,7 +60,8 @@ class GuardedEngine:
             self.engine.add_request(request)
         except Exception as e:
             logger.exception("add_request(%s) failed", request.request_id)
-            self._errors.append(_error_output(request.request_id, f"add_request raised {_describe(e)}"))
+            kind = "invalid_request" if isinstance(e, ValueError) else None
+            self._errors.append(_error_output(request.request_id, f"add_request raised {_describe(e)}", kind))
             return
         self.live.add(request.request_id)
 
@@ -390,8 +391,8 @@ def portable_stage_fields(stage: StageSpec) -> dict[str, Any]:
     return values
 
 
-def _error_output(request_id: str, message: str) -> StageOutput:
-    return StageOutput(request_id=request_id, payload=None, finished=True, error=message)
+def _error_output(request_id: str, message: str, kind: str | None = None) -> StageOutput:
+    return StageOutput(request_id=request_id, payload=None, finished=True, error=message, error_kind=kind)
 
 
 def _describe(e: BaseException) -> str:

@@ -73,6 +73,9 @@ class StageOutput:
     payload: Any  # one of the payload types above, or None with an error
     finished: bool
     error: str | None = None
+    error_kind: str | None = None
+    """With `error`: "invalid_request" when the engine refused the request's inputs or params
+    (a ValueError at add_request: the caller's mistake), else None (the engine failed)."""
     metrics: dict[str, float] = field(default_factory=dict)
 
 

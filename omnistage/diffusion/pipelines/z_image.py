@@ -161,7 +161,7 @@ class ZImage(DiffusionPipelineBase):
         latents, timesteps, captions = [], [], []
         for state, embeds in branches:
             t = (1000 - state.timesteps[state.step_index]) / 1000  # the transformer counts time up from noise
-            for latent in state.latents.to(self.transformer.dtype):
+            for latent in state.latents.to(self.dtype):
                 latents.append(latent.unsqueeze(1))  # [C, 1 frame, H, W]
                 timesteps.append(t)
                 captions.append(embeds)

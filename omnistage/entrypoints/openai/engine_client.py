@@ -52,16 +52,18 @@ def stage_default_params(engine: Any, stage_id: int) -> dict[str, Any]:
     return dict(config.stage_config(stage_id).default_sampling_params)
 
 
-# An engine's `add_request` raising ValueError is the engine refusing the request's
-# inputs or params (sizes, extras, a missing image): the user's error, not the server's.
-# The orchestrator reports it as "stage 0 (diffusion): add_request raised ValueError: ...".
-_REJECTION = re.compile(r"^(stage .*?): add_request raised (?:ValueError|ValidationError): (.*)$", re.DOTALL)
+# The orchestrator marks an engine refusing a request's inputs or params (sizes, extras,
+# a missing image) as error_kind "invalid_request": the user's error, not the server's.
+# Its message reads "stage 0 (diffusion): add_request raised ValueError: <why>".
+_REFUSAL = re.compile(r"^(stage .*?): add_request raised \w+: (.*)$", re.DOTALL)
 
 
-def rejection_message(error: str) -> str | None:
-    """The user-facing message when `error` is an engine rejecting the request, else None."""
-    match = _REJECTION.match(error)
-    return None if match is None else f"{match.group(2)} ({match.group(1)})"
+def rejection_message(out: Any) -> str | None:
+    """The user-facing message when `out` is an engine refusing the request, else None."""
+    if getattr(out, "error_kind", None) != "invalid_request":
+        return None
+    match = _REFUSAL.match(out.error)
+    return out.error if match is None else f"{match.group(2)} ({match.group(1)})"
 
 
 def new_request_id(prefix: str) -> str:
@@ -126,7 +128,7 @@ class RequestStream:
         if out.error:
             self._finished = True  # the engine has already dropped it
             await self.close()
-            rejection = rejection_message(out.error)
+            rejection = rejection_message(out)
             raise from_value_error(ValueError(rejection)) if rejection is not None else EngineError(out.error)
         return out
 

@@ -71,7 +71,8 @@ class FakeEngine:
                 validate_extras(params.extras, EXTRAS)
             except ValueError as e:
                 yield OmniOutput(request_id, finished=True, finish_reason="error",
-                                 error=f"stage 0 (diffusion): add_request raised ValueError: {e}")
+                                 error=f"stage 0 (diffusion): add_request raised ValueError: {e}",
+                                 error_kind="invalid_request")
                 return
         self.requests.append((prompt, params, request_id))
         if self.kind in ("image", "video"):
