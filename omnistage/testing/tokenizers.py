@@ -82,3 +82,121 @@ def build_bpe_tokenizer(
     if chat_template is not None:
         hf.chat_template = chat_template
     return hf
+
+
+def _trained_model(tokenizer) -> dict:
+    """The `model` section (vocab, merges) of a trained `tokenizers.Tokenizer`."""
+    import json
+
+    return json.loads(tokenizer.to_str())["model"]
+
+
+def build_qwen2_tokenizer(
+    *, vocab_size: int = 512, chat_template: str | None = CHATML_TEMPLATE, model_max_length: int = 1024
+):
+    """`build_bpe_tokenizer`'s vocabulary and merges in transformers' `Qwen2Tokenizer`.
+
+    Real Qwen checkpoints (and the diffusers pipelines built on them) name the
+    `Qwen2Tokenizer` class, which brings Qwen's own pre-tokenizer regex and NFC
+    normalizer. Special tokens keep the ids 0..8 (`<|endoftext|>` = 0).
+    """
+    from transformers import Qwen2Tokenizer
+
+    bpe = build_bpe_tokenizer(vocab_size=vocab_size, chat_template=None)
+    model = _trained_model(bpe.backend_tokenizer)
+    tok = Qwen2Tokenizer(
+        vocab=model["vocab"],
+        merges=[tuple(m) for m in model["merges"]],
+        extra_special_tokens=QWEN_SPECIAL_TOKENS[1:],
+        model_max_length=model_max_length,
+        padding_side="right",
+    )
+    if chat_template is not None:
+        tok.chat_template = chat_template
+    return tok
+
+
+def _learn_bpe_merges(word_counts: dict[tuple[str, ...], int], num_merges: int) -> list[tuple[str, str]]:
+    """Classic BPE (Sennrich et al.) over symbol sequences.
+
+    The `tokenizers` trainer breaks ties between equally frequent pairs by symbol ids
+    that it assigns in hash-map order once `end_of_word_suffix` is set, so its merges
+    change from run to run. Here ties go to the smallest pair, which is deterministic.
+    """
+    words = dict(word_counts)
+    merges: list[tuple[str, str]] = []
+    for _ in range(num_merges):
+        pairs: dict[tuple[str, str], int] = {}
+        for symbols, count in words.items():
+            for pair in zip(symbols, symbols[1:]):
+                pairs[pair] = pairs.get(pair, 0) + count
+        if not pairs:
+            break
+        best = min(pairs, key=lambda pair: (-pairs[pair], pair))
+        merges.append(best)
+        merged = {}
+        for symbols, count in words.items():
+            out, i = [], 0
+            while i < len(symbols):
+                if symbols[i : i + 2] == best:
+                    out.append(best[0] + best[1])
+                    i += 2
+                else:
+                    out.append(symbols[i])
+                    i += 1
+            merged[tuple(out)] = merged.get(tuple(out), 0) + count
+        words = merged
+    return merges
+
+
+def build_clip_tokenizer(*, num_merges: int = 256, model_max_length: int = 77):
+    """A CLIP tokenizer (`CLIPTokenizer`: lowercase, `</w>` word ends, byte-level BPE).
+
+    The vocabulary is laid out like the real one: the 256 byte symbols, the same with
+    `</w>`, one token per learned merge, then `<|startoftext|>` and `<|endoftext|>` last
+    (eos doubles as pad and unk, as in the CLIP checkpoints of Flux and SD3).
+    """
+    from tokenizers import pre_tokenizers
+    from transformers import CLIPTokenizer
+
+    # An empty CLIPTokenizer carries CLIP's normalizer and pre-tokenizer: split the
+    # corpus into words with those.
+    backend = CLIPTokenizer().backend_tokenizer
+    word_counts: dict[tuple[str, ...], int] = {}
+    for line in CORPUS:
+        for word, _ in backend.pre_tokenizer.pre_tokenize_str(backend.normalizer.normalize_str(line)):
+            symbols = (*word[:-1], word[-1] + "</w>")
+            word_counts[symbols] = word_counts.get(symbols, 0) + 1
+    merges = _learn_bpe_merges(word_counts, num_merges)
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tokens = alphabet + [c + "</w>" for c in alphabet] + [a + b for a, b in merges]
+    tokens = list(dict.fromkeys(tokens)) + ["<|startoftext|>", "<|endoftext|>"]
+    return CLIPTokenizer(
+        vocab={t: i for i, t in enumerate(tokens)}, merges=merges, model_max_length=model_max_length
+    )
+
+
+def build_t5_tokenizer(*, extra_ids: int = 0, model_max_length: int = 512):
+    """A T5 tokenizer (`T5Tokenizer`: SentencePiece-style Unigram with `▁` word starts).
+
+    `<pad>` = 0, `</s>` = 1, `<unk>` = 2 as in T5 and UMT5; every sequence ends in `</s>`.
+    The pieces are the corpus words plus single printable characters, scored by their
+    log frequency: a unigram model written down rather than trained, because the
+    `tokenizers` Unigram trainer's scores differ in the last bits from run to run.
+    """
+    import math
+    import string
+
+    from transformers import T5Tokenizer
+
+    counts: dict[str, int] = {}
+    for line in CORPUS:
+        for word in line.split():
+            counts["▁" + word] = counts.get("▁" + word, 0) + 1
+    for char in "▁" + string.ascii_letters + string.digits + string.punctuation:
+        counts[char] = counts.get(char, 0) + 1
+    total = sum(counts.values())
+    pieces = sorted(counts, key=lambda piece: (-counts[piece], piece))
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    vocab += [(piece, round(math.log(counts[piece] / total), 4)) for piece in pieces]
+    return T5Tokenizer(vocab=vocab, extra_ids=extra_ids, model_max_length=model_max_length)

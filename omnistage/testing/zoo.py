@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Bump when any builder changes its output, so cached folders are rebuilt.
+# Bump when any builder changes its output, so cached folders are rebuilt (or bump one
+# model's `revision`, which rebuilds only that model).
 ZOO_VERSION = 1
 SIZES = ("tiny", "small")
 
@@ -32,6 +33,7 @@ class ZooModel:
     sizes: tuple[str, ...] = ("tiny",)
     description: str = ""
     extras: dict = field(default_factory=dict)
+    revision: int = 0  # bumped when this builder's output changes; in the cache folder name from 1 on
 
 
 _ZOO: dict[str, ZooModel] = {}
@@ -84,7 +86,8 @@ def ensure(name: str, size: str = "tiny", seed: int = 0, cache_dir: str | os.Pat
     concurrent build never leaves a half-written model behind.
     """
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = root / f"{name}-{size}-s{seed}-v{ZOO_VERSION}"
+    revision = get_model(name).revision
+    target = root / f"{name}-{size}-s{seed}-v{ZOO_VERSION}{f'r{revision}' if revision else ''}"
     if (target / ".complete").exists():
         return target
     root.mkdir(parents=True, exist_ok=True)
