@@ -17,17 +17,15 @@ sections are kept).
 from __future__ import annotations
 
 import argparse
-import platform
-import re
 import resource
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from common import write_section
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 NUM_REQUESTS, NEW_TOKENS = 8, 64
 WORDS = ("The quick brown fox jumps over the lazy dog. Once upon a time there was a little robot who "
          "loved to paint a watercolor painting of a mountain lake at sunrise").split()
@@ -147,18 +145,6 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_section(body: str, heading: str = "## AR") -> None:
-    """Replace (or append) the `heading` section of RESULTS.md, keeping every other section."""
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    where = f"{platform.machine()}, Python {sys.version.split()[0]}"
-    section = f"{heading}\n\n`benchmarks/bench_ar.py` ({where})\n\n{body}\n"
-    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text).rstrip() + "\n"
-    else:
-        text = text.rstrip() + "\n\n" + section
-    RESULTS.write_text(text)
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -173,7 +159,7 @@ def main() -> None:
     body = table(rows)
     print(body)
     if not args.no_write:
-        write_section(body)
+        write_section("AR", "benchmarks/bench_ar.py", body)
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import re
 import subprocess
 import sys
 import threading
@@ -33,8 +31,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common import write_section
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 NUM_REQUESTS = 8
 PROMPTS = [
     "a cat",
@@ -266,18 +265,6 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_section(body: str, heading: str = "## Diffusion") -> None:
-    """Replace (or append) the `heading` section of RESULTS.md, keeping every other section."""
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    section = (f"{heading}\n\n`benchmarks/bench_diffusion.py` ({platform.machine()}, Python "
-               f"{sys.version.split()[0]})\n\n{body}\n")
-    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section + "\n", text).rstrip() + "\n"
-    else:
-        text = text.rstrip() + "\n\n" + section
-    RESULTS.write_text(text)
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -305,7 +292,7 @@ def main() -> None:
     body = table(rows)
     print(body)
     if not args.no_write:
-        write_section(body)
+        write_section("Diffusion", "benchmarks/bench_diffusion.py", body)
 
 
 if __name__ == "__main__":

@@ -112,8 +112,8 @@ def main() -> None:
     body = table(rows) + (
         "\n\nOne request at a time, median of alternating runs. The HTTP path adds request "
         "parsing and validation, PNG encoding and base64 in the server, and JSON decoding "
-        "in the client; the in-process RSS is this script's own process (the server is measured
-separately, with its children).")
+        "in the client; the in-process RSS is this script's own process (the server is measured "
+        "separately, with its children).")
     print(body)
     if not args.no_write:
         write_section("HTTP serving overhead", "benchmarks/bench_http.py", body)
