@@ -148,7 +148,7 @@ def _unknown_stage_problems(spec: PipelineSpec, layer: DeployLayer) -> list[str]
     return [
         f"{layer.origin}: stage {key}: pipeline {spec.name!r} has no such stage (stages: {spec.describe_stages()})"
         for key in layer.stage_fields
-        if key != ALL_STAGES and key not in ids
+        if key != ALL_STAGES and key not in ids and key not in spec.dropped_stages
     ]
 
 

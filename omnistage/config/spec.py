@@ -49,11 +49,24 @@ class StageSpec:
     model: str | None = None
     """Key of the stage model implementation (registered by a `models/` family); None = generic."""
     input_processor: Callable[..., Any] | None = None
-    """Builds this stage's input from upstream outputs: (request, {stage_id: payload}) -> input."""
+    """Builds this stage's input from upstream outputs: (request, {stage_id: payload}) -> input.
+
+    `request` is the orchestrator's `OmniRequest` (request_id, prompt as the user gave it,
+    params by stage id). An entry stage gets `{}`; a whole hand-off gets every input's
+    finished payload; a streamed hand-off gets `{upstream id: partial}` once per chunk.
+    Without a processor a stage gets the prompt (entry stage), its one upstream payload,
+    or the `{stage_id: payload}` dict. Raising fails the request, naming this stage."""
     chunk_processor: Callable[..., Any] | None = None
-    """Set on a stage that streams to downstream: (request, chunk payload) -> partial payload or None."""
+    """Set on a stage that streams to downstream: (request, payload, finished) -> partial payload or None.
+
+    Called with each of this stage's outputs in order (progress excluded); the last call
+    has finished=True, so it can flush what it buffered, and its payload is the stage's
+    last output (None if the stage ended without a new one). Each partial payload becomes
+    one engine request of every downstream stage."""
     stream_input: bool = False
-    """This stage accepts streamed chunks from its (single) upstream before it finishes."""
+    """This stage accepts streamed chunks from its (single) upstream before it finishes:
+    it runs one engine request per chunk (`{request_id}#{n}`), and its outputs are put
+    back in chunk order."""
     defaults: Mapping[str, Any] = field(default_factory=dict)
     """Pipeline defaults for this stage's deploy fields (lowest precedence)."""
     hard: Mapping[str, Any] = field(default_factory=dict)
@@ -119,10 +132,15 @@ class PipelineSpec:
     stages: tuple[StageSpec, ...]
     request_extras: Mapping[str, Any] = field(default_factory=dict)
     """Model-declared request extras: name -> ExtraSpec (type, range, default)."""
+    dropped_stages: tuple[int, ...] = ()
+    """Ids of the family's full pipeline that this variant leaves out (e.g. an omni model's
+    audio stages when only text is served): deploy-file entries for them are ignored, not
+    rejected, so one family deploy file serves every variant."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stages, list):
             object.__setattr__(self, "stages", tuple(self.stages))
+        object.__setattr__(self, "dropped_stages", tuple(self.dropped_stages))
         problems = self.get_validation_errors()
         if problems:
             raise ValueError(format_problems(f"invalid pipeline {self.name!r}:", problems))
@@ -202,6 +220,9 @@ class PipelineSpec:
             if not stage.final_output and not self.downstream_of(stage.id):
                 problems.append(f"stage {stage.label} is not final_output and feeds no stage: its output goes nowhere")
         problems += self._stream_problems(known)
+        both = sorted(known & set(self.dropped_stages))
+        if both:
+            problems.append(f"dropped_stages {both} are stages of the pipeline")
         return problems
 
     def _find_cycles(self) -> list[list[int]]:

@@ -1,0 +1,148 @@
+"""Qwen2.5-Omni time to first audio vs full response time, in one script.
+
+One request on the zoo's tiny qwen2.5-omni: a greedy 64-token answer (min_tokens =
+max_tokens = 64), the talker held to `--codes` codec frames (min = max: random weights stop
+at random), token2wav with the reference's 10 ODE steps, fp32, CPU.
+
+- ours, streamed: `AsyncOmni` with the default chunking (36 frames, 24 + 12 of context):
+  time to the first audio chunk (TTFA) and to the finished output;
+- ours, whole: `Token2WavParams(chunk_size=0)`, one token2wav pass after the talker (the
+  exact reference decode);
+- transformers: `Qwen2_5OmniForConditionalGeneration.generate` with the same settings; its
+  first audio is its last.
+
+Each is warmed up once, then timed `--repeats` times interleaved; the best run counts.
+Prints a markdown table and writes it under "## Qwen2.5-Omni" in benchmarks/RESULTS.md
+(other sections are kept). Goal: streamed TTFA / full response time <= 0.30.
+
+    .venv/bin/python benchmarks/bench_omni.py [--codes 256] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import torch
+from common import ROOT, PeakRSS, write_section
+
+NEW_TOKENS, NUM_STEPS = 64, 10
+MESSAGES = [{"role": "user", "content": "Tell me a long story about a little robot who loved to paint."}]
+
+
+def ours_params(num_codes: int, chunk_size: int):
+    from omnistage import SamplingParams
+    from omnistage.models.qwen2_5_omni import Token2WavParams
+
+    return {
+        "thinker": SamplingParams(temperature=0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS),
+        "talker": SamplingParams(temperature=0, max_tokens=num_codes, min_tokens=num_codes, repetition_penalty=1.0),
+        "token2wav": Token2WavParams(seed=0, num_steps=NUM_STEPS, chunk_size=chunk_size),
+    }
+
+
+async def run_ours(engine, params) -> dict:
+    start = time.perf_counter()
+    first_audio = None
+    last = None
+    async for out in engine.generate({"messages": MESSAGES}, params):
+        if first_audio is None and out.audio_chunk is not None and len(out.audio_chunk):
+            first_audio = time.perf_counter() - start
+        last = out
+    total = time.perf_counter() - start
+    assert last.error is None, last.error
+    return {"ttfa": first_audio, "total": total, "tokens": len(last.token_ids), "samples": len(last.audio)}
+
+
+def run_reference(model, inputs, num_codes: int, talker_ids: tuple[int, int]) -> dict:
+    start = time.perf_counter()
+    torch.manual_seed(0)
+    ids, wav = model.generate(
+        **inputs, speaker="Chelsie", thinker_max_new_tokens=NEW_TOKENS, thinker_min_new_tokens=NEW_TOKENS,
+        thinker_do_sample=False, talker_max_new_tokens=num_codes, talker_min_new_tokens=num_codes,
+        talker_do_sample=False, talker_repetition_penalty=1.0, talker_eos_token_id=list(talker_ids),
+        token2wav_num_steps=NUM_STEPS)
+    total = time.perf_counter() - start
+    return {"ttfa": total, "total": total, "tokens": ids.shape[1] - inputs["input_ids"].shape[1],
+            "samples": wav.shape[0]}
+
+
+def bench(num_codes: int, repeats: int) -> dict:
+    from transformers import AutoTokenizer, Qwen2_5OmniForConditionalGeneration
+
+    from omnistage import AsyncOmni
+    from omnistage.models.qwen2_5_omni.params import DEFAULT_CHUNK_SIZE
+    from omnistage.testing import ensure
+
+    path = str(ensure("qwen2.5-omni", cache_dir=ROOT / ".omnistage-cache" / "zoo"))
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(path).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    inputs = tok.apply_chat_template(MESSAGES, add_generation_prompt=True, return_dict=True, return_tensors="pt")
+    talker = model.config.talker_config
+    talker_ids = (talker.tts_codec_pad_token_id, talker.tts_codec_end_token_id)
+    engine = AsyncOmni(path)
+    loop = asyncio.new_event_loop()
+    runs = {
+        "streamed": lambda: loop.run_until_complete(run_ours(engine, ours_params(num_codes, DEFAULT_CHUNK_SIZE))),
+        "whole": lambda: loop.run_until_complete(run_ours(engine, ours_params(num_codes, 0))),
+        "transformers": lambda: run_reference(model, inputs, num_codes, talker_ids),
+    }
+    best: dict[str, dict] = {}
+    try:
+        with torch.inference_mode():
+            for fn in runs.values():  # warm-up
+                fn()
+            for _ in range(repeats):
+                for name, fn in runs.items():
+                    r = fn()
+                    if name not in best or r["total"] < best[name]["total"]:
+                        best[name] = r
+    finally:
+        engine.close()
+        loop.close()
+    for name, r in best.items():
+        assert r["tokens"] == NEW_TOKENS and r["samples"] == num_codes * 480, (name, r)
+    return best
+
+
+def table(best: dict, num_codes: int) -> str:
+    s, w, t = best["streamed"], best["whole"], best["transformers"]
+    audio_s = num_codes * 480 / 24000
+    lines = [
+        f"One request: greedy {NEW_TOKENS}-token answer, talker held to {num_codes} codec frames "
+        f"({audio_s:.2f} s of 24 kHz audio), token2wav {NUM_STEPS} ODE steps, zoo qwen2.5-omni tiny, fp32, CPU, "
+        f"{torch.get_num_threads()} torch thread(s), inline stages, best of the timed runs. "
+        "Streamed = default chunking (36 frames, 24 left + 12 right context).",
+        "",
+        "| run | time to first audio | full response | TTFA / own full response — goal <= 0.30 "
+        "| TTFA / transformers full response |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, r in (("omnistage, streamed", s), ("omnistage, whole utterance", w), ("transformers `generate`", t)):
+        lines.append(f"| {name} | {r['ttfa']:.3f} s | {r['total']:.3f} s | {r['ttfa'] / r['total']:.2f} "
+                     f"| {r['ttfa'] / t['total']:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--codes", type=int, default=256, help="codec frames the talker makes (50 per second)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads (1: on a shared machine, OpenMP spin-waits dominate a tiny model)")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    with PeakRSS() as rss:
+        best = bench(args.codes, args.repeats)
+    rss_line = (f"Peak RSS of the process (omnistage's three stages and transformers' model loaded together): "
+                f"{rss.peak_mib:.0f} MiB.")
+    body = f"{table(best, args.codes)}\n\n{rss_line}"
+    print(body)
+    if not args.no_write:
+        write_section("Qwen2.5-Omni", "benchmarks/bench_omni.py", body)
+
+
+if __name__ == "__main__":
+    main()

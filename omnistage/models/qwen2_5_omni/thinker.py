@@ -1,0 +1,215 @@
+"""Qwen2.5-Omni thinker as an AR stage: text and audio in, text out, plus what the talker needs.
+
+Wraps `Qwen2_5OmniThinkerForConditionalGeneration` without patching it: the engine's
+masks and slot KV cache go into its language model through the public `attention_mask`
+mapping and `cache=` arguments, as in `HFCausalLM`.
+
+Per request (`ThinkerState`), prepared once at admission:
+- M-RoPE positions of the prompt `[3, L]` and the decode offset (`rope_delta`), from the
+  model's own `get_rope_index` (plain `arange` for text; audio spans follow TMRoPE);
+- audio features: each `<|AUDIO|>` of the chat template is expanded to as many tokens
+  as the audio encoder makes of that clip (as `Qwen2_5OmniProcessor` does), and the
+  encoder's outputs are scattered into those positions at prefill;
+- when a talker is downstream (the request asks for hidden states), the thinker-vocab
+  embeddings the talker reads besides the reply: the voice's text-BOS, tts_text_eos and
+  tts_text_pad. They are in every output's `extras["talker_embeds"]` (`[3, H]`), next to
+  `mrope_positions` and `rope_delta`.
+
+`input_embeds` are the token embeddings with the audio positions zeroed, which is what
+the reference `generate()` hands the talker (`masked_scatter_` with zeros).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
+from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
+from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE
+from omnistage.models.qwen2_5_omni.weights import check_voice, load_speakers, load_thinker
+
+AUDIO_SAMPLE_RATE = 16000  # the Whisper feature extractor's input rate
+
+
+@dataclass
+class ThinkerState:
+    mrope_positions: torch.Tensor
+    """[3, L] long: the prompt's M-RoPE positions."""
+    rope_delta: int
+    """Decode position = sequence position + rope_delta."""
+    audio_embeds: torch.Tensor | None = None
+    """[num <|AUDIO|> tokens, H] encoder outputs, dropped after prefill."""
+    talker_embeds: torch.Tensor | None = None
+    """[3, H]: embeddings of the voice's text-BOS, tts_text_eos, tts_text_pad."""
+
+
+class OmniThinker(ARModel):
+    def __init__(self, model, tokenizer, feature_extractor, speakers: dict, talker_text_ids: tuple[int, int],
+                 eos: tuple[int, ...], device: torch.device) -> None:
+        text_config = model.config.text_config
+        if set(text_config.layer_types) != {"full_attention"}:
+            raise ValueError("the thinker supports full attention layers only, not "
+                             f"{sorted(set(text_config.layer_types))}")
+        self.model = model
+        self.lm = model.model.language_model
+        self.tokenizer = tokenizer
+        self.feature_extractor = feature_extractor
+        self.speakers = speakers
+        self.talker_text_ids = talker_text_ids  # (tts_text_eos, tts_text_pad), thinker-vocab ids
+        self.eos_token_ids = eos
+        self.device = device
+        self.num_layers = text_config.num_hidden_layers
+        self.max_position_embeddings = text_config.max_position_embeddings
+        self.audio_token_id = model.config.audio_token_index
+
+    @classmethod
+    def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> OmniThinker:
+        from transformers import Qwen2_5OmniConfig, WhisperFeatureExtractor
+
+        model = load_thinker(model_path, device, dtype)
+        talker_config = Qwen2_5OmniConfig.from_pretrained(model_path).talker_config
+        try:
+            features = WhisperFeatureExtractor.from_pretrained(model_path)
+        except OSError:
+            features = None  # text-only checkpoint folder: audio input is refused at admission
+        return cls(model, load_tokenizer(model_path), features, load_speakers(model_path),
+                   (talker_config.tts_text_end_token_id, talker_config.tts_text_pad_token_id),
+                   eos_token_ids(model_path, model.config), device)
+
+    # --- admission -----------------------------------------------------------------------------
+
+    def build_prompt(self, inputs: Any) -> PromptInputs:
+        """The generic inputs (see `ARModel.build_prompt`), plus `voice` when a talker is downstream.
+
+        Chat messages may hold audio parts `{"type": "audio", "audio": float array, "sample_rate": int}`.
+        """
+        voice = None
+        if isinstance(inputs, dict) and "voice" in inputs:
+            inputs = dict(inputs)
+            voice = inputs.pop("voice") or DEFAULT_VOICE
+            check_voice(self.speakers, voice)
+        audios = _audio_parts(inputs)
+        ids = super().build_prompt(inputs).token_ids
+        with torch.inference_mode():
+            audio_embeds, audio_seqlens = None, None
+            if audios:
+                ids, audio_embeds, audio_seqlens = self._encode_audio(ids, audios)
+            ids_t = torch.tensor([ids], device=self.device)
+            positions, delta = self.model.get_rope_index(
+                ids_t, None, None, torch.ones_like(ids_t), False, audio_seqlens, None)
+            talker_embeds = None
+            if voice is not None:
+                special = [self.speakers[voice]["bos_token"], *self.talker_text_ids]
+                talker_embeds = self.lm.embed_tokens(torch.tensor(special, device=self.device))
+        state = ThinkerState(positions[:, 0], int(delta.item()), audio_embeds, talker_embeds)
+        return PromptInputs(ids, state)
+
+    def _encode_audio(self, ids: list[int], audios: list[tuple[Any, int]]):
+        from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import _get_feat_extract_output_lengths
+
+        from omnistage.media.audio import resample
+
+        if self.feature_extractor is None:
+            raise ValueError("this checkpoint has no audio feature extractor (preprocessor_config.json)")
+        slots = [i for i, t in enumerate(ids) if t == self.audio_token_id]
+        if len(slots) != len(audios):
+            raise ValueError(f"the prompt has {len(slots)} audio placeholders but {len(audios)} audio inputs")
+        waves = [resample(audio, rate, AUDIO_SAMPLE_RATE) for audio, rate in audios]
+        features = self.feature_extractor(waves, sampling_rate=AUDIO_SAMPLE_RATE, padding="max_length",
+                                          return_attention_mask=True, return_tensors="pt")
+        mask = features["attention_mask"].to(self.device)
+        seqlens = mask.sum(-1)
+        counts = _get_feat_extract_output_lengths(seqlens).tolist()
+        expanded: list[int] = []
+        last = 0
+        for slot, count in zip(slots, counts):
+            expanded += ids[last:slot] + [self.audio_token_id] * count
+            last = slot + 1
+        expanded += ids[last:]
+        features = features["input_features"].to(self.device, self.model.dtype)
+        embeds = self.model.get_audio_features(features, mask).last_hidden_state
+        return expanded, embeds, seqlens
+
+    # --- the forward ---------------------------------------------------------------------------
+
+    def forward(self, batch: ModelInput, cache) -> ModelOutput:
+        embeds = self.lm.embed_tokens(batch.input_ids)
+        talker_embeds = embeds
+        if batch.is_prefill:
+            embeds, talker_embeds = self._merge_audio(batch, embeds)
+        out = self.lm(inputs_embeds=embeds, position_ids=self._positions(batch),
+                      attention_mask=attention_masks(batch), cache=cache, use_cache=True)
+        hidden = out.last_hidden_state
+        if batch.is_prefill:
+            last = hidden[torch.arange(hidden.shape[0], device=hidden.device), batch.last_indices]
+        else:
+            last = hidden[:, -1]
+        states = [s.model_state for s in batch.seqs]
+        extras = [{"talker_embeds": st.talker_embeds, "mrope_positions": st.mrope_positions,
+                   "rope_delta": st.rope_delta} if st.talker_embeds is not None else {} for st in states]
+        return ModelOutput(
+            logits=self.model.lm_head(last),
+            hidden_states=hidden if batch.output_hidden_states else None,
+            input_embeds=talker_embeds if batch.output_input_embeds else None,
+            extras=extras,
+        )
+
+    def on_sampled(self, batch: ModelInput, output: ModelOutput, token_ids: torch.Tensor) -> list[dict] | None:
+        return output.extras  # the runner publishes what this hook returns as TextPayload.extras
+
+    def _merge_audio(self, batch: ModelInput, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scatter each row's audio encoder outputs into its <|AUDIO|> positions; the talker's
+        copy of the embeddings keeps zeros there instead (the reference's masked_scatter_)."""
+        rows = [i for i, s in enumerate(batch.seqs) if s.model_state.audio_embeds is not None]
+        if not rows:
+            return embeds, embeds
+        merged, zeroed = embeds.clone(), embeds.clone()
+        for i in rows:
+            state = batch.seqs[i].model_state
+            mask = batch.input_ids[i] == self.audio_token_id
+            merged[i, mask] = state.audio_embeds.to(embeds.dtype)
+            zeroed[i, mask] = 0
+            state.audio_embeds = None  # only the prefill reads them
+        return merged, zeroed
+
+    def _positions(self, batch: ModelInput) -> torch.Tensor:
+        """[3, B, T] M-RoPE positions: the prompt's own at prefill, position + rope_delta after."""
+        states = [s.model_state for s in batch.seqs]
+        if batch.is_prefill:
+            pos = batch.positions.new_zeros(3, *batch.positions.shape)
+            for i, st in enumerate(states):
+                pos[:, i, :st.mrope_positions.shape[1]] = st.mrope_positions
+            return pos
+        delta = torch.tensor([st.rope_delta for st in states], device=batch.positions.device)
+        return (batch.positions + delta[:, None]).expand(3, -1, -1)
+
+    def close(self) -> None:
+        self.model = self.lm = None
+
+
+def _audio_parts(inputs: Any) -> list[tuple[Any, int]]:
+    """(waveform, sample rate) of every audio part of the chat messages, in order."""
+    if not isinstance(inputs, dict) or not isinstance(inputs.get("messages"), list):
+        return []
+    out = []
+    for message in inputs["messages"]:
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "audio":
+                if "sample_rate" not in part:
+                    raise ValueError("an audio part needs 'audio' (float waveform) and 'sample_rate'")
+                out.append((part["audio"], int(part["sample_rate"])))
+    return out
+
+
+def attention_masks(batch: ModelInput) -> dict:
+    # NOTE: one row has no padding, so its mask is plain causal (prefill) or all-visible
+    # (decode). Passing None lets SDPA take its is_causal path, as transformers' generate()
+    # does for an unpadded prompt: the same kernel, so the same floats, and near-tied
+    # logits of a greedy request resolve as in the reference.
+    return {"full_attention": None if len(batch.seqs) == 1 else batch.attention_mask}

@@ -1,0 +1,275 @@
+"""Qwen2.5-Omni end to end on the tiny zoo checkpoint: text and waveform parity with
+transformers' `generate` (greedy), streamed audio before the talker ends, the thinker-only
+variant, voices, and two requests at once.
+
+The reference is `Qwen2_5OmniForConditionalGeneration.generate` with one repair: transformers
+5 drops an all-ones attention mask in `generate()`, and the talker's forward adds the codec
+pad/bos embeddings to its prompt (and computes its M-RoPE positions) only when it gets a
+mask. `_MaskedTalker` hands the mask back, so the reference runs the talker as designed
+(and as transformers 4 ran it); omnistage always does. Everything else is the reference's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from omnistage import AsyncOmni, Omni, OmniRequestError, SamplingParams
+from omnistage.config import PipelineDeployConfig
+from omnistage.models.qwen2_5_omni import Token2WavParams, resolve_qwen2_5_omni
+from omnistage.testing.speech_models import DEFAULT_GENERATE_KWARGS, OMNI_SAMPLE_RATE
+
+KW = DEFAULT_GENERATE_KWARGS["qwen2.5-omni"]
+EOS = [2, 0]  # the checkpoint's generation_config eos (<|im_end|>, <|endoftext|>), which omnistage uses
+MESSAGES = [{"role": "user", "content": "Hello, who are you?"}]
+OTHER = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story."}]
+SEED = 1234
+AUDIO_TOKEN = 3  # <|AUDIO|>
+
+
+def greedy_params(chunk_size: int = 0, talker_tokens: int = KW["talker_max_new_tokens"], min_codes: int = 0,
+                  seed: int = SEED) -> dict:
+    return {
+        "thinker": SamplingParams(temperature=0, max_tokens=KW["thinker_max_new_tokens"]),
+        "talker": SamplingParams(temperature=0, max_tokens=talker_tokens, min_tokens=min_codes,
+                                 repetition_penalty=KW["talker_repetition_penalty"]),
+        "token2wav": Token2WavParams(seed=seed, num_steps=KW["token2wav_num_steps"], chunk_size=chunk_size),
+    }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # Tiny models are bound by per-op overhead; one intra-op thread avoids spinning on a shared machine.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def path(zoo) -> str:
+    return str(zoo("qwen2.5-omni"))
+
+
+@pytest.fixture(scope="module")
+def reference(path):
+    from transformers import (
+        AutoTokenizer,
+        Qwen2_5OmniForConditionalGeneration,
+        Qwen2_5OmniTalkerForConditionalGeneration,
+        WhisperFeatureExtractor,
+    )
+    from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import _get_feat_extract_output_lengths
+
+    class _MaskedTalker(Qwen2_5OmniTalkerForConditionalGeneration):
+        _keys_to_ignore_on_load_unexpected = [r"^thinker\.", r"^token2wav\."]
+
+        # The parent's named arguments, spelled out: generate() checks its kwargs against them.
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
+                    thinker_reply_part=None, inputs_embeds=None, use_cache=None, input_text_ids=None,
+                    image_grid_thw=None, video_grid_thw=None, use_audio_in_video=None, audio_feature_lengths=None,
+                    video_second_per_grid=None, **kwargs):
+            if attention_mask is None:
+                new = inputs_embeds if inputs_embeds is not None else input_ids
+                past = cache.get_seq_length() if cache is not None else 0
+                attention_mask = torch.ones(new.shape[0], past + new.shape[1], dtype=torch.long)
+            return super().forward(
+                input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=cache,
+                thinker_reply_part=thinker_reply_part, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                input_text_ids=input_text_ids, image_grid_thw=image_grid_thw, video_grid_thw=video_grid_thw,
+                use_audio_in_video=use_audio_in_video, audio_feature_lengths=audio_feature_lengths,
+                video_second_per_grid=video_second_per_grid, **kwargs)
+
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(path).eval()
+    model.talker = _MaskedTalker.from_pretrained(path).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    features = WhisperFeatureExtractor.from_pretrained(path)
+
+    def processor(messages) -> dict:
+        """Qwen2_5OmniProcessor's text and audio work (the class itself needs torchvision)."""
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                            return_dict=True)["input_ids"]
+        clips = [p["audio"] for m in messages if isinstance(m["content"], list) for p in m["content"]
+                 if p["type"] == "audio"]
+        inputs = {}
+        if clips:  # 16 kHz clips here
+            feats = features(clips, sampling_rate=16000, padding="max_length", return_attention_mask=True,
+                             return_tensors="pt")
+            inputs = {"input_features": feats["input_features"], "feature_attention_mask": feats["attention_mask"]}
+            counts = iter(_get_feat_extract_output_lengths(feats["attention_mask"].sum(-1)).tolist())
+            ids = [t for token in ids for t in ([token] * next(counts) if token == AUDIO_TOKEN else [token])]
+        x = torch.tensor([ids])
+        return {"input_ids": x, "attention_mask": torch.ones_like(x), **inputs}
+
+    def generate(messages, voice="Chelsie", **overrides):
+        inputs = processor(messages)
+        kwargs = {**KW, "speaker": voice, "thinker_eos_token_id": EOS, **overrides}
+        torch.manual_seed(SEED)  # token2wav's noise; greedy thinker and talker draw nothing
+        with torch.inference_mode():
+            out = model.generate(**inputs, **kwargs)
+        if kwargs.get("generation_mode") == "text":
+            return out[0, inputs["input_ids"].shape[1]:].tolist(), None
+        ids, wav = out
+        return ids[0, inputs["input_ids"].shape[1]:].tolist(), wav.numpy()
+
+    return generate
+
+
+@pytest.fixture(scope="module")
+def omni(path):
+    # Batches of up to 4 in every stage (the CPU deploy default is 1), so concurrent requests share forwards.
+    with Omni(path, stage_overrides={"*": {"max_num_seqs": 4}}) as omni:
+        yield omni
+
+
+def test_text_and_waveform_match_transformers_generate(reference, omni):
+    ref_ids, ref_wav = reference(MESSAGES)
+    [out] = omni.generate({"messages": MESSAGES}, greedy_params(), use_tqdm=False)
+    assert out.token_ids == ref_ids
+    assert out.sample_rate == OMNI_SAMPLE_RATE
+    assert out.audio.dtype == np.float32 and out.audio.shape == ref_wav.shape
+    np.testing.assert_array_equal(out.audio, ref_wav)
+    # Another voice speaks the same text differently.
+    ethan_ids, ethan_wav = reference(MESSAGES, voice="Ethan")
+    [ethan] = omni.generate({"messages": MESSAGES, "voice": "Ethan"}, greedy_params(), use_tqdm=False)
+    assert ethan.token_ids == ethan_ids == ref_ids
+    np.testing.assert_array_equal(ethan.audio, ethan_wav)
+    assert not np.array_equal(ethan.audio, out.audio)
+
+
+def test_audio_input_matches_transformers_generate(reference, omni):
+    rate = 16000
+    t = np.arange(int(1.5 * rate)) / rate
+    clip = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+    messages = [{"role": "user", "content": [{"type": "audio", "audio": clip, "sample_rate": rate},
+                                             {"type": "text", "text": "What is this sound?"}]}]
+    ref_ids, ref_wav = reference(messages)
+    [out] = omni.generate({"messages": messages}, greedy_params(), use_tqdm=False)
+    assert out.token_ids == ref_ids
+    np.testing.assert_array_equal(out.audio, ref_wav)
+
+
+def test_audio_streams_before_the_talker_finishes(omni):
+    num_codes = 96  # chunks of 36 frames + 12 of look-ahead: sent at 48 and 84 codes, the rest at the end
+    params = greedy_params(chunk_size=36, talker_tokens=num_codes, min_codes=num_codes)
+
+    async def collect():
+        chunks, text, last = [], "", None
+        async for out in omni.engine.generate({"messages": MESSAGES}, params):
+            if out.audio_chunk is not None:
+                chunks.append((time.monotonic(), out.audio_chunk))
+            text += out.text_delta or ""
+            last = out
+        return chunks, text, last
+
+    chunks, text, last = asyncio.run(collect())
+    assert text == last.text
+    assert last.error is None and last.audio.shape == (num_codes * 480,)
+    assert len(chunks) == 3
+    np.testing.assert_array_equal(np.concatenate([c for _, c in chunks]), last.audio)
+    talker = last.metrics["stages"]["talker"]
+    assert chunks[0][0] < talker["finish_time"]
+    assert last.metrics["time_to_first_audio"] < last.metrics["e2e_time"]
+    # Chunked decode approximates the one-shot one (the DiT attends across chunk borders).
+    [whole] = omni.generate({"messages": MESSAGES}, greedy_params(0, num_codes, num_codes), use_tqdm=False)
+    assert whole.token_ids == last.token_ids
+    err = np.linalg.norm(last.audio - whole.audio) / np.linalg.norm(whole.audio)
+    assert err < 1e-3, err
+
+
+def test_two_requests_at_once_match_each_alone(omni):
+    # Batched together, with different prompt lengths (padding) and voices.
+    prompts = [{"messages": MESSAGES}, {"messages": OTHER, "voice": "Ethan"}]
+    params = greedy_params(chunk_size=36, talker_tokens=64, min_codes=64)
+    alone = [omni.generate(p, params, use_tqdm=False)[0] for p in prompts]
+    together = omni.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(alone, together):
+        assert a.token_ids == b.token_ids
+        np.testing.assert_array_equal(a.audio, b.audio)
+    assert together[0].token_ids != together[1].token_ids
+
+
+def test_thinker_only_variant(path, reference, tmp_path):
+    deploy = tmp_path / "text.yaml"
+    deploy.write_text("base_config: bundled:qwen2_5_omni.yaml\noutput_modalities: [text]\n")
+    ref_ids, _ = reference(MESSAGES, generation_mode="text")
+    with Omni(path, deploy_config=deploy) as text_only:
+        assert [s.name for s in text_only.spec.stages] == ["thinker"]
+        thinker = {"thinker": greedy_params()["thinker"]}
+        [out] = text_only.generate({"messages": MESSAGES, "voice": "Ethan"}, thinker, use_tqdm=False)
+    assert out.token_ids == ref_ids and out.audio is None
+    no_audio = SimpleNamespace(config={"enable_audio_output": False})
+    assert resolve_qwen2_5_omni(no_audio, PipelineDeployConfig()).name == "qwen2_5_omni_thinker_only"
+
+
+def test_unknown_voice_fails_naming_the_thinker(omni):
+    with pytest.raises(OmniRequestError, match=r"thinker.*unknown voice 'Nobody'"):
+        omni.generate({"messages": MESSAGES, "voice": "Nobody"}, greedy_params(), use_tqdm=False)
+
+
+
+def test_chat_completions_route_answers_with_audio(path):
+    import base64
+    import io
+    import json
+
+    import soundfile as sf
+    from fastapi.testclient import TestClient
+
+    from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
+
+    # The route sets the thinker's params only; the talker samples with its deploy defaults, here
+    # capped (a random talker rarely says its end token).
+    engine = AsyncOmni(path, stage_overrides={"1": {"default_sampling_params": {"max_tokens": 48}}})
+    app = create_app(ServerSettings(served_model_name="omni", model_path=path), engine)
+    body = {"messages": MESSAGES, "modalities": ["text", "audio"], "max_tokens": 8, "temperature": 0,
+            "audio": {"voice": "Ethan", "format": "wav"}}
+    with TestClient(app) as http:  # its lifespan shuts the engine down
+        resp = http.post("/v1/chat/completions", json=body)
+        assert resp.status_code == 200, resp.text
+        audio = resp.json()["choices"][0]["message"]["audio"]
+        body["stream"], body["audio"] = True, {"voice": "Ethan", "format": "pcm16"}
+        with http.stream("POST", "/v1/chat/completions", json=body) as streamed:
+            lines = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: {")]
+    wave, rate = sf.read(io.BytesIO(base64.b64decode(audio["data"])))
+    assert rate == OMNI_SAMPLE_RATE and len(wave) > 0 and audio["transcript"]
+    deltas = [c["choices"][0]["delta"].get("audio") for c in lines if c["choices"]]
+    pcm = b"".join(base64.b64decode(d["data"]) for d in deltas if d and d.get("data"))
+    assert "".join(d.get("transcript", "") for d in deltas if d) == audio["transcript"]
+    assert len(pcm) > 0 and len(pcm) % 960 == 0  # whole codec frames of 24 kHz PCM16
+
+
+@pytest.mark.parametrize("num_codes, finish_reason", [(0, "stop"), (30, "stop"), (48, "stop"), (100, "length"),
+                                                      (121, "stop")])
+@pytest.mark.parametrize("chunking", [dict(chunk_size=36), dict(chunk_size=24, left_context=0, right_context=0),
+                                      dict(chunk_size=0)])
+def test_talker_chunks_cover_the_utterance_once(num_codes, finish_reason, chunking):
+    from omnistage.engine.types import TextPayload
+    from omnistage.models.qwen2_5_omni.processors import TOKEN2WAV, talker_chunks
+
+    params = Token2WavParams(**chunking)
+    request = SimpleNamespace(request_id="r", prompt={"messages": MESSAGES}, params={TOKEN2WAV: params})
+    codes = [i % 128 for i in range(num_codes)] + ([130] if finish_reason == "stop" else [])
+    parts = []
+    for n in range(1, len(codes) + 1):
+        done = n == len(codes)
+        payload = TextPayload(token_ids=codes[:n], delta_token_ids=codes[n - 1:n],
+                              finish_reason=finish_reason if done else None)
+        part = talker_chunks(request, payload, done)
+        if part is not None:
+            parts.append((n, part))
+    spans = [(p["options"].start, p["options"].end) for _, p in parts]
+    assert [s for span in spans for s in range(*span)] == list(range(num_codes))  # in order, each frame once
+    for n, part in parts:
+        o = part["options"]
+        assert part["codes"] == codes[o.offset:o.offset + len(part["codes"])]
+        assert o.offset == max(0, o.start - params.left_context) and o.seed == parts[0][1]["options"].seed
+        if n < len(codes):  # sent early: the right context is there
+            assert o.offset + len(part["codes"]) == o.end + params.right_context
+    if params.chunk_size == 0:
+        assert len(parts) == 1
