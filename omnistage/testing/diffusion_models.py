@@ -118,8 +118,12 @@ def build_z_image(out_dir: Path, size: str, seed: int) -> None:
 # --------------------------------------------------------------------------------------
 
 _QWEN_IMAGE = {
-    "tiny": dict(text_hidden=32, heads=2, head_dim=16, layers=2, axes=(4, 6, 6), vae_base=8, vae_mult=[1, 2, 2, 2]),
-    "small": dict(text_hidden=64, heads=4, head_dim=32, layers=4, axes=(8, 12, 12), vae_base=16, vae_mult=[1, 2, 2, 2]),
+    "tiny": dict(text_hidden=32, heads=2, head_dim=16, layers=2, axes=(4, 6, 6)),
+    "small": dict(text_hidden=64, heads=4, head_dim=32, layers=4, axes=(8, 12, 12)),
+}
+_QWEN_IMAGE_VAE = {
+    "tiny": dict(vae_base=8, vae_mult=[1, 2, 2, 2], vae_res_blocks=1),
+    "small": dict(vae_base=16, vae_mult=[1, 2, 2, 2], vae_res_blocks=1),
 }
 
 # Qwen-Image's scheduler_config.json: resolution-dependent (dynamic) shift with an
@@ -161,7 +165,7 @@ def _qwen_image_components(dims: dict, *, vision_depth: int):
         base_dim=dims["vae_base"],
         z_dim=16,
         dim_mult=dims["vae_mult"],
-        num_res_blocks=1,
+        num_res_blocks=dims["vae_res_blocks"],
         # One entry per downsampling (the spatial factor is 2**len): 3 gives the real 8x.
         temperal_downsample=[False] + [True] * (len(dims["vae_mult"]) - 2),
         latents_mean=[0.0] * 16,
@@ -175,7 +179,7 @@ def build_qwen_image(out_dir: Path, size: str, seed: int) -> None:
     from diffusers import QwenImagePipeline
 
     seed_everything(seed)
-    pipe = QwenImagePipeline(**_qwen_image_components(_QWEN_IMAGE[size], vision_depth=1))
+    pipe = QwenImagePipeline(**_qwen_image_components(dict(_QWEN_IMAGE[size], **_QWEN_IMAGE_VAE[size]), vision_depth=1))
     save_pipeline(pipe, out_dir)
 
 
@@ -202,14 +206,17 @@ def build_qwen_image(out_dir: Path, size: str, seed: int) -> None:
 #   The processor caps what the vision tower sees at a few patches instead, and the VAE
 #   downsamples 16x rather than the real 8x (a fourth downsampling; the pipeline reads the
 #   factor from the VAE config), so the transformer attends over 1024 image tokens, not
-#   4096. A tiny edit still costs a few times a tiny Qwen-Image generation.
+#   4096. A tiny edit still costs about ten tiny Qwen-Image generations, nearly all of it
+#   the VAE encode.
 
-# At 1024x1024 the VAE encoder's cost is its full-resolution convolutions: keep those
-# narrow. (torch runs conv3d with fewer than 8 input channels on a slow path, so 8 is
-# also the cheapest width.)
+# At 1024x1024 the VAE encoder's cost is its full-resolution convolutions: keep them
+# narrow and few. Width 8 is also the cheapest, as torch runs conv3d with fewer input
+# channels on a slow path; no residual blocks between the encoder's downsamplings (the
+# decoder keeps one per level) cut a tiny encode about 5x. Without those blocks, which
+# are where the width changes, the width must stay constant.
 _QWEN_EDIT_VAE = {
-    "tiny": dict(vae_base=8, vae_mult=[1, 1, 1, 1, 1]),
-    "small": dict(vae_base=8, vae_mult=[1, 2, 2, 4, 4]),
+    "tiny": dict(vae_base=8, vae_mult=[1, 1, 1, 1, 1], vae_res_blocks=0),
+    "small": dict(vae_base=16, vae_mult=[1, 1, 1, 1, 1], vae_res_blocks=0),
 }
 
 # Pixels the vision tower sees (min = max): 56x56 is 2x2 merged image tokens.

@@ -255,6 +255,12 @@ def build_csm(out_dir: Path, size: str, seed: int) -> None:
     )
     torch.manual_seed(seed)
     model = CsmForConditionalGeneration(config).float().eval()
+    # Mimi's codebooks are running averages that start at zero (no gradient trains them):
+    # left so, the codec's audio would not depend on the codes at all.
+    with torch.no_grad():
+        for name, buffer in model.codec_model.quantizer.named_buffers():
+            if name.endswith("codebook.embed_sum"):
+                buffer.copy_(torch.randn(buffer.shape))
     model.save_pretrained(out_dir, safe_serialization=True)
     processor = CsmProcessor(feature_extractor=EncodecFeatureExtractor(feature_size=1, sampling_rate=CSM_SAMPLE_RATE),
                              tokenizer=tok, chat_template=CSM_CHAT_TEMPLATE)
@@ -268,6 +274,7 @@ register_zoo_model(ZooModel(
     builder=build_csm,
     sizes=("tiny",),
     description="CSM backbone + depth decoder + Mimi codec (8 x 2048 codes, 24 kHz), CsmProcessor, fp32.",
+    revision=1,  # 1: random Mimi codebooks (they were all zeros)
 ))
 
 

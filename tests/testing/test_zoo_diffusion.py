@@ -134,7 +134,7 @@ def test_tiny_qwen_image_edit_generates(zoo):
     prompt, negative = kwargs.pop("prompt"), kwargs.pop("negative_prompt")
     image = default_input_image()
     # The pipeline shows the text encoder the image resized to about 1024x1024.
-    seen = image.resize((1024, 1024))
+    seen = pipe.image_processor.resize(image, 1024, 1024)
     embeds, mask = qwen_edit_prompt_embeds(pipe, path / "processor", prompt, seen)
     neg_embeds, neg_mask = qwen_edit_prompt_embeds(pipe, path / "processor", negative, seen)
     images = pipe(
@@ -149,6 +149,20 @@ def test_tiny_qwen_image_edit_generates(zoo):
     ).images
     assert images.shape == (1, 64, 64, 3)
     assert_real_pixels(images)
+
+
+def test_qwen_image_edit_processor_folder_loads_in_parts(zoo):
+    import json
+
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    path = zoo("qwen-image-edit")
+    assert json.loads((path / "model_index.json").read_text())["processor"] == ["transformers", "Qwen2VLProcessor"]
+    image_processor = AutoImageProcessor.from_pretrained(path / "processor")
+    tokenizer = AutoTokenizer.from_pretrained(path / "processor")
+    assert type(image_processor).__name__.startswith("Qwen2VLImageProcessor")
+    assert type(tokenizer).__name__ == "Qwen2Tokenizer"
+    assert tokenizer.convert_tokens_to_ids("<|image_pad|>") < len(tokenizer)
 
 
 @pytest.mark.skipif(not HAS_TORCHVISION, reason="Qwen2VLProcessor needs torchvision in transformers 5.x")
@@ -168,6 +182,14 @@ def test_build_is_deterministic(tmp_path):
     weights = {k for k in first if k.endswith(".safetensors")}
     assert weights and all(first[k] != other[k] for k in weights)
     assert all(first[k] == other[k] for k in first.keys() - weights)  # configs and tokenizer
+
+
+@pytest.mark.parametrize("builder", ["build_qwen2_tokenizer", "build_clip_tokenizer", "build_t5_tokenizer"])
+def test_tokenizer_builders_are_deterministic(builder):
+    from omnistage.testing import tokenizers
+
+    build_tokenizer = getattr(tokenizers, builder)
+    assert build_tokenizer().backend_tokenizer.to_str() == build_tokenizer().backend_tokenizer.to_str()
 
 
 @pytest.mark.parametrize("name", ["z-image", "qwen-image"])
