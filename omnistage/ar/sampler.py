@@ -77,6 +77,9 @@ class Sampler:
         params = [s.params for s in seqs]
         temps = torch.tensor([p.temperature if not p.is_greedy else 1.0 for p in params], device=dev)
         x = logits / temps[:, None]
+        vocab = x.shape[-1]
+        if all(p.seed is None and 0 < p.top_k < vocab and p.top_p >= 1.0 and p.min_p == 0 for p in params):
+            return _sample_top_k(x, [p.top_k for p in params])
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
             x = _top_k_top_p(x, [p.top_k for p in params], [p.top_p for p in params])
         probs = x.softmax(dim=-1)
@@ -103,9 +106,26 @@ class Sampler:
         return gen
 
 
+def _sample_top_k(x: torch.Tensor, top_k: list[int]) -> torch.Tensor:
+    """Unseeded top-k rows: the same draw among each row's k best logits only, a fraction of
+    the full-vocabulary work (it dominates small models' steps: CSM samples every codebook)."""
+    values, ids = x.topk(max(top_k), dim=-1)
+    beyond = torch.arange(values.shape[1], device=x.device) >= torch.tensor(top_k, device=x.device)[:, None]
+    probs = values.masked_fill(beyond, -float("inf")).softmax(dim=-1)
+    pick = (probs / torch.empty_like(probs).exponential_()).argmax(dim=-1)
+    return ids.gather(-1, pick[:, None])[:, 0]
+
+
 def _top_k_top_p(x: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
     """Mask logits outside each row's top-k and nucleus (0 / 1.0 = off for that row)."""
     vocab = x.shape[-1]
+    if all(p >= 1.0 for p in top_p):
+        # Top-k alone needs each row's k-th largest value, not a full sort (which dominates
+        # a small model's step, e.g. CSM's depth decoder samples 31 codebooks per frame).
+        k = [k if 0 < k < vocab else vocab for k in top_k]
+        largest = x.topk(max(k), dim=-1).values
+        kth = largest.gather(-1, torch.tensor(k, device=x.device)[:, None] - 1)
+        return x.masked_fill(x < kth, -float("inf"))
     sorted_x, order = x.sort(dim=-1, descending=False)
     k = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], device=x.device)
     kth = sorted_x.gather(-1, (vocab - k)[:, None])  # the k-th largest value per row

@@ -25,6 +25,7 @@ from omnistage.engine.types import ProgressPayload, TextPayload
 
 # From a token (ms) to a video (minutes).
 TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, float("inf"))
+RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, float("inf"))
 
 
 @dataclass
@@ -124,6 +125,13 @@ class PrometheusMetrics:
         self.e2e_time = Histogram(
             "omnistage_request_e2e_time_seconds", "From arrival to the last output.", ["pipeline"],
             registry=registry, buckets=TIME_BUCKETS)
+        self.time_to_first_audio = Histogram(
+            "omnistage_request_time_to_first_audio_seconds",
+            "From arrival to the first audio sent to the user (TTFP), for requests with audio output.",
+            ["pipeline"], registry=registry, buckets=TIME_BUCKETS)
+        self.real_time_factor = Histogram(
+            "omnistage_request_real_time_factor", "End-to-end time / seconds of audio produced (RTF; < 1 is "
+            "faster than real time).", ["pipeline"], registry=registry, buckets=RTF_BUCKETS)
         self.num_running = Gauge(
             "omnistage_requests_running", "Requests in the orchestrator.", ["pipeline"], registry=registry)
 
@@ -145,6 +153,12 @@ class PrometheusMetrics:
     def observe_request(self, status: str, e2e_time_s: float) -> None:
         self.requests.labels(self.pipeline, status).inc()
         self.e2e_time.labels(self.pipeline).observe(e2e_time_s)
+
+    def observe_audio(self, time_to_first_audio: float | None, real_time_factor: float | None) -> None:
+        if time_to_first_audio is not None:
+            self.time_to_first_audio.labels(self.pipeline).observe(time_to_first_audio)
+        if real_time_factor is not None:
+            self.real_time_factor.labels(self.pipeline).observe(real_time_factor)
 
     def set_num_running(self, num: int) -> None:
         self.num_running.labels(self.pipeline).set(num)

@@ -1,1 +1,1 @@
-"""POST /v1/audio/speech: text to speech, whole, chunked or as SSE events."""
+"""Audio routes: POST /v1/audio/speech (whole, chunked or SSE), /v1/audio/voices, WS /v1/audio/speech/stream."""

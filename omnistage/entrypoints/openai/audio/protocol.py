@@ -1,4 +1,4 @@
-"""The speech request (OpenAI's fields; `aac` is not offered)."""
+"""The speech request (OpenAI's fields; `aac` is not offered), voices, and the streaming session's messages."""
 
 from __future__ import annotations
 

@@ -1,0 +1,42 @@
+"""CSM (Sesame's conversational speech model): text -> speech, with built-in or cloned voices.
+
+    stage 0 "talker" (ar)          text (+ a reference clip) -> codec frames: the backbone
+                                   picks codebook 0, the depth decoder the rest (talker.py)
+    stage 1 "codec"  (generation)  frames -> 24 kHz audio: the checkpoint's Mimi decoder,
+                                   streamed (generation/mimi.py)
+
+The talker streams its frames to the codec in chunks (`processors.talker_chunks`,
+sized by `CsmCodecParams`), so the first audio leaves after the first few frames. Both
+stages load the one CSM checkpoint. Prompts and voices: `prompt.py`.
+"""
+
+from omnistage.ar.model import register_ar_model
+from omnistage.config import PipelineSpec, StageSpec, register_pipeline
+from omnistage.diffusion.params import ExtraSpec
+from omnistage.models.csm.params import CsmCodecParams
+from omnistage.models.csm.processors import CODEC, TALKER, talker_chunks
+from omnistage.models.csm.prompt import BUILTIN_VOICES, DEFAULT_VOICE
+
+__all__ = ["CSM", "CsmCodecParams"]
+
+# The sampling the CSM model card uses; max_tokens None = until EOS or max_model_len.
+TALKER_SAMPLING = {"temperature": 0.9, "top_k": 50, "max_tokens": None}
+
+CSM = PipelineSpec(
+    name="csm",
+    stages=(
+        StageSpec(id=TALKER, name="talker", kind="ar", output="tokens", model="csm.talker",
+                  chunk_processor=talker_chunks, defaults={"default_sampling_params": TALKER_SAMPLING}),
+        StageSpec(id=CODEC, name="codec", kind="generation", output="audio", inputs=(TALKER,), final_output=True,
+                  model="mimi", stream_input=True),
+    ),
+    request_extras={
+        "voice": ExtraSpec(str, default=DEFAULT_VOICE, choices=tuple(BUILTIN_VOICES),
+                           help="Built-in voice: a named CSM speaker id."),
+        "ref_audio": ExtraSpec(object, help="Voice cloning: a mono float reference clip (with ref_sample_rate, "
+                                            "and its transcript in ref_text)."),
+    },
+)
+
+register_ar_model("csm.talker", "omnistage.models.csm.talker:CsmTalker")
+register_pipeline("csm", CSM, deploy_config="csm.yaml")  # CSM checkpoints' config.json model_type
