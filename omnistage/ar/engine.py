@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 from omnistage.ar.detokenizer import IncrementalDetokenizer
-from omnistage.ar.device import resolve_device, resolve_dtype
+from omnistage.engine.device import resolve_device, resolve_dtype
 from omnistage.ar.model import get_ar_model_class
 from omnistage.ar.model_runner import ModelRunner, RunnerOutput
 from omnistage.ar.sampling_params import SamplingParams

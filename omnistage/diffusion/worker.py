@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omnistage.ar.device import resolve_dtype
+from omnistage.engine.device import resolve_dtype
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.pipelines.base import DiffusionRequest
 from omnistage.diffusion.runner import DiffusionRunner, ProgressSink

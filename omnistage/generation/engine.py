@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnistage.ar.device import resolve_device, resolve_dtype
+from omnistage.engine.device import resolve_device, resolve_dtype
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.engine.types import AudioPayload, StageOutput, StageRequest

@@ -1,4 +1,4 @@
-"""Device and dtype for a stage engine, from its `StageDeployConfig` (shared by ar/ and generation/)."""
+"""Device and dtype for a stage engine, from its `StageDeployConfig` (shared by every engine kind)."""
 
 from __future__ import annotations
 
