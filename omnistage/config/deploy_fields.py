@@ -168,3 +168,11 @@ _STAGE_DEFAULTS = {
     f.name: f.default if f.default_factory is MISSING else f.default_factory()
     for f in fields(StageDeployConfig)
 }
+
+
+KIND_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
+    "diffusion": ("step_execution", "cfg_parallel_size", "ulysses_degree", "ring_degree",
+                  "vae_patch_parallel_size", "vae_use_tiling", "cache_backend", "cache_config"),
+    "ar": ("max_model_len", "ar_backend"),
+}
+"""Deploy fields only one stage kind reads; every other field applies to all kinds."""

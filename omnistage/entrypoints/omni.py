@@ -47,17 +47,10 @@ from omnistage.config import (
     resolve_pipeline,
 )
 from omnistage.config.deploy import ALL_STAGES, DeployLayer, merge_fields
+from omnistage.config.deploy_fields import KIND_ONLY_FIELDS
 from omnistage.engine.factory import EngineFactory, create_engine
 from omnistage.engine.orchestrator import OmniRequest, Orchestrator
 from omnistage.engine.outputs import OmniOutput
-
-# Deploy fields only one stage kind uses; an Omni(**overrides) field applies to the
-# stages of that kind and to every stage otherwise.
-KIND_ONLY_FIELDS = {
-    "diffusion": ("step_execution", "cfg_parallel_size", "ulysses_degree", "ring_degree",
-                  "vae_patch_parallel_size", "vae_use_tiling", "cache_backend", "cache_config"),
-    "ar": ("max_model_len", "ar_backend"),
-}
 
 
 class OmniRequestError(RuntimeError):
