@@ -25,6 +25,7 @@ from omnistage.engine.types import ProgressPayload, TextPayload
 
 # From a token (ms) to a video (minutes).
 TIME_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, float("inf"))
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, float("inf"))
 RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, float("inf"))
 
 
@@ -115,6 +116,9 @@ class PrometheusMetrics:
         self.time_to_first_output = Histogram(
             "omnistage_stage_time_to_first_output_seconds", "From a stage's input being ready to its first output.",
             stage, registry=registry, buckets=TIME_BUCKETS)
+        self.batch_size = Histogram(
+            "omnistage_stage_batch_size", "Mean size of the batches a stage ran a request in (engines that "
+            "report it).", stage, registry=registry, buckets=BATCH_BUCKETS)
         self.tokens = Counter("omnistage_stage_tokens", "Tokens a stage generated.", stage, registry=registry)
         self.steps = Counter("omnistage_stage_steps", "Denoising steps a stage ran.", stage, registry=registry)
         self.stage_errors = Counter(
@@ -142,6 +146,8 @@ class PrometheusMetrics:
                                (self.time_to_first_output, "time_to_first_output")):
             if metrics.get(key) is not None:
                 histogram.labels(*labels).observe(metrics[key])
+        if metrics.get("batch_size") is not None:
+            self.batch_size.labels(*labels).observe(metrics["batch_size"])
         if metrics.get("num_tokens"):
             self.tokens.labels(*labels).inc(metrics["num_tokens"])
         if metrics.get("num_steps"):

@@ -41,6 +41,10 @@ def test_z_image_single_stage(zimage):
     assert all(o.text is None and o.audio is None and o.video is None for o in outs)
     stage = outs[0].metrics["stages"]["diffusion"]
     assert stage["num_steps"] == 2 and stage["seed"] == 3 and stage["run_time"] > 0
+    from prometheus_client import generate_latest
+
+    exported = generate_latest(zimage.engine.metrics_registry).decode()
+    assert 'omnistage_stage_batch_size_count{pipeline=' in exported
 
 
 def test_expanded_text_is_what_z_image_draws(expand, zimage):
