@@ -28,18 +28,26 @@ ENGINE_CLASSES = {
     "generation": "omnistage.generation.engine:GenerationEngine",
 }
 
+AR_BACKENDS = {
+    "native": ENGINE_CLASSES["ar"],
+    "vllm": "omnistage.ar.vllm_backend:VLLMAREngine",
+}
+"""`StageDeployConfig.ar_backend` -> the engine class of an AR stage."""
 
-def get_engine_class(kind: str) -> type:
-    """The engine class for stage kind `kind` (imports its module now)."""
+
+def get_engine_class(kind: str, ar_backend: str = "native") -> type:
+    """The engine class for stage kind `kind` (and, for AR stages, `ar_backend`); imports its module now."""
     if kind not in ENGINE_CLASSES:
         raise ValueError(f"no engine for stage kind {kind!r}; known kinds: {', '.join(ENGINE_CLASSES)}")
-    module_name, class_name = ENGINE_CLASSES[kind].split(":")
+    if kind == "ar" and ar_backend not in AR_BACKENDS:
+        raise ValueError(f"no AR backend {ar_backend!r}; known backends: {', '.join(AR_BACKENDS)}")
+    module_name, class_name = (AR_BACKENDS[ar_backend] if kind == "ar" else ENGINE_CLASSES[kind]).split(":")
     return getattr(importlib.import_module(module_name), class_name)
 
 
 def create_engine(model_path: str, stage: StageSpec, config: StageDeployConfig) -> Engine:
-    """The default engine factory: the engine class of the stage's kind."""
-    return get_engine_class(stage.kind)(model_path, stage, config)
+    """The default engine factory: the engine class of the stage's kind (and AR backend)."""
+    return get_engine_class(stage.kind, config.ar_backend)(model_path, stage, config)
 
 
 def stage_model_paths(model_path: str, pipeline: PipelineSpec) -> dict[int, str]:
