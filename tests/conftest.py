@@ -18,3 +18,17 @@ def zoo():
         return ensure(name, size=size, cache_dir=ZOO_CACHE)
 
     return get
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op torch thread for the module, restored after it. Tiny models are bound by
+    per-op overhead: extra threads cost more in start-up and OpenMP spinning than they save in
+    math (the Wan parity file ran 5x longer with 2 threads on a shared 2-core machine). Folders
+    of tiny-model tests turn it on for every module in their conftest.py."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -26,12 +26,5 @@ def hf_model(llm_path):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models are bound by per-op overhead: one intra-op thread is faster, and far faster on a
-    shared machine where OpenMP threads spin against other work. Restored after each module."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_thread):
+    """Every module here runs its tiny models on one intra-op thread (tests/conftest.py)."""

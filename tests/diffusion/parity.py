@@ -3,17 +3,26 @@
 Requests are built from the same keyword arguments the reference `__call__` gets
 (`DEFAULT_CALL_KWARGS[name]` plus overrides), so both sides always see the same inputs.
 Outputs are compared as float arrays in [0, 1]: `decode_arrays` against `output_type="np"`.
+
+`ParityTests` holds the tests every family shares; a family's test class configures it with
+a few class attributes and adds its own tests (mixed batches, defaults, input checks).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import itertools
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import numpy as np
+import pytest
 import torch
 
 from omnistage.diffusion.params import DiffusionParams
+from omnistage.diffusion.pipelines import pipeline_class
 from omnistage.diffusion.pipelines.base import DenoiseState, DiffusionPipelineBase, DiffusionRequest
+from omnistage.engine.types import ImagePayload, VideoPayload
+from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, default_input_image
 
 TOLERANCE = 1e-3
 
@@ -74,3 +83,158 @@ def run_staggered(pipeline: DiffusionPipelineBase, first: DiffusionRequest, seco
 def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
     assert a.shape == b.shape, f"shape {a.shape} != reference {b.shape}"
     return float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max())
+
+
+def assert_all_close(got: list[np.ndarray], expected: list[np.ndarray]) -> None:
+    """One output per reference output, each within TOLERANCE of it."""
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        assert max_abs_diff(g, e) <= TOLERANCE
+
+
+def assert_rejected(pipeline: DiffusionPipelineBase, field: str, params: DiffusionParams | None = None,
+                    images: list[Any] | None = None, prompt: str = "a cat") -> None:
+    """`encode` refuses the request with a ValueError naming `field`."""
+    request = DiffusionRequest("r", prompt, params or DiffusionParams(), images=images or [])
+    with pytest.raises(ValueError, match=field):
+        pipeline.encode([request])
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable stand-in for one call kwarg (PIL images by their pixels)."""
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    if hasattr(value, "tobytes") and hasattr(value, "mode"):  # a PIL image
+        return (value.mode, value.size, value.tobytes())
+    return value
+
+
+def reference_outputs(reference: Any) -> Callable[[dict[str, Any], int], np.ndarray]:
+    """`get(call_kwargs, seed)`: the reference output, computed once for each (call, seed), so
+    tests that ask for the same one share a reference run."""
+    cache: dict[Any, np.ndarray] = {}
+
+    def get(call_kwargs: dict[str, Any], seed: int) -> np.ndarray:
+        key = (seed, tuple(sorted((k, _frozen(v)) for k, v in call_kwargs.items())))
+        if key not in cache:
+            cache[key] = reference_arrays(reference, call_kwargs, seed)
+        return cache[key]
+
+    return get
+
+
+class ReferenceFixtures:
+    """The zoo model, diffusers' pipeline and ours, loaded once per test class.
+
+    A family's test class sets `zoo_name`, `reference_class` (the diffusers class name) and
+    `pipeline_class`; it overrides the `call` or `reference` fixture when its reference call
+    needs more (an input image, a processor)."""
+
+    zoo_name: ClassVar[str]
+    reference_class: ClassVar[str]
+    pipeline_class: ClassVar[type[DiffusionPipelineBase]]
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def path(cls, zoo):
+        return zoo(cls.zoo_name)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def call(cls) -> dict[str, Any]:
+        """The reference call: the zoo's defaults."""
+        return DEFAULT_CALL_KWARGS[cls.zoo_name]
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def reference(cls, path):
+        import diffusers
+
+        return load_reference(getattr(diffusers, cls.reference_class), path)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def expected(cls, reference) -> Callable[[dict[str, Any], int], np.ndarray]:
+        return reference_outputs(reference)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def ours(cls, path):
+        return cls.pipeline_class.from_pretrained(path)
+
+    def request(self, call_kwargs: dict[str, Any], seed: int, request_id: str = "req") -> DiffusionRequest:
+        """Our request for a reference call (override where the two take different kwargs)."""
+        return request_for(call_kwargs, seed, request_id)
+
+
+class ParityTests(ReferenceFixtures):
+    """What every native pipeline must match diffusers on (the role of diffusers'
+    PipelineTesterMixin): one request alone, a batch of three, requests that join a running
+    batch, and the uint8 payload of `forward`. The class attributes below say what differs."""
+
+    alone_overrides: ClassVar[dict[str, Any]] = {}
+    """Changes to `call` for the alone and forward tests."""
+    alone_seed: ClassVar[int] = 0
+    staggered_seeds: ClassVar[tuple[int, int]] = (1, 2)
+    staggered_short: ClassVar[dict[str, Any]] = {}
+    """Changes to the short request of the staggered test (e.g. CFG off for it alone)."""
+
+    def batch_calls(self, call: dict[str, Any]) -> list[dict[str, Any]]:
+        """The three reference calls of the batch test (default: the BATCH_PROMPTS)."""
+        return [dict(call, prompt=p) for p in BATCH_PROMPTS]
+
+    # -- helpers for the family's own tests --------------------------------------------------
+
+    def assert_batch_matches(self, pipeline: DiffusionPipelineBase, expected: Callable, calls: list[dict[str, Any]],
+                             seeds: list[int] = BATCH_SEEDS) -> list[np.ndarray]:
+        """All `calls` in one request-mode run match each one run alone by diffusers; returns ours."""
+        got = run_arrays(pipeline, [self.request(c, s, f"r{i}") for i, (c, s) in enumerate(zip(calls, seeds))])
+        assert_all_close(got, [expected(c, s) for c, s in zip(calls, seeds)])
+        return got
+
+    def assert_staggered_matches(self, pipeline: DiffusionPipelineBase, expected: Callable,
+                                 long_call: dict[str, Any], short_call: dict[str, Any]) -> None:
+        """A 4-step request runs alone for 2 steps, then a 2-step one joins; both match diffusers."""
+        (long_seed, short_seed), join_after = self.staggered_seeds, short_call["num_inference_steps"]
+        got = run_staggered(pipeline, self.request(long_call, long_seed, "long"),
+                            self.request(short_call, short_seed, "short"), join_after=join_after)
+        assert_all_close(got, [expected(long_call, long_seed), expected(short_call, short_seed)])
+
+    # -- the shared tests --------------------------------------------------------------------
+
+    def test_registered_as_native(self):
+        assert pipeline_class(self.reference_class) is self.pipeline_class
+
+    def test_alone_matches_diffusers(self, ours, expected, call):
+        call = dict(call, **self.alone_overrides)
+        (got,) = run_arrays(ours, [self.request(call, self.alone_seed)])
+        assert max_abs_diff(got, expected(call, self.alone_seed)) <= TOLERANCE
+
+    def test_batch_matches_each_alone(self, ours, expected, call):
+        # Different prompt lengths and seeds in one call.
+        got = self.assert_batch_matches(ours, expected, self.batch_calls(call))
+        for a, b in itertools.combinations(got, 2):  # different prompts and seeds: really different outputs
+            assert a.shape != b.shape or max_abs_diff(a, b) > 1e-2
+
+    def test_staggered_requests_share_steps(self, ours, expected, call):
+        long_call = dict(call, prompt=BATCH_PROMPTS[0], num_inference_steps=4)
+        short_call = dict(call, prompt=BATCH_PROMPTS[1], num_inference_steps=2, **self.staggered_short)
+        self.assert_staggered_matches(ours, expected, long_call, short_call)
+
+    def test_forward_returns_the_decoded_output(self, ours, expected, call):
+        # The payload is the float output in uint8: within one level of rounding.
+        call = dict(call, **self.alone_overrides)
+        want = expected(call, self.alone_seed)
+        (payload,) = ours.forward([self.request(call, self.alone_seed)])
+        if ours.output_modality == "video":
+            assert isinstance(payload, VideoPayload) and payload.fps == ours.default_params["fps"]
+            got = payload.frames
+        else:
+            assert isinstance(payload, ImagePayload)
+            got = np.stack([np.asarray(image) for image in payload.images])
+        assert got.dtype == np.uint8 and got.shape == want.shape
+        assert np.abs(got / 255 - want).max() <= 1 / 255 + 1e-6
+
+    def test_input_images_are_checked(self, ours):
+        # Text-to-X pipelines refuse an input image; image-conditioned ones need one.
+        assert_rejected(ours, "image", images=[] if ours.needs_image else [default_input_image()])

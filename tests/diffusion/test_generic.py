@@ -8,99 +8,75 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from parity import TOLERANCE, load_reference, max_abs_diff, reference_arrays, request_for
+from parity import TOLERANCE, ReferenceFixtures, max_abs_diff, request_for
 
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.pipelines import pipeline_class
 from omnistage.diffusion.pipelines.base import DiffusionRequest
 from omnistage.diffusion.pipelines.generic import GenericDiffusersPipeline
 from omnistage.diffusion.pipelines.z_image import ZImage
-from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, default_input_image
-
-NAME = "z-image"
-CALL = DEFAULT_CALL_KWARGS[NAME]
+from omnistage.testing.diffusion_models import default_input_image
 
 
-@pytest.fixture(scope="module")
-def path(zoo):
-    return zoo(NAME)
+class TestGeneric(ReferenceFixtures):
+    zoo_name = "z-image"
+    reference_class = "ZImagePipeline"
+    pipeline_class = GenericDiffusersPipeline
 
+    def test_unknown_class_falls_back_to_generic(self):
+        assert pipeline_class("SomeOtherDiffusersPipeline") is GenericDiffusersPipeline
+        assert not GenericDiffusersPipeline.supports_step_execution and GenericDiffusersPipeline.max_batch_size == 1
+        assert ZImage.supports_step_execution
 
-@pytest.fixture(scope="module")
-def reference(path):
-    from diffusers import ZImagePipeline
+    def test_matches_diffusers(self, ours, expected, call):
+        want = expected(call, 3)
+        request = ours.prepare_request(request_for(call, seed=3))
+        assert max_abs_diff(ours.generate_array(request), want) <= TOLERANCE
+        # forward returns the same images as uint8 payloads.
+        (payload,) = ours.forward([request_for(call, seed=3)])
+        got = np.asarray(payload.images[0], dtype=np.float64) / 255
+        assert np.abs(got - want[0]).max() <= 1 / 255 + 1e-6
 
-    return load_reference(ZImagePipeline, path)
+    def test_maps_params_to_call_kwargs(self, ours, call):
+        request = ours.prepare_request(request_for(dict(call, num_images_per_prompt=2), seed=7))
+        kwargs = ours.call_kwargs(request)
+        assert kwargs["num_images_per_prompt"] == 2 and kwargs["max_sequence_length"] == call["max_sequence_length"]
+        assert kwargs["output_type"] == "np" and kwargs["generator"].initial_seed() == 7
+        assert {k: kwargs[k] for k in ("prompt", "negative_prompt", "height", "guidance_scale")} == {
+            k: call[k] for k in ("prompt", "negative_prompt", "height", "guidance_scale")}
 
+    def test_defaults_and_extras_come_from_the_call_signature(self, ours):
+        assert ours.reference_class == "ZImagePipeline"
+        assert ours.default_params == {"num_inference_steps": 50, "guidance_scale": 5.0}
+        assert {"max_sequence_length", "cfg_normalization", "cfg_truncation"} <= set(ours.extras)
+        assert "output_type" not in ours.extras and "prompt" not in ours.extras
 
-@pytest.fixture(scope="module")
-def generic(path):
-    return GenericDiffusersPipeline.from_pretrained(path)
+    def test_reports_progress_each_step(self, ours, call):
+        seen = []
+        ours.forward([request_for(dict(call, num_inference_steps=2), seed=1)],
+                     on_step=lambda states: seen.append((states[0].step_index, states[0].num_steps)))
+        assert seen == [(1, 2), (2, 2)]
 
+    def test_step_mode_needs_a_native_pipeline(self, ours, call):
+        request = request_for(call, seed=0)
+        with pytest.raises(NotImplementedError, match="native pipeline"):
+            ours.encode([request])
+        with pytest.raises(NotImplementedError, match="native pipeline"):
+            ours.denoise_step([])
 
-def test_unknown_class_falls_back_to_generic():
-    assert pipeline_class("SomeOtherDiffusersPipeline") is GenericDiffusersPipeline
-    assert not GenericDiffusersPipeline.supports_step_execution and GenericDiffusersPipeline.max_batch_size == 1
-    assert ZImage.supports_step_execution
+    def test_one_request_per_forward(self, ours, call):
+        with pytest.raises(ValueError, match="one request"):
+            ours.forward([request_for(call, seed=0, request_id="a"), request_for(call, seed=1, request_id="b")])
 
+    def test_unknown_extra_is_rejected(self, ours):
+        with pytest.raises(ValueError, match="not_an_argument"):
+            ours.prepare_request(DiffusionRequest("r", "a cat", DiffusionParams(extras={"not_an_argument": 1})))
 
-def test_matches_diffusers(generic, reference):
-    expected = reference_arrays(reference, CALL, seed=3)
-    request = generic.prepare_request(request_for(CALL, seed=3))
-    assert max_abs_diff(generic.generate_array(request), expected) <= TOLERANCE
-    # forward returns the same images as uint8 payloads.
-    (payload,) = generic.forward([request_for(CALL, seed=3)])
-    got = np.asarray(payload.images[0], dtype=np.float64) / 255
-    assert np.abs(got - expected[0]).max() <= 1 / 255 + 1e-6
+    def test_field_the_pipeline_does_not_take_is_rejected(self, ours):
+        with pytest.raises(ValueError, match="true_cfg_scale"):
+            ours.prepare_request(DiffusionRequest("r", "a cat", DiffusionParams(true_cfg_scale=2.0)))
 
-
-def test_maps_params_to_call_kwargs(generic):
-    request = generic.prepare_request(request_for(dict(CALL, num_images_per_prompt=2), seed=7))
-    kwargs = generic.call_kwargs(request)
-    assert kwargs["num_images_per_prompt"] == 2 and kwargs["max_sequence_length"] == CALL["max_sequence_length"]
-    assert kwargs["output_type"] == "np" and kwargs["generator"].initial_seed() == 7
-    assert {k: kwargs[k] for k in ("prompt", "negative_prompt", "height", "guidance_scale")} == {
-        k: CALL[k] for k in ("prompt", "negative_prompt", "height", "guidance_scale")}
-
-
-def test_defaults_and_extras_come_from_the_call_signature(generic):
-    assert generic.reference_class == "ZImagePipeline"
-    assert generic.default_params == {"num_inference_steps": 50, "guidance_scale": 5.0}
-    assert {"max_sequence_length", "cfg_normalization", "cfg_truncation"} <= set(generic.extras)
-    assert "output_type" not in generic.extras and "prompt" not in generic.extras
-
-
-def test_reports_progress_each_step(generic):
-    seen = []
-    generic.forward([request_for(dict(CALL, num_inference_steps=2), seed=1)],
-                    on_step=lambda states: seen.append((states[0].step_index, states[0].num_steps)))
-    assert seen == [(1, 2), (2, 2)]
-
-
-def test_step_mode_needs_a_native_pipeline(generic):
-    request = request_for(CALL, seed=0)
-    with pytest.raises(NotImplementedError, match="native pipeline"):
-        generic.encode([request])
-    with pytest.raises(NotImplementedError, match="native pipeline"):
-        generic.denoise_step([])
-
-
-def test_one_request_per_forward(generic):
-    with pytest.raises(ValueError, match="one request"):
-        generic.forward([request_for(CALL, seed=0, request_id="a"), request_for(CALL, seed=1, request_id="b")])
-
-
-def test_unknown_extra_is_rejected(generic):
-    with pytest.raises(ValueError, match="not_an_argument"):
-        generic.prepare_request(DiffusionRequest("r", "a cat", DiffusionParams(extras={"not_an_argument": 1})))
-
-
-def test_field_the_pipeline_does_not_take_is_rejected(generic):
-    with pytest.raises(ValueError, match="true_cfg_scale"):
-        generic.prepare_request(DiffusionRequest("r", "a cat", DiffusionParams(true_cfg_scale=2.0)))
-
-
-def test_input_image_is_rejected_for_text_to_image(generic):
-    request = DiffusionRequest("r", "a cat", DiffusionParams(), images=[default_input_image()])
-    with pytest.raises(ValueError, match="image"):
-        generic.prepare_request(request)
+    def test_input_image_is_rejected_for_text_to_image(self, ours):
+        request = DiffusionRequest("r", "a cat", DiffusionParams(), images=[default_input_image()])
+        with pytest.raises(ValueError, match="image"):
+            ours.prepare_request(request)

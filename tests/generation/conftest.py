@@ -6,15 +6,8 @@ import pytest
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny decoders are bound by per-op overhead; one intra-op thread avoids OpenMP spinning on a
-    shared machine. Restored after each module."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_thread):
+    """Every module here runs its tiny models on one intra-op thread (tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")

@@ -31,6 +31,9 @@ OTHER = [{"role": "system", "content": "Be brief."}, {"role": "user", "content":
 SEED = 1234
 AUDIO_TOKEN = 3  # <|AUDIO|>
 
+# Tiny models are bound by per-op overhead; one intra-op thread avoids spinning on a shared machine.
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def greedy_params(chunk_size: int = 0, talker_tokens: int = KW["talker_max_new_tokens"], min_codes: int = 0,
                   seed: int = SEED) -> dict:
@@ -40,15 +43,6 @@ def greedy_params(chunk_size: int = 0, talker_tokens: int = KW["talker_max_new_t
                                  repetition_penalty=KW["talker_repetition_penalty"]),
         "token2wav": Token2WavParams(seed=seed, num_steps=KW["token2wav_num_steps"], chunk_size=chunk_size),
     }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models are bound by per-op overhead; one intra-op thread avoids spinning on a shared machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

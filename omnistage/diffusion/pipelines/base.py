@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -90,10 +90,11 @@ class DiffusionPipelineBase(ABC):
     # -- loading -------------------------------------------------------------------------
 
     @classmethod
-    @abstractmethod
     def from_pretrained(cls, path: str, device: torch.device | str = "cpu",
                         dtype: torch.dtype = torch.float32) -> "DiffusionPipelineBase":
-        """Load the components from a diffusers folder (or hub id) with diffusers' own classes."""
+        """Load the components from a diffusers folder (or hub id) with diffusers' own classes.
+        Override when the checkpoint needs more (a processor, pipeline config)."""
+        return cls(load_components(path, device, dtype), device, dtype)
 
     # -- request checks ------------------------------------------------------------------
 
@@ -204,6 +205,59 @@ def load_components(path: str, device: torch.device | str = "cpu",
     return DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **overrides).to(device).components
 
 
+def check_divisible(params: DiffusionParams, **multiples: int) -> None:
+    """Raise ValueError naming the first field in `multiples` (field name -> divisor) whose value
+    in `params` it does not divide; unset fields pass. diffusers warns and rounds sizes down; we
+    refuse, so the output has the size asked for."""
+    for name, multiple in multiples.items():
+        value = getattr(params, name)
+        if value is not None and value % multiple != 0:
+            raise ValueError(f"{name} must be divisible by {multiple}, got {value}")
+
+
+def encode_prompts_by_length(requests: list[DiffusionRequest], uses_cfg: Callable[[DiffusionRequest], bool],
+                             encode: Callable[[list[str], int], Sequence[Any]]) -> list[tuple[Any, Any | None]]:
+    """(prompt row, negative-prompt row or None) per request. Requests with the same
+    max_sequence_length share one `encode(texts, max_sequence_length)` call over their prompts
+    followed by the negative prompts ("" unless given) of those that `uses_cfg`; `encode`
+    returns one row per text."""
+    out: list[Any] = [None] * len(requests)
+    for max_len in sorted({r.params.extras["max_sequence_length"] for r in requests}):
+        group = [i for i, r in enumerate(requests) if r.params.extras["max_sequence_length"] == max_len]
+        guided = [i for i in group if uses_cfg(requests[i])]
+        texts = [requests[i].prompt for i in group] + [requests[i].params.negative_prompt or "" for i in guided]
+        rows = encode(texts, max_len)
+        negatives = dict(zip(guided, rows[len(group):]))
+        for i, row in zip(group, rows):
+            out[i] = (row, negatives.get(i))
+    return out
+
+
+def pooled_prompt_cond(prompt: tuple[torch.Tensor, torch.Tensor], negative: tuple[torch.Tensor, torch.Tensor] | None,
+                       num_outputs: int) -> dict[str, torch.Tensor | None]:
+    """The cond entries of a (sequence embeddings, pooled embeddings) prompt and of its negative
+    (None without CFG), each repeated for the request's `num_outputs` latents (Flux, SD3)."""
+    def repeat(embeds: torch.Tensor | None) -> torch.Tensor | None:
+        return None if embeds is None else embeds.unsqueeze(0).expand(num_outputs, *embeds.shape)
+
+    negative_embeds, negative_pooled = negative if negative is not None else (None, None)
+    return {
+        "prompt_embeds": repeat(prompt[0]),
+        "pooled_prompt_embeds": repeat(prompt[1]),
+        "negative_prompt_embeds": repeat(negative_embeds),
+        "negative_pooled_prompt_embeds": repeat(negative_pooled),
+    }
+
+
+def decode_images(vae: Any, image_processor: Any, latents: torch.Tensor,
+                  states: list[DenoiseState]) -> list[np.ndarray]:
+    """[B, C, H, W] latents of `states` -> float images in [0, 1], one [n, H, W, 3] array per
+    state: undo the VAE's scaling and shift factors, decode, postprocess (Flux, SD3, Z-Image)."""
+    latents = latents / vae.config.scaling_factor + vae.config.shift_factor
+    images = vae.decode(latents.to(vae.dtype), return_dict=False)[0]
+    return split_per_state(image_processor.postprocess(images, output_type="np"), states)
+
+
 def group_by(states: Iterable[DenoiseState], key: Callable[[DenoiseState], Any]) -> list[list[DenoiseState]]:
     """Split states into lists with equal `key`, keeping their order."""
     groups: dict[Any, list[DenoiseState]] = {}
@@ -240,9 +294,11 @@ def split_per_state(batch: Any, states: list[DenoiseState]) -> list[Any]:
 
 
 def set_flow_match_timesteps(scheduler: Any, sigmas: Any, image_seq_len: int,
-                             device: torch.device | str | None = None) -> torch.Tensor:
+                             device: torch.device | str | None = None, num_steps: int | None = None) -> torch.Tensor:
     """Set a flow-matching scheduler to `sigmas` with the resolution-dependent shift `mu`
     (Flux, Qwen-Image, Z-Image), read from the checkpoint's scheduler config like diffusers does.
+    `sigmas=None` gives a scheduler that builds its own flow sigmas (e.g. UniPC with
+    use_flow_sigmas) only the step count, `num_steps`.
     Returns the timesteps; the step index starts at 0 (no timestep lookup per step)."""
     from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
 
@@ -253,7 +309,8 @@ def set_flow_match_timesteps(scheduler: Any, sigmas: Any, image_seq_len: int,
         scheduler.config.get("base_shift", 0.5),
         scheduler.config.get("max_shift", 1.15),
     )
-    timesteps, _ = retrieve_timesteps(scheduler, len(sigmas), device, sigmas=sigmas, mu=mu)
+    num_steps = len(sigmas) if sigmas is not None else num_steps
+    timesteps, _ = retrieve_timesteps(scheduler, num_steps, device, sigmas=sigmas, mu=mu)
     scheduler.set_begin_index(0)
     return timesteps
 

@@ -19,12 +19,15 @@ from omnistage.diffusion.pipelines.base import (
     DenoiseState,
     DiffusionPipelineBase,
     DiffusionRequest,
+    check_divisible,
     classifier_free_guidance,
     current_timesteps,
+    decode_images,
+    encode_prompts_by_length,
     group_by,
-    load_components,
     map_groups,
     pack_latents,
+    pooled_prompt_cond,
     set_flow_match_timesteps,
     split_per_state,
     unpack_latents,
@@ -62,21 +65,12 @@ class Flux(DiffusionPipelineBase):
         size = self.default_sample_size * self.vae_scale_factor
         self.default_params = {**type(self).default_params, "height": size, "width": size}
 
-    @classmethod
-    def from_pretrained(cls, path: str, device: torch.device | str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "Flux":
-        return cls(load_components(path, device, dtype), device, dtype)
-
     # -- 1. check inputs ----------------------------------------------------------------
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         super().check_inputs(request)
         params = request.params.with_defaults(self.default_params)
-        # diffusers warns and rounds down; we refuse, so the output has the size asked for.
-        for name in ("height", "width"):
-            value = getattr(params, name)
-            if value % self.multiple_of != 0:
-                raise ValueError(f"{name} must be divisible by {self.multiple_of}, got {value}")
+        check_divisible(params, height=self.multiple_of, width=self.multiple_of)
 
     # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
 
@@ -95,23 +89,15 @@ class Flux(DiffusionPipelineBase):
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
         requests = [self.prepare_request(r) for r in requests]
-        # True CFG needs both a scale above 1 and a negative prompt (diffusers' rule).
-        uses_cfg = [r.params.true_cfg_scale > 1 and r.params.negative_prompt is not None for r in requests]
-        states: dict[int, DenoiseState] = {}
-        # Requests with the same max_sequence_length share one call per text encoder.
-        for max_len in sorted({r.params.extras["max_sequence_length"] for r in requests}):
-            group = [i for i, r in enumerate(requests) if r.params.extras["max_sequence_length"] == max_len]
-            guided = [i for i in group if uses_cfg[i]]
-            prompts = [requests[i].prompt for i in group]
-            negatives = [requests[i].params.negative_prompt for i in guided]
-            embeds, pooled = self._encode_prompts(prompts + negatives, max_len)
-            negative_row = {i: len(prompts) + k for k, i in enumerate(guided)}
-            for row, i in enumerate(group):
-                negative = None
-                if i in negative_row:
-                    negative = (embeds[negative_row[i]], pooled[negative_row[i]])
-                states[i] = self._initial_state(requests[i], (embeds[row], pooled[row]), negative)
-        return [states[i] for i in range(len(requests))]
+        # Requests with the same max_sequence_length share one call per text encoder; each
+        # row is (T5 embeddings, CLIP pooled). True CFG needs both a scale above 1 and a
+        # negative prompt (diffusers' rule).
+        embeds = encode_prompts_by_length(
+            requests,
+            uses_cfg=lambda r: r.params.true_cfg_scale > 1 and r.params.negative_prompt is not None,
+            encode=lambda texts, max_len: list(zip(*self._encode_prompts(texts, max_len))),
+        )
+        return [self._initial_state(r, prompt, negative) for r, (prompt, negative) in zip(requests, embeds)]
 
     def _initial_state(self, request: DiffusionRequest, prompt: tuple[torch.Tensor, torch.Tensor],
                        negative: tuple[torch.Tensor, torch.Tensor] | None) -> DenoiseState:
@@ -122,7 +108,7 @@ class Flux(DiffusionPipelineBase):
         n = params.num_outputs_per_prompt
         latent_h = 2 * (params.height // self.multiple_of)
         latent_w = 2 * (params.width // self.multiple_of)
-        embeds, pooled = prompt
+        embeds = prompt[0]
         # Noise is drawn unpacked, as one [n, C, H, W] tensor from the request's own generator,
         # exactly as diffusers draws it for num_images_per_prompt=n.
         shape = (n, self.transformer.config.in_channels // 4, latent_h, latent_w)
@@ -133,32 +119,18 @@ class Flux(DiffusionPipelineBase):
         num_steps = params.num_inference_steps
         sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
         if scheduler.config.get("use_flow_sigmas", False):
-            # A scheduler that builds its own flow sigmas (e.g. UniPC) gets only the step count.
-            from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
-
-            mu = calculate_shift(latents.shape[1], scheduler.config.get("base_image_seq_len", 256),
-                                 scheduler.config.get("max_image_seq_len", 4096),
-                                 scheduler.config.get("base_shift", 0.5), scheduler.config.get("max_shift", 1.15))
-            timesteps, _ = retrieve_timesteps(scheduler, num_steps, self.device, mu=mu)
-            scheduler.set_begin_index(0)
-        else:
-            timesteps = set_flow_match_timesteps(scheduler, sigmas, latents.shape[1], self.device)
+            sigmas = None  # the scheduler builds its own flow sigmas (e.g. UniPC): only the step count
+        timesteps = set_flow_match_timesteps(scheduler, sigmas, latents.shape[1], self.device, num_steps=num_steps)
 
         cond: dict[str, Any] = {
-            "prompt_embeds": embeds.unsqueeze(0).expand(n, -1, -1),
-            "pooled_prompt_embeds": pooled.unsqueeze(0).expand(n, -1),
+            **pooled_prompt_cond(prompt, negative, n),
             # Text tokens all sit at position 0; image tokens at their (row, col) in the grid.
             "text_ids": torch.zeros(embeds.shape[0], 3, device=self.device, dtype=embeds.dtype),
             "latent_image_ids": FluxPipeline._prepare_latent_image_ids(n, latent_h // 2, latent_w // 2,
                                                                         self.device, embeds.dtype),
             "guidance_scale": params.guidance_scale,
             "true_cfg_scale": params.true_cfg_scale,
-            "negative_prompt_embeds": None,
-            "negative_pooled_prompt_embeds": None,
         }
-        if negative is not None:
-            cond["negative_prompt_embeds"] = negative[0].unsqueeze(0).expand(n, -1, -1)
-            cond["negative_pooled_prompt_embeds"] = negative[1].unsqueeze(0).expand(n, -1)
         return DenoiseState(request=request, latents=latents, scheduler=scheduler, timesteps=timesteps, cond=cond)
 
     # -- 3. denoise -----------------------------------------------------------------------
@@ -220,6 +192,4 @@ class Flux(DiffusionPipelineBase):
         params = states[0].request.params
         latents = unpack_latents(torch.cat([s.latents for s in states]), 2 * (params.height // self.multiple_of),
                                  2 * (params.width // self.multiple_of))
-        latents = latents / self.vae.config.scaling_factor + self.vae.config.shift_factor
-        image = self.vae.decode(latents.to(self.vae.dtype), return_dict=False)[0]
-        return split_per_state(self.image_processor.postprocess(image, output_type="np"), states)
+        return decode_images(self.vae, self.image_processor, latents, states)

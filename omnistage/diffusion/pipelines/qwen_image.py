@@ -22,10 +22,10 @@ from omnistage.diffusion.pipelines.base import (
     DenoiseState,
     DiffusionPipelineBase,
     DiffusionRequest,
+    check_divisible,
     classifier_free_guidance,
     current_timesteps,
     group_by,
-    load_components,
     map_groups,
     pack_latents,
     set_flow_match_timesteps,
@@ -75,21 +75,12 @@ class QwenImage(DiffusionPipelineBase):
         side = self.default_sample_size * self.vae_scale_factor
         return {**type(self).default_params, "height": side, "width": side}
 
-    @classmethod
-    def from_pretrained(cls, path: str, device: torch.device | str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "QwenImage":
-        return cls(load_components(path, device, dtype), device, dtype)
-
     # -- 1. check inputs ----------------------------------------------------------------
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         super().check_inputs(request)
         params = request.params
-        for name in ("height", "width"):
-            value = getattr(params, name)
-            # diffusers warns and rounds down; we refuse rather than return another size.
-            if value is not None and value % self.multiple_of != 0:
-                raise ValueError(f"{name} must be divisible by {self.multiple_of}, got {value}")
+        check_divisible(params, height=self.multiple_of, width=self.multiple_of)
         distilled = self.transformer.config.guidance_embeds
         if distilled and params.guidance_scale is None:
             raise ValueError("guidance_scale is required: this model is guidance-distilled")

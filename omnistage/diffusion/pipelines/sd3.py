@@ -19,11 +19,14 @@ from omnistage.diffusion.pipelines.base import (
     DenoiseState,
     DiffusionPipelineBase,
     DiffusionRequest,
+    check_divisible,
     classifier_free_guidance,
     current_timesteps,
+    decode_images,
+    encode_prompts_by_length,
     group_by,
-    load_components,
     map_groups,
+    pooled_prompt_cond,
     split_per_state,
 )
 
@@ -62,20 +65,12 @@ class StableDiffusion3(DiffusionPipelineBase):
         size = self.transformer.config.sample_size * self.vae_scale_factor
         self.default_params = {**type(self).default_params, "height": size, "width": size}
 
-    @classmethod
-    def from_pretrained(cls, path: str, device: torch.device | str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "StableDiffusion3":
-        return cls(load_components(path, device, dtype), device, dtype)
-
     # -- 1. check inputs ----------------------------------------------------------------
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         super().check_inputs(request)
         params = request.params.with_defaults(self.default_params)
-        for name in ("height", "width"):
-            value = getattr(params, name)
-            if value % self.multiple_of != 0:
-                raise ValueError(f"{name} must be divisible by {self.multiple_of}, got {value}")
+        check_divisible(params, height=self.multiple_of, width=self.multiple_of)
 
     # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
 
@@ -110,22 +105,14 @@ class StableDiffusion3(DiffusionPipelineBase):
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
         requests = [self.prepare_request(r) for r in requests]
-        uses_cfg = [r.params.guidance_scale > 1 for r in requests]
-        states: dict[int, DenoiseState] = {}
-        # Requests with the same max_sequence_length share one call per text encoder.
-        for max_len in sorted({r.params.extras["max_sequence_length"] for r in requests}):
-            group = [i for i, r in enumerate(requests) if r.params.extras["max_sequence_length"] == max_len]
-            guided = [i for i in group if uses_cfg[i]]
-            prompts = [requests[i].prompt for i in group]
-            negatives = [requests[i].params.negative_prompt or "" for i in guided]
-            embeds, pooled = self._encode_prompts(prompts + negatives, max_len)
-            negative_row = {i: len(prompts) + k for k, i in enumerate(guided)}
-            for row, i in enumerate(group):
-                negative = None
-                if i in negative_row:
-                    negative = (embeds[negative_row[i]], pooled[negative_row[i]])
-                states[i] = self._initial_state(requests[i], (embeds[row], pooled[row]), negative)
-        return [states[i] for i in range(len(requests))]
+        # Requests with the same max_sequence_length share one call per text encoder; each
+        # row is (joint embeddings, pooled). CFG runs when guidance_scale > 1.
+        embeds = encode_prompts_by_length(
+            requests,
+            uses_cfg=lambda r: r.params.guidance_scale > 1,
+            encode=lambda texts, max_len: list(zip(*self._encode_prompts(texts, max_len))),
+        )
+        return [self._initial_state(r, prompt, negative) for r, (prompt, negative) in zip(requests, embeds)]
 
     def _initial_state(self, request: DiffusionRequest, prompt: tuple[torch.Tensor, torch.Tensor],
                        negative: tuple[torch.Tensor, torch.Tensor] | None) -> DenoiseState:
@@ -134,7 +121,7 @@ class StableDiffusion3(DiffusionPipelineBase):
 
         params = request.params
         n = params.num_outputs_per_prompt
-        embeds, pooled = prompt
+        embeds = prompt[0]
         shape = (n, self.transformer.config.in_channels, params.height // self.vae_scale_factor,
                  params.width // self.vae_scale_factor)
         latents = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=embeds.dtype)
@@ -155,16 +142,7 @@ class StableDiffusion3(DiffusionPipelineBase):
         timesteps, _ = retrieve_timesteps(scheduler, params.num_inference_steps, self.device, **kwargs)
         scheduler.set_begin_index(0)
 
-        cond: dict[str, Any] = {
-            "prompt_embeds": embeds.unsqueeze(0).expand(n, -1, -1),
-            "pooled_prompt_embeds": pooled.unsqueeze(0).expand(n, -1),
-            "guidance_scale": params.guidance_scale,
-            "negative_prompt_embeds": None,
-            "negative_pooled_prompt_embeds": None,
-        }
-        if negative is not None:
-            cond["negative_prompt_embeds"] = negative[0].unsqueeze(0).expand(n, -1, -1)
-            cond["negative_pooled_prompt_embeds"] = negative[1].unsqueeze(0).expand(n, -1)
+        cond: dict[str, Any] = {**pooled_prompt_cond(prompt, negative, n), "guidance_scale": params.guidance_scale}
         return DenoiseState(request=request, latents=latents, scheduler=scheduler, timesteps=timesteps, cond=cond)
 
     # -- 3. denoise -----------------------------------------------------------------------
@@ -203,7 +181,4 @@ class StableDiffusion3(DiffusionPipelineBase):
         return map_groups(states, lambda s: tuple(s.latents.shape[1:]), self._decode_group)
 
     def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
-        latents = torch.cat([s.latents for s in states])
-        latents = latents / self.vae.config.scaling_factor + self.vae.config.shift_factor
-        image = self.vae.decode(latents.to(self.vae.dtype), return_dict=False)[0]
-        return split_per_state(self.image_processor.postprocess(image, output_type="np"), states)
+        return decode_images(self.vae, self.image_processor, torch.cat([s.latents for s in states]), states)

@@ -26,7 +26,9 @@ from omnistage.diffusion.pipelines.base import (
     DenoiseState,
     DiffusionPipelineBase,
     DiffusionRequest,
+    check_divisible,
     classifier_free_guidance,
+    encode_prompts_by_length,
     group_by,
     map_groups,
     split_per_state,
@@ -87,11 +89,7 @@ class _Wan(DiffusionPipelineBase):
     def check_inputs(self, request: DiffusionRequest) -> None:
         super().check_inputs(request)
         params = request.params.with_defaults(self.default_params)
-        # diffusers warns and rounds these down; we refuse, so the output has the size asked for.
-        for name, multiple in (("height", self.height_multiple_of), ("width", self.width_multiple_of)):
-            value = getattr(params, name)
-            if value % multiple != 0:
-                raise ValueError(f"{name} must be divisible by {multiple}, got {value}")
+        check_divisible(params, height=self.height_multiple_of, width=self.width_multiple_of)
         if (params.num_frames - 1) % self.vae_scale_factor_temporal != 0:
             raise ValueError(f"num_frames - 1 must be divisible by {self.vae_scale_factor_temporal}, "
                              f"got num_frames={params.num_frames}")
@@ -120,26 +118,18 @@ class _Wan(DiffusionPipelineBase):
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
         requests = [self.prepare_request(r) for r in requests]
-        # CFG follows the first expert's scale only, as in diffusers; the negative prompt is "".
-        uses_cfg = [r.params.guidance_scale > 1 for r in requests]
         image_embeds = self._encode_images(requests)
-        states: dict[int, DenoiseState] = {}
-        # Requests with the same max_sequence_length share one text-encoder call.
-        for max_len in sorted({r.params.extras["max_sequence_length"] for r in requests}):
-            group = [i for i, r in enumerate(requests) if r.params.extras["max_sequence_length"] == max_len]
-            guided = [i for i in group if uses_cfg[i]]
-            prompts = [requests[i].prompt for i in group]
-            negatives = [requests[i].params.negative_prompt or "" for i in guided]
-            embeds = self._encode_prompts(prompts + negatives, max_len)
-            negative_row = {i: len(prompts) + k for k, i in enumerate(guided)}
-            for row, i in enumerate(group):
-                negative = None
-                if i in negative_row:
-                    negative = embeds[negative_row[i]: negative_row[i] + 1]
-                cond = {"prompt_embeds": embeds[row: row + 1], "negative_prompt_embeds": negative,
-                        "image_embeds": image_embeds[i]}
-                states[i] = self._initial_state(requests[i], cond)
-        return [states[i] for i in range(len(requests))]
+        # Requests with the same max_sequence_length share one text-encoder call; each row is
+        # [1, max_sequence_length, D]. CFG follows the first expert's scale only, as in diffusers.
+        embeds = encode_prompts_by_length(
+            requests,
+            uses_cfg=lambda r: r.params.guidance_scale > 1,
+            encode=lambda texts, max_len: self._encode_prompts(texts, max_len).split(1),
+        )
+        return [
+            self._initial_state(r, {"prompt_embeds": prompt, "negative_prompt_embeds": negative, "image_embeds": image})
+            for r, (prompt, negative), image in zip(requests, embeds, image_embeds)
+        ]
 
     def _encode_images(self, requests: list[DiffusionRequest]) -> list[torch.Tensor | None]:
         """Per request, the CLIP image embeddings the transformer cross-attends to (I2V only)."""

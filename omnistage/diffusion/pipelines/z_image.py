@@ -18,10 +18,11 @@ from omnistage.diffusion.pipelines.base import (
     DenoiseState,
     DiffusionPipelineBase,
     DiffusionRequest,
-    load_components,
+    check_divisible,
+    decode_images,
+    encode_prompts_by_length,
     map_groups,
     set_flow_match_timesteps,
-    split_per_state,
 )
 
 
@@ -56,45 +57,23 @@ class ZImage(DiffusionPipelineBase):
         self.multiple_of = self.vae_scale_factor * 2
         self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
 
-    @classmethod
-    def from_pretrained(cls, path: str, device: torch.device | str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "ZImage":
-        return cls(load_components(path, device, dtype), device, dtype)
-
     # -- 1. check inputs ----------------------------------------------------------------
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         super().check_inputs(request)
         params = request.params.with_defaults(self.default_params)
-        for name in ("height", "width"):
-            value = getattr(params, name)
-            if value % self.multiple_of != 0:
-                raise ValueError(f"{name} must be divisible by {self.multiple_of}, got {value}")
+        check_divisible(params, height=self.multiple_of, width=self.multiple_of)
 
     # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
         requests = [self.prepare_request(r) for r in requests]
-        embeds = self._encode_requests(requests)
+        # One text-encoder call per distinct max_sequence_length. The negative prompt is only
+        # encoded when CFG is on (guidance_scale > 0), as in diffusers.
+        embeds = encode_prompts_by_length(requests, uses_cfg=lambda r: r.params.guidance_scale > 0,
+                                          encode=self._encode_prompts)
         return [self._initial_state(r, *e) for r, e in zip(requests, embeds)]
-
-    def _encode_requests(self, requests: list[DiffusionRequest]) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """(prompt embeds, negative prompt embeds or None) per request, with one text-encoder
-        call per distinct max_sequence_length. The negative prompt ("" unless given) is only
-        encoded when CFG is on (guidance_scale > 0), as in diffusers."""
-        out: list[Any] = [None] * len(requests)
-        by_length: dict[int, list[int]] = {}
-        for i, r in enumerate(requests):
-            by_length.setdefault(r.params.extras["max_sequence_length"], []).append(i)
-        for max_length, idxs in by_length.items():
-            guided = [i for i in idxs if requests[i].params.guidance_scale > 0]
-            texts = [requests[i].prompt for i in idxs] + [requests[i].params.negative_prompt or "" for i in guided]
-            embeds = self._encode_prompts(texts, max_length)
-            negatives = dict(zip(guided, embeds[len(idxs):]))
-            for i, prompt_embeds in zip(idxs, embeds):
-                out[i] = (prompt_embeds, negatives.get(i))
-        return out
 
     def _encode_prompts(self, prompts: list[str], max_length: int) -> list[torch.Tensor]:
         """One [num_tokens, dim] embedding per prompt: the second-to-last hidden state of the
@@ -198,7 +177,6 @@ class ZImage(DiffusionPipelineBase):
         return map_groups(states, lambda s: tuple(s.latents.shape[1:]), self._decode_group)  # one VAE call per size
 
     def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        # Cast before un-scaling, as diffusers' Z-Image does.
         latents = torch.cat([s.latents for s in states]).to(self.vae.dtype)
-        latents = latents / self.vae.config.scaling_factor + self.vae.config.shift_factor
-        images = self.image_processor.postprocess(self.vae.decode(latents, return_dict=False)[0], output_type="np")
-        return split_per_state(images, states)
+        return decode_images(self.vae, self.image_processor, latents, states)
