@@ -176,14 +176,20 @@ class Omni:
         requests = [self.engine.make_request(p, params) for p in _prompt_list(prompts)]
         done: queue.Queue[OmniOutput] = queue.Queue()
         for request in requests:
-            self.engine.orchestrator.submit(request, sink=lambda out: out.finished and done.put(out))
+            self.engine.orchestrator.submit(request, sink=done.put)
         results: dict[str, OmniOutput] = {}
+        steps: dict[str, tuple[int, int]] = {}  # denoising progress per request: (step, num_steps)
         try:
             with tqdm(total=len(requests), desc="Generating", unit="req", disable=not use_tqdm) as bar:
                 while len(results) < len(requests):
                     out = done.get()
-                    results[out.request_id] = out
-                    bar.update(1)
+                    if out.progress is not None and use_tqdm:
+                        steps[out.request_id] = (out.progress.step, out.progress.num_steps)
+                        bar.set_postfix_str(f"denoising steps {sum(s for s, _ in steps.values())}/"
+                                            f"{sum(n for _, n in steps.values())}")
+                    if out.finished:
+                        results[out.request_id] = out
+                        bar.update(1)
         except BaseException:  # e.g. KeyboardInterrupt: leave nothing running
             for request in requests:
                 if request.request_id not in results:

@@ -47,6 +47,12 @@ def test_z_image_single_stage(zimage):
     assert 'omnistage_stage_batch_size_count{pipeline=' in exported
 
 
+def test_offline_progress_bar_follows_denoising_steps(zimage, capsys):
+    zimage.generate(["a cat", "a dog"], DRAW, use_tqdm=True)
+    bar = capsys.readouterr().err
+    assert "2/2" in bar and "denoising steps 4/4" in bar
+
+
 def test_expanded_text_is_what_z_image_draws(expand, zimage):
     config = expand.engine.config
     assert (config.pipeline_key, config.resolved_by) == ("prompt_expand_image", "config.json model_type")
