@@ -1,7 +1,8 @@
 """AR engine throughput vs transformers `generate`, in one script.
 
 8 requests x 64 new tokens (greedy, min_tokens = max_tokens = 64 so every request runs
-the full length), prompts of 8-40 tokens, fp32, on the zoo's qwen2-llm (tiny, small):
+the full length), prompts of 8-40 tokens, on the zoo's qwen2-llm (tiny, small), fp32 on CPU unless
+`--device` / `--dtype` say otherwise (ours and `generate` always share them):
 
 - ours: `AREngine`, all 8 submitted at once, stepped until done;
 - sequential: 8 `generate` calls, one prompt each (what a server without batching does);
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from common import write_section
+from common import add_device_args, synchronize, torch_dtype, write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 NUM_REQUESTS, NEW_TOKENS = 8, 64
@@ -61,20 +62,20 @@ def run_ours(engine, prompt_ids, params) -> list[list[int]]:
 def run_sequential(model, prompt_ids, gen_kwargs) -> list[list[int]]:
     outs = []
     for ids in prompt_ids:
-        x = torch.tensor([ids])
+        x = torch.tensor([ids], device=model.device)
         outs.append(model.generate(x, attention_mask=torch.ones_like(x), **gen_kwargs)[0, len(ids):].tolist())
     return outs
 
 
 def run_batched(model, prompt_ids, gen_kwargs, pad_id: int) -> list[list[int]]:
     width = max(len(p) for p in prompt_ids)
-    x = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompt_ids])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
+    x = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompt_ids], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=model.device)
     out = model.generate(x, attention_mask=mask, **gen_kwargs)
     return out[:, width:].tolist()
 
 
-def bench_size(size: str, repeats: int) -> dict:
+def bench_size(size: str, repeats: int, device: str = "cpu", dtype: str = "float32") -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from omnistage.ar.engine import AREngine
@@ -85,10 +86,11 @@ def bench_size(size: str, repeats: int) -> dict:
     path = str(ensure("qwen2-llm", size=size, cache_dir=ROOT / ".omnistage-cache" / "zoo"))
     tok = AutoTokenizer.from_pretrained(path)
     ids = prompts(tok)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype),
+                                                 attn_implementation="sdpa").to(device).eval()
     gen_kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
                       pad_token_id=tok.pad_token_id)
-    engine = AREngine(path, config=StageDeployConfig(max_num_seqs=NUM_REQUESTS, dtype="float32", devices=("cpu",)))
+    engine = AREngine(path, config=StageDeployConfig(max_num_seqs=NUM_REQUESTS, dtype=dtype, devices=(device,)))
     params = SamplingParams(max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS, temperature=0.0)
 
     runs = {
@@ -106,6 +108,7 @@ def bench_size(size: str, repeats: int) -> dict:
             for name, fn in runs.items():
                 t0, c0 = time.perf_counter(), time.process_time()
                 fn()
+                synchronize(device)
                 best[name] = min(best[name], time.perf_counter() - t0)
                 best_cpu[name] = min(best_cpu[name], time.process_time() - c0)
     assert all(len(o) == NEW_TOKENS for o in outputs["ours"]), "every request must generate NEW_TOKENS"
@@ -114,6 +117,8 @@ def bench_size(size: str, repeats: int) -> dict:
     total = NUM_REQUESTS * NEW_TOKENS
     return {
         "size": size,
+        "device": device,
+        "dtype": dtype,
         "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
         "tok_s": {k: total / v for k, v in best.items()},
         "secs": best,
@@ -124,9 +129,11 @@ def bench_size(size: str, repeats: int) -> dict:
 
 
 def table(rows: list[dict]) -> str:
+    device, dtype = (rows[0]["device"], rows[0]["dtype"]) if rows else ("cpu", "float32")
+    where = "fp32, CPU" if (device, dtype) == ("cpu", "float32") else f"{dtype}, {device}"
     lines = [
         f"{NUM_REQUESTS} requests x {NEW_TOKENS} new tokens (greedy, min_tokens={NEW_TOKENS}), prompts 8-40 tokens, "
-        f"fp32, CPU, torch {torch.__version__}, {torch.get_num_threads()} thread(s), best of the timed runs. "
+        f"{where}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), best of the timed runs. "
         "Throughput is wall-clock; ratios are given by wall clock and by process CPU time (with one thread, CPU "
         "time is what the run costs when the machine is shared with other work).",
         "",
@@ -153,9 +160,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads (1: on a shared machine, OpenMP spin-waits dominate a tiny model)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    add_device_args(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rows = [bench_size(size, args.repeats) for size in args.sizes]
+    rows = [bench_size(size, args.repeats, args.device, args.dtype) for size in args.sizes]
     body = table(rows)
     print(body)
     if not args.no_write:

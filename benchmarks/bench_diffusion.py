@@ -1,7 +1,8 @@
 """Diffusion engine throughput and latency vs diffusers' own pipelines, in one script.
 
 8 requests (8 prompts, seeds 0-7), the zoo's default call for each family (4 steps,
-CFG on, 64x64 on tiny, 256x256 on small), fp32, on the zoo's z-image and qwen-image:
+CFG on, 64x64 on tiny, 256x256 on small), on the zoo's z-image and qwen-image, fp32 on CPU
+unless `--device` / `--dtype` say otherwise (both sides always share them):
 
 - ours: `DiffusionEngine` request mode, max_num_seqs=8, all 8 submitted at once;
 - sequential: the diffusers pipeline called 8 times, one prompt and generator each;
@@ -31,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common import write_section
+from common import add_device_args, synchronize, torch_dtype, write_section
 
 ROOT = Path(__file__).resolve().parent.parent
 NUM_REQUESTS = 8
@@ -119,8 +120,8 @@ def run_staggered(engine, kwargs: dict, gap: float) -> float:
     return float(np.mean([finish[i] - i * gap for i in range(NUM_REQUESTS)]))
 
 
-def build(model: str, size: str, configs: tuple[str, ...]) -> dict:
-    """What `configs` need: the diffusers pipeline and / or our engines."""
+def build(model: str, size: str, configs: tuple[str, ...], device: str = "cpu", dtype: str = "float32") -> dict:
+    """What `configs` need: the diffusers pipeline and / or our engines, all on `device` in `dtype`."""
     from diffusers import DiffusionPipeline
 
     from omnistage.config.deploy_fields import StageDeployConfig
@@ -130,14 +131,14 @@ def build(model: str, size: str, configs: tuple[str, ...]) -> dict:
     path = str(ensure(model, size=size, cache_dir=ROOT / ".omnistage-cache" / "zoo"))
     built = {"path": path}
     if {"sequential", "batched"} & set(configs):
-        pipe = DiffusionPipeline.from_pretrained(path, dtype=torch.float32)
+        pipe = DiffusionPipeline.from_pretrained(path, dtype=torch_dtype(dtype)).to(device)
         pipe.set_progress_bar_config(disable=True)
         built["pipe"] = pipe
+    engine_config = dict(max_num_seqs=NUM_REQUESTS, dtype=dtype, devices=(device,))
     if {"ours", "request_staggered"} & set(configs):
-        built["request"] = DiffusionEngine(path, config=StageDeployConfig(max_num_seqs=NUM_REQUESTS, dtype="float32"))
+        built["request"] = DiffusionEngine(path, config=StageDeployConfig(**engine_config))
     if "step_staggered" in configs:
-        built["step"] = DiffusionEngine(path, config=StageDeployConfig(max_num_seqs=NUM_REQUESTS, dtype="float32",
-                                                                       step_execution=True))
+        built["step"] = DiffusionEngine(path, config=StageDeployConfig(**engine_config, step_execution=True))
     return built
 
 
@@ -159,9 +160,9 @@ def single_latency(engine, kwargs: dict) -> float:
     return time.perf_counter() - start
 
 
-def bench(model: str, size: str, repeats: int) -> dict:
+def bench(model: str, size: str, repeats: int, device: str = "cpu", dtype: str = "float32") -> dict:
     kwargs = call_kwargs(model, size)
-    built = build(model, size, CONFIGS)
+    built = build(model, size, CONFIGS, device, dtype)
     # One request's latency alone, warm (the first run pays one-off costs).
     gap = min(single_latency(built["request"], kwargs) for _ in range(3)) / 4
     fns = runners(built, kwargs, gap)
@@ -175,6 +176,7 @@ def bench(model: str, size: str, repeats: int) -> dict:
             for name, fn in fns.items():
                 t0, c0 = time.perf_counter(), time.process_time()
                 results[name] = fn()
+                synchronize(device)  # outputs are PIL images already; this only makes it explicit
                 best[name] = min(best[name], time.perf_counter() - t0)
                 best_cpu[name] = min(best_cpu[name], time.process_time() - c0)
                 if name in latency:
@@ -185,7 +187,7 @@ def bench(model: str, size: str, repeats: int) -> dict:
                for a, b in zip(results["ours"], results["sequential"]))
     params = sum(p.numel() for c in built["pipe"].components.values() if isinstance(c, torch.nn.Module)
                  for p in c.parameters())
-    return {"model": model, "size": size, "params_m": params / 1e6, "secs": best, "cpu_secs": best_cpu,
+    return {"model": model, "size": size, "device": device, "dtype": dtype, "params_m": params / 1e6, "secs": best, "cpu_secs": best_cpu,
             "gap": gap, "latency": latency,
             "max_pixel_diff": diff}
 
@@ -193,7 +195,7 @@ def bench(model: str, size: str, repeats: int) -> dict:
 # -- peak RSS, one process per configuration ----------------------------------------------
 
 
-def memory_probe(model: str, size: str, config: str) -> float:
+def memory_probe(model: str, size: str, config: str, device: str = "cpu", dtype: str = "float32") -> float:
     """Load what `config` needs, run it once; the peak RSS (MiB) seen by a psutil sampler."""
     import psutil
 
@@ -207,7 +209,7 @@ def memory_probe(model: str, size: str, config: str) -> float:
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     kwargs = call_kwargs(model, size)
-    built = build(model, size, (config,))
+    built = build(model, size, (config,), device, dtype)
     with torch.inference_mode():
         runners(built, kwargs, gap=0.0)[config]()
     stop.set()
@@ -215,10 +217,11 @@ def memory_probe(model: str, size: str, config: str) -> float:
     return max(peak[0], proc.memory_info().rss) / 2**20
 
 
-def peak_rss(model: str, size: str, threads: int) -> dict[str, float]:
+def peak_rss(model: str, size: str, threads: int, device: str = "cpu", dtype: str = "float32") -> dict[str, float]:
     out = {}
     for config in CONFIGS:
-        cmd = [sys.executable, __file__, "--memory-probe", model, size, config, "--threads", str(threads)]
+        cmd = [sys.executable, __file__, "--memory-probe", model, size, config, "--threads", str(threads),
+               "--device", device, "--dtype", dtype]
         result = subprocess.run(cmd, capture_output=True, text=True, check=True)
         out[config] = json.loads(result.stdout.strip().splitlines()[-1])["peak_rss_mib"]
     return out
@@ -228,9 +231,11 @@ def peak_rss(model: str, size: str, threads: int) -> dict[str, float]:
 
 
 def table(rows: list[dict]) -> str:
+    device, dtype = (rows[0]["device"], rows[0]["dtype"]) if rows else ("cpu", "float32")
+    where = "fp32, CPU" if (device, dtype) == ("cpu", "float32") else f"{dtype}, {device}"
     lines = [
         f"{NUM_REQUESTS} requests (8 prompts, seeds 0-7), the zoo's default call (4 steps, CFG on, 64x64 tiny, "
-        f"256x256 small), fp32, CPU, torch {torch.__version__}, {torch.get_num_threads()} thread(s), best of the "
+        f"256x256 small), {where}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), best of the "
         "timed runs, wall clock (process CPU time in brackets). Peak RSS: one process per configuration "
         "(load + one run), psutil.",
         "",
@@ -276,17 +281,18 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the per-configuration peak RSS processes")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     parser.add_argument("--memory-probe", nargs=3, metavar=("MODEL", "SIZE", "CONFIG"), help=argparse.SUPPRESS)
+    add_device_args(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.memory_probe:
-        print(json.dumps({"peak_rss_mib": memory_probe(*args.memory_probe)}))
+        print(json.dumps({"peak_rss_mib": memory_probe(*args.memory_probe, args.device, args.dtype)}))
         return
     rows = []
     for model in args.models:
         for size in args.sizes:
-            row = bench(model, size, args.repeats)
+            row = bench(model, size, args.repeats, args.device, args.dtype)
             if not args.no_memory:
-                row["rss"] = peak_rss(model, size, args.threads)
+                row["rss"] = peak_rss(model, size, args.threads, args.device, args.dtype)
             print(json.dumps(row), flush=True)
             rows.append(row)
     body = table(rows)

@@ -13,6 +13,28 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+DTYPES = ("float32", "bfloat16")
+
+
+def add_device_args(parser) -> None:
+    """`--device` / `--dtype`, used by ours and the baseline alike, so a CUDA machine never
+    compares CUDA-bf16 ours against CPU-fp32 baselines. Defaults keep the CPU numbers."""
+    parser.add_argument("--device", default="cpu", help="torch device for ours and the baseline (cpu, cuda, cuda:1)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="weights dtype for ours and the baseline")
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def synchronize(device: str) -> None:
+    """Wait for queued device work, so a wall-clock timer stops after it (no-op on CPU)."""
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def machine_line() -> str:
