@@ -21,8 +21,10 @@ Hand-off per edge (both ends agree; `PipelineSpec` validates it):
   has finished, so the downstream's own stream stays in order; its whole payload joins
   the parts (`merge_payloads`).
 
-A request finishes when every `final_output` stage has; its last `OmniOutput` carries the
-media of all of them. Any stage error fails only its request, naming the stage, and
+A request runs only the stages it needs (`needed_stages`): with `output_modalities` set, the
+final stages making one of them and every stage upstream of those; the rest never see it.
+It finishes when every final stage it runs has; its last `OmniOutput` carries the media of
+all of them. Any stage error fails only its request, naming the stage, and
 aborts the request everywhere else; `abort()` does the same with finish_reason "abort".
 
 Threads: `submit()` and `abort()` may be called from any thread (they post to an inbox
@@ -68,6 +70,8 @@ class OmniRequest:
     params: Mapping[int, Any] = field(default_factory=dict)
     """Params per stage id (DiffusionParams, SamplingParams, ...); a missing id = engine defaults."""
     arrival_time: float = field(default_factory=time.monotonic)
+    output_modalities: tuple[str, ...] | None = None
+    """Modalities the user wants, e.g. ("text",); only the stages making them run. None = every stage."""
 
 
 @dataclass
@@ -97,6 +101,7 @@ class _StageRun:
 class _RequestState:
     request: OmniRequest
     runs: dict[int, _StageRun]
+    """The stages the request runs (`Orchestrator.needed_stages`), in pipeline order."""
     final_pending: set[int]
     """Final stages that have not finished yet."""
     first_audio_time: float | None = None
@@ -171,7 +176,10 @@ class Orchestrator:
     # --- called from any thread ------------------------------------------------------------
 
     def submit(self, request: OmniRequest, sink: Sink | None = None) -> None:
-        """Queue `request`; `sink` gets each of its `OmniOutput`s on the loop's thread."""
+        """Queue `request`; `sink` gets each of its `OmniOutput`s on the loop's thread.
+
+        Raises ValueError, queueing nothing, when the pipeline cannot make a requested modality."""
+        self.needed_stages(request)
         with self._lock:
             if self._closed or self.fatal_error is not None:
                 raise RuntimeError(self.fatal_error or "the orchestrator is closed")
@@ -182,6 +190,29 @@ class Orchestrator:
         """Stop `request_id` in every stage; its sink gets a last output with finish_reason "abort"."""
         self._inbox.put(("abort", request_id, None))
         self._wake()
+
+    def needed_stages(self, request: OmniRequest) -> tuple[StageSpec, ...]:
+        """The stages `request` runs, in pipeline order: every stage when it names no
+        `output_modalities`, else the final stages making one of them and every stage they
+        read from (walking the inputs back to the entry stages)."""
+        wanted = request.output_modalities
+        if wanted is None:
+            return self.pipeline.stages
+        finals = self.pipeline.final_stages
+        makes = sorted({m for stage in finals for m in stage.modalities})
+        missing = [m for m in wanted if m not in makes]
+        if missing or not wanted:
+            what = f"cannot make {', '.join(map(repr, missing))}" if missing else "got no modality"
+            raise ValueError(f"output_modalities: pipeline {self.pipeline.name!r} {what}; "
+                             f"it makes {', '.join(map(repr, makes))}")
+        needed: set[int] = set()
+        todo = [stage.id for stage in finals if set(stage.modalities) & set(wanted)]
+        while todo:
+            stage_id = todo.pop()
+            if stage_id not in needed:
+                needed.add(stage_id)
+                todo.extend(self.pipeline.get_stage(stage_id).inputs)
+        return tuple(s for s in self.pipeline.stages if s.id in needed)
 
     def check_health(self) -> bool:
         return (not self._closed and self.fatal_error is None
@@ -269,20 +300,20 @@ class Orchestrator:
             return
         if sink is not None:
             self._sinks[rid] = sink
-        stages = self.pipeline.stages
+        stages = self.needed_stages(request)
         state = _RequestState(request, {s.id: _StageRun(s) for s in stages},
                               {s.id for s in stages if s.final_output})
         self._requests[rid] = state
-        for stage in self.pipeline.entry_stages:
-            if rid in self._requests:
+        for stage in stages:
+            if not stage.inputs and rid in self._requests:
                 self._start_stage(state, stage)
 
     def _abort_request(self, request_id: str) -> None:
         state = self._requests.get(request_id)
         if state is None:
             return
-        text = next((state.runs[s.id].stream.text for s in self.pipeline.final_stages
-                     if state.runs[s.id].stream.text is not None), None)
+        text = next((run.stream.text for run in state.runs.values()
+                     if run.stage.final_output and run.stream.text is not None), None)
         self._outputs.append(OmniOutput(request_id, finished=True, text=text, finish_reason="abort",
                                         metrics=self._request_metrics(state)))
         self._retire(state, "abort")
@@ -363,18 +394,19 @@ class Orchestrator:
         """One output of a stage for a request, in order; `finished` = the stage is done with it."""
         stage, rid = run.stage, state.request.request_id
         run.finished = run.finished or finished
+        downstreams = [s for s in self._downstream[stage.id] if s.id in state.runs]  # the ones this request runs
         # Streamed edges: every output may become a chunk for the downstream stages.
-        if stage.chunk_processor is not None and not isinstance(payload, ProgressPayload):
+        if stage.chunk_processor is not None and downstreams and not isinstance(payload, ProgressPayload):
             if payload is not None or finished:
                 ok, partial = self._call(state, stage, "chunk_processor", stage.chunk_processor,
                                          state.request, payload, finished)
-                for downstream in self._downstream[stage.id]:
+                for downstream in downstreams:
                     if not ok or rid not in self._requests:
                         return
                     self._feed_chunk(state, state.runs[downstream.id], stage, partial, finished)
         # Whole edges: the finished payload goes to each stage whose inputs are now all in.
         if finished:
-            for downstream in self._downstream[stage.id]:
+            for downstream in downstreams:
                 if downstream.stream_input or rid not in self._requests:
                     continue
                 downstream_run = state.runs[downstream.id]
@@ -415,8 +447,9 @@ class Orchestrator:
     def _complete(self, state: _RequestState, last_stage: StageSpec, delta: Delta) -> None:
         out = OmniOutput(state.request.request_id, finished=True, stage=last_stage.name,
                          text_delta=delta.text_delta, audio_chunk=delta.audio_chunk)
-        for stage in self.pipeline.final_stages:
-            fill_media(out, state.runs[stage.id].stream.whole())
+        for run in state.runs.values():
+            if run.stage.final_output:
+                fill_media(out, run.stream.whole())
         out.finish_reason = out.finish_reason or "stop"
         out.metrics = self._request_metrics(state)
         if out.audio is not None and out.sample_rate:
@@ -484,7 +517,8 @@ class Orchestrator:
 
     def _request_metrics(self, state: _RequestState) -> dict[str, Any]:
         """End-to-end time, the prompt's token count (as the entry stages tokenized it), per-stage metrics."""
-        prompt_tokens = [state.runs[s.id].metrics.engine.get("num_prompt_tokens") for s in self.pipeline.entry_stages]
+        prompt_tokens = [run.metrics.engine.get("num_prompt_tokens")
+                         for run in state.runs.values() if not run.stage.inputs]
         prompt_tokens = [n for n in prompt_tokens if n is not None]
         return {
             "e2e_time": time.monotonic() - state.request.arrival_time,

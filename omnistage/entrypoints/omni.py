@@ -24,6 +24,10 @@ deploy file (`deploy_config`, default: the family's bundled one), then `**overri
 Params: one object (given to every stage of the kind it belongs to: DiffusionParams to
 diffusion stages, SamplingParams to AR stages), a list with one entry per stage in
 stage order, or a dict keyed by stage name. None = each engine's defaults.
+
+`modalities` (e.g. ["text"]) asks a request for fewer outputs than the pipeline makes:
+only the stages needed for them run (an omni model's thinker alone, no talker or
+vocoder). None = every final stage's output.
 """
 
 from __future__ import annotations
@@ -95,19 +99,24 @@ class AsyncOmni:
     def metrics_registry(self) -> Any:
         return self.orchestrator.metrics_registry
 
-    def make_request(self, prompt: Any, params: Any = None, request_id: str | None = None) -> OmniRequest:
+    def make_request(self, prompt: Any, params: Any = None, request_id: str | None = None,
+                     modalities: Sequence[str] | None = None) -> OmniRequest:
         """Check `params` against the pipeline (ValueError naming the problem) and build the request."""
-        return OmniRequest(request_id or uuid.uuid4().hex, prompt, resolve_params(self.spec, params))
+        if isinstance(modalities, str):
+            raise ValueError(f"modalities: give a list of modalities such as [{modalities!r}], not a str")
+        return OmniRequest(request_id or uuid.uuid4().hex, prompt, resolve_params(self.spec, params),
+                           output_modalities=None if modalities is None else tuple(modalities))
 
-    async def generate(self, prompt: Any, params: Any = None, request_id: str | None = None
-                       ) -> AsyncIterator[OmniOutput]:
+    async def generate(self, prompt: Any, params: Any = None, request_id: str | None = None, *,
+                       modalities: Sequence[str] | None = None) -> AsyncIterator[OmniOutput]:
         """Yield the request's outputs as they come; the last has `finished=True`.
 
         A failed request ends with an output whose `error` names the stage (nothing is
-        raised, so a stream can report it). Bad params raise ValueError on the first
-        iteration, before anything is queued. Leaving the loop early aborts the request.
+        raised, so a stream can report it). Bad params, or `modalities` the pipeline does
+        not make, raise ValueError on the first iteration, before anything is queued.
+        Leaving the loop early aborts the request.
         """
-        request = self.make_request(prompt, params, request_id)
+        request = self.make_request(prompt, params, request_id, modalities)
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[OmniOutput] = asyncio.Queue()
         self.orchestrator.submit(request, sink=lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out))
@@ -163,17 +172,19 @@ class Omni:
     def spec(self) -> PipelineSpec:
         return self.engine.spec
 
-    def generate(self, prompts: Any, params: Any = None, *, use_tqdm: bool = True) -> list[OmniOutput]:
+    def generate(self, prompts: Any, params: Any = None, *, modalities: Sequence[str] | None = None,
+                 use_tqdm: bool = True) -> list[OmniOutput]:
         """The finished output of each prompt, in input order.
 
         `prompts` is one prompt (a str, or a dict such as {"prompt": ..., "image": PIL},
         or {"messages": [...]}) or a list of them; a bare list of chat messages must be
         wrapped in a list. Raises OmniRequestError (naming the stage) after the whole
-        batch has ended if any request failed; the error holds every output.
+        batch has ended if any request failed; the error holds every output. `modalities`
+        the pipeline does not make raise ValueError before anything is queued.
         """
         from tqdm.auto import tqdm
 
-        requests = [self.engine.make_request(p, params) for p in _prompt_list(prompts)]
+        requests = [self.engine.make_request(p, params, modalities=modalities) for p in _prompt_list(prompts)]
         done: queue.Queue[OmniOutput] = queue.Queue()
         for request in requests:
             self.engine.orchestrator.submit(request, sink=done.put)

@@ -114,6 +114,26 @@ def test_async_generate_streams_text_deltas_and_audio_chunks():
     assert sum(len(o.audio_chunk) for o in outs if o.audio_chunk is not None) == len(final.audio)
 
 
+def test_modalities_run_only_the_stages_that_make_them():
+    async def main():
+        async with AsyncOmni("m", pipeline=streamed_tts(), engine_factory=FakeEngine) as omni:
+            outs = await _collect(omni.generate("hello", modalities=["text"]))
+            with pytest.raises(ValueError, match="pipeline 'tts' cannot make 'image'; it makes 'audio', 'text'"):
+                await omni.generate("x", modalities=["image"]).__anext__()
+            with pytest.raises(ValueError, match=r"modalities: give a list of modalities such as \['text'\]"):
+                await omni.generate("x", modalities="text").__anext__()
+            return outs, engine(omni, 1).added
+
+    outs, vocoder_requests = asyncio.run(main())
+    assert outs[-1].text == "talker(hello)" and outs[-1].audio is None and vocoder_requests == []
+    with Omni("m", pipeline=streamed_tts(), engine_factory=FakeEngine) as omni:
+        outs = omni.generate(["a", "b"], modalities=("text",), use_tqdm=False)
+        assert [o.text for o in outs] == ["talker(a)", "talker(b)"] and engine(omni, 1).added == []
+        with pytest.raises(ValueError, match="cannot make 'video'"):
+            omni.generate(["a", "b"], modalities=["video"], use_tqdm=False)
+        assert engine(omni, 0).added == [o.request_id for o in outs]  # nothing of the refused batch ran
+
+
 def test_async_abort_and_leaving_the_loop_early_stop_the_request():
     import functools
 

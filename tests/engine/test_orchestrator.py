@@ -150,6 +150,80 @@ def test_abort_mid_request_stops_every_stage():
     orch.close()
 
 
+def omni_like() -> PipelineSpec:
+    """thinker (text, final) -> talker (text) -> vocoder (audio, final), as Qwen2.5-Omni."""
+    return PipelineSpec("omni", (
+        StageSpec(0, "thinker", "ar", "text", final_output=True),
+        StageSpec(1, "talker", "ar", "text", inputs=(0,), chunk_processor=every_token),
+        StageSpec(2, "vocoder", "generation", "audio", inputs=(1,), final_output=True, stream_input=True),
+    ))
+
+
+def test_text_only_request_skips_the_stages_that_make_audio():
+    from prometheus_client import generate_latest
+
+    orch = make(omni_like())
+    assert [s.name for s in orch.needed_stages(OmniRequest("r", "x", output_modalities=("text",)))] == ["thinker"]
+    outs = run(orch, OmniRequest("text", "hi", output_modalities=("text",)), OmniRequest("both", "hi"))
+    text, both = outs["text"][-1], outs["both"][-1]
+    assert text.finished and text.error is None and text.finish_reason == "stop"
+    assert text.text == "thinker(hi)" and text.audio is None and text.stage == "thinker"
+    assert not any(o.audio_chunk is not None for o in outs["text"])
+    assert set(text.metrics["stages"]) == {"thinker"}
+    # the skipped stages never saw it; the request asking for everything ran all three
+    assert engine(orch, 0).added == ["text", "both"]
+    assert engine(orch, 1).added == ["both"]
+    assert all(rid.startswith("both") for rid in engine(orch, 2).added)
+    assert set(both.metrics["stages"]) == {"thinker", "talker", "vocoder"} and both.audio is not None
+    metrics = generate_latest(orch.metrics_registry).decode()
+    assert 'omnistage_stage_tokens_total{pipeline="omni",stage="thinker"} 8.0' in metrics  # 4 each
+    assert 'omnistage_stage_tokens_total{pipeline="omni",stage="talker"} 4.0' in metrics  # "both" only
+    orch.close()
+
+
+def test_audio_only_request_runs_the_stages_feeding_the_vocoder():
+    orch = make(omni_like())
+    final = run(orch, OmniRequest("r", "hi", output_modalities=("audio",)))["r"][-1]
+    assert final.error is None and final.audio is not None
+    # the thinker feeds the vocoder, so it runs, and the request waits for it as for any final stage it runs
+    assert final.text == "thinker(hi)" and set(final.metrics["stages"]) == {"thinker", "talker", "vocoder"}
+    orch.close()
+
+
+def test_needed_stages_walk_back_from_the_wanted_final_stages():
+    spec = PipelineSpec("fork", (
+        StageSpec(0, "left", "ar", "text"),
+        StageSpec(1, "right", "ar", "text"),
+        StageSpec(2, "joiner", "ar", "text", inputs=(0, 1), final_output=True),
+        StageSpec(3, "drawer", "diffusion", "image", inputs=(0,), final_output=True, input_processor=expand_to_image),
+    ))
+    orch = make(spec)
+
+    def names(wanted):
+        return [s.name for s in orch.needed_stages(OmniRequest("r", "x", output_modalities=wanted))]
+
+    assert names(("text",)) == ["left", "right", "joiner"]
+    assert names(("image",)) == ["left", "drawer"]
+    assert names(("image", "text")) == names(None) == ["left", "right", "joiner", "drawer"]
+    outs = run(orch, OmniRequest("img", "cat", output_modalities=("image",)))["img"]
+    assert outs[-1].images[0].info["prompt"] == "left(cat)" and outs[-1].text is None
+    assert engine(orch, 1).added == [] and engine(orch, 2).added == []
+    orch.close()
+
+
+@pytest.mark.parametrize("wanted, problem", [
+    (("video",), "cannot make 'video'"),
+    (("text", "latent"), "cannot make 'latent'"),
+    ((), "got no modality"),
+])
+def test_a_modality_the_pipeline_cannot_make_is_refused_before_queueing(wanted, problem):
+    orch = make(omni_like())
+    with pytest.raises(ValueError, match=rf"output_modalities: pipeline 'omni' {problem}; it makes 'audio', 'text'"):
+        orch.submit(OmniRequest("r", "x", output_modalities=wanted))
+    assert orch.step() == [] and not orch.has_unfinished_requests() and engine(orch, 0).added == []
+    orch.close()
+
+
 def test_failing_input_processor_fails_only_its_request():
     def picky(request, upstream):
         if "bad" in request.prompt:

@@ -201,6 +201,18 @@ def test_thinker_only_variant(path, reference, tmp_path):
     assert resolve_qwen2_5_omni(no_audio, PipelineDeployConfig()).name == "qwen2_5_omni_thinker_only"
 
 
+def test_text_only_request_runs_the_thinker_alone(reference, omni):
+    # The full three-stage pipeline, asked for text: the talker and token2wav never run, and the
+    # thinker skips the hidden states it would return for the talker; the text is the reference's.
+    ref_ids, _ = reference(MESSAGES, generation_mode="text")
+    [out] = omni.generate({"messages": MESSAGES}, greedy_params(), modalities=["text"], use_tqdm=False)
+    assert out.error is None and out.token_ids == ref_ids and out.text
+    assert out.audio is None and out.sample_rate is None
+    assert set(out.metrics["stages"]) == {"thinker"}
+    with pytest.raises(ValueError, match="pipeline 'qwen2_5_omni' cannot make 'image'; it makes 'audio', 'text'"):
+        omni.generate({"messages": MESSAGES}, greedy_params(), modalities=["image"], use_tqdm=False)
+
+
 def test_unknown_voice_fails_naming_the_thinker(omni):
     with pytest.raises(OmniRequestError, match=r"thinker.*unknown voice 'Nobody'"):
         omni.generate({"messages": MESSAGES, "voice": "Nobody"}, greedy_params(), use_tqdm=False)
@@ -219,11 +231,20 @@ def test_chat_completions_route_answers_with_audio(path):
 
     # The route sets the thinker's params only; the talker samples with its deploy defaults, here
     # capped (a random talker rarely says its end token).
+    from prometheus_client import generate_latest
+
     engine = AsyncOmni(path, stage_overrides={"1": {"default_sampling_params": {"max_tokens": 48}}})
     app = create_app(ServerSettings(served_model_name="omni", model_path=path), engine)
     body = {"messages": MESSAGES, "modalities": ["text", "audio"], "max_tokens": 8, "temperature": 0,
             "audio": {"voice": "Ethan", "format": "wav"}}
     with TestClient(app) as http:  # its lifespan shuts the engine down
+        # Text only: the thinker alone runs (no talker or token2wav stage metrics are recorded).
+        resp = http.post("/v1/chat/completions", json={**body, "modalities": ["text"], "audio": None})
+        assert resp.status_code == 200, resp.text
+        message = resp.json()["choices"][0]["message"]
+        assert message["content"] and message.get("audio") is None
+        metrics = generate_latest(engine.metrics_registry).decode()
+        assert 'stage="thinker"' in metrics and 'stage="talker"' not in metrics and 'stage="token2wav"' not in metrics
         resp = http.post("/v1/chat/completions", json=body)
         assert resp.status_code == 200, resp.text
         audio = resp.json()["choices"][0]["message"]["audio"]

@@ -16,7 +16,7 @@ import asyncio
 import inspect
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
 from starlette.requests import Request
@@ -31,8 +31,10 @@ class EngineClient(Protocol):
     spec: Any
     """The resolved PipelineSpec (final stages' output modalities decide the routes)."""
 
-    def generate(self, prompt: Any, params: Any = None, request_id: str | None = None) -> AsyncIterator[Any]:
-        """Yield `OmniOutput`s for one request; the last has finished=True."""
+    def generate(self, prompt: Any, params: Any = None, request_id: str | None = None, *,
+                 modalities: Sequence[str] | None = None) -> AsyncIterator[Any]:
+        """Yield `OmniOutput`s for one request; the last has finished=True. `modalities`
+        (None = all) limits the outputs, and so the stages that run."""
         ...
 
     async def abort(self, request_id: str) -> None: ...
@@ -184,14 +186,16 @@ class EngineGateway:
         self._admitted.discard(request_id)
         self.metrics.queue_depth.set(len(self._admitted))
 
-    def submit(self, prompt: Any, params: Any, request_id: str) -> RequestStream:
+    def submit(self, prompt: Any, params: Any, request_id: str,
+               modalities: Sequence[str] | None = None) -> RequestStream:
         """Admit the request and hand it to the engine (429 when full, 400 when the engine
-        rejects it at once). Nothing is awaited: iterate the stream, or `start()` it."""
+        rejects it at once). Nothing is awaited: iterate the stream, or `start()` it.
+        `modalities` (None = all) are the outputs the request wants."""
         if self.engine is None:
             raise APIError(503, "no engine is loaded", code="engine_unavailable")
         self.admit(request_id)
         try:
-            outputs = self.engine.generate(prompt, params, request_id=request_id)
+            outputs = self.engine.generate(prompt, params, request_id=request_id, modalities=modalities)
         except ValueError as e:
             self.release(request_id)
             raise from_value_error(e) from None
@@ -200,9 +204,10 @@ class EngineGateway:
             raise
         return RequestStream(self, request_id, outputs)
 
-    async def open(self, prompt: Any, params: Any, request_id: str) -> RequestStream:
+    async def open(self, prompt: Any, params: Any, request_id: str,
+                   modalities: Sequence[str] | None = None) -> RequestStream:
         """`submit`, then wait for the first output (so engine rejections are a 400)."""
-        stream = self.submit(prompt, params, request_id)
+        stream = self.submit(prompt, params, request_id, modalities)
         await stream.start()
         return stream
 

@@ -3,7 +3,8 @@
     request ──thinker_inputs──> thinker ──talker_inputs (whole)──> talker ──talker_chunks (streamed)──> token2wav
 
 - `thinker_inputs`: the prompt as the AR engine takes it, plus the voice and the request
-  for every position's hidden state and input embedding (what the talker reads).
+  for every position's hidden state and input embedding (what the talker reads), unless
+  the request's `output_modalities` leave out audio (then no talker runs).
 - `talker_inputs`: the talker's prefill embeddings and reply rows, built from the
   thinker's finished output exactly as `Qwen2_5OmniForConditionalGeneration.generate` does.
 - `talker_chunks`: cuts the talker's codes into chunks with context for token2wav,
@@ -46,7 +47,10 @@ class ChunkOptions:
 
 
 def thinker_inputs(request: Any, upstream: dict) -> dict:
-    """Prompt -> thinker inputs, asking for what the talker needs."""
+    """Prompt -> thinker inputs, asking for what the talker needs; a request that wants no
+    audio runs no talker, so it asks for nothing more than the thinker-only variant."""
+    if request.output_modalities is not None and "audio" not in request.output_modalities:
+        return thinker_only_inputs(request, upstream)
     inputs = _prompt_dict(request.prompt)
     inputs["voice"] = inputs.get("voice") or DEFAULT_VOICE
     inputs["return_hidden_states"] = True

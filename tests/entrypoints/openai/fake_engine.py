@@ -55,13 +55,16 @@ class FakeEngine:
         self.requests: list[tuple[object, object, str]] = []
         self.aborted: list[str] = []
         self.raw_params: list[object] = []
+        self.modalities: list[tuple[str, ...] | None] = []
+        """Each request's `modalities`, as the route passed them."""
         self.healthy = True
         self.is_shut_down = False
 
-    async def generate(self, prompt, params=None, request_id=None):
+    async def generate(self, prompt, params=None, request_id=None, *, modalities=None):
         # As AsyncOmni: structural checks raise on the first iteration, before queueing;
         # an engine refusing the request in add_request comes back as an error output.
         self.raw_params.append(params)
+        self.modalities.append(None if modalities is None else tuple(modalities))
         if isinstance(params, dict):
             params = params.get(self.spec.entry_stages[0].name)
         if params is not None and not isinstance(params, (SamplingParams, DiffusionParams)):
@@ -97,7 +100,7 @@ class FakeEngine:
                 text += piece
                 yield OmniOutput(request_id, text=text, text_delta=piece, stage="thinker")
         chunks = []
-        if self.kind in ("omni", "tts"):
+        if self.kind in ("omni", "tts") and (modalities is None or "audio" in modalities):
             for i in range(3):
                 await self._tick()
                 chunk = np.full(800, 0.1 * (i + 1), dtype=np.float32)

@@ -122,6 +122,26 @@ def test_omni_audio_answer_and_streamed_audio(app_client):
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "audio.format"
 
 
+def test_omni_chat_asks_the_engine_for_only_the_modalities_it_answers_with(app_client):
+    http, engine = app_client("omni")
+    message = [{"role": "user", "content": "hi"}]
+    for modalities, wanted in ((["text"], ("text",)), (None, ("text",)), (["text", "audio"], ("text", "audio")),
+                               (["audio"], ("text", "audio"))):  # a spoken answer carries its transcript
+        body = {"messages": message, **({"modalities": modalities} if modalities else {})}
+        resp = http.post("/v1/chat/completions", json=body)
+        assert resp.status_code == 200, resp.text
+        assert engine.modalities[-1] == wanted
+    answer = http.post("/v1/chat/completions", json={"messages": message, "modalities": ["text"]}).json()
+    assert answer["choices"][0]["message"]["content"] == "Hello from the fake model."
+    assert answer["choices"][0]["message"].get("audio") is None
+    text_http, text_engine = app_client("text")
+    text_http.post("/v1/chat/completions", json={"messages": message})
+    assert text_engine.modalities == [("text",)]
+    image_http, image_engine = app_client("image")
+    image_http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "a fox"}]})
+    assert image_engine.modalities == [None]  # an image model's one output
+
+
 def test_image_model_answers_with_image_parts(app_client):
     http, engine = app_client("image")
     resp = http.post("/v1/chat/completions", json={
@@ -143,7 +163,7 @@ def test_image_model_answers_with_image_parts(app_client):
 def test_stream_reports_engine_failure_in_band(app_client):
     http, engine = app_client("text")
 
-    async def failing(prompt, params=None, request_id=None):
+    async def failing(prompt, params=None, request_id=None, modalities=None):
         from omnistage.engine.outputs import OmniOutput
 
         yield OmniOutput(request_id, text="Hel", text_delta="Hel")

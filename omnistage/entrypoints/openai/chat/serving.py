@@ -4,7 +4,8 @@ What the answer holds follows the model's final stages:
 - text (LLM): `message.content`; streamed as `delta.content`;
 - text and audio (omni), with `modalities` naming "audio": `message.audio` (`data`
   base64 in `audio.format`, `transcript`), as OpenAI does; streamed as `delta.audio`
-  with 24 kHz PCM16 `data` chunks and `transcript` pieces;
+  with 24 kHz PCM16 `data` chunks and `transcript` pieces. Without "audio" the engine
+  is asked for text only, so an omni model runs its thinker alone;
 - image (diffusion): `message.content` as a list with one `image_url` part per image;
   the prompt is the last user message's text, its images the input images.
 """
@@ -74,15 +75,18 @@ class ChatServing:
                                   f"{' and '.join(sorted(outputs))}, not {modality}", param="modalities")
         if "image" in outputs:
             prompt, params = self._diffusion_request(body)
+            wanted = None
         else:
             prompt, params = self._text_request(body)
+            # The answer is text (or audio with its transcript): no stage makes more than that.
+            wanted = ("text", "audio") if wants_audio else ("text",)
         request_id = new_request_id("chatcmpl")
         if body.stream:
-            stream = await self.gateway.open(prompt, params, request_id)
+            stream = await self.gateway.open(prompt, params, request_id, wanted)
             return self._sse(stream, body, request_id, wants_audio)
 
         async def go() -> ChatCompletion:
-            stream = await self.gateway.open(prompt, params, request_id)
+            stream = await self.gateway.open(prompt, params, request_id, wanted)
             return await self._complete(await stream.collect(), body, request_id, wants_audio)
 
         return await cancel_on_disconnect(request, go())
