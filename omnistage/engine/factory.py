@@ -45,8 +45,33 @@ def get_engine_class(kind: str, ar_backend: str = "native") -> type:
     return getattr(importlib.import_module(module_name), class_name)
 
 
+NOT_YET_IMPLEMENTED = {
+    "cache_backend": None, "offload": None, "quantization": None, "lora": None,
+    "vae_use_tiling": False, "compile": False, "attention_backend": "sdpa",
+    "cfg_parallel_size": 1, "ulysses_degree": 1, "ring_degree": 1, "tensor_parallel_size": 1,
+    "vae_patch_parallel_size": 1,
+}
+"""Deploy fields the schema accepts but no native engine implements yet, with their inert
+values. A stage that sets one is refused: silently ignoring a user's setting would be worse."""
+
+_BACKEND_IMPLEMENTS = {"vllm": {"tensor_parallel_size", "compile"}}
+"""Fields an AR backend implements itself (it checks the rest of NOT_YET_IMPLEMENTED)."""
+
+
+def check_implemented(stage: StageSpec, config: StageDeployConfig) -> None:
+    """Raise ValueError naming the stage and every deploy field set that nothing implements yet."""
+    implemented = _BACKEND_IMPLEMENTS.get(config.ar_backend, set()) if stage.kind == "ar" else set()
+    unsupported = [f"{name}={getattr(config, name)!r}" for name, inert in NOT_YET_IMPLEMENTED.items()
+                   if name not in implemented and getattr(config, name) != inert]
+    if unsupported:
+        raise ValueError(f"stage {stage.label}: {', '.join(unsupported)} is not implemented in this version of "
+                         f"omnistage; remove it from the deploy config (several devices currently run each "
+                         f"batch on every rank, so a parallel degree would buy nothing)")
+
+
 def create_engine(model_path: str, stage: StageSpec, config: StageDeployConfig) -> Engine:
     """The default engine factory: the engine class of the stage's kind (and AR backend)."""
+    check_implemented(stage, config)
     return get_engine_class(stage.kind, config.ar_backend)(model_path, stage, config)
 
 

@@ -1,0 +1,31 @@
+"""The default engine factory refuses deploy fields that nothing implements yet."""
+
+import pytest
+
+from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.config.spec import StageSpec
+from omnistage.engine.factory import check_implemented, create_engine
+
+DIFFUSION = StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True)
+LLM = StageSpec(id=0, name="llm", kind="ar", output="text", final_output=True)
+
+
+@pytest.mark.parametrize("fields", [
+    {"cache_backend": "tea_cache"},
+    {"offload": "model"},
+    {"vae_use_tiling": True},
+    {"attention_backend": "flash"},
+    {"executor": "mp", "num_devices": 2, "cfg_parallel_size": 2},
+])
+def test_unimplemented_diffusion_fields_are_refused_before_loading(fields):
+    config = StageDeployConfig(**fields)
+    with pytest.raises(ValueError, match=r"stage 0 \(diffusion\).*not implemented") as info:
+        create_engine("/does/not/exist", DIFFUSION, config)
+    assert next(iter(fields)) in str(info.value) or "cfg_parallel_size=2" in str(info.value)
+
+
+def test_defaults_pass_and_vllm_implements_its_own_fields():
+    check_implemented(DIFFUSION, StageDeployConfig())
+    check_implemented(LLM, StageDeployConfig(ar_backend="vllm", compile=True))
+    with pytest.raises(ValueError, match="compile=True"):
+        check_implemented(LLM, StageDeployConfig(compile=True))
