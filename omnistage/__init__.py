@@ -10,8 +10,8 @@ the engines; the first use of a name imports its module.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from omnistage.lazy import lazy_getattr
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
@@ -33,12 +33,7 @@ if TYPE_CHECKING:
     from omnistage.entrypoints.omni import AsyncOmni, Omni, OmniRequestError
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value  # later lookups skip this hook
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS, globals())
 
 
 def __dir__() -> list[str]:

@@ -5,7 +5,7 @@ Exports are lazy so that importing the package does not import torch.
 
 from __future__ import annotations
 
-import importlib
+from omnistage.lazy import lazy_getattr
 
 _EXPORTS = {
     "GenerationEngine": "omnistage.generation.engine",
@@ -17,7 +17,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _EXPORTS, globals())
