@@ -32,7 +32,7 @@ from omnistage.ar.detokenizer import IncrementalDetokenizer
 from omnistage.engine.device import resolve_device, resolve_dtype
 from omnistage.ar.model import get_ar_model_class
 from omnistage.ar.model_runner import ModelRunner, RunnerOutput
-from omnistage.ar.sampling_params import SamplingParams
+from omnistage.ar.sampling_params import SamplingParams, admit
 from omnistage.ar.scheduler import Scheduler
 from omnistage.ar.sequence import Sequence
 from omnistage.config.deploy_fields import StageDeployConfig
@@ -74,24 +74,13 @@ class AREngine:
         rid = request.request_id
         if rid in self._seqs:
             raise ValueError(f"request {rid!r} is already running")
-        params = request.params if request.params is not None else self.default_params
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"AR request params must be SamplingParams or None, got {type(params).__name__}")
         inputs = request.inputs
         flags = {"return_hidden_states": self.return_hidden_states, "return_input_embeds": self.return_input_embeds}
         if isinstance(inputs, dict) and any(k in inputs for k in _OUTPUT_FLAGS):
             inputs = dict(inputs)
             flags.update({k: bool(inputs.pop(k)) for k in _OUTPUT_FLAGS if k in inputs})
         prompt = self.model.build_prompt(inputs)
-        num_prompt = len(prompt.token_ids)
-        if num_prompt == 0:
-            raise ValueError(f"request {rid!r}: the prompt is empty")
-        if num_prompt > self.max_model_len:
-            raise ValueError(f"request {rid!r}: prompt has {num_prompt} tokens, more than "
-                             f"max_model_len={self.max_model_len}")
-        if params.max_tokens is not None and num_prompt + params.max_tokens > self.max_model_len:
-            raise ValueError(f"request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) "
-                             f"= {num_prompt + params.max_tokens} exceeds max_model_len={self.max_model_len}")
+        params = admit(rid, request.params, self.default_params, len(prompt.token_ids), self.max_model_len)
         tok = self.model.tokenizer
         detok = IncrementalDetokenizer(tok, prompt.token_ids, params.stop) if tok is not None else None
         if params.stop and detok is None:

@@ -103,3 +103,25 @@ def _is_int(x: Any) -> bool:
 
 def _is_num(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def admit(request_id: str, params: "SamplingParams | None", default: "SamplingParams", num_prompt: int,
+          max_model_len: int, *, min_output_tokens: int = 0) -> "SamplingParams":
+    """The request's params (or the stage default), after the checks every AR backend makes
+    before queueing: a non-empty prompt that, with `max_tokens`, fits `max_model_len`.
+    Raises ValueError naming the numbers (TypeError for params of the wrong kind)."""
+    params = params if params is not None else default
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"AR request params must be SamplingParams or None, got {type(params).__name__}")
+    if num_prompt == 0:
+        raise ValueError(f"request {request_id!r}: the prompt is empty")
+    if num_prompt > max_model_len:
+        raise ValueError(f"request {request_id!r}: prompt has {num_prompt} tokens, more than "
+                         f"max_model_len={max_model_len}")
+    if num_prompt + min_output_tokens > max_model_len:
+        raise ValueError(f"request {request_id!r}: prompt has {num_prompt} tokens; max_model_len={max_model_len} "
+                         "leaves no room for an output token")
+    if params.max_tokens is not None and num_prompt + params.max_tokens > max_model_len:
+        raise ValueError(f"request {request_id!r}: prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) "
+                         f"= {num_prompt + params.max_tokens} exceeds max_model_len={max_model_len}")
+    return params

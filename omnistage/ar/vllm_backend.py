@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnistage.ar.model import ARModel
-from omnistage.ar.sampling_params import SamplingParams
+from omnistage.ar.sampling_params import SamplingParams, admit
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.engine.device import resolve_device, resolve_dtype
@@ -85,9 +85,6 @@ class VLLMAREngine:
         rid = request.request_id
         if rid in self._requests:
             raise ValueError(f"request {rid!r} is already running")
-        params = request.params if request.params is not None else self.default_params
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"AR request params must be SamplingParams or None, got {type(params).__name__}")
         inputs = request.inputs
         if isinstance(inputs, dict) and any(inputs.get(k) for k in _NATIVE_ONLY_INPUTS):
             raise ValueError(f"request {rid!r}: {'/'.join(_NATIVE_ONLY_INPUTS)} need ar_backend 'native'; "
@@ -96,14 +93,8 @@ class VLLMAREngine:
             inputs = {k: v for k, v in inputs.items() if k not in _NATIVE_ONLY_INPUTS}
         token_ids = self.prompts.build_prompt(inputs).token_ids
         num_prompt = len(token_ids)
-        if num_prompt == 0:
-            raise ValueError(f"request {rid!r}: the prompt is empty")
-        if num_prompt >= self.max_model_len:  # vLLM needs room for at least one output token
-            raise ValueError(f"request {rid!r}: prompt has {num_prompt} tokens; max_model_len={self.max_model_len} "
-                             "leaves no room for an output token")
-        if params.max_tokens is not None and num_prompt + params.max_tokens > self.max_model_len:
-            raise ValueError(f"request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) "
-                             f"= {num_prompt + params.max_tokens} exceeds max_model_len={self.max_model_len}")
+        # vLLM needs room for at least one output token.
+        params = admit(rid, request.params, self.default_params, num_prompt, self.max_model_len, min_output_tokens=1)
         self.engine.add_request(rid, self._vllm.TokensPrompt(prompt_token_ids=token_ids),
                                 to_vllm_params(self._vllm, params))
         self._requests[rid] = _Request(rid, num_prompt, request.arrival_time)
