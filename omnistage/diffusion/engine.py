@@ -21,7 +21,7 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.diffusion.executor import Executor, WorkerDiedError, get_executor_class
 from omnistage.diffusion.inputs import check_default_params, freeze, read_class_name, to_diffusion_request
-from omnistage.diffusion.pipelines import pipeline_class
+from omnistage.diffusion.registry import pipeline_class
 from omnistage.diffusion.progress import ProgressBar
 from omnistage.diffusion.runner import error_message
 from omnistage.diffusion.sched import EngineRequest, RequestScheduler, RequestStatus, RunnerOutput, StepScheduler

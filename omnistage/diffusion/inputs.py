@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipelines.base import DiffusionRequest
+from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.engine.types import StageRequest
 
 INPUT_KEYS = ("prompt", "image")

@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Callable
 import torch
 
-from omnistage.diffusion.pipelines.base import DenoiseState, DiffusionPipelineBase, DiffusionRequest
+from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
 from omnistage.engine.types import ImagePayload, ProgressPayload
 

@@ -17,7 +17,7 @@ import torch
 
 from omnistage.engine.device import resolve_dtype
 from omnistage.config.deploy_fields import StageDeployConfig
-from omnistage.diffusion.pipelines.base import DiffusionRequest
+from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.diffusion.runner import DiffusionRunner, ProgressSink
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
 

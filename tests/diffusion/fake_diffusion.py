@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipelines.base import DenoiseState, DiffusionPipelineBase, DiffusionRequest
+from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest
 
 
 class FakePipeline(DiffusionPipelineBase):

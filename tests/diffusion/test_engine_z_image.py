@@ -15,7 +15,7 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.diffusion.engine import DiffusionEngine
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipelines.z_image import ZImage
+from omnistage.models.z_image.pipeline import ZImage
 from omnistage.engine.types import StageRequest
 
 PROMPTS = ["a cat", "a photo of a small dog on a long red wooden chair", "a tree in the snow"]

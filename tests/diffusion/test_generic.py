@@ -11,10 +11,10 @@ import pytest
 from parity import TOLERANCE, ReferenceFixtures, max_abs_diff, request_for
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipelines import pipeline_class
-from omnistage.diffusion.pipelines.base import DiffusionRequest
-from omnistage.diffusion.pipelines.generic import GenericDiffusersPipeline
-from omnistage.diffusion.pipelines.z_image import ZImage
+from omnistage.diffusion.registry import pipeline_class
+from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.diffusion.generic import GenericDiffusersPipeline
+from omnistage.models.z_image.pipeline import ZImage
 from omnistage.testing.diffusion_models import default_input_image
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipelines.base import DiffusionRequest
+from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.diffusion.sched import (
     EngineRequest,
     RequestScheduler,

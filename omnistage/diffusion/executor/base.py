@@ -8,7 +8,7 @@ import importlib
 from abc import ABC, abstractmethod
 from typing import Any
 
-from omnistage.diffusion.pipelines.base import DiffusionRequest
+from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.diffusion.runner import ProgressSink
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
 from omnistage.diffusion.worker import WorkerConfig

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from omnistage.diffusion.pipelines.base import DiffusionRequest
+from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.engine.types import ProgressPayload
 
 Mode = Literal["request", "step"]

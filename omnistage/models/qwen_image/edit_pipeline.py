@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 import torch
 
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipelines.base import DenoiseState, DiffusionRequest, load_components, pack_latents
-from omnistage.diffusion.pipelines.qwen_image import QwenImage
+from omnistage.diffusion.pipeline import DenoiseState, DiffusionRequest, load_components, pack_latents
+from omnistage.models.qwen_image.pipeline import QwenImage
 
 # QwenImageEditPipeline resizes the input image to about this many pixels (keeping its aspect
 # ratio, sides a multiple of 32) whatever output size is asked for; that size is also the

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipelines.base import DenoiseState, DiffusionPipelineBase, DiffusionRequest, ProgressCallback
+from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest, ProgressCallback
 
 # DiffusionParams field -> the `__call__` argument that carries it (where the names differ,
 # the first one the pipeline accepts wins).
@@ -36,7 +36,7 @@ _RESERVED_ARGS = {"prompt", "image", "generator", "output_type", "return_dict", 
 _EXTRA_TYPES = (bool, int, float, str)
 
 _STEP_MODE_ERROR = ("{name} runs diffusers' own __call__ and supports request mode only; step mode "
-                    "(encode / denoise_step / decode) needs a native pipeline (see NATIVE_PIPELINES)")
+                    "(encode / denoise_step / decode) needs a native pipeline (register_diffusion_pipeline)")
 
 
 class GenericDiffusersPipeline(DiffusionPipelineBase):
