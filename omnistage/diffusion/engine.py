@@ -5,9 +5,11 @@
     outputs     -> ProgressPayload per step per request (finished=False), then the final
                    ImagePayload / VideoPayload (finished=True) with metrics, or an error
 
-Request mode (`RequestScheduler`) runs whole batches with `pipeline.forward`; step mode
-(`StepScheduler`, `step_execution: true`) advances the running set one denoising step per
-`step()`. A failing batch fails its own requests; a dead worker fails every unfinished
+Every `step()` is one denoising step of the running batch, in both modes: request mode
+(`RequestScheduler`) forms a batch once and runs it to the end, step mode (`StepScheduler`,
+`step_execution: true`) lets requests join and leave between steps. So progress leaves as
+each step finishes, an abort stops a request's compute before the next step, and an
+inline stage never holds its caller for a whole generation. A failing batch fails its own requests; a dead worker fails every unfinished
 request, and the engine then reports unhealthy and refuses new work.
 """
 
@@ -36,17 +38,15 @@ MAX_IDLE_SLEEP_S = 0.005
 class DiffusionEngine:
     def __init__(self, model_path: str, stage: StageSpec | None = None,
                  config: StageDeployConfig = StageDeployConfig(), *, pipeline_cls: type | None = None,
-                 show_progress: bool = False, preview_interval: int = 0,
-                 clock: Callable[[], float] = time.monotonic):
+                 show_progress: bool = False, clock: Callable[[], float] = time.monotonic):
         """`pipeline_cls` overrides the class picked from the checkpoint (custom pipelines,
-        tests). `show_progress` shows a tqdm bar (the offline API turns it on).
-        `preview_interval` (step mode) attaches a decoded preview to every N-th progress event."""
+        tests). `show_progress` shows a tqdm bar (the offline API turns it on)."""
         self.model_path = str(model_path)
         self.config = config
         self.pipeline_cls = pipeline_cls or pipeline_class(self._class_name(self.model_path, stage))
         check_default_params(config.default_sampling_params)
         devices = resolve_devices(config)
-        self.scheduler = self._make_scheduler(config, clock, preview_interval)
+        self.scheduler = self._make_scheduler(config, clock)
         self.clock = clock
         self.progress = ProgressBar(show_progress)
         self._lock = threading.Lock()  # guards the scheduler: add/abort may come from another thread
@@ -63,15 +63,11 @@ class DiffusionEngine:
             return stage.model
         return read_class_name(model_path)
 
-    def _make_scheduler(self, config: StageDeployConfig, clock: Callable[[], float], preview_interval: int):
-        if config.step_execution:
-            if not getattr(self.pipeline_cls, "supports_step_execution", True):
-                raise ValueError(f"step_execution: {self.pipeline_cls.__name__} runs in request mode only; "
-                                 "set step_execution: false")
-            return StepScheduler(config.max_num_seqs, config.request_batch_max_wait_ms, clock, preview_interval)
+    def _make_scheduler(self, config: StageDeployConfig, clock: Callable[[], float]):
         cap = getattr(self.pipeline_cls, "max_batch_size", None)
         max_num_seqs = min(config.max_num_seqs, cap) if cap else config.max_num_seqs
-        return RequestScheduler(max_num_seqs, config.request_batch_max_wait_ms, clock)
+        scheduler_cls = StepScheduler if config.step_execution else RequestScheduler
+        return scheduler_cls(max_num_seqs, config.request_batch_max_wait_ms, clock)
 
     # -- the Engine protocol -------------------------------------------------------------
 

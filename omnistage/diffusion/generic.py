@@ -1,21 +1,31 @@
 """Serve any diffusers pipeline through its own `__call__`, one request at a time.
 
 The fallback for families without a native pipeline (see `pipeline_class`). It maps
-`DiffusionParams` onto the call's keyword arguments, reads its defaults and extras off
-the `__call__` signature, and runs request mode only: diffusers owns the denoising loop,
-so there is no seam for the step scheduler to add or drop requests between steps.
+`DiffusionParams` onto the call's keyword arguments and reads its defaults and extras off
+the `__call__` signature.
+
+diffusers owns the denoising loop, yet the runtime steps it one denoising step per engine
+step like a native pipeline: the call runs in a thread of its own, and its
+`callback_on_step_end` hands control back after every step and waits for the next
+`denoise_step`. So progress is live, and an abort (`release`) ends the call at its next
+step: the callback raises, which also skips the VAE decode that diffusers' own
+`pipe._interrupt` would still run. A pipeline without `callback_on_step_end` runs its
+whole call in the first step. The pipeline object and its noise scheduler are shared, so
+one request runs at a time (`max_batch_size = 1`).
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest, ProgressCallback
+from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest
 
 # DiffusionParams field -> the `__call__` argument that carries it (where the names differ,
 # the first one the pipeline accepts wins).
@@ -35,13 +45,72 @@ _RESERVED_ARGS = {"prompt", "image", "generator", "output_type", "return_dict", 
                   "callback_on_step_end_tensor_inputs", "callback", "callback_steps"}
 _EXTRA_TYPES = (bool, int, float, str)
 
-_STEP_MODE_ERROR = ("{name} runs diffusers' own __call__ and supports request mode only; step mode "
-                    "(encode / denoise_step / decode) needs a native pipeline (register_diffusion_pipeline)")
+
+class _Released(Exception):
+    """Raised inside a stepped call whose request was aborted: unwinds diffusers' loop."""
+
+
+class SteppedCall:
+    """One `__call__` in its own thread, paused after every denoising step.
+
+    `advance()` lets it run one step (or to its end) and waits until it pauses again;
+    `release()` makes it unwind at its next pause. `step` counts finished steps and
+    `num_steps` is what the noise scheduler plans.
+    """
+
+    def __init__(self, run: Callable[[Callable | None], np.ndarray], num_steps: int, steppable: bool):
+        self.num_steps = num_steps
+        self.step = 0
+        self.result: np.ndarray | None = None
+        self.error: BaseException | None = None
+        self.done = False
+        self._go = threading.Semaphore(0)
+        self._paused = threading.Semaphore(0)
+        self._released = False
+        self._thread = threading.Thread(target=self._main, args=(run, steppable), daemon=True,
+                                        name="omnistage-diffusers-call")
+        self._started = False
+
+    def advance(self) -> None:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+        else:
+            self._go.release()
+        self._paused.acquire()
+        if self.error is not None:
+            raise self.error
+
+    def release(self) -> None:
+        self._released = True
+        if self._started and not self.done:
+            self._go.release()
+            self._thread.join(timeout=30)
+
+    def _main(self, run: Callable[[Callable | None], np.ndarray], steppable: bool) -> None:
+        try:
+            self.result = run(self._on_step_end if steppable else None)
+        except _Released:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - handed to the runner's thread by advance()
+            self.error = exc
+        self.done = True
+        self.step = self.num_steps
+        self._paused.release()
+
+    def _on_step_end(self, pipe: Any, i: int, t: Any, callback_kwargs: dict) -> dict:
+        self.step = i + 1
+        self.num_steps = max(len(pipe.scheduler.timesteps), self.step)  # e.g. img2img strength drops steps
+        if self.step < self.num_steps:  # after the last step the call runs on to its decode
+            self._paused.release()
+            self._go.acquire()
+        if self._released:
+            raise _Released
+        return {}
 
 
 class GenericDiffusersPipeline(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "DiffusionPipeline"  # any; the instance holds the real class name
-    supports_step_execution: ClassVar[bool] = False
     max_batch_size: ClassVar[int | None] = 1
 
     def __init__(self, pipe: Any, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
@@ -117,45 +186,43 @@ class GenericDiffusersPipeline(DiffusionPipelineBase):
         kwargs["output_type"] = "np"
         return kwargs
 
-    # -- request mode ---------------------------------------------------------------------
+    # -- the three seams, over a stepped __call__ ------------------------------------------
 
-    @torch.no_grad()
-    def forward(self, requests: list[DiffusionRequest], on_step: ProgressCallback | None = None) -> list[Any]:
+    def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
         if len(requests) != 1:
-            raise ValueError(f"{self.reference_class} through the generic adapter runs one request per "
-                             f"forward call, got {len(requests)}")
+            raise ValueError(f"{self.reference_class} through the generic adapter runs one request at a "
+                             f"time, got {len(requests)}")
         request = self.prepare_request(requests[0])
-        return [self.to_payload(self.generate_array(request, on_step), request)]
+        num_steps = request.params.num_inference_steps or 1
+        call = SteppedCall(lambda callback: self.generate_array(request, callback), num_steps,
+                           steppable="callback_on_step_end" in self.call_params)
+        return [DenoiseState(request=request, latents=None, scheduler=None, timesteps=torch.zeros(num_steps),
+                             cond={"call": call})]
 
-    def generate_array(self, request: DiffusionRequest, on_step: ProgressCallback | None = None) -> np.ndarray:
+    def denoise_step(self, states: list[DenoiseState]) -> None:
+        for state in states:
+            call: SteppedCall = state.cond["call"]
+            call.advance()
+            state.timesteps = torch.zeros(call.num_steps)
+            state.step_index = call.step
+
+    def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        for state in states:
+            call: SteppedCall = state.cond["call"]
+            if not call.done:  # paused after its last step: let it run its decode
+                call.advance()
+        return [state.cond["call"].result for state in states]
+
+    def release(self, state: DenoiseState) -> None:
+        state.cond["call"].release()
+
+    def generate_array(self, request: DiffusionRequest, callback: Callable | None = None) -> np.ndarray:
         """Run diffusers on one prepared request: float array in [0, 1], images [n, H, W, 3] or
-        video [num_frames, H, W, 3]."""
+        video [num_frames, H, W, 3]. `callback` is passed as `callback_on_step_end`."""
         kwargs = self.call_kwargs(request)
-        if on_step is not None and "callback_on_step_end" in self.call_params:
-            kwargs["callback_on_step_end"] = self._progress_callback(request, on_step)
+        if callback is not None:
+            kwargs["callback_on_step_end"] = callback
         output = self.pipe(**kwargs)
         if self.output_modality == "video":
             return np.asarray(output.frames[0])
         return np.asarray(output.images)
-
-    def _progress_callback(self, request: DiffusionRequest, on_step: ProgressCallback):
-        # Reports a DenoiseState view of diffusers' loop after each step (latents, position).
-        def callback(pipe, i, t, callback_kwargs):
-            scheduler = pipe.scheduler
-            state = DenoiseState(request=request, latents=callback_kwargs.get("latents"), scheduler=scheduler,
-                                 timesteps=scheduler.timesteps, step_index=i + 1)
-            on_step([state])
-            return {}
-
-        return callback
-
-    # -- step mode: not available -----------------------------------------------------------
-
-    def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        raise NotImplementedError(_STEP_MODE_ERROR.format(name=self.reference_class))
-
-    def denoise_step(self, states: list[DenoiseState]) -> None:
-        raise NotImplementedError(_STEP_MODE_ERROR.format(name=self.reference_class))
-
-    def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
-        raise NotImplementedError(_STEP_MODE_ERROR.format(name=self.reference_class))

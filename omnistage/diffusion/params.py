@@ -27,6 +27,9 @@ class DiffusionParams(BaseModel):
     guidance_scale_2: float | None = Field(default=None, ge=0)
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     num_outputs_per_prompt: int = Field(default=1, ge=1, le=16)
+    partial_images: int = Field(default=0, ge=0, le=3)
+    """Previews decoded at evenly spaced steps and sent on the progress events (OpenAI's
+    `partial_images`, 0-3); the final image is not counted."""
     extras: dict[str, Any] = Field(default_factory=dict)
     """Model-declared extras, e.g. {"max_sequence_length": 64}; unknown names are rejected."""
 

@@ -8,8 +8,9 @@ scheduler) and splits generation the way diffusers' modular pipelines do:
     denoise_step(states)  -> advance every state by one step, in batched transformer calls
     decode(states)        -> one ImagePayload / VideoPayload per request
 
-so the step scheduler can add and drop requests between steps. `forward(requests)` runs
-the whole loop for request mode. Batching never changes a request's result: every
+so the runtime runs one denoising step per engine step in both scheduling modes, and the
+step scheduler can add and drop requests between steps. `forward(requests)` runs the
+whole loop in one call (offline use and tests). Batching never changes a request's result: every
 request draws its noise from its own generator seeded with its own seed.
 """
 
@@ -74,10 +75,8 @@ class DiffusionPipelineBase(ABC):
     """Model-declared request extras (e.g. max_sequence_length)."""
     needs_image: ClassVar[bool] = False
     """Whether a request must carry an input image (edit, I2V)."""
-    supports_step_execution: ClassVar[bool] = True
-    """Whether `encode` / `denoise_step` / `decode` work (step mode); False for the generic adapter."""
     max_batch_size: ClassVar[int | None] = None
-    """Most requests one `forward` call takes; None = no limit (the generic adapter takes 1)."""
+    """Most requests that may run at once; None = no limit (the generic adapter takes 1)."""
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32):
@@ -139,6 +138,10 @@ class DiffusionPipelineBase(ABC):
         [num_outputs, H, W, 3], video [num_frames, H, W, 3]. Parity tests compare these
         with diffusers' `output_type="np"`."""
 
+    def release(self, state: DenoiseState) -> None:
+        """`state` left the runner (finished, failed or aborted): free what it holds beyond its
+        tensors (the generic adapter ends its diffusers call)."""
+
     def decode(self, states: list[DenoiseState]) -> list[Any]:
         """Decode finished states into one ImagePayload / VideoPayload per state."""
         return [self.to_payload(arr, state.request) for state, arr in zip(states, self.decode_arrays(states))]
@@ -153,7 +156,7 @@ class DiffusionPipelineBase(ABC):
             return VideoPayload(frames=uint8, fps=float(fps))
         return ImagePayload(images=[Image.fromarray(img) for img in uint8])
 
-    # -- request mode --------------------------------------------------------------------
+    # -- the whole loop in one call (offline use and tests; the runtime steps the seams) ----
 
     @torch.no_grad()
     def forward(self, requests: list[DiffusionRequest], on_step: ProgressCallback | None = None) -> list[Any]:

@@ -100,5 +100,7 @@ class DiffusionWorker:
     def shutdown(self) -> None:
         import torch.distributed as dist
 
+        if self.runner is not None:
+            self.runner.close()
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

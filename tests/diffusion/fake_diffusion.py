@@ -78,7 +78,6 @@ class FakePipeline(DiffusionPipelineBase):
 
 
 class FakeRequestOnlyPipeline(FakePipeline):
-    supports_step_execution: ClassVar[bool] = False
     max_batch_size: ClassVar[int | None] = 1
 
 
