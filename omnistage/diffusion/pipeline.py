@@ -318,11 +318,6 @@ def set_flow_match_timesteps(scheduler: Any, sigmas: Any, image_seq_len: int,
     return timesteps
 
 
-def classifier_free_guidance(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
-    """uncond + scale * (cond - uncond), in diffusers' operation order."""
-    return uncond + scale * (cond - uncond)
-
-
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:
     """[B, C, H, W] -> [B, (H/2)*(W/2), C*4]: 2x2 patches as tokens (Flux, Qwen-Image)."""
     b, c, h, w = latents.shape

@@ -14,13 +14,13 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.guidance import Guidance, Rows, guided_predictions, plain_cfg
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
     DiffusionRequest,
     check_divisible,
-    classifier_free_guidance,
     current_timesteps,
     decode_images,
     encode_prompts_by_length,
@@ -147,6 +147,14 @@ class StableDiffusion3(DiffusionPipelineBase):
 
     # -- 3. denoise -----------------------------------------------------------------------
 
+    # CFG when guidance_scale > 1 (the negative prompt "" by default), plain rule; SD3's
+    # transformer takes both branches in one call, as diffusers batches them.
+    guidance: ClassVar[Guidance] = Guidance(
+        scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
+        combine=plain_cfg,
+        batch_branches=True,
+    )
+
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # One transformer call needs equal latent sizes and prompt lengths.
@@ -154,24 +162,21 @@ class StableDiffusion3(DiffusionPipelineBase):
             self._denoise_group(group)
 
     def _denoise_group(self, states: list[DenoiseState]) -> None:
-        # Rows: every state's cond latents, then the uncond latents of the CFG states. SD3's
-        # transformer takes both branches in one call (diffusers batches them the same way).
-        guided = [s for s in states if s.cond["negative_prompt_embeds"] is not None]
-        rows = [(s, "") for s in states] + [(s, "negative_") for s in guided]
+        for state, pred in zip(states, guided_predictions(states, self._predict, self.guidance)):
+            self.scheduler_step(state, pred)
+
+    def _predict(self, rows: Rows) -> list[torch.Tensor]:
+        """One transformer call over every row (cond and uncond together); one prediction per row."""
         row_states = [s for s, _ in rows]
+        prefixes = ["" if branch == "cond" else "negative_" for _, branch in rows]
         noise_pred = self.transformer(
             hidden_states=torch.cat([s.latents for s in row_states]),
             timestep=current_timesteps(row_states),
-            encoder_hidden_states=torch.cat([s.cond[f"{b}prompt_embeds"] for s, b in rows]),
-            pooled_projections=torch.cat([s.cond[f"{b}pooled_prompt_embeds"] for s, b in rows]),
+            encoder_hidden_states=torch.cat([s.cond[f"{p}prompt_embeds"] for s, p in zip(row_states, prefixes)]),
+            pooled_projections=torch.cat([s.cond[f"{p}pooled_prompt_embeds"] for s, p in zip(row_states, prefixes)]),
             return_dict=False,
         )[0]
-        preds = split_per_state(noise_pred, row_states)
-        uncond = {id(s): p for s, p in zip(guided, preds[len(states):])}
-        for state, pred in zip(states, preds):
-            if id(state) in uncond:
-                pred = classifier_free_guidance(pred, uncond[id(state)], state.cond["guidance_scale"])
-            self.scheduler_step(state, pred)
+        return split_per_state(noise_pred, row_states)
 
     # -- 4. decode ------------------------------------------------------------------------
 

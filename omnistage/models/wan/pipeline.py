@@ -21,13 +21,13 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.guidance import Guidance, Rows, guided_predictions, plain_cfg
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
     DiffusionRequest,
     check_divisible,
-    classifier_free_guidance,
     encode_prompts_by_length,
     group_by,
     map_groups,
@@ -63,6 +63,8 @@ class _Wan(DiffusionPipelineBase):
         self.transformer_2 = components.get("transformer_2")
         self.boundary_ratio = boundary_ratio
         self.expand_timesteps = expand_timesteps
+        # Plain CFG, each branch its own call as in diffusers; the scale depends on the expert.
+        self.guidance = Guidance(scale=self._guidance_scale, combine=plain_cfg)
         # Either expert may be left out of a Wan 2.2 checkpoint; they share a config shape.
         self.main_transformer = self.transformer if self.transformer is not None else self.transformer_2
         self.vae_scale_factor_temporal = self.vae.config.scale_factor_temporal
@@ -198,10 +200,24 @@ class _Wan(DiffusionPipelineBase):
         for group in group_by(states, key):
             self._denoise_group(group, self._expert(group[0]))
 
-    def _predict(self, model: Any, states: list[DenoiseState], branch: str) -> torch.Tensor:
+    def _guidance_scale(self, state: DenoiseState) -> float | None:
+        """CFG when guidance_scale > 1; Wan 2.2's low-noise expert uses guidance_scale_2."""
+        if state.cond["negative_prompt_embeds"] is None:
+            return None
+        return state.cond["guidance_scale" if self._expert(state) == 0 else "guidance_scale_2"]
+
+    def _denoise_group(self, states: list[DenoiseState], expert: int) -> None:
+        model = self.transformer if expert == 0 else self.transformer_2
+        predict = lambda rows: self._predict(model, rows)  # noqa: E731
+        for state, pred in zip(states, guided_predictions(states, predict, self.guidance)):
+            self.scheduler_step(state, pred)
+
+    def _predict(self, model: Any, rows: Rows) -> list[torch.Tensor]:
+        states = [s for s, _ in rows]
+        branch = rows[0][1]
         images = [s.cond["image_embeds"] for s in states]
         with model.cache_context(branch):
-            return model(
+            noise_pred = model(
                 hidden_states=torch.cat([self._model_input(s) for s in states]).to(model.dtype),
                 timestep=torch.cat([self._timestep(s) for s in states]),
                 encoder_hidden_states=torch.cat([
@@ -210,23 +226,7 @@ class _Wan(DiffusionPipelineBase):
                 encoder_hidden_states_image=None if images[0] is None else torch.cat(images),
                 return_dict=False,
             )[0]
-
-    def _denoise_group(self, states: list[DenoiseState], expert: int) -> None:
-        model = self.transformer if expert == 0 else self.transformer_2
-        # Like diffusers: the cond and the uncond branch are separate calls (step caches keep
-        # them apart by cache_context); the uncond call holds only the CFG states.
-        noise_pred = split_per_state(self._predict(model, states, "cond"), states)
-        guided = [i for i, s in enumerate(states) if s.cond["negative_prompt_embeds"] is not None]
-        uncond: dict[int, torch.Tensor] = {}
-        if guided:
-            guided_states = [states[i] for i in guided]
-            uncond = dict(zip(guided, split_per_state(self._predict(model, guided_states, "uncond"), guided_states)))
-        for i, state in enumerate(states):
-            pred = noise_pred[i]
-            if i in uncond:
-                scale = state.cond["guidance_scale" if expert == 0 else "guidance_scale_2"]
-                pred = classifier_free_guidance(pred, uncond[i], scale)
-            self.scheduler_step(state, pred)
+        return split_per_state(noise_pred, states)
 
     # -- 4. decode ------------------------------------------------------------------------
 
