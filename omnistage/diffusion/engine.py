@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
+from omnistage.diffusion.accel import check_supported
 from omnistage.diffusion.executor import Executor, WorkerDiedError, get_executor_class
 from omnistage.diffusion.inputs import check_default_params, freeze, read_class_name, to_diffusion_request
 from omnistage.diffusion.registry import pipeline_class
@@ -41,6 +42,7 @@ class DiffusionEngine:
                  show_progress: bool = False, clock: Callable[[], float] = time.monotonic):
         """`pipeline_cls` overrides the class picked from the checkpoint (custom pipelines,
         tests). `show_progress` shows a tqdm bar (the offline API turns it on)."""
+        check_supported(stage.label if stage is not None else "diffusion", config)
         self.model_path = str(model_path)
         self.config = config
         self.pipeline_cls = pipeline_cls or pipeline_class(self._class_name(self.model_path, stage))

@@ -127,12 +127,9 @@ class GenericDiffusersPipeline(DiffusionPipelineBase):
         self.extras = self._signature_extras()
 
     @classmethod
-    def from_pretrained(cls, path: str, device: torch.device | str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "GenericDiffusersPipeline":
-        from diffusers import DiffusionPipeline
-
-        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype).to(device)
-        pipe.set_progress_bar_config(disable=True)  # progress goes through `on_step`
+    def from_diffusers(cls, pipe: Any, path: str, device: torch.device | str,
+                       dtype: torch.dtype) -> "GenericDiffusersPipeline":
+        pipe.set_progress_bar_config(disable=True)  # progress goes through the runtime's steps
         return cls(pipe, device, dtype)
 
     def _signature_defaults(self) -> dict[str, Any]:

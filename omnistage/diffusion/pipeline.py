@@ -26,6 +26,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.diffusion.guidance import Guidance, Predict, guided_predictions
 from omnistage.diffusion.params import DiffusionParams, ExtraSpec, validate_extras
 from omnistage.engine.types import ImagePayload, VideoPayload
 
@@ -75,6 +77,8 @@ class DiffusionPipelineBase(ABC):
     """Model-declared request extras (e.g. max_sequence_length)."""
     needs_image: ClassVar[bool] = False
     """Whether a request must carry an input image (edit, I2V)."""
+    guidance: ClassVar[Guidance | None] = None
+    """How classifier-free guidance runs for this family (guidance.py); None = no CFG branches."""
     max_batch_size: ClassVar[int | None] = None
     """Most requests that may run at once; None = no limit (the generic adapter takes 1)."""
 
@@ -83,17 +87,39 @@ class DiffusionPipelineBase(ABC):
         self.components = components
         self.device = torch.device(device)
         self.dtype = dtype
+        self.accelerations: list[str] = []
+        """What `from_pretrained` applied from the deploy config (e.g. ["vae_tiling"])."""
+        self.guidance_runner = guided_predictions
+        """Runs `guidance` for a step; CFG-parallel replaces it (accel/cfg_parallel.py)."""
         for name, module in components.items():
             setattr(self, name, module)
 
     # -- loading -------------------------------------------------------------------------
 
+    loader_overrides: ClassVar[dict[str, Any]] = {}
+    """Components diffusers' loader is given instead of loading them (e.g. {"processor": None})."""
+
     @classmethod
-    def from_pretrained(cls, path: str, device: torch.device | str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "DiffusionPipelineBase":
-        """Load the components from a diffusers folder (or hub id) with diffusers' own classes.
-        Override when the checkpoint needs more (a processor, pipeline config)."""
-        return cls(load_components(path, device, dtype), device, dtype)
+    def from_pretrained(cls, path: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                        deploy: StageDeployConfig | None = None) -> "DiffusionPipelineBase":
+        """The one load path: diffusers' own classes load the folder (or hub id) as its
+        model_index.json names them, `from_diffusers` builds the pipeline from them, and the
+        stage's accelerations (`deploy`) are applied to it, all in one place."""
+        from diffusers import DiffusionPipeline
+
+        from omnistage.diffusion.accel import apply_accelerations
+
+        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **cls.loader_overrides).to(device)
+        pipeline = cls.from_diffusers(pipe, str(path), device, dtype)
+        pipeline.accelerations = apply_accelerations(pipeline, deploy or StageDeployConfig())
+        return pipeline
+
+    @classmethod
+    def from_diffusers(cls, pipe: Any, path: str, device: torch.device | str,
+                       dtype: torch.dtype) -> "DiffusionPipelineBase":
+        """The hook for a family that needs more from the checkpoint than its components (a
+        processor, the pipeline's own config): build the pipeline from the loaded diffusers one."""
+        return cls(pipe.components, device, dtype)
 
     # -- request checks ------------------------------------------------------------------
 
@@ -137,6 +163,11 @@ class DiffusionPipelineBase(ABC):
         """Decode finished states to float arrays in [0, 1], one per state: images
         [num_outputs, H, W, 3], video [num_frames, H, W, 3]. Parity tests compare these
         with diffusers' `output_type="np"`."""
+
+    def guided_predictions(self, states: list[DenoiseState], predict: Predict) -> list[torch.Tensor]:
+        """Each state's guided noise prediction for its current step: `predict` runs the
+        transformer over (state, branch) rows; the family's `guidance` says which and how."""
+        return self.guidance_runner(states, predict, self.guidance)
 
     def release(self, state: DenoiseState) -> None:
         """`state` left the runner (finished, failed or aborted): free what it holds beyond its
@@ -196,16 +227,6 @@ class DiffusionPipelineBase(ABC):
 
 
 # -- module-level helpers shared by the families ---------------------------------------------
-
-
-def load_components(path: str, device: torch.device | str = "cpu",
-                    dtype: torch.dtype = torch.float32, **overrides: Any) -> dict[str, Any]:
-    """A diffusers folder's components (transformer, VAE, text encoders, tokenizers, scheduler),
-    loaded by diffusers' own classes as named in its model_index.json, on `device` in `dtype`.
-    `overrides` pass given (or None) components instead of loading them, as diffusers allows."""
-    from diffusers import DiffusionPipeline
-
-    return DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **overrides).to(device).components
 
 
 def check_divisible(params: DiffusionParams, **multiples: int) -> None:

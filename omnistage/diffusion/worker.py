@@ -82,7 +82,7 @@ class DiffusionWorker:
 
     def load_model(self) -> None:
         pipeline = self.config.pipeline_cls.from_pretrained(self.config.model_path, device=self.device,
-                                                            dtype=self.dtype)
+                                                            dtype=self.dtype, deploy=self.config.stage)
         self.runner = DiffusionRunner(pipeline)
 
     # -- RPCs ----------------------------------------------------------------------------

@@ -34,7 +34,7 @@ class FakePipeline(DiffusionPipelineBase):
         self.batch_sizes: list[int] = []
 
     @classmethod
-    def from_pretrained(cls, path, device="cpu", dtype=torch.float32) -> "FakePipeline":
+    def from_pretrained(cls, path, device="cpu", dtype=torch.float32, deploy=None) -> "FakePipeline":
         config_file = Path(path) / "fake.json"
         config = json.loads(config_file.read_text()) if config_file.is_file() else {}
         return cls({"scheduler": None}, device, dtype, step_delay=config.get("step_delay", 0.0))

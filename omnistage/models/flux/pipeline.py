@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from omnistage.diffusion.guidance import Guidance, Rows, guided_predictions, plain_cfg
+from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
     DenoiseState,
@@ -154,7 +154,7 @@ class Flux(DiffusionPipelineBase):
             self._denoise_group(group)
 
     def _denoise_group(self, states: list[DenoiseState]) -> None:
-        for state, pred in zip(states, guided_predictions(states, self._predict, self.guidance)):
+        for state, pred in zip(states, self.guided_predictions(states, self._predict)):
             self.scheduler_step(state, pred)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:

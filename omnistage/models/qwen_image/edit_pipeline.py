@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipeline import DenoiseState, DiffusionRequest, load_components, pack_latents
+from omnistage.diffusion.pipeline import DenoiseState, DiffusionRequest, pack_latents
 from omnistage.models.qwen_image.pipeline import QwenImage
 
 # QwenImageEditPipeline resizes the input image to about this many pixels (keeping its aspect
@@ -59,16 +59,17 @@ class QwenImageEdit(QwenImage):
     def _checkpoint_defaults(self) -> dict[str, Any]:
         return dict(type(self).default_params)
 
+    # The checkpoint's `processor` is a Qwen2VLProcessor, which transformers only builds with
+    # torchvision installed (its video half). Only its image half is needed: the vision image
+    # processor, which loads without torchvision; the tokenizer is the pipeline's own.
+    loader_overrides: ClassVar[dict[str, Any]] = {"processor": None}
+
     @classmethod
-    def from_pretrained(cls, path: str, device: torch.device | str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "QwenImageEdit":
+    def from_diffusers(cls, pipe: Any, path: str, device: torch.device | str, dtype: torch.dtype) -> "QwenImageEdit":
         from transformers import AutoImageProcessor
 
-        # The checkpoint's `processor` is a Qwen2VLProcessor, which transformers only builds with
-        # torchvision installed (its video half). Only its image half is needed: the vision
-        # image processor, which loads without torchvision; the tokenizer is the pipeline's own.
-        components = load_components(path, device, dtype, processor=None)
-        components["vision_processor"] = AutoImageProcessor.from_pretrained(str(path), subfolder="processor")
+        components = {**pipe.components,
+                      "vision_processor": AutoImageProcessor.from_pretrained(path, subfolder="processor")}
         return cls(components, device, dtype)
 
     # -- 1. check inputs ----------------------------------------------------------------

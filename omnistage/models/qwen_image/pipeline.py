@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from omnistage.diffusion.guidance import Guidance, Rows, guided_predictions, rescaled_true_cfg
+from omnistage.diffusion.guidance import Guidance, Rows, rescaled_true_cfg
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
     DenoiseState,
@@ -184,7 +184,7 @@ class QwenImage(DiffusionPipelineBase):
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # One transformer call per token-grid layout (RoPE is computed for the batch's first).
         for group in group_by(states, lambda s: s.cond["img_shapes"]):
-            for state, pred in zip(group, guided_predictions(group, self._predict, self.guidance)):
+            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
                 self.scheduler_step(state, pred)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:

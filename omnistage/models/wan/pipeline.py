@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from omnistage.diffusion.guidance import Guidance, Rows, guided_predictions, plain_cfg
+from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
     DenoiseState,
@@ -77,12 +77,8 @@ class _Wan(DiffusionPipelineBase):
         self.width_multiple_of = math.lcm(16, self.vae_scale_factor_spatial * patch_size[2])
 
     @classmethod
-    def from_pretrained(cls, path: str, device: torch.device | str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "_Wan":
-        from diffusers import DiffusionPipeline
-
+    def from_diffusers(cls, pipe: Any, path: str, device: torch.device | str, dtype: torch.dtype) -> "_Wan":
         # boundary_ratio / expand_timesteps live in model_index.json, i.e. the pipeline's config.
-        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype).to(device)
         return cls(pipe.components, device, dtype, boundary_ratio=pipe.config.get("boundary_ratio"),
                    expand_timesteps=bool(pipe.config.get("expand_timesteps", False)))
 
@@ -209,7 +205,7 @@ class _Wan(DiffusionPipelineBase):
     def _denoise_group(self, states: list[DenoiseState], expert: int) -> None:
         model = self.transformer if expert == 0 else self.transformer_2
         predict = lambda rows: self._predict(model, rows)  # noqa: E731
-        for state, pred in zip(states, guided_predictions(states, predict, self.guidance)):
+        for state, pred in zip(states, self.guided_predictions(states, predict)):
             self.scheduler_step(state, pred)
 
     def _predict(self, model: Any, rows: Rows) -> list[torch.Tensor]:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from omnistage.diffusion.guidance import Guidance, Rows, guided_predictions, norm_clamped_cfg
+from omnistage.diffusion.guidance import Guidance, Rows, norm_clamped_cfg
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
     DenoiseState,
@@ -140,7 +140,7 @@ class ZImage(DiffusionPipelineBase):
 
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
-        for state, pred in zip(states, guided_predictions(states, self._predict, self.guidance)):
+        for state, pred in zip(states, self.guided_predictions(states, self._predict)):
             # The transformer predicts the flow towards the data; the scheduler steps along its negation.
             noise_pred = -pred.squeeze(2)
             self.scheduler_step(state, noise_pred.to(torch.float32))
