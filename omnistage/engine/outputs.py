@@ -48,6 +48,8 @@ class OmniOutput:
     """Why the request failed, naming the stage."""
     error_kind: str | None = None
     """"invalid_request" when a stage refused the request's inputs or params, else None."""
+    error_param: str | None = None
+    """With "invalid_request": the request field at fault, when the stage named it."""
     # --- what is new in a streamed output ---
     stage: str | None = None
     """Name of the stage this update came from."""
