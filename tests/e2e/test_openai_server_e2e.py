@@ -1,8 +1,6 @@
 """`omnistage serve` in a real process with zoo models, driven by the official clients.
 
-One server per model (a start costs ~10-20 s of imports and loading here). Omni chat
-with audio runs once the Qwen2.5-Omni token2wav stage exists; until then it is covered
-over a fake engine in tests/entrypoints/openai.
+One server per model (a start costs ~10-20 s of imports and loading here).
 """
 
 from __future__ import annotations
@@ -169,7 +167,6 @@ def test_wan_t2v_video_job_and_sync(zoo):
 
 
 def test_qwen2_5_omni_chat_answers_with_audio(zoo):
-    pytest.importorskip("omnistage.models.qwen2_5_omni.token2wav", reason="the Omni token2wav stage is not in yet")
     import soundfile as sf
 
     model = str(zoo("qwen2.5-omni"))
