@@ -15,6 +15,8 @@ Obstacles worked around (as for Qwen2.5-Omni in speech_models.py):
    tokenizer (chat template included) and a `WhisperFeatureExtractor(feature_size=128)` for audio.
 6. The role words are single tokens in the real vocabulary (the talker keeps only the user turns);
    the tiny BPE splits them, so they are added tokens here.
+7. The talker's MoE experts are not initialised by `post_init` (uninitialised memory): the builder
+   draws them from the seed.
 """
 
 from __future__ import annotations
@@ -116,6 +118,12 @@ def build_qwen3_omni(out_dir: Path, size: str, seed: int) -> None:
     config = _qwen3_omni_config(tok)
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config).float().eval()
+    # The talker's fused experts are created with torch.empty and no _init_weights covers them
+    # (obstacle 7): left so they are whatever memory held, which changes from run to run.
+    with torch.no_grad():
+        for name, param in model.talker.model.named_parameters():
+            if ".mlp.experts." in name:
+                param.normal_(0.0, config.talker_config.initializer_range)
     endoftext, im_end = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
     _save(out_dir, model, tok, GenerationConfig(eos_token_id=[im_end, endoftext], pad_token_id=endoftext))
     WhisperFeatureExtractor(feature_size=128, sampling_rate=QWEN3_OMNI_AUDIO_IN_SAMPLE_RATE, chunk_length=300,
