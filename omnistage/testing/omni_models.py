@@ -17,6 +17,8 @@ Obstacles worked around (as for Qwen2.5-Omni in speech_models.py):
    the tiny BPE splits them, so they are added tokens here.
 7. The talker's MoE experts are not initialised by `post_init` (uninitialised memory): the builder
    draws them from the seed.
+8. Image input goes through `Qwen2VLImageProcessorPil` (the PIL/numpy path, no torchvision), which
+   reads its fields from the same preprocessor_config.json as the feature extractor.
 """
 
 from __future__ import annotations
@@ -128,6 +130,19 @@ def build_qwen3_omni(out_dir: Path, size: str, seed: int) -> None:
     _save(out_dir, model, tok, GenerationConfig(eos_token_id=[im_end, endoftext], pad_token_id=endoftext))
     WhisperFeatureExtractor(feature_size=128, sampling_rate=QWEN3_OMNI_AUDIO_IN_SAMPLE_RATE, chunk_length=300,
                             return_attention_mask=True).save_pretrained(out_dir)
+    _add_image_processor(out_dir / "preprocessor_config.json", config.thinker_config.vision_config)
+
+
+def _add_image_processor(path: Path, vision) -> None:
+    """The image processor's fields next to the feature extractor's in preprocessor_config.json, as in
+    the real checkpoint (16-pixel patches, mean/std 0.5); read by `Qwen2VLImageProcessorPil` (obstacle 8)."""
+    import json
+
+    config = json.loads(path.read_text())
+    config.update(image_processor_type="Qwen2VLImageProcessor", min_pixels=3136, max_pixels=12845056,
+                  patch_size=vision.patch_size, temporal_patch_size=vision.temporal_patch_size,
+                  merge_size=vision.spatial_merge_size, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 register_zoo_model(ZooModel(

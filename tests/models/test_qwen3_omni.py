@@ -1,7 +1,7 @@
 """Qwen3-Omni end to end on the tiny zoo checkpoint: text, codec frames and waveform parity with
 transformers' `Qwen3OmniMoeForConditionalGeneration.generate` (greedy), audio input, streamed
 code2wav against the one-shot decode, the thinker-only variant, voices, batching, and the
-chat route streaming audio.
+chat route streaming audio; text, audio and image input.
 
 The reference runs unmodified; its code2wav is wrapped only to record the codes `generate`
 hands it. One difference is accounted for, not repaired: the reference's talker voices one
@@ -56,6 +56,7 @@ def path(zoo) -> str:
 @pytest.fixture(scope="module")
 def reference(path):
     from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
     from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
 
     class _RecordingCode2Wav(torch.nn.Module):
@@ -73,7 +74,9 @@ def reference(path):
     model.code2wav = _RecordingCode2Wav(model.code2wav)
     tokenizer = AutoTokenizer.from_pretrained(path)
     features = WhisperFeatureExtractor.from_pretrained(path)
+    image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
     audio_token = model.config.thinker_config.audio_token_id
+    image_token = model.config.thinker_config.image_token_id
 
     def processor(messages) -> dict:
         """Qwen3OmniMoeProcessor's text and audio work (the class itself needs torchvision)."""
@@ -88,6 +91,13 @@ def reference(path):
             inputs = {"input_features": feats["input_features"], "feature_attention_mask": feats["attention_mask"]}
             counts = iter(_get_feat_extract_output_lengths(feats["attention_mask"].sum(-1)).tolist())
             ids = [t for token in ids for t in ([token] * next(counts) if token == audio_token else [token])]
+        images = [p["image"] for m in messages if isinstance(m["content"], list) for p in m["content"]
+                  if p["type"] == "image"]
+        if images:  # the processor's image path, PIL backend (its default backend needs torchvision)
+            pixels = image_processor(images=images, return_tensors="pt")
+            inputs.update(pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
+            counts = iter((pixels["image_grid_thw"].prod(-1) // image_processor.merge_size**2).tolist())
+            ids = [t for token in ids for t in ([token] * next(counts) if token == image_token else [token])]
         x = torch.tensor([ids])
         return {"input_ids": x, "attention_mask": torch.ones_like(x), **inputs}
 
@@ -156,6 +166,33 @@ def test_audio_input_matches_transformers_generate(reference, omni):
     np.testing.assert_array_equal(out.audio, ref_wav)
 
 
+def test_image_input_matches_transformers_generate(reference, omni):
+    from PIL import Image
+
+    rng = np.random.RandomState(0)
+    wide = Image.fromarray((rng.rand(64, 96, 3) * 255).astype(np.uint8))  # 4 x 6 patches of 16
+    square = (rng.rand(64, 64, 3) * 255).astype(np.uint8)  # a uint8 array works too
+    messages = [{"role": "user", "content": [{"type": "image", "image": wide}, {"type": "text", "text": "and"},
+                                             {"type": "image", "image": square},
+                                             {"type": "text", "text": "Describe the image."}]}]
+    ref_ids, ref_codes, ref_wav = reference(messages)
+    [out] = omni.generate({"messages": messages}, greedy_params(), use_tqdm=False)
+    assert out.token_ids == ref_ids
+    np.testing.assert_array_equal(out.audio, ref_wav)
+    # The pixels matter (the talker reads the thinker's states at the image positions).
+    other = [{"role": "user", "content": [{"type": "image", "image": 255 - square},
+                                          {"type": "text", "text": "Describe the image."}]}]
+    same = [{"role": "user", "content": [{"type": "image", "image": square}, {"type": "text", "text": "Describe the image."}]}]
+    [a], [b] = (omni.generate({"messages": m}, greedy_params(), use_tqdm=False) for m in (other, same))
+    np.testing.assert_array_equal(a.audio, reference(other)[2])
+    assert not np.array_equal(a.audio, b.audio)
+    # An image and audio in one batch with a text-only request: each as alone.
+    text_only = omni.generate({"messages": OTHER}, greedy_params(), use_tqdm=False)[0]
+    together = omni.generate([{"messages": messages}, {"messages": OTHER}], greedy_params(), use_tqdm=False)
+    assert together[0].token_ids == ref_ids and together[1].token_ids == text_only.token_ids
+    np.testing.assert_allclose(together[0].audio, ref_wav, rtol=0, atol=1e-5)
+
+
 def test_audio_streams_and_chunks_approximate_the_one_shot_decode(omni):
     num_frames = 64  # chunks at 5, 30, 55 frames; the rest at the end
     chunking = Code2WavParams(first_chunk_frames=5, chunk_frames=25)
@@ -220,12 +257,12 @@ def test_text_only_request_runs_the_thinker_alone(reference, omni):
     assert set(out.metrics["stages"]) == {"thinker"}
 
 
-def test_bad_voice_and_image_parts_fail_naming_the_thinker(omni):
+def test_bad_voice_and_video_parts_fail_naming_the_thinker(omni):
     with pytest.raises(OmniRequestError, match=r"thinker.*unknown voice 'Nobody'"):
         omni.generate({"messages": MESSAGES, "voice": "Nobody"}, greedy_params(), use_tqdm=False)
-    image = [{"role": "user", "content": [{"type": "image", "image": None}, {"type": "text", "text": "What?"}]}]
-    with pytest.raises(OmniRequestError, match=r"thinker.*'image' parts are not supported yet"):
-        omni.generate({"messages": image}, greedy_params(), use_tqdm=False)
+    video = [{"role": "user", "content": [{"type": "video", "video": np.zeros((4, 64, 64, 3), np.uint8)}]}]
+    with pytest.raises(OmniRequestError, match=r"thinker.*video parts are not supported.*torchvision"):
+        omni.generate({"messages": video}, greedy_params(), use_tqdm=False)
 
 
 def test_chat_completions_route_streams_audio(path):

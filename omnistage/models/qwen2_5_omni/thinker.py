@@ -84,7 +84,7 @@ class OmniThinker(ARModel):
             features = WhisperFeatureExtractor.from_pretrained(model_path)
         except OSError:
             features = None  # text-only checkpoint folder: audio input is refused at admission
-        images = _image_processor(model_path, Qwen2VLImageProcessorPil)
+        images = image_processor(model_path, Qwen2VLImageProcessorPil)
         return cls(model, load_tokenizer(model_path), features, load_speakers(model_path),
                    (talker_config.tts_text_end_token_id, talker_config.tts_text_pad_token_id),
                    eos_token_ids(model_path, model.config), device, images)
@@ -139,7 +139,7 @@ class OmniThinker(ARModel):
         counts = _get_feat_extract_output_lengths(seqlens).tolist()
         features = features["input_features"].to(self.device, self.model.dtype)
         embeds = self.model.get_audio_features(features, mask).last_hidden_state
-        return _expand(ids, slots, counts, self.audio_token_id), embeds, seqlens
+        return expand_placeholders(ids, slots, counts, self.audio_token_id), embeds, seqlens
 
     def _encode_images(self, ids: list[int], images: list[Any]):
         """Pixels by the checkpoint's image processor (PIL path), one `<|IMAGE|>` per merged patch."""
@@ -152,7 +152,7 @@ class OmniThinker(ARModel):
         grid = pixels["image_grid_thw"].to(self.device)
         counts = (grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
         embeds = self.model.get_image_features(pixels["pixel_values"].to(self.device, self.model.dtype), grid)
-        return _expand(ids, slots, counts, self.image_token_id), torch.cat(embeds.pooler_output), grid
+        return expand_placeholders(ids, slots, counts, self.image_token_id), torch.cat(embeds.pooler_output), grid
 
     # --- the forward ---------------------------------------------------------------------------
 
@@ -214,7 +214,7 @@ class OmniThinker(ARModel):
         self.model = self.lm = None
 
 
-def _expand(ids: list[int], slots: list[int], counts: list[int], token: int) -> list[int]:
+def expand_placeholders(ids: list[int], slots: list[int], counts: list[int], token: int) -> list[int]:
     """`ids` with the placeholder at each of `slots` repeated `counts` times."""
     expanded: list[int] = []
     last = 0
@@ -224,7 +224,7 @@ def _expand(ids: list[int], slots: list[int], counts: list[int], token: int) -> 
     return expanded + ids[last:]
 
 
-def _image_processor(model_path: str, cls):
+def image_processor(model_path: str, cls):
     """The checkpoint's image processor, or None when its preprocessor_config.json has no image fields."""
     import json
     from pathlib import Path

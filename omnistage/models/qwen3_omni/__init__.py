@@ -1,6 +1,6 @@
 """Qwen3-Omni: thinker -> talker -> code2wav, or the thinker alone when audio is off.
 
-    stage 0 "thinker"  (ar)          text/audio in -> text (MoE), and per position the
+    stage 0 "thinker"  (ar)          text/audio/image in -> text (MoE), and per position the
                                      hidden state and input embedding the talker reads
     stage 1 "talker"   (ar)          thinker states -> codec frames (MoE talker + code
                                      predictor: G codebooks per frame), streamed in chunks
@@ -11,10 +11,8 @@ thinker-only variant serves checkpoints with `enable_audio_output: false` and de
 whose `output_modalities` leave out audio. The voice is `prompt["voice"]` (a name of the
 talker config's `speaker_id`, any case, default "Ethan"); chunking is `Code2WavParams`.
 
-Not yet: image and video input (the thinker refuses those parts by name). The vision
-encoder needs the processor's image path (`Qwen2VLImageProcessor`'s PIL/numpy one exists)
-plus the deepstack features fed into the first decoder layers; the video processor of
-transformers 5 is torchvision-only.
+Not yet: video input (the thinker refuses video parts by name): transformers 5's video
+processors are torchvision-only, and omnistage does not use torchvision.
 """
 
 from omnistage.ar.model import register_ar_model

@@ -54,12 +54,13 @@ def _prompt_dict(prompt: Any) -> dict:
                     f"got {type(prompt).__name__}")
 
 
-def media_parts(inputs: Any) -> list[tuple[Any, int]]:
-    """(waveform, sample rate) of every audio part of the chat messages, in order; image and
-    video parts are refused by name (this family does not read them yet)."""
+def media_parts(inputs: Any) -> tuple[list[tuple[Any, int]], list[Any]]:
+    """The media parts of the chat messages, in order: audio as (waveform, sample rate), images as
+    given (PIL image or uint8 [H, W, 3] array). Video parts are refused by name: transformers 5's
+    video processors need torchvision, which omnistage does not use."""
     if not isinstance(inputs, dict) or not isinstance(inputs.get("messages"), list):
-        return []
-    out = []
+        return [], []
+    audios, images = [], []
     for message in inputs["messages"]:
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, list):
@@ -69,10 +70,14 @@ def media_parts(inputs: Any) -> list[tuple[Any, int]]:
             if kind == "audio":
                 if "sample_rate" not in part:
                     raise ValueError("an audio part needs 'audio' (float waveform) and 'sample_rate'")
-                out.append((part["audio"], int(part["sample_rate"])))
-            elif kind in ("image", "image_url", "video", "video_url"):
-                raise ValueError(f"Qwen3-Omni serves text and audio input; {kind!r} parts are not supported yet")
-    return out
+                audios.append((part["audio"], int(part["sample_rate"])))
+            elif kind == "image":
+                if part.get("image") is None:
+                    raise ValueError("an image part needs 'image' (a PIL image or a uint8 [H, W, 3] array)")
+                images.append(part["image"])
+            elif kind in ("video", "video_url"):
+                raise ValueError("video parts are not supported: transformers 5's video processors need torchvision")
+    return audios, images
 
 
 # --- thinker -> talker -----------------------------------------------------------------------
@@ -94,7 +99,8 @@ def talker_inputs(request: Any, upstream: dict) -> dict:
     sequence = torch.cat([prompt_ids.cpu(), torch.tensor(out.token_ids, dtype=torch.long)])
     return {"thinker_hidden": hidden, "thinker_embeds": embeds, "token_ids": sequence,
             "num_prompt": int(prompt_ids.shape[0]), "audio_seqlens": out.extras["audio_seqlens"],
-            "tts_embeds": out.extras["tts_embeds"], "voice": out.extras["voice"]}
+            "image_grid_thw": out.extras["image_grid_thw"], "tts_embeds": out.extras["tts_embeds"],
+            "voice": out.extras["voice"]}
 
 
 # --- talker -> code2wav -----------------------------------------------------------------------

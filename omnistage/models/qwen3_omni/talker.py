@@ -12,8 +12,8 @@ Prompt (`build_prompt`, from the thinker's finished output, see `processors.talk
   codec_pad, codec_bos] on its last six positions;
 - the rest of the reply (`trailing`: one row per later reply token, then tts_eos) is added
   to the input of decode step k, and tts_pad once it is spoken.
-M-RoPE positions: `get_rope_index` over the talker's ids when the prompt holds audio (as the
-reference), else plain positions.
+M-RoPE positions: `get_rope_index` over the talker's ids when the prompt holds audio or
+images (as the reference), else plain positions.
 
 Per step: the MoE decoder and `codec_head` give codebook 0 (ids from `vocab - 1024` up are
 suppressed, codec EOS excepted); `on_sampled` runs the code predictor (a small AR model,
@@ -45,7 +45,8 @@ from omnistage.ar.sampling_params import SamplingParams
 from omnistage.models.qwen3_omni.thinker import attention_mask
 from omnistage.models.qwen3_omni.weights import check_voice, load_talker, speaker_ids
 
-_INPUT_KEYS = ("thinker_hidden", "thinker_embeds", "token_ids", "num_prompt", "audio_seqlens", "tts_embeds", "voice")
+_INPUT_KEYS = ("thinker_hidden", "thinker_embeds", "token_ids", "num_prompt", "audio_seqlens", "image_grid_thw",
+               "tts_embeds", "voice")
 NUM_SUPPRESSED = 1024  # the reference suppresses ids [vocab - 1024, vocab) but codec EOS
 CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P = 50, 0.8  # the reference's code predictor sampling
 
@@ -171,14 +172,16 @@ class Qwen3OmniTalker(ARModel):
         assistant = text_part + codec_part[:text_part.shape[0]]
         prompt_embeds = torch.cat([user, assistant])
         trailing = torch.cat([reply[4:], tts_eos[None]])
-        # 3. Positions: TMRoPE over the talker's ids when audio is in the prompt, else plain.
+        # 3. Positions: TMRoPE over the talker's ids when audio or images are in the prompt, else plain.
         talker_ids = torch.cat([prompt_ids[is_user],
                                 torch.full((assistant.shape[0],), -1, device=self.device, dtype=torch.long)])
-        audio_seqlens = inputs["audio_seqlens"]
-        if audio_seqlens is not None:
+        audio_seqlens, grid = inputs["audio_seqlens"], inputs["image_grid_thw"]
+        if audio_seqlens is not None or grid is not None:
             talker_ids[talker_ids < 0] = self.tts_pad_id  # the reference's ids for the assistant part
-            pos, delta = self.model.get_rope_index(talker_ids[None], None, None, torch.ones_like(talker_ids[None]),
-                                                   False, audio_seqlens.to(self.device), None)
+            pos, delta = self.model.get_rope_index(
+                talker_ids[None], None if grid is None else grid.to(self.device), None,
+                torch.ones_like(talker_ids[None]), False,
+                None if audio_seqlens is None else audio_seqlens.to(self.device), None)
             mrope, delta = pos[:, 0], int(delta.item())
         else:
             mrope, delta = torch.arange(talker_ids.shape[0], device=self.device).expand(3, -1), 0
