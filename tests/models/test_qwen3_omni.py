@@ -265,7 +265,7 @@ def test_bad_voice_and_video_parts_fail_naming_the_thinker(omni):
         omni.generate({"messages": video}, greedy_params(), use_tqdm=False)
 
 
-def test_chat_completions_route_streams_audio(path):
+def test_chat_completions_route_streams_audio_for_an_image(path):
     import base64
     import json
 
@@ -277,7 +277,14 @@ def test_chat_completions_route_streams_audio(path):
     # The route sets the thinker's params only; the talker samples with its deploy defaults, capped here.
     engine = AsyncOmni(path, stage_overrides={"1": {"default_sampling_params": {"max_tokens": 30}}})
     app = create_app(ServerSettings(served_model_name="omni", model_path=path), engine)
-    body = {"messages": MESSAGES, "modalities": ["text", "audio"], "max_tokens": 8, "temperature": 0,
+    from PIL import Image
+
+    from omnistage.media.image import image_to_data_url
+
+    image = Image.fromarray((np.random.RandomState(0).rand(64, 64, 3) * 255).astype(np.uint8))
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_to_data_url(image)}},
+                                             {"type": "text", "text": "Describe the image."}]}]
+    body = {"messages": messages, "modalities": ["text", "audio"], "max_tokens": 8, "temperature": 0,
             "stream": True, "audio": {"voice": "Chelsie", "format": "pcm16"}}
     with TestClient(app) as http, http.stream("POST", "/v1/chat/completions", json=body) as streamed:
         assert streamed.status_code == 200
