@@ -316,3 +316,13 @@ def test_talker_chunks_cover_the_utterance_once(num_frames, chunking):
     assert [p["is_last"] for p in parts] == [False] * (len(parts) - 1) + [True]
     if chunking.chunk_frames == 0:
         assert len(parts) == 1
+
+
+def test_a_thinker_that_stops_at_once_still_speaks(omni):
+    # The reference generate() fails when the thinker's first token ends its answer; here the talker
+    # speaks the end of text (its prompt still ends in the codec BOS).
+    params = greedy_params(8, 8)
+    params["thinker"] = SamplingParams(temperature=0, max_tokens=1)
+    [out] = omni.generate({"messages": MESSAGES}, params, use_tqdm=False)
+    assert out.error is None and len(out.token_ids) == 1
+    assert out.audio.shape[0] > 7 * SAMPLES_PER_FRAME

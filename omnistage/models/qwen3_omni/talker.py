@@ -165,13 +165,18 @@ class Qwen3OmniTalker(ARModel):
         start = int(torch.nonzero(pairs).flatten()[-1])
         reply = self.model.text_projection(embeds[start:])
         tts_bos, tts_eos, tts_pad = self.model.text_projection(inputs["tts_embeds"].to(self.device, dtype)).unbind(0)
+        if reply.shape[0] < 4:
+            # NOTE: the thinker stopped on its first token, so there is no reply token to start the
+            # talker with; the reference generate() fails here. Speak the end of text instead.
+            reply = torch.cat([reply, tts_eos[None]])
+            tts_eos = None
         text_part = torch.cat([reply[:3], tts_pad.expand(4, -1), tts_bos[None], reply[3:4]])
         codec_ids = torch.tensor([*self.codec_specials, self.speakers[inputs["voice"].lower()], self.codec_pad,
                                   self.codec_bos], device=self.device)
         codec_part = torch.cat([text_part.new_zeros(3, text_part.shape[1]), self.embed(codec_ids)])
         assistant = text_part + codec_part[:text_part.shape[0]]
         prompt_embeds = torch.cat([user, assistant])
-        trailing = torch.cat([reply[4:], tts_eos[None]])
+        trailing = reply[4:] if tts_eos is None else torch.cat([reply[4:], tts_eos[None]])
         # 3. Positions: TMRoPE over the talker's ids when audio or images are in the prompt, else plain.
         talker_ids = torch.cat([prompt_ids[is_user],
                                 torch.full((assistant.shape[0],), -1, device=self.device, dtype=torch.long)])
