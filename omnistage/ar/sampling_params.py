@@ -44,6 +44,25 @@ class SamplingParams:
     ignore_eos: bool = False
     """Keep generating past EOS (benchmarks); `stop_token_ids` still apply."""
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> "SamplingParams":
+        # Remember which fields the caller gave, so deploy defaults can fill the others field by
+        # field (`with_defaults`), as DiffusionParams' unset (None) fields are filled.
+        self = super().__new__(cls)
+        self._fields_set = frozenset([f.name for f in fields(cls)][: len(args)]) | frozenset(kwargs)
+        return self
+
+    @property
+    def fields_set(self) -> frozenset[str]:
+        """The fields given at construction (the rest hold the class defaults)."""
+        return getattr(self, "_fields_set", frozenset())
+
+    def with_defaults(self, defaults: "SamplingParams") -> "SamplingParams":
+        """These params over `defaults`: a field this request gave wins, every other field takes
+        the value `defaults` gave (the deploy's `default_sampling_params`), else the class default."""
+        values = {name: getattr(defaults, name) for name in defaults.fields_set}
+        values.update({name: getattr(self, name) for name in self.fields_set})
+        return type(self)(**values)
+
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
@@ -107,10 +126,14 @@ def _is_num(x: Any) -> bool:
 
 def admit(request_id: str, params: "SamplingParams | None", default: "SamplingParams", num_prompt: int,
           max_model_len: int, *, min_output_tokens: int = 0) -> "SamplingParams":
-    """The request's params (or the stage default), after the checks every AR backend makes
-    before queueing: a non-empty prompt that, with `max_tokens`, fits `max_model_len`.
-    Raises ValueError naming the numbers (TypeError for params of the wrong kind)."""
-    params = params if params is not None else default
+    """The request's params over the stage defaults (field by field: `with_defaults`), after the
+    checks every AR backend makes before queueing: a non-empty prompt that, with `max_tokens`,
+    fits `max_model_len`. Raises ValueError naming the numbers (TypeError for params of the
+    wrong kind)."""
+    if params is None:
+        params = default
+    elif isinstance(params, SamplingParams):
+        params = params.with_defaults(default)
     if not isinstance(params, SamplingParams):
         raise TypeError(f"AR request params must be SamplingParams or None, got {type(params).__name__}")
     if num_prompt == 0:
