@@ -10,6 +10,7 @@ build an app around any engine client. What a request can reach:
     /v1/images/...          images/       (diffusion models with image output)
     /v1/videos...           videos/       (diffusion models with video output)
     /v1/chat/completions    chat/         (text, omni and image models)
+    /v1/completions         completions/  (text and omni models: the text of a raw prompt)
     /v1/audio/speech        audio/        (models with audio output; also /v1/audio/voices
                                            and the WebSocket /v1/audio/speech/stream)
 
@@ -33,6 +34,8 @@ from omnistage.entrypoints.openai.audio.voices import VoiceStore
 from omnistage.entrypoints.openai.capabilities import Capabilities
 from omnistage.entrypoints.openai.chat.api_router import attach_router as attach_chat
 from omnistage.entrypoints.openai.chat.serving import ChatServing
+from omnistage.entrypoints.openai.completions.api_router import attach_router as attach_completions
+from omnistage.entrypoints.openai.completions.serving import CompletionServing
 from omnistage.entrypoints.openai.engine_client import EngineGateway, maybe_await
 from omnistage.entrypoints.openai.errors import APIError, install_error_handlers, openai_error
 from omnistage.entrypoints.openai.files import MEDIA_TYPES, FileStore
@@ -79,6 +82,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.image_serving = ImageServing(gateway, capabilities, settings, files)
     app.state.video_serving = video_serving
     app.state.chat_serving = ChatServing(gateway, capabilities, settings)
+    app.state.completion_serving = CompletionServing(gateway, capabilities, settings)
     app.state.voice_store = VoiceStore.from_spec(engine.spec if engine is not None else None)
     app.state.speech_serving = SpeechServing(gateway, capabilities, settings, app.state.voice_store)
 
@@ -89,7 +93,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.add_middleware(MetricsMiddleware)
 
     _attach_system_routes(app)
-    for attach in (attach_images, attach_videos, attach_chat, attach_audio):
+    for attach in (attach_images, attach_videos, attach_chat, attach_completions, attach_audio):
         attach(app)
     return app
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from omnistage.entrypoints.openai.errors import bad_request
 
-Task = Literal["images.generations", "images.edits", "videos", "chat", "chat.audio", "audio.speech"]
+Task = Literal["images.generations", "images.edits", "videos", "chat", "chat.audio", "completions", "audio.speech"]
 ImageInput = Literal["none", "required", "optional"]
 
 ROUTES: dict[str, str] = {
@@ -21,6 +21,7 @@ ROUTES: dict[str, str] = {
     "images.edits": "POST /v1/images/edits",
     "videos": "/v1/videos",
     "chat": "POST /v1/chat/completions",
+    "completions": "POST /v1/completions",
     "audio.speech": "POST /v1/audio/speech",
 }
 
@@ -49,6 +50,8 @@ class Capabilities:
             return bool({"text", "image"} & self.outputs)
         if task == "chat.audio":
             return {"text", "audio"} <= self.outputs
+        if task == "completions":  # text out of an AR stage (an omni model's thinker included)
+            return "text" in self.outputs
         if task == "audio.speech":
             # Speech reads `input` aloud: a TTS pipeline. An omni model (text + audio) would
             # answer the input instead; it speaks through chat with modalities ["audio"].

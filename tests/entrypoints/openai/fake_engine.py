@@ -59,6 +59,8 @@ class FakeEngine:
         """Each request's `modalities`, as the route passed them."""
         self.healthy = True
         self.is_shut_down = False
+        self.finish_reason = "stop"
+        """What the text outputs end with ("abort" to play an aborted request)."""
 
     async def generate(self, prompt, params=None, request_id=None, *, modalities=None):
         # As AsyncOmni: structural checks raise on the first iteration, before queueing;
@@ -109,8 +111,8 @@ class FakeEngine:
         audio = np.concatenate(chunks) if chunks else None
         token_ids = list(range(len(TEXT))) if text else None
         yield OmniOutput(request_id, finished=True, text=text or None, token_ids=token_ids,
-                         audio=audio, sample_rate=SAMPLE_RATE if chunks else None, finish_reason="stop",
-                         metrics={"e2e_time": 0.01, "stages": {}})
+                         audio=audio, sample_rate=SAMPLE_RATE if chunks else None, finish_reason=self.finish_reason,
+                         metrics={"e2e_time": 0.01, "num_prompt_tokens": 7, "stages": {}})
 
     async def _tick(self) -> None:
         await asyncio.sleep(self.step_delay)
