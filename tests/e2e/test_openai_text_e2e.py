@@ -34,13 +34,23 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
 
 @pytest.fixture(scope="module")
 def server(zoo):
-    with RemoteServer(zoo("qwen2-llm"), "--served-model-name", "llm") as s:
+    with RemoteServer(zoo("qwen2-llm"), "--served-model-name", "llm",
+                      "--stage-overrides", '{"0": {"max_model_len": 1024}}') as s:
         yield s
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
     return server.client()
+
+
+def test_models_list_the_context_length_and_modalities(client, server):
+    [model] = client.models.list().data
+    assert model.id == "llm"
+    card = server.http().get("/v1/models").json()["data"][0]
+    assert card["max_model_len"] == 1024  # the deploy value over the checkpoint's 2048
+    assert card["modalities"] == {"input": ["text"], "output": ["text"]}
+    assert "POST /v1/completions" in card["routes"]
 
 
 def test_usage_counts_the_prompt_and_n_samples_are_seeded(client):

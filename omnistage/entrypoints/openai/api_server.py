@@ -6,7 +6,7 @@ build an app around any engine client. What a request can reach:
     /health                 200, or 503 when the engine is unhealthy
     /metrics                Prometheus text: HTTP, queue and (from the engine) stage metrics
     /files/{name}           images and videos handed out by URL (the name is the secret)
-    /v1/models              the served model
+    /v1/models              the served model: its routes, max_model_len, input and output modalities
     /v1/images/...          images/       (diffusion models with image output)
     /v1/videos...           videos/       (diffusion models with video output)
     /v1/chat/completions    chat/         (text, omni and image models)
@@ -20,6 +20,7 @@ order: video jobs (their engine requests are aborted), the engine, the served fi
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -31,7 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from omnistage.entrypoints.openai.audio.api_router import attach_router as attach_audio
 from omnistage.entrypoints.openai.audio.serving import SpeechServing
 from omnistage.entrypoints.openai.audio.voices import VoiceStore
-from omnistage.entrypoints.openai.capabilities import Capabilities
+from omnistage.entrypoints.openai.capabilities import Capabilities, model_facts
 from omnistage.entrypoints.openai.chat.api_router import attach_router as attach_chat
 from omnistage.entrypoints.openai.chat.serving import ChatServing
 from omnistage.entrypoints.openai.completions.api_router import attach_router as attach_completions
@@ -78,6 +79,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.metrics = metrics
     app.state.files = files
     app.state.capabilities = capabilities
+    app.state.model_facts = None
     app.state.gateway = gateway
     app.state.image_serving = ImageServing(gateway, capabilities, settings, files)
     app.state.video_serving = video_serving
@@ -111,10 +113,13 @@ def _attach_system_routes(app: FastAPI) -> None:
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict:
-        s: ServerSettings = request.app.state.settings
+        state = request.app.state
+        s: ServerSettings = state.settings
+        if state.model_facts is None:  # read from the checkpoint once
+            state.model_facts = await asyncio.to_thread(model_facts, s.model_path, state.engine, state.capabilities)
         return {"object": "list", "data": [
             {"id": s.served_model_name, "object": "model", "created": s.created, "owned_by": "omnistage",
-             "root": s.model_path, "routes": request.app.state.capabilities.routes}]}
+             "root": s.model_path, "routes": state.capabilities.routes, **state.model_facts}]}
 
     @app.get("/files/{name}")
     async def get_file(name: str, request: Request) -> FileResponse:
