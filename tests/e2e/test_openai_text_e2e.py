@@ -51,6 +51,10 @@ def test_models_list_the_context_length_and_modalities(client, server):
     assert card["max_model_len"] == 1024  # the deploy value over the checkpoint's 2048
     assert card["modalities"] == {"input": ["text"], "output": ["text"]}
     assert "POST /v1/completions" in card["routes"]
+    doc = server.http().get("/openapi.json").json()
+    completions = doc["paths"]["/v1/completions"]["post"]["responses"]
+    assert "text/event-stream" in completions["200"]["content"] and "422" not in completions
+    assert {"400", "401", "404", "413", "415", "429", "500", "503"} <= set(completions)
 
 
 def test_usage_counts_the_prompt_and_n_samples_are_seeded(client):

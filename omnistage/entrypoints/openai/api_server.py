@@ -44,6 +44,7 @@ from omnistage.entrypoints.openai.images.api_router import attach_router as atta
 from omnistage.entrypoints.openai.images.serving import ImageServing
 from omnistage.entrypoints.openai.metrics import ServerMetrics
 from omnistage.entrypoints.openai.middleware import AuthMiddleware, BodySizeLimitMiddleware, MetricsMiddleware
+from omnistage.entrypoints.openai.openapi import install_openapi
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.entrypoints.openai.videos.api_router import attach_router as attach_videos
 from omnistage.entrypoints.openai.videos.serving import VideoServing
@@ -97,6 +98,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     _attach_system_routes(app)
     for attach in (attach_images, attach_videos, attach_chat, attach_completions, attach_audio):
         attach(app)
+    install_openapi(app)  # every status each route can answer, and the streamed content types
     return app
 
 
