@@ -42,7 +42,7 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         given = [k for k in _KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
-            raise ValueError(f"structured_outputs needs exactly one of {', '.join(_KINDS)}; got {given or 'none'}")
+            raise ValueError(f"structured_outputs: needs exactly one of {', '.join(_KINDS)}; got {given or 'none'}")
         if isinstance(self.json, str):
             try:
                 self.json = json.loads(self.json)
@@ -69,7 +69,7 @@ class StructuredOutputsParams:
     def from_dict(cls, values: dict[str, Any]) -> StructuredOutputsParams:
         unknown = sorted(set(values) - set(_KINDS))
         if unknown:
-            raise ValueError(f"unknown structured_outputs field(s) {unknown}; valid fields: {list(_KINDS)}")
+            raise ValueError(f"structured_outputs: unknown field(s) {unknown}; valid fields: {list(_KINDS)}")
         return cls(**values)
 
     def to_llguidance(self) -> str:

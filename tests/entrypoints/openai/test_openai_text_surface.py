@@ -96,9 +96,54 @@ def test_required_schema_allows_one_call_unless_parallel():
     ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
       "response_format": {"type": "json_object"}}, "response_format"),
     ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "guided_regex"),
+    ({"top_k": -5}, "top_k"),
+    ({"tempreature": 1}, "tempreature"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+    ({"guided_json": 5}, "structured_outputs.json"),
+    ({"min_tokens": 2, "response_format": {"type": "json_object"}}, "min_tokens"),
+    ({"parallel_tool_calls": "maybe"}, "parallel_tool_calls"),
 ])
 def test_tool_and_format_errors_name_the_field(app_client, body, param):
     http, engine = app_client("text")
     resp = http.post("/v1/chat/completions", json={"messages": MESSAGES, **body})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
     assert engine.requests == []
+
+
+CALL_TEXT = ["Checking.", " <tool", "_call>\n{\"name\": \"get_weather\", ", "\"arguments\": {\"city\": \"Oslo\"}}",
+             "\n</tool_call>"]
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def test_auto_tool_calls_are_parsed_whole_and_streamed(app_client):
+    http, engine = app_client("text")
+    engine.text = CALL_TEXT
+    client = _client(http)
+    reply = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    [call] = choice.message.tool_calls
+    assert (call.function.name, call.function.arguments) == ("get_weather", '{"city": "Oslo"}')
+    assert engine.requests[-1][0]["tools"] == TOOLS  # the template gets them
+
+    chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS, stream=True))
+    content = "".join(ch.delta.content or "" for c in chunks for ch in c.choices)
+    assert content == "Checking. "  # nothing of the call leaks into the content
+    [delta] = [tc for c in chunks for ch in c.choices for tc in (ch.delta.tool_calls or [])]
+    assert delta.index == 0 and delta.function.name == "get_weather" and delta.id.startswith("call_")
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+    none = client.chat.completions.create(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="none")
+    assert none.choices[0].message.tool_calls is None and "<tool_call>" in none.choices[0].message.content
+    assert "tools" not in engine.requests[-1][0]
+
+
+def test_tool_messages_reach_the_template_with_parsed_arguments(app_client):
+    http, engine = app_client("text")
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    _client(http).chat.completions.create(model=MODEL, tools=TOOLS, messages=MESSAGES + [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}])
+    messages = engine.requests[-1][0]["messages"]
+    assert messages[1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": {"city": "Oslo"}}
+    assert messages[2] == {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
