@@ -120,6 +120,14 @@ def test_completions(client, server):
         stop = text[1:3]
         stopped = client.completions.create(model="llm", prompt="Hello world", max_tokens=8, temperature=0, stop=stop)
         assert stopped.choices[0].text == text[:text.find(stop)] and stopped.choices[0].finish_reason == "stop"
+    many = client.completions.create(model="llm", prompt="Hello world", max_tokens=5, n=3, seed=4, temperature=1.0,
+                                     logprobs=0)
+    best = client.completions.create(model="llm", prompt="Hello world", max_tokens=5, best_of=3, seed=4,
+                                     temperature=1.0)
+    scores = [sum(c.logprobs.token_logprobs) for c in many.choices]
+    assert len(set(c.text for c in many.choices)) > 1
+    assert best.choices[0].text == many.choices[scores.index(max(scores))].text and best.choices[0].logprobs is None
+    assert best.usage.completion_tokens == many.usage.completion_tokens  # every sample counts
     with pytest.raises(openai.BadRequestError, match="suffix"):
         client.completions.create(model="llm", prompt="x", suffix="y")
 

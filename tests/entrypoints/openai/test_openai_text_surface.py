@@ -48,7 +48,8 @@ def test_completions_prompt_lists_echo_and_refused_fields(app_client):
     assert result.usage.prompt_tokens == 14
     client.completions.create(model=MODEL, prompt=[1, 2, 3])
     assert engine.requests[-1][0] == {"prompt_token_ids": [1, 2, 3]}
-    for body, param in (({"prompt": "x", "suffix": "y"}, "suffix"), ({"prompt": "x", "best_of": 3}, "best_of"),
+    for body, param in (({"prompt": "x", "suffix": "y"}, "suffix"), ({"prompt": "x", "n": 2, "best_of": 1}, "best_of"),
+                        ({"prompt": "x", "best_of": 2, "stream": True}, "best_of"),
                         ({"prompt": [1, 2], "echo": True}, "echo"), ({"prompt": "x", "logprobs": 9}, "logprobs"),
                         ({"prompt": "x", "n": 99}, "n"), ({"prompt": []}, "prompt"),
                         ({"prompt": "x", "guided_regex": "a", "structured_outputs": {"regex": "b"}},

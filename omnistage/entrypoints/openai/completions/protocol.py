@@ -24,7 +24,7 @@ class CompletionRequest(BaseModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     n: int = Field(default=1, ge=1)
     best_of: int | None = Field(default=None, ge=1)
-    """Only best_of == n (or unset): ranking extra samples is not supported."""
+    """Sample this many per prompt and return the `n` with the highest total logprob (not with stream)."""
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: int | None = Field(default=None, ge=0, le=5)

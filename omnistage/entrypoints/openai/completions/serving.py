@@ -2,11 +2,13 @@
 
 The prompt goes to the entry AR stage as is (no chat template). An omni model answers
 with its thinker's text alone. `echo` prepends a text prompt to its choices; `suffix`
-(fill-in-the-middle) and `best_of` > n are refused by name.
+(fill-in-the-middle) is refused by name. `best_of` > n samples best_of per prompt and
+returns the n with the highest total logprob (not streamed, as in vLLM).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -44,12 +46,14 @@ class CompletionServing:
         self.capabilities.require("completions")
         check_model(body.model, self.settings)
         prompts = _prompts(body.prompt)
-        check_n(body.n * len(prompts), self.settings)
+        best_of = body.best_of or body.n
+        if best_of < body.n:
+            raise bad_request(f"best_of: must be >= n ({body.n}), got {best_of}", param="best_of")
+        if best_of > body.n and body.stream:
+            raise bad_request("best_of: ranking samples needs them finished; not with stream", param="best_of")
+        check_n(best_of * len(prompts), self.settings)
         if body.suffix is not None:
             raise bad_request("suffix: fill-in-the-middle is not supported", param="suffix")
-        if body.best_of is not None and body.best_of != body.n:
-            raise bad_request(f"best_of: only best_of == n ({body.n}) is supported, got {body.best_of}",
-                              param="best_of")
         if body.echo and any(not isinstance(p, str) for p in prompts):
             raise bad_request("echo: only with text prompts (token-id prompts have no text here)", param="echo")
         if body.echo and body.logprobs is not None:
@@ -58,8 +62,10 @@ class CompletionServing:
         values = {k: getattr(body, k) for k in _SAMPLING_FIELDS}
         values["logprobs"] = body.logprobs
         params = entry_sampling_params(self.gateway, values, body.extras())
+        if best_of > body.n and params.logprobs is None:  # ranking reads each sample's logprobs
+            params = dataclasses.replace(params, logprobs=0)
         entry = self.gateway.engine.spec.entry_stages[0].name
-        jobs = [(_inputs(p), {entry: q}) for p in prompts for q in choice_params(params, body.n)]
+        jobs = [(_inputs(p), {entry: q}) for p in prompts for q in choice_params(params, best_of)]
         echoes = [p if body.echo else "" for p in prompts for _ in range(body.n)]
         request_id = new_request_id("cmpl")
         if body.stream:
@@ -68,7 +74,9 @@ class CompletionServing:
 
         async def go() -> Completion:
             streams = await open_streams(self.gateway, jobs, request_id, ("text",))
-            return self._complete(await collect_all(streams), body, request_id, echoes)
+            samples = await collect_all(streams)
+            return self._complete(_best(samples, best_of, body.n), body, request_id, echoes,
+                                  usage_of=samples, group=best_of)
 
         return await cancel_on_disconnect(request, go())
 
@@ -76,12 +84,14 @@ class CompletionServing:
         # Each prompt counts once, however many samples it has.
         return Usage(**usage(outs, [prompt_tokens(outs[i]) for i in range(0, len(outs), n)]))
 
-    def _complete(self, outs: list[Any], body: CompletionRequest, request_id: str, echoes: list[str]) -> Completion:
+    def _complete(self, outs: list[Any], body: CompletionRequest, request_id: str, echoes: list[str],
+                  usage_of: list[Any], group: int) -> Completion:
         choices = [CompletionChoice(index=i, text=echoes[i] + (out.text or ""), finish_reason=finish_reason(out),
                                     logprobs=completion_logprobs(out.logprobs) if body.logprobs is not None else None)
                    for i, out in enumerate(outs)]
+        # Usage counts every sample made, best_of ones included (as OpenAI bills them).
         return Completion(id=request_id, created=int(time.time()), model=self.settings.served_model_name,
-                          choices=choices, usage=self._usage(outs, body.n))
+                          choices=choices, usage=self._usage(usage_of, group))
 
     async def _sse(self, streams: list[RequestStream], body: CompletionRequest, request_id: str,
                    echoes: list[str]) -> AsyncIterator[str]:
@@ -114,6 +124,18 @@ class CompletionServing:
         except APIError as e:
             yield _sse_line(e.body())
         yield "data: [DONE]\n\n"
+
+
+def _best(samples: list[Any], best_of: int, n: int) -> list[Any]:
+    """Per prompt, the n samples of its best_of with the highest total logprob, best first."""
+    if best_of == n:
+        return samples
+    chosen = []
+    for start in range(0, len(samples), best_of):
+        group = samples[start:start + best_of]
+        group.sort(key=lambda out: sum(lp.logprob for lp in out.logprobs or []), reverse=True)
+        chosen.extend(group[:n])
+    return chosen
 
 
 def _prompts(prompt: Any) -> list[str | list[int]]:
