@@ -23,7 +23,7 @@ class SpeechRequest(BaseModel):
     stream_format: Literal["audio", "sse"] = "audio"
     ref_audio: str | None = Field(default=None, max_length=64 * 1024 * 1024)
     """A reference clip to clone the voice from (base64 or a data URL), as vLLM-Omni's speech route
-    takes it; models that clone voices only. Overrides `voice`."""
+    takes it; models that clone voices only. Overrides `voice` (which the official client always sends)."""
     ref_text: str | None = None
     """What `ref_audio` says (improves cloning)."""
     seed: int | None = Field(default=None, ge=0, lt=2**63)

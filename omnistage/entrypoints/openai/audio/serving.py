@@ -73,9 +73,7 @@ class SpeechServing:
                               param="response_format")
         if body.ref_text is not None and body.ref_audio is None:
             raise bad_request("ref_text: goes with ref_audio", param="ref_text")
-        if body.ref_audio is not None:
-            if body.voice is not None:
-                raise bad_request("voice: give a voice or ref_audio, not both", param="voice")
+        if body.ref_audio is not None:  # it overrides `voice`, which the official client always sends
             voice_fields = await asyncio.to_thread(self.voices.inline_clone_fields, body.ref_audio, body.ref_text)
         else:
             voice_fields = self.voices.prompt_fields(body.voice)
