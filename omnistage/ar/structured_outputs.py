@@ -72,6 +72,19 @@ class StructuredOutputsParams:
             raise ValueError(f"structured_outputs: unknown field(s) {unknown}; valid fields: {list(_KINDS)}")
         return cls(**values)
 
+    def validate(self) -> None:
+        """Compile the grammar without a tokenizer (cheap: the edge checks it before queueing);
+        ValueError naming the problem."""
+        from llguidance import LLMatcher
+
+        try:
+            grammar = self.to_llguidance()
+        except ValueError as e:
+            raise ValueError(f"structured_outputs.{self.kind}: {e}") from None
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None)
+        if is_error:
+            raise ValueError(f"structured_outputs.{self.kind}: invalid grammar: {messages[0]}")
+
     def to_llguidance(self) -> str:
         """The grammar in llguidance's serialized form."""
         from llguidance import LLMatcher

@@ -40,10 +40,13 @@ def entry_sampling_params(gateway: EngineGateway, values: dict[str, Any], extras
         extras["structured_outputs"] = guided
     merged.update(extras)
     try:
-        return SamplingParams.from_dict(merged)
+        params = SamplingParams.from_dict(merged)
+        if params.structured_outputs is not None:  # a grammar no engine can compile is a 400 before queueing
+            params.structured_outputs.validate()
     except ValueError as e:
         param = _named_field(str(e))
         raise (bad_request(str(e), param=param) if param else from_value_error(e)) from None
+    return params
 
 
 def _named_field(message: str) -> str | None:

@@ -103,6 +103,11 @@ def test_required_schema_allows_one_call_unless_parallel():
     ({"guided_json": 5}, "structured_outputs.json"),
     ({"min_tokens": 2, "response_format": {"type": "json_object"}}, "min_tokens"),
     ({"parallel_tool_calls": "maybe"}, "parallel_tool_calls"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nonsense"}}}},
+     "response_format.json_schema.schema"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"$ref": "#/nope"}}}],
+      "tool_choice": "required"}, "tools"),
+    ({"structured_outputs": {"regex": "(("}}, "structured_outputs.regex"),
 ])
 def test_tool_and_format_errors_name_the_field(app_client, body, param):
     http, engine = app_client("text")

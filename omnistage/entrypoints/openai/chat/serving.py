@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from omnistage.ar.sampling_params import SamplingParams
+from omnistage.ar.structured_outputs import StructuredOutputsParams
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.entrypoints.openai.capabilities import Capabilities
 from omnistage.entrypoints.openai.chat.protocol import (
@@ -130,6 +131,7 @@ class ChatServing:
         extras = body.extras()  # vLLM's extra sampling fields (top_k, min_p, structured_outputs, ...)
         structured = self._structured_outputs(body, tool_mode)
         if structured is not None:
+            _check_grammar(structured, "response_format.json_schema.schema" if body.response_format else "tools")
             clash = [k for k in ("structured_outputs", "guided_json", "guided_regex", "guided_choice",
                                  "guided_grammar") if k in extras]
             if clash:
@@ -343,6 +345,15 @@ class _ContentGate:
         if content is None:
             return ""
         return content[len(self.sent):] if content.startswith(self.sent) else ""
+
+
+def _check_grammar(structured: dict[str, Any], param: str) -> None:
+    """A schema from `response_format` or the tools that no grammar can follow is a 400 naming it."""
+    try:
+        StructuredOutputsParams.from_dict(structured).validate()
+    except ValueError as e:
+        message = str(e).split(": ", 1)[-1]
+        raise bad_request(f"{param}: {message}", param=param) from None
 
 
 def _tool_mode(body: ChatCompletionRequest) -> str | None:
