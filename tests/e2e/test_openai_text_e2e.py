@@ -112,8 +112,12 @@ def test_completions(client, server):
     echoed = client.completions.create(model="llm", prompt="Hello world", max_tokens=4, temperature=0, echo=True)
     assert echoed.choices[0].text == "Hello world" + result.choices[0].text
     chunks = list(client.completions.create(model="llm", prompt="Hello world", max_tokens=4, temperature=0,
-                                            stream=True, stream_options={"include_usage": True}))
+                                            stream=True, stream_options={"include_usage": True}, logprobs=2))
     assert "".join(c.choices[0].text for c in chunks if c.choices) == result.choices[0].text
+    streamed = [(c.choices[0].logprobs.tokens, c.choices[0].logprobs.text_offset) for c in chunks
+                if c.choices and c.choices[0].logprobs]
+    assert [t for tokens, _ in streamed for t in tokens] == result.choices[0].logprobs.tokens
+    assert [o for _, offsets in streamed for o in offsets] == result.choices[0].logprobs.text_offset
     assert chunks[-1].usage.completion_tokens == echoed.usage.completion_tokens
     text = result.choices[0].text
     if len(text) >= 3:  # greedy: the same text, cut before the stop string
