@@ -3,8 +3,11 @@
 Content parts: `text`, `image_url` (a data URL or bare base64: the server fetches
 nothing), `input_audio` ({data: base64, format}) and `audio_url` (a data URL). Sampling
 fields beyond OpenAI's (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
-`stop_token_ids`, `ignore_eos`) go at the top level, as with vLLM. For image models the
-diffusion fields of the images routes (`size`, `num_inference_steps`, ...) apply.
+`stop_token_ids`, `ignore_eos`, `structured_outputs`, `guided_*`) go at the top level,
+as with vLLM. Text models also take `n`, `logprobs`/`top_logprobs`, `response_format`
+and `tools`/`tool_choice`/`parallel_tool_calls`, with `tool` messages and assistant
+`tool_calls` in the history. For image models the diffusion fields of the images routes
+(`size`, `num_inference_steps`, ...) apply.
 """
 
 from __future__ import annotations

@@ -8,6 +8,11 @@ What the answer holds follows the model's final stages:
   is asked for text only, so an omni model runs its thinker alone;
 - image (diffusion): `message.content` as a list with one `image_url` part per image;
   the prompt is the last user message's text, its images the input images.
+
+Text models: `n` choices are n engine requests (text_generation.py); `response_format`
+and forced tool calls become `structured_outputs` (a grammar in the sampler); tool calls
+are parsed per family (tools.py) and streamed once complete, content before a call
+streaming as usual (`_ContentGate`).
 """
 
 from __future__ import annotations
