@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from omnistage.ar.structured_outputs import StructuredOutputsParams
+
 _GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
 
 
 @dataclass
@@ -43,6 +46,12 @@ class SamplingParams:
     """Per-request RNG seed: the same seed gives the same tokens whatever else is in the batch."""
     ignore_eos: bool = False
     """Keep generating past EOS (benchmarks); `stop_token_ids` still apply."""
+    logprobs: int | None = None
+    """Return each output token's log-probability and this many most likely alternatives
+    (0 = the sampled token's only), from the sampler's processed distribution: after
+    penalties, the grammar mask and temperature, before top-k/top-p/min-p truncation."""
+    structured_outputs: StructuredOutputsParams | None = None
+    """A grammar every output token follows (JSON schema, JSON object, regex, choice, Lark)."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "SamplingParams":
         # Remember which fields the caller gave, so deploy defaults can fill the others field by
@@ -64,6 +73,8 @@ class SamplingParams:
         return type(self)(**values)
 
     def __post_init__(self) -> None:
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)
@@ -100,6 +111,14 @@ class SamplingParams:
             p.append(f"seed must be an integer or None, got {self.seed!r}")
         if not isinstance(self.ignore_eos, bool):
             p.append(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            p.append(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                p.append(f"structured_outputs must be StructuredOutputsParams, a dict or None, "
+                         f"got {type(self.structured_outputs).__name__}")
+            elif _is_int(self.min_tokens) and self.min_tokens > 0:
+                p.append("min_tokens cannot be combined with structured_outputs (the grammar decides where EOS may come)")
         return p
 
     @property
