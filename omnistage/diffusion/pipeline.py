@@ -103,11 +103,12 @@ class DiffusionPipelineBase(ABC):
         `check_inputs` and `batch_key` use must come from here or from class attributes."""
 
     @classmethod
-    def for_requests(cls, model_path: str) -> "DiffusionPipelineBase":
-        """An instance without components that validates requests for `model_path`: what the
-        engine checks every request against before queueing it."""
+    def for_requests(cls, configs: CheckpointConfigs) -> "DiffusionPipelineBase":
+        """An instance without components that validates requests for the checkpoint whose
+        config files are `configs`: what the engine checks every request against before
+        queueing it."""
         checker = cls.__new__(cls)
-        DiffusionPipelineBase.__init__(checker, {}, "cpu", torch.float32, CheckpointConfigs.read(model_path))
+        DiffusionPipelineBase.__init__(checker, {}, "cpu", torch.float32, configs)
         return checker
 
     # -- loading -------------------------------------------------------------------------
