@@ -108,7 +108,9 @@ async function loadModel() {
     const model = body.data[0];
     state.model = model;
     state.stages = model.stages || [];
-    $("model-id").textContent = model.id;
+    // Paths make long ids: keep their tail, which names the model.
+    $("model-id").textContent = model.id.length > 56 ? `…${model.id.slice(-55)}` : model.id;
+    $("model-id").title = model.id;
     $("model-stages").textContent = state.stages.length
       ? state.stages.map((s) => `${s.name} (${s.kind} → ${s.output})`).join(" → ")
       : "not listed by this server";
@@ -448,6 +450,7 @@ $("video-cancel").addEventListener("click", async () => {
   videoState.id = null; // stops the polling loop
   try {
     await api(`/v1/videos/${id}`, { method: "DELETE" });
+    $("video-progress").value = 0;
     videoDone("cancelled");
   } catch (e) {
     videoDone(`cancel failed: ${e.message}`, true);
@@ -486,6 +489,8 @@ class PcmPlayer {
     if (this.firstStart === null) this.firstStart = at;
     this.next = at + buffer.duration;
   }
+
+  seconds() { return this.parts.reduce((a, p) => a + p.length, 0) / 2 / this.rate; }
 
   // Seconds of audio already played (by the audio clock); 0 before playback starts.
   played() {
@@ -550,7 +555,7 @@ $("speech-form").addEventListener("submit", async (event) => {
     const audio = $("speech-audio");
     audio.src = URL.createObjectURL(player.wav());
     audio.hidden = false;
-    const seconds = ((player.next - player.firstStart) || 0).toFixed(2);
+    const seconds = player.seconds().toFixed(2);
     setStatus("speech-status", `streamed ${seconds} s of audio in ${chunks} chunks; first audio after `
       + `${status.dataset.firstChunkMs} ms`);
   } catch (e) {
@@ -638,6 +643,15 @@ $("chat-form").addEventListener("submit", async (event) => {
       if (data.error) throw new Error(data.error.message);
       const delta = data.choices && data.choices[0] && data.choices[0].delta;
       if (!delta) continue;
+      if (Array.isArray(delta.content)) { // an image model answers with image parts
+        for (const part of delta.content) {
+          if (part.type !== "image_url") continue;
+          const img = document.createElement("img");
+          img.src = part.image_url.url;
+          bubble.append(img);
+        }
+        continue;
+      }
       const piece = delta.content || (delta.audio && delta.audio.transcript) || "";
       if (piece) { reply += piece; out.textContent = reply; deltas += 1; }
       if (delta.audio && delta.audio.data) {

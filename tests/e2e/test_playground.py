@@ -1,0 +1,207 @@
+"""The web playground in headless Chromium against `omnistage serve` on zoo models.
+
+Debian's `chromium` driven by Playwright for Python (scripts/test.sh installs the
+browser; Playwright's own browser download is never used). Each test opens the page
+at `/`, works one tab as a user would and checks what the page shows against the
+server. A screenshot of each test's last state lands in test-artifacts/playground/
+(ignored by git), whether the test passed or not.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import re
+import struct
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from remote_server import RemoteServer
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "playground"
+TIMEOUT_MS = 60_000  # the longest a page wait may take on a loaded CI machine
+
+
+@pytest.fixture(scope="module")
+def browser():
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed: pip install -e '.[dev]'")
+    if not CHROMIUM.exists():
+        pytest.skip(f"no browser at {CHROMIUM}: scripts/test.sh installs Debian's chromium (apt-get, as root)")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def playground(browser, request):
+    """`playground(model, *serve_args, **kwargs)` -> (server, page): `omnistage serve` and its
+    playground page. After the test the page is screenshotted, then the server stopped."""
+    started = []
+
+    def start(model, *args: str, **kwargs):
+        server = RemoteServer(model, *args, **kwargs)
+        context = browser.new_context(viewport={"width": 960, "height": 640})
+        context.set_default_timeout(TIMEOUT_MS)
+        page = context.new_page()
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        started.append((server, context, page, errors))
+        page.goto(server.url + "/")
+        return server, page
+
+    yield start
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for server, context, page, errors in started:
+        try:
+            page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
+            context.close()
+        finally:
+            server.__exit__(None, None, None)
+        assert not errors, f"the page raised: {errors}"
+
+
+def _wav(seconds: float = 0.5, rate: int = 16000) -> bytes:
+    n = int(seconds * rate)
+    samples = b"".join(struct.pack("<h", int(8000 * math.sin(2 * math.pi * 220 * i / rate))) for i in range(n))
+    header = (b"RIFF" + struct.pack("<I", 36 + len(samples)) + b"WAVEfmt "
+              + struct.pack("<IHHIIHH", 16, 1, 1, rate, 2 * rate, 2, 16) + b"data" + struct.pack("<I", len(samples)))
+    return header + samples
+
+
+def _png_bytes(data_url: str) -> bytes:
+    assert data_url.startswith("data:image/png;base64,"), data_url[:40]
+    return base64.b64decode(data_url.split(",", 1)[1])
+
+
+def test_image_tab_generates_and_renders_with_the_api_key(zoo, playground):
+    server, page = playground(zoo("z-image"), "--served-model-name", "z-image", api_key="k3y")
+    banner = page.locator("#banner")
+    banner.wait_for()
+    assert "API key" in banner.inner_text()  # 401 from /v1/models, said plainly
+    page.fill("#api-key", "k3y")
+    page.press("#api-key", "Enter")
+    page.locator("#tabbtn-image").wait_for()
+    assert page.locator("#tabs button").all_inner_texts() == ["Image", "Chat"]  # image models chat too
+    assert page.inner_text("#model-id") == "z-image"
+    assert "diffusion" in page.inner_text("#model-stages")
+    page.wait_for_function("document.getElementById('queue-depth').textContent === '0'")
+
+    page.fill("#image-prompt", "a red square")
+    page.fill("#image-size", "64x48")
+    page.fill("#image-steps", "2")
+    page.fill("#image-seed", "7")
+    page.fill("#image-n", "2")
+    page.click("#image-generate")
+    page.locator("#image-gallery figure.done").nth(1).wait_for()
+    assert re.match(r"2 images in [\d.]+ s", page.inner_text("#image-status"))
+    sizes = page.eval_on_selector_all("#image-gallery img", "els => els.map(e => [e.naturalWidth, e.naturalHeight])")
+    assert sizes == [[64, 48], [64, 48]]  # decoded and rendered by the browser
+    links = page.eval_on_selector_all("#image-gallery a[download]", "els => els.map(e => e.href)")
+    shown = _png_bytes(page.get_attribute("#image-gallery img >> nth=0", "src"))
+    assert links[0] == page.get_attribute("#image-gallery img >> nth=0", "src")
+
+    # The page shows what the API makes for the same request (seeded, so the same pixels).
+    answer = server.http().post("/v1/images/generations", json={
+        "prompt": "a red square", "size": "64x48", "num_inference_steps": 2, "seed": 7, "n": 2}).json()
+    direct = base64.b64decode(answer["data"][0]["b64_json"])
+    assert Image.open(io.BytesIO(shown)).tobytes() == Image.open(io.BytesIO(direct)).tobytes()
+
+    again = page.context.new_page()  # the key stays in the browser's local storage
+    again.goto(server.url + "/")
+    again.locator("#tabbtn-image").wait_for()
+    assert again.locator("#banner").is_hidden()
+
+
+def test_video_tab_plays_a_job_and_cancels_one(zoo, playground):
+    server, page = playground(zoo("wan-t2v"))
+    page.locator("#tabbtn-video").wait_for()
+    assert page.locator("#tab-video").is_visible()
+    page.fill("#video-size", "32x32")
+    page.fill("#video-frames", "5")
+    page.fill("#video-fps", "8")
+    page.fill("#video-steps", "2")
+    page.click("#video-create")
+    page.wait_for_function("document.getElementById('video-status').textContent.startsWith('completed')")
+    assert page.inner_text("#video-status") == "completed: 5 frames at 8 fps"
+    assert page.get_attribute("#video-progress", "value") == "100"
+    # The MP4 was fetched with the page's headers and loaded by the browser's player.
+    page.wait_for_function("document.getElementById('video-player').readyState >= 1")
+    assert page.evaluate("document.getElementById('video-player').duration") > 0
+
+    # A long job (about 6 s here): cancel it once the engine has it (the header's queue
+    # depth, from /metrics); the server forgets the job and frees its slot.
+    page.fill("#video-size", "64x64")
+    page.fill("#video-frames", "9")
+    page.fill("#video-steps", "300")
+    page.click("#video-create")
+    page.wait_for_function("document.getElementById('queue-depth').textContent === '1'")
+    job_id = page.get_attribute("#video-player", "data-job-id")
+    assert re.match(r"(queued|in progress) \d+%", page.inner_text("#video-status"))
+    page.click("#video-cancel")
+    cancelled = time.time()
+    page.wait_for_function("document.getElementById('video-status').textContent === 'cancelled'")
+    assert page.locator("#video-cancel").is_disabled() and not page.locator("#video-create").is_disabled()
+    assert page.get_attribute("#video-progress", "value") == "0"
+    assert server.http().get(f"/v1/videos/{job_id}").status_code == 404
+    page.wait_for_function("document.getElementById('queue-depth').textContent === '0'")
+    assert time.time() - cancelled < 5, "the cancelled job kept its slot"
+
+
+def test_speech_tab_plays_while_the_stream_runs(zoo, playground):
+    # Random weights never say EOS: the talker stops at 40 frames (3.2 s of audio).
+    overrides = '{"0": {"default_sampling_params": {"max_tokens": 40}}}'
+    server, page = playground(zoo("csm"), "--stage-overrides", overrides)
+    page.locator("#tabbtn-speech").wait_for()
+    page.wait_for_function("document.getElementById('speech-voice').options.length > 1")
+    voices = page.eval_on_selector_all("#speech-voice option", "els => els.map(e => e.value)")
+    assert voices == ["", "alloy", "echo", "fable", "onyx", "nova", "shimmer"]
+
+    page.click("#voice-upload-box summary")
+    page.fill("#voice-name", "tone")
+    page.set_input_files("#voice-file", files=[{"name": "tone.wav", "mimeType": "audio/wav", "buffer": _wav()}])
+    page.click("#voice-upload")
+    page.wait_for_function("document.getElementById('voice-status').textContent.startsWith('added tone')")
+    assert page.input_value("#speech-voice") == "tone"
+    assert server.http().get("/v1/audio/voices").json()["data"][-1]["name"] == "tone"
+
+    page.select_option("#speech-voice", "alloy")
+    page.fill("#speech-input", "Hello there, this is a longer sentence to read aloud.")
+    page.click("#speech-speak")
+    status = page.locator("#speech-status")
+    page.wait_for_function("document.getElementById('speech-status').dataset.playedAtEndS !== undefined")
+    assert int(status.get_attribute("data-chunks")) > 2
+    # When the last byte arrived the audio clock was already past the first chunk's start.
+    assert float(status.get_attribute("data-played-at-end-s")) > 0, status.inner_text()
+    assert "streamed" in status.inner_text()
+    duration = page.evaluate("""async () => { const a = document.getElementById('speech-audio');
+        if (!(a.duration > 0)) await new Promise(r => a.addEventListener('loadedmetadata', r, {once: true}));
+        return a.duration; }""")
+    assert 3.1 < duration < 3.3  # 40 Mimi frames at 12.5 Hz, replayable as one WAV
+
+
+def test_chat_tab_streams_a_reply(zoo, playground):
+    model = zoo("qwen2-llm")
+    server, page = playground(model)
+    page.locator("#tabbtn-chat").wait_for()
+    assert page.locator(".audio-only").first.is_hidden()  # a text model: no spoken replies
+    page.fill("#chat-input", "Say hello")
+    page.fill("#chat-max-tokens", "12")
+    page.fill("#chat-temperature", "0")
+    page.click("#chat-send")
+    reply = page.locator(".msg.assistant.done")
+    reply.wait_for()
+    assert int(reply.get_attribute("data-deltas")) > 1  # drawn piece by piece
+    greedy = server.http().post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "Say hello"}], "max_tokens": 12, "temperature": 0}).json()
+    assert reply.locator(".text").text_content() == greedy["choices"][0]["message"]["content"]
+    assert page.locator(".msg.user").inner_text() == "Say hello"
+    assert re.match(r"\d+ pieces in [\d.]+ s", page.inner_text("#chat-status"))
