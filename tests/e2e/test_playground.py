@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import math
 import re
 import struct
@@ -77,6 +78,12 @@ def _wav(seconds: float = 0.5, rate: int = 16000) -> bytes:
     return header + samples
 
 
+def _png(size, color) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
 def _png_bytes(data_url: str) -> bytes:
     assert data_url.startswith("data:image/png;base64,"), data_url[:40]
     return base64.b64decode(data_url.split(",", 1)[1])
@@ -115,10 +122,66 @@ def test_image_tab_generates_and_renders_with_the_api_key(zoo, playground):
     direct = base64.b64decode(answer["data"][0]["b64_json"])
     assert Image.open(io.BytesIO(shown)).tobytes() == Image.open(io.BytesIO(direct)).tobytes()
 
-    again = page.context.new_page()  # the key stays in the browser's local storage
+    # A fresh page keeps the key (local storage). It renders OpenAI's image stream
+    # (partial images, then the final one), which this server does not send yet: the
+    # stream is played to the page from the images made above.
+    asked = []
+
+    def stream(route):
+        asked.append(route.request.post_data_json)
+        final = answer["data"][0]["b64_json"]
+        events = [{"type": "image_generation.partial_image", "b64_json": answer["data"][1]["b64_json"],
+                   "partial_image_index": 0, "output_format": "png"},
+                  {"type": "image_generation.completed", "b64_json": final, "output_format": "png"}]
+        route.fulfill(status=200, content_type="text/event-stream",
+                      body="".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events))
+
+    again = page.context.new_page()
+    again.route("**/v1/images/generations", stream)
     again.goto(server.url + "/")
     again.locator("#tabbtn-image").wait_for()
     assert again.locator("#banner").is_hidden()
+    again.fill("#image-n", "1")
+    again.click("#image-generate")
+    again.locator("#image-gallery figure.done").wait_for()
+    assert asked[0]["stream"] is True and asked[0]["partial_images"] == 2
+    assert again.get_attribute("#image-gallery figure", "data-partials") == "1"
+    assert _png_bytes(again.get_attribute("#image-gallery img", "src")) == direct
+    assert "no live preview" not in again.inner_text("#image-status")
+
+
+def test_edit_tab_sends_the_images_and_a_drawn_mask(zoo, playground):
+    server, page = playground(zoo("qwen-image-edit"))
+    page.locator("#tabbtn-edit").wait_for()
+    assert page.locator("#tabs button").all_inner_texts() == ["Edit", "Chat"]
+    page.fill("#edit-steps", "2")
+    page.fill("#edit-size", "32x32")
+    red = {"name": "red.png", "mimeType": "image/png", "buffer": _png((32, 32), (200, 30, 30))}
+    blue = {"name": "blue.png", "mimeType": "image/png", "buffer": _png((32, 32), (30, 30, 200))}
+    # Both images go out (as image[]); this model takes one, and the page says what the server said.
+    page.set_input_files("#edit-images", files=[red, blue])
+    page.click("#edit-run")
+    page.wait_for_function("document.getElementById('edit-status').classList.contains('error')")
+    assert "one input image, got 2" in page.inner_text("#edit-status")
+
+    page.set_input_files("#edit-images", files=[red])
+    page.wait_for_function("document.getElementById('edit-canvas').width === 32")
+    # Paint a stroke down the left quarter of the image: only there may it change.
+    box = page.locator("#edit-canvas").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.2, box["y"] + 2)
+    page.mouse.down()
+    for i in range(1, 11):
+        page.mouse.move(box["x"] + box["width"] * 0.2, box["y"] + box["height"] * i / 10)
+    page.mouse.up()
+    assert page.inner_text("#edit-mask-note").startswith("mask:")
+    page.click("#edit-run")
+    page.locator("#edit-gallery figure.done").wait_for()
+    result = Image.open(io.BytesIO(_png_bytes(page.get_attribute("#edit-gallery img", "src")))).convert("RGB")
+    assert result.size == (32, 32)
+    right = {result.getpixel((x, y)) for x in range(16, 32) for y in range(32)}
+    assert right == {(200, 30, 30)}  # the mask kept the input where nothing was painted
+    stroke = {result.getpixel((6, y)) for y in range(4, 28)}
+    assert stroke != {(200, 30, 30)}  # and the edit shows through the painted stroke
 
 
 def test_video_tab_plays_a_job_and_cancels_one(zoo, playground):

@@ -202,6 +202,7 @@ class Gallery {
       slot.caption.append(link);
     } else {
       slot.figure.className = "partial";
+      slot.figure.dataset.partials = String(Number(slot.figure.dataset.partials || 0) + 1);
       slot.caption.textContent = note;
     }
   }
@@ -339,7 +340,7 @@ $("edit-clear-mask").addEventListener("click", clearMask);
     const y = (event.clientY - rect.top) * (canvas.height / rect.height);
     const radius = Number($("edit-brush").value) * (canvas.width / rect.width) / 2;
     const ctx = editState.paint.getContext("2d");
-    ctx.fillStyle = "#ff2d55";
+    ctx.fillStyle = "#00c8ff";
     ctx.beginPath(); ctx.arc(x, y, radius, 0, 2 * Math.PI); ctx.fill();
     editState.painted = true;
     setStatus("edit-mask-note", "mask: only the painted area may change");
@@ -697,4 +698,4 @@ $("api-key").addEventListener("change", () => {
 });
 loadModel();
 pollQueueDepth();
-setInterval(pollQueueDepth, 2000);
+setInterval(pollQueueDepth, 1000);
