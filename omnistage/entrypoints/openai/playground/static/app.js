@@ -634,7 +634,7 @@ $("chat-form").addEventListener("submit", async (event) => {
   try {
     const body = dropNulls({
       messages: chatState.messages, stream: true, max_tokens: numberOrNull("chat-max-tokens"),
-      temperature: numberOrNull("chat-temperature"),
+      temperature: numberOrNull("chat-temperature"), seed: numberOrNull("chat-seed"),
       modalities: spoken ? ["text", "audio"] : null,
       audio: spoken ? dropNulls({ voice: $("chat-voice").value.trim() || null, format: "pcm16" }) : null,
     });
