@@ -151,7 +151,7 @@ def test_image_tab_generates_and_renders_with_the_api_key(zoo, playground):
 
 
 def test_edit_tab_sends_the_images_and_a_drawn_mask(zoo, playground):
-    server, page = playground(zoo("qwen-image-edit"))
+    server, page = playground(zoo("qwen-image-edit"), "--served-model-name", "qwen-image-edit")
     page.locator("#tabbtn-edit").wait_for()
     assert page.locator("#tabs button").all_inner_texts() == ["Edit", "Chat"]
     page.fill("#edit-steps", "2")
@@ -185,7 +185,7 @@ def test_edit_tab_sends_the_images_and_a_drawn_mask(zoo, playground):
 
 
 def test_video_tab_plays_a_job_and_cancels_one(zoo, playground):
-    server, page = playground(zoo("wan-t2v"))
+    server, page = playground(zoo("wan-t2v"), "--served-model-name", "wan-t2v")
     page.locator("#tabbtn-video").wait_for()
     assert page.locator("#tab-video").is_visible()
     page.fill("#video-size", "32x32")
@@ -220,9 +220,10 @@ def test_video_tab_plays_a_job_and_cancels_one(zoo, playground):
 
 
 def test_speech_tab_plays_while_the_stream_runs(zoo, playground):
-    # Random weights never say EOS: the talker stops at 40 frames (3.2 s of audio).
-    overrides = '{"0": {"default_sampling_params": {"max_tokens": 40}}}'
-    server, page = playground(zoo("csm"), "--stage-overrides", overrides)
+    # Random weights never say EOS: the talker stops at 24 frames (1.92 s of audio, sent in
+    # chunks of 2, 8, 8 and 6 frames).
+    overrides = '{"0": {"default_sampling_params": {"max_tokens": 24}}}'
+    server, page = playground(zoo("csm"), "--served-model-name", "csm", "--stage-overrides", overrides)
     page.locator("#tabbtn-speech").wait_for()
     page.wait_for_function("document.getElementById('speech-voice').options.length > 1")
     voices = page.eval_on_selector_all("#speech-voice option", "els => els.map(e => e.value)")
@@ -248,12 +249,12 @@ def test_speech_tab_plays_while_the_stream_runs(zoo, playground):
     duration = page.evaluate("""async () => { const a = document.getElementById('speech-audio');
         if (!(a.duration > 0)) await new Promise(r => a.addEventListener('loadedmetadata', r, {once: true}));
         return a.duration; }""")
-    assert 3.1 < duration < 3.3  # 40 Mimi frames at 12.5 Hz, replayable as one WAV
+    assert 1.9 < duration < 1.95  # 24 Mimi frames at 12.5 Hz, replayable as one WAV
 
 
 def test_chat_tab_streams_a_reply(zoo, playground):
     model = zoo("qwen2-llm")
-    server, page = playground(model)
+    server, page = playground(model, "--served-model-name", "qwen2-llm")
     page.locator("#tabbtn-chat").wait_for()
     assert page.locator(".audio-only").first.is_hidden()  # a text model: no spoken replies
     page.fill("#chat-input", "Say hello")
@@ -275,7 +276,8 @@ def test_chat_tab_streams_a_reply(zoo, playground):
 def test_chat_tab_speaks_with_attachments_on_an_omni_model(zoo, playground):
     # A random talker rarely emits its end code: cap its codes so the reply stays short.
     talker_cap = '{"1": {"default_sampling_params": {"max_tokens": 32}}}'
-    server, page = playground(zoo("qwen2.5-omni"), "--stage-overrides", talker_cap)
+    server, page = playground(zoo("qwen2.5-omni"), "--served-model-name", "qwen2.5-omni",
+                              "--stage-overrides", talker_cap)
     page.locator("#tabbtn-chat").wait_for()
     assert page.locator("#chat-audio").is_visible()  # text + audio out: spoken replies on offer
     page.check("#chat-audio")

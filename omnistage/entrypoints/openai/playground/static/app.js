@@ -266,6 +266,7 @@ async function runImages({ send, gallery, n, progressId, statusId, format }) {
   } finally {
     clearInterval(tick);
     progress.hidden = true;
+    pollQueueDepth();
   }
 }
 
@@ -390,6 +391,7 @@ const videoState = { id: null, timer: null, url: null };
 
 function videoDone(text, isError = false) {
   clearTimeout(videoState.timer);
+  pollQueueDepth();
   videoState.id = null;
   $("video-create").disabled = false;
   $("video-cancel").disabled = true;
@@ -563,6 +565,7 @@ $("speech-form").addEventListener("submit", async (event) => {
     setStatus("speech-status", e.message, true);
   } finally {
     button.disabled = false;
+    pollQueueDepth();
   }
 });
 
@@ -574,9 +577,9 @@ $("voice-form").addEventListener("submit", async (event) => {
   if ($("voice-ref-text").value.trim()) form.append("ref_text", $("voice-ref-text").value.trim());
   try {
     const voice = await (await api("/v1/audio/voices", { form })).json();
-    setStatus("voice-status", `added ${voice.name} (${voice.duration_s} s)`);
     await loadVoices();
     $("speech-voice").value = voice.name;
+    setStatus("voice-status", `added ${voice.name} (${voice.duration_s} s)`);
   } catch (e) {
     setStatus("voice-status", e.message, true);
   }
@@ -678,6 +681,7 @@ $("chat-form").addEventListener("submit", async (event) => {
     if (reply) chatState.messages.push({ role: "assistant", content: reply });
     chatState.abort = null;
     $("chat-send").disabled = false; $("chat-stop").disabled = true;
+    pollQueueDepth();
   }
 });
 
