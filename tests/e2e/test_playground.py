@@ -12,13 +12,13 @@ from __future__ import annotations
 import base64
 import io
 import json
-import math
 import re
-import struct
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile as sf
 from PIL import Image
 from remote_server import RemoteServer
 
@@ -71,11 +71,11 @@ def playground(browser, request):
 
 
 def _wav(seconds: float = 0.5, rate: int = 16000) -> bytes:
-    n = int(seconds * rate)
-    samples = b"".join(struct.pack("<h", int(8000 * math.sin(2 * math.pi * 220 * i / rate))) for i in range(n))
-    header = (b"RIFF" + struct.pack("<I", 36 + len(samples)) + b"WAVEfmt "
-              + struct.pack("<IHHIIHH", 16, 1, 1, rate, 2 * rate, 2, 16) + b"data" + struct.pack("<I", len(samples)))
-    return header + samples
+    """A 220 Hz tone as a 16-bit WAV file."""
+    t = np.arange(int(seconds * rate)) / rate
+    buf = io.BytesIO()
+    sf.write(buf, 0.25 * np.sin(2 * np.pi * 220 * t), rate, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
 
 
 def _png(size, color) -> bytes:
@@ -151,7 +151,7 @@ def test_image_tab_generates_and_renders_with_the_api_key(zoo, playground):
 
 
 def test_edit_tab_sends_the_images_and_a_drawn_mask(zoo, playground):
-    server, page = playground(zoo("qwen-image-edit"), "--served-model-name", "qwen-image-edit")
+    _, page = playground(zoo("qwen-image-edit"), "--served-model-name", "qwen-image-edit")
     page.locator("#tabbtn-edit").wait_for()
     assert page.locator("#tabs button").all_inner_texts() == ["Edit", "Chat"]
     page.fill("#edit-steps", "2")
@@ -276,8 +276,8 @@ def test_chat_tab_streams_a_reply(zoo, playground):
 def test_chat_tab_speaks_with_attachments_on_an_omni_model(zoo, playground):
     # A random talker rarely emits its end code: cap its codes so the reply stays short.
     talker_cap = '{"1": {"default_sampling_params": {"max_tokens": 32}}}'
-    server, page = playground(zoo("qwen2.5-omni"), "--served-model-name", "qwen2.5-omni",
-                              "--stage-overrides", talker_cap)
+    _, page = playground(zoo("qwen2.5-omni"), "--served-model-name", "qwen2.5-omni",
+                         "--stage-overrides", talker_cap)
     page.locator("#tabbtn-chat").wait_for()
     assert page.locator("#chat-audio").is_visible()  # text + audio out: spoken replies on offer
     page.check("#chat-audio")
@@ -294,7 +294,8 @@ def test_chat_tab_speaks_with_attachments_on_an_omni_model(zoo, playground):
     assert body["modalities"] == ["text", "audio"] and body["audio"] == {"voice": "Chelsie", "format": "pcm16"}
     reply = page.locator(".msg.assistant.done")
     reply.wait_for()
-    assert not page.locator("#chat-status").evaluate("e => e.classList.contains('error')"), page.inner_text("#chat-status")
+    status = page.locator("#chat-status")
+    assert not status.evaluate("e => e.classList.contains('error')"), status.inner_text()
     duration = reply.locator("audio").evaluate("""async a => { if (!(a.duration > 0))
         await new Promise(r => a.addEventListener('loadedmetadata', r, {once: true})); return a.duration; }""")
     assert duration > 0  # the streamed PCM, played as it came and kept as one WAV

@@ -2,7 +2,7 @@
 
 import { api } from "./api.js";
 import { $, setStatus } from "./dom.js";
-import { Gallery, imageFields, runImages } from "./images.js";
+import { Gallery, PARTIAL_IMAGES, imageFields, runImages } from "./images.js";
 
 // The edit mask: strokes are painted on `paint` (the image's own size); the mask sent is
 // OpenAI's, an RGBA image that is transparent where the image may change.
@@ -85,7 +85,7 @@ $("edit-form").addEventListener("submit", async (event) => {
     if (mask) form.append("mask", mask, "mask.png");
     for (const [k, v] of Object.entries(fields)) form.append(k, String(v));
     form.append("response_format", "b64_json");
-    if (stream) { form.append("stream", "true"); form.append("partial_images", "2"); }
+    if (stream) { form.append("stream", "true"); form.append("partial_images", String(PARTIAL_IMAGES)); }
     return api("/v1/images/edits", { form });
   };
   await runImages({ send, gallery: editGallery, n: fields.n, progressId: "edit-progress", statusId: "edit-status",

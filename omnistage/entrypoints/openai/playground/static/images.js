@@ -6,6 +6,7 @@ import { $, dropNulls, numberOrNull, requestFinished, setStatus } from "./dom.js
 
 // Cleared once the server refuses `stream` / `partial_images`; later requests ask plainly.
 const state = { streamImages: true };
+export const PARTIAL_IMAGES = 2;
 
 // One gallery slot per requested image; partial images replace the slot's picture until
 // the final one arrives.
@@ -71,25 +72,23 @@ export async function runImages({ send, gallery, n, progressId, statusId, format
     }
     let count = 0;
     if ((resp.headers.get("content-type") || "").includes("text/event-stream")) {
-      let done = 0;
+      // OpenAI's events: `*.partial_image` (b64_json, partial_image_index) then `*.completed`
+      // per image; a server may send fewer partials than asked when an image is quick.
+      progress.max = n * (PARTIAL_IMAGES + 1);
+      progress.value = 0;
       for await (const { data } of sseEvents(resp)) {
         if (!data || typeof data !== "object") continue;
         const type = data.type || "";
         if (type === "error" || data.error) throw new Error((data.error && data.error.message) || "the stream failed");
-        const index = data.index ?? data.image_index ?? done;
+        const index = data.index ?? count;
         const fmt = data.output_format || format;
         if (type.endsWith(".partial_image")) {
-          const k = (data.partial_image_index ?? 0) + 1;
-          gallery.show(index, data.b64_json, fmt, false, `partial image ${k}`);
-          if (data.num_partial_images || data.partial_images) {
-            progress.max = data.num_partial_images || data.partial_images; progress.value = k;
-          }
+          gallery.show(index, data.b64_json, fmt, false, `partial image ${(data.partial_image_index ?? 0) + 1}`);
+          progress.value += 1;
         } else if (type.endsWith(".completed")) {
           gallery.show(index, data.b64_json, fmt, true);
-          done += 1; count += 1;
-          progress.max = n; progress.value = done;
-        } else if (typeof data.step === "number" && (data.num_steps || data.total_steps)) {
-          progress.max = data.num_steps || data.total_steps; progress.value = data.step; // live step progress
+          count += 1;
+          progress.value = count * (PARTIAL_IMAGES + 1);
         }
       }
     } else {
@@ -128,7 +127,7 @@ $("image-form").addEventListener("submit", async (event) => {
   const fields = imageFields("image");
   await runImages({
     send: (stream) => api("/v1/images/generations", {
-      json: { ...fields, response_format: "b64_json", ...(stream ? { stream: true, partial_images: 2 } : {}) },
+      json: { ...fields, response_format: "b64_json", ...(stream ? { stream: true, partial_images: PARTIAL_IMAGES } : {}) },
     }),
     gallery: imageGallery, n: fields.n, progressId: "image-progress", statusId: "image-status", format: "png",
   });
