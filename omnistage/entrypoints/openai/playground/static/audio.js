@@ -1,9 +1,14 @@
 // PCM16 played as it arrives (speech and spoken chat replies).
 
+// One player sounds at a time: a new one stops (and frees) the one before.
+let current = null;
+
 // Schedules little-endian PCM16 chunks back to back on a Web Audio clock, so playback
 // starts with the first chunk, and keeps them to offer the whole clip as a WAV.
 export class PcmPlayer {
   constructor(sampleRate) {
+    if (current) current.ctx.close();
+    current = this;
     this.ctx = new AudioContext();
     this.rate = sampleRate;
     this.next = 0;
