@@ -104,50 +104,56 @@ def test_image_tab_generates_and_renders_with_the_api_key(zoo, playground):
 
     page.fill("#image-prompt", "a red square")
     page.fill("#image-size", "64x48")
-    page.fill("#image-steps", "2")
+    page.fill("#image-steps", "4")
     page.fill("#image-seed", "7")
     page.fill("#image-n", "2")
-    page.click("#image-generate")
+    with page.expect_request("**/v1/images/generations") as sent:
+        page.click("#image-generate")
+    assert sent.value.post_data_json["stream"] is True and sent.value.post_data_json["partial_images"] == 2
     page.locator("#image-gallery figure.done").nth(1).wait_for()
-    assert re.match(r"2 images in [\d.]+ s", page.inner_text("#image-status"))
+    status = page.inner_text("#image-status")
+    assert re.fullmatch(r"2 images in [\d.]+ s", status), status  # streamed: no fallback note
+    # The first image was previewed from the stream's partial images before it was done.
+    assert int(page.get_attribute("#image-gallery figure >> nth=0", "data-partials")) >= 1
     sizes = page.eval_on_selector_all("#image-gallery img", "els => els.map(e => [e.naturalWidth, e.naturalHeight])")
     assert sizes == [[64, 48], [64, 48]]  # decoded and rendered by the browser
     links = page.eval_on_selector_all("#image-gallery a[download]", "els => els.map(e => e.href)")
-    shown = _png_bytes(page.get_attribute("#image-gallery img >> nth=0", "src"))
     assert links[0] == page.get_attribute("#image-gallery img >> nth=0", "src")
+    shown = _png_bytes(links[0])
 
     # The page shows what the API makes for the same request (seeded, so the same pixels).
     answer = server.http().post("/v1/images/generations", json={
-        "prompt": "a red square", "size": "64x48", "num_inference_steps": 2, "seed": 7, "n": 2}).json()
+        "prompt": "a red square", "size": "64x48", "num_inference_steps": 4, "seed": 7, "n": 2}).json()
     direct = base64.b64decode(answer["data"][0]["b64_json"])
     assert Image.open(io.BytesIO(shown)).tobytes() == Image.open(io.BytesIO(direct)).tobytes()
 
-    # A fresh page keeps the key (local storage). It renders OpenAI's image stream
-    # (partial images, then the final one), which this server does not send yet: the
-    # stream is played to the page from the images made above.
+    # A fresh page keeps the key (local storage). Against a server without image streaming
+    # (played here: the first request is refused as such a server refuses it) the page
+    # asks again without the two fields and shows the final image.
     asked = []
 
-    def stream(route):
+    def older_server(route):
         asked.append(route.request.post_data_json)
-        final = answer["data"][0]["b64_json"]
-        events = [{"type": "image_generation.partial_image", "b64_json": answer["data"][1]["b64_json"],
-                   "partial_image_index": 0, "output_format": "png"},
-                  {"type": "image_generation.completed", "b64_json": final, "output_format": "png"}]
-        route.fulfill(status=200, content_type="text/event-stream",
-                      body="".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events))
+        if len(asked) > 1:
+            return route.continue_()
+        route.fulfill(status=400, content_type="application/json", body=json.dumps({"error": {
+            "message": "unknown extras ['partial_images', 'stream']", "type": "invalid_request_error",
+            "param": None, "code": None}}))
 
     again = page.context.new_page()
-    again.route("**/v1/images/generations", stream)
+    again.route("**/v1/images/generations", older_server)
     again.goto(server.url + "/")
     again.locator("#tabbtn-image").wait_for()
     assert again.locator("#banner").is_hidden()
-    again.fill("#image-n", "1")
+    for field, value in (("#image-prompt", "a red square"), ("#image-size", "64x48"), ("#image-steps", "4"),
+                         ("#image-seed", "7"), ("#image-n", "2")):
+        again.fill(field, value)
     again.click("#image-generate")
-    again.locator("#image-gallery figure.done").wait_for()
-    assert asked[0]["stream"] is True and asked[0]["partial_images"] == 2
-    assert again.get_attribute("#image-gallery figure", "data-partials") == "1"
-    assert _png_bytes(again.get_attribute("#image-gallery img", "src")) == direct
-    assert "no live preview" not in again.inner_text("#image-status")
+    again.locator("#image-gallery figure.done").nth(1).wait_for()
+    assert [("stream" in body) for body in asked] == [True, False]
+    fallback = _png_bytes(again.get_attribute("#image-gallery img >> nth=0", "src"))
+    assert Image.open(io.BytesIO(fallback)).tobytes() == Image.open(io.BytesIO(direct)).tobytes()
+    assert "no live preview on this server" in again.inner_text("#image-status")
 
 
 def test_edit_tab_sends_the_images_and_a_drawn_mask(zoo, playground):
@@ -200,15 +206,16 @@ def test_video_tab_plays_a_job_and_cancels_one(zoo, playground):
     page.wait_for_function("document.getElementById('video-player').readyState >= 1")
     assert page.evaluate("document.getElementById('video-player').duration") > 0
 
-    # A long job (about 6 s here): cancel it once the engine has it (the header's queue
-    # depth, from /metrics); the server forgets the job and frees its slot.
+    # A long job (about 6 s here): cancel it once it runs (the header's queue depth, from
+    # /metrics, and the job's progress); the server forgets the job and frees its slot.
     page.fill("#video-size", "64x64")
     page.fill("#video-frames", "9")
     page.fill("#video-steps", "300")
     page.click("#video-create")
     page.wait_for_function("document.getElementById('queue-depth').textContent === '1'")
+    page.wait_for_function("document.getElementById('video-progress').value > 0")  # live, from the steps
     job_id = page.get_attribute("#video-player", "data-job-id")
-    assert re.match(r"(queued|in progress) \d+%", page.inner_text("#video-status"))
+    assert re.fullmatch(r"in progress \d+%", page.inner_text("#video-status"))
     page.click("#video-cancel")
     cancelled = time.time()
     page.wait_for_function("document.getElementById('video-status').textContent === 'cancelled'")
