@@ -46,6 +46,9 @@ class StageDeployConfig:
     offload: str | None = None
     """None | "model" | "sequential"."""
     quantization: str | None = None
+    """Diffusion: weight-only quantization of the transformer's linear layers: None | "int8" | "fp8"."""
+    ignored_layers: tuple[str, ...] = ()
+    """With `quantization`: layer-name patterns (fnmatch, e.g. "proj_out") kept in full precision."""
     lora: dict[str, Any] | None = None
     compile: bool = False
     attention_backend: str = "sdpa"
