@@ -44,7 +44,10 @@ class StageDeployConfig:
     """Diffusion step cache: None | "tea_cache" | "first_block_cache" | ..."""
     cache_config: dict[str, Any] = field(default_factory=dict)
     offload: str | None = None
-    """None | "model" | "sequential"."""
+    """Diffusion: None | "model" (one component on the device at a time) | "layerwise" (transformer
+    blocks copied to the device a group at a time, the next prefetched)."""
+    offload_blocks_per_group: int = 1
+    """With `offload: layerwise`: transformer blocks per group copied to the device together."""
     quantization: str | None = None
     """Diffusion: weight-only quantization of the transformer's linear layers: None | "int8" | "fp8"."""
     ignored_layers: tuple[str, ...] = ()
@@ -87,7 +90,8 @@ STAGE_CONSTRAINTS = {
     "ring_degree": at_least(1),
     "tensor_parallel_size": at_least(1),
     "vae_patch_parallel_size": at_least(1),
-    "offload": one_of("model", "sequential"),
+    "offload": one_of("model", "layerwise"),
+    "offload_blocks_per_group": at_least(1),
     "max_model_len": at_least(1),
     "ar_backend": one_of("native", "vllm"),
     # cache_backend, quantization and attention_backend are open sets: the registries

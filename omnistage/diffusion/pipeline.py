@@ -109,9 +109,12 @@ class DiffusionPipelineBase(ABC):
 
         from omnistage.diffusion.accel import apply_accelerations
 
-        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **cls.loader_overrides).to(device)
+        deploy = deploy or StageDeployConfig()
+        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **cls.loader_overrides)
+        if deploy.offload is None:  # offloaded weights wait on the CPU (accel/offload.py)
+            pipe = pipe.to(device)
         pipeline = cls.from_diffusers(pipe, str(path), device, dtype)
-        pipeline.accelerations = apply_accelerations(pipeline, deploy or StageDeployConfig())
+        pipeline.accelerations = apply_accelerations(pipeline, deploy)
         return pipeline
 
     @classmethod

@@ -12,7 +12,6 @@ LLM = StageSpec(id=0, name="llm", kind="ar", output="text", final_output=True)
 
 @pytest.mark.parametrize("fields", [
     {"cache_backend": "tea_cache"},
-    {"offload": "model"},
     {"executor": "mp", "num_devices": 2, "ulysses_degree": 2},
 ])
 def test_unimplemented_diffusion_fields_are_refused_before_loading(fields):
