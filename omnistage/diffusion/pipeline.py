@@ -63,6 +63,12 @@ class DenoiseState:
 
 
 ProgressCallback = Callable[[list[DenoiseState]], None]
+StepRunner = Callable[[list[DenoiseState], Callable[[list[DenoiseState]], None]], None]
+
+
+def run_step(states: list[DenoiseState], denoise_step: Callable[[list[DenoiseState]], None]) -> None:
+    """The default step runner: every state in one `denoise_step`."""
+    denoise_step(states)
 
 
 class DiffusionPipelineBase(ABC):
@@ -91,6 +97,11 @@ class DiffusionPipelineBase(ABC):
         """What `from_pretrained` applied from the deploy config (e.g. ["vae_tiling"])."""
         self.guidance_runner = guided_predictions
         """Runs `guidance` for a step; CFG-parallel replaces it (accel/cfg_parallel.py)."""
+        self.step_runner: StepRunner = run_step
+        """Runs `denoise_step` over one step's states; per-request LoRA replaces it to split
+        them by adapter (accel/lora.py)."""
+        self.lora_adapters: tuple[str, ...] = ()
+        """Names of the LoRA adapters a request may choose (`lora_adapters` deploy field)."""
         for name, module in components.items():
             setattr(self, name, module)
 
@@ -129,6 +140,9 @@ class DiffusionPipelineBase(ABC):
     def prepare_params(self, params: DiffusionParams) -> DiffusionParams:
         """Fill defaults and validate extras; raises ValueError naming the field."""
         params = params.with_defaults(self.default_params)
+        if params.lora is not None and params.lora.name not in self.lora_adapters:
+            served = ", ".join(self.lora_adapters) or "none (no lora_adapters in the deploy config)"
+            raise ValueError(f"lora.name: unknown adapter {params.lora.name!r}; this model serves: {served}")
         return params.model_copy(update={"extras": validate_extras(params.extras, self.extras)})
 
     def check_inputs(self, request: DiffusionRequest) -> None:
@@ -148,7 +162,7 @@ class DiffusionPipelineBase(ABC):
     def batch_key(self, params: DiffusionParams) -> tuple:
         """Requests whose keys match may share one request-mode batch."""
         return (params.height, params.width, params.num_frames, params.num_inference_steps,
-                params.guidance_scale, params.true_cfg_scale, params.guidance_scale_2,
+                params.guidance_scale, params.true_cfg_scale, params.guidance_scale_2, params.lora,
                 tuple(sorted(params.extras.items())))
 
     # -- the three seams -----------------------------------------------------------------
@@ -166,6 +180,10 @@ class DiffusionPipelineBase(ABC):
         """Decode finished states to float arrays in [0, 1], one per state: images
         [num_outputs, H, W, 3], video [num_frames, H, W, 3]. Parity tests compare these
         with diffusers' `output_type="np"`."""
+
+    def step(self, states: list[DenoiseState]) -> None:
+        """One denoising step over `states`, through the step runner (what the runtime calls)."""
+        self.step_runner(states, self.denoise_step)
 
     def guided_predictions(self, states: list[DenoiseState], predict: Predict) -> list[torch.Tensor]:
         """Each state's guided noise prediction for its current step: `predict` runs the
@@ -205,7 +223,7 @@ class DiffusionPipelineBase(ABC):
             running = [s for s in states if not s.is_done]
             if not running:
                 break
-            self.denoise_step(running)
+            self.step(running)
             if on_step is not None:
                 on_step(running)
         return states
