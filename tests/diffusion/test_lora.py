@@ -79,6 +79,18 @@ def test_per_request_adapters_match_diffusers_in_one_mixed_batch(per_request, re
     assert max_abs_diff(got[0], got[1]) > 1e-2
 
 
+def test_step_mode_joiner_with_another_adapter(per_request, reference):
+    # A "style" request runs 2 steps alone, then an "other" request joins; each step groups them by adapter.
+    states = per_request.encode([lora_request("style", rid="a", seed=5)])
+    per_request.step(states)
+    states += per_request.encode([lora_request("other", 0.5, rid="b", seed=6)])
+    while any(not s.is_done for s in states):
+        per_request.step([s for s in states if not s.is_done])
+    got = per_request.decode_arrays(states)
+    assert max_abs_diff(got[0], expected(reference, "style", 1.0, seed=5)) <= TOLERANCE
+    assert max_abs_diff(got[1], expected(reference, "other", 0.5, seed=6)) <= TOLERANCE
+
+
 def test_different_adapters_never_share_a_transformer_call(per_request):
     calls = []
     handle = per_request.transformer.register_forward_pre_hook(

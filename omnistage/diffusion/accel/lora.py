@@ -59,6 +59,8 @@ def apply(pipeline: Any, config: LoraConfig) -> None:
         loader.fuse_lora(adapter_names=names)
         loader.unload_lora_weights()  # the merged weights stay; the LoRA layers go
     if config.adapters:
+        if "transformer" not in pipeline.components:
+            raise ValueError(f"lora_adapters: {pipeline.reference_class} has no transformer to switch adapters on")
         for name, path in config.adapters:
             _load(loader, path, name)
         outside = {component: names for component, names in loader.get_list_adapters().items()
