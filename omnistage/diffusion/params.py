@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from omnistage.engine.types import RequestError
+
 
 class LoraRequest(BaseModel):
     """A LoRA adapter the stage preloaded (deploy `lora_adapters`), chosen by name."""
@@ -67,13 +69,13 @@ class ExtraSpec:
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
-            raise ValueError(f"extras.{name} must be {self.type.__name__}, got {type(value).__name__}")
+            raise RequestError(f"extras.{name} must be {self.type.__name__}, got {type(value).__name__}", name)
         if self.min is not None and value < self.min:
-            raise ValueError(f"extras.{name} must be >= {self.min}, got {value}")
+            raise RequestError(f"extras.{name} must be >= {self.min}, got {value}", name)
         if self.max is not None and value > self.max:
-            raise ValueError(f"extras.{name} must be <= {self.max}, got {value}")
+            raise RequestError(f"extras.{name} must be <= {self.max}, got {value}", name)
         if self.choices is not None and value not in self.choices:
-            raise ValueError(f"extras.{name} must be one of {list(self.choices)}, got {value!r}")
+            raise RequestError(f"extras.{name} must be one of {list(self.choices)}, got {value!r}", name)
         return value
 
 
@@ -82,7 +84,7 @@ def validate_extras(extras: dict[str, Any], schema: dict[str, ExtraSpec]) -> dic
     unknown = sorted(set(extras) - set(schema))
     if unknown:
         known = ", ".join(sorted(schema)) or "none"
-        raise ValueError(f"unknown extras {unknown}; this model accepts: {known}")
+        raise RequestError(f"unknown extras {unknown}; this model accepts: {known}", unknown[0])
     out = {name: spec.default for name, spec in schema.items() if spec.default is not None}
     for name, value in extras.items():
         out[name] = schema[name].check(name, value)

@@ -94,3 +94,12 @@ def test_a_failing_input_processor_fails_only_its_request(expand):
     good, bad = info.value.outputs
     assert bad.error.startswith("stage 0 (expander): input_processor raised ValueError: prompt must be a non-empty")
     assert good.error is None and good.images
+
+
+def test_per_prompt_params_give_each_prompt_its_own_seed(zimage):
+    seeds = [DRAW, DRAW.model_copy(update={"seed": 4}), DRAW]
+    outs = zimage.generate(["a cat"] * 3, seeds, use_tqdm=False)
+    pixels = [np.asarray(o.images[0]) for o in outs]
+    assert np.array_equal(pixels[0], pixels[2]) and not np.array_equal(pixels[0], pixels[1])
+    [alone] = zimage.generate("a cat", DRAW.model_copy(update={"seed": 4}), use_tqdm=False)
+    assert np.array_equal(np.asarray(alone.images[0]), pixels[1])  # the same as its own request
