@@ -1,6 +1,6 @@
 """The seam between the AR engine and a model family: `ARModel`, and its registry.
 
-The engine owns scheduling, the slot KV cache, sampling, detokenization and streaming.
+The engine owns scheduling, the paged KV cache, sampling, detokenization and streaming.
 A model family owns what is specific to it:
 
 - `build_prompt(inputs)`: turn `StageRequest.inputs` into prompt token ids plus any
@@ -14,7 +14,7 @@ A model family owns what is specific to it:
   depth decoder turning the backbone's codebook-0 token into a full frame, returning
   per-request extras for the output and keeping what the next step feeds in `seq.model_state`.
 
-The scheduler, the slot KV cache (a transformers `Cache` passed as `cache=`), the
+The scheduler, the paged KV cache (a transformers `Cache` passed as `cache=`), the
 sampler, stop rules, detokenization and streaming are shared by every family.
 
 `HFCausalLM` (hf_model.py) is the default: any transformers `AutoModelForCausalLM`.
@@ -64,8 +64,12 @@ class ModelInput:
     seqs: list[Sequence]
     """The batch's sequences, row order (family state is `seq.model_state`)."""
     is_prefill: bool
+    """Rows are prompt chunks (`last_indices` set); else one decode token each."""
     output_hidden_states: bool = False
     output_input_embeds: bool = False
+    context_lens: list[int] | None = None
+    """Tokens of each row already in the KV cache before this forward (row i feeds positions
+    context_lens[i]..); all 0 in a prefill unless the model `supports_chunked_prefill`."""
 
 
 @dataclass
@@ -89,6 +93,14 @@ class ARModel(ABC):
     max_position_embeddings: int = 0
     num_layers: int = 0
     """Attention layers that call `cache.update` (sizes the KV cache)."""
+    kv_dims: tuple[int, int] | None = None
+    """(kv heads, head dim) of those layers: with `num_layers` and the dtype, one token's KV bytes."""
+    supports_chunked_prefill: bool = False
+    """A prefill row may start at any cached position and feed any span of the sequence's
+    tokens as ids (`ModelInput.context_lens`): what prompt chunks, prefix-cache hits and
+    recompute after preemption need. A family that builds its prefill from per-request
+    embeddings leaves it False: its prompts are prefilled whole, never reuse cached blocks,
+    and reserve their blocks for their whole length at admission (so are never preempted)."""
     device: Any = None
 
     @classmethod

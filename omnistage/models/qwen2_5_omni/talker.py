@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
 from omnistage.models.qwen2_5_omni.thinker import attention_masks
 from omnistage.models.qwen2_5_omni.weights import load_talker
@@ -57,6 +58,7 @@ class OmniTalker(ARModel):
         self.embed = model.model.embed_tokens
         self.device = device
         self.num_layers = config.num_hidden_layers
+        self.kv_dims = kv_dims(config)
         self.max_position_embeddings = config.max_position_embeddings
         self.codec_mask, self.codec_pad = config.tts_codec_mask_token_id, config.tts_codec_pad_token_id
         self.codec_bos, self.codec_eos = config.tts_codec_start_token_id, config.tts_codec_end_token_id

@@ -1,7 +1,7 @@
 """Qwen2.5-Omni thinker as an AR stage: text and audio in, text out, plus what the talker needs.
 
 Wraps `Qwen2_5OmniThinkerForConditionalGeneration` without patching it: the engine's
-masks and slot KV cache go into its language model through the public `attention_mask`
+masks and paged KV cache go into its language model through the public `attention_mask`
 mapping and `cache=` arguments, as in `HFCausalLM`.
 
 Per request (`ThinkerState`), prepared once at admission:
@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
+from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
 from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE
 from omnistage.models.qwen2_5_omni.weights import check_voice, load_speakers, load_thinker
@@ -62,6 +63,7 @@ class OmniThinker(ARModel):
         self.eos_token_ids = eos
         self.device = device
         self.num_layers = text_config.num_hidden_layers
+        self.kv_dims = kv_dims(text_config)
         self.max_position_embeddings = text_config.max_position_embeddings
         self.audio_token_id = model.config.audio_token_index
 
