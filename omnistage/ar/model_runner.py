@@ -62,7 +62,7 @@ class ModelRunner:
         self.max_model_len = max_model_len
         self.cache = PagedKVCache(model.num_layers, block_size, max_num_blocks)
         self.sampler = Sampler(device)
-        self._arange = torch.arange(max_model_len + 1, device=device)
+        self._arange = torch.arange(max(max_model_len, block_size) + 1, device=device)
         self.hidden: dict[str, _StateRows] = {}
         self.embeds: dict[str, _StateRows] = {}
 
@@ -111,35 +111,38 @@ class ModelRunner:
         starts = [item.start for item in items]
         lens = [item.num_new for item in items]
         b, t = len(items), max(lens)
-        ctx = [s + n for s, n in zip(starts, lens)]
-        kv_len = max(ctx)
+        kv_len = max(s + n for s, n in zip(starts, lens))
         dev, size = self.device, self.block_size
-        if is_prefill:
-            ids = [seq.all_token_ids[s:s + n] + [0] * (t - n) for seq, s, n in zip(seqs, starts, lens)]
-        else:
-            ids = [[seq.last_token_id] for seq in seqs]
         width = -(-kv_len // size)
-        tables = [seq.block_table[:width] + [0] * (width - len(seq.block_table[:width])) for seq in seqs]
-        host = torch.tensor([starts, lens, ctx], device=dev)
-        ids_t = torch.tensor(ids, device=dev)
+        tables = [seq.block_table[:width] + [0] * (width - len(seq.block_table)) for seq in seqs]
         table_t = torch.tensor(tables, device=dev)
-        start_t, len_t, ctx_t = host[0], host[1], host[2]
-        positions = start_t[:, None] + self._arange[:t]  # [B, T]
-        fed = self._arange[:t] < len_t[:, None]
-        write = _slots(table_t, positions.clamp(max=kv_len - 1), size)
-        write = torch.where(fed, write, 0).flatten()  # padding -> scratch block 0
+        # every slot of each row's blocks in position order (past a row's blocks: the scratch block)
+        slots = (table_t[:, :, None] * size + self._arange[:size]).view(b, width * size)
         keys = self._arange[:kv_len]
-        fresh = is_prefill and not any(starts)
-        read = None
-        if not fresh:
-            read = torch.where(keys < ctx_t[:, None], _slots(table_t, keys.expand(b, kv_len), size), 0)
-        # causal, and keys past the row's context are padding
-        mask = (keys[None, None, :] <= positions[:, :, None]) & (keys[None, None, :] < ctx_t[:, None, None])
+        if is_prefill:
+            ids = torch.tensor([seq.all_token_ids[s:s + n] + [0] * (t - n) for seq, s, n in zip(seqs, starts, lens)],
+                               device=dev)
+            meta = torch.tensor([starts, lens], device=dev)
+            positions = meta[0][:, None] + self._arange[:t]  # [B, T]
+            fed = self._arange[:t] < meta[1][:, None]
+            write = torch.where(fed, slots.gather(1, positions.clamp(max=kv_len - 1)), 0).flatten()  # padding -> scratch
+            ctx = (meta[0] + meta[1])[:, None, None]
+            # causal, and keys past the row's context are padding
+            mask = (keys <= positions[:, :, None]) & (keys < ctx)
+            read = None if not any(starts) else slots[:, :kv_len].reshape(-1)
+            last = meta[1] - 1
+        else:
+            writes = [seq.block_table[p // size] * size + p % size for seq, p in zip(seqs, starts)]
+            meta = torch.tensor([[seq.last_token_id for seq in seqs], starts, writes], device=dev)
+            ids, positions, write = meta[0].view(b, 1), meta[1].view(b, 1), meta[2]
+            mask = (keys <= positions).view(b, 1, kv_len)  # keys after a row's position are padding
+            read = slots[:, :kv_len].reshape(-1)
+            last = None
         self.cache.begin(num_blocks, write, read, kv_len)
         want_hidden, want_embeds = _wants(seqs)
         return ModelInput(
-            input_ids=ids_t, positions=positions, attention_mask=mask[:, None],
-            last_indices=len_t - 1 if is_prefill else None, query_lens=lens, kv_len=kv_len, seqs=seqs,
+            input_ids=ids, positions=positions, attention_mask=mask[:, None],
+            last_indices=last, query_lens=lens, kv_len=kv_len, seqs=seqs,
             is_prefill=is_prefill, output_hidden_states=want_hidden, output_input_embeds=want_embeds,
             context_lens=starts,
         )
@@ -166,11 +169,6 @@ class ModelRunner:
         self.hidden.pop(seq.request_id, None)
         self.embeds.pop(seq.request_id, None)
         self.model.release(seq)
-
-
-def _slots(table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
-    """KV slot of each position [B, T] of each row, given its block table [B, num_blocks]."""
-    return table.gather(1, torch.div(positions, block_size, rounding_mode="floor")) * block_size + positions % block_size
 
 
 def _wants(seqs: list[Sequence]) -> tuple[bool, bool]:
