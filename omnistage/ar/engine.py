@@ -143,7 +143,7 @@ class AREngine:
         seq = Sequence(rid, prompt.token_ids, params, max_model_len=self.max_model_len,
                        eos_token_ids=self.model.eos_token_ids, arrival_time=request.arrival_time,
                        detokenizer=detok, model_state=prompt.model_state, **flags)
-        if not self.model.supports_chunked_prefill:
+        if not self.model.is_token_reproducible(prompt):
             seq.prefix_cacheable = seq.recomputable = False
         self.scheduler.add(seq)
         self._seqs[rid] = seq

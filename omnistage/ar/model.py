@@ -139,6 +139,13 @@ class ARModel(ABC):
             return PromptInputs(list(enc["input_ids"]))
         return PromptInputs(self.tokenizer(inputs["prompt"])["input_ids"])
 
+    def is_token_reproducible(self, prompt: PromptInputs) -> bool:
+        """Do this prompt's keys and values follow from its token ids alone? Then its blocks may be
+        shared through the prefix cache and recomputed after a preemption. Default: when the model
+        `supports_chunked_prefill`; a family whose ids stand for other inputs (audio
+        placeholders) says False for those prompts."""
+        return self.supports_chunked_prefill
+
     def on_sampled(self, batch: ModelInput, output: ModelOutput, token_ids: torch.Tensor) -> list[dict] | None:
         """Hook after sampling, before the tokens are appended: returns per-row extras for this
         step's outputs, or None. It may rewrite `token_ids` in place (e.g. to an EOS id when

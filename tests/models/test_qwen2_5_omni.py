@@ -201,6 +201,30 @@ def test_thinker_only_variant(path, reference, tmp_path):
     assert resolve_qwen2_5_omni(no_audio, PipelineDeployConfig()).name == "qwen2_5_omni_thinker_only"
 
 
+def test_thinker_text_prompts_chunk_and_hit_the_prefix_cache(path, reference):
+    # Text-only thinker requests prefill in chunks (8 tokens a step here) and the second turn
+    # reuses the first one's cached blocks; the greedy text stays the reference's.
+    from omnistage.ar.engine import AREngine
+    from omnistage.config.deploy_fields import StageDeployConfig
+    from omnistage.engine.types import StageRequest
+    from omnistage.models.qwen2_5_omni import THINKER_STAGE
+
+    ref_ids, _ = reference(OTHER, generation_mode="text")
+    engine = AREngine(path, THINKER_STAGE, StageDeployConfig(devices=("cpu",), dtype="float32", max_num_seqs=2,
+                                                             max_num_batched_tokens=8))
+    params = greedy_params()["thinker"]
+    for turn in range(2):
+        engine.add_request(StageRequest(f"t{turn}", {"messages": OTHER}, params))
+        outs = []
+        while engine.has_unfinished_requests():
+            outs += engine.step()
+        assert outs[-1].finished and outs[-1].payload.token_ids == ref_ids
+        cached = outs[-1].metrics["num_cached_tokens"]
+        assert (cached == 0) if turn == 0 else (cached >= 16)
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    engine.close()
+
+
 def test_text_only_request_runs_the_thinker_alone(reference, omni):
     # The full three-stage pipeline, asked for text: the talker and token2wav never run, and the
     # thinker skips the hidden states it would return for the talker; the text is the reference's.

@@ -48,6 +48,10 @@ class ThinkerState:
 
 
 class OmniThinker(ARModel):
+    # Text prompts are token ids with M-RoPE positions known per position, so they chunk,
+    # hit the prefix cache and recompute; prompts with audio are prefilled whole (below).
+    supports_chunked_prefill = True
+
     def __init__(self, model, tokenizer, feature_extractor, speakers: dict, talker_text_ids: tuple[int, int],
                  eos: tuple[int, ...], device: torch.device) -> None:
         text_config = model.config.text_config
@@ -108,6 +112,10 @@ class OmniThinker(ARModel):
                 talker_embeds = self.lm.embed_tokens(torch.tensor(special, device=self.device))
         state = ThinkerState(positions[:, 0], int(delta.item()), audio_embeds, talker_embeds)
         return PromptInputs(ids, state)
+
+    def is_token_reproducible(self, prompt: PromptInputs) -> bool:
+        # <|AUDIO|> ids are the same for every clip: their keys follow from the audio, not the ids.
+        return prompt.model_state.audio_embeds is None
 
     def _encode_audio(self, ids: list[int], audios: list[tuple[Any, int]]):
         from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import _get_feat_extract_output_lengths
@@ -178,12 +186,16 @@ class OmniThinker(ARModel):
         return merged, zeroed
 
     def _positions(self, batch: ModelInput) -> torch.Tensor:
-        """[3, B, T] M-RoPE positions: the prompt's own at prefill, position + rope_delta after."""
+        """[3, B, T] M-RoPE positions: the prompt's own in it, position + rope_delta after it
+        (decode, or a prefill recomputing generated tokens after a preemption)."""
         states = [s.model_state for s in batch.seqs]
         if batch.is_prefill:
             pos = batch.positions.new_zeros(3, *batch.positions.shape)
             for i, st in enumerate(states):
-                pos[:, i, :st.mrope_positions.shape[1]] = st.mrope_positions
+                start, n, prompt_len = batch.context_lens[i], batch.query_lens[i], st.mrope_positions.shape[1]
+                split = max(0, min(n, prompt_len - start))  # this row's positions inside the prompt
+                pos[:, i, :split] = st.mrope_positions[:, start:start + split]
+                pos[:, i, split:n] = batch.positions[i, split:n] + st.rope_delta
             return pos
         delta = torch.tensor([st.rope_delta for st in states], device=batch.positions.device)
         return (batch.positions + delta[:, None]).expand(3, -1, -1)
@@ -210,8 +222,10 @@ def _audio_parts(inputs: Any) -> list[tuple[Any, int]]:
 
 
 def attention_masks(batch: ModelInput) -> dict:
-    # NOTE: one row has no padding, so its mask is plain causal (prefill) or all-visible
-    # (decode). Passing None lets SDPA take its is_causal path, as transformers' generate()
-    # does for an unpadded prompt: the same kernel, so the same floats, and near-tied
-    # logits of a greedy request resolve as in the reference.
-    return {"full_attention": None if len(batch.seqs) == 1 else batch.attention_mask}
+    # NOTE: one row has no padding, so its mask is plain causal (prefill from position 0) or
+    # all-visible (decode). Passing None lets SDPA take its is_causal path, as transformers'
+    # generate() does for an unpadded prompt: the same kernel, so the same floats, and
+    # near-tied logits of a greedy request resolve as in the reference. A chunk after
+    # cached keys is not square-causal, so it keeps its mask.
+    one_plain_row = len(batch.seqs) == 1 and not (batch.is_prefill and batch.context_lens and batch.context_lens[0])
+    return {"full_attention": None if one_plain_row else batch.attention_mask}
