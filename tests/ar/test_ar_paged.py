@@ -173,3 +173,19 @@ def test_hidden_states_of_a_chunked_prompt_come_whole_with_the_first_token(llm_p
     torch.testing.assert_close(payload.hidden_states, ref, atol=1e-5, rtol=1e-5)
     assert outputs["h"][-1].metrics["num_cached_tokens"] == 0  # hidden-state requests never reuse blocks
     engine.close()
+
+
+def test_kv_deploy_fields_are_validated(llm_path):
+    from omnistage.config.deploy_fields import StageDeployConfig
+
+    with pytest.raises(ValueError, match="kv_cache_memory: must be > 0"):
+        StageDeployConfig(kv_cache_memory=0)
+    with pytest.raises(ValueError, match="max_num_batched_tokens: must be >= 1"):
+        StageDeployConfig(max_num_batched_tokens=0)
+    with pytest.raises(ValueError, match="max_num_batched_tokens=2 is less than max_num_seqs=4"):
+        make_engine(llm_path, max_num_seqs=4, max_num_batched_tokens=2)
+    assert StageDeployConfig(kv_cache_memory=1 << 20).kv_cache_memory == float(1 << 20)
+    # a fraction of host memory on CPU: sized in blocks, far more than the default here
+    engine = make_engine(llm_path, max_num_seqs=1, max_model_len=64, kv_cache_memory=0.001)
+    assert engine.block_manager.num_blocks > 4
+    engine.close()
