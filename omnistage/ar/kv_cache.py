@@ -5,7 +5,7 @@ head_dim]` keys and values, `num_slots = (num_blocks + 1) * block_size`, where t
 `BlockManager` decides which blocks hold which sequence's tokens. Before each forward
 the runner hands it, for the `[B, T]` batch, the slot each new token writes to
 (`write_slots`, padding -> the scratch block 0) and, for each row, the slots of the
-`kv_len` keys it attends to in position order (`read_slots`). `update()`, called by
+`kv_len` keys it attends to in position order (`read_slots`, flat). `update()`, called by
 every attention layer, writes the new keys and values, then returns either the fresh
 ones (a prefill with nothing cached before it: no gather) or the gathered
 `[B, kv_heads, kv_len, head_dim]` rows; the runner's mask hides what each row must not

@@ -100,42 +100,48 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput | None:
         """The next step, or None when there is nothing to run.
 
-        NOTE: running sequences first, oldest first, as vLLM v1: each gets one decode token
-        or its next prompt chunk, within the token budget, and blocks for them. When blocks
-        run out, the newest running sequence is preempted (its blocks freed, recomputed
-        later from its tokens) until the older one fits. Then waiting sequences are
-        admitted in arrival order while a seat, the budget and blocks allow, each
-        starting after the longest cached prefix of its tokens; the first that does not
-        fit stops admission (no overtaking). So a newcomer's prefill shares the step with
-        the running decodes, in chunks of at most the budget left.
+        NOTE: running sequences first, as vLLM v1: every decoding one gets its one token,
+        then those mid-prompt get their next chunk, oldest first, and blocks for them.
+        When blocks run out, the newest running sequence is preempted (its blocks freed,
+        recomputed later from its tokens) until the older one fits. Then waiting
+        sequences are admitted in arrival order while a seat, the budget and blocks
+        allow, each starting after the longest cached prefix of its tokens; the first
+        that does not fit stops admission (no overtaking). So a newcomer's prefill shares
+        the step with the running decodes, in chunks of what the budget leaves.
+
+        The budget counts what the forwards compute: one token per decode, and the prefill
+        group padded to its longest row (rows x longest chunk), so ragged prompts do not
+        pay for padding beyond it.
         """
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
         scheduled: set[int] = set()
-        i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            num_new = self._num_new(seq, budget, bool(out.items))
-            if num_new == 0:
-                break
-            end = seq.num_computed_tokens + num_new
-            while not self.blocks.can_append(seq, end):
-                victim = self._victim(scheduled)
-                self._preempt(victim, out)
-                if victim is seq:
+        for decoding in (True, False):
+            i = 0
+            while i < len(self.running):
+                seq = self.running[i]
+                if seq.is_prefilling == decoding or id(seq) in scheduled:
+                    i += 1
+                    continue
+                num_new = self._num_new(seq, out)
+                if num_new == 0:
                     break
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted itself; `running` shrank, same index is the next one
-            self.blocks.append(seq, end)
-            self._add(out, seq, num_new)
-            scheduled.add(id(seq))
-            budget -= num_new
-            i += 1
-        while self.waiting and len(self.running) < self.max_num_seqs and budget > 0 and not out.preempted:
+                end = seq.num_computed_tokens + num_new
+                while not self.blocks.can_append(seq, end):
+                    victim = self._victim(scheduled)
+                    self._preempt(victim, out)
+                    if victim is seq:
+                        break
+                if seq.status is not SequenceStatus.RUNNING:
+                    continue  # preempted itself; `running` shrank, same index is the next one
+                self.blocks.append(seq, end)
+                self._add(out, seq, num_new)
+                scheduled.add(id(seq))
+                i += 1
+        while self.waiting and len(self.running) < self.max_num_seqs and not out.preempted:
             seq = self.waiting[0]
             hits = self.blocks.match_prefix(seq)
             seq.num_computed_tokens = len(hits) * self.blocks.block_size
-            num_new = self._num_new(seq, budget, bool(out.items))
+            num_new = self._num_new(seq, out)
             end = seq.num_computed_tokens + num_new
             reserve = end if seq.recomputable else min(self.max_model_len, seq.num_prompt_tokens + seq.max_tokens)
             if num_new == 0 or not self.blocks.can_allocate(seq, hits, max(end, reserve)):
@@ -146,17 +152,23 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             self._add(out, seq, num_new)
-            budget -= num_new
         return out if out.items else None
 
-    def _num_new(self, seq: Sequence, budget: int, batch_has_work: bool) -> int:
+    def _num_new(self, seq: Sequence, out: SchedulerOutput) -> int:
         """Tokens `seq` feeds this step: all it lacks, or a chunk of it; 0 if it must wait."""
+        rows = len(out.prefills)
+        width = max((item.num_new for item in out.prefills), default=0)
+        room = self.max_num_batched_tokens - len(out.decodes) - rows * width
+        if not seq.is_prefilling:
+            return 1 if room >= 1 else 0
+        room += rows * width  # the prefill group's share, re-padded with this row in it
         need = seq.num_uncomputed_tokens
-        if need <= budget:
+        if (rows + 1) * max(need, width) <= room:
             return need
-        if self.enable_chunked_prefill and seq.recomputable:
-            return budget  # NOTE: only models that take a prompt in pieces chunk (see ARModel)
-        return 0 if batch_has_work else need  # whole prompts only: alone, past the budget if need be
+        chunk = room // (rows + 1)
+        if self.enable_chunked_prefill and seq.recomputable and chunk >= max(width, 1):
+            return chunk  # NOTE: only models that take a prompt in pieces chunk (see ARModel)
+        return 0 if out.items else need  # whole prompts only: alone, past the budget if need be
 
     def _victim(self, scheduled: set[int]) -> Sequence:
         """The newest running sequence that can be recomputed (itself, last of all)."""

@@ -286,7 +286,7 @@ def test_chat_completions_route_answers_with_audio(path):
 @pytest.mark.parametrize("num_codes, finish_reason", [(0, "stop"), (30, "stop"), (48, "stop"), (100, "length"),
                                                       (121, "stop")])
 @pytest.mark.parametrize("chunking", [dict(chunk_size=36), dict(chunk_size=24, left_context=0, right_context=0),
-                                      dict(chunk_size=0)])
+                                      dict(chunk_size=0), dict(chunk_size=36, first_chunk_size=12)])
 def test_talker_chunks_cover_the_utterance_once(num_codes, finish_reason, chunking):
     from omnistage.engine.types import TextPayload
     from omnistage.models.qwen2_5_omni.processors import TOKEN2WAV, talker_chunks
@@ -312,3 +312,6 @@ def test_talker_chunks_cover_the_utterance_once(num_codes, finish_reason, chunki
             assert o.offset + len(part["codes"]) == o.end + params.right_context
     if params.chunk_size == 0:
         assert len(parts) == 1
+    if params.first_chunk_size and num_codes > 24:  # the first chunk is the small one, sent after 12 + 12 frames
+        assert spans[0] == (0, 12) and parts[0][0] == 24
+        assert spans[1][0] == 12 and (spans[1][1] in (48, num_codes))

@@ -119,8 +119,9 @@ def talker_inputs(request: Any, upstream: dict) -> dict:
 def talker_chunks(request: Any, payload: Any, finished: bool) -> dict | None:
     """The talker's output so far -> the next token2wav request `{"codes", "options"}`, or None.
 
-    Chunk k holds frames [k*C, (k+1)*C) and is sent once (k+1)*C + right_context frames
-    exist; when the talker finishes, everything not yet sent goes in one last chunk.
+    Chunk boundaries are 0, F, F + C, F + 2C, ... (C = chunk_size, F = first_chunk_size or
+    C); the chunk ending at boundary b is sent once b + right_context frames exist; when
+    the talker finishes, everything not yet sent goes in one last chunk.
     Which chunks were sent before follows from the frame count of the previous call (this
     payload minus its new tokens), so nothing is remembered between calls.
     """
@@ -134,13 +135,21 @@ def talker_chunks(request: Any, payload: Any, finished: bool) -> dict | None:
     # The codec pad/end token that stopped the talker is not a frame to voice.
     num_codes = len(codes) - 1 if finished and payload.finish_reason == "stop" and codes else len(codes)
     size, left, right = params.chunk_size, params.left_context, params.right_context
-    sent = 0 if size == 0 else max(0, (num_before - right) // size) * size
+    first = params.first_chunk_size or size
+
+    def boundary(frames: int) -> int:
+        """The last chunk boundary at or below `frames` (0 when not chunking)."""
+        if size == 0 or frames < first:
+            return 0
+        return first + (frames - first) // size * size
+
+    sent = boundary(num_before - right)
     if finished:
         end = window_end = num_codes
         if end <= sent and sent > 0:
             return None  # everything was sent already (right_context=0)
     else:
-        end = 0 if size == 0 else max(0, (num_codes - right) // size) * size
+        end = boundary(num_codes - right)
         if end <= sent:
             return None
         window_end = min(num_codes, end + right)
