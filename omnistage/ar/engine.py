@@ -46,7 +46,7 @@ from omnistage.ar.scheduler import Scheduler
 from omnistage.ar.sequence import Sequence
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.engine.types import StageOutput, StageRequest, TextPayload
+from omnistage.engine.types import InputChunk, StageOutput, StageRequest, TextPayload
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +127,9 @@ class AREngine:
     def add_request(self, request: StageRequest) -> None:
         """Validate and queue a request. Raises ValueError (naming the limit) when it cannot run."""
         rid = request.request_id
+        if isinstance(request.inputs, InputChunk):
+            self._extend(rid, request.inputs.inputs)
+            return
         if rid in self._seqs:
             raise ValueError(f"request {rid!r} is already running")
         inputs = request.inputs
@@ -143,10 +146,24 @@ class AREngine:
         seq = Sequence(rid, prompt.token_ids, params, max_model_len=self.max_model_len,
                        eos_token_ids=self.model.eos_token_ids, arrival_time=request.arrival_time,
                        detokenizer=detok, model_state=prompt.model_state, **flags)
-        if not self.model.is_token_reproducible(prompt):
+        if not self.model.is_token_reproducible(prompt) or prompt.streamed:
             seq.prefix_cacheable = seq.recomputable = False
+        if prompt.streamed:
+            seq.streamed = True
+            seq.awaiting_input = not self.model.input_ready(seq)
         self.scheduler.add(seq)
         self._seqs[rid] = seq
+
+    def _extend(self, rid: str, inputs: Any) -> None:
+        """The next input chunk of a streamed request; ignored once the request has ended (its
+        upstream may still be sending when it stops on its own limits)."""
+        seq = self._seqs.get(rid)
+        if seq is None or seq.is_finished:
+            return
+        if not seq.streamed:
+            raise ValueError(f"request {rid!r} was not started as a streamed request")
+        self.model.extend_prompt(seq, inputs)
+        seq.awaiting_input = not self.model.input_ready(seq)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request; its final output (finish_reason "abort") comes from the next step.
@@ -176,6 +193,8 @@ class AREngine:
             return outputs + [self._finish_output(seq, error=f"{type(exc).__name__}: {exc}") for seq in seqs]
         self.scheduler.update(batch, result.token_ids)
         for seq in batch.seqs:
+            if seq.streamed and not seq.is_finished:
+                seq.awaiting_input = not self.model.input_ready(seq)
             if seq.request_id in result.token_ids:
                 outputs.append(self._output(seq, result.extras.get(seq.request_id)))
                 if seq.is_finished:
@@ -183,7 +202,9 @@ class AREngine:
         return outputs
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._aborted)
+        """Work a step would do now; requests that only wait for streamed input do not count
+        (a stage process sleeps until their next chunk arrives)."""
+        return self.scheduler.has_runnable() or bool(self._aborted)
 
     def is_healthy(self) -> bool:
         return not self._closed

@@ -44,6 +44,8 @@ class PromptInputs:
     token_ids: list[int]
     model_state: Any = None
     """Per-request state the family's forward reads back from `seq.model_state`."""
+    streamed: bool = False
+    """More inputs follow through `ARModel.extend_prompt` (a streaming upstream stage)."""
 
 
 @dataclass
@@ -145,6 +147,14 @@ class ARModel(ABC):
         `supports_chunked_prefill`; a family whose ids stand for other inputs (audio
         placeholders) says False for those prompts."""
         return self.supports_chunked_prefill
+
+    def extend_prompt(self, seq: Sequence, inputs: Any) -> None:
+        """A streamed request's next input chunk (`PromptInputs.streamed`): add it to `seq.model_state`."""
+        raise ValueError(f"{type(self).__name__} takes no streamed input")
+
+    def input_ready(self, seq: Sequence) -> bool:
+        """Can a streamed request run its next step with the inputs it has? (False: it waits.)"""
+        return True
 
     def on_sampled(self, batch: ModelInput, output: ModelOutput, token_ids: torch.Tensor) -> list[dict] | None:
         """Hook after sampling, before the tokens are appended: returns per-row extras for this

@@ -95,6 +95,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def has_runnable(self) -> bool:
+        """Anything a step could run now (not only sequences waiting for streamed input)?"""
+        return any(not s.awaiting_input for s in self.waiting) or any(not s.awaiting_input for s in self.running)
+
     # --- the step ----------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput | None:
@@ -119,7 +123,7 @@ class Scheduler:
             i = 0
             while i < len(self.running):
                 seq = self.running[i]
-                if seq.is_prefilling == decoding or id(seq) in scheduled:
+                if seq.is_prefilling == decoding or id(seq) in scheduled or seq.awaiting_input:
                     i += 1
                     continue
                 num_new = self._num_new(seq, out)
@@ -137,8 +141,11 @@ class Scheduler:
                 self._add(out, seq, num_new)
                 scheduled.add(id(seq))
                 i += 1
-        while self.waiting and len(self.running) < self.max_num_seqs and not out.preempted:
-            seq = self.waiting[0]
+        for seq in list(self.waiting):
+            if len(self.running) >= self.max_num_seqs or out.preempted:
+                break
+            if seq.awaiting_input:
+                continue  # its prompt is not all there yet: the ones behind it may go first
             hits = self.blocks.match_prefix(seq)
             seq.num_computed_tokens = len(hits) * self.blocks.block_size
             num_new = self._num_new(seq, out)
@@ -147,7 +154,7 @@ class Scheduler:
             if num_new == 0 or not self.blocks.can_allocate(seq, hits, max(end, reserve)):
                 seq.num_computed_tokens = 0
                 break
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             self.blocks.allocate(seq, hits, max(end, reserve))
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)

@@ -64,6 +64,9 @@ class Sequence:
         self.recomputable = self.prefix_cacheable
         """May be preempted and recomputed later (else it reserves its blocks for its whole length at admission)."""
         self.num_preemptions = 0
+        self.streamed = False  # inputs still arriving from a streaming upstream (ARModel.extend_prompt)
+        self.awaiting_input = False
+        """Streamed and its next step needs input that has not arrived: the scheduler passes it over."""
         self.finish_reason: str | None = None
         self.num_new_tokens = 0  # tokens appended by the last step (streamed as delta_token_ids)
         # metrics

@@ -1,12 +1,15 @@
 """How Qwen2.5-Omni's stages feed each other (run by the orchestrator, not the engines).
 
-    request ──thinker_inputs──> thinker ──talker_inputs (whole)──> talker ──talker_chunks (streamed)──> token2wav
+    request ──thinker_inputs──> thinker ──thinker_chunks (streamed)──> talker ──talker_chunks (streamed)──> token2wav
 
 - `thinker_inputs`: the prompt as the AR engine takes it, plus the voice and the request
   for every position's hidden state and input embedding (what the talker reads), unless
   the request's `output_modalities` leave out audio (then no talker runs).
 - `talker_inputs`: the talker's prefill embeddings and reply rows, built from the
-  thinker's finished output exactly as `Qwen2_5OmniForConditionalGeneration.generate` does.
+  thinker's finished output exactly as `Qwen2_5OmniForConditionalGeneration.generate` does
+  (the whole hand-off).
+- `thinker_chunks`: the same rows as the thinker makes them, so the talker starts after
+  the thinker's second token and follows it (`talker_stream_inputs` passes them on).
 - `talker_chunks`: cuts the talker's codes into chunks with context for token2wav,
   one engine request each (see `Token2WavParams` for chunk size and context).
 
@@ -111,6 +114,46 @@ def talker_inputs(request: Any, upstream: dict) -> dict:
         "mrope_positions": positions,
         "rope_delta": out.extras["rope_delta"],
     }
+
+
+def thinker_chunks(request: Any, payload: Any, finished: bool) -> dict | None:
+    """One thinker output -> the talker's input so far: its streamed start, or the next rows.
+
+    The thinker's first output carries the L prompt rows (hidden state + input embedding):
+    they start the talker's request, `prompt_embeds = [prompt rows, voice text-BOS]`, still
+    missing reply row 0. Each later output carries one reply row (the token it fed), sent as
+    `{"reply_rows", "final"}`; the final one appends tts_text_eos and tts_text_pad. So the
+    talker gets the rows `talker_inputs` builds from the whole output, in the same order.
+    A thinker that stops at its first token gets the whole hand-off at once.
+    """
+    import torch
+
+    if payload is None:
+        return None
+    hidden, embeds = payload.extras.get("delta_hidden_states"), payload.extras.get("delta_input_embeds")
+    special = payload.extras.get("talker_embeds")
+    if hidden is None or embeds is None or special is None:
+        raise ValueError("the thinker output has no hidden states / input embeddings for the talker")
+    rows = hidden + embeds
+    text_eos, text_pad = special[1:2], special[2:3]
+    if len(payload.token_ids) == len(payload.delta_token_ids):  # the first output: the prompt rows
+        if finished:
+            return talker_inputs(request, {THINKER: payload})
+        return {
+            "prompt_embeds": torch.cat([rows, special[0:1]]),
+            "reply_embeds": rows[:0],
+            "mrope_positions": payload.extras["mrope_positions"],
+            "rope_delta": payload.extras["rope_delta"],
+            "streamed": True,
+        }
+    if finished:
+        rows = torch.cat([rows, text_eos, text_pad])
+    return {"reply_rows": rows, "final": finished}
+
+
+def talker_stream_inputs(request: Any, upstream: dict) -> dict:
+    """A streamed thinker chunk is already the talker's input (see `thinker_chunks`)."""
+    return upstream[THINKER]
 
 
 # --- talker -> token2wav -----------------------------------------------------------------------
