@@ -288,3 +288,22 @@ def test_idle_scheduler_returns_none():
     assert create_scheduler().schedule() is None
     with pytest.raises(ValueError, match="max_num_seqs"):
         Scheduler(0, 16, BlockManager(4, BLOCK))
+
+
+def test_sequences_awaiting_streamed_input_are_passed_over():
+    sched = create_scheduler()
+    a, b = create_sequences(2)
+    a.awaiting_input = True  # its prompt is not all there yet
+    sched.add(a)
+    sched.add(b)
+    batch, _ = step(sched)
+    assert ids(batch.prefills) == ["r1"] and list(sched.waiting) == [a]  # b overtook it
+    assert sched.has_runnable() and sched.has_unfinished()
+    a.awaiting_input = False
+    batch, _ = step(sched)
+    assert ids(batch.prefills) == ["r0"] and ids(batch.decodes) == ["r1"]
+    b.awaiting_input = True  # a running one waiting for its next input row: no decode for it
+    batch, _ = step(sched)
+    assert ids(batch.decodes) == ["r0"] and not batch.prefills
+    a.awaiting_input = True
+    assert not sched.has_runnable() and sched.schedule() is None
