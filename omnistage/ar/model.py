@@ -62,7 +62,8 @@ class ModelInput:
     query_lens: list[int]
     """Real (unpadded) tokens per row."""
     kv_len: int
-    """Key length the attention sees: T in prefill, the longest row's context in decode."""
+    """Key length the attention sees: the longest row's context after this forward (T in a
+    prefill from position 0, where the keys are the fresh ones)."""
     seqs: list[Sequence]
     """The batch's sequences, row order (family state is `seq.model_state`)."""
     is_prefill: bool

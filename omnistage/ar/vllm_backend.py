@@ -11,8 +11,9 @@ so a script that builds this engine needs the `if __name__ == "__main__":` guard
 
 Deploy fields map onto `EngineArgs`: `dtype` ("auto" is resolved by our rule: fp32 on
 CPU, bf16 on GPU), `max_num_seqs`, `max_model_len`, `tensor_parallel_size`, and
-`compile` (False = vLLM's `enforce_eager`). The KV cache is sized like the native
-engine's slot cache: room for `max_num_seqs` sequences of `max_model_len` tokens,
+`compile` (False = vLLM's `enforce_eager`), `enable_prefix_caching` and
+`max_num_batched_tokens`. The KV cache is `kv_cache_memory` bytes, or by default sized
+like the native engine's: room for `max_num_seqs` sequences of `max_model_len` tokens,
 passed as `kv_cache_memory_bytes` (no `VLLM_CPU_KVCACHE_SPACE` needed; set, vLLM's
 CPU platform lets it win). Request params are our `SamplingParams`, whose fields carry
 vLLM's names and meanings, so they pass through one for one.
