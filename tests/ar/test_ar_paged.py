@@ -159,9 +159,13 @@ def test_blocks_come_back_after_aborts_and_failed_forwards(llm_path):
     engine.close()
 
 
-def test_hidden_states_of_a_chunked_prompt_come_whole_with_the_first_token(llm_path, hf_model):
+def test_hidden_state_requests_prefill_whole_past_the_budget_and_reuse_nothing(llm_path, hf_model):
+    # A request that returns hidden states needs every row computed by its own forward: its
+    # 30-token prompt runs whole (alone, past the 8-token budget), hits no cached block, and
+    # its rows come with the first token.
     engine = make_engine(llm_path, max_num_seqs=2, max_num_batched_tokens=8)
     p = token_prompts(1, 30, seed=7)[0]
+    run(engine, requests([p], "warm"))  # the same prompt's blocks are in the prefix cache
     outputs = run(engine, [StageRequest("h", {"prompt_token_ids": p, "return_hidden_states": True},
                                         SamplingParams(max_tokens=4, temperature=0))])
     payload = final(outputs, "h")
