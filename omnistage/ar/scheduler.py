@@ -172,9 +172,12 @@ class Scheduler:
         need = seq.num_uncomputed_tokens
         if (rows + 1) * max(need, width) <= room:
             return need
-        chunk = room // (rows + 1)
-        if self.enable_chunked_prefill and seq.recomputable and chunk >= max(width, 1):
-            return chunk  # NOTE: only models that take a prompt in pieces chunk (see ARModel)
+        # NOTE: only a prompt longer than any step could take is chunked; a shorter one waits
+        # for a step it fits whole, since a chunk's short tail would be padded to its
+        # neighbours' length in the next step. Only models taking a prompt in pieces chunk.
+        if self.enable_chunked_prefill and seq.recomputable and need > self.max_num_batched_tokens - len(out.decodes):
+            chunk = room // (rows + 1)
+            return chunk if chunk >= max(width, 1) else 0
         return 0 if out.items else need  # whole prompts only: alone, past the budget if need be
 
     def _victim(self, scheduled: set[int]) -> Sequence:
