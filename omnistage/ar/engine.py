@@ -44,9 +44,10 @@ from omnistage.ar.model_runner import ModelRunner
 from omnistage.ar.sampling_params import SamplingParams, admit
 from omnistage.ar.scheduler import Scheduler
 from omnistage.ar.sequence import Sequence
+from omnistage.ar.structured_outputs import GrammarCompiler
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.engine.types import InputChunk, StageOutput, StageRequest, TextPayload
+from omnistage.engine.types import InputChunk, StageOutput, StageRequest, TextPayload, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ class AREngine:
         self._seqs: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []
         self._closed = False
+        self._grammars: GrammarCompiler | None = None  # built on the first structured-output request
 
     def _num_blocks(self, config: StageDeployConfig, device) -> int:
         """KV blocks in the `kv_cache_memory` budget; by default room for max_num_seqs x max_model_len."""
@@ -145,7 +147,8 @@ class AREngine:
             raise ValueError(f"request {rid!r}: stop strings need a tokenizer, and this model has none")
         seq = Sequence(rid, prompt.token_ids, params, max_model_len=self.max_model_len,
                        eos_token_ids=self.model.eos_token_ids, arrival_time=request.arrival_time,
-                       detokenizer=detok, model_state=prompt.model_state, **flags)
+                       detokenizer=detok, model_state=prompt.model_state, grammar=self._grammar(rid, params),
+                       **flags)
         if not self.model.is_token_reproducible(prompt) or prompt.streamed:
             seq.prefix_cacheable = seq.recomputable = False
         if prompt.streamed:
@@ -164,6 +167,15 @@ class AREngine:
             raise ValueError(f"request {rid!r} was not started as a streamed request")
         self.model.extend_prompt(seq, inputs)
         seq.awaiting_input = not self.model.input_ready(seq)
+
+    def _grammar(self, rid: str, params: SamplingParams) -> Any:
+        if params.structured_outputs is None:
+            return None
+        if self.model.tokenizer is None:
+            raise ValueError(f"request {rid!r}: structured_outputs need a tokenizer, and this model has none")
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.model.tokenizer, self.model.eos_token_ids)
+        return self._grammars.compile(params.structured_outputs)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request; its final output (finish_reason "abort") comes from the next step.
@@ -192,6 +204,8 @@ class AREngine:
             self.scheduler.free_finished()
             return outputs + [self._finish_output(seq, error=f"{type(exc).__name__}: {exc}") for seq in seqs]
         self.scheduler.update(batch, result.token_ids)
+        if result.logprobs:
+            self._keep_logprobs([s for s in batch.seqs if s.request_id in result.logprobs], result.logprobs)
         for seq in batch.seqs:
             if seq.streamed and not seq.is_finished:
                 seq.awaiting_input = not self.model.input_ready(seq)
@@ -216,6 +230,22 @@ class AREngine:
 
     # --- outputs -------------------------------------------------------------------------------
 
+    def _keep_logprobs(self, seqs: list[Sequence], rows: dict[str, Any]) -> None:
+        """Each sequence that got a token this step keeps its row's logprobs, with token texts."""
+        backend = getattr(self.model.tokenizer, "backend_tokenizer", None)
+
+        def text(token_id: int) -> str:
+            return backend.decode([token_id], skip_special_tokens=False) if backend is not None else ""
+
+        for seq in seqs:
+            row = rows.get(seq.request_id)
+            if row is None or seq.logprobs is None or len(seq.logprobs) >= seq.num_output_tokens:
+                continue
+            logprob, top_ids, top_lps = row
+            token_id = seq.output_token_ids[-1]
+            seq.logprobs.append(TokenLogprob(token_id, text(token_id), logprob,
+                                             [(t, text(t), lp) for t, lp in zip(top_ids, top_lps)]))
+
     def _output(self, seq: Sequence, model_extras: dict[str, Any] | None) -> StageOutput:
         detok = seq.detokenizer
         delta_text = detok.take_delta() if detok is not None else ""
@@ -239,6 +269,8 @@ class AREngine:
             hidden_states=hidden,
             finish_reason=seq.finish_reason,
             extras=extras,
+            logprobs=list(seq.logprobs) if seq.logprobs is not None and seq.is_finished else None,
+            delta_logprobs=seq.logprobs[len(seq.logprobs) - seq.num_new_tokens:] if seq.logprobs is not None else None,
         )
         return StageOutput(seq.request_id, payload, finished=seq.is_finished, metrics=self._metrics(seq))
 
@@ -247,7 +279,8 @@ class AREngine:
         detok = seq.detokenizer
         delta_text = detok.take_delta() if detok is not None else ""
         payload = TextPayload(token_ids=list(seq.output_token_ids), text=detok.text if detok is not None else "",
-                              delta_text=delta_text, finish_reason=seq.finish_reason)
+                              delta_text=delta_text, finish_reason=seq.finish_reason,
+                              logprobs=list(seq.logprobs) if seq.logprobs is not None else None)
         self._release(seq)
         return StageOutput(seq.request_id, payload, finished=True, error=error, metrics=self._metrics(seq))
 

@@ -26,11 +26,11 @@ Families register a subclass under the key their `StageSpec.model` names, from t
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from omnistage.config.components import ComponentRegistry, import_target
 
 if TYPE_CHECKING:
     import torch
@@ -118,13 +118,14 @@ class ARModel(ABC):
     def build_prompt(self, inputs: Any) -> PromptInputs:
         """`StageRequest.inputs` -> prompt ids. The default accepts a str, or a dict with exactly one
         of "prompt" (str), "prompt_token_ids" (list[int]) or "messages" (chat messages; the
-        checkpoint's chat template is applied with add_generation_prompt)."""
+        checkpoint's chat template is applied with add_generation_prompt, and with "tools",
+        OpenAI-shaped function definitions, when given)."""
         if isinstance(inputs, str):
             inputs = {"prompt": inputs}
         if not isinstance(inputs, dict):
             raise TypeError(f"AR inputs must be a str or a dict, got {type(inputs).__name__}")
         given = [k for k in ("prompt", "prompt_token_ids", "messages") if k in inputs]
-        unknown = sorted(set(inputs) - {"prompt", "prompt_token_ids", "messages"})
+        unknown = sorted(set(inputs) - {"prompt", "prompt_token_ids", "messages", "tools"})
         if unknown:
             raise ValueError(f"unknown AR input key(s) {unknown}; expected one of prompt, prompt_token_ids, messages")
         if len(given) != 1:
@@ -136,9 +137,11 @@ class ARModel(ABC):
             return PromptInputs(list(ids))
         if self.tokenizer is None:
             raise ValueError(f"this model has no tokenizer; pass prompt_token_ids instead of {given[0]}")
+        if "tools" in inputs and "messages" not in inputs:
+            raise ValueError("AR inputs: tools go with messages (the chat template renders them)")
         if "messages" in inputs:
-            enc = self.tokenizer.apply_chat_template(inputs["messages"], add_generation_prompt=True,
-                                                     tokenize=True, return_dict=True)
+            enc = self.tokenizer.apply_chat_template(inputs["messages"], tools=inputs.get("tools"),
+                                                     add_generation_prompt=True, tokenize=True, return_dict=True)
             return PromptInputs(list(enc["input_ids"]))
         return PromptInputs(self.tokenizer(inputs["prompt"])["input_ids"])
 
@@ -172,36 +175,17 @@ class ARModel(ABC):
 
 # --- registry --------------------------------------------------------------------------
 
-_AR_MODELS: dict[str, str | type[ARModel]] = {}
+_AR_MODELS = ComponentRegistry("AR model")
 
 
 def register_ar_model(key: str, target: str | type[ARModel]) -> None:
-    """Run stages whose `StageSpec.model == key` on `target`: an ARModel subclass, or its
+    """Run AR stages whose `StageSpec.model == key` on `target` (an ARModel subclass, or a
     "module:Class" path so a family's cheap `__init__.py` can register without importing torch."""
-    if key in _AR_MODELS and _AR_MODELS[key] != target:
-        raise ValueError(f"AR model key {key!r} is already registered to {_AR_MODELS[key]!r}")
-    _AR_MODELS[key] = target
+    _AR_MODELS.register(key, target)
 
 
 def get_ar_model_class(key: str | None) -> type[ARModel]:
     """The ARModel for `StageSpec.model`; None = the generic transformers causal LM."""
     if key is None:
-        target: str | type[ARModel] = "omnistage.ar.hf_model:HFCausalLM"
-    else:
-        if key not in _AR_MODELS:
-            _import_families()
-        if key not in _AR_MODELS:
-            raise ValueError(f"no AR model registered for StageSpec.model={key!r}; registered: {sorted(_AR_MODELS)}")
-        target = _AR_MODELS[key]
-    if isinstance(target, str):
-        module, name = target.split(":")
-        target = getattr(importlib.import_module(module), name)
-    return target
-
-
-def _import_families() -> None:
-    # Families register on import; the pipeline registry normally imported them already.
-    package = importlib.import_module("omnistage.models")
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.ispkg:
-            importlib.import_module(f"omnistage.models.{info.name}")
+        return import_target("omnistage.ar.hf_model:HFCausalLM")
+    return _AR_MODELS.get(key)

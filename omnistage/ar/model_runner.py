@@ -11,7 +11,7 @@ handful of small tensors built from Python lists.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,6 +29,8 @@ class RunnerOutput:
     """request id -> the token sampled for it (sequences whose prompt is still mid-way have none)."""
     extras: dict[str, dict[str, Any]]
     """request id -> this step's `TextPayload.extras` from the model."""
+    logprobs: dict[str, Any] = field(default_factory=dict)
+    """request id -> the sampler's logprobs of its token, when it asked for them."""
 
 
 class _StateRows:
@@ -70,15 +72,13 @@ class ModelRunner:
     def execute(self, batch: SchedulerOutput, num_blocks: int) -> RunnerOutput:
         """Run the step's decodes, then its prefills (one forward each); `num_blocks`: the largest
         block id in use + 1. Returns the sampled token of every sequence the step caught up."""
-        token_ids: dict[str, int] = {}
-        extras: dict[str, dict[str, Any]] = {}
+        out = RunnerOutput({}, {})
         for items, is_prefill in ((batch.decodes, False), (batch.prefills, True)):
             if items:
-                self._run_group(items, is_prefill, num_blocks, token_ids, extras)
-        return RunnerOutput(token_ids, extras)
+                self._run_group(items, is_prefill, num_blocks, out)
+        return out
 
-    def _run_group(self, items: list[ScheduledSeq], is_prefill: bool, num_blocks: int,
-                   token_ids: dict[str, int], extras: dict[str, dict[str, Any]]) -> None:
+    def _run_group(self, items: list[ScheduledSeq], is_prefill: bool, num_blocks: int, result: RunnerOutput) -> None:
         inp = self._prepare(items, is_prefill, num_blocks)
         out = self.model.forward(inp, self.cache)
         rows = [i for i, item in enumerate(items) if item.samples]
@@ -89,11 +89,14 @@ class ModelRunner:
             else:  # some prompts are mid-way (chunked): only the caught-up rows sample
                 tokens = self.sampler(out.logits[rows], [inp.seqs[i] for i in rows])
                 row_extras = [out.extras[i] for i in rows] if out.extras else None
+            logprobs = self.sampler.last_logprobs  # per row of that call, when one asked
             for j, (i, token) in enumerate(zip(rows, tokens.tolist())):
                 rid = items[i].seq.request_id
-                token_ids[rid] = token
+                result.token_ids[rid] = token
                 if row_extras:
-                    extras[rid] = row_extras[j]
+                    result.extras[rid] = row_extras[j]
+                if logprobs is not None and logprobs[j] is not None:
+                    result.logprobs[rid] = logprobs[j]
         if out.hidden_states is not None:
             self._keep(self.hidden, inp, out.hidden_states, "return_hidden_states")
         if out.input_embeds is not None:

@@ -1,8 +1,6 @@
 """`omnistage serve` in a real process with zoo models, driven by the official clients.
 
-One server per model (a start costs ~10-20 s of imports and loading here). Omni chat
-with audio runs once the Qwen2.5-Omni token2wav stage exists; until then it is covered
-over a fake engine in tests/entrypoints/openai.
+One server per model (a start costs ~10-20 s of imports and loading here).
 """
 
 from __future__ import annotations
@@ -49,8 +47,17 @@ def test_z_image_images_errors_auth_metrics_and_graceful_sigterm(zoo):
         image = httpx.get(result.data[0].url)  # file URLs need no key
         assert image.status_code == 200 and Image.open(io.BytesIO(image.content)).size == (64, 32)
 
+        # Streamed: partial images as the steps go, then the final image, through the SDK unmodified.
+        events = list(client.images.generate(prompt="a red square", size="64x64", stream=True, partial_images=2,
+                                             extra_body={"num_inference_steps": 6, "seed": 5}))
+        assert [e.type for e in events] == ["image_generation.partial_image"] * 2 + ["image_generation.completed"]
+        assert [e.partial_image_index for e in events[:2]] == [0, 1] and events[-1].size == "64x64"
+        whole = client.images.generate(prompt="a red square", size="64x64",
+                                       extra_body={"num_inference_steps": 6, "seed": 5})
+        assert events[-1].b64_json == whole.data[0].b64_json  # streaming changes nothing in the result
+
         http = server.http()
-        for body, param in (({"prompt": "x", "size": "64"}, "size"), ({"prompt": "x", "sizes": "64x64"}, None),
+        for body, param in (({"prompt": "x", "size": "64"}, "size"), ({"prompt": "x", "sizes": "64x64"}, "sizes"),
                             ({"prompt": "x", "n": 99}, "n")):
             resp = http.post("/v1/images/generations", json=body)
             assert resp.status_code == 400, resp.text
@@ -141,9 +148,25 @@ def test_wan_t2v_video_job_and_sync(zoo):
         assert resp.status_code == 400 and "num_frames" in resp.json()["error"]["message"]
         assert http.delete(f"/v1/videos/{job['id']}").json()["deleted"] is True
 
+        # A long job's progress moves while it runs, and DELETE stops its compute: the worker is
+        # free for the next request long before the job's remaining steps could have run.
+        start = time.time()
+        job = http.post("/v1/videos", data={**form, "num_inference_steps": "1000"}).json()
+        seen = set()
+        while job["progress"] < 3 and time.time() - start < 120:
+            time.sleep(0.05)
+            job = http.get(f"/v1/videos/{job['id']}").json()
+            seen.add(job["progress"])
+        assert job["status"] == "in_progress" and len(seen) >= 2, job
+        seconds_per_step = (time.time() - start) / 30
+        http.delete(f"/v1/videos/{job['id']}")
+        start = time.time()
+        assert http.post("/v1/videos/sync", data=form).status_code == 200
+        assert time.time() - start < 900 * seconds_per_step  # the ~970 steps left never ran
+        assert server.stop(signal.SIGTERM) == 0
+
 
 def test_qwen2_5_omni_chat_answers_with_audio(zoo):
-    pytest.importorskip("omnistage.models.qwen2_5_omni.token2wav", reason="the Omni token2wav stage is not in yet")
     import soundfile as sf
 
     model = str(zoo("qwen2.5-omni"))
@@ -194,6 +217,20 @@ def test_csm_speech_whole_streamed_and_sse(zoo):
             events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
         assert events[-1]["type"] == "speech.audio.done"
         assert sum(len(base64.b64decode(e["audio"])) for e in events if e["type"] == "speech.audio.delta") > 0
+
+        # The talker samples (temperature 0.9): a seed makes it reproducible.
+        seeded = [client.audio.speech.create(model="csm", voice="alloy", input="Hi.", response_format="pcm",
+                                             extra_body={"seed": seed}).content for seed in (5, 5, 6)]
+        assert seeded[0] == seeded[1] != seeded[2]
+        aac = client.audio.speech.create(model="csm", input="Hi.", voice="alloy", response_format="aac")
+        assert aac.response.headers["content-type"] == "audio/aac" and aac.content[:2] in (b"\xff\xf1", b"\xff\xf9")
+        assert events[-1]["usage"]["output_tokens"] == 8 and events[-1]["usage"]["audio_seconds"] > 0
+        clip = io.BytesIO()
+        sf.write(clip, 0.3 * np.sin(np.arange(16000) / 8.0), 16000, format="WAV")
+        ref = "data:audio/wav;base64," + base64.b64encode(clip.getvalue()).decode()
+        cloned = client.audio.speech.create(model="csm", voice="alloy", input="Hi.", response_format="pcm",
+                                            extra_body={"seed": 5, "ref_audio": ref, "ref_text": "A tone."})
+        assert len(cloned.content) == len(seeded[0]) and cloned.content != seeded[0]  # the clip changes the voice
 
         resp = http.post("/v1/audio/speech", json={"input": "Hi.", "voice": "nobody"})
         assert resp.status_code == 400 and "voice" in resp.json()["error"]["message"]
