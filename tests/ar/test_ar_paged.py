@@ -193,3 +193,17 @@ def test_kv_deploy_fields_are_validated(llm_path):
     engine = make_engine(llm_path, max_num_seqs=1, max_model_len=64, kv_cache_memory=0.001)
     assert engine.block_manager.num_blocks > 4
     engine.close()
+
+
+def test_logprobs_come_once_per_token_with_chunked_prefill_and_preemption(llm_path):
+    engine = make_engine(llm_path, max_num_seqs=4, max_model_len=64, max_num_batched_tokens=8,
+                         enable_prefix_caching=False, kv_cache_memory=6 * engine_block_bytes(llm_path))
+    prompts = token_prompts(4, 40, seed=8)
+    outputs = run(engine, requests(prompts, params=SamplingParams(max_tokens=MAX_NEW, temperature=0, logprobs=2)))
+    assert engine.scheduler.num_preemptions > 0
+    for i in range(4):
+        payload = final(outputs, f"r{i}")
+        assert [lp.token_id for lp in payload.logprobs] == payload.token_ids
+        assert all(len(lp.top) == 2 for lp in payload.logprobs)
+    assert_no_leak(engine)
+    engine.close()
