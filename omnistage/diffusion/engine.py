@@ -52,7 +52,7 @@ class DiffusionEngine:
         self.pipeline_cls = pipeline_cls or pipeline_class(stage.model if stage is not None and stage.model
                                                            else configs.class_name)
         # Requests are checked here, against the checkpoint's config files: no round trip to a worker.
-        self.checker = self.pipeline_cls.for_requests(configs)
+        self.checker = self.pipeline_cls.for_requests(configs, config)
         check_default_params(config.default_sampling_params)
         devices = resolve_devices(config)
         self.scheduler = self._make_scheduler(config, clock)

@@ -3,10 +3,11 @@
 `create_app` takes everything it needs as arguments (no module globals), so tests can
 build an app around any engine client. What a request can reach:
 
+    /                       the web playground (playground/; unless --no-playground)
     /health                 200, or 503 when the engine is unhealthy
     /metrics                Prometheus text: HTTP, queue and (from the engine) stage metrics
     /files/{name}           images and videos handed out by URL (the name is the secret)
-    /v1/models              the served model: its routes, max_model_len, input and output modalities
+    /v1/models              the served model: its routes, stages, max_model_len, input and output modalities
     /v1/images/...          images/       (diffusion models with image output)
     /v1/videos...           videos/       (diffusion models with video output)
     /v1/chat/completions    chat/         (text, omni and image models)
@@ -45,6 +46,7 @@ from omnistage.entrypoints.openai.images.serving import ImageServing
 from omnistage.entrypoints.openai.metrics import ServerMetrics
 from omnistage.entrypoints.openai.middleware import AuthMiddleware, BodySizeLimitMiddleware, MetricsMiddleware
 from omnistage.entrypoints.openai.openapi import install_openapi
+from omnistage.entrypoints.openai.playground import attach_playground
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.entrypoints.openai.videos.api_router import attach_router as attach_videos
 from omnistage.entrypoints.openai.videos.serving import VideoServing
@@ -81,6 +83,9 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.files = files
     app.state.capabilities = capabilities
     app.state.model_facts = None
+    # What /v1/models lists beside the routes (the playground shows it).
+    app.state.stages = [{"id": st.id, "name": st.name, "kind": st.kind, "output": st.output}
+                        for st in (engine.spec.stages if engine is not None else ())]
     app.state.gateway = gateway
     app.state.image_serving = ImageServing(gateway, capabilities, settings, files)
     app.state.video_serving = video_serving
@@ -98,6 +103,8 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     _attach_system_routes(app)
     for attach in (attach_images, attach_videos, attach_chat, attach_completions, attach_audio):
         attach(app)
+    if settings.playground:
+        attach_playground(app)
     install_openapi(app)  # every status each route can answer, and the streamed content types
     return app
 
@@ -121,7 +128,8 @@ def _attach_system_routes(app: FastAPI) -> None:
             state.model_facts = await asyncio.to_thread(model_facts, s.model_path, state.engine, state.capabilities)
         return {"object": "list", "data": [
             {"id": s.served_model_name, "object": "model", "created": s.created, "owned_by": "omnistage",
-             "root": s.model_path, "routes": state.capabilities.routes, **state.model_facts}]}
+             "root": s.model_path, "routes": state.capabilities.routes, "stages": state.stages,
+             **state.model_facts}]}
 
     @app.get("/files/{name}")
     async def get_file(name: str, request: Request) -> FileResponse:
