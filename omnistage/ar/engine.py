@@ -1,10 +1,18 @@
 """`AREngine`: continuous batching for autoregressive stages (the `Engine` protocol).
 
     add_request -> Scheduler.waiting
-    step():  Scheduler.schedule()      which sequences run (prefill newcomers, else decode all)
-             ModelRunner.execute()     one batched forward + sampling
-             Scheduler.update()        append tokens, stop rules, free slots
-             -> one StageOutput(TextPayload) per sequence in the batch
+    step():  Scheduler.schedule()      which sequences run, how many tokens each (decodes, prompt
+                                       chunks after their cached prefix), KV blocks; preemption
+             ModelRunner.execute()     the decode and prefill forwards + sampling
+             Scheduler.update()        computed tokens, prefix-cache blocks, append tokens,
+                                       stop rules, free blocks
+             -> one StageOutput(TextPayload) per sequence that got a token (or ended)
+
+KV cache: paged (block_manager.py, kv_cache.py). Its size is the stage's
+`kv_cache_memory` (bytes, or a fraction of the device's memory), by default room for
+`max_num_seqs` sequences of `max_model_len` tokens; `enable_prefix_caching` (default on)
+reuses cached blocks of a prompt's prefix; `max_num_batched_tokens` bounds the tokens
+one step feeds, longer prompts being prefilled in chunks next to the running decodes.
 
 Inputs (`StageRequest.inputs`) for the generic causal LM: a str, or a dict with one of
 "prompt", "prompt_token_ids", "messages" (see `ARModel.build_prompt`). A dict may also
@@ -28,21 +36,35 @@ import logging
 import time
 from typing import Any
 
+from omnistage.ar.block_manager import BlockManager
 from omnistage.ar.detokenizer import IncrementalDetokenizer
 from omnistage.engine.device import resolve_device, resolve_dtype
 from omnistage.ar.model import get_ar_model_class
-from omnistage.ar.model_runner import ModelRunner, RunnerOutput
+from omnistage.ar.model_runner import ModelRunner
 from omnistage.ar.sampling_params import SamplingParams, admit
 from omnistage.ar.scheduler import Scheduler
 from omnistage.ar.sequence import Sequence
 from omnistage.ar.structured_outputs import GrammarCompiler
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.engine.types import StageOutput, StageRequest, TextPayload, TokenLogprob
+from omnistage.engine.types import InputChunk, StageOutput, StageRequest, TextPayload, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
 _OUTPUT_FLAGS = ("return_hidden_states", "return_input_embeds")
+BLOCK_SIZE = 16  # tokens per KV block, as vLLM's default
+
+
+def device_memory_bytes(device) -> int:
+    """Total memory of `device` (a CUDA device's, else the host's RAM): what a fractional
+    `kv_cache_memory` is a fraction of."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    import os
+
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class AREngine:
@@ -62,18 +84,54 @@ class AREngine:
         self.default_params = SamplingParams.from_dict(dict(config.default_sampling_params))
         self.return_hidden_states = return_hidden_states
         self.return_input_embeds = return_input_embeds
-        self.scheduler = Scheduler(config.max_num_seqs, self.max_model_len)
-        self.runner = ModelRunner(self.model, config.max_num_seqs, self.max_model_len, device)
+        self.block_size = BLOCK_SIZE
+        num_blocks = self._num_blocks(config, device)
+        self.block_manager = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
+        budget = config.max_num_batched_tokens
+        if budget is not None and budget < config.max_num_seqs:
+            raise ValueError(f"max_num_batched_tokens={budget} is less than max_num_seqs={config.max_num_seqs}: "
+                             "every running sequence needs one token per step")
+        self.scheduler = Scheduler(config.max_num_seqs, self.max_model_len, self.block_manager,
+                                   max_num_batched_tokens=budget,
+                                   enable_chunked_prefill=self.model.supports_chunked_prefill)
+        self.runner = ModelRunner(self.model, self.block_size, num_blocks + 1, self.max_model_len, device)
         self._seqs: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []
         self._closed = False
         self._grammars: GrammarCompiler | None = None  # built on the first structured-output request
+
+    def _num_blocks(self, config: StageDeployConfig, device) -> int:
+        """KV blocks in the `kv_cache_memory` budget; by default room for max_num_seqs x max_model_len."""
+        per_seq = -(-self.max_model_len // self.block_size)
+        if config.kv_cache_memory is None:
+            return config.max_num_seqs * per_seq
+        budget = config.kv_cache_memory
+        if budget <= 1:
+            budget *= device_memory_bytes(device)
+        if self.model.kv_dims is None:
+            raise ValueError("kv_cache_memory: this model does not say how large its keys are (ARModel.kv_dims)")
+        kv_heads, head_dim = self.model.kv_dims
+        per_block = 2 * self.model.num_layers * kv_heads * head_dim * self.block_size * self._kv_itemsize()
+        num_blocks = int(budget // per_block)
+        if num_blocks < per_seq:
+            raise ValueError(f"kv_cache_memory={config.kv_cache_memory:g} holds {num_blocks} blocks of "
+                             f"{self.block_size} tokens ({per_block} bytes each); one sequence of "
+                             f"max_model_len={self.max_model_len} needs {per_seq}")
+        return num_blocks
+
+    def _kv_itemsize(self) -> int:
+        weights = getattr(self.model, "model", None)
+        dtype = getattr(weights, "dtype", None)
+        return dtype.itemsize if dtype is not None else 4
 
     # --- Engine protocol ---------------------------------------------------------------------
 
     def add_request(self, request: StageRequest) -> None:
         """Validate and queue a request. Raises ValueError (naming the limit) when it cannot run."""
         rid = request.request_id
+        if isinstance(request.inputs, InputChunk):
+            self._extend(rid, request.inputs.inputs)
+            return
         if rid in self._seqs:
             raise ValueError(f"request {rid!r} is already running")
         inputs = request.inputs
@@ -91,8 +149,24 @@ class AREngine:
                        eos_token_ids=self.model.eos_token_ids, arrival_time=request.arrival_time,
                        detokenizer=detok, model_state=prompt.model_state, grammar=self._grammar(rid, params),
                        **flags)
+        if not self.model.is_token_reproducible(prompt) or prompt.streamed:
+            seq.prefix_cacheable = seq.recomputable = False
+        if prompt.streamed:
+            seq.streamed = True
+            seq.awaiting_input = not self.model.input_ready(seq)
         self.scheduler.add(seq)
         self._seqs[rid] = seq
+
+    def _extend(self, rid: str, inputs: Any) -> None:
+        """The next input chunk of a streamed request; ignored once the request has ended (its
+        upstream may still be sending when it stops on its own limits)."""
+        seq = self._seqs.get(rid)
+        if seq is None or seq.is_finished:
+            return
+        if not seq.streamed:
+            raise ValueError(f"request {rid!r} was not started as a streamed request")
+        self.model.extend_prompt(seq, inputs)
+        seq.awaiting_input = not self.model.input_ready(seq)
 
     def _grammar(self, rid: str, params: SamplingParams) -> Any:
         if params.structured_outputs is None:
@@ -116,29 +190,35 @@ class AREngine:
         batch = self.scheduler.schedule()
         if batch is None:
             return outputs
-        if batch.is_prefill:
-            now = time.monotonic()
-            for seq in batch.seqs:
-                seq.first_scheduled_time = now
+        now = time.monotonic()
+        for item in batch.prefills:
+            if item.seq.first_scheduled_time is None:
+                item.seq.first_scheduled_time = now
         try:
-            result = self.runner.execute(batch)
+            result = self.runner.execute(batch, self.block_manager.max_block_id + 1)
         except Exception as exc:  # a failed forward ends its batch, not the engine
             logger.exception("AR forward failed for %d request(s)", batch.num_seqs)
-            for seq in batch.seqs:
+            seqs = batch.seqs
+            for seq in seqs:
                 seq.finish("abort")
             self.scheduler.free_finished()
-            return outputs + [self._finish_output(seq, error=f"{type(exc).__name__}: {exc}") for seq in batch.seqs]
+            return outputs + [self._finish_output(seq, error=f"{type(exc).__name__}: {exc}") for seq in seqs]
         self.scheduler.update(batch, result.token_ids)
-        if result.logprobs is not None:
-            self._keep_logprobs(batch.seqs, result.logprobs)
-        for i, seq in enumerate(batch.seqs):
-            outputs.append(self._output(seq, result, i))
-            if seq.is_finished:
-                self._release(seq)
+        if result.logprobs:
+            self._keep_logprobs([s for s in batch.seqs if s.request_id in result.logprobs], result.logprobs)
+        for seq in batch.seqs:
+            if seq.streamed and not seq.is_finished:
+                seq.awaiting_input = not self.model.input_ready(seq)
+            if seq.request_id in result.token_ids:
+                outputs.append(self._output(seq, result.extras.get(seq.request_id)))
+                if seq.is_finished:
+                    self._release(seq)
         return outputs
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._aborted)
+        """Work a step would do now; requests that only wait for streamed input do not count
+        (a stage process sleeps until their next chunk arrives)."""
+        return self.scheduler.has_runnable() or bool(self._aborted)
 
     def is_healthy(self) -> bool:
         return not self._closed
@@ -150,14 +230,15 @@ class AREngine:
 
     # --- outputs -------------------------------------------------------------------------------
 
-    def _keep_logprobs(self, seqs: list[Sequence], rows: list[Any]) -> None:
+    def _keep_logprobs(self, seqs: list[Sequence], rows: dict[str, Any]) -> None:
         """Each sequence that got a token this step keeps its row's logprobs, with token texts."""
         backend = getattr(self.model.tokenizer, "backend_tokenizer", None)
 
         def text(token_id: int) -> str:
             return backend.decode([token_id], skip_special_tokens=False) if backend is not None else ""
 
-        for seq, row in zip(seqs, rows):
+        for seq in seqs:
+            row = rows.get(seq.request_id)
             if row is None or seq.logprobs is None or len(seq.logprobs) >= seq.num_output_tokens:
                 continue
             logprob, top_ids, top_lps = row
@@ -165,19 +246,19 @@ class AREngine:
             seq.logprobs.append(TokenLogprob(token_id, text(token_id), logprob,
                                              [(t, text(t), lp) for t, lp in zip(top_ids, top_lps)]))
 
-    def _output(self, seq: Sequence, result: RunnerOutput, row: int) -> StageOutput:
+    def _output(self, seq: Sequence, model_extras: dict[str, Any] | None) -> StageOutput:
         detok = seq.detokenizer
         delta_text = detok.take_delta() if detok is not None else ""
-        extras: dict[str, Any] = dict(result.extras[row]) if result.extras else {}
+        extras: dict[str, Any] = dict(model_extras) if model_extras else {}
         hidden = None
         rows = self.runner.hidden.get(seq.request_id)
         if rows is not None:
-            extras["delta_hidden_states"] = rows.view(rows.n - rows.last)
+            extras["delta_hidden_states"] = rows.take_delta()
             if seq.is_finished:
                 hidden = rows.view()
         rows = self.runner.embeds.get(seq.request_id)
         if rows is not None:
-            extras["delta_input_embeds"] = rows.view(rows.n - rows.last)
+            extras["delta_input_embeds"] = rows.take_delta()
             if seq.is_finished:
                 extras["input_embeds"] = rows.view()
         payload = TextPayload(
@@ -209,7 +290,8 @@ class AREngine:
 
     @staticmethod
     def _metrics(seq: Sequence) -> dict[str, float]:
-        m = {"num_prompt_tokens": seq.num_prompt_tokens, "num_generated_tokens": seq.num_output_tokens}
+        m = {"num_prompt_tokens": seq.num_prompt_tokens, "num_generated_tokens": seq.num_output_tokens,
+             "num_cached_tokens": seq.num_cached_tokens, "num_preemptions": seq.num_preemptions}
         if seq.first_scheduled_time is not None:
             m["queue_time"] = seq.first_scheduled_time - seq.arrival_time
         if seq.first_token_time is not None:

@@ -1,7 +1,7 @@
 """The default ARModel: any transformers `AutoModelForCausalLM`, run through its own forward.
 
 The engine's attention masks are handed to the model as a ready mask mapping (the same
-door `generate` uses), so transformers builds no masks of its own, and the slot KV cache
+door `generate` uses), so transformers builds no masks of its own, and the paged KV cache
 goes in through the public `cache=` argument. Nothing in transformers is patched.
 """
 
@@ -11,10 +11,12 @@ from pathlib import Path
 
 import torch
 
+from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput
 
 
 class HFCausalLM(ARModel):
+    supports_chunked_prefill = True  # token ids in, plain positions: any span can be fed
     def __init__(self, model, tokenizer, eos_token_ids: tuple[int, ...], device: torch.device) -> None:
         text_config = model.config.get_text_config()
         self.model = model
@@ -22,6 +24,7 @@ class HFCausalLM(ARModel):
         self.eos_token_ids = eos_token_ids
         self.device = device
         self.num_layers = text_config.num_hidden_layers
+        self.kv_dims = kv_dims(text_config)
         self.max_position_embeddings = text_config.max_position_embeddings
         layer_types = getattr(text_config, "layer_types", None) or ["full_attention"] * self.num_layers
         self.mask_types = sorted(set(layer_types))

@@ -1,21 +1,29 @@
-"""A slot KV cache that transformers models write into through the public `Cache` API.
+"""KV caches that transformers models write into through the public `Cache` API.
 
-Each layer holds preallocated `[max_num_seqs, kv_heads, capacity, head_dim]` keys and
-values. Slot i is one running sequence's row. The runner tells the cache what the next
-forward is (`begin_prefill` / `begin_decode`); `update()`, called by every attention
-layer, then writes the new keys and values into the right slots and returns what the
-layer attends to:
+`PagedKVCache` (the AR engine's): per layer one pool of `[num_slots, kv_heads,
+head_dim]` keys and values, `num_slots = (num_blocks + 1) * block_size`, where the
+`BlockManager` decides which blocks hold which sequence's tokens. Before each forward
+the runner hands it, for the `[B, T]` batch, the slot each new token writes to
+(`write_slots`, padding -> the scratch block 0) and, for each row, the slots of the
+`kv_len` keys it attends to in position order (`read_slots`, flat). `update()`, called by
+every attention layer, writes the new keys and values, then returns either the fresh
+ones (a prefill with nothing cached before it: no gather) or the gathered
+`[B, kv_heads, kv_len, head_dim]` rows; the runner's mask hides what each row must not
+see. The pools grow (doubling) up to the block manager's largest block id, so a small
+workload does not pay for the whole budget up front.
+
+`SlotKVCache` (the streaming codec decoder's, generation/mimi.py): each layer holds
+preallocated `[max_num_seqs, kv_heads, capacity, head_dim]` keys and values, slot i
+being one stream's row:
 
 - prefill: the new rows are written to slots `first..first+n-1`, positions `0..T-1`, and
-  the layer attends to the fresh keys only (no prefix cache);
+  the layer attends to the fresh keys only;
 - decode: one key per slot is written at that slot's position, and the layer attends to
   the slice `[:n, :, :kv_len]`, with padding hidden by the runner's attention mask;
 - extend: T keys per row are written at any slots and positions (a chunk continuing a
-  stream, as in a streaming codec decoder), and the layer attends to those slots'
-  first `kv_len` positions (gathered).
+  stream), and the layer attends to those slots' first `kv_len` positions (gathered).
 
-The capacity grows (doubling, up to max_model_len) as sequences get longer, so short
-workloads do not pay for max_model_len up front.
+Its capacity grows (doubling, up to max_model_len) as sequences get longer.
 """
 
 from __future__ import annotations
@@ -24,6 +32,96 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 _MIN_CAPACITY = 128
+
+
+def kv_dims(config) -> tuple[int, int]:
+    """(kv heads, head dim) of a transformers text config: what one token's key takes per layer."""
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return kv_heads, head_dim
+
+
+class _PagedView:
+    """What the current forward writes and reads; shared by every layer."""
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self.num_blocks = 1  # physical blocks the pools hold now (block 0 = scratch)
+        self.write_slots: torch.Tensor | None = None  # [B * T]
+        self.read_slots: torch.Tensor | None = None  # [B * kv_len], or None: attend to the fresh keys
+        self.kv_len = 0
+
+
+class PagedLayer(CacheLayerMixin):
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, view: _PagedView) -> None:
+        super().__init__()
+        self.view = view
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device, self.dtype = key_states.device, key_states.dtype
+        slots = self.view.num_blocks * self.view.block_size
+        self.keys = key_states.new_zeros(slots, key_states.shape[1], key_states.shape[-1])
+        self.values = value_states.new_zeros(slots, value_states.shape[1], value_states.shape[-1])
+        self.is_initialized = True
+
+    def _grow(self, slots: int) -> None:
+        for name in ("keys", "values"):
+            old = getattr(self, name)
+            new = old.new_zeros(slots, *old.shape[1:])
+            new[:old.shape[0]] = old
+            setattr(self, name, new)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        v = self.view
+        if self.keys.shape[0] < v.num_blocks * v.block_size:
+            self._grow(v.num_blocks * v.block_size)
+        b, h, t, d = key_states.shape
+        # NOTE: index_copy_ / index_select on flat slot ids: several times faster on CPU than
+        # advanced-index assignment and gathering, which is most of a tiny model's decode step.
+        self.keys.index_copy_(0, v.write_slots, key_states.transpose(1, 2).reshape(b * t, h, d))
+        self.values.index_copy_(0, v.write_slots, value_states.transpose(1, 2).reshape(b * t, h, -1))
+        if v.read_slots is None:
+            return key_states, value_states
+        n = v.kv_len
+        keys = self.keys.index_select(0, v.read_slots).view(b, n, h, d)
+        values = self.values.index_select(0, v.read_slots).view(b, n, h, -1)
+        return keys.transpose(1, 2), values.transpose(1, 2)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.view.kv_len, 0
+
+    def get_seq_length(self) -> int:
+        return self.view.kv_len
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class PagedKVCache(Cache):
+    """A transformers `Cache` over the block manager's blocks (see module docstring)."""
+
+    def __init__(self, num_layers: int, block_size: int, max_num_blocks: int) -> None:
+        self.view = _PagedView(block_size)
+        self.max_num_blocks = max_num_blocks  # the block manager's blocks + the scratch block
+        super().__init__(layers=[PagedLayer(self.view) for _ in range(num_layers)])
+
+    def begin(self, num_blocks: int, write_slots: torch.Tensor, read_slots: torch.Tensor | None,
+              kv_len: int) -> None:
+        """The next forward: storage for blocks 0..num_blocks-1, where its tokens go, what each row reads."""
+        v = self.view
+        if num_blocks > v.num_blocks:
+            v.num_blocks = min(max(num_blocks, 2 * v.num_blocks), self.max_num_blocks)
+        v.write_slots, v.read_slots, v.kv_len = write_slots, read_slots, kv_len
+
+    @property
+    def num_slots(self) -> int:
+        return self.view.num_blocks * self.view.block_size
 
 
 class _BatchView:

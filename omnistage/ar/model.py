@@ -1,6 +1,6 @@
 """The seam between the AR engine and a model family: `ARModel`, and its registry.
 
-The engine owns scheduling, the slot KV cache, sampling, detokenization and streaming.
+The engine owns scheduling, the paged KV cache, sampling, detokenization and streaming.
 A model family owns what is specific to it:
 
 - `build_prompt(inputs)`: turn `StageRequest.inputs` into prompt token ids plus any
@@ -14,7 +14,7 @@ A model family owns what is specific to it:
   depth decoder turning the backbone's codebook-0 token into a full frame, returning
   per-request extras for the output and keeping what the next step feeds in `seq.model_state`.
 
-The scheduler, the slot KV cache (a transformers `Cache` passed as `cache=`), the
+The scheduler, the paged KV cache (a transformers `Cache` passed as `cache=`), the
 sampler, stop rules, detokenization and streaming are shared by every family.
 
 `HFCausalLM` (hf_model.py) is the default: any transformers `AutoModelForCausalLM`.
@@ -44,6 +44,8 @@ class PromptInputs:
     token_ids: list[int]
     model_state: Any = None
     """Per-request state the family's forward reads back from `seq.model_state`."""
+    streamed: bool = False
+    """More inputs follow through `ARModel.extend_prompt` (a streaming upstream stage)."""
 
 
 @dataclass
@@ -60,12 +62,17 @@ class ModelInput:
     query_lens: list[int]
     """Real (unpadded) tokens per row."""
     kv_len: int
-    """Key length the attention sees: T in prefill, the longest row's context in decode."""
+    """Key length the attention sees: the longest row's context after this forward (T in a
+    prefill from position 0, where the keys are the fresh ones)."""
     seqs: list[Sequence]
     """The batch's sequences, row order (family state is `seq.model_state`)."""
     is_prefill: bool
+    """Rows are prompt chunks (`last_indices` set); else one decode token each."""
     output_hidden_states: bool = False
     output_input_embeds: bool = False
+    context_lens: list[int] | None = None
+    """Tokens of each row already in the KV cache before this forward (row i feeds positions
+    context_lens[i]..); all 0 in a prefill unless the model `supports_chunked_prefill`."""
 
 
 @dataclass
@@ -89,6 +96,14 @@ class ARModel(ABC):
     max_position_embeddings: int = 0
     num_layers: int = 0
     """Attention layers that call `cache.update` (sizes the KV cache)."""
+    kv_dims: tuple[int, int] | None = None
+    """(kv heads, head dim) of those layers: with `num_layers` and the dtype, one token's KV bytes."""
+    supports_chunked_prefill: bool = False
+    """A prefill row may start at any cached position and feed any span of the sequence's
+    tokens as ids (`ModelInput.context_lens`): what prompt chunks, prefix-cache hits and
+    recompute after preemption need. A family that builds its prefill from per-request
+    embeddings leaves it False: its prompts are prefilled whole, never reuse cached blocks,
+    and reserve their blocks for their whole length at admission (so are never preempted)."""
     device: Any = None
 
     @classmethod
@@ -129,6 +144,21 @@ class ARModel(ABC):
                                                      add_generation_prompt=True, tokenize=True, return_dict=True)
             return PromptInputs(list(enc["input_ids"]))
         return PromptInputs(self.tokenizer(inputs["prompt"])["input_ids"])
+
+    def is_token_reproducible(self, prompt: PromptInputs) -> bool:
+        """Do this prompt's keys and values follow from its token ids alone? Then its blocks may be
+        shared through the prefix cache and recomputed after a preemption. Default: when the model
+        `supports_chunked_prefill`; a family whose ids stand for other inputs (audio
+        placeholders) says False for those prompts."""
+        return self.supports_chunked_prefill
+
+    def extend_prompt(self, seq: Sequence, inputs: Any) -> None:
+        """A streamed request's next input chunk (`PromptInputs.streamed`): add it to `seq.model_state`."""
+        raise ValueError(f"{type(self).__name__} takes no streamed input")
+
+    def input_ready(self, seq: Sequence) -> bool:
+        """Can a streamed request run its next step with the inputs it has? (False: it waits.)"""
+        return True
 
     def on_sampled(self, batch: ModelInput, output: ModelOutput, token_ids: torch.Tensor) -> list[dict] | None:
         """Hook after sampling, before the tokens are appended: returns per-row extras for this

@@ -1,29 +1,36 @@
-"""Turns a `SchedulerOutput` into tensors, runs the model once, samples one token per row.
+"""Turns a `SchedulerOutput` into tensors, runs the model, samples one token per caught-up row.
 
-The only torch-facing part of the AR engine besides the model and the cache. One
-forward per step for the whole batch; the per-step work outside it is a handful of
-small tensors built from Python lists.
+The only torch-facing part of the AR engine besides the model and the cache. A step is
+at most two forwards: its decodes (`[B, 1]`) and its prompt chunks (`[B, T]`, padded).
+NOTE: two, not one ragged forward as vLLM's: transformers' model classes take a padded
+batch, and padding every decode row to a chunk's length would cost more than the
+second forward's overhead. Families keep their two code paths (prefill reads prompt
+embeddings, decode the last token). The per-step work outside the forwards is a
+handful of small tensors built from Python lists.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from omnistage.ar.kv_cache import SlotKVCache
+from omnistage.ar.kv_cache import PagedKVCache
 from omnistage.ar.model import ARModel, ModelInput
 from omnistage.ar.sampler import Sampler
-from omnistage.ar.scheduler import SchedulerOutput
+from omnistage.ar.scheduler import ScheduledSeq, SchedulerOutput
 from omnistage.ar.sequence import Sequence
 
 
 @dataclass
 class RunnerOutput:
-    token_ids: list[int]
-    extras: list[dict[str, Any]] | None = None
-    logprobs: list[Any] | None = None  # the sampler's per-row logprobs, when a row asked for them
+    token_ids: dict[str, int]
+    """request id -> the token sampled for it (sequences whose prompt is still mid-way have none)."""
+    extras: dict[str, dict[str, Any]]
+    """request id -> this step's `TextPayload.extras` from the model."""
+    logprobs: dict[str, Any] = field(default_factory=dict)
+    """request id -> the sampler's logprobs of its token, when it asked for them."""
 
 
 class _StateRows:
@@ -33,82 +40,120 @@ class _StateRows:
     def __init__(self, capacity: int, width: int, like: torch.Tensor) -> None:
         self.buf = like.new_empty(capacity, width)
         self.n = 0
-        self.last = 0  # rows added by the last step
+        self.sent = 0  # rows already in an output's delta
 
     def add(self, rows: torch.Tensor) -> None:
-        self.last = rows.shape[0]
-        self.buf[self.n:self.n + self.last] = rows
-        self.n += self.last
+        self.buf[self.n:self.n + rows.shape[0]] = rows
+        self.n += rows.shape[0]
 
     def view(self, start: int = 0) -> torch.Tensor:
         return self.buf[start:self.n]
 
+    def take_delta(self) -> torch.Tensor:
+        """The rows added since the last call (a chunked prompt's rows come out with its first token)."""
+        delta, self.sent = self.view(self.sent), self.n
+        return delta
+
 
 class ModelRunner:
-    def __init__(self, model: ARModel, max_num_seqs: int, max_model_len: int, device: torch.device) -> None:
+    def __init__(self, model: ARModel, block_size: int, max_num_blocks: int, max_model_len: int,
+                 device: torch.device) -> None:
         self.model = model
         self.device = device
+        self.block_size = block_size
         self.max_model_len = max_model_len
-        self.cache = SlotKVCache(model.num_layers, max_num_seqs, max_model_len, device)
+        self.cache = PagedKVCache(model.num_layers, block_size, max_num_blocks)
         self.sampler = Sampler(device)
-        self._arange = torch.arange(max_model_len + 1, device=device)
+        self._arange = torch.arange(max(max_model_len, block_size) + 1, device=device)
         self.hidden: dict[str, _StateRows] = {}
         self.embeds: dict[str, _StateRows] = {}
 
     @torch.inference_mode()
-    def execute(self, batch: SchedulerOutput) -> RunnerOutput:
-        for src, dst in batch.slot_moves:
-            self.cache.move(src, dst)
-        inp = self._prepare_prefill(batch) if batch.is_prefill else self._prepare_decode(batch)
+    def execute(self, batch: SchedulerOutput, num_blocks: int) -> RunnerOutput:
+        """Run the step's decodes, then its prefills (one forward each); `num_blocks`: the largest
+        block id in use + 1. Returns the sampled token of every sequence the step caught up."""
+        out = RunnerOutput({}, {})
+        for items, is_prefill in ((batch.decodes, False), (batch.prefills, True)):
+            if items:
+                self._run_group(items, is_prefill, num_blocks, out)
+        return out
+
+    def _run_group(self, items: list[ScheduledSeq], is_prefill: bool, num_blocks: int, result: RunnerOutput) -> None:
+        inp = self._prepare(items, is_prefill, num_blocks)
         out = self.model.forward(inp, self.cache)
-        token_ids = self.sampler(out.logits, batch.seqs)
-        extras = self.model.on_sampled(inp, out, token_ids)
+        rows = [i for i, item in enumerate(items) if item.samples]
+        if rows:
+            if len(rows) == len(items):
+                tokens = self.sampler(out.logits, inp.seqs)
+                row_extras = self.model.on_sampled(inp, out, tokens)
+            else:  # some prompts are mid-way (chunked): only the caught-up rows sample
+                tokens = self.sampler(out.logits[rows], [inp.seqs[i] for i in rows])
+                row_extras = [out.extras[i] for i in rows] if out.extras else None
+            logprobs = self.sampler.last_logprobs  # per row of that call, when one asked
+            for j, (i, token) in enumerate(zip(rows, tokens.tolist())):
+                rid = items[i].seq.request_id
+                result.token_ids[rid] = token
+                if row_extras:
+                    result.extras[rid] = row_extras[j]
+                if logprobs is not None and logprobs[j] is not None:
+                    result.logprobs[rid] = logprobs[j]
         if out.hidden_states is not None:
-            self._keep(self.hidden, batch.seqs, inp, out.hidden_states, "return_hidden_states")
+            self._keep(self.hidden, inp, out.hidden_states, "return_hidden_states")
         if out.input_embeds is not None:
-            self._keep(self.embeds, batch.seqs, inp, out.input_embeds, "return_input_embeds")
-        return RunnerOutput(token_ids.tolist(), extras, self.sampler.last_logprobs)
+            self._keep(self.embeds, inp, out.input_embeds, "return_input_embeds")
 
     # --- inputs ------------------------------------------------------------------------------
 
-    def _prepare_prefill(self, batch: SchedulerOutput) -> ModelInput:
-        seqs = batch.seqs
-        lens = [s.num_prompt_tokens for s in seqs]
-        t = max(lens)
-        ids = torch.tensor([s.prompt_token_ids + [0] * (t - n) for s, n in zip(seqs, lens)], device=self.device)
-        lens_t = torch.tensor(lens, device=self.device)
-        pos = self._arange[:t]
-        # causal, and keys past the row's prompt are padding
-        mask = (pos[None, :] <= pos[:, None])[None] & (pos[None, :] < lens_t[:, None])[:, None, :]
-        self.cache.begin_prefill(batch.first_slot, len(seqs), t)
-        want_hidden, want_embeds = _wants(seqs)
-        return ModelInput(
-            input_ids=ids, positions=pos.expand(len(seqs), t), attention_mask=mask[:, None],
-            last_indices=lens_t - 1, query_lens=lens, kv_len=t, seqs=seqs, is_prefill=True,
-            output_hidden_states=want_hidden, output_input_embeds=want_embeds,
-        )
+    def _prepare(self, items: list[ScheduledSeq], is_prefill: bool, num_blocks: int) -> ModelInput:
+        """Padded `[B, T]` ids and positions, each row's KV slots, and the attention mask.
 
-    def _prepare_decode(self, batch: SchedulerOutput) -> ModelInput:
-        seqs = batch.seqs
-        b = len(seqs)
-        positions = [s.num_tokens - 1 for s in seqs]
-        kv_len = max(positions) + 1
-        ids_pos = torch.tensor([[s.last_token_id for s in seqs], positions], device=self.device)
-        pos = ids_pos[1]
-        mask = self._arange[:kv_len] <= pos[:, None]
-        self.cache.begin_decode(pos, kv_len)
+        Row i feeds positions start_i .. start_i + n_i - 1 and attends to keys 0 .. its own
+        position (causal) of its `start_i + n_i` in the cache: all but the padding.
+        """
+        seqs = [item.seq for item in items]
+        starts = [item.start for item in items]
+        lens = [item.num_new for item in items]
+        b, t = len(items), max(lens)
+        kv_len = max(s + n for s, n in zip(starts, lens))
+        dev, size = self.device, self.block_size
+        width = -(-kv_len // size)
+        tables = [seq.block_table[:width] + [0] * (width - len(seq.block_table)) for seq in seqs]
+        table_t = torch.tensor(tables, device=dev)
+        # every slot of each row's blocks in position order (past a row's blocks: the scratch block)
+        slots = (table_t[:, :, None] * size + self._arange[:size]).view(b, width * size)
+        keys = self._arange[:kv_len]
+        if is_prefill:
+            ids = torch.tensor([seq.all_token_ids[s:s + n] + [0] * (t - n) for seq, s, n in zip(seqs, starts, lens)],
+                               device=dev)
+            meta = torch.tensor([starts, lens], device=dev)
+            positions = meta[0][:, None] + self._arange[:t]  # [B, T]
+            fed = self._arange[:t] < meta[1][:, None]
+            write = torch.where(fed, slots.gather(1, positions.clamp(max=kv_len - 1)), 0).flatten()  # padding -> scratch
+            ctx = (meta[0] + meta[1])[:, None, None]
+            # causal, and keys past the row's context are padding
+            mask = (keys <= positions[:, :, None]) & (keys < ctx)
+            read = None if not any(starts) else slots[:, :kv_len].reshape(-1)
+            last = meta[1] - 1
+        else:
+            writes = [seq.block_table[p // size] * size + p % size for seq, p in zip(seqs, starts)]
+            meta = torch.tensor([[seq.last_token_id for seq in seqs], starts, writes], device=dev)
+            ids, positions, write = meta[0].view(b, 1), meta[1].view(b, 1), meta[2]
+            mask = (keys <= positions).view(b, 1, kv_len)  # keys after a row's position are padding
+            read = slots[:, :kv_len].reshape(-1)
+            last = None
+        self.cache.begin(num_blocks, write, read, kv_len)
         want_hidden, want_embeds = _wants(seqs)
         return ModelInput(
-            input_ids=ids_pos[0].view(b, 1), positions=pos.view(b, 1), attention_mask=mask.view(b, 1, 1, kv_len),
-            last_indices=None, query_lens=[1] * b, kv_len=kv_len, seqs=seqs, is_prefill=False,
-            output_hidden_states=want_hidden, output_input_embeds=want_embeds,
+            input_ids=ids, positions=positions, attention_mask=mask[:, None],
+            last_indices=last, query_lens=lens, kv_len=kv_len, seqs=seqs,
+            is_prefill=is_prefill, output_hidden_states=want_hidden, output_input_embeds=want_embeds,
+            context_lens=starts,
         )
 
     # --- per-request state outputs ----------------------------------------------------------
 
-    def _keep(self, store: dict[str, _StateRows], seqs: list[Sequence], inp: ModelInput,
-              states: torch.Tensor, flag: str) -> None:
-        for i, seq in enumerate(seqs):
+    def _keep(self, store: dict[str, _StateRows], inp: ModelInput, states: torch.Tensor, flag: str) -> None:
+        for i, seq in enumerate(inp.seqs):
             if not getattr(seq, flag):
                 continue
             rows = store.get(seq.request_id)

@@ -1,10 +1,8 @@
-"""Continuous-batching scheduler: which sequences run in the next forward.
+"""Continuous-batching scheduler: which sequences run in the next forward, and how many tokens each.
 
 Plain Python over `Sequence` objects, no torch: tests drive it with hand-built token
-ids in place of a model (see tests/ar/test_scheduler.py).
-
-The KV cache is a slot cache: each running sequence owns one row (slot) big enough for
-`max_model_len` tokens, so a sequence admitted once never needs preemption.
+ids in place of a model (see tests/ar/test_ar_scheduler.py). KV-cache blocks come from
+the `BlockManager`, which it calls before every step.
 """
 
 from __future__ import annotations
@@ -12,39 +10,65 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from omnistage.ar.block_manager import BlockManager
 from omnistage.ar.sequence import Sequence, SequenceStatus
+
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+
+
+@dataclass
+class ScheduledSeq:
+    seq: Sequence
+    start: int
+    """Tokens already in the cache: this step feeds tokens [start, start + num_new)."""
+    num_new: int
+    samples: bool
+    """The step catches the sequence up, so its last position's logits give a new token."""
 
 
 @dataclass
 class SchedulerOutput:
-    """One forward's worth of work.
+    """One step's work: prompt chunks (prefills) and one-token decodes, run as two groups.
 
-    A prefill batch holds newly admitted sequences in slots `first_slot..first_slot+n-1`;
-    a decode batch holds every running sequence, in slots `0..n-1` (so row i = slot i).
-    `slot_moves` are KV rows to copy (src, dst) before the forward: the scheduler keeps
-    running sequences packed into the lowest slots so a decode batch is a plain slice.
+    `preempted` were pushed back to the waiting queue by this step (their blocks freed;
+    they are recomputed when readmitted).
     """
-    seqs: list[Sequence]
-    is_prefill: bool
-    first_slot: int = 0
-    slot_moves: list[tuple[int, int]] = field(default_factory=list)
+    prefills: list[ScheduledSeq] = field(default_factory=list)
+    decodes: list[ScheduledSeq] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def items(self) -> list[ScheduledSeq]:
+        return self.decodes + self.prefills
+
+    @property
+    def seqs(self) -> list[Sequence]:
+        return [item.seq for item in self.items]
 
     @property
     def num_seqs(self) -> int:
-        return len(self.seqs)
+        return len(self.prefills) + len(self.decodes)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(item.num_new for item in self.items)
 
 
 class Scheduler:
-    def __init__(self, max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int | None = None) -> None:
+    def __init__(self, max_num_seqs: int, max_model_len: int, block_manager: BlockManager, *,
+                 max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = True) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
-        self.max_num_batched_tokens = max(max_num_batched_tokens or 0, max_model_len)
-        """Prefill budget in padded tokens (rows x longest prompt); never below max_model_len so any prompt fits."""
+        self.blocks = block_manager
+        self.max_num_batched_tokens = max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS
+        """Tokens one step feeds (decodes + prompt chunks). Without chunking a prompt longer than
+        this still runs, alone, as one prefill."""
+        self.enable_chunked_prefill = enable_chunked_prefill
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []  # running[i].slot == i
-        self._pending_moves: list[tuple[int, int]] = []
+        self.running: list[Sequence] = []  # admission order: the last is preempted first
+        self.num_preemptions = 0
 
     # --- requests in and out ---------------------------------------------------------------
 
@@ -71,75 +95,138 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    @property
-    def num_free_slots(self) -> int:
-        return self.max_num_seqs - len(self.running)
+    def has_runnable(self) -> bool:
+        """Anything a step could run now (not only sequences waiting for streamed input)?"""
+        return any(not s.awaiting_input for s in self.waiting) or any(not s.awaiting_input for s in self.running)
 
     # --- the step ----------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput | None:
-        """The next batch, or None when there is nothing to run.
+        """The next step, or None when there is nothing to run.
 
-        NOTE: prefill first, as in nano-vllm. Waiting sequences are admitted in arrival
-        order while a slot is free and the padded prefill (rows x longest prompt) fits the
-        token budget; if any were admitted this step is their prefill, otherwise it is one
-        decode step for every running sequence. Running sequences wait one step while
-        newcomers prefill, which is what lets requests join at every decode step.
+        NOTE: running sequences first, as vLLM v1: every decoding one gets its one token,
+        then those mid-prompt get their next chunk, oldest first, and blocks for them.
+        When blocks run out, the newest running sequence is preempted (its blocks freed,
+        recomputed later from its tokens) until the older one fits. Then waiting
+        sequences are admitted in arrival order while a seat, the budget and blocks
+        allow, each starting after the longest cached prefix of its tokens; the first
+        that does not fit stops admission (no overtaking). So a newcomer's prefill shares
+        the step with the running decodes, in chunks of what the budget leaves.
+
+        The budget counts what the forwards compute: one token per decode, and the prefill
+        group padded to its longest row (rows x longest chunk), so ragged prompts do not
+        pay for padding beyond it.
         """
-        moves, self._pending_moves = self._pending_moves, []
-        admitted: list[Sequence] = []
-        longest = 0
-        while self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
-            seq = self.waiting[0]
-            new_longest = max(longest, seq.num_prompt_tokens)
-            if admitted and new_longest * (len(admitted) + 1) > self.max_num_batched_tokens:
+        out = SchedulerOutput()
+        scheduled: set[int] = set()
+        for decoding in (True, False):
+            i = 0
+            while i < len(self.running):
+                seq = self.running[i]
+                if seq.is_prefilling == decoding or id(seq) in scheduled or seq.awaiting_input:
+                    i += 1
+                    continue
+                num_new = self._num_new(seq, out)
+                if num_new == 0:
+                    break
+                end = seq.num_computed_tokens + num_new
+                while not self.blocks.can_append(seq, end):
+                    victim = self._victim(scheduled)
+                    self._preempt(victim, out)
+                    if victim is seq:
+                        break
+                if seq.status is not SequenceStatus.RUNNING:
+                    continue  # preempted itself; `running` shrank, same index is the next one
+                self.blocks.append(seq, end)
+                self._add(out, seq, num_new)
+                scheduled.add(id(seq))
+                i += 1
+        for seq in list(self.waiting):
+            if len(self.running) >= self.max_num_seqs or out.preempted:
                 break
-            self.waiting.popleft()
-            longest = new_longest
-            admitted.append(seq)
-        if admitted:
-            first = len(self.running)
-            for i, seq in enumerate(admitted):
-                seq.slot = first + i
-                seq.status = SequenceStatus.RUNNING
-                self.running.append(seq)
-            return SchedulerOutput(admitted, is_prefill=True, first_slot=first, slot_moves=moves)
-        if self.running:
-            return SchedulerOutput(list(self.running), is_prefill=False, slot_moves=moves)
-        return None  # idle (pending moves, if any, belonged to sequences that have since finished)
+            if seq.awaiting_input:
+                continue  # its prompt is not all there yet: the ones behind it may go first
+            hits = self.blocks.match_prefix(seq)
+            seq.num_computed_tokens = len(hits) * self.blocks.block_size
+            num_new = self._num_new(seq, out)
+            end = seq.num_computed_tokens + num_new
+            reserve = end if seq.recomputable else min(self.max_model_len, seq.num_prompt_tokens + seq.max_tokens)
+            if num_new == 0 or not self.blocks.can_allocate(seq, hits, max(end, reserve)):
+                seq.num_computed_tokens = 0
+                break
+            self.waiting.remove(seq)
+            self.blocks.allocate(seq, hits, max(end, reserve))
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            self._add(out, seq, num_new)
+        return out if out.items else None
 
-    def update(self, batch: SchedulerOutput, token_ids: list[int]) -> list[Sequence]:
-        """Append one sampled token per sequence of `batch`; free and return the ones that finished.
+    def _num_new(self, seq: Sequence, out: SchedulerOutput) -> int:
+        """Tokens `seq` feeds this step: all it lacks, or a chunk of it; 0 if it must wait."""
+        rows = len(out.prefills)
+        width = max((item.num_new for item in out.prefills), default=0)
+        room = self.max_num_batched_tokens - len(out.decodes) - rows * width
+        if not seq.is_prefilling:
+            return 1 if room >= 1 else 0
+        room += rows * width  # the prefill group's share, re-padded with this row in it
+        need = seq.num_uncomputed_tokens
+        if (rows + 1) * max(need, width) <= room:
+            return need
+        # NOTE: only a prompt longer than any step could take is chunked; a shorter one waits
+        # for a step it fits whole, since a chunk's short tail would be padded to its
+        # neighbours' length in the next step. Only models taking a prompt in pieces chunk.
+        if self.enable_chunked_prefill and seq.recomputable and need > self.max_num_batched_tokens - len(out.decodes):
+            chunk = room // (rows + 1)
+            return chunk if chunk >= max(width, 1) else 0
+        return 0 if out.items else need  # whole prompts only: alone, past the budget if need be
 
-        Sequences aborted while their forward ran are skipped.
-        """
+    def _victim(self, scheduled: set[int]) -> Sequence:
+        """The newest running sequence that can be recomputed (itself, last of all)."""
+        for seq in reversed(self.running):
+            if seq.recomputable and id(seq) not in scheduled:
+                return seq
+        raise RuntimeError("the KV cache cannot hold the running sequences and none can be preempted")
+
+    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+        out.preempted.append(seq)
+
+    @staticmethod
+    def _add(out: SchedulerOutput, seq: Sequence, num_new: int) -> None:
+        start = seq.num_computed_tokens
+        item = ScheduledSeq(seq, start, num_new, start + num_new == seq.num_tokens)
+        (out.prefills if seq.is_prefilling else out.decodes).append(item)
+
+    def update(self, batch: SchedulerOutput, token_ids: dict[str, int]) -> list[Sequence]:
+        """After the forward: count the fed tokens as computed, publish full blocks to the prefix
+        cache, append the sampled token of every sequence that caught up (`token_ids` by request
+        id); free and return the ones that finished. Sequences aborted meanwhile are skipped."""
         now_finished = []
-        for seq, token_id in zip(batch.seqs, token_ids):
+        for item in batch.items:
+            seq = item.seq
             if seq.is_finished:
                 continue
-            seq.append_token(token_id)
-            if seq.is_finished:
-                now_finished.append(seq)
+            seq.num_computed_tokens = item.start + item.num_new
+            self.blocks.cache_full_blocks(seq)
+            if seq.request_id in token_ids:
+                seq.append_token(token_ids[seq.request_id])
+                if seq.is_finished:
+                    now_finished.append(seq)
         if now_finished:
             self.free_finished()
         return now_finished
 
     def free_finished(self) -> None:
-        """Drop finished sequences from `running` and repack the survivors into slots 0..n-1.
-
-        Survivors already below the new count keep their slot; those above it move into
-        the holes. Sources are all >= n and destinations < n, so the copies never overlap.
-        """
-        alive = [s for s in self.running if not s.is_finished]
-        n = len(alive)
-        holes = iter(sorted(set(range(n)) - {s.slot for s in alive}))
-        for seq in alive:
-            if seq.slot >= n:
-                dst = next(holes)
-                self._pending_moves.append((seq.slot, dst))
-                seq.slot = dst
+        """Drop finished sequences from `running` and give their blocks back."""
+        alive = []
         for seq in self.running:
             if seq.is_finished:
-                seq.slot = -1
-        alive.sort(key=lambda s: s.slot)
+                self.blocks.free(seq)
+            else:
+                alive.append(seq)
         self.running = alive

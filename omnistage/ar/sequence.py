@@ -1,4 +1,4 @@
-"""One request inside the AR engine: its tokens, its slot, and when it stops.
+"""One request inside the AR engine: its tokens, its KV blocks, and when it stops.
 
 Plain Python (no torch): the scheduler and its tests work on these objects directly.
 """
@@ -21,8 +21,10 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """User params, per-step state and the stop rule of one request.
 
-    `slot` is the row of the KV cache this sequence owns while running; the scheduler
-    keeps running sequences in slots 0..n-1 in order (see `Scheduler.free`).
+    `block_table` lists the KV-cache blocks holding its tokens (see block_manager.py);
+    `num_computed_tokens` of its tokens have keys and values there. A running sequence
+    is caught up when that is all its tokens but the last sampled one, which its next
+    decode step feeds; a prompt prefilled in chunks is not caught up until its last chunk.
     """
 
     def __init__(
@@ -57,7 +59,18 @@ class Sequence:
         self.logprobs: list[Any] | None = [] if params.logprobs is not None else None
         """The sampler's (token_id, logprob, top ids, top logprobs) per output token, when asked."""
         self.status = SequenceStatus.WAITING
-        self.slot = -1
+        self.block_table: list[int] = []
+        self.block_keys: list[tuple] = []  # prefix-cache keys of the full blocks so far
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at admission
+        self.prefix_cacheable = not (return_hidden_states or return_input_embeds)
+        """May reuse and publish cached blocks (a request that streams hidden states needs every row computed)."""
+        self.recomputable = self.prefix_cacheable
+        """May be preempted and recomputed later (else it reserves its blocks for its whole length at admission)."""
+        self.num_preemptions = 0
+        self.streamed = False  # inputs still arriving from a streaming upstream (ARModel.extend_prompt)
+        self.awaiting_input = False
+        """Streamed and its next step needs input that has not arrived: the scheduler passes it over."""
         self.finish_reason: str | None = None
         self.num_new_tokens = 0  # tokens appended by the last step (streamed as delta_token_ids)
         # metrics
@@ -86,6 +99,16 @@ class Sequence:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens the next forward must feed to catch up: 1 in decode, the rest of the prompt in prefill."""
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        """Still in its prompt (or, after a preemption, in its recompute)."""
+        return self.num_uncomputed_tokens > 1 or self.num_computed_tokens < self.num_prompt_tokens
 
     @property
     def is_finished(self) -> bool:
@@ -129,5 +152,6 @@ class Sequence:
             self.detokenizer.flush()
 
     def __repr__(self) -> str:
-        return (f"Sequence({self.request_id!r}, status={self.status.value}, slot={self.slot}, "
-                f"prompt={self.num_prompt_tokens}, output={self.num_output_tokens})")
+        return (f"Sequence({self.request_id!r}, status={self.status.value}, blocks={self.block_table}, "
+                f"computed={self.num_computed_tokens}, prompt={self.num_prompt_tokens}, "
+                f"output={self.num_output_tokens})")

@@ -11,8 +11,9 @@ so a script that builds this engine needs the `if __name__ == "__main__":` guard
 
 Deploy fields map onto `EngineArgs`: `dtype` ("auto" is resolved by our rule: fp32 on
 CPU, bf16 on GPU), `max_num_seqs`, `max_model_len`, `tensor_parallel_size`, and
-`compile` (False = vLLM's `enforce_eager`). The KV cache is sized like the native
-engine's slot cache: room for `max_num_seqs` sequences of `max_model_len` tokens,
+`compile` (False = vLLM's `enforce_eager`), `enable_prefix_caching` and
+`max_num_batched_tokens`. The KV cache is `kv_cache_memory` bytes, or by default sized
+like the native engine's: room for `max_num_seqs` sequences of `max_model_len` tokens,
 passed as `kv_cache_memory_bytes` (no `VLLM_CPU_KVCACHE_SPACE` needed; set, vLLM's
 CPU platform lets it win). Request params are our `SamplingParams`, whose fields carry
 vLLM's names and meanings, so they pass through one for one.
@@ -213,6 +214,8 @@ def check_backend_fits(stage: StageSpec | None, config: StageDeployConfig) -> No
                         "states for the next stage), which only ar_backend 'native' runs; vLLM runs plain text LLMs")
     problems += [f"{name}={getattr(config, name)!r} is not supported with ar_backend 'vllm'"
                  for name in _UNSUPPORTED_FIELDS if getattr(config, name)]
+    if config.kv_cache_memory is not None and config.kv_cache_memory <= 1:
+        problems.append(f"kv_cache_memory={config.kv_cache_memory!r}: with ar_backend 'vllm' give bytes, not a fraction")
     if problems:
         raise ValueError("ar_backend 'vllm': " + "; ".join(problems))
 
@@ -227,7 +230,8 @@ def import_vllm() -> Any:
 
 
 def engine_args(vllm: Any, model_path: str, config: StageDeployConfig) -> Any:
-    """`vllm.EngineArgs` from our deploy fields, with a KV cache sized like the native engine's."""
+    """`vllm.EngineArgs` from our deploy fields, with a KV cache sized like the native engine's
+    (`kv_cache_memory` bytes when set, else max_num_seqs sequences of max_model_len tokens)."""
     device = resolve_device(config)
     expected = [f"{device.type}:{i}" if device.type != "cpu" else "cpu" for i in range(config.tensor_parallel_size)]
     if config.devices and [_device_name(d) for d in config.devices] != expected:
@@ -242,7 +246,11 @@ def engine_args(vllm: Any, model_path: str, config: StageDeployConfig) -> Any:
         tensor_parallel_size=config.tensor_parallel_size,
         enforce_eager=not config.compile,
         disable_log_stats=True,
+        enable_prefix_caching=config.enable_prefix_caching,
+        max_num_batched_tokens=config.max_num_batched_tokens,
     )
+    if config.kv_cache_memory is not None:
+        return dataclasses.replace(args, kv_cache_memory_bytes=int(config.kv_cache_memory))
     vllm_config = args.create_engine_config()
     return dataclasses.replace(args, kv_cache_memory_bytes=kv_cache_bytes(vllm_config, config.max_num_seqs))
 

@@ -62,6 +62,14 @@ class StageDeployConfig:
     """AR: longest prompt + output in tokens; None = the model's max_position_embeddings."""
     ar_backend: str = "native"
     """AR: "native" | "vllm"."""
+    kv_cache_memory: float | None = None
+    """AR (native): KV-cache budget, bytes (> 1) or a fraction (<= 1) of the device's memory (host RAM
+    on CPU); None = room for max_num_seqs sequences of max_model_len tokens."""
+    enable_prefix_caching: bool = True
+    """AR (native): reuse the cached KV blocks of a prompt's prefix computed by an earlier request."""
+    max_num_batched_tokens: int | None = None
+    """AR (native): most tokens one step feeds (decodes + prompt chunks); longer prompts are prefilled
+    in chunks beside the running decodes. None = 2048."""
     default_sampling_params: dict[str, Any] = field(default_factory=dict)
     """Defaults for request params (SamplingParams or DiffusionParams fields) of this stage."""
     env: dict[str, str] = field(default_factory=dict)
@@ -106,6 +114,8 @@ STAGE_CONSTRAINTS = {
     "offload_blocks_per_group": at_least(1),
     "max_model_len": at_least(1),
     "ar_backend": one_of("native", "vllm"),
+    "kv_cache_memory": lambda v: None if v > 0 else f"must be > 0 (bytes, or a fraction of the device memory), got {v!r}",
+    "max_num_batched_tokens": at_least(1),
     "lora": _check_lora_entries,
     # cache_backend, quantization and attention_backend are open sets: the registries
     # that implement them (diffusion/cache, quant.py, attention.py) own the valid names.
@@ -194,6 +204,6 @@ KIND_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
     "diffusion": ("step_execution", "cfg_parallel_size", "ulysses_degree", "ring_degree",
                   "vae_patch_parallel_size", "vae_use_tiling", "cache_backend", "cache_config",
                   "offload_blocks_per_group", "lora_adapters"),
-    "ar": ("max_model_len", "ar_backend"),
+    "ar": ("max_model_len", "ar_backend", "kv_cache_memory", "enable_prefix_caching", "max_num_batched_tokens"),
 }
 """Deploy fields only one stage kind reads; every other field applies to all kinds."""

@@ -19,7 +19,9 @@ Hand-off per edge (both ends agree; `PipelineSpec` validates it):
   downstream stage, whose input processor gets `{upstream id: partial}`. So the
   downstream starts before the upstream ends. Outputs of part n are held until part n-1
   has finished, so the downstream's own stream stays in order; its whole payload joins
-  the parts (`merge_payloads`).
+  the parts (`merge_payloads`). Into an AR stage the first partial starts one request
+  `{request_id}` and every later one extends it (`InputChunk`): the sequence goes on
+  from where its inputs have reached (Qwen2.5-Omni's talker following the thinker).
 
 A request runs only the stages it needs (`needed_stages`): with `output_modalities` set, the
 final stages making one of them and every stage upstream of those; the rest never see it.
@@ -52,7 +54,7 @@ from omnistage.engine.factory import EngineFactory, create_engine, stage_model_p
 from omnistage.engine.metrics import PrometheusMetrics, StageMetrics
 from omnistage.engine.outputs import Delta, OmniOutput, StageStream, fill_media
 from omnistage.engine.stage_handle import StageHandle, make_stage_handle
-from omnistage.engine.types import ProgressPayload, StageOutput, StageRequest
+from omnistage.engine.types import InputChunk, ProgressPayload, StageOutput, StageRequest
 
 logger = logging.getLogger(__name__)
 
@@ -337,7 +339,11 @@ class Orchestrator:
 
     def _send(self, state: _RequestState, run: _StageRun, inputs: Any) -> None:
         rid, part = state.request.request_id, len(run.engine_ids)
-        engine_id = f"{rid}#{part}" if run.stage.stream_input else rid
+        if run.stage.stream_input and run.stage.kind == "ar" and run.engine_ids:
+            # the AR stage's one request goes on: extend it (after its start, in dispatch order)
+            self._to_dispatch.append((run.stage.id, StageRequest(rid, InputChunk(inputs))))
+            return
+        engine_id = f"{rid}#{part}" if run.stage.stream_input and run.stage.kind != "ar" else rid
         run.engine_ids.append(engine_id)
         self._engine_ids[(run.stage.id, engine_id)] = (rid, part)
         run.metrics.on_start(state.request.arrival_time if not run.stage.inputs else None)
@@ -350,7 +356,8 @@ class Orchestrator:
             key = (stage_id, request.request_id)
             if key not in self._engine_ids:
                 continue  # aborted since
-            self._requests[self._engine_ids[key][0]].runs[stage_id].metrics.on_dispatch()
+            if not isinstance(request.inputs, InputChunk):
+                self._requests[self._engine_ids[key][0]].runs[stage_id].metrics.on_dispatch()
             self.handles[stage_id].add_request(request)
 
     # --- 3. collect outputs ----------------------------------------------------------------

@@ -95,6 +95,14 @@ class StageRequest:
 
 
 @dataclass
+class InputChunk:
+    """`StageRequest.inputs` that continue a live request's inputs: a streamed upstream into an AR
+    stage extends one running sequence instead of starting one request per chunk. Sent under
+    the request's own id; an engine ignores it once that request has ended."""
+    inputs: Any
+
+
+@dataclass
 class StageOutput:
     request_id: str
     payload: Any  # one of the payload types above, or None with an error

@@ -1,19 +1,24 @@
-"""The scheduler without a model: hand-built token ids stand in for the runner's output
-(the shape of vLLM's tests/v1/core/utils.py)."""
+"""The scheduler and block manager without a model: hand-built token ids stand in for the
+runner's output (the shape of vLLM's tests/v1/core/utils.py)."""
 
 from __future__ import annotations
 
 import pytest
 
+from omnistage.ar.block_manager import BlockManager
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.ar.scheduler import Scheduler
 from omnistage.ar.sequence import Sequence, SequenceStatus
 
 EOS = 2
+BLOCK = 4
 
 
-def create_scheduler(max_num_seqs=4, max_model_len=64, max_num_batched_tokens=None) -> Scheduler:
-    return Scheduler(max_num_seqs, max_model_len, max_num_batched_tokens)
+def create_scheduler(max_num_seqs=4, max_model_len=64, max_num_batched_tokens=None, num_blocks=None,
+                     prefix_caching=True, chunked=True) -> Scheduler:
+    blocks = BlockManager(num_blocks or max_num_seqs * max_model_len // BLOCK, BLOCK, prefix_caching)
+    return Scheduler(max_num_seqs, max_model_len, blocks, max_num_batched_tokens=max_num_batched_tokens,
+                     enable_chunked_prefill=chunked)
 
 
 def create_sequences(n, prompt_len=4, max_model_len=64, **params) -> list[Sequence]:
@@ -23,11 +28,23 @@ def create_sequences(n, prompt_len=4, max_model_len=64, **params) -> list[Sequen
 
 
 def step(sched: Scheduler, token=7, tokens=None):
-    """One schedule + update with every sequence sampling `token` (or `tokens[request_id]`)."""
+    """One schedule + update with every caught-up sequence sampling `token` (or `tokens[request_id]`)."""
     batch = sched.schedule()
     assert batch is not None
-    ids = [tokens.get(s.request_id, token) if tokens else token for s in batch.seqs]
+    ids = {i.seq.request_id: (tokens.get(i.seq.request_id, token) if tokens else token)
+           for i in batch.items if i.samples}
     return batch, sched.update(batch, ids)
+
+
+def ids(items) -> list[str]:
+    return [i.seq.request_id for i in items]
+
+
+def assert_no_leak(sched: Scheduler) -> None:
+    """Every block is back in the free queue and none is referenced."""
+    bm = sched.blocks
+    assert bm.num_free_blocks == bm.num_blocks
+    assert all(b.ref_count == 0 for b in bm.blocks)
 
 
 def test_prefill_then_decode_all_running():
@@ -35,9 +52,12 @@ def test_prefill_then_decode_all_running():
     for s in create_sequences(3):
         sched.add(s)
     batch, _ = step(sched)
-    assert batch.is_prefill and batch.first_slot == 0 and [s.slot for s in batch.seqs] == [0, 1, 2]
+    assert ids(batch.prefills) == ["r0", "r1", "r2"] and not batch.decodes
+    assert [i.num_new for i in batch.prefills] == [4, 5, 6] and all(i.start == 0 for i in batch.prefills)
+    assert [len(s.seq.block_table) for s in batch.prefills] == [1, 2, 2]  # blocks of 4 tokens
     batch, _ = step(sched)
-    assert not batch.is_prefill and [s.request_id for s in batch.seqs] == ["r0", "r1", "r2"]
+    assert not batch.prefills and ids(batch.decodes) == ["r0", "r1", "r2"]
+    assert all(i.num_new == 1 and i.samples for i in batch.decodes)
     assert all(s.num_output_tokens == 2 for s in batch.seqs)
 
 
@@ -47,14 +67,16 @@ def test_max_num_seqs_caps_the_running_batch():
     for s in seqs:
         sched.add(s)
     batch, _ = step(sched)
-    assert [s.request_id for s in batch.seqs] == ["r0", "r1"] and len(sched.waiting) == 1
+    assert ids(batch.prefills) == ["r0", "r1"] and len(sched.waiting) == 1
     batch, finished = step(sched)  # decode: both reach max_tokens
     assert {s.request_id for s in finished} == {"r0", "r1"}
     batch, _ = step(sched)
-    assert batch.is_prefill and [s.request_id for s in batch.seqs] == ["r2"] and batch.first_slot == 0
+    assert ids(batch.prefills) == ["r2"]
+    step(sched)
+    assert_no_leak(sched)
 
 
-def test_join_mid_decode():
+def test_join_mid_decode_shares_the_step():
     sched = create_scheduler()
     a, b = create_sequences(2)
     sched.add(a)
@@ -62,19 +84,132 @@ def test_join_mid_decode():
     step(sched)
     sched.add(b)
     batch, _ = step(sched)
-    assert batch.is_prefill and batch.seqs == [b] and b.slot == 1
-    batch, _ = step(sched)
-    assert batch.seqs == [a, b] and (a.num_output_tokens, b.num_output_tokens) == (3, 2)  # a waited one step
+    assert ids(batch.decodes) == ["r0"] and ids(batch.prefills) == ["r1"]  # a keeps decoding
+    assert (a.num_output_tokens, b.num_output_tokens) == (3, 1)
 
 
-def test_prefill_token_budget_splits_admission():
-    sched = create_scheduler(max_num_seqs=4, max_model_len=16, max_num_batched_tokens=16)
-    for s in create_sequences(3, prompt_len=6, max_model_len=16):  # prompts of 6, 7, 8 tokens
-        sched.add(s)
+def test_token_budget_chunks_a_long_prompt_beside_the_decodes():
+    sched = create_scheduler(max_num_seqs=4, max_model_len=64, max_num_batched_tokens=8)
+    (a,) = create_sequences(1, prompt_len=3)
+    sched.add(a)
+    step(sched)
+    long = Sequence("long", list(range(100, 120)), SamplingParams(max_tokens=4), max_model_len=64)
+    sched.add(long)
+    chunks = []
+    while not long.output_token_ids:
+        batch, _ = step(sched)
+        assert ids(batch.decodes) == ["r0"] and batch.num_tokens <= 8  # the running stream never stalls
+        chunks.append((batch.prefills[0].start, batch.prefills[0].num_new, batch.prefills[0].samples))
+    assert chunks == [(0, 7, False), (7, 7, False), (14, 6, True)]
+    assert long.num_computed_tokens == 20 and a.num_output_tokens == 4
+
+
+def test_without_chunking_a_long_prompt_waits_then_runs_whole():
+    sched = create_scheduler(max_num_batched_tokens=8, chunked=False)
+    (a,) = create_sequences(1, prompt_len=3)
+    sched.add(a)
+    step(sched)
+    long = Sequence("long", list(range(100, 120)), SamplingParams(max_tokens=1), max_model_len=64)
+    long.recomputable = False
+    sched.add(long)
     batch, _ = step(sched)
-    assert [s.request_id for s in batch.seqs] == ["r0", "r1"]  # 2 rows x 7 = 14 <= 16; 3 x 8 = 24 > 16
+    assert ids(batch.decodes) == ["r0"] and not batch.prefills  # 1 + 20 > 8: not beside a decode
+    a.finish("abort")
+    sched.free_finished()
     batch, _ = step(sched)
-    assert batch.is_prefill and [s.request_id for s in batch.seqs] == ["r2"]
+    assert ids(batch.prefills) == ["long"] and batch.prefills[0].num_new == 20  # alone, past the budget
+
+
+def test_prefix_cache_hit_skips_the_cached_blocks():
+    sched = create_scheduler()
+    shared = list(range(50, 62))  # three full blocks
+    first = Sequence("first", shared + [1, 2], SamplingParams(max_tokens=1), max_model_len=64)
+    sched.add(first)
+    step(sched)
+    assert first.is_finished and sched.blocks.num_free_blocks == sched.blocks.num_blocks
+    second = Sequence("second", shared + [3], SamplingParams(max_tokens=1), max_model_len=64)
+    sched.add(second)
+    batch, _ = step(sched)
+    assert batch.prefills[0].start == 12 and batch.prefills[0].num_new == 1 and second.num_cached_tokens == 12
+    # a prompt made of whole cached blocks still computes its last token (for the next token's logits)
+    exact = Sequence("exact", list(shared), SamplingParams(max_tokens=1), max_model_len=64)
+    sched.add(exact)
+    batch, _ = step(sched)
+    assert batch.prefills[0].start == 8 and batch.prefills[0].num_new == 4
+    assert_no_leak(sched)
+
+
+def test_shared_blocks_are_reference_counted():
+    sched = create_scheduler()
+    shared = list(range(50, 58))
+    a = Sequence("a", shared + [1], SamplingParams(max_tokens=4), max_model_len=64)
+    sched.add(a)
+    step(sched)
+    b = Sequence("b", shared + [2], SamplingParams(max_tokens=4), max_model_len=64)
+    sched.add(b)
+    step(sched)
+    assert a.block_table[:2] == b.block_table[:2] and a.block_table[2] != b.block_table[2]
+    assert [sched.blocks.blocks[i].ref_count for i in a.block_table[:2]] == [2, 2]
+    sched.abort("a")
+    assert [sched.blocks.blocks[i].ref_count for i in b.block_table[:2]] == [1, 1]
+    sched.abort("b")
+    assert_no_leak(sched)
+
+
+def test_lru_eviction_reuses_unkeyed_then_the_oldest_cached_block():
+    sched = create_scheduler(max_num_seqs=1, max_model_len=8, num_blocks=3)
+
+    def one(rid, first):
+        seq = Sequence(rid, list(range(first, first + 5)), SamplingParams(max_tokens=1), max_model_len=8)
+        sched.add(seq)
+        step(sched)  # its first block is full (cached), its second holds one token (nothing to reuse)
+        assert seq.is_finished
+
+    one("a", 10)
+    one("c", 30)
+    assert set(sched.blocks.cached) == {(None, (10, 11, 12, 13)), (None, (30, 31, 32, 33))}
+    one("d", 40)  # two blocks: the unkeyed one, then the least recently used cached one (a's)
+    assert set(sched.blocks.cached) == {(None, (30, 31, 32, 33)), (None, (40, 41, 42, 43))}
+    assert_no_leak(sched)
+
+
+def test_preemption_frees_the_newest_and_recomputes_it():
+    # 4 blocks of 4 tokens; two sequences of 6-token prompts grow past 8 tokens each
+    sched = create_scheduler(max_num_seqs=2, max_model_len=16, num_blocks=4, prefix_caching=False)
+    a = Sequence("a", list(range(10, 16)), SamplingParams(max_tokens=6), max_model_len=16)
+    b = Sequence("b", list(range(20, 26)), SamplingParams(max_tokens=6), max_model_len=16)
+    sched.add(a)
+    sched.add(b)
+    preempted_at = None
+    for k in range(20):
+        if not sched.has_unfinished():
+            break
+        batch, _ = step(sched, token=5 + k)
+        if batch.preempted:
+            preempted_at = k
+            assert batch.preempted == [b] and b.status is SequenceStatus.WAITING and not b.block_table
+            assert sched.waiting[0] is b
+    assert preempted_at is not None and b.num_preemptions == 1
+    assert a.num_output_tokens == 6 and b.num_output_tokens == 6 and a.is_finished and b.is_finished
+    assert_no_leak(sched)
+
+
+def test_reserved_sequences_hold_their_whole_length_and_are_never_preempted():
+    sched = create_scheduler(max_num_seqs=2, max_model_len=16, num_blocks=4)
+    a = Sequence("a", list(range(10, 14)), SamplingParams(max_tokens=8), max_model_len=16)
+    a.recomputable = a.prefix_cacheable = False
+    sched.add(a)
+    step(sched)
+    assert len(a.block_table) == 3  # 4 + 8 tokens, reserved at admission
+    b = Sequence("b", list(range(20, 26)), SamplingParams(max_tokens=1), max_model_len=16)
+    sched.add(b)
+    batch, _ = step(sched)
+    assert ids(batch.prefills) == [] and len(sched.waiting) == 1  # 2 blocks needed, 1 free: b waits
+    while not a.is_finished:
+        step(sched)
+    step(sched)
+    assert b.is_finished
+    assert_no_leak(sched)
 
 
 def test_finish_reasons():
@@ -123,21 +258,6 @@ def test_prompt_longer_than_max_model_len_is_rejected():
         sched.add(seq)
 
 
-def test_finished_slots_are_repacked():
-    sched = create_scheduler(max_num_seqs=4)
-    seqs = create_sequences(4)
-    for s in seqs:
-        sched.add(s)
-    step(sched)
-    # r0 and r2 finish: r3 (slot 3) moves into the hole at slot 0; r1 keeps slot 1
-    _, finished = step(sched, tokens={"r0": EOS, "r2": EOS})
-    assert set(finished) == {seqs[0], seqs[2]}
-    batch = sched.schedule()
-    assert batch.slot_moves == [(3, 0)]
-    assert [s.request_id for s in batch.seqs] == ["r3", "r1"] and [s.slot for s in batch.seqs] == [0, 1]
-    assert seqs[0].slot == -1 and seqs[0].status is SequenceStatus.FINISHED
-
-
 def test_abort_waiting_and_running():
     sched = create_scheduler(max_num_seqs=2)
     a, b, c = create_sequences(3)
@@ -145,10 +265,12 @@ def test_abort_waiting_and_running():
         sched.add(s)
     step(sched)
     assert sched.abort("r2") is c and c.finish_reason == "abort" and not sched.waiting
-    assert sched.abort("r0") is a and a.finish_reason == "abort"
+    assert sched.abort("r0") is a and a.finish_reason == "abort" and not a.block_table
     batch = sched.schedule()
-    assert batch.seqs == [b] and batch.slot_moves == [(1, 0)]
+    assert batch.seqs == [b]
     assert sched.abort("nope") is None
+    sched.abort("r1")
+    assert_no_leak(sched)
 
 
 def test_tokens_of_a_sequence_aborted_during_its_step_are_dropped():
@@ -158,11 +280,30 @@ def test_tokens_of_a_sequence_aborted_during_its_step_are_dropped():
     sched.add(b)
     batch = sched.schedule()
     sched.abort("r0")
-    sched.update(batch, [5, 5])
+    sched.update(batch, {"r0": 5, "r1": 5})
     assert a.output_token_ids == [] and b.output_token_ids == [5]
 
 
 def test_idle_scheduler_returns_none():
     assert create_scheduler().schedule() is None
     with pytest.raises(ValueError, match="max_num_seqs"):
-        Scheduler(0, 16)
+        Scheduler(0, 16, BlockManager(4, BLOCK))
+
+
+def test_sequences_awaiting_streamed_input_are_passed_over():
+    sched = create_scheduler()
+    a, b = create_sequences(2)
+    a.awaiting_input = True  # its prompt is not all there yet
+    sched.add(a)
+    sched.add(b)
+    batch, _ = step(sched)
+    assert ids(batch.prefills) == ["r1"] and list(sched.waiting) == [a]  # b overtook it
+    assert sched.has_runnable() and sched.has_unfinished()
+    a.awaiting_input = False
+    batch, _ = step(sched)
+    assert ids(batch.prefills) == ["r0"] and ids(batch.decodes) == ["r1"]
+    b.awaiting_input = True  # a running one waiting for its next input row: no decode for it
+    batch, _ = step(sched)
+    assert ids(batch.decodes) == ["r0"] and not batch.prefills
+    a.awaiting_input = True
+    assert not sched.has_runnable() and sched.schedule() is None

@@ -219,6 +219,48 @@ def test_audio_streams_before_the_talker_finishes(omni):
     assert err < 1e-3, err
 
 
+def test_talker_follows_the_streaming_thinker(omni, path):
+    # The talker starts from the thinker's streamed rows (after its second token) and emits
+    # codes while the thinker is still writing; its codes equal the whole hand-off's.
+    from omnistage.ar.engine import AREngine
+    from omnistage.config.deploy_fields import StageDeployConfig
+    from omnistage.engine.types import InputChunk, StageRequest
+    from omnistage.models.qwen2_5_omni import TALKER_STAGE, THINKER_STAGE
+    from omnistage.models.qwen2_5_omni.processors import THINKER, talker_inputs, thinker_chunks, thinker_inputs
+
+    thinker_params = SamplingParams(temperature=0, max_tokens=24, min_tokens=24)
+    talker_params = greedy_params(talker_tokens=40)["talker"]
+    [out] = omni.generate({"messages": MESSAGES}, {**greedy_params(talker_tokens=40), "thinker": thinker_params},
+                          use_tqdm=False)
+    stages = out.metrics["stages"]
+    assert out.error is None and len(out.token_ids) == 24
+    assert stages["talker"]["first_output_time"] < stages["thinker"]["finish_time"]
+
+    # The same hand-off, engine by engine, as the orchestrator does it.
+    config = StageDeployConfig(devices=("cpu",), dtype="float32", max_num_seqs=2)
+    request = SimpleNamespace(prompt={"messages": MESSAGES}, output_modalities=None)
+    thinker, talker = AREngine(path, THINKER_STAGE, config), AREngine(path, TALKER_STAGE, config)
+    thinker.add_request(StageRequest("t", thinker_inputs(request, {}), thinker_params))
+    started, codes_while_thinking, last_thinker, streamed = False, 0, None, None
+    while thinker.has_unfinished_requests() or talker.has_unfinished_requests():
+        for o in thinker.step():
+            last_thinker = o
+            chunk = thinker_chunks(request, o.payload, o.finished)
+            talker.add_request(StageRequest("s", chunk if not started else InputChunk(chunk), talker_params))
+            started = True
+        for o in talker.step() + talker.step():  # two talker steps per thinker step: it must wait for rows
+            codes_while_thinking += not last_thinker.finished
+            streamed = o.payload.token_ids
+    assert codes_while_thinking > 10 and last_thinker.payload.token_ids == out.token_ids
+    talker.add_request(StageRequest("w", talker_inputs(request, {THINKER: last_thinker.payload}), talker_params))
+    while talker.has_unfinished_requests():
+        whole = talker.step()[-1].payload.token_ids
+    assert streamed == whole and len(whole) == 40
+    assert talker.block_manager.num_free_blocks == talker.block_manager.num_blocks
+    thinker.close()
+    talker.close()
+
+
 def test_two_requests_at_once_match_each_alone(omni):
     # Batched together, with different prompt lengths (padding) and voices.
     prompts = [{"messages": MESSAGES}, {"messages": OTHER, "voice": "Ethan"}]
@@ -242,6 +284,30 @@ def test_thinker_only_variant(path, reference, tmp_path):
     assert out.token_ids == ref_ids and out.audio is None
     no_audio = SimpleNamespace(config={"enable_audio_output": False})
     assert resolve_qwen2_5_omni(no_audio, PipelineDeployConfig()).name == "qwen2_5_omni_thinker_only"
+
+
+def test_thinker_text_prompts_chunk_and_hit_the_prefix_cache(path, reference):
+    # Text-only thinker requests prefill in chunks (8 tokens a step here) and the second turn
+    # reuses the first one's cached blocks; the greedy text stays the reference's.
+    from omnistage.ar.engine import AREngine
+    from omnistage.config.deploy_fields import StageDeployConfig
+    from omnistage.engine.types import StageRequest
+    from omnistage.models.qwen2_5_omni import THINKER_STAGE
+
+    ref_ids, _ = reference(OTHER, generation_mode="text")
+    engine = AREngine(path, THINKER_STAGE, StageDeployConfig(devices=("cpu",), dtype="float32", max_num_seqs=2,
+                                                             max_num_batched_tokens=8))
+    params = greedy_params()["thinker"]
+    for turn in range(2):
+        engine.add_request(StageRequest(f"t{turn}", {"messages": OTHER}, params))
+        outs = []
+        while engine.has_unfinished_requests():
+            outs += engine.step()
+        assert outs[-1].finished and outs[-1].payload.token_ids == ref_ids
+        cached = outs[-1].metrics["num_cached_tokens"]
+        assert (cached == 0) if turn == 0 else (cached >= 16)
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    engine.close()
 
 
 def test_text_only_request_runs_the_thinker_alone(reference, omni):
@@ -305,7 +371,7 @@ def test_chat_completions_route_answers_with_audio(path):
 @pytest.mark.parametrize("num_codes, finish_reason", [(0, "stop"), (30, "stop"), (48, "stop"), (100, "length"),
                                                       (121, "stop")])
 @pytest.mark.parametrize("chunking", [dict(chunk_size=36), dict(chunk_size=24, left_context=0, right_context=0),
-                                      dict(chunk_size=0)])
+                                      dict(chunk_size=0), dict(chunk_size=36, first_chunk_size=12)])
 def test_talker_chunks_cover_the_utterance_once(num_codes, finish_reason, chunking):
     from omnistage.engine.types import TextPayload
     from omnistage.models.qwen2_5_omni.processors import TOKEN2WAV, talker_chunks
@@ -331,3 +397,6 @@ def test_talker_chunks_cover_the_utterance_once(num_codes, finish_reason, chunki
             assert o.offset + len(part["codes"]) == o.end + params.right_context
     if params.chunk_size == 0:
         assert len(parts) == 1
+    if params.first_chunk_size and num_codes > 24:  # the first chunk is the small one, sent after 12 + 12 frames
+        assert spans[0] == (0, 12) and parts[0][0] == 24
+        assert spans[1][0] == 12 and (spans[1][1] in (48, num_codes))

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from omnistage.ar.kv_cache import kv_dims
 from omnistage.engine.types import RequestError
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
 from omnistage.ar.sampler import Sampler
@@ -91,6 +92,7 @@ class CsmTalker(ARModel):
         self.processor = processor
         self.device = device
         self.num_layers = config.num_hidden_layers
+        self.kv_dims = kv_dims(config)
         self.max_position_embeddings = config.max_position_embeddings
         self.num_codebooks = config.num_codebooks
         self.codebook_eos = config.codebook_eos_token_id

@@ -2,7 +2,8 @@
 
     stage 0 "thinker"   (ar)          text/audio in -> text, and per position the hidden
                                       states and input embeddings the talker reads
-    stage 1 "talker"    (ar)          thinker states -> codec tokens, streamed in chunks
+    stage 1 "talker"    (ar)          thinker states, streamed as the thinker makes them
+                                      -> codec tokens, streamed in chunks
     stage 2 "token2wav" (generation)  codec chunks -> 24 kHz waveform (DiT + BigVGAN)
 
 Every stage loads from the one full checkpoint (thinker.* / talker.* / token2wav.*). The
@@ -10,6 +11,8 @@ thinker-only variant serves checkpoints with `enable_audio_output: false` and de
 whose `output_modalities` leave out audio. The voice is `prompt["voice"]` (a name in
 `spk_dict.pt`, default "Chelsie"); token2wav knobs are `Token2WavParams`.
 """
+
+import dataclasses
 
 from omnistage.ar.model import register_ar_model
 from omnistage.config import ModelFiles, PipelineDeployConfig, PipelineSpec, StageSpec, register_pipeline
@@ -21,11 +24,13 @@ from omnistage.models.qwen2_5_omni.processors import (
     TOKEN2WAV,
     talker_chunks,
     talker_inputs,
+    talker_stream_inputs,
+    thinker_chunks,
     thinker_inputs,
     thinker_only_inputs,
 )
 
-__all__ = ["Token2WavParams", "resolve_qwen2_5_omni"]
+__all__ = ["QWEN2_5_OMNI_WHOLE_HANDOFF", "Token2WavParams", "resolve_qwen2_5_omni"]
 
 # The reference generate()'s talker sampling defaults; max_tokens None = up to max_model_len
 # (the reference's 4096 new tokens cannot fit a 4096-position talker after its prompt).
@@ -33,11 +38,11 @@ TALKER_SAMPLING = {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "repetition_pe
 
 THINKER_STAGE = StageSpec(
     id=THINKER, name="thinker", kind="ar", output="text", final_output=True,
-    model="qwen2_5_omni.thinker", input_processor=thinker_inputs,
+    model="qwen2_5_omni.thinker", input_processor=thinker_inputs, chunk_processor=thinker_chunks,
 )
 TALKER_STAGE = StageSpec(
-    id=TALKER, name="talker", kind="ar", output="tokens", inputs=(THINKER,),
-    model="qwen2_5_omni.talker", input_processor=talker_inputs, chunk_processor=talker_chunks,
+    id=TALKER, name="talker", kind="ar", output="tokens", inputs=(THINKER,), stream_input=True,
+    model="qwen2_5_omni.talker", input_processor=talker_stream_inputs, chunk_processor=talker_chunks,
     defaults={"default_sampling_params": TALKER_SAMPLING},
 )
 TOKEN2WAV_STAGE = StageSpec(
@@ -46,6 +51,13 @@ TOKEN2WAV_STAGE = StageSpec(
 )
 
 QWEN2_5_OMNI = PipelineSpec(name="qwen2_5_omni", stages=(THINKER_STAGE, TALKER_STAGE, TOKEN2WAV_STAGE))
+QWEN2_5_OMNI_WHOLE_HANDOFF = PipelineSpec(
+    name="qwen2_5_omni_whole_handoff",
+    stages=(dataclasses.replace(THINKER_STAGE, chunk_processor=None),
+            dataclasses.replace(TALKER_STAGE, stream_input=False, input_processor=talker_inputs), TOKEN2WAV_STAGE),
+)
+"""The talker starts once the thinker has finished (`Omni(path, pipeline=QWEN2_5_OMNI_WHOLE_HANDOFF)`):
+the same tokens and audio as the streamed hand-off under greedy decoding, later."""
 QWEN2_5_OMNI_THINKER_ONLY = PipelineSpec(
     name="qwen2_5_omni_thinker_only",
     stages=(StageSpec(id=THINKER, name="thinker", kind="ar", output="text", final_output=True,

@@ -50,5 +50,9 @@ class Token2WavParams(BaseModel):
     """Seeds the DiT's initial noise (as `torch.manual_seed(seed)` before the reference's decode);
     None = a seed derived from the request id."""
     chunk_size: int = Field(default=DEFAULT_CHUNK_SIZE, ge=0)
+    first_chunk_size: int = Field(default=0, ge=0)
+    """Frames of the first chunk only (0 = chunk_size): a smaller one (12, one DiT block) starts
+    the audio sooner, at some cost in how closely the streamed waveform follows the one-shot
+    decode (benchmarks/bench_omni.py measures both). A multiple of the DiT block as well."""
     left_context: int = Field(default=DEFAULT_LEFT_CONTEXT, ge=0)
     right_context: int = Field(default=DEFAULT_RIGHT_CONTEXT, ge=0)

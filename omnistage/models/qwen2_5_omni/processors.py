@@ -1,12 +1,15 @@
 """How Qwen2.5-Omni's stages feed each other (run by the orchestrator, not the engines).
 
-    request ──thinker_inputs──> thinker ──talker_inputs (whole)──> talker ──talker_chunks (streamed)──> token2wav
+    request ──thinker_inputs──> thinker ──thinker_chunks (streamed)──> talker ──talker_chunks (streamed)──> token2wav
 
 - `thinker_inputs`: the prompt as the AR engine takes it, plus the voice and the request
   for every position's hidden state and input embedding (what the talker reads), unless
   the request's `output_modalities` leave out audio (then no talker runs).
 - `talker_inputs`: the talker's prefill embeddings and reply rows, built from the
-  thinker's finished output exactly as `Qwen2_5OmniForConditionalGeneration.generate` does.
+  thinker's finished output exactly as `Qwen2_5OmniForConditionalGeneration.generate` does
+  (the whole hand-off).
+- `thinker_chunks`: the same rows as the thinker makes them, so the talker starts after
+  the thinker's second token and follows it (`talker_stream_inputs` passes them on).
 - `talker_chunks`: cuts the talker's codes into chunks with context for token2wav,
   one engine request each (see `Token2WavParams` for chunk size and context).
 
@@ -139,14 +142,55 @@ def talker_inputs(request: Any, upstream: dict) -> dict:
     }
 
 
+def thinker_chunks(request: Any, payload: Any, finished: bool) -> dict | None:
+    """One thinker output -> the talker's input so far: its streamed start, or the next rows.
+
+    The thinker's first output carries the L prompt rows (hidden state + input embedding):
+    they start the talker's request, `prompt_embeds = [prompt rows, voice text-BOS]`, still
+    missing reply row 0. Each later output carries one reply row (the token it fed), sent as
+    `{"reply_rows", "final"}`; the final one appends tts_text_eos and tts_text_pad. So the
+    talker gets the rows `talker_inputs` builds from the whole output, in the same order.
+    A thinker that stops at its first token gets the whole hand-off at once.
+    """
+    import torch
+
+    if payload is None:
+        return None
+    hidden, embeds = payload.extras.get("delta_hidden_states"), payload.extras.get("delta_input_embeds")
+    special = payload.extras.get("talker_embeds")
+    if hidden is None or embeds is None or special is None:
+        raise ValueError("the thinker output has no hidden states / input embeddings for the talker")
+    rows = hidden + embeds
+    text_eos, text_pad = special[1:2], special[2:3]
+    if len(payload.token_ids) == len(payload.delta_token_ids):  # the first output: the prompt rows
+        if finished:
+            return talker_inputs(request, {THINKER: payload})
+        return {
+            "prompt_embeds": torch.cat([rows, special[0:1]]),
+            "reply_embeds": rows[:0],
+            "mrope_positions": payload.extras["mrope_positions"],
+            "rope_delta": payload.extras["rope_delta"],
+            "streamed": True,
+        }
+    if finished:
+        rows = torch.cat([rows, text_eos, text_pad])
+    return {"reply_rows": rows, "final": finished}
+
+
+def talker_stream_inputs(request: Any, upstream: dict) -> dict:
+    """A streamed thinker chunk is already the talker's input (see `thinker_chunks`)."""
+    return upstream[THINKER]
+
+
 # --- talker -> token2wav -----------------------------------------------------------------------
 
 
 def talker_chunks(request: Any, payload: Any, finished: bool) -> dict | None:
     """The talker's output so far -> the next token2wav request `{"codes", "options"}`, or None.
 
-    Chunk k holds frames [k*C, (k+1)*C) and is sent once (k+1)*C + right_context frames
-    exist; when the talker finishes, everything not yet sent goes in one last chunk.
+    Chunk boundaries are 0, F, F + C, F + 2C, ... (C = chunk_size, F = first_chunk_size or
+    C); the chunk ending at boundary b is sent once b + right_context frames exist; when
+    the talker finishes, everything not yet sent goes in one last chunk.
     Which chunks were sent before follows from the frame count of the previous call (this
     payload minus its new tokens), so nothing is remembered between calls.
     """
@@ -160,13 +204,21 @@ def talker_chunks(request: Any, payload: Any, finished: bool) -> dict | None:
     # The codec pad/end token that stopped the talker is not a frame to voice.
     num_codes = len(codes) - 1 if finished and payload.finish_reason == "stop" and codes else len(codes)
     size, left, right = params.chunk_size, params.left_context, params.right_context
-    sent = 0 if size == 0 else max(0, (num_before - right) // size) * size
+    first = params.first_chunk_size or size
+
+    def boundary(frames: int) -> int:
+        """The last chunk boundary at or below `frames` (0 when not chunking)."""
+        if size == 0 or frames < first:
+            return 0
+        return first + (frames - first) // size * size
+
+    sent = boundary(num_before - right)
     if finished:
         end = window_end = num_codes
         if end <= sent and sent > 0:
             return None  # everything was sent already (right_context=0)
     else:
-        end = 0 if size == 0 else max(0, (num_codes - right) // size) * size
+        end = boundary(num_codes - right)
         if end <= sent:
             return None
         window_end = min(num_codes, end + right)

@@ -1,9 +1,17 @@
 """Qwen2.5-Omni talker as an AR stage: thinker states in, codec tokens out.
 
-Its inputs are built from the thinker's output by `processors.talker_inputs`:
+Its inputs are built from the thinker's output by `processors.talker_inputs` (whole):
 
     {"prompt_embeds": [L + 2, H], "reply_embeds": [R, H],
      "mrope_positions": [3, L], "rope_delta": int}
+
+or streamed, as the thinker goes, by `processors.thinker_chunks`: the first chunk has
+`prompt_embeds` [L + 1, H] (no reply row yet), empty `reply_embeds` and `"streamed": True`;
+each later one (`extend_prompt`) is `{"reply_rows": [n, H], "final": bool}`, the thinker
+rows in order (the final one ends with tts_text_eos and tts_text_pad). The first row
+completes the prompt, the others are the reply rows, so the talker computes exactly what
+the whole hand-off gives it; it only waits (`input_ready`) while the row its next step
+reads has not arrived.
 
 and this model runs what the reference `Qwen2_5OmniTalkerForConditionalGeneration` does
 inside `generate()`, one engine step at a time:
@@ -27,11 +35,13 @@ from typing import Any
 
 import torch
 
+from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
 from omnistage.models.qwen2_5_omni.thinker import attention_masks
 from omnistage.models.qwen2_5_omni.weights import load_talker
 
 _INPUT_KEYS = ("prompt_embeds", "reply_embeds", "mrope_positions", "rope_delta")
+_STREAM_KEYS = ("reply_rows", "final")
 
 
 @dataclass
@@ -44,6 +54,10 @@ class TalkerState:
     """[3, L + 2]."""
     rope_delta: int
     num_decoded: int = 0
+    input_complete: bool = True
+    """False while a streaming thinker has more rows to send (then no row repeats yet)."""
+    prompt_rows: int = 0
+    """Rows of `prompt_embeds` present (L + 2 once complete)."""
 
 
 class OmniTalker(ARModel):
@@ -57,6 +71,7 @@ class OmniTalker(ARModel):
         self.embed = model.model.embed_tokens
         self.device = device
         self.num_layers = config.num_hidden_layers
+        self.kv_dims = kv_dims(config)
         self.max_position_embeddings = config.max_position_embeddings
         self.codec_mask, self.codec_pad = config.tts_codec_mask_token_id, config.tts_codec_pad_token_id
         self.codec_bos, self.codec_eos = config.tts_codec_start_token_id, config.tts_codec_end_token_id
@@ -67,22 +82,56 @@ class OmniTalker(ARModel):
         return cls(load_talker(model_path, device, dtype), device)
 
     def build_prompt(self, inputs: Any) -> PromptInputs:
-        if not isinstance(inputs, dict) or sorted(inputs) != sorted(_INPUT_KEYS):
-            got = sorted(inputs) if isinstance(inputs, dict) else type(inputs).__name__
-            raise ValueError(f"talker inputs must be a dict with keys {list(_INPUT_KEYS)} "
-                             f"(built by the thinker -> talker processor), got {got}")
+        streamed = isinstance(inputs, dict) and bool(inputs.get("streamed"))
+        keys = sorted(inputs) if isinstance(inputs, dict) else None
+        if keys is None or keys != sorted(_INPUT_KEYS + (("streamed",) if "streamed" in inputs else ())):
+            got = keys if keys is not None else type(inputs).__name__
+            raise ValueError(f"talker inputs must be a dict with keys {list(_INPUT_KEYS)} (and optionally "
+                             f"'streamed'), built by the thinker -> talker processor; got {got}")
         prompt, reply = inputs["prompt_embeds"], inputs["reply_embeds"]
         thinker_pos = inputs["mrope_positions"]
         num_prompt = thinker_pos.shape[1]
-        if prompt.shape[0] != num_prompt + 2 or reply.shape[0] < 1:
+        want_prompt, want_reply = (num_prompt + 1, 0) if streamed else (num_prompt + 2, 1)
+        if prompt.shape[0] != want_prompt or reply.shape[0] < want_reply:
             raise ValueError(f"talker inputs: {prompt.shape[0]} prompt rows for a {num_prompt}-token thinker "
-                             f"prompt (expected {num_prompt + 2}) and {reply.shape[0]} reply rows (expected >= 1)")
+                             f"prompt (expected {want_prompt}) and {reply.shape[0]} reply rows "
+                             f"(expected >= {want_reply})")
         # Two more text tokens after the prompt: positions continue from its largest one.
         tail = thinker_pos.max() + 1 + torch.arange(2, device=thinker_pos.device)
         positions = torch.cat([thinker_pos, tail.expand(3, 2)], dim=1).to(self.device)
-        state = TalkerState(prompt.to(self.device, self.embed.weight.dtype),
-                            reply.to(self.device, self.embed.weight.dtype), positions, int(inputs["rope_delta"]))
-        return PromptInputs([self.codec_mask] * num_prompt + [self.codec_pad, self.codec_bos], state)
+        dtype = self.embed.weight.dtype
+        prompt = prompt.to(self.device, dtype)
+        if streamed:  # room for the first reply row, which completes the prompt when it comes
+            prompt = torch.cat([prompt, prompt.new_zeros(1, prompt.shape[1])])
+        state = TalkerState(prompt, reply.to(self.device, dtype), positions, int(inputs["rope_delta"]),
+                            input_complete=not streamed, prompt_rows=want_prompt)
+        ids = [self.codec_mask] * num_prompt + [self.codec_pad, self.codec_bos]
+        return PromptInputs(ids, state, streamed=streamed)
+
+    def extend_prompt(self, seq, inputs: Any) -> None:
+        if not isinstance(inputs, dict) or sorted(inputs) != sorted(_STREAM_KEYS):
+            raise ValueError(f"a streamed talker chunk must be a dict with keys {list(_STREAM_KEYS)}")
+        st: TalkerState = seq.model_state
+        if st.input_complete:
+            raise ValueError(f"talker request {seq.request_id!r}: a chunk after the final one")
+        rows = inputs["reply_rows"].to(self.device, self.embed.weight.dtype)
+        if rows.shape[0] and st.prompt_rows < st.mrope_positions.shape[1]:
+            st.prompt_embeds[-1] = rows[0]  # reply row 0 is the prompt's last position
+            st.prompt_rows += 1
+            rows = rows[1:]
+        if rows.shape[0]:
+            st.reply_embeds = torch.cat([st.reply_embeds, rows])
+        st.input_complete = bool(inputs["final"])
+        if st.input_complete and (st.prompt_rows < st.mrope_positions.shape[1] or st.reply_embeds.shape[0] == 0):
+            raise ValueError(f"talker request {seq.request_id!r}: the final chunk leaves it without a reply row")
+
+    def input_ready(self, seq) -> bool:
+        st: TalkerState = seq.model_state
+        if st.prompt_rows < st.mrope_positions.shape[1]:
+            return False  # the prefill needs the first reply row
+        # decode step k reads reply row k; past the rows, the last one repeats only once all are in
+        return st.input_complete or seq.num_computed_tokens < seq.num_prompt_tokens or \
+            st.num_decoded < st.reply_embeds.shape[0]
 
     def forward(self, batch: ModelInput, cache) -> ModelOutput:
         states = [s.model_state for s in batch.seqs]

