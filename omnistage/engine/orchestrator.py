@@ -52,7 +52,7 @@ from omnistage.engine.factory import EngineFactory, create_engine, stage_model_p
 from omnistage.engine.metrics import PrometheusMetrics, StageMetrics
 from omnistage.engine.outputs import Delta, OmniOutput, StageStream, fill_media
 from omnistage.engine.stage_handle import StageHandle, make_stage_handle
-from omnistage.engine.types import ProgressPayload, StageOutput, StageRequest
+from omnistage.engine.types import UNAVAILABLE, EngineUnavailableError, ProgressPayload, StageOutput, StageRequest
 
 logger = logging.getLogger(__name__)
 
@@ -178,11 +178,12 @@ class Orchestrator:
     def submit(self, request: OmniRequest, sink: Sink | None = None) -> None:
         """Queue `request`; `sink` gets each of its `OmniOutput`s on the loop's thread.
 
-        Raises ValueError, queueing nothing, when the pipeline cannot make a requested modality."""
+        Raises ValueError, queueing nothing, when the pipeline cannot make a requested modality,
+        and EngineUnavailableError once the orchestrator is closed (or its loop crashed)."""
         self.needed_stages(request)
         with self._lock:
             if self._closed or self.fatal_error is not None:
-                raise RuntimeError(self.fatal_error or "the orchestrator is closed")
+                raise EngineUnavailableError(self.fatal_error or "the orchestrator is closed")
             self._inbox.put(("add", request, sink))
         self._wake()
 
@@ -493,10 +494,11 @@ class Orchestrator:
             except queue.Empty:
                 break
             if kind == "add":
-                _deliver(sink, OmniOutput(body.request_id, finished=True, finish_reason="error", error=reason))
+                _deliver(sink, OmniOutput(body.request_id, finished=True, finish_reason="error", error=reason,
+                                          error_kind=UNAVAILABLE))
         for state in list(self._requests.values()):
             self._outputs.append(OmniOutput(state.request.request_id, finished=True, finish_reason="error",
-                                            error=reason, metrics=self._request_metrics(state)))
+                                            error=reason, error_kind=UNAVAILABLE, metrics=self._request_metrics(state)))
             try:
                 self._retire(state, "error")
             except Exception:  # after a crashed loop the bookkeeping may be broken; answer anyway

@@ -47,7 +47,8 @@ class OmniOutput:
     error: str | None = None
     """Why the request failed, naming the stage."""
     error_kind: str | None = None
-    """"invalid_request" when a stage refused the request's inputs or params, else None."""
+    """"invalid_request" when a stage refused the request's inputs or params; "unavailable"
+    when a stage is down or restarting, or the engine is stopping (retry later); else None."""
     # --- what is new in a streamed output ---
     stage: str | None = None
     """Name of the stage this update came from."""

@@ -39,7 +39,12 @@ from omnistage.entrypoints.openai.files import MEDIA_TYPES, FileStore
 from omnistage.entrypoints.openai.images.api_router import attach_router as attach_images
 from omnistage.entrypoints.openai.images.serving import ImageServing
 from omnistage.entrypoints.openai.metrics import ServerMetrics
-from omnistage.entrypoints.openai.middleware import AuthMiddleware, BodySizeLimitMiddleware, MetricsMiddleware
+from omnistage.entrypoints.openai.middleware import (
+    AuthMiddleware,
+    BodySizeLimitMiddleware,
+    ErrorBoundaryMiddleware,
+    MetricsMiddleware,
+)
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.entrypoints.openai.videos.api_router import attach_router as attach_videos
 from omnistage.entrypoints.openai.videos.serving import VideoServing
@@ -83,9 +88,11 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.speech_serving = SpeechServing(gateway, capabilities, settings, app.state.voice_store)
 
     install_error_handlers(app)
-    # Added last = runs first: metrics see every answer, auth and size run before routing.
+    # Added last = runs first: metrics see every answer, the error boundary makes each one
+    # OpenAI JSON, auth and size run before routing.
     app.add_middleware(BodySizeLimitMiddleware)
     app.add_middleware(AuthMiddleware)
+    app.add_middleware(ErrorBoundaryMiddleware)
     app.add_middleware(MetricsMiddleware)
 
     _attach_system_routes(app)

@@ -21,7 +21,8 @@ from typing import Any, Protocol
 
 from starlette.requests import Request
 
-from omnistage.entrypoints.openai.errors import APIError, EngineError, from_value_error
+from omnistage.engine.types import INVALID_REQUEST, UNAVAILABLE, EngineUnavailableError
+from omnistage.entrypoints.openai.errors import APIError, EngineError, from_value_error, unavailable
 from omnistage.entrypoints.openai.metrics import ServerMetrics
 
 
@@ -62,7 +63,7 @@ _REFUSAL = re.compile(r"^(stage .*?): add_request raised \w+: (.*)$", re.DOTALL)
 
 def rejection_message(out: Any) -> str | None:
     """The user-facing message when `out` is an engine refusing the request, else None."""
-    if getattr(out, "error_kind", None) != "invalid_request":
+    if getattr(out, "error_kind", None) != INVALID_REQUEST:
         return None
     match = _REFUSAL.match(out.error)
     return out.error if match is None else f"{match.group(2)} ({match.group(1)})"
@@ -81,8 +82,9 @@ class RequestStream:
 
     It closes itself after the finished output or on any failure; `close()` may be called
     again and aborts the engine request if it has not finished. A `ValueError` before the
-    first output is the engine rejecting the request before queueing (400); any failure
-    after it is the engine's (500).
+    first output is the engine rejecting the request before queueing (400); a stage that
+    is down or restarting, or an engine that is stopping, is a 503 with `Retry-After`; any
+    other failure is the engine's (500).
     """
 
     def __init__(self, gateway: EngineGateway, request_id: str, outputs: AsyncIterator[Any]):
@@ -121,6 +123,9 @@ class RequestStream:
         except ValueError as e:
             await self.close()
             raise (from_value_error(e) if first else EngineError(str(e))) from None
+        except EngineUnavailableError as e:
+            await self.close()
+            raise unavailable(f"the engine takes no requests now: {e}") from None
         except StopAsyncIteration:
             await self.close()
             raise EngineError("the engine ended the request without a final output") from None
@@ -130,6 +135,8 @@ class RequestStream:
         if out.error:
             self._finished = True  # the engine has already dropped it
             await self.close()
+            if getattr(out, "error_kind", None) == UNAVAILABLE:
+                raise unavailable(f"{out.error}; retry later", code="stage_unavailable")
             rejection = rejection_message(out)
             raise from_value_error(ValueError(rejection)) if rejection is not None else EngineError(out.error)
         return out
