@@ -44,12 +44,32 @@ def register(subparsers) -> None:
                         help="most images per images request (default: %(default)s)")
     limits.add_argument("--max-pixels", type=int, default=defaults.max_pixels,
                         help="largest width*height per image or video frame (default: %(default)s)")
+    limits.add_argument("--max-input-pixels", type=int, default=defaults.max_input_pixels,
+                        help="largest width*height of an input image (edits, chat image_url, video references); "
+                             "refused from its header before decoding (default: %(default)s)")
     limits.add_argument("--max-queued-requests", type=int, default=defaults.max_queued_requests,
                         help="requests in the engine at once; more get 429 (default: %(default)s)")
     limits.add_argument("--file-ttl", type=float, default=defaults.file_ttl_s,
                         help="seconds that image URLs and finished videos stay downloadable (default: %(default)s)")
     limits.add_argument("--graceful-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish at shutdown (default: %(default)s)")
+    media = p.add_argument_group("media URLs")
+    media.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST",
+                       help="hosts whose https media URLs requests may name (image_url, input_audio, audio_url): "
+                            "'example.com', '*.example.com', '*' (any public host), or 'http://HOST[:PORT]' to "
+                            "allow plain http; private and loopback addresses need the literal IP (default: none, "
+                            "no URL is fetched)")
+    media.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
+                       help="folder that file:// media URLs may name (default: none)")
+    security = p.add_argument_group("access")
+    security.add_argument("--public-docs", action="store_true",
+                          help="with --api-key, leave /openapi.json, /docs and /redoc open")
+    security.add_argument("--protect-metrics", action="store_true", help="with --api-key, /metrics needs it too")
+    p.add_argument("--no-restart", action="store_true",
+                   help="do not restart a stage whose engine or process died (it stays down, /health 503)")
+    p.add_argument("--output-dir", default=None,
+                   help="where served files and video jobs are kept; with it, finished video jobs survive a "
+                        "restart (default: a temporary folder removed at shutdown)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=run)
 
@@ -89,7 +109,10 @@ def run(args: argparse.Namespace) -> int:
         settings = ServerSettings(
             served_model_name=args.served_model_name or name, model_path=path, api_key=args.api_key,
             max_upload_bytes=args.max_upload_bytes, max_n=args.max_n, max_pixels=args.max_pixels,
-            max_queued_requests=args.max_queued_requests, file_ttl_s=args.file_ttl)
+            max_queued_requests=args.max_queued_requests, file_ttl_s=args.file_ttl,
+            max_input_pixels=args.max_input_pixels, allowed_media_domains=tuple(args.allowed_media_domains),
+            allowed_local_media_path=args.allowed_local_media_path, public_docs=args.public_docs,
+            protect_metrics=args.protect_metrics, files_dir=args.output_dir)
         registry = CollectorRegistry()
         print(f"[omnistage] loading {path}", flush=True)
         engine = AsyncOmni(path, deploy_config=args.deploy_config, stage_overrides=args.stage_overrides,

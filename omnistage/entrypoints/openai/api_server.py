@@ -38,6 +38,7 @@ from omnistage.entrypoints.openai.errors import APIError, install_error_handlers
 from omnistage.entrypoints.openai.files import MEDIA_TYPES, FileStore
 from omnistage.entrypoints.openai.images.api_router import attach_router as attach_images
 from omnistage.entrypoints.openai.images.serving import ImageServing
+from omnistage.entrypoints.openai.media_inputs import InputMedia
 from omnistage.entrypoints.openai.metrics import ServerMetrics
 from omnistage.entrypoints.openai.middleware import (
     AuthMiddleware,
@@ -57,12 +58,13 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     serves only metadata). `registry` is the Prometheus registry the engine exports into."""
     metrics = ServerMetrics(registry)
     files = FileStore(settings.file_ttl_s, settings.files_dir)
+    media = InputMedia(settings)
     if engine is not None:
         capabilities = Capabilities.from_spec(settings.served_model_name, engine.spec)
     else:
         capabilities = Capabilities(settings.served_model_name, frozenset())
     gateway = EngineGateway(engine, settings.max_queued_requests, metrics)
-    video_serving = VideoServing(gateway, capabilities, settings, files)
+    video_serving = VideoServing(gateway, capabilities, settings, files, media)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -73,6 +75,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
             if engine is not None:
                 await maybe_await(engine.shutdown())
             files.close()
+            media.close()
 
     app = FastAPI(title="omnistage", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
@@ -81,6 +84,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.files = files
     app.state.capabilities = capabilities
     app.state.gateway = gateway
+    app.state.media = media
     app.state.image_serving = ImageServing(gateway, capabilities, settings, files)
     app.state.video_serving = video_serving
     app.state.chat_serving = ChatServing(gateway, capabilities, settings)

@@ -24,7 +24,6 @@ import numpy as np
 from omnistage.entrypoints.openai.audio.protocol import VoiceInfo, VoiceList
 from omnistage.entrypoints.openai.common import read_form, read_upload
 from omnistage.entrypoints.openai.errors import APIError, bad_request
-from omnistage.media.audio import decode_audio
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_VOICES = 64
@@ -82,10 +81,7 @@ class VoiceStore:
         if len(files) != 1:
             raise bad_request("audio_sample: upload exactly one audio file", param="audio_sample")
         data = await read_upload(files[0], "audio_sample")
-        try:
-            audio, rate = decode_audio(data, field="audio_sample")
-        except ValueError as e:
-            raise bad_request(str(e), param="audio_sample", code="invalid_audio") from None
+        audio, rate = await request.app.state.media.audio(data, "audio_sample")  # off the event loop
         seconds = len(audio) / rate
         if not MIN_SECONDS <= seconds <= MAX_SECONDS:
             raise bad_request(f"audio_sample: {seconds:.2f} s of audio; a reference clip must last "

@@ -22,6 +22,7 @@ from omnistage.entrypoints.openai.common import Form, check_dims, check_model, p
 from omnistage.entrypoints.openai.engine_client import EngineGateway, RequestStream, cancel_on_disconnect
 from omnistage.entrypoints.openai.errors import APIError, bad_request, from_value_error
 from omnistage.entrypoints.openai.files import FileStore
+from omnistage.entrypoints.openai.media_inputs import InputMedia
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.entrypoints.openai.videos.protocol import (
     VideoCreateRequest,
@@ -30,7 +31,6 @@ from omnistage.entrypoints.openai.videos.protocol import (
     VideoJob,
     VideoList,
 )
-from omnistage.media.image import decode_image
 from omnistage.media.video import encode_mp4
 
 logger = logging.getLogger(__name__)
@@ -58,8 +58,9 @@ class VideoResult:
 
 class VideoServing:
     def __init__(self, gateway: EngineGateway, capabilities: Capabilities, settings: ServerSettings,
-                 files: FileStore):
+                 files: FileStore, media: InputMedia):
         self.gateway = gateway
+        self.media = media
         self.capabilities = capabilities
         self.settings = settings
         self.files = files
@@ -119,10 +120,7 @@ class VideoServing:
         if needs == "none":
             raise bad_request(f"input_reference: model {self.capabilities.model!r} is text-to-video and takes no "
                               "image", param="input_reference")
-        try:
-            return decode_image(await read_upload(uploads[0], "input_reference"), field="input_reference")
-        except ValueError as e:
-            raise bad_request(str(e), param="input_reference") from None
+        return await self.media.image(await read_upload(uploads[0], "input_reference"), "input_reference")
 
     # --- routes -------------------------------------------------------------------
 
