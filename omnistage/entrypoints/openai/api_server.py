@@ -13,7 +13,8 @@ build an app around any engine client. What a request can reach:
     /v1/audio/speech        audio/        (models with audio output; also /v1/audio/voices
                                            and the WebSocket /v1/audio/speech/stream)
 
-Every /v1 route needs the API key when one is set. The app's lifespan shuts down, in
+Every /v1 route needs the API key when one is set, and so do /openapi.json, /docs and
+/redoc unless `public_docs`, and /metrics with `protect_metrics`. The app's lifespan shuts down, in
 order: video jobs (their engine requests are aborted), the engine, the served files.
 """
 

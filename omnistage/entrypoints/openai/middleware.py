@@ -130,15 +130,29 @@ class MetricsMiddleware:
             scope["app"].state.metrics.observe_http(label, scope["method"], status, time.perf_counter() - start)
 
 
+_DOCS_PATHS = ("/openapi.json", "/docs", "/redoc")
+
+
+def needs_key(path: str, settings: Any) -> bool:
+    """Which paths the API key guards: every /v1 route; the API docs unless `public_docs`;
+    /metrics with `protect_metrics`. /health and /files/... stay open (probes; URLs are secrets)."""
+    if path.startswith("/v1/"):
+        return True
+    if path in _DOCS_PATHS or path.startswith("/docs/"):
+        return not settings.public_docs
+    return path == "/metrics" and settings.protect_metrics
+
+
 class AuthMiddleware:
-    """With an API key set, every /v1 route needs `Authorization: Bearer <key>` (401 otherwise)."""
+    """With an API key set, the paths `needs_key` names need `Authorization: Bearer <key>` (401 otherwise)."""
 
     def __init__(self, app: Any):
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        key = _settings(scope).api_key if scope["type"] == "http" else None
-        if key and scope["path"].startswith("/v1/") and scope["method"] != "OPTIONS":
+        settings = _settings(scope) if scope["type"] == "http" else None
+        key = settings.api_key if settings is not None else None
+        if key and scope["method"] != "OPTIONS" and needs_key(scope["path"], settings):
             headers = dict(scope["headers"])
             scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
             if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
