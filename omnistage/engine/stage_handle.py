@@ -14,6 +14,12 @@ Either way the engine sits inside a `GuardedEngine`, which turns engine failures
 error outputs: `add_request` raising fails that request, `step` raising fails the
 requests the engine held. A stage process that dies fails every request it held and
 makes the handle unhealthy; nothing waits on it forever.
+
+With a `RestartPolicy`, the handle is wrapped in a `RestartingStageHandle`: when the
+stage turns unhealthy (its process died, or its inline engine lost a worker process),
+the requests it held fail as "unavailable", and a background thread rebuilds the stage
+(bounded attempts, exponential backoff) while new requests fail as "unavailable" at
+once. Once the new engine is up, the stage is healthy again.
 """
 
 from __future__ import annotations
@@ -23,13 +29,16 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import socket
+import threading
 import traceback
 import weakref
-from dataclasses import fields
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 from omnistage.engine.connectors import Connector, make_connector
-from omnistage.engine.types import StageOutput, StageRequest
+from omnistage.engine.types import UNAVAILABLE, StageOutput, StageRequest
 
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
@@ -179,6 +188,7 @@ class ProcessStageHandle(StageHandle):
         self.child_connector = child_connector  # the child's twin; here only to sweep what it left
         self.live: set[str] = set()
         self.dead_reason: str | None = None
+        self._unhealthy: str | None = None  # why the child said it stops (its engine turned unhealthy)
         self._failed: list[StageOutput] = []
         ctx = mp.get_context("spawn")
         self._commands = ctx.Queue()
@@ -236,10 +246,16 @@ class ProcessStageHandle(StageHandle):
                 kind, body = self._results.recv()
                 if kind == "outputs":
                     outputs += self._keep_live(self.connector.get(body))
+                elif kind == "unhealthy":
+                    self._unhealthy = body
         except (EOFError, OSError):
             pass  # the child is gone; the liveness check below reports it
-        if not self._proc.is_alive() and self.dead_reason is None:
+        if self._unhealthy is not None:  # the child is stopping: nothing it holds will finish
+            self.dead_reason = self._unhealthy
+            logger.error("stage %s: %s", self.label, self.dead_reason)
+        elif not self._proc.is_alive() and self.dead_reason is None:
             self._on_death()
+        if self.dead_reason is not None:
             outputs += [_error_output(rid, self.dead_reason) for rid in sorted(self.live)]
             self.live.clear()
         return outputs
@@ -266,6 +282,182 @@ class ProcessStageHandle(StageHandle):
 
     def close(self) -> None:
         self._finalizer()
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How a stage that died is rebuilt."""
+
+    max_attempts: int = 5
+    """Rebuild attempts after one death before the stage stays down (0: never restart)."""
+    backoff_s: float = 0.5
+    """Wait before the first attempt; doubled after each failed one."""
+    max_backoff_s: float = 30.0
+
+
+NO_RESTART = RestartPolicy(max_attempts=0)
+
+
+class RestartingStageHandle(StageHandle):
+    """A stage handle that rebuilds its stage when it dies (see the module docstring).
+
+    `build(generation)` makes a new inner handle (it is called in the restart thread; the
+    generation keeps a new process's shared-memory names apart from the dead one's).
+    Everything else runs on the orchestrator's thread, like any handle; `is_healthy` may
+    be called from any thread.
+    """
+
+    def __init__(self, label: str, handle: StageHandle, build: Callable[[int], StageHandle], policy: RestartPolicy):
+        self.label = label
+        self.handle: StageHandle | None = handle
+        self.policy = policy
+        self.num_restarts = 0
+        self.down_reason: str | None = None
+        """Why the stage is down (restarting, or given up), or None while it serves."""
+        self.gave_up = False
+        self.live: set[str] = set()
+        self._build = build
+        self._failed: list[StageOutput] = []
+        self._init_timeout_s = 600.0
+        self._lock = threading.Lock()
+        self._ready: StageHandle | None = None  # built by the restart thread, adopted by step()
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+
+    def wait_ready(self, timeout: float) -> None:
+        self._init_timeout_s = timeout
+        if self.handle is not None:
+            self.handle.wait_ready(timeout)
+
+    def add_request(self, request: StageRequest) -> None:
+        if self.handle is None:
+            self._failed.append(_error_output(request.request_id, self._unavailable_message(), UNAVAILABLE))
+            return
+        self.live.add(request.request_id)
+        self.handle.add_request(request)
+
+    def abort_request(self, request_id: str) -> None:
+        self.live.discard(request_id)
+        if self.handle is not None:
+            self.handle.abort_request(request_id)
+
+    def step(self) -> list[StageOutput]:
+        outputs, self._failed = self._failed, []
+        self._adopt_restarted()
+        if self.handle is None:
+            return outputs
+        stepped = self.handle.step()
+        for out in stepped:
+            if out.finished or out.error is not None:
+                self.live.discard(out.request_id)
+        if not self.handle.is_healthy():
+            reason = self._death_reason(stepped)
+            # What the dead engine failed in this step failed because it died: retry later.
+            for out in stepped:
+                if out.error is not None and out.error_kind is None:
+                    out.error_kind = UNAVAILABLE
+            stepped += [_error_output(rid, f"{reason}; request not completed", UNAVAILABLE) for rid in sorted(self.live)]
+            self.live.clear()
+            self._on_death(reason)
+        return outputs + stepped
+
+    @staticmethod
+    def _death_reason(stepped: list[StageOutput]) -> str:
+        errors = [out.error for out in stepped if out.error]
+        return errors[0].removesuffix("; request not completed") if errors else "the stage engine became unhealthy"
+
+    def _unavailable_message(self) -> str:
+        if self.gave_up:
+            return f"the stage is down ({self.down_reason}) and could not be restarted"
+        return f"the stage is restarting after: {self.down_reason}"
+
+    def _on_death(self, reason: str) -> None:
+        dead, self.handle = self.handle, None
+        self.down_reason = reason
+        logger.error("stage %s died: %s", self.label, reason)
+        if self.policy.max_attempts < 1:
+            self.gave_up = True
+            logger.error("stage %s stays down (restarts are off)", self.label)
+            _close_quietly(dead)
+            return
+        self._thread = threading.Thread(target=self._restart, args=(dead,), name=f"omnistage-restart-{self.label}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _restart(self, dead: StageHandle) -> None:
+        """The restart thread: close the dead stage, then build a new one, with backoff."""
+        _close_quietly(dead)
+        delay = self.policy.backoff_s
+        for attempt in range(1, self.policy.max_attempts + 1):
+            if self._closed.wait(delay):
+                return
+            logger.warning("stage %s: restart attempt %d of %d", self.label, attempt, self.policy.max_attempts)
+            try:
+                handle = self._build(self.num_restarts + attempt)
+                handle.wait_ready(self._init_timeout_s)
+            except Exception:
+                logger.exception("stage %s: restart attempt %d failed", self.label, attempt)
+                delay = min(delay * 2, self.policy.max_backoff_s)
+                continue
+            with self._lock:
+                if self._closed.is_set():
+                    _close_quietly(handle)
+                    return
+                self._ready = handle
+            self._wake()
+            return
+        self.gave_up = True
+        logger.error("stage %s stays down: %d restart attempts failed", self.label, self.policy.max_attempts)
+
+    def _adopt_restarted(self) -> None:
+        with self._lock:
+            ready, self._ready = self._ready, None
+        try:
+            while self._wake_r.recv(64):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        if ready is not None:
+            self.handle, self.down_reason = ready, None
+            self.num_restarts += 1
+            logger.warning("stage %s is back (restart %d)", self.label, self.num_restarts)
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass
+
+    def has_local_work(self) -> bool:
+        return bool(self._failed) or (self.handle is not None and self.handle.has_local_work())
+
+    def wait_objects(self) -> list[Any]:
+        return [self._wake_r] + (self.handle.wait_objects() if self.handle is not None else [])
+
+    def is_healthy(self) -> bool:
+        handle = self.handle
+        return handle is not None and self.down_reason is None and handle.is_healthy()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed.set()
+            ready, self._ready = self._ready, None
+        for handle in (self.handle, ready):
+            if handle is not None:
+                _close_quietly(handle)
+        if self._thread is not None:
+            self._thread.join(_CLOSE_TIMEOUT_S)
+        self._wake_r.close()
+        self._wake_w.close()
+
+
+def _close_quietly(handle: StageHandle) -> None:
+    try:
+        handle.close()
+    except Exception:
+        logger.exception("closing a stage handle failed")
 
 
 def _stop_process(proc: Any, commands: Any, results: Any, connectors: list[Connector]) -> None:
@@ -313,11 +505,21 @@ def run_stage_process(factory: EngineFactory, engine_args: tuple, connector: Con
                 engine.close()
                 return
         outputs = engine.step()
-        if outputs:
-            try:
+        healthy = engine.is_healthy()
+        if not healthy:  # e.g. a worker process of its engine died: what it failed may be retried
+            for out in outputs:
+                if out.error is not None and out.error_kind is None:
+                    out.error_kind = UNAVAILABLE
+        try:
+            if outputs:
                 results.send_bytes(_outputs_message(connector, outputs))
-            except OSError:
-                break  # the orchestrator closed its end
+            if not healthy:
+                # Exit, so that the parent sees a dead stage and (with a policy) rebuilds it.
+                results.send(("unhealthy", "the stage engine became unhealthy"
+                              + (f": {outputs[0].error}" if outputs and outputs[0].error else "")))
+                break
+        except OSError:
+            break  # the orchestrator closed its end
         if parent is not None and not parent.is_alive():
             break
     engine.close()
@@ -363,8 +565,16 @@ def make_stage_handle(
     connector: str = "shm",
     shm_threshold_bytes: int = 64 * 1024,
     shm_prefix: str = "omni",
+    restart_policy: RestartPolicy | None = None,
 ) -> StageHandle:
-    """The handle for `config.runtime`; a process handle's segments are named `{shm_prefix}{p|c}N`."""
+    """The handle for `config.runtime`; a process handle's segments are named `{shm_prefix}{p|c}N`.
+    With `restart_policy`, it is wrapped in a `RestartingStageHandle`."""
+    if restart_policy is not None:
+        def build(generation: int) -> StageHandle:
+            return make_stage_handle(stage, config, model_path, factory, connector, shm_threshold_bytes,
+                                     f"{shm_prefix}r{generation}")
+
+        return RestartingStageHandle(stage.label, build(0), build, restart_policy)
     if config.runtime == "inline":
         return InprocStageHandle(factory(model_path, stage, config))
     if config.runtime == "process":

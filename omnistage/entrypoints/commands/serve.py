@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
     from prometheus_client import CollectorRegistry
 
+    from omnistage.engine.stage_handle import NO_RESTART, RestartPolicy
     from omnistage.entrypoints.omni import AsyncOmni
     from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
 
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
         registry = CollectorRegistry()
         print(f"[omnistage] loading {path}", flush=True)
         engine = AsyncOmni(path, deploy_config=args.deploy_config, stage_overrides=args.stage_overrides,
-                           metrics_registry=registry)
+                           metrics_registry=registry, restart_policy=NO_RESTART if args.no_restart else RestartPolicy())
         app = create_app(settings, engine, registry)
         url = f"http://{args.host}:{args.port}"
         print(f"[omnistage] serving {settings.served_model_name} at {url}", flush=True)
