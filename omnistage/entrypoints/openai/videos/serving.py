@@ -3,6 +3,10 @@
 A job is one engine request. Its status follows OpenAI's lifecycle: `queued` until the
 first output, `in_progress` with `progress` from the denoising steps, then `completed`
 (the MP4 is kept `file_ttl_s`) or `failed` with an error. DELETE aborts a running job.
+
+Jobs are durable (store.py): records in SQLite and MP4s under `files_dir/videos` (the
+`--output-dir`), so finished jobs survive a restart; jobs running when the server stops
+are recorded as `failed` with the reason.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
@@ -31,11 +36,14 @@ from omnistage.entrypoints.openai.videos.protocol import (
     VideoJob,
     VideoList,
 )
+from omnistage.entrypoints.openai.videos.store import VideoJobStore
 from omnistage.media.video import encode_mp4
 
 logger = logging.getLogger(__name__)
 
 FILE_FIELDS = ("input_reference",)
+PROGRESS_SAVE_INTERVAL_S = 1.0  # progress reaches the job record at most this often
+SHUTDOWN = VideoError(code="server_shutdown", message="the server stopped before the job finished; create it again")
 
 
 @dataclass
@@ -60,11 +68,28 @@ class VideoServing:
     def __init__(self, gateway: EngineGateway, capabilities: Capabilities, settings: ServerSettings,
                  files: FileStore, media: InputMedia):
         self.gateway = gateway
-        self.media = media
         self.capabilities = capabilities
         self.settings = settings
         self.files = files
+        self.media = media
         self._jobs: dict[str, VideoTask] = {}
+        self._store: VideoJobStore | None = None
+        self._stopping = False
+        if settings.files_dir is not None and capabilities.serves("videos"):
+            self._load()  # the jobs a previous run of the server left
+
+    @property
+    def store(self) -> VideoJobStore:
+        """Opened on first use: without `files_dir` it lives in the files' temporary folder."""
+        if self._store is None:
+            root = Path(self.settings.files_dir) if self.settings.files_dir is not None else self.files.directory
+            self._store = VideoJobStore(root / "videos")
+        return self._store
+
+    def _load(self) -> None:
+        for job, file_name in self.store.load(int(time.time()), self.settings.file_ttl_s):
+            self._jobs[job.id] = VideoTask(job, file_name=file_name)
+        self._purge_expired()
 
     # --- requests -----------------------------------------------------------------
 
@@ -134,6 +159,7 @@ class VideoServing:
                        num_frames=params.num_frames, fps=params.fps)
         entry = VideoTask(job)
         self._jobs[job_id] = entry
+        self.store.save(job)
         entry.task = asyncio.create_task(self._run(entry, stream), name=f"omnistage-{job_id}")
         return job
 
@@ -172,7 +198,7 @@ class VideoServing:
         if entry.job.status != "completed":
             raise APIError(409, f"video {video_id!r} is {entry.job.status}, not completed", param="video_id",
                            code="video_not_ready")
-        path = self.files.path(entry.file_name or "")
+        path = self.store.video_path(entry.file_name) if entry.file_name else None
         if path is None:
             raise APIError(404, f"video {video_id!r} has expired", param="video_id", code="video_expired")
         return path
@@ -183,31 +209,39 @@ class VideoServing:
         if entry.task is not None and not entry.task.done():
             entry.task.cancel()  # closing the stream aborts the engine request
             await asyncio.gather(entry.task, return_exceptions=True)
-        if entry.file_name:
-            self.files.delete(entry.file_name)
+        self.store.delete(video_id, entry.file_name)
         return VideoDeleted(id=video_id)
 
     async def shutdown(self) -> None:
-        """Cancel running jobs (their engine requests are aborted)."""
+        """Cancel running jobs (their engine requests are aborted; their records say why)."""
+        self._stopping = True
         tasks = [e.task for e in self._jobs.values() if e.task is not None and not e.task.done()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._store is not None:
+            self._store.close()
+            self._store = None
 
     # --- the background job ---------------------------------------------------------
 
     async def _run(self, entry: VideoTask, stream: RequestStream) -> None:
         job = entry.job
+        saved_at = 0.0
         try:
             final = None
             async for out in stream:
-                job.status = "in_progress"
+                started, job.status = job.status == "queued", "in_progress"
                 if out.progress is not None and out.progress.num_steps:
                     # Decoding and encoding follow the last step: hold 99 until the MP4 exists.
                     job.progress = max(job.progress, min(99, 100 * out.progress.step // out.progress.num_steps))
+                if started or time.monotonic() - saved_at > PROGRESS_SAVE_INTERVAL_S:
+                    self.store.save(job)
+                    saved_at = time.monotonic()
                 final = out
             result = await _encode(final)
-            entry.file_name, job.expires_at = self.files.put(result.mp4, ".mp4")
+            entry.file_name = await asyncio.to_thread(self.store.write_video, job.id, result.mp4)
+            job.expires_at = int(time.time() + self.settings.file_ttl_s)
             job.num_frames, job.fps = result.num_frames, result.fps
             job.size = f"{result.width}x{result.height}"
             job.seconds = f"{result.num_frames / result.fps:.3g}"
@@ -215,7 +249,8 @@ class VideoServing:
         except APIError as e:
             job.status, job.error = "failed", VideoError(code=e.code or e.type, message=e.message)
         except asyncio.CancelledError:
-            job.status, job.error = "failed", VideoError(code="cancelled", message="the job was cancelled")
+            job.status = "failed"
+            job.error = SHUTDOWN if self._stopping else VideoError(code="cancelled", message="the job was cancelled")
             raise
         except Exception as e:  # a bug must fail the job, not vanish in a task
             logger.exception("video job %s failed", job.id)
@@ -224,13 +259,14 @@ class VideoServing:
             if job.status == "failed":
                 job.completed_at = int(time.time())
                 job.expires_at = int(time.time() + self.settings.file_ttl_s)
+            if job.id in self._jobs:  # not deleted meanwhile
+                self.store.save(job, entry.file_name)
 
     def _purge_expired(self) -> None:
         now = time.time()
         for job_id in [i for i, e in self._jobs.items() if e.job.expires_at is not None and e.job.expires_at < now]:
             entry = self._jobs.pop(job_id)
-            if entry.file_name:
-                self.files.delete(entry.file_name)
+            self.store.delete(job_id, entry.file_name)
 
 
 async def _encode(out: Any) -> VideoResult:
