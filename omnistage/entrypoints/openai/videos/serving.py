@@ -96,6 +96,7 @@ class VideoServing:
     async def _build(self, form: Form) -> tuple[VideoCreateRequest, Any, DiffusionParams]:
         """The edge checks of both create routes: (request, prompt, params) or a 4xx."""
         self.capabilities.require("videos")
+        reference_url = form.fields.pop("input_reference", None)
         body: VideoCreateRequest = validate(VideoCreateRequest, form.fields)
         check_model(body.model, self.settings)
         width, height = self._dims(body)
@@ -111,7 +112,7 @@ class VideoServing:
         both = sorted(set(extras) & set(body.extra_params))
         if both:
             raise bad_request(f"{both} given both as fields and in extra_params", param="extra_params")
-        image = await self._reference(form)
+        image = await self._reference(form, reference_url)
         try:
             params = DiffusionParams(height=height, width=width, num_frames=num_frames, fps=body.fps,
                                      guidance_scale_2=body.guidance_scale_2, extras={**body.extra_params, **extras},
@@ -132,12 +133,13 @@ class VideoServing:
             check_dims(body.width, body.height, self.settings, param="width")
         return body.width, body.height
 
-    async def _reference(self, form: Form) -> Any:
+    async def _reference(self, form: Form, url: str | None) -> Any:
+        """The input image: an upload, or a URL (fetched if its host is allowed, see media_fetch.py)."""
         uploads = form.files.get("input_reference", [])
-        if len(uploads) > 1:
+        if len(uploads) + (url is not None) > 1:
             raise bad_request("input_reference: give one image", param="input_reference")
         needs = self.capabilities.image_input
-        if not uploads:
+        if not uploads and url is None:
             if needs == "required":
                 raise bad_request(f"input_reference: model {self.capabilities.model!r} generates from an image; "
                                   "upload one", param="input_reference")
@@ -145,6 +147,8 @@ class VideoServing:
         if needs == "none":
             raise bad_request(f"input_reference: model {self.capabilities.model!r} is text-to-video and takes no "
                               "image", param="input_reference")
+        if url is not None:
+            return await self.media.run(self.media.image_ref, url, "input_reference")
         return await self.media.image(await read_upload(uploads[0], "input_reference"), "input_reference")
 
     # --- routes -------------------------------------------------------------------
