@@ -19,6 +19,8 @@ import sys
 from typing import Any
 
 DEMO_MODEL = "z-image"
+DEMO_DEPLOY = "z_image_demo.yaml"
+"""The demo's bundled deploy file: defaults that answer in about a second on a CPU."""
 
 
 def register(subparsers) -> None:
@@ -74,6 +76,16 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def demo_deploy_config(deploy_config: str | None, is_demo: bool) -> Any:
+    """The deploy file in force: the user's, else the demo's own for the demo, else None
+    (the model family's bundled file, with the checkpoint's own defaults)."""
+    if deploy_config is not None or not is_demo:
+        return deploy_config
+    from omnistage.config.deploy import bundled_deploy_path
+
+    return bundled_deploy_path(DEMO_DEPLOY)
+
+
 def resolve_model(model: str | None) -> tuple[str, str, bool]:
     """(model path, served name, is_demo)."""
     if model:
@@ -116,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
             protect_metrics=args.protect_metrics, files_dir=args.output_dir)
         registry = CollectorRegistry()
         print(f"[omnistage] loading {path}", flush=True)
-        engine = AsyncOmni(path, deploy_config=args.deploy_config, stage_overrides=args.stage_overrides,
+        engine = AsyncOmni(path, deploy_config=demo_deploy_config(args.deploy_config, is_demo),
+                           stage_overrides=args.stage_overrides,
                            metrics_registry=registry, restart_policy=NO_RESTART if args.no_restart else RestartPolicy())
         app = create_app(settings, engine, registry)
         url = f"http://{args.host}:{args.port}"

@@ -6,7 +6,7 @@ build an app around any engine client. What a request can reach:
     /health                 200, or 503 when the engine is unhealthy
     /metrics                Prometheus text: HTTP, queue and (from the engine) stage metrics
     /files/{name}           images and videos handed out by URL (the name is the secret)
-    /v1/models              the served model
+    /v1/models              the served model, its routes and each stage's request defaults
     /v1/images/...          images/       (diffusion models with image output)
     /v1/videos...           videos/       (diffusion models with video output)
     /v1/chat/completions    chat/         (text, omni and image models)
@@ -32,6 +32,7 @@ from omnistage.entrypoints.openai.audio.api_router import attach_router as attac
 from omnistage.entrypoints.openai.audio.serving import SpeechServing
 from omnistage.entrypoints.openai.audio.voices import VoiceStore
 from omnistage.entrypoints.openai.capabilities import Capabilities
+from omnistage.entrypoints.openai.defaults import effective_defaults
 from omnistage.entrypoints.openai.chat.api_router import attach_router as attach_chat
 from omnistage.entrypoints.openai.chat.serving import ChatServing
 from omnistage.entrypoints.openai.engine_client import EngineGateway, maybe_await
@@ -84,6 +85,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.metrics = metrics
     app.state.files = files
     app.state.capabilities = capabilities
+    app.state.defaults = effective_defaults(engine)
     app.state.gateway = gateway
     app.state.media = media
     app.state.image_serving = ImageServing(gateway, capabilities, settings, files)
@@ -122,7 +124,8 @@ def _attach_system_routes(app: FastAPI) -> None:
         s: ServerSettings = request.app.state.settings
         return {"object": "list", "data": [
             {"id": s.served_model_name, "object": "model", "created": s.created, "owned_by": "omnistage",
-             "root": s.model_path, "routes": request.app.state.capabilities.routes}]}
+             "root": s.model_path, "routes": request.app.state.capabilities.routes,
+             "defaults": request.app.state.defaults}]}
 
     @app.get("/files/{name}")
     async def get_file(name: str, request: Request) -> FileResponse:
