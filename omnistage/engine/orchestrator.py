@@ -51,7 +51,8 @@ from omnistage.engine.connectors import DEFAULT_SHM_THRESHOLD_BYTES
 from omnistage.engine.factory import EngineFactory, create_engine, stage_model_paths
 from omnistage.engine.metrics import PrometheusMetrics, StageMetrics
 from omnistage.engine.outputs import Delta, OmniOutput, StageStream, fill_media
-from omnistage.engine.stage_handle import RestartPolicy, StageHandle, make_stage_handle
+from omnistage.engine.restart import RestartPolicy
+from omnistage.engine.stage_handle import StageHandle, make_stage_handle
 from omnistage.engine.types import UNAVAILABLE, EngineUnavailableError, ProgressPayload, StageOutput, StageRequest
 
 logger = logging.getLogger(__name__)

@@ -15,11 +15,8 @@ error outputs: `add_request` raising fails that request, `step` raising fails th
 requests the engine held. A stage process that dies fails every request it held and
 makes the handle unhealthy; nothing waits on it forever.
 
-With a `RestartPolicy`, the handle is wrapped in a `RestartingStageHandle`: when the
-stage turns unhealthy (its process died, or its inline engine lost a worker process),
-the requests it held fail as "unavailable", and a background thread rebuilds the stage
-(bounded attempts, exponential backoff) while new requests fail as "unavailable" at
-once. Once the new engine is up, the stage is healthy again.
+With a `RestartPolicy`, the handle is wrapped in a `RestartingStageHandle` (restart.py),
+which rebuilds the stage when it dies.
 """
 
 from __future__ import annotations
@@ -29,12 +26,9 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
-import socket
-import threading
 import traceback
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from omnistage.engine.connectors import Connector, make_connector
@@ -44,12 +38,13 @@ if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.config.spec import StageSpec
     from omnistage.engine.factory import EngineFactory
+    from omnistage.engine.restart import RestartPolicy
     from omnistage.engine.types import Engine
 
 logger = logging.getLogger(__name__)
 
 _PARENT_CHECK_S = 1.0  # how often an idle stage process checks that the orchestrator lives
-_CLOSE_TIMEOUT_S = 10.0
+CLOSE_TIMEOUT_S = 10.0
 
 
 class GuardedEngine:
@@ -70,7 +65,7 @@ class GuardedEngine:
         except Exception as e:
             logger.exception("add_request(%s) failed", request.request_id)
             kind = "invalid_request" if isinstance(e, ValueError) else None
-            self._errors.append(_error_output(request.request_id, f"add_request raised {_describe(e)}", kind))
+            self._errors.append(error_output(request.request_id, f"add_request raised {_describe(e)}", kind))
             return
         self.live.add(request.request_id)
 
@@ -100,7 +95,7 @@ class GuardedEngine:
             message = f"engine step raised {_describe(e)}"
             for request_id in sorted(self.live):
                 self.abort_request(request_id)
-                outputs.append(_error_output(request_id, message))
+                outputs.append(error_output(request_id, message))
             return outputs
         for out in stepped:
             if out.request_id not in self.live:
@@ -212,7 +207,7 @@ class ProcessStageHandle(StageHandle):
         try:
             kind, body = self._results.recv()
         except (EOFError, OSError):
-            self._proc.join(_CLOSE_TIMEOUT_S)
+            self._proc.join(CLOSE_TIMEOUT_S)
             kind, body = "init_error", f"the stage process exited with code {self._proc.exitcode}"
         if kind != "ready":
             self.close()
@@ -220,13 +215,13 @@ class ProcessStageHandle(StageHandle):
 
     def add_request(self, request: StageRequest) -> None:
         if self.dead_reason is not None:
-            self._failed.append(_error_output(request.request_id, self.dead_reason))
+            self._failed.append(error_output(request.request_id, self.dead_reason))
             return
         try:
             # Pickled here, not in the queue's feeder thread, where a failure would be lost.
             message = pickle.dumps(self.connector.put(request), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
-            self._failed.append(_error_output(request.request_id, f"cannot send the request to the stage "
+            self._failed.append(error_output(request.request_id, f"cannot send the request to the stage "
                                                                    f"process: {_describe(e)}"))
             return
         self.live.add(request.request_id)
@@ -256,7 +251,7 @@ class ProcessStageHandle(StageHandle):
         elif not self._proc.is_alive() and self.dead_reason is None:
             self._on_death()
         if self.dead_reason is not None:
-            outputs += [_error_output(rid, self.dead_reason) for rid in sorted(self.live)]
+            outputs += [error_output(rid, self.dead_reason) for rid in sorted(self.live)]
             self.live.clear()
         return outputs
 
@@ -284,192 +279,16 @@ class ProcessStageHandle(StageHandle):
         self._finalizer()
 
 
-@dataclass(frozen=True)
-class RestartPolicy:
-    """How a stage that died is rebuilt."""
-
-    max_attempts: int = 5
-    """Rebuild attempts after one death before the stage stays down (0: never restart)."""
-    backoff_s: float = 0.5
-    """Wait before the first attempt; doubled after each failed one."""
-    max_backoff_s: float = 30.0
-
-
-NO_RESTART = RestartPolicy(max_attempts=0)
-
-
-class RestartingStageHandle(StageHandle):
-    """A stage handle that rebuilds its stage when it dies (see the module docstring).
-
-    `build(generation)` makes a new inner handle (it is called in the restart thread; the
-    generation keeps a new process's shared-memory names apart from the dead one's).
-    Everything else runs on the orchestrator's thread, like any handle; `is_healthy` may
-    be called from any thread.
-    """
-
-    def __init__(self, label: str, handle: StageHandle, build: Callable[[int], StageHandle], policy: RestartPolicy):
-        self.label = label
-        self.handle: StageHandle | None = handle
-        self.policy = policy
-        self.num_restarts = 0
-        self.down_reason: str | None = None
-        """Why the stage is down (restarting, or given up), or None while it serves."""
-        self.gave_up = False
-        self.live: set[str] = set()
-        self._build = build
-        self._failed: list[StageOutput] = []
-        self._init_timeout_s = 600.0
-        self._lock = threading.Lock()
-        self._ready: StageHandle | None = None  # built by the restart thread, adopted by step()
-        self._closed = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-
-    def wait_ready(self, timeout: float) -> None:
-        self._init_timeout_s = timeout
-        if self.handle is not None:
-            self.handle.wait_ready(timeout)
-
-    def add_request(self, request: StageRequest) -> None:
-        if self.handle is None:
-            self._failed.append(_error_output(request.request_id, self._unavailable_message(), UNAVAILABLE))
-            return
-        self.live.add(request.request_id)
-        self.handle.add_request(request)
-
-    def abort_request(self, request_id: str) -> None:
-        self.live.discard(request_id)
-        if self.handle is not None:
-            self.handle.abort_request(request_id)
-
-    def step(self) -> list[StageOutput]:
-        outputs, self._failed = self._failed, []
-        self._adopt_restarted()
-        if self.handle is None:
-            return outputs
-        stepped = self.handle.step()
-        for out in stepped:
-            if out.finished or out.error is not None:
-                self.live.discard(out.request_id)
-        if not self.handle.is_healthy():
-            reason = self._death_reason(stepped)
-            # What the dead engine failed in this step failed because it died: retry later.
-            for out in stepped:
-                if out.error is not None and out.error_kind is None:
-                    out.error_kind = UNAVAILABLE
-            stepped += [_error_output(rid, f"{reason}; request not completed", UNAVAILABLE) for rid in sorted(self.live)]
-            self.live.clear()
-            self._on_death(reason)
-        return outputs + stepped
-
-    @staticmethod
-    def _death_reason(stepped: list[StageOutput]) -> str:
-        errors = [out.error for out in stepped if out.error]
-        return errors[0].removesuffix("; request not completed") if errors else "the stage engine became unhealthy"
-
-    def _unavailable_message(self) -> str:
-        if self.gave_up:
-            return f"the stage is down ({self.down_reason}) and could not be restarted"
-        return f"the stage is restarting after: {self.down_reason}"
-
-    def _on_death(self, reason: str) -> None:
-        dead, self.handle = self.handle, None
-        self.down_reason = reason
-        logger.error("stage %s died: %s", self.label, reason)
-        if self.policy.max_attempts < 1:
-            self.gave_up = True
-            logger.error("stage %s stays down (restarts are off)", self.label)
-            _close_quietly(dead)
-            return
-        self._thread = threading.Thread(target=self._restart, args=(dead,), name=f"omnistage-restart-{self.label}",
-                                        daemon=True)
-        self._thread.start()
-
-    def _restart(self, dead: StageHandle) -> None:
-        """The restart thread: close the dead stage, then build a new one, with backoff."""
-        _close_quietly(dead)
-        delay = self.policy.backoff_s
-        for attempt in range(1, self.policy.max_attempts + 1):
-            if self._closed.wait(delay):
-                return
-            logger.warning("stage %s: restart attempt %d of %d", self.label, attempt, self.policy.max_attempts)
-            try:
-                handle = self._build(self.num_restarts + attempt)
-                handle.wait_ready(self._init_timeout_s)
-            except Exception:
-                logger.exception("stage %s: restart attempt %d failed", self.label, attempt)
-                delay = min(delay * 2, self.policy.max_backoff_s)
-                continue
-            with self._lock:
-                if self._closed.is_set():
-                    _close_quietly(handle)
-                    return
-                self._ready = handle
-            self._wake()
-            return
-        self.gave_up = True
-        logger.error("stage %s stays down: %d restart attempts failed", self.label, self.policy.max_attempts)
-
-    def _adopt_restarted(self) -> None:
-        with self._lock:
-            ready, self._ready = self._ready, None
-        try:
-            while self._wake_r.recv(64):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-        if ready is not None:
-            self.handle, self.down_reason = ready, None
-            self.num_restarts += 1
-            logger.warning("stage %s is back (restart %d)", self.label, self.num_restarts)
-
-    def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"\0")
-        except OSError:
-            pass
-
-    def has_local_work(self) -> bool:
-        return bool(self._failed) or (self.handle is not None and self.handle.has_local_work())
-
-    def wait_objects(self) -> list[Any]:
-        return [self._wake_r] + (self.handle.wait_objects() if self.handle is not None else [])
-
-    def is_healthy(self) -> bool:
-        handle = self.handle
-        return handle is not None and self.down_reason is None and handle.is_healthy()
-
-    def close(self) -> None:
-        with self._lock:
-            self._closed.set()
-            ready, self._ready = self._ready, None
-        for handle in (self.handle, ready):
-            if handle is not None:
-                _close_quietly(handle)
-        if self._thread is not None:
-            self._thread.join(_CLOSE_TIMEOUT_S)
-        self._wake_r.close()
-        self._wake_w.close()
-
-
-def _close_quietly(handle: StageHandle) -> None:
-    try:
-        handle.close()
-    except Exception:
-        logger.exception("closing a stage handle failed")
-
-
 def _stop_process(proc: Any, commands: Any, results: Any, connectors: list[Connector]) -> None:
     if proc.is_alive():
         try:
             commands.put(("close", None))
         except (OSError, ValueError):
             pass
-        proc.join(_CLOSE_TIMEOUT_S)
+        proc.join(CLOSE_TIMEOUT_S)
         if proc.is_alive():
             proc.terminate()
-            proc.join(_CLOSE_TIMEOUT_S)
+            proc.join(CLOSE_TIMEOUT_S)
     commands.cancel_join_thread()  # the reader may be dead: do not block on unsent commands
     commands.close()
     results.close()
@@ -532,7 +351,7 @@ def _outputs_message(connector: Connector, outputs: list[StageOutput]) -> bytes:
         return pickle.dumps(("outputs", connector.put(outputs)), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
         logger.exception("stage outputs cannot be sent")
-        errors = [_error_output(out.request_id, f"the stage output cannot be sent: {_describe(e)}") for out in outputs]
+        errors = [error_output(out.request_id, f"the stage output cannot be sent: {_describe(e)}") for out in outputs]
         return pickle.dumps(("outputs", errors), protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -570,6 +389,8 @@ def make_stage_handle(
     """The handle for `config.runtime`; a process handle's segments are named `{shm_prefix}{p|c}N`.
     With `restart_policy`, it is wrapped in a `RestartingStageHandle`."""
     if restart_policy is not None:
+        from omnistage.engine.restart import RestartingStageHandle  # it builds on this module
+
         def build(generation: int) -> StageHandle:
             return make_stage_handle(stage, config, model_path, factory, connector, shm_threshold_bytes,
                                      f"{shm_prefix}r{generation}")
@@ -601,7 +422,7 @@ def portable_stage_fields(stage: StageSpec) -> dict[str, Any]:
     return values
 
 
-def _error_output(request_id: str, message: str, kind: str | None = None) -> StageOutput:
+def error_output(request_id: str, message: str, kind: str | None = None) -> StageOutput:
     return StageOutput(request_id=request_id, payload=None, finished=True, error=message, error_kind=kind)
 
 

@@ -55,7 +55,7 @@ from omnistage.config.deploy_fields import KIND_ONLY_FIELDS
 from omnistage.engine.factory import EngineFactory, create_engine
 from omnistage.engine.orchestrator import OmniRequest, Orchestrator
 from omnistage.engine.outputs import OmniOutput
-from omnistage.engine.stage_handle import RestartPolicy
+from omnistage.engine.restart import RestartPolicy
 
 
 class OmniRequestError(RuntimeError):

@@ -13,7 +13,7 @@ from test_process_stages import SPEC, Collector
 
 from omnistage.config import StageDeployConfig
 from omnistage.engine.orchestrator import OmniRequest, Orchestrator
-from omnistage.engine.stage_handle import NO_RESTART, RestartPolicy
+from omnistage.engine.restart import NO_RESTART, RestartPolicy
 
 FAST = RestartPolicy(max_attempts=3, backoff_s=0.05)
 

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
     from prometheus_client import CollectorRegistry
 
-    from omnistage.engine.stage_handle import NO_RESTART, RestartPolicy
+    from omnistage.engine.restart import NO_RESTART, RestartPolicy
     from omnistage.entrypoints.omni import AsyncOmni
     from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
 

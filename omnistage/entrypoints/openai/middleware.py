@@ -17,14 +17,13 @@ from typing import Any
 
 from starlette.exceptions import HTTPException
 
-from omnistage.entrypoints.openai.errors import APIError
+from omnistage.entrypoints.openai.errors import APIError, unavailable
 
 Scope = dict[str, Any]
 
 logger = logging.getLogger(__name__)
 
 _CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-SHUTDOWN_RETRY_AFTER_S = 5
 
 
 def _settings(scope: Scope) -> Any:
@@ -85,9 +84,8 @@ class ErrorBoundaryMiddleware:
                 raise
             logger.error("%s %s cancelled before it answered, the server is stopping (request %s)",
                          scope["method"], scope["path"], rid)
-            await _send_error(send_wrapper, APIError(
-                503, "the server is shutting down; retry on another replica or later", code="server_shutting_down",
-                headers={"retry-after": str(SHUTDOWN_RETRY_AFTER_S)}))
+            await _send_error(send_wrapper, unavailable("the server is shutting down; retry on another replica or "
+                                                        "later", code="server_shutting_down"))
         except Exception as e:
             logger.exception("%s %s failed (request %s)", scope["method"], scope["path"], rid)
             if not started:
