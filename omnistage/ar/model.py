@@ -26,11 +26,11 @@ Families register a subclass under the key their `StageSpec.model` names, from t
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from omnistage.config.components import ComponentRegistry, import_target
 
 if TYPE_CHECKING:
     import torch
@@ -142,36 +142,17 @@ class ARModel(ABC):
 
 # --- registry --------------------------------------------------------------------------
 
-_AR_MODELS: dict[str, str | type[ARModel]] = {}
+_AR_MODELS = ComponentRegistry("AR model")
 
 
 def register_ar_model(key: str, target: str | type[ARModel]) -> None:
-    """Run stages whose `StageSpec.model == key` on `target`: an ARModel subclass, or its
+    """Run AR stages whose `StageSpec.model == key` on `target` (an ARModel subclass, or a
     "module:Class" path so a family's cheap `__init__.py` can register without importing torch."""
-    if key in _AR_MODELS and _AR_MODELS[key] != target:
-        raise ValueError(f"AR model key {key!r} is already registered to {_AR_MODELS[key]!r}")
-    _AR_MODELS[key] = target
+    _AR_MODELS.register(key, target)
 
 
 def get_ar_model_class(key: str | None) -> type[ARModel]:
     """The ARModel for `StageSpec.model`; None = the generic transformers causal LM."""
     if key is None:
-        target: str | type[ARModel] = "omnistage.ar.hf_model:HFCausalLM"
-    else:
-        if key not in _AR_MODELS:
-            _import_families()
-        if key not in _AR_MODELS:
-            raise ValueError(f"no AR model registered for StageSpec.model={key!r}; registered: {sorted(_AR_MODELS)}")
-        target = _AR_MODELS[key]
-    if isinstance(target, str):
-        module, name = target.split(":")
-        target = getattr(importlib.import_module(module), name)
-    return target
-
-
-def _import_families() -> None:
-    # Families register on import; the pipeline registry normally imported them already.
-    package = importlib.import_module("omnistage.models")
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.ispkg:
-            importlib.import_module(f"omnistage.models.{info.name}")
+        return import_target("omnistage.ar.hf_model:HFCausalLM")
+    return _AR_MODELS.get(key)

@@ -5,9 +5,11 @@
     outputs     -> ProgressPayload per step per request (finished=False), then the final
                    ImagePayload / VideoPayload (finished=True) with metrics, or an error
 
-Request mode (`RequestScheduler`) runs whole batches with `pipeline.forward`; step mode
-(`StepScheduler`, `step_execution: true`) advances the running set one denoising step per
-`step()`. A failing batch fails its own requests; a dead worker fails every unfinished
+Every `step()` is one denoising step of the running batch, in both modes: request mode
+(`RequestScheduler`) forms a batch once and runs it to the end, step mode (`StepScheduler`,
+`step_execution: true`) lets requests join and leave between steps. So progress leaves as
+each step finishes, an abort stops a request's compute before the next step, and an
+inline stage never holds its caller for a whole generation. A failing batch fails its own requests; a dead worker fails every unfinished
 request, and the engine then reports unhealthy and refuses new work.
 """
 
@@ -19,14 +21,16 @@ from collections.abc import Callable
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
+from omnistage.diffusion.accel import check_supported
 from omnistage.diffusion.executor import Executor, WorkerDiedError, get_executor_class
-from omnistage.diffusion.inputs import check_default_params, freeze, read_class_name, to_diffusion_request
-from omnistage.diffusion.pipelines import pipeline_class
+from omnistage.diffusion.checkpoint import CheckpointConfigs
+from omnistage.diffusion.inputs import check_default_params, freeze, to_diffusion_request
+from omnistage.diffusion.registry import pipeline_class
 from omnistage.diffusion.progress import ProgressBar
 from omnistage.diffusion.runner import error_message
 from omnistage.diffusion.sched import EngineRequest, RequestScheduler, RequestStatus, RunnerOutput, StepScheduler
 from omnistage.diffusion.worker import WorkerConfig, resolve_devices
-from omnistage.engine.types import StageOutput, StageRequest
+from omnistage.engine.types import RequestError, StageOutput, StageRequest
 
 # Longest nap in step() while a not-full batch waits for a burst, so new requests and
 # aborts are still picked up promptly.
@@ -36,17 +40,20 @@ MAX_IDLE_SLEEP_S = 0.005
 class DiffusionEngine:
     def __init__(self, model_path: str, stage: StageSpec | None = None,
                  config: StageDeployConfig = StageDeployConfig(), *, pipeline_cls: type | None = None,
-                 show_progress: bool = False, preview_interval: int = 0,
-                 clock: Callable[[], float] = time.monotonic):
+                 show_progress: bool = False, clock: Callable[[], float] = time.monotonic):
         """`pipeline_cls` overrides the class picked from the checkpoint (custom pipelines,
-        tests). `show_progress` shows a tqdm bar (the offline API turns it on).
-        `preview_interval` (step mode) attaches a decoded preview to every N-th progress event."""
+        tests). `show_progress` shows a tqdm bar (the offline API turns it on)."""
+        check_supported(stage.label if stage is not None else "diffusion", config)
         self.model_path = str(model_path)
         self.config = config
-        self.pipeline_cls = pipeline_cls or pipeline_class(self._class_name(self.model_path, stage))
+        configs = CheckpointConfigs.read(self.model_path)
+        self.pipeline_cls = pipeline_cls or pipeline_class(stage.model if stage is not None and stage.model
+                                                           else configs.class_name)
+        # Requests are checked here, against the checkpoint's config files: no round trip to a worker.
+        self.checker = self.pipeline_cls.for_requests(self.model_path)
         check_default_params(config.default_sampling_params)
         devices = resolve_devices(config)
-        self.scheduler = self._make_scheduler(config, clock, preview_interval)
+        self.scheduler = self._make_scheduler(config, clock)
         self.clock = clock
         self.progress = ProgressBar(show_progress)
         self._lock = threading.Lock()  # guards the scheduler: add/abort may come from another thread
@@ -55,34 +62,23 @@ class DiffusionEngine:
         self.executor: Executor = get_executor_class(config.executor)(
             WorkerConfig(self.model_path, self.pipeline_cls, devices, config))
 
-    @staticmethod
-    def _class_name(model_path: str, stage: StageSpec | None) -> str:
-        """The stage's model key (a diffusers class name, set by the family) when given, else
-        the checkpoint's model_index.json `_class_name`."""
-        if stage is not None and stage.model:
-            return stage.model
-        return read_class_name(model_path)
-
-    def _make_scheduler(self, config: StageDeployConfig, clock: Callable[[], float], preview_interval: int):
-        if config.step_execution:
-            if not getattr(self.pipeline_cls, "supports_step_execution", True):
-                raise ValueError(f"step_execution: {self.pipeline_cls.__name__} runs in request mode only; "
-                                 "set step_execution: false")
-            return StepScheduler(config.max_num_seqs, config.request_batch_max_wait_ms, clock, preview_interval)
+    def _make_scheduler(self, config: StageDeployConfig, clock: Callable[[], float]):
         cap = getattr(self.pipeline_cls, "max_batch_size", None)
         max_num_seqs = min(config.max_num_seqs, cap) if cap else config.max_num_seqs
-        return RequestScheduler(max_num_seqs, config.request_batch_max_wait_ms, clock)
+        scheduler_cls = StepScheduler if config.step_execution else RequestScheduler
+        return scheduler_cls(max_num_seqs, config.request_batch_max_wait_ms, clock)
 
     # -- the Engine protocol -------------------------------------------------------------
 
     def add_request(self, request: StageRequest) -> None:
         if not self.is_healthy():
             raise RuntimeError(f"diffusion engine is unhealthy and takes no new requests: {self._dead}")
-        diffusion_request = to_diffusion_request(request, self.config.default_sampling_params)
+        diffusion_request = self.checker.prepare_request(
+            to_diffusion_request(request, self.config.default_sampling_params))
+        key = self.checker.batch_key(diffusion_request.params)
         with self._lock:
             if self.scheduler.get_request(request.request_id) is not None:
-                raise ValueError(f"request_id: {request.request_id!r} is already running")
-        diffusion_request, key = self.executor.check_request(diffusion_request)
+                raise RequestError(f"request_id: {request.request_id!r} is already running", "request_id")
         params = diffusion_request.params
         with self._lock:
             self.scheduler.add_request(EngineRequest(diffusion_request, freeze(key), arrival_time=self.clock(),

@@ -1,19 +1,23 @@
-"""The runner holds one pipeline and runs scheduler batches on it.
+"""The runner holds one pipeline and runs scheduler batches on it, one denoising step each.
 
-Request mode: `pipeline.forward(requests)` runs the whole loop for the batch. Step mode:
-new requests are encoded into `DenoiseState`s kept here by request id, every state in the
-batch takes one `denoise_step`, and finished states are decoded and dropped. A failure
-fails the requests of the call that raised (encode, step or decode) and the runner keeps
-serving the rest; failed states are dropped like finished ones.
+Every batch, in both scheduling modes: states of requests that left are released; new
+requests are encoded into `DenoiseState`s kept here by request id; every running state
+takes one `denoise_step`; finished states are decoded and dropped. A failure fails the
+requests of the call that raised (encode, step or decode) and the runner keeps serving
+the rest; failed states are dropped like finished ones.
+
+Requests that ask for `partial_images` get previews (the VAE decode of their current
+latents) on the progress events of evenly spaced steps.
 """
 
 from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
+
 import torch
 
-from omnistage.diffusion.pipelines.base import DenoiseState, DiffusionPipelineBase, DiffusionRequest
+from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
 from omnistage.engine.types import ImagePayload, ProgressPayload
 
@@ -27,52 +31,30 @@ def error_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
+def preview_steps(num_steps: int, num_previews: int) -> set[int]:
+    """The steps (1-based, before the last) after which a request's `num_previews` partial
+    images are decoded: evenly spaced, e.g. 2 previews of 9 steps -> after steps 3 and 6."""
+    if num_previews <= 0 or num_steps <= 1:
+        return set()
+    steps = {round(num_steps * (k + 1) / (num_previews + 1)) for k in range(num_previews)}
+    return {s for s in steps if 1 <= s < num_steps}
+
+
 class DiffusionRunner:
     def __init__(self, pipeline: DiffusionPipelineBase):
         self.pipeline = pipeline
-        self.states: dict[str, DenoiseState] = {}  # step mode: request id -> its state
-
-    def check_request(self, request: DiffusionRequest) -> tuple[DiffusionRequest, tuple]:
-        """Fill defaults and validate (raises ValueError naming the field); return the
-        prepared request and its batch key."""
-        request = self.pipeline.prepare_request(request)
-        return request, self.pipeline.batch_key(request.params)
+        self.states: dict[str, DenoiseState] = {}  # request id -> its state, while it runs
 
     @torch.no_grad()
     def execute(self, batch: SchedulerOutput, on_progress: ProgressSink | None = None) -> RunnerOutput:
+        out = RunnerOutput()
+        # 1. Free what left since the last batch (finished, failed or aborted).
         for rid in batch.finished_req_ids:
-            self.states.pop(rid, None)
-        if batch.mode == "request":
-            return self._run_requests(batch, on_progress)
-        return self._run_step(batch, on_progress)
-
-    # -- request mode --------------------------------------------------------------------
-
-    def _run_requests(self, batch: SchedulerOutput, on_progress: ProgressSink | None) -> RunnerOutput:
-        out = RunnerOutput()
-
-        def on_step(states: list[DenoiseState]) -> None:
-            events = self._progress(states)
-            if batch.report_progress:
-                out.progress.extend(events)
-            if on_progress is not None:
-                on_progress(events)
-
-        try:
-            payloads = self.pipeline.forward(batch.new_requests, on_step=on_step)
-        except Exception as exc:  # noqa: BLE001 - a bad batch fails its requests, not the worker
-            return RunnerOutput.failed(batch, error_message(exc))
-        out.payloads = {r.request_id: p for r, p in zip(batch.new_requests, payloads)}
-        return out
-
-    # -- step mode -----------------------------------------------------------------------
-
-    def _run_step(self, batch: SchedulerOutput, on_progress: ProgressSink | None) -> RunnerOutput:
-        out = RunnerOutput()
-        # 1. Encode the joiners; they take their first step below.
+            self._release(rid)
+        # 2. Encode the joiners; they take their first step below.
         if batch.new_requests:
             self._encode(out, batch.new_requests)
-        # 2. One denoising step over everyone running.
+        # 3. One denoising step over everyone running.
         states = []
         for rid in batch.req_ids:
             if rid in self.states:
@@ -83,15 +65,15 @@ class DiffusionRunner:
             return out
         try:
             self.pipeline.denoise_step(states)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - a bad batch fails its requests, not the worker
             self._fail(out, [s.request.request_id for s in states], error_message(exc))
             return out
-        out.progress = self._progress(states)
-        if batch.preview_interval:
-            self._add_previews(out, states, batch.preview_interval)
+        out.progress = [(s.request.request_id, ProgressPayload(step=s.step_index, num_steps=s.num_steps))
+                        for s in states]
+        self._add_previews(out, states)
         if on_progress is not None:
             on_progress(out.progress)
-        # 3. Decode and drop the finished ones.
+        # 4. Decode and drop the finished ones.
         done = [s for s in states if s.is_done]
         if done:
             try:
@@ -102,8 +84,12 @@ class DiffusionRunner:
             for state, payload in zip(done, payloads):
                 rid = state.request.request_id
                 out.payloads[rid] = payload
-                del self.states[rid]
+                self._release(rid)
         return out
+
+    def close(self) -> None:
+        for rid in list(self.states):
+            self._release(rid)
 
     def _encode(self, out: RunnerOutput, requests: list[DiffusionRequest]) -> None:
         """Encode joiners together; if that fails, one by one, so that one bad request
@@ -120,10 +106,11 @@ class DiffusionRunner:
             self.states[state.request.request_id] = state
         return None
 
-    def _add_previews(self, out: RunnerOutput, states: list[DenoiseState], interval: int) -> None:
-        """Decode the current latents of states at a multiple of `interval` steps: the first
-        image of the payload, as a rough look at where the request is going."""
-        due = [s for s in states if not s.is_done and s.step_index % interval == 0]
+    def _add_previews(self, out: RunnerOutput, states: list[DenoiseState]) -> None:
+        """Decode the current latents of the states at one of their preview steps: the first
+        image of the payload, as a look at where the request is going."""
+        due = [s for s in states if not s.is_done
+               and s.step_index in preview_steps(s.num_steps, s.request.params.partial_images)]
         if not due or self.pipeline.output_modality != "image":
             return
         try:
@@ -135,11 +122,12 @@ class DiffusionRunner:
             if isinstance(payload, ImagePayload) and payload.images:
                 progress.preview = payload.images[0]
 
+    def _release(self, rid: str) -> None:
+        state = self.states.pop(rid, None)
+        if state is not None:
+            self.pipeline.release(state)
+
     def _fail(self, out: RunnerOutput, req_ids: list[str], error: str) -> None:
         for rid in req_ids:
             out.errors[rid] = error
-            self.states.pop(rid, None)
-
-    @staticmethod
-    def _progress(states: list[DenoiseState]) -> list[tuple[str, ProgressPayload]]:
-        return [(s.request.request_id, ProgressPayload(step=s.step_index, num_steps=s.num_steps)) for s in states]
+            self._release(rid)

@@ -17,7 +17,6 @@ import torch
 
 from omnistage.engine.device import resolve_dtype
 from omnistage.config.deploy_fields import StageDeployConfig
-from omnistage.diffusion.pipelines.base import DiffusionRequest
 from omnistage.diffusion.runner import DiffusionRunner, ProgressSink
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
 
@@ -82,13 +81,10 @@ class DiffusionWorker:
 
     def load_model(self) -> None:
         pipeline = self.config.pipeline_cls.from_pretrained(self.config.model_path, device=self.device,
-                                                            dtype=self.dtype)
+                                                            dtype=self.dtype, deploy=self.config.stage)
         self.runner = DiffusionRunner(pipeline)
 
     # -- RPCs ----------------------------------------------------------------------------
-
-    def check_request(self, request: DiffusionRequest) -> tuple[DiffusionRequest, tuple]:
-        return self.runner.check_request(request)
 
     def execute_model(self, batch: SchedulerOutput, on_progress: ProgressSink | None = None) -> RunnerOutput | None:
         output = self.runner.execute(batch, on_progress)
@@ -100,5 +96,7 @@ class DiffusionWorker:
     def shutdown(self) -> None:
         import torch.distributed as dist
 
+        if self.runner is not None:
+            self.runner.close()
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

@@ -374,7 +374,7 @@ class Orchestrator:
             state = self._requests[rid]
             run = state.runs[stage_id]
             if out.error is not None:
-                self._fail(state, run.stage, out.error, out.error_kind)
+                self._fail(state, run.stage, out.error, out.error_kind, out.error_param)
                 continue
             if out.finished:
                 del self._engine_ids[key]
@@ -483,11 +483,13 @@ class Orchestrator:
             self._fail(state, stage, f"{what} raised {type(e).__name__}: {e}")
             return False, None
 
-    def _fail(self, state: _RequestState, stage: StageSpec, message: str, kind: str | None = None) -> None:
+    def _fail(self, state: _RequestState, stage: StageSpec, message: str, kind: str | None = None,
+              param: str | None = None) -> None:
         self.metrics.observe_stage_error(stage.name)
         self._outputs.append(OmniOutput(
             state.request.request_id, finished=True, finish_reason="error", stage=stage.name,
-            error=f"stage {stage.label}: {message}", error_kind=kind, metrics=self._request_metrics(state)))
+            error=f"stage {stage.label}: {message}", error_kind=kind, error_param=param,
+            metrics=self._request_metrics(state)))
         self._retire(state, "error")
 
     def _fail_all(self, reason: str) -> None:

@@ -62,10 +62,13 @@ class GuardedEngine:
     def add_request(self, request: StageRequest) -> None:
         try:
             self.engine.add_request(request)
+        except ValueError as e:  # the engine refused the request's inputs or params: the caller's mistake
+            logger.info("request %s refused: %s", request.request_id, e)
+            self._errors.append(error_output(request.request_id, str(e), "invalid_request", getattr(e, "param", None)))
+            return
         except Exception as e:
             logger.exception("add_request(%s) failed", request.request_id)
-            kind = "invalid_request" if isinstance(e, ValueError) else None
-            self._errors.append(error_output(request.request_id, f"add_request raised {_describe(e)}", kind))
+            self._errors.append(error_output(request.request_id, f"add_request raised {_describe(e)}"))
             return
         self.live.add(request.request_id)
 
@@ -330,13 +333,13 @@ def run_stage_process(factory: EngineFactory, engine_args: tuple, connector: Con
                 if out.error is not None and out.error_kind is None:
                     out.error_kind = UNAVAILABLE
         try:
+            if not healthy:  # said first, so the parent is unhealthy before it sees the failures
+                errors = [out.error for out in outputs if out.error]
+                results.send(("unhealthy", "the stage engine became unhealthy" + (f": {errors[0]}" if errors else "")))
             if outputs:
                 results.send_bytes(_outputs_message(connector, outputs))
             if not healthy:
-                # Exit, so that the parent sees a dead stage and (with a policy) rebuilds it.
-                results.send(("unhealthy", "the stage engine became unhealthy"
-                              + (f": {outputs[0].error}" if outputs and outputs[0].error else "")))
-                break
+                break  # exit, so that the parent sees a dead stage and (with a policy) rebuilds it
         except OSError:
             break  # the orchestrator closed its end
         if parent is not None and not parent.is_alive():
@@ -422,8 +425,9 @@ def portable_stage_fields(stage: StageSpec) -> dict[str, Any]:
     return values
 
 
-def error_output(request_id: str, message: str, kind: str | None = None) -> StageOutput:
-    return StageOutput(request_id=request_id, payload=None, finished=True, error=message, error_kind=kind)
+def error_output(request_id: str, message: str, kind: str | None = None, param: str | None = None) -> StageOutput:
+    return StageOutput(request_id=request_id, payload=None, finished=True, error=message, error_kind=kind,
+                       error_param=param)
 
 
 def _describe(e: BaseException) -> str:

@@ -59,6 +59,22 @@ class ProgressPayload:
 
 # --- requests and outputs -----------------------------------------------------------------
 
+
+class RequestError(ValueError):
+    """A request an engine refuses because of its inputs or params: the caller's mistake (a
+    400), never the engine's. `param` names the field (None: the request as a whole). It
+    travels as a typed value from where it is raised to the HTTP layer: engines put it on
+    the `StageOutput` (`error_kind="invalid_request"`, `error_param`), nobody parses text."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def __reduce__(self):  # picklable across stage processes
+        return type(self), (self.message, self.param)
+
+
 @dataclass
 class StageRequest:
     request_id: str
@@ -77,6 +93,8 @@ class StageOutput:
     """With `error`: "invalid_request" when the engine refused the request's inputs or params
     (a ValueError at add_request: the caller's mistake); "unavailable" when the stage's
     engine died or is restarting (retry later); else None (the engine failed)."""
+    error_param: str | None = None
+    """With "invalid_request": the field at fault (`RequestError.param`), when known."""
     metrics: dict[str, float] = field(default_factory=dict)
 
 

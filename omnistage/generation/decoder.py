@@ -16,10 +16,10 @@ Built in: "mimi" (generation/mimi.py), the Mimi codec of a Mimi or CSM checkpoin
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
+
+from omnistage.config.components import ComponentRegistry
 
 if TYPE_CHECKING:
     import numpy as np
@@ -65,29 +65,16 @@ class Decoder(ABC):
 
 # --- registry --------------------------------------------------------------------------
 
-_DECODERS: dict[str, str | type[Decoder]] = {"mimi": "omnistage.generation.mimi:MimiDecoder"}
+_DECODERS = ComponentRegistry("decoder", builtins={"mimi": "omnistage.generation.mimi:MimiDecoder"})
 
 
 def register_decoder(key: str, target: str | type[Decoder]) -> None:
     """Run generation stages whose `StageSpec.model == key` on `target` (a Decoder subclass or "module:Class")."""
-    if key in _DECODERS and _DECODERS[key] != target:
-        raise ValueError(f"decoder key {key!r} is already registered to {_DECODERS[key]!r}")
-    _DECODERS[key] = target
+    _DECODERS.register(key, target)
 
 
 def get_decoder_class(key: str | None) -> type[Decoder]:
     if key is None:
         raise ValueError("a generation stage needs StageSpec.model naming its decoder; "
-                         f"registered: {sorted(_DECODERS)}")
-    if key not in _DECODERS:
-        package = importlib.import_module("omnistage.models")  # families register on import
-        for info in pkgutil.iter_modules(package.__path__):
-            if info.ispkg:
-                importlib.import_module(f"omnistage.models.{info.name}")
-    if key not in _DECODERS:
-        raise ValueError(f"no decoder registered for StageSpec.model={key!r}; registered: {sorted(_DECODERS)}")
-    target = _DECODERS[key]
-    if isinstance(target, str):
-        module, name = target.split(":")
-        target = getattr(importlib.import_module(module), name)
-    return target
+                         f"registered: {_DECODERS.keys()}")
+    return _DECODERS.get(key)

@@ -74,7 +74,7 @@ def test_chat_messages_must_be_wrapped(omni):
 
 
 def test_a_failed_request_raises_after_the_batch_naming_the_stage(omni):
-    with pytest.raises(OmniRequestError, match=r"request .* failed: stage 0 \(expander\): add_request raised") as info:
+    with pytest.raises(OmniRequestError, match=r"request .* failed: stage 0 \(expander\): poisoned input") as info:
         omni.generate(["fine", "poison", "also fine"], use_tqdm=False)
     outs = info.value.outputs
     assert outs[0].images and outs[2].images and outs[1].error and outs[1].stage == "expander"

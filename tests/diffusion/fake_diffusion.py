@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipelines.base import DenoiseState, DiffusionPipelineBase, DiffusionRequest
+from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest
 
 
 class FakePipeline(DiffusionPipelineBase):
@@ -34,7 +34,7 @@ class FakePipeline(DiffusionPipelineBase):
         self.batch_sizes: list[int] = []
 
     @classmethod
-    def from_pretrained(cls, path, device="cpu", dtype=torch.float32) -> "FakePipeline":
+    def from_pretrained(cls, path, device="cpu", dtype=torch.float32, deploy=None) -> "FakePipeline":
         config_file = Path(path) / "fake.json"
         config = json.loads(config_file.read_text()) if config_file.is_file() else {}
         return cls({"scheduler": None}, device, dtype, step_delay=config.get("step_delay", 0.0))
@@ -78,7 +78,6 @@ class FakePipeline(DiffusionPipelineBase):
 
 
 class FakeRequestOnlyPipeline(FakePipeline):
-    supports_step_execution: ClassVar[bool] = False
     max_batch_size: ClassVar[int | None] = 1
 
 

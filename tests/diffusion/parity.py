@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipelines import pipeline_class
-from omnistage.diffusion.pipelines.base import DenoiseState, DiffusionPipelineBase, DiffusionRequest
+from omnistage.diffusion.registry import pipeline_class
+from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest
 from omnistage.engine.types import ImagePayload, VideoPayload
 from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, default_input_image
 

@@ -151,23 +151,26 @@ def test_step_mode_staggered_joins_abort_and_parity_with_request_mode(tmp_path):
     engine.close()
 
 
-def test_step_mode_previews_and_encode_failure(tmp_path):
-    engine = DiffusionEngine(make_fake_model(tmp_path), config=StageDeployConfig(step_execution=True, max_num_seqs=2),
-                             pipeline_cls=FakePipeline, preview_interval=2)
-    engine.add_request(req("p", "x", num_inference_steps=5))
+@pytest.mark.parametrize("step_execution", [False, True])
+def test_partial_images_and_encode_failure(tmp_path, step_execution):
+    engine = DiffusionEngine(make_fake_model(tmp_path),
+                             config=StageDeployConfig(step_execution=step_execution, max_num_seqs=2),
+                             pipeline_cls=FakePipeline)
+    engine.add_request(req("p", "x", num_inference_steps=9, partial_images=2))
+    engine.add_request(req("q", "x", num_inference_steps=9))
     engine.add_request(req("bad", "fail-encode"))
     outs = run(engine)
     assert "fake encode failure" in outs["bad"][-1].error
     previews = [o.payload.preview for o in outs["p"][:-1]]
-    assert [p is not None for p in previews] == [False, True, False, True, False]
-    assert isinstance(previews[1], Image.Image)
+    assert [i + 1 for i, p in enumerate(previews) if p is not None] == [3, 6]  # evenly spaced, never the last
+    assert isinstance(previews[2], Image.Image)
+    assert all(o.payload.preview is None for o in outs["q"][:-1])
     engine.close()
 
 
-def test_request_only_pipeline_rejects_step_mode_and_caps_batches(tmp_path):
-    with pytest.raises(ValueError, match="step_execution"):
-        make_engine(tmp_path, pipeline_cls=FakeRequestOnlyPipeline, step_execution=True)
-    engine = make_engine(tmp_path, pipeline_cls=FakeRequestOnlyPipeline, max_num_seqs=8)
+@pytest.mark.parametrize("step_execution", [False, True])
+def test_one_at_a_time_pipeline_caps_batches(tmp_path, step_execution):
+    engine = make_engine(tmp_path, pipeline_cls=FakeRequestOnlyPipeline, max_num_seqs=8, step_execution=step_execution)
     assert engine.scheduler.max_num_seqs == 1
     engine.close()
 
@@ -200,6 +203,6 @@ def test_default_params_from_config_and_show_progress(tmp_path, capsys):
 
 
 def test_model_index_picks_the_pipeline_class(tmp_path):
-    from omnistage.diffusion.inputs import read_class_name
+    from omnistage.diffusion.checkpoint import CheckpointConfigs
 
-    assert read_class_name(make_fake_model(tmp_path)) == "FakePipeline"
+    assert CheckpointConfigs.read(make_fake_model(tmp_path)).class_name == "FakePipeline"

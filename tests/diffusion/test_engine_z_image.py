@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.diffusion.engine import DiffusionEngine
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipelines.z_image import ZImage
+from omnistage.models.z_image.pipeline import ZImage
 from omnistage.engine.types import StageRequest
 
 PROMPTS = ["a cat", "a photo of a small dog on a long red wooden chair", "a tree in the snow"]
@@ -115,7 +116,10 @@ def test_mp_two_ranks_match_uni_and_survive_a_killed_worker(path, alone):
 
         engine.add_request(req("long", PROMPTS[1], seed=1, steps=1000))
         threading.Timer(1.0, os.kill, (engine.executor.pids[0], signal.SIGKILL)).start()
-        outs = engine.step()
+        deadline = time.monotonic() + 60
+        outs = []
+        while not (outs and outs[-1].finished) and time.monotonic() < deadline:
+            outs = engine.step() or outs
         assert outs[-1].request_id == "long" and "died" in outs[-1].error
         assert not engine.is_healthy()
         with pytest.raises(RuntimeError, match="unhealthy"):
@@ -124,3 +128,34 @@ def test_mp_two_ranks_match_uni_and_survive_a_killed_worker(path, alone):
         engine.close()
     assert child_pids() <= children_before
     assert not [name for name in os.listdir("/dev/shm") if name.startswith("omnistage_")]
+
+
+@pytest.mark.parametrize("executor", ["uni", "mp"])
+def test_request_mode_progress_is_live_and_abort_stops_within_a_step(path, alone, executor):
+    """Request mode is step-wise too: each engine step is one denoising step, so progress
+    leaves as it happens and an aborted request stops computing at once, while the other
+    request of its batch finishes with the image it has alone."""
+    engine = DiffusionEngine(path, config=StageDeployConfig(executor=executor, max_num_seqs=2,
+                                                            request_batch_max_wait_ms=1000))
+    try:
+        engine.add_request(req("r0", PROMPTS[0], seed=0))
+        engine.add_request(req("gone", PROMPTS[1], seed=1))
+        first = engine.step()
+        assert {(o.request_id, o.payload.step) for o in first} == {("r0", 1), ("gone", 1)}
+        engine.abort_request("gone")
+        outs = run(engine)
+        assert set(outs) == {"r0"}  # nothing more for the aborted one
+        assert [o.payload.step for o in outs["r0"][:-1]] == [2, 3]
+        assert_same_image(pixels(outs["r0"][-1]), alone[0])
+
+        engine.scheduler.max_wait = 0  # a lone request: no burst to wait for
+        engine.add_request(req("long", PROMPTS[2], seed=2, steps=1000))
+        for step in (1, 2, 3):
+            (progress,) = engine.step()
+            assert (progress.payload.step, progress.payload.num_steps, progress.finished) == (step, 1000, False)
+        engine.abort_request("long")
+        assert engine.step() == [] and not engine.has_unfinished_requests()  # freed; 997 steps never run
+        if executor == "uni":
+            assert engine.executor.worker.runner.states == {}
+    finally:
+        engine.close()

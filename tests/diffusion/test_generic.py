@@ -11,10 +11,10 @@ import pytest
 from parity import TOLERANCE, ReferenceFixtures, max_abs_diff, request_for
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipelines import pipeline_class
-from omnistage.diffusion.pipelines.base import DiffusionRequest
-from omnistage.diffusion.pipelines.generic import GenericDiffusersPipeline
-from omnistage.diffusion.pipelines.z_image import ZImage
+from omnistage.diffusion.registry import pipeline_class
+from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.diffusion.generic import GenericDiffusersPipeline
+from omnistage.models.z_image.pipeline import ZImage
 from omnistage.testing.diffusion_models import default_input_image
 
 
@@ -25,8 +25,7 @@ class TestGeneric(ReferenceFixtures):
 
     def test_unknown_class_falls_back_to_generic(self):
         assert pipeline_class("SomeOtherDiffusersPipeline") is GenericDiffusersPipeline
-        assert not GenericDiffusersPipeline.supports_step_execution and GenericDiffusersPipeline.max_batch_size == 1
-        assert ZImage.supports_step_execution
+        assert GenericDiffusersPipeline.max_batch_size == 1 and ZImage.max_batch_size is None
 
     def test_matches_diffusers(self, ours, expected, call):
         want = expected(call, 3)
@@ -57,15 +56,26 @@ class TestGeneric(ReferenceFixtures):
                      on_step=lambda states: seen.append((states[0].step_index, states[0].num_steps)))
         assert seen == [(1, 2), (2, 2)]
 
-    def test_step_mode_needs_a_native_pipeline(self, ours, call):
-        request = request_for(call, seed=0)
-        with pytest.raises(NotImplementedError, match="native pipeline"):
-            ours.encode([request])
-        with pytest.raises(NotImplementedError, match="native pipeline"):
-            ours.denoise_step([])
+    def test_steps_diffusers_call_one_step_at_a_time(self, ours, expected, call):
+        # The call pauses after every step: each denoise_step advances exactly one.
+        (state,) = ours.encode([request_for(dict(call, num_inference_steps=3), seed=3)])
+        steps = []
+        while not state.is_done:
+            ours.denoise_step([state])
+            steps.append((state.step_index, state.num_steps))
+        assert steps == [(1, 3), (2, 3), (3, 3)]
+        (got,) = ours.decode_arrays([state])
+        assert max_abs_diff(got, expected(dict(call, num_inference_steps=3), 3)) <= TOLERANCE
+
+    def test_release_ends_the_call_at_its_next_step(self, ours, call):
+        (state,) = ours.encode([request_for(dict(call, num_inference_steps=50), seed=0)])
+        ours.denoise_step([state])
+        call_thread = state.cond["call"]._thread
+        ours.release(state)  # an abort: the paused call unwinds instead of running 49 more steps
+        assert not call_thread.is_alive() and state.cond["call"].result is None
 
     def test_one_request_per_forward(self, ours, call):
-        with pytest.raises(ValueError, match="one request"):
+        with pytest.raises(ValueError, match="one request at a time"):
             ours.forward([request_for(call, seed=0, request_id="a"), request_for(call, seed=1, request_id="b")])
 
     def test_unknown_extra_is_rejected(self, ours):

@@ -7,7 +7,7 @@ import pytest
 from parity import BATCH_PROMPTS, ParityTests, assert_rejected
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipelines.flux import Flux
+from omnistage.models.flux.pipeline import Flux
 
 
 class TestFlux(ParityTests):

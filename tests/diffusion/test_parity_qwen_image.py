@@ -5,7 +5,7 @@ from __future__ import annotations
 from parity import BATCH_PROMPTS, ParityTests, assert_rejected
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipelines.qwen_image import QwenImage
+from omnistage.models.qwen_image.pipeline import QwenImage
 
 
 class TestQwenImage(ParityTests):

@@ -13,8 +13,8 @@ import pytest
 from parity import BATCH_PROMPTS, BATCH_SEEDS, ParityTests, assert_rejected, load_reference, request_for
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipelines.base import DiffusionRequest
-from omnistage.diffusion.pipelines.qwen_image_edit import QwenImageEdit, condition_size
+from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.models.qwen_image.edit_pipeline import QwenImageEdit, condition_size
 from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, default_input_image
 
 pytestmark = pytest.mark.slow

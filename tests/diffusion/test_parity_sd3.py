@@ -7,7 +7,7 @@ import pytest
 from parity import BATCH_PROMPTS, ParityTests, assert_rejected
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipelines.sd3 import StableDiffusion3
+from omnistage.models.sd3.pipeline import StableDiffusion3
 
 
 class TestStableDiffusion3(ParityTests):

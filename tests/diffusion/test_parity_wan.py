@@ -11,7 +11,7 @@ import torch
 from parity import BATCH_PROMPTS, BATCH_SEEDS, ParityTests, assert_rejected, load_reference, reference_outputs
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipelines.wan import WanI2V, WanT2V
+from omnistage.models.wan.pipeline import WanI2V, WanT2V
 from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, default_input_image
 
 # Wan 2.2 A14B's T2V value; with the zoo's 4-step schedule (999, 900, 750, 500) the
@@ -27,8 +27,8 @@ def small(**fields) -> DiffusionParams:
 
 def load_i2v_reference(path):
     # Unlike WanPipeline, diffusers' WanImageToVideoPipeline cleans prompts with ftfy
-    # unconditionally (our WanI2V uses the ftfy-optional cleaner WanPipeline uses).
-    pytest.importorskip("ftfy", reason="diffusers' WanImageToVideoPipeline needs ftfy")
+    # unconditionally (our WanI2V uses the ftfy-optional cleaner WanPipeline uses); ftfy is a
+    # dev dependency.
     from diffusers import WanImageToVideoPipeline
 
     return load_reference(WanImageToVideoPipeline, path)

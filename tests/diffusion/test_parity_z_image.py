@@ -5,7 +5,7 @@ from __future__ import annotations
 from parity import BATCH_PROMPTS, ParityTests, assert_rejected
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipelines.z_image import ZImage
+from omnistage.models.z_image.pipeline import ZImage
 
 
 class TestZImage(ParityTests):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipelines.base import DiffusionRequest
+from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.diffusion.sched import (
     EngineRequest,
     RequestScheduler,
@@ -35,7 +35,7 @@ def ids(batch: SchedulerOutput) -> list[str]:
 
 
 class FakeRunner:
-    """Advances requests by one step per batch (step mode) or to the end (request mode)."""
+    """Advances every request of a batch by one step, as the real runner does in both modes."""
 
     def __init__(self):
         self.steps: dict[str, tuple[int, int]] = {}  # rid -> (done, total)
@@ -54,14 +54,32 @@ class FakeRunner:
                 self.steps.pop(rid)
                 continue
             done, total = self.steps[rid]
-            for step in range(done + 1, (total if batch.mode == "request" else done + 1) + 1):
-                out.progress.append((rid, ProgressPayload(step, total)))
-            done = total if batch.mode == "request" else done + 1
+            done += 1
+            out.progress.append((rid, ProgressPayload(done, total)))
             self.steps[rid] = (done, total)
             if done == total:
                 out.payloads[rid] = ImagePayload([])
                 del self.steps[rid]
         return out
+
+
+def run_batch(s, runner: FakeRunner) -> list[str]:
+    """Run one batch (one step) to the end of its batch: the admitted request ids."""
+    batch = s.schedule()
+    s.update(batch, runner.execute(batch))
+    return [r.request_id for r in batch.new_requests]
+
+
+def admissions(s, runner: FakeRunner, max_batches: int = 100) -> list[list[str]]:
+    """Step until idle; the joiners of every batch that admitted some."""
+    joined = []
+    for _ in range(max_batches):
+        if not s.has_unfinished_requests():
+            return joined
+        new = run_batch(s, runner)
+        if new:
+            joined.append(new)
+    raise AssertionError("scheduler did not finish")
 
 
 # -- request mode ----------------------------------------------------------------------------
@@ -71,10 +89,22 @@ def test_request_mode_batches_matching_keys_fifo_up_to_max():
     s = RequestScheduler(max_num_seqs=2, clock=Clock())
     for rid, key in [("r0", "a"), ("r1", "b"), ("r2", "a"), ("r3", "a"), ("r4", "b")]:
         s.add_request(make_request(rid, key))
-    assert ids(s.schedule()) == ["r0", "r2"]  # head's key, arrival order, capped at 2
-    assert ids(s.schedule()) == ["r1", "r4"]  # the incompatible request now heads the queue
-    assert ids(s.schedule()) == ["r3"]
+    # The head's key, in arrival order, capped at 2; then the incompatible request heads the queue.
+    assert admissions(s, FakeRunner()) == [["r0", "r2"], ["r1", "r4"], ["r3"]]
     assert s.schedule().is_empty
+
+
+def test_request_mode_runs_a_batch_step_by_step_without_joiners():
+    s, runner = RequestScheduler(max_num_seqs=4, clock=Clock()), FakeRunner()
+    s.add_request(make_request("r0", steps=3))
+    s.add_request(make_request("short", steps=1))
+    assert run_batch(s, runner) == ["r0", "short"]
+    s.add_request(make_request("late", steps=1))
+    batch = s.schedule()  # "short" finished, "late" waits: no joins while the batch runs
+    assert ids(batch) == ["r0"] and not batch.new_requests
+    s.update(batch, runner.execute(batch))
+    assert run_batch(s, runner) == []
+    assert run_batch(s, runner) == ["late"]
 
 
 def test_request_mode_update_finishes_and_fails_and_records_metrics():
@@ -84,15 +114,21 @@ def test_request_mode_update_finishes_and_fails_and_records_metrics():
         s.add_request(make_request(rid, steps=3))
     clock.now = 101.0
     batch = s.schedule()
-    assert batch.mode == "request" and len(batch.new_requests) == 3
-    clock.now = 103.0
+    assert len(batch.new_requests) == 3
     out = runner.execute(batch, fail={"r1"})
-    assert len(out.progress) == 6  # 3 steps x 2 surviving requests
-    finished = {r.request_id: r for r in s.update(batch, out)}
-    assert finished["r0"].status is RequestStatus.FINISHED and finished["r1"].status is RequestStatus.FAILED
+    assert len(out.progress) == 2  # one step for each surviving request
+    failed = s.update(batch, out)
+    assert [(r.request_id, r.status) for r in failed] == [("r1", RequestStatus.FAILED)]
+    finished = {}
+    for now in (102.0, 103.0):
+        clock.now = now
+        batch = s.schedule()
+        assert "r1" in batch.finished_req_ids or now == 103.0  # the failed state is freed once
+        finished.update({r.request_id: r for r in s.update(batch, runner.execute(batch))})
     r0 = finished["r0"]
+    assert r0.status is RequestStatus.FINISHED
     assert (r0.scheduled_time - r0.arrival_time, r0.finish_time - r0.scheduled_time) == (1.0, 2.0)
-    assert r0.num_steps_done == 3 and r0.mean_batch_size == 3
+    assert r0.num_steps_done == 3 and r0.mean_batch_size == pytest.approx(7 / 3)  # 3 in its first step, then 2, 2
     assert not s.has_unfinished_requests()
 
 
@@ -106,6 +142,7 @@ def test_request_mode_coalesces_a_burst_until_max_wait():
     assert s.schedule().is_empty  # still not full, head only 20 ms old
     clock.now += 0.031
     assert ids(s.schedule()) == ["r0", "r1"]  # head's wait is over: go with what we have
+    s = RequestScheduler(max_num_seqs=3, max_wait_ms=50, clock=clock)
     for i in range(3):
         s.add_request(make_request(f"f{i}", at=clock.now))
     assert ids(s.schedule()) == ["f0", "f1", "f2"]  # a full batch never waits
@@ -116,10 +153,13 @@ def test_request_mode_abort_waiting_and_in_flight():
     for rid in ("r0", "r1", "r2"):
         s.add_request(make_request(rid))
     assert s.abort_request("r2") and not s.abort_request("nope")
+    runner = FakeRunner()
+    assert run_batch(s, runner) == ["r0", "r1"]
+    s.abort_request("r1")  # running: it leaves before the next step, which frees its state
     batch = s.schedule()
-    s.abort_request("r1")  # in flight: its result is dropped
-    finished = s.update(batch, FakeRunner().execute(batch))
-    assert [r.request_id for r in finished] == ["r0"]
+    assert ids(batch) == ["r0"] and batch.finished_req_ids == {"r1"}
+    finished = s.update(batch, runner.execute(batch))
+    assert [r.request_id for r in finished] == ["r0"] and runner.freed == {"r1"}
     assert not s.has_unfinished_requests()
 
 
@@ -220,10 +260,9 @@ def test_step_mode_waits_for_a_burst_only_when_idle():
 
 
 def test_step_mode_records_mean_batch_size_and_fail_all():
-    s, runner = StepScheduler(max_num_seqs=4, clock=Clock(), preview_interval=2), FakeRunner()
+    s, runner = StepScheduler(max_num_seqs=4, clock=Clock()), FakeRunner()
     s.add_request(make_request("a", steps=2))
     batch = s.schedule()
-    assert batch.preview_interval == 2
     s.update(batch, runner.execute(batch))
     s.add_request(make_request("b", steps=2))
     s.add_request(make_request("c", steps=2))

@@ -1,8 +1,6 @@
 """`omnistage serve` in a real process with zoo models, driven by the official clients.
 
-One server per model (a start costs ~10-20 s of imports and loading here). Omni chat
-with audio runs once the Qwen2.5-Omni token2wav stage exists; until then it is covered
-over a fake engine in tests/entrypoints/openai.
+One server per model (a start costs ~10-20 s of imports and loading here).
 """
 
 from __future__ import annotations
@@ -48,6 +46,15 @@ def test_z_image_images_errors_auth_metrics_and_graceful_sigterm(zoo):
         result = client.images.generate(prompt="a blue circle", size="64x32", response_format="url", extra_body=FAST)
         image = httpx.get(result.data[0].url)  # file URLs need no key
         assert image.status_code == 200 and Image.open(io.BytesIO(image.content)).size == (64, 32)
+
+        # Streamed: partial images as the steps go, then the final image, through the SDK unmodified.
+        events = list(client.images.generate(prompt="a red square", size="64x64", stream=True, partial_images=2,
+                                             extra_body={"num_inference_steps": 6, "seed": 5}))
+        assert [e.type for e in events] == ["image_generation.partial_image"] * 2 + ["image_generation.completed"]
+        assert [e.partial_image_index for e in events[:2]] == [0, 1] and events[-1].size == "64x64"
+        whole = client.images.generate(prompt="a red square", size="64x64",
+                                       extra_body={"num_inference_steps": 6, "seed": 5})
+        assert events[-1].b64_json == whole.data[0].b64_json  # streaming changes nothing in the result
 
         http = server.http()
         for body, param in (({"prompt": "x", "size": "64"}, "size"), ({"prompt": "x", "sizes": "64x64"}, None),
@@ -141,9 +148,25 @@ def test_wan_t2v_video_job_and_sync(zoo):
         assert resp.status_code == 400 and "num_frames" in resp.json()["error"]["message"]
         assert http.delete(f"/v1/videos/{job['id']}").json()["deleted"] is True
 
+        # A long job's progress moves while it runs, and DELETE stops its compute: the worker is
+        # free for the next request long before the job's remaining steps could have run.
+        start = time.time()
+        job = http.post("/v1/videos", data={**form, "num_inference_steps": "1000"}).json()
+        seen = set()
+        while job["progress"] < 3 and time.time() - start < 120:
+            time.sleep(0.05)
+            job = http.get(f"/v1/videos/{job['id']}").json()
+            seen.add(job["progress"])
+        assert job["status"] == "in_progress" and len(seen) >= 2, job
+        seconds_per_step = (time.time() - start) / 30
+        http.delete(f"/v1/videos/{job['id']}")
+        start = time.time()
+        assert http.post("/v1/videos/sync", data=form).status_code == 200
+        assert time.time() - start < 900 * seconds_per_step  # the ~970 steps left never ran
+        assert server.stop(signal.SIGTERM) == 0
+
 
 def test_qwen2_5_omni_chat_answers_with_audio(zoo):
-    pytest.importorskip("omnistage.models.qwen2_5_omni.token2wav", reason="the Omni token2wav stage is not in yet")
     import soundfile as sf
 
     model = str(zoo("qwen2.5-omni"))

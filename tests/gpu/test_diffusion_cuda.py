@@ -14,9 +14,9 @@ import pytest
 import torch
 from parity import BATCH_PROMPTS, BATCH_SEEDS, TOLERANCE, load_reference, max_abs_diff, reference_arrays, request_for, run_arrays
 
-from omnistage.diffusion.pipelines.flux import Flux
-from omnistage.diffusion.pipelines.qwen_image import QwenImage
-from omnistage.diffusion.pipelines.z_image import ZImage
+from omnistage.models.flux.pipeline import Flux
+from omnistage.models.qwen_image.pipeline import QwenImage
+from omnistage.models.z_image.pipeline import ZImage
 from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS
 
 pytestmark = pytest.mark.gpu

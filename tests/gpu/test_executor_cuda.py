@@ -55,7 +55,7 @@ def test_mp_executor_on_cuda_gives_the_uni_image(path):
 def test_worker_joins_an_nccl_group_of_one(path):
     import torch.distributed as dist
 
-    from omnistage.diffusion.pipelines.z_image import ZImage
+    from omnistage.models.z_image.pipeline import ZImage
     from omnistage.diffusion.worker import DiffusionWorker, WorkerConfig
 
     if dist.is_initialized():

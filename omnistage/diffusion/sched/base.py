@@ -1,5 +1,11 @@
-"""What both diffusion schedulers share: the FIFO waiting queue, aborts, burst coalescing
-and the bookkeeping that turns a `RunnerOutput` into finished requests.
+"""What both diffusion schedulers share: the FIFO waiting queue, the running set that takes
+one denoising step per batch, aborts, burst coalescing, and the bookkeeping that turns a
+`RunnerOutput` into finished requests.
+
+Every batch is one denoising step for every running request, in both modes; the modes
+differ only in admission (`_admit`): request mode forms a batch once and runs it to the
+end, step mode lets requests join between steps. So progress is live and an abort stops
+a request's compute at the next step in both.
 
 Schedulers are plain Python over `EngineRequest`s: no torch, no device, an injectable
 clock, so tests drive them directly with hand-built runner outputs.
@@ -17,6 +23,8 @@ from omnistage.diffusion.sched.request import EngineRequest, RequestStatus
 
 
 class SchedulerBase(ABC):
+    mode: str
+
     def __init__(self, max_num_seqs: int = 1, max_wait_ms: float = 0.0,
                  clock: Callable[[], float] = time.monotonic):
         if max_num_seqs < 1:
@@ -27,6 +35,7 @@ class SchedulerBase(ABC):
         self.max_wait = max_wait_ms / 1000.0
         self.clock = clock
         self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []
         self.requests: dict[str, EngineRequest] = {}  # every unfinished request, by id
         self.finished_req_ids: set[str] = set()  # left since the last batch; sent so workers free state
 
@@ -39,14 +48,15 @@ class SchedulerBase(ABC):
         self.waiting.append(req)
 
     def abort_request(self, request_id: str) -> bool:
-        """Drop a request. A running one leaves at the next step boundary (or, in request
-        mode, its result is discarded). Returns whether the id was known."""
+        """Drop a request. A running one leaves before the next step, and the workers free
+        its state with that batch. Returns whether the id was known."""
         req = self.requests.pop(request_id, None)
         if req is None:
             return False
         if req.status is RequestStatus.WAITING:
             self.waiting.remove(req)
         else:
+            self.running.remove(req)
             self.finished_req_ids.add(request_id)
         req.status = RequestStatus.ABORTED
         return True
@@ -61,6 +71,10 @@ class SchedulerBase(ABC):
     def num_waiting(self) -> int:
         return len(self.waiting)
 
+    @abstractmethod
+    def _admit(self) -> list[EngineRequest]:
+        """The waiting requests that join the running set in this batch (removed from `waiting`)."""
+
     # -- coalescing ------------------------------------------------------------------------
 
     def wait_time(self) -> float:
@@ -71,17 +85,42 @@ class SchedulerBase(ABC):
         return max(0.0, self.waiting[0].arrival_time + self.max_wait - self.clock())
 
     def _should_coalesce(self, num_ready: int) -> bool:
-        """Hold a not-full batch back while its oldest request is younger than max_wait."""
-        return num_ready < self.max_num_seqs and self.wait_time() > 0
+        """Hold a not-full first batch back while its oldest request is younger than max_wait."""
+        return not self.running and num_ready < self.max_num_seqs and self.wait_time() > 0
 
     # -- the step --------------------------------------------------------------------------
 
-    @abstractmethod
-    def schedule(self) -> SchedulerOutput: ...
+    def schedule(self) -> SchedulerOutput:
+        joiners = self._admit()
+        batch = SchedulerOutput(
+            new_requests=[r.request for r in joiners],
+            running_req_ids=[r.request_id for r in self.running],
+            finished_req_ids=self._take_finished_ids(),
+        )
+        self.running.extend(joiners)
+        now = self.clock()
+        for req in self.running:
+            req.record_batch(len(self.running), now)
+        return batch
 
-    @abstractmethod
     def update(self, batch: SchedulerOutput, output: RunnerOutput) -> list[EngineRequest]:
         """Apply a runner output; return the requests that finished or failed in it."""
+        self._apply_progress(output)
+        finished = []
+        for rid in batch.req_ids:
+            if rid in output.payloads:
+                status = RequestStatus.FINISHED
+            elif rid in output.errors:
+                status = RequestStatus.FAILED
+            else:
+                continue  # still denoising
+            req = self._finish(rid, status)
+            if req is not None:
+                self.running.remove(req)
+                finished.append(req)
+                if status is RequestStatus.FAILED:
+                    self.finished_req_ids.add(rid)  # the runner may still hold its state
+        return finished
 
     def _take_finished_ids(self) -> set[str]:
         ids, self.finished_req_ids = self.finished_req_ids, set()
@@ -107,4 +146,5 @@ class SchedulerBase(ABC):
         """Retire every unfinished request as failed (the workers are gone)."""
         failed = [self._finish(rid, RequestStatus.FAILED) for rid in list(self.requests)]
         self.waiting.clear()
+        self.running.clear()
         return [r for r in failed if r is not None]

@@ -1,37 +1,29 @@
 """The two objects that cross the executor boundary, modelled on vLLM's SchedulerOutput
 and ModelRunnerOutput: what to run (scheduler -> workers) and what came of it (back).
 
-Request mode: `new_requests` is the whole batch; the runner calls `pipeline.forward`.
-Step mode: `new_requests` are encoded and join this step, `running_req_ids` name
-requests the runner already holds a `DenoiseState` for, and `finished_req_ids` are
-requests that left (finished or aborted) since the last batch, so the runner frees
-their states. Both cross process boundaries, so they hold plain picklable data.
+A batch is one denoising step, in both modes: `new_requests` are encoded and join this
+step, `running_req_ids` name requests the runner already holds a `DenoiseState` for, and
+`finished_req_ids` are requests that left (finished or aborted) since the last batch, so
+the runner frees their states. Both cross process boundaries, so they hold plain
+picklable data.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from omnistage.diffusion.pipelines.base import DiffusionRequest
+from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.engine.types import ProgressPayload
-
-Mode = Literal["request", "step"]
-
 
 @dataclass
 class SchedulerOutput:
-    mode: Mode
     new_requests: list[DiffusionRequest] = field(default_factory=list)
-    """Sent in full, once: request mode's batch, or step mode's joiners (encode, then step)."""
+    """Sent in full, once: the joiners (encoded, then they take their first step)."""
     running_req_ids: list[str] = field(default_factory=list)
-    """Step mode: already-encoded requests to advance by one step."""
+    """Already-encoded requests to advance by one step."""
     finished_req_ids: set[str] = field(default_factory=set)
     """Requests that left since the last batch: workers drop their states."""
-    preview_interval: int = 0
-    """Step mode: decode a preview every this many steps (0 = progress only)."""
-    report_progress: bool = True
-    """Request mode: collect a progress event per denoising step."""
 
     @property
     def req_ids(self) -> list[str]:

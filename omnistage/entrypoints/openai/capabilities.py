@@ -77,8 +77,8 @@ def _image_input(spec: Any) -> ImageInput:
         return "none"
     if entries[0].model is None:
         return "optional"
-    from omnistage.diffusion.pipelines import NATIVE_PIPELINES, pipeline_class
+    from omnistage.diffusion.registry import is_native, pipeline_class
 
-    if entries[0].model not in NATIVE_PIPELINES:
+    if not is_native(entries[0].model):
         return "optional"
     return "required" if pipeline_class(entries[0].model).needs_image else "none"

@@ -37,9 +37,9 @@ def _engine_defaults(stage: Any) -> dict[str, Any]:
         return dataclasses.asdict(SamplingParams())
     if stage.kind != "diffusion" or stage.model is None:
         return {}
-    from omnistage.diffusion.pipelines import NATIVE_PIPELINES, pipeline_class
+    from omnistage.diffusion.registry import is_native, pipeline_class
 
-    if stage.model not in NATIVE_PIPELINES:
+    if not is_native(stage.model):
         return {}
     cls = pipeline_class(stage.model)
     extras = {name: spec.default for name, spec in cls.extras.items() if spec.default is not None}

@@ -5,6 +5,7 @@ request, not through an upstream stage.
 """
 
 from omnistage.config import PipelineSpec, StageSpec, register_pipeline
+from omnistage.diffusion.registry import register_diffusion_pipeline
 
 QWEN_IMAGE = PipelineSpec(
     name="qwen_image",
@@ -26,3 +27,5 @@ QWEN_IMAGE_EDIT = PipelineSpec(
 
 register_pipeline("QwenImagePipeline", QWEN_IMAGE, deploy_config="qwen_image.yaml")
 register_pipeline("QwenImageEditPipeline", QWEN_IMAGE_EDIT, deploy_config="qwen_image_edit.yaml")
+register_diffusion_pipeline("QwenImagePipeline", "omnistage.models.qwen_image.pipeline:QwenImage")
+register_diffusion_pipeline("QwenImageEditPipeline", "omnistage.models.qwen_image.edit_pipeline:QwenImageEdit")

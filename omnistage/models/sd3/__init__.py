@@ -1,6 +1,7 @@
 """Stable Diffusion 3 / 3.5: text -> image in one diffusion stage."""
 
 from omnistage.config import PipelineSpec, StageSpec, register_pipeline
+from omnistage.diffusion.registry import register_diffusion_pipeline
 
 SD3 = PipelineSpec(
     name="sd3",
@@ -17,3 +18,4 @@ SD3 = PipelineSpec(
 )
 
 register_pipeline("StableDiffusion3Pipeline", SD3, deploy_config="sd3.yaml")
+register_diffusion_pipeline("StableDiffusion3Pipeline", "omnistage.models.sd3.pipeline:StableDiffusion3")

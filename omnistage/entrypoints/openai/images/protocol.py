@@ -30,6 +30,10 @@ class ImageRequestFields(DiffusionFields):
     """Accepted and ignored."""
     style: str | None = None
     """Accepted and ignored."""
+    stream: bool = False
+    """Answer Server-Sent Events: `partial_images` previews, then one completed event per image."""
+    partial_images: int = Field(default=0, ge=0, le=3)
+    """Previews of the (first) image decoded at evenly spaced denoising steps, when streaming."""
 
 
 class ImageGenerationRequest(ImageRequestFields):

@@ -8,8 +8,9 @@ scheduler) and splits generation the way diffusers' modular pipelines do:
     denoise_step(states)  -> advance every state by one step, in batched transformer calls
     decode(states)        -> one ImagePayload / VideoPayload per request
 
-so the step scheduler can add and drop requests between steps. `forward(requests)` runs
-the whole loop for request mode. Batching never changes a request's result: every
+so the runtime runs one denoising step per engine step in both scheduling modes, and the
+step scheduler can add and drop requests between steps. `forward(requests)` runs the
+whole loop in one call (offline use and tests). Batching never changes a request's result: every
 request draws its noise from its own generator seeded with its own seed.
 """
 
@@ -25,8 +26,11 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.diffusion.checkpoint import CheckpointConfigs
+from omnistage.diffusion.guidance import Guidance, Predict, guided_predictions
 from omnistage.diffusion.params import DiffusionParams, ExtraSpec, validate_extras
-from omnistage.engine.types import ImagePayload, VideoPayload
+from omnistage.engine.types import ImagePayload, RequestError, VideoPayload
 
 
 @dataclass
@@ -74,27 +78,64 @@ class DiffusionPipelineBase(ABC):
     """Model-declared request extras (e.g. max_sequence_length)."""
     needs_image: ClassVar[bool] = False
     """Whether a request must carry an input image (edit, I2V)."""
-    supports_step_execution: ClassVar[bool] = True
-    """Whether `encode` / `denoise_step` / `decode` work (step mode); False for the generic adapter."""
+    guidance: ClassVar[Guidance | None] = None
+    """How classifier-free guidance runs for this family (guidance.py); None = no CFG branches."""
     max_batch_size: ClassVar[int | None] = None
-    """Most requests one `forward` call takes; None = no limit (the generic adapter takes 1)."""
+    """Most requests that may run at once; None = no limit (the generic adapter takes 1)."""
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
         self.components = components
         self.device = torch.device(device)
         self.dtype = dtype
         for name, module in components.items():
             setattr(self, name, module)
+        self.accelerations: list[str] = []
+        """What `from_pretrained` applied from the deploy config (e.g. ["vae_tiling"])."""
+        self.guidance_runner = guided_predictions
+        """Runs `guidance` for a step; CFG-parallel replaces it (accel/cfg_parallel.py)."""
+        self.configure(configs or CheckpointConfigs({}, {}))
+
+    def configure(self, configs: CheckpointConfigs) -> None:
+        """Read the checkpoint facts that requests are checked against (size multiples, default
+        size, guidance kind) from its config files. It runs in the loaded pipeline and, without
+        any weights, in the engine process (`for_requests`), so everything `prepare_request`,
+        `check_inputs` and `batch_key` use must come from here or from class attributes."""
+
+    @classmethod
+    def for_requests(cls, model_path: str) -> "DiffusionPipelineBase":
+        """An instance without components that validates requests for `model_path`: what the
+        engine checks every request against before queueing it."""
+        checker = cls.__new__(cls)
+        DiffusionPipelineBase.__init__(checker, {}, "cpu", torch.float32, CheckpointConfigs.read(model_path))
+        return checker
 
     # -- loading -------------------------------------------------------------------------
 
+    loader_overrides: ClassVar[dict[str, Any]] = {}
+    """Components diffusers' loader is given instead of loading them (e.g. {"processor": None})."""
+
     @classmethod
-    def from_pretrained(cls, path: str, device: torch.device | str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "DiffusionPipelineBase":
-        """Load the components from a diffusers folder (or hub id) with diffusers' own classes.
-        Override when the checkpoint needs more (a processor, pipeline config)."""
-        return cls(load_components(path, device, dtype), device, dtype)
+    def from_pretrained(cls, path: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                        deploy: StageDeployConfig | None = None) -> "DiffusionPipelineBase":
+        """The one load path: diffusers' own classes load the folder (or hub id) as its
+        model_index.json names them, `from_diffusers` builds the pipeline from them, and the
+        stage's accelerations (`deploy`) are applied to it, all in one place."""
+        from diffusers import DiffusionPipeline
+
+        from omnistage.diffusion.accel import apply_accelerations
+
+        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **cls.loader_overrides).to(device)
+        pipeline = cls.from_diffusers(pipe, str(path), CheckpointConfigs.read(str(path)), device, dtype)
+        pipeline.accelerations = apply_accelerations(pipeline, deploy or StageDeployConfig())
+        return pipeline
+
+    @classmethod
+    def from_diffusers(cls, pipe: Any, path: str, configs: CheckpointConfigs, device: torch.device | str,
+                       dtype: torch.dtype) -> "DiffusionPipelineBase":
+        """The hook for a family that needs more from the checkpoint than its components (e.g.
+        a processor): build the pipeline from the loaded diffusers one."""
+        return cls(pipe.components, device, dtype, configs)
 
     # -- request checks ------------------------------------------------------------------
 
@@ -106,9 +147,9 @@ class DiffusionPipelineBase(ABC):
     def check_inputs(self, request: DiffusionRequest) -> None:
         """Raise ValueError naming the offending field. Override to add family rules."""
         if self.needs_image and not request.images:
-            raise ValueError("image: this model needs an input image")
+            raise RequestError("image: this model needs an input image", "image")
         if not self.needs_image and request.images:
-            raise ValueError("image: this model does not take an input image")
+            raise RequestError("image: this model does not take an input image", "image")
 
     def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:
         """The request with defaults filled and extras validated, after `check_inputs`.
@@ -139,6 +180,15 @@ class DiffusionPipelineBase(ABC):
         [num_outputs, H, W, 3], video [num_frames, H, W, 3]. Parity tests compare these
         with diffusers' `output_type="np"`."""
 
+    def guided_predictions(self, states: list[DenoiseState], predict: Predict) -> list[torch.Tensor]:
+        """Each state's guided noise prediction for its current step: `predict` runs the
+        transformer over (state, branch) rows; the family's `guidance` says which and how."""
+        return self.guidance_runner(states, predict, self.guidance)
+
+    def release(self, state: DenoiseState) -> None:
+        """`state` left the runner (finished, failed or aborted): free what it holds beyond its
+        tensors (the generic adapter ends its diffusers call)."""
+
     def decode(self, states: list[DenoiseState]) -> list[Any]:
         """Decode finished states into one ImagePayload / VideoPayload per state."""
         return [self.to_payload(arr, state.request) for state, arr in zip(states, self.decode_arrays(states))]
@@ -153,7 +203,7 @@ class DiffusionPipelineBase(ABC):
             return VideoPayload(frames=uint8, fps=float(fps))
         return ImagePayload(images=[Image.fromarray(img) for img in uint8])
 
-    # -- request mode --------------------------------------------------------------------
+    # -- the whole loop in one call (offline use and tests; the runtime steps the seams) ----
 
     @torch.no_grad()
     def forward(self, requests: list[DiffusionRequest], on_step: ProgressCallback | None = None) -> list[Any]:
@@ -195,16 +245,6 @@ class DiffusionPipelineBase(ABC):
 # -- module-level helpers shared by the families ---------------------------------------------
 
 
-def load_components(path: str, device: torch.device | str = "cpu",
-                    dtype: torch.dtype = torch.float32, **overrides: Any) -> dict[str, Any]:
-    """A diffusers folder's components (transformer, VAE, text encoders, tokenizers, scheduler),
-    loaded by diffusers' own classes as named in its model_index.json, on `device` in `dtype`.
-    `overrides` pass given (or None) components instead of loading them, as diffusers allows."""
-    from diffusers import DiffusionPipeline
-
-    return DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **overrides).to(device).components
-
-
 def check_divisible(params: DiffusionParams, **multiples: int) -> None:
     """Raise ValueError naming the first field in `multiples` (field name -> divisor) whose value
     in `params` it does not divide; unset fields pass. diffusers warns and rounds sizes down; we
@@ -212,7 +252,7 @@ def check_divisible(params: DiffusionParams, **multiples: int) -> None:
     for name, multiple in multiples.items():
         value = getattr(params, name)
         if value is not None and value % multiple != 0:
-            raise ValueError(f"{name} must be divisible by {multiple}, got {value}")
+            raise RequestError(f"{name} must be divisible by {multiple}, got {value}", name)
 
 
 def encode_prompts_by_length(requests: list[DiffusionRequest], uses_cfg: Callable[[DiffusionRequest], bool],
@@ -313,11 +353,6 @@ def set_flow_match_timesteps(scheduler: Any, sigmas: Any, image_seq_len: int,
     timesteps, _ = retrieve_timesteps(scheduler, num_steps, device, sigmas=sigmas, mu=mu)
     scheduler.set_begin_index(0)
     return timesteps
-
-
-def classifier_free_guidance(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
-    """uncond + scale * (cond - uncond), in diffusers' operation order."""
-    return uncond + scale * (cond - uncond)
 
 
 def pack_latents(latents: torch.Tensor) -> torch.Tensor:

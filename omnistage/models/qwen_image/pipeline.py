@@ -7,7 +7,7 @@ inputs (the encoder also sees the input image), the condition image and its late
 
 True CFG runs as in diffusers: a second transformer pass on the negative prompt, only
 when `true_cfg_scale > 1` and a negative prompt was given, combined with a rescale that
-keeps each token's prediction norm equal to the cond prediction's.
+keeps each token's prediction norm equal to the cond prediction's (`guidance`).
 """
 
 from __future__ import annotations
@@ -17,13 +17,15 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.checkpoint import CheckpointConfigs
+from omnistage.diffusion.guidance import Guidance, Rows, rescaled_true_cfg
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipelines.base import (
+from omnistage.engine.types import RequestError
+from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
     DiffusionRequest,
     check_divisible,
-    classifier_free_guidance,
     current_timesteps,
     group_by,
     map_groups,
@@ -60,15 +62,18 @@ class QwenImage(DiffusionPipelineBase):
     default_sample_size: ClassVar[int] = 128  # latent pixels; times the VAE factor = 1024
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
         from diffusers.image_processor import VaeImageProcessor
 
-        super().__init__(components, device, dtype)
-        self.vae_scale_factor = 2 ** len(self.vae.temperal_downsample)
+        super().__init__(components, device, dtype, configs)
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
+
+    def configure(self, configs: CheckpointConfigs) -> None:
+        self.vae_scale_factor = 2 ** len(configs.vae.temperal_downsample)
         # Latents are packed in 2x2 patches, so pixel sizes must divide by twice the VAE factor.
         self.multiple_of = self.vae_scale_factor * 2
-        self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
-        self.latent_channels = self.vae.config.z_dim
+        self.latent_channels = configs.vae.z_dim
+        self.guidance_embeds = bool(configs.transformer.get("guidance_embeds", False))
         self.default_params = self._checkpoint_defaults()
 
     def _checkpoint_defaults(self) -> dict[str, Any]:
@@ -81,12 +86,11 @@ class QwenImage(DiffusionPipelineBase):
         super().check_inputs(request)
         params = request.params
         check_divisible(params, height=self.multiple_of, width=self.multiple_of)
-        distilled = self.transformer.config.guidance_embeds
-        if distilled and params.guidance_scale is None:
-            raise ValueError("guidance_scale is required: this model is guidance-distilled")
-        if not distilled and params.guidance_scale is not None:
-            raise ValueError("guidance_scale: this model is not guidance-distilled; use true_cfg_scale "
-                             "with a negative_prompt for classifier-free guidance")
+        if self.guidance_embeds and params.guidance_scale is None:
+            raise RequestError("guidance_scale is required: this model is guidance-distilled", "guidance_scale")
+        if not self.guidance_embeds and params.guidance_scale is not None:
+            raise RequestError("guidance_scale: this model is not guidance-distilled; use true_cfg_scale "
+                               "with a negative_prompt for classifier-free guidance", "guidance_scale")
 
     # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
 
@@ -173,40 +177,42 @@ class QwenImage(DiffusionPipelineBase):
 
     # -- 3. denoise -----------------------------------------------------------------------
 
+    # True CFG: a second pass on the negative prompt when the request has one, rescaled to
+    # the cond prediction's norm; each branch its own call, as in diffusers.
+    guidance: ClassVar[Guidance] = Guidance(
+        scale=lambda s: s.cond["true_cfg_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
+        combine=rescaled_true_cfg,
+    )
+
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # One transformer call per token-grid layout (RoPE is computed for the batch's first).
         for group in group_by(states, lambda s: s.cond["img_shapes"]):
-            with self.transformer.cache_context("cond"):
-                preds = self._predict(group, "prompt_embeds")
-            guided = [s for s in group if s.cond["negative_prompt_embeds"] is not None]
-            neg_preds = {}
-            if guided:
-                with self.transformer.cache_context("uncond"):
-                    neg_preds = dict(zip(map(id, guided), self._predict(guided, "negative_prompt_embeds")))
-            for state, pred in zip(group, preds):
-                if id(state) in neg_preds:
-                    pred = self._true_cfg(pred, neg_preds[id(state)], state.cond["true_cfg_scale"])
+            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
                 self.scheduler_step(state, pred)
 
-    def _predict(self, states: list[DenoiseState], embeds_key: str) -> list[torch.Tensor]:
-        """One batched transformer pass; returns each state's noise prediction."""
+    def _predict(self, rows: Rows) -> list[torch.Tensor]:
+        """One batched transformer pass over one branch's rows; each state's noise prediction."""
+        states = [s for s, _ in rows]
+        branch = rows[0][1]
+        embeds_key = "prompt_embeds" if branch == "cond" else "negative_prompt_embeds"
         latents = torch.cat([s.latents for s in states])
         hidden_states = torch.cat([self._model_input(s) for s in states])
         embeds, mask = self._pad_embeds([s.cond[embeds_key] for s in states for _ in range(s.latents.shape[0])])
         guidance = None
-        if self.transformer.config.guidance_embeds:
+        if self.guidance_embeds:
             guidance = torch.cat([torch.full((s.latents.shape[0],), s.cond["guidance_scale"], device=self.device,
                                              dtype=torch.float32) for s in states])
-        noise_pred = self.transformer(
-            hidden_states=hidden_states,
-            timestep=current_timesteps(states).to(latents.dtype) / 1000,
-            guidance=guidance,
-            encoder_hidden_states=embeds,
-            encoder_hidden_states_mask=mask,
-            img_shapes=[list(states[0].cond["img_shapes"])] * latents.shape[0],
-            return_dict=False,
-        )[0]
+        with self.transformer.cache_context(branch):
+            noise_pred = self.transformer(
+                hidden_states=hidden_states,
+                timestep=current_timesteps(states).to(latents.dtype) / 1000,
+                guidance=guidance,
+                encoder_hidden_states=embeds,
+                encoder_hidden_states_mask=mask,
+                img_shapes=[list(states[0].cond["img_shapes"])] * latents.shape[0],
+                return_dict=False,
+            )[0]
         # Edit models also predict the condition-image tokens appended after the target's.
         return split_per_state(noise_pred[:, : latents.shape[1]], states)
 
@@ -224,14 +230,6 @@ class QwenImage(DiffusionPipelineBase):
             return padded, None
         mask = torch.stack([torch.arange(max_len, device=e.device) < e.shape[0] for e in embeds]).long()
         return padded, mask
-
-    @staticmethod
-    def _true_cfg(cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
-        # Guide, then rescale each token's prediction back to the cond prediction's norm.
-        combined = classifier_free_guidance(cond, uncond, scale)
-        cond_norm = torch.norm(cond, dim=-1, keepdim=True)
-        combined_norm = torch.norm(combined, dim=-1, keepdim=True)
-        return combined * (cond_norm / combined_norm)
 
     # -- 4. decode ------------------------------------------------------------------------
 

@@ -21,13 +21,15 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.checkpoint import CheckpointConfigs
+from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipelines.base import (
+from omnistage.engine.types import RequestError
+from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
     DiffusionRequest,
     check_divisible,
-    classifier_free_guidance,
     encode_prompts_by_length,
     group_by,
     map_groups,
@@ -54,35 +56,30 @@ class _Wan(DiffusionPipelineBase):
     }
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32, *, boundary_ratio: float | None = None,
-                 expand_timesteps: bool = False):
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
         from diffusers.video_processor import VideoProcessor
 
-        super().__init__(components, device, dtype)
+        super().__init__(components, device, dtype, configs)
         self.transformer = components.get("transformer")
         self.transformer_2 = components.get("transformer_2")
-        self.boundary_ratio = boundary_ratio
-        self.expand_timesteps = expand_timesteps
+        # Plain CFG, each branch its own call as in diffusers; the scale depends on the expert.
+        self.guidance = Guidance(scale=self._guidance_scale, combine=plain_cfg)
         # Either expert may be left out of a Wan 2.2 checkpoint; they share a config shape.
         self.main_transformer = self.transformer if self.transformer is not None else self.transformer_2
-        self.vae_scale_factor_temporal = self.vae.config.scale_factor_temporal
-        self.vae_scale_factor_spatial = self.vae.config.scale_factor_spatial
         self.video_processor = VideoProcessor(vae_scale_factor=self.vae_scale_factor_spatial)
-        patch_size = self.main_transformer.config.patch_size
-        self.patch_size = tuple(patch_size)
-        # diffusers requires multiples of 16 and then rounds down to whole transformer patches.
-        self.height_multiple_of = math.lcm(16, self.vae_scale_factor_spatial * patch_size[1])
-        self.width_multiple_of = math.lcm(16, self.vae_scale_factor_spatial * patch_size[2])
 
-    @classmethod
-    def from_pretrained(cls, path: str, device: torch.device | str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "_Wan":
-        from diffusers import DiffusionPipeline
-
+    def configure(self, configs: CheckpointConfigs) -> None:
         # boundary_ratio / expand_timesteps live in model_index.json, i.e. the pipeline's config.
-        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype).to(device)
-        return cls(pipe.components, device, dtype, boundary_ratio=pipe.config.get("boundary_ratio"),
-                   expand_timesteps=bool(pipe.config.get("expand_timesteps", False)))
+        self.boundary_ratio = configs.pipeline.get("boundary_ratio")
+        self.expand_timesteps = bool(configs.pipeline.get("expand_timesteps", False))
+        self.num_train_timesteps = configs.scheduler.get("num_train_timesteps", 1000)
+        self.vae_scale_factor_temporal = configs.vae.scale_factor_temporal
+        self.vae_scale_factor_spatial = configs.vae.scale_factor_spatial
+        transformer = configs.transformer if configs.has("transformer") else configs.transformer_2
+        self.patch_size = tuple(transformer.patch_size)
+        # diffusers requires multiples of 16 and then rounds down to whole transformer patches.
+        self.height_multiple_of = math.lcm(16, self.vae_scale_factor_spatial * self.patch_size[1])
+        self.width_multiple_of = math.lcm(16, self.vae_scale_factor_spatial * self.patch_size[2])
 
     # -- 1. check inputs ----------------------------------------------------------------
 
@@ -91,12 +88,14 @@ class _Wan(DiffusionPipelineBase):
         params = request.params.with_defaults(self.default_params)
         check_divisible(params, height=self.height_multiple_of, width=self.width_multiple_of)
         if (params.num_frames - 1) % self.vae_scale_factor_temporal != 0:
-            raise ValueError(f"num_frames - 1 must be divisible by {self.vae_scale_factor_temporal}, "
-                             f"got num_frames={params.num_frames}")
+            raise RequestError(f"num_frames - 1 must be divisible by {self.vae_scale_factor_temporal}, "
+                               f"got num_frames={params.num_frames}", "num_frames")
         if params.num_outputs_per_prompt != 1:
-            raise ValueError(f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}")
+            raise RequestError(f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}",
+                               "num_outputs_per_prompt")
         if params.guidance_scale_2 is not None and self.boundary_ratio is None:
-            raise ValueError("guidance_scale_2 needs a two-expert checkpoint (boundary_ratio in model_index.json)")
+            raise RequestError("guidance_scale_2 needs a two-expert checkpoint (boundary_ratio in model_index.json)",
+                               "guidance_scale_2")
 
     # -- 2. encode: prompts, conditioning, initial noise, timesteps -------------------------
 
@@ -172,7 +171,7 @@ class _Wan(DiffusionPipelineBase):
         high-noise steps), 1 = `transformer_2` (Wan 2.2's low-noise steps)."""
         if self.boundary_ratio is None:
             return 0
-        boundary = self.boundary_ratio * self.scheduler.config.num_train_timesteps
+        boundary = self.boundary_ratio * self.num_train_timesteps
         return 0 if state.timesteps[state.step_index] >= boundary else 1
 
     def _model_input(self, state: DenoiseState) -> torch.Tensor:
@@ -198,10 +197,24 @@ class _Wan(DiffusionPipelineBase):
         for group in group_by(states, key):
             self._denoise_group(group, self._expert(group[0]))
 
-    def _predict(self, model: Any, states: list[DenoiseState], branch: str) -> torch.Tensor:
+    def _guidance_scale(self, state: DenoiseState) -> float | None:
+        """CFG when guidance_scale > 1; Wan 2.2's low-noise expert uses guidance_scale_2."""
+        if state.cond["negative_prompt_embeds"] is None:
+            return None
+        return state.cond["guidance_scale" if self._expert(state) == 0 else "guidance_scale_2"]
+
+    def _denoise_group(self, states: list[DenoiseState], expert: int) -> None:
+        model = self.transformer if expert == 0 else self.transformer_2
+        predict = lambda rows: self._predict(model, rows)  # noqa: E731
+        for state, pred in zip(states, self.guided_predictions(states, predict)):
+            self.scheduler_step(state, pred)
+
+    def _predict(self, model: Any, rows: Rows) -> list[torch.Tensor]:
+        states = [s for s, _ in rows]
+        branch = rows[0][1]
         images = [s.cond["image_embeds"] for s in states]
         with model.cache_context(branch):
-            return model(
+            noise_pred = model(
                 hidden_states=torch.cat([self._model_input(s) for s in states]).to(model.dtype),
                 timestep=torch.cat([self._timestep(s) for s in states]),
                 encoder_hidden_states=torch.cat([
@@ -210,23 +223,7 @@ class _Wan(DiffusionPipelineBase):
                 encoder_hidden_states_image=None if images[0] is None else torch.cat(images),
                 return_dict=False,
             )[0]
-
-    def _denoise_group(self, states: list[DenoiseState], expert: int) -> None:
-        model = self.transformer if expert == 0 else self.transformer_2
-        # Like diffusers: the cond and the uncond branch are separate calls (step caches keep
-        # them apart by cache_context); the uncond call holds only the CFG states.
-        noise_pred = split_per_state(self._predict(model, states, "cond"), states)
-        guided = [i for i, s in enumerate(states) if s.cond["negative_prompt_embeds"] is not None]
-        uncond: dict[int, torch.Tensor] = {}
-        if guided:
-            guided_states = [states[i] for i in guided]
-            uncond = dict(zip(guided, split_per_state(self._predict(model, guided_states, "uncond"), guided_states)))
-        for i, state in enumerate(states):
-            pred = noise_pred[i]
-            if i in uncond:
-                scale = state.cond["guidance_scale" if expert == 0 else "guidance_scale_2"]
-                pred = classifier_free_guidance(pred, uncond[i], scale)
-            self.scheduler_step(state, pred)
+        return split_per_state(noise_pred, states)
 
     # -- 4. decode ------------------------------------------------------------------------
 
@@ -266,8 +263,8 @@ class WanI2V(_Wan):
     needs_image: ClassVar[bool] = True
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32, **config: Any):
-        super().__init__(components, device, dtype, **config)
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
+        super().__init__(components, device, dtype, configs)
         self.image_encoder = components.get("image_encoder")
         self.image_processor = components.get("image_processor")
 
@@ -276,9 +273,9 @@ class WanI2V(_Wan):
 
         super().check_inputs(request)
         if len(request.images) != 1:
-            raise ValueError(f"image: expected exactly one input image, got {len(request.images)}")
+            raise RequestError(f"image: expected exactly one input image, got {len(request.images)}", "image")
         if not isinstance(request.images[0], PIL.Image.Image):
-            raise ValueError(f"image: must be a PIL image, got {type(request.images[0]).__name__}")
+            raise RequestError(f"image: must be a PIL image, got {type(request.images[0]).__name__}", "image")
 
     @property
     def num_channels_latents(self) -> int:

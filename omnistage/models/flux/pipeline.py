@@ -14,13 +14,14 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.checkpoint import CheckpointConfigs
+from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipelines.base import (
+from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
     DiffusionRequest,
     check_divisible,
-    classifier_free_guidance,
     current_timesteps,
     decode_images,
     encode_prompts_by_length,
@@ -53,15 +54,17 @@ class Flux(DiffusionPipelineBase):
     default_sample_size: ClassVar[int] = 128  # FluxPipeline.default_sample_size, in latent pixels
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
         from diffusers.image_processor import VaeImageProcessor
 
-        super().__init__(components, device, dtype)
-        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
-        # Latents are cut into 2x2 patches, so pixel sizes must divide by twice the VAE factor.
-        self.multiple_of = self.vae_scale_factor * 2
+        super().__init__(components, device, dtype, configs)
         self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
         self.tokenizer_max_length = self.tokenizer.model_max_length
+
+    def configure(self, configs: CheckpointConfigs) -> None:
+        self.vae_scale_factor = 2 ** (len(configs.vae.block_out_channels) - 1)
+        # Latents are cut into 2x2 patches, so pixel sizes must divide by twice the VAE factor.
+        self.multiple_of = self.vae_scale_factor * 2
         size = self.default_sample_size * self.vae_scale_factor
         self.default_params = {**type(self).default_params, "height": size, "width": size}
 
@@ -135,6 +138,14 @@ class Flux(DiffusionPipelineBase):
 
     # -- 3. denoise -----------------------------------------------------------------------
 
+    # True CFG (a negative-prompt pass, plain CFG rule) when the request has a negative prompt
+    # and true_cfg_scale > 1; each branch its own call, as in diffusers. The distilled
+    # `guidance_scale` of dev checkpoints is a transformer input, not a branch.
+    guidance: ClassVar[Guidance] = Guidance(
+        scale=lambda s: s.cond["true_cfg_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
+        combine=plain_cfg,
+    )
+
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # The position ids are shared across a transformer call, so its states need the same
@@ -145,41 +156,34 @@ class Flux(DiffusionPipelineBase):
         for group in group_by(states, key):
             self._denoise_group(group)
 
-    def _predict(self, states: list[DenoiseState], branch: str) -> torch.Tensor:
-        """The transformer's prediction for `states` stacked, with the `branch` prompt
-        ("" = positive, "negative_" = negative); timesteps and guidance are per sample."""
+    def _denoise_group(self, states: list[DenoiseState]) -> None:
+        for state, pred in zip(states, self.guided_predictions(states, self._predict)):
+            self.scheduler_step(state, pred)
+
+    def _predict(self, rows: Rows) -> list[torch.Tensor]:
+        """The transformer's prediction for one branch's rows, one per state; timesteps and
+        guidance are per sample."""
+        states = [s for s, _ in rows]
+        branch = rows[0][1]
+        prefix = "" if branch == "cond" else "negative_"
         latents = torch.cat([s.latents for s in states])
         timestep = current_timesteps(states).to(latents.dtype)
         guidance = None
         if self.transformer.config.guidance_embeds:
             guidance = torch.cat([torch.full((s.latents.shape[0],), s.cond["guidance_scale"],
                                              device=self.device, dtype=torch.float32) for s in states])
-        with self.transformer.cache_context("uncond" if branch else "cond"):
-            return self.transformer(
+        with self.transformer.cache_context(branch):
+            noise_pred = self.transformer(
                 hidden_states=latents,
                 timestep=timestep / 1000,
                 guidance=guidance,
-                pooled_projections=torch.cat([s.cond[f"{branch}pooled_prompt_embeds"] for s in states]),
-                encoder_hidden_states=torch.cat([s.cond[f"{branch}prompt_embeds"] for s in states]),
+                pooled_projections=torch.cat([s.cond[f"{prefix}pooled_prompt_embeds"] for s in states]),
+                encoder_hidden_states=torch.cat([s.cond[f"{prefix}prompt_embeds"] for s in states]),
                 txt_ids=states[0].cond["text_ids"],
                 img_ids=states[0].cond["latent_image_ids"],
                 return_dict=False,
             )[0]
-
-    def _denoise_group(self, states: list[DenoiseState]) -> None:
-        # Like diffusers: the cond and the uncond branch are separate calls (step caches keep
-        # them apart by cache_context); the uncond call holds only the true-CFG states.
-        noise_pred = split_per_state(self._predict(states, ""), states)
-        guided = [i for i, s in enumerate(states) if s.cond["negative_prompt_embeds"] is not None]
-        uncond: dict[int, torch.Tensor] = {}
-        if guided:
-            guided_states = [states[i] for i in guided]
-            uncond = dict(zip(guided, split_per_state(self._predict(guided_states, "negative_"), guided_states)))
-        for i, state in enumerate(states):
-            pred = noise_pred[i]
-            if i in uncond:
-                pred = classifier_free_guidance(pred, uncond[i], state.cond["true_cfg_scale"])
-            self.scheduler_step(state, pred)
+        return split_per_state(noise_pred, states)
 
     # -- 4. decode ------------------------------------------------------------------------
 

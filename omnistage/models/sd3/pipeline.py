@@ -14,13 +14,14 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.checkpoint import CheckpointConfigs
+from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipelines.base import (
+from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
     DiffusionRequest,
     check_divisible,
-    classifier_free_guidance,
     current_timesteps,
     decode_images,
     encode_prompts_by_length,
@@ -50,19 +51,21 @@ class StableDiffusion3(DiffusionPipelineBase):
     }
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
         from diffusers.image_processor import VaeImageProcessor
 
-        super().__init__(components, device, dtype)
+        super().__init__(components, device, dtype, configs)
         self.text_encoder_3 = components.get("text_encoder_3")
         self.tokenizer_3 = components.get("tokenizer_3")
-        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
-        self.patch_size = self.transformer.config.patch_size
-        # Latents are cut into patch_size x patch_size patches.
-        self.multiple_of = self.vae_scale_factor * self.patch_size
         self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor)
         self.tokenizer_max_length = self.tokenizer.model_max_length
-        size = self.transformer.config.sample_size * self.vae_scale_factor
+
+    def configure(self, configs: CheckpointConfigs) -> None:
+        self.vae_scale_factor = 2 ** (len(configs.vae.block_out_channels) - 1)
+        self.patch_size = configs.transformer.patch_size
+        # Latents are cut into patch_size x patch_size patches.
+        self.multiple_of = self.vae_scale_factor * self.patch_size
+        size = configs.transformer.sample_size * self.vae_scale_factor
         self.default_params = {**type(self).default_params, "height": size, "width": size}
 
     # -- 1. check inputs ----------------------------------------------------------------
@@ -147,6 +150,14 @@ class StableDiffusion3(DiffusionPipelineBase):
 
     # -- 3. denoise -----------------------------------------------------------------------
 
+    # CFG when guidance_scale > 1 (the negative prompt "" by default), plain rule; SD3's
+    # transformer takes both branches in one call, as diffusers batches them.
+    guidance: ClassVar[Guidance] = Guidance(
+        scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
+        combine=plain_cfg,
+        batch_branches=True,
+    )
+
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # One transformer call needs equal latent sizes and prompt lengths.
@@ -154,24 +165,21 @@ class StableDiffusion3(DiffusionPipelineBase):
             self._denoise_group(group)
 
     def _denoise_group(self, states: list[DenoiseState]) -> None:
-        # Rows: every state's cond latents, then the uncond latents of the CFG states. SD3's
-        # transformer takes both branches in one call (diffusers batches them the same way).
-        guided = [s for s in states if s.cond["negative_prompt_embeds"] is not None]
-        rows = [(s, "") for s in states] + [(s, "negative_") for s in guided]
+        for state, pred in zip(states, self.guided_predictions(states, self._predict)):
+            self.scheduler_step(state, pred)
+
+    def _predict(self, rows: Rows) -> list[torch.Tensor]:
+        """One transformer call over every row (cond and uncond together); one prediction per row."""
         row_states = [s for s, _ in rows]
+        prefixes = ["" if branch == "cond" else "negative_" for _, branch in rows]
         noise_pred = self.transformer(
             hidden_states=torch.cat([s.latents for s in row_states]),
             timestep=current_timesteps(row_states),
-            encoder_hidden_states=torch.cat([s.cond[f"{b}prompt_embeds"] for s, b in rows]),
-            pooled_projections=torch.cat([s.cond[f"{b}pooled_prompt_embeds"] for s, b in rows]),
+            encoder_hidden_states=torch.cat([s.cond[f"{p}prompt_embeds"] for s, p in zip(row_states, prefixes)]),
+            pooled_projections=torch.cat([s.cond[f"{p}pooled_prompt_embeds"] for s, p in zip(row_states, prefixes)]),
             return_dict=False,
         )[0]
-        preds = split_per_state(noise_pred, row_states)
-        uncond = {id(s): p for s, p in zip(guided, preds[len(states):])}
-        for state, pred in zip(states, preds):
-            if id(state) in uncond:
-                pred = classifier_free_guidance(pred, uncond[id(state)], state.cond["guidance_scale"])
-            self.scheduler_step(state, pred)
+        return split_per_state(noise_pred, row_states)
 
     # -- 4. decode ------------------------------------------------------------------------
 

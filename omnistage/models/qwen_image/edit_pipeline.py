@@ -16,8 +16,10 @@ from typing import Any, ClassVar
 import torch
 
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipelines.base import DenoiseState, DiffusionRequest, load_components, pack_latents
-from omnistage.diffusion.pipelines.qwen_image import QwenImage
+from omnistage.diffusion.checkpoint import CheckpointConfigs
+from omnistage.diffusion.pipeline import DenoiseState, DiffusionRequest, pack_latents
+from omnistage.engine.types import RequestError
+from omnistage.models.qwen_image.pipeline import QwenImage
 
 # QwenImageEditPipeline resizes the input image to about this many pixels (keeping its aspect
 # ratio, sides a multiple of 32) whatever output size is asked for; that size is also the
@@ -59,24 +61,26 @@ class QwenImageEdit(QwenImage):
     def _checkpoint_defaults(self) -> dict[str, Any]:
         return dict(type(self).default_params)
 
+    # The checkpoint's `processor` is a Qwen2VLProcessor, which transformers only builds with
+    # torchvision installed (its video half). Only its image half is needed: the vision image
+    # processor, which loads without torchvision; the tokenizer is the pipeline's own.
+    loader_overrides: ClassVar[dict[str, Any]] = {"processor": None}
+
     @classmethod
-    def from_pretrained(cls, path: str, device: torch.device | str = "cpu",
-                        dtype: torch.dtype = torch.float32) -> "QwenImageEdit":
+    def from_diffusers(cls, pipe: Any, path: str, configs: CheckpointConfigs, device: torch.device | str,
+                       dtype: torch.dtype) -> "QwenImageEdit":
         from transformers import AutoImageProcessor
 
-        # The checkpoint's `processor` is a Qwen2VLProcessor, which transformers only builds with
-        # torchvision installed (its video half). Only its image half is needed: the vision
-        # image processor, which loads without torchvision; the tokenizer is the pipeline's own.
-        components = load_components(path, device, dtype, processor=None)
-        components["vision_processor"] = AutoImageProcessor.from_pretrained(str(path), subfolder="processor")
-        return cls(components, device, dtype)
+        components = {**pipe.components,
+                      "vision_processor": AutoImageProcessor.from_pretrained(path, subfolder="processor")}
+        return cls(components, device, dtype, configs)
 
     # -- 1. check inputs ----------------------------------------------------------------
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         super().check_inputs(request)
         if len(request.images) > 1:
-            raise ValueError(f"image: this model edits one input image, got {len(request.images)}")
+            raise RequestError(f"image: this model edits one input image, got {len(request.images)}", "image")
 
     def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:
         request = super().prepare_request(request)

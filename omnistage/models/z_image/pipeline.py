@@ -13,8 +13,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.checkpoint import CheckpointConfigs
+from omnistage.diffusion.guidance import Guidance, Rows, norm_clamped_cfg
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipelines.base import (
+from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
     DiffusionRequest,
@@ -48,14 +50,16 @@ class ZImage(DiffusionPipelineBase):
     }
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
         from diffusers.image_processor import VaeImageProcessor
 
-        super().__init__(components, device, dtype)
-        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
+        super().__init__(components, device, dtype, configs)
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
+
+    def configure(self, configs: CheckpointConfigs) -> None:
+        self.vae_scale_factor = 2 ** (len(configs.vae.block_out_channels) - 1)
         # Latents are cut into 2x2 patches, so pixel sizes must divide by twice the VAE factor.
         self.multiple_of = self.vae_scale_factor * 2
-        self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
 
     # -- 1. check inputs ----------------------------------------------------------------
 
@@ -129,46 +133,34 @@ class ZImage(DiffusionPipelineBase):
 
     # -- 3. denoise -----------------------------------------------------------------------
 
+    # Z-Image's CFG: the scale of every step decided in encode ("cfg_scales", 0 = no uncond
+    # branch), cond and uncond rows in one call (as diffusers stacks pos + neg), a norm clamp.
+    guidance: ClassVar[Guidance] = Guidance(
+        scale=lambda s: s.cond["cfg_scales"][s.step_index] or None,
+        combine=norm_clamped_cfg,
+        batch_branches=True,
+    )
+
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
-        # One transformer call over every latent: each state's cond branch, then the uncond
-        # branch of the states that apply CFG at this step (as diffusers stacks pos + neg).
-        scales = [s.cond["cfg_scales"][s.step_index] for s in states]
-        guided = [s for s, scale in zip(states, scales) if scale > 0]
-        branches = [(s, s.cond["prompt_embeds"]) for s in states]
-        branches += [(s, s.cond["negative_prompt_embeds"]) for s in guided]
+        for state, pred in zip(states, self.guided_predictions(states, self._predict)):
+            # The transformer predicts the flow towards the data; the scheduler steps along its negation.
+            noise_pred = -pred.squeeze(2)
+            self.scheduler_step(state, noise_pred.to(torch.float32))
+
+    def _predict(self, rows: Rows) -> list[torch.Tensor]:
+        """One transformer call over every latent of every row (the transformer takes lists and
+        pads them itself); each row's predictions stacked, in float32."""
         latents, timesteps, captions = [], [], []
-        for state, embeds in branches:
+        for state, branch in rows:
             t = (1000 - state.timesteps[state.step_index]) / 1000  # the transformer counts time up from noise
+            embeds = state.cond["prompt_embeds" if branch == "cond" else "negative_prompt_embeds"]
             for latent in state.latents.to(self.dtype):
                 latents.append(latent.unsqueeze(1))  # [C, 1 frame, H, W]
                 timesteps.append(t)
                 captions.append(embeds)
-        outputs = self.transformer(latents, torch.stack(timesteps), captions, return_dict=False)[0]
-
-        num_cond = sum(s.latents.shape[0] for s in states)
-        cond_out, uncond_out = iter(outputs[:num_cond]), iter(outputs[num_cond:])
-        for state, scale in zip(states, scales):
-            preds = []
-            for _ in range(state.latents.shape[0]):
-                pred = next(cond_out).float()
-                if scale > 0:
-                    pred = self._guide(pred, next(uncond_out).float(), scale, state.cond["cfg_normalization"])
-                preds.append(pred)
-            # The transformer predicts the flow towards the data; the scheduler steps along its negation.
-            noise_pred = -torch.stack(preds).squeeze(2)
-            self.scheduler_step(state, noise_pred.to(torch.float32))
-
-    @staticmethod
-    def _guide(pos: torch.Tensor, neg: torch.Tensor, scale: float, max_norm_ratio: float) -> torch.Tensor:
-        # Z-Image's CFG extrapolates from the cond prediction: pos + s * (pos - neg).
-        pred = pos + scale * (pos - neg)
-        if max_norm_ratio > 0:
-            max_norm = torch.linalg.vector_norm(pos) * max_norm_ratio
-            new_norm = torch.linalg.vector_norm(pred)
-            if new_norm > max_norm:
-                pred = pred * (max_norm / new_norm)
-        return pred
+        outputs = iter(self.transformer(latents, torch.stack(timesteps), captions, return_dict=False)[0])
+        return [torch.stack([next(outputs).float() for _ in range(state.latents.shape[0])]) for state, _ in rows]
 
     # -- 4. decode ------------------------------------------------------------------------
 

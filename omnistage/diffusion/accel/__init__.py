@@ -1,0 +1,50 @@
+"""Accelerations of a diffusion stage, one module each.
+
+Every module is a small config dataclass read from the stage's deploy fields and an
+`apply(pipeline, config)`; `apply_accelerations` is the one place they are applied, at
+load time (`DiffusionPipelineBase.from_pretrained`), with the stage's `StageDeployConfig`.
+A module says what it cannot do by raising ValueError naming the field and the family.
+
+`NOT_YET_IMPLEMENTED` lists the deploy fields the schema accepts but no module implements
+yet, with their inert values: a stage that sets one is refused before anything loads, since
+silently ignoring a user's setting would be worse. Each feature that lands deletes its row.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from omnistage.config.deploy_fields import StageDeployConfig
+
+MODULES = ("cfg_parallel", "vae_tiling")
+"""Modules of this package, applied in this order; each has `from_deploy` and `apply`."""
+
+NOT_YET_IMPLEMENTED: dict[str, Any] = {
+    "cache_backend": None, "offload": None, "quantization": None, "lora": None,
+    "compile": False, "attention_backend": "sdpa",
+    "ulysses_degree": 1, "ring_degree": 1, "tensor_parallel_size": 1,
+    "vae_patch_parallel_size": 1,
+}
+
+
+def check_supported(stage_label: str, deploy: StageDeployConfig) -> None:
+    """Raise ValueError naming the stage and every deploy field set that nothing implements yet."""
+    unsupported = [f"{name}={getattr(deploy, name)!r}" for name, inert in NOT_YET_IMPLEMENTED.items()
+                   if getattr(deploy, name) != inert]
+    if unsupported:
+        raise ValueError(f"stage {stage_label}: {', '.join(unsupported)} is not implemented in this version of "
+                         f"omnistage; remove it from the deploy config")
+
+
+def apply_accelerations(pipeline: Any, deploy: StageDeployConfig) -> list[str]:
+    """Apply every acceleration the deploy config turns on; the names of those applied."""
+    applied = []
+    for name in MODULES:
+        module = importlib.import_module(f"{__name__}.{name}")
+        config = module.from_deploy(deploy)
+        if config is not None:
+            module.apply(pipeline, config)
+            applied.append(name)
+    return applied
