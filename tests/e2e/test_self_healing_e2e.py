@@ -42,7 +42,8 @@ def wait_status(http: httpx.Client, path: str, status: int, timeout: float) -> f
 
 @pytest.mark.parametrize("overrides", [{"0": {"executor": "mp"}}, {"0": {"runtime": "process"}}],
                          ids=["executor-mp", "runtime-process"])
-def test_kill_9_mid_request_then_the_stage_serves_again(zoo, overrides):
+def test_kill_9_mid_request_then_the_stage_serves_again(zoo, overrides, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # tiny model, shared 2-core machine: see test_load_e2e.py
     with RemoteServer(zoo("z-image"), "--stage-overrides", json.dumps(overrides)) as server:
         http = server.http(timeout=120)
         [victim] = spawned_children(server.proc.pid)

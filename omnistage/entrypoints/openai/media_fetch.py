@@ -61,6 +61,9 @@ def _parse_rule(entry: str) -> _Rule:
     entry = entry.strip().lower()
     allow_http = entry.startswith("http://")
     host = entry.split("://", 1)[-1].rstrip("/")
+    if host.startswith("["):  # an IPv6 literal, as URLs write it: compared without brackets
+        address, _, port = host[1:].partition("]")
+        host = address + port
     if not host or "/" in host:
         raise ValueError(f"allowed media domain {entry!r}: give a host such as 'example.com', '*.example.com' "
                          f"or 'http://10.0.0.5:8080'")
