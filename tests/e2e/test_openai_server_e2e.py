@@ -57,7 +57,7 @@ def test_z_image_images_errors_auth_metrics_and_graceful_sigterm(zoo):
         assert events[-1].b64_json == whole.data[0].b64_json  # streaming changes nothing in the result
 
         http = server.http()
-        for body, param in (({"prompt": "x", "size": "64"}, "size"), ({"prompt": "x", "sizes": "64x64"}, None),
+        for body, param in (({"prompt": "x", "size": "64"}, "size"), ({"prompt": "x", "sizes": "64x64"}, "sizes"),
                             ({"prompt": "x", "n": 99}, "n")):
             resp = http.post("/v1/images/generations", json=body)
             assert resp.status_code == 400, resp.text
