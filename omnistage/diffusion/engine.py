@@ -1,6 +1,7 @@
 """`DiffusionEngine`: one diffusion stage behind the `Engine` protocol.
 
-    add_request -> validate at the edge (ValueError naming the field), queue
+    add_request -> validate against the checkpoint's config files (RequestError naming the
+                   field), queue
     step        -> scheduler.schedule() -> executor.execute(batch) -> scheduler.update(batch, output)
     outputs     -> ProgressPayload per step per request (finished=False), then the final
                    ImagePayload / VideoPayload (finished=True) with metrics, or an error
@@ -9,8 +10,9 @@ Every `step()` is one denoising step of the running batch, in both modes: reques
 (`RequestScheduler`) forms a batch once and runs it to the end, step mode (`StepScheduler`,
 `step_execution: true`) lets requests join and leave between steps. So progress leaves as
 each step finishes, an abort stops a request's compute before the next step, and an
-inline stage never holds its caller for a whole generation. A failing batch fails its own requests; a dead worker fails every unfinished
-request, and the engine then reports unhealthy and refuses new work.
+inline stage never holds its caller for a whole generation. A failing batch fails its own
+requests; a dead worker fails every unfinished request, and the engine then reports
+unhealthy and refuses new work.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class DiffusionEngine:
         self.pipeline_cls = pipeline_cls or pipeline_class(stage.model if stage is not None and stage.model
                                                            else configs.class_name)
         # Requests are checked here, against the checkpoint's config files: no round trip to a worker.
-        self.checker = self.pipeline_cls.for_requests(self.model_path)
+        self.checker = self.pipeline_cls.for_requests(configs, config)
         check_default_params(config.default_sampling_params)
         devices = resolve_devices(config)
         self.scheduler = self._make_scheduler(config, clock)
@@ -79,10 +81,8 @@ class DiffusionEngine:
         with self._lock:
             if self.scheduler.get_request(request.request_id) is not None:
                 raise RequestError(f"request_id: {request.request_id!r} is already running", "request_id")
-        params = diffusion_request.params
-        with self._lock:
             self.scheduler.add_request(EngineRequest(diffusion_request, freeze(key), arrival_time=self.clock(),
-                                                     num_steps=params.num_inference_steps))
+                                                     num_steps=diffusion_request.params.num_inference_steps))
 
     def abort_request(self, request_id: str) -> None:
         with self._lock:

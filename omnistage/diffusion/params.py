@@ -15,6 +15,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from omnistage.engine.types import RequestError
 
 
+class LoraRequest(BaseModel):
+    """A LoRA adapter the stage preloaded (deploy `lora_adapters`), chosen by name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    scale: float = Field(default=1.0, ge=-8, le=8)
+    """Multiplies the adapter's delta; 0 gives the base model."""
+
+
 class DiffusionParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -32,6 +42,8 @@ class DiffusionParams(BaseModel):
     partial_images: int = Field(default=0, ge=0, le=3)
     """Previews decoded at evenly spaced steps and sent on the progress events (OpenAI's
     `partial_images`, 0-3); the final image is not counted."""
+    lora: LoraRequest | None = None
+    """A preloaded LoRA adapter for this request, e.g. {"name": "style", "scale": 0.8}."""
     extras: dict[str, Any] = Field(default_factory=dict)
     """Model-declared extras, e.g. {"max_sequence_length": 64}; unknown names are rejected."""
 

@@ -64,6 +64,12 @@ class DenoiseState:
 
 
 ProgressCallback = Callable[[list[DenoiseState]], None]
+StepRunner = Callable[[list[DenoiseState], Callable[[list[DenoiseState]], None]], None]
+
+
+def run_step(states: list[DenoiseState], denoise_step: Callable[[list[DenoiseState]], None]) -> None:
+    """The default step runner: every state in one `denoise_step`."""
+    denoise_step(states)
 
 
 class DiffusionPipelineBase(ABC):
@@ -94,6 +100,11 @@ class DiffusionPipelineBase(ABC):
         """What `from_pretrained` applied from the deploy config (e.g. ["vae_tiling"])."""
         self.guidance_runner = guided_predictions
         """Runs `guidance` for a step; CFG-parallel replaces it (accel/cfg_parallel.py)."""
+        self.step_runner: StepRunner = run_step
+        """Runs `denoise_step` over one step's states; per-request LoRA replaces it to split
+        them by adapter (accel/lora.py)."""
+        self.lora_adapters: tuple[str, ...] = ()
+        """Names of the LoRA adapters a request may choose (`lora_adapters` deploy field)."""
         self.configure(configs or CheckpointConfigs({}, {}))
 
     def configure(self, configs: CheckpointConfigs) -> None:
@@ -103,11 +114,13 @@ class DiffusionPipelineBase(ABC):
         `check_inputs` and `batch_key` use must come from here or from class attributes."""
 
     @classmethod
-    def for_requests(cls, model_path: str) -> "DiffusionPipelineBase":
-        """An instance without components that validates requests for `model_path`: what the
-        engine checks every request against before queueing it."""
+    def for_requests(cls, configs: CheckpointConfigs, deploy: StageDeployConfig | None = None) -> "DiffusionPipelineBase":
+        """An instance without components that validates requests for the checkpoint whose
+        config files are `configs` (and the LoRA adapters `deploy` preloads): what the engine
+        checks every request against before queueing it."""
         checker = cls.__new__(cls)
-        DiffusionPipelineBase.__init__(checker, {}, "cpu", torch.float32, CheckpointConfigs.read(model_path))
+        DiffusionPipelineBase.__init__(checker, {}, "cpu", torch.float32, configs)
+        checker.lora_adapters = tuple(sorted(deploy.lora_adapters)) if deploy is not None else ()
         return checker
 
     # -- loading -------------------------------------------------------------------------
@@ -125,9 +138,12 @@ class DiffusionPipelineBase(ABC):
 
         from omnistage.diffusion.accel import apply_accelerations
 
-        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **cls.loader_overrides).to(device)
+        deploy = deploy or StageDeployConfig()
+        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **cls.loader_overrides)
+        if deploy.offload is None:  # offloaded weights wait on the CPU (accel/offload.py)
+            pipe = pipe.to(device)
         pipeline = cls.from_diffusers(pipe, str(path), CheckpointConfigs.read(str(path)), device, dtype)
-        pipeline.accelerations = apply_accelerations(pipeline, deploy or StageDeployConfig())
+        pipeline.accelerations = apply_accelerations(pipeline, deploy)
         return pipeline
 
     @classmethod
@@ -142,6 +158,10 @@ class DiffusionPipelineBase(ABC):
     def prepare_params(self, params: DiffusionParams) -> DiffusionParams:
         """Fill defaults and validate extras; raises ValueError naming the field."""
         params = params.with_defaults(self.default_params)
+        if params.lora is not None and params.lora.name not in self.lora_adapters:
+            served = ", ".join(self.lora_adapters) or "none (no lora_adapters in the deploy config)"
+            raise RequestError(f"lora.name: unknown adapter {params.lora.name!r}; this model serves: {served}",
+                               "lora.name")
         return params.model_copy(update={"extras": validate_extras(params.extras, self.extras)})
 
     def check_inputs(self, request: DiffusionRequest) -> None:
@@ -161,7 +181,7 @@ class DiffusionPipelineBase(ABC):
     def batch_key(self, params: DiffusionParams) -> tuple:
         """Requests whose keys match may share one request-mode batch."""
         return (params.height, params.width, params.num_frames, params.num_inference_steps,
-                params.guidance_scale, params.true_cfg_scale, params.guidance_scale_2,
+                params.guidance_scale, params.true_cfg_scale, params.guidance_scale_2, params.lora,
                 tuple(sorted(params.extras.items())))
 
     # -- the three seams -----------------------------------------------------------------
@@ -179,6 +199,10 @@ class DiffusionPipelineBase(ABC):
         """Decode finished states to float arrays in [0, 1], one per state: images
         [num_outputs, H, W, 3], video [num_frames, H, W, 3]. Parity tests compare these
         with diffusers' `output_type="np"`."""
+
+    def step(self, states: list[DenoiseState]) -> None:
+        """One denoising step over `states`, through the step runner (what the runtime calls)."""
+        self.step_runner(states, self.denoise_step)
 
     def guided_predictions(self, states: list[DenoiseState], predict: Predict) -> list[torch.Tensor]:
         """Each state's guided noise prediction for its current step: `predict` runs the
@@ -218,7 +242,7 @@ class DiffusionPipelineBase(ABC):
             running = [s for s in states if not s.is_done]
             if not running:
                 break
-            self.denoise_step(running)
+            self.step(running)
             if on_step is not None:
                 on_step(running)
         return states

@@ -64,7 +64,7 @@ class DiffusionRunner:
         if not states:
             return out
         try:
-            self.pipeline.denoise_step(states)
+            self.pipeline.step(states)
         except Exception as exc:  # noqa: BLE001 - a bad batch fails its requests, not the worker
             self._fail(out, [s.request.request_id for s in states], error_message(exc))
             return out

@@ -444,14 +444,15 @@ class Orchestrator:
                 return
         if stage.final_output and not delta.is_empty:
             self._outputs.append(OmniOutput(
-                rid, text=delta.text, text_delta=delta.text_delta, audio_chunk=delta.audio_chunk,
+                rid, text=delta.text, text_delta=delta.text_delta, logprobs_delta=delta.logprobs,
+                audio_chunk=delta.audio_chunk,
                 sample_rate=delta.sample_rate, progress=delta.progress, stage=stage.name))
         elif delta.progress is not None:  # every stage's progress is worth showing
             self._outputs.append(OmniOutput(rid, progress=delta.progress, stage=stage.name))
 
     def _complete(self, state: _RequestState, last_stage: StageSpec, delta: Delta) -> None:
         out = OmniOutput(state.request.request_id, finished=True, stage=last_stage.name,
-                         text_delta=delta.text_delta, audio_chunk=delta.audio_chunk)
+                         text_delta=delta.text_delta, logprobs_delta=delta.logprobs, audio_chunk=delta.audio_chunk)
         for run in state.runs.values():
             if run.stage.final_output:
                 fill_media(out, run.stream.whole())

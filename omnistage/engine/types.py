@@ -15,6 +15,15 @@ from typing import Any, Protocol, runtime_checkable
 # --- payloads (what a stage produces) -------------------------------------------------
 
 @dataclass
+class TokenLogprob:
+    """One output token's log-probability and the most likely alternatives at its position."""
+    token_id: int
+    token: str
+    logprob: float
+    top: list[tuple[int, str, float]] = field(default_factory=list)  # (id, text, logprob), most likely first
+
+
+@dataclass
 class TextPayload:
     """AR output so far. `delta_*` is what this step added; the rest is cumulative."""
     token_ids: list[int]
@@ -24,6 +33,8 @@ class TextPayload:
     hidden_states: Any = None  # torch.Tensor [num_tokens, hidden] when a downstream stage asked for it
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     extras: dict[str, Any] = field(default_factory=dict)  # model-specific tensors for the next stage
+    logprobs: list[TokenLogprob] | None = None  # every output token's, on the finished payload (when asked)
+    delta_logprobs: list[TokenLogprob] | None = None  # this step's tokens' (when asked)
 
 
 @dataclass

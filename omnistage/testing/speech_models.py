@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omnistage.testing.tokenizers import CHATML_TEMPLATE, QWEN_SPECIAL_TOKENS, build_bpe_tokenizer
+from omnistage.testing.tokenizers import CHATML_TEMPLATE, QWEN_SPECIAL_TOKENS, QWEN_TOOLS_TEMPLATE, build_bpe_tokenizer
 from omnistage.testing.zoo import ZooModel, register_zoo_model
 
 
@@ -55,7 +55,7 @@ def build_qwen2_llm(out_dir: Path, size: str, seed: int) -> None:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    tok = build_bpe_tokenizer(QWEN_SPECIAL_TOKENS, vocab_size=QWEN2_VOCAB, chat_template=CHATML_TEMPLATE,
+    tok = build_bpe_tokenizer(QWEN_SPECIAL_TOKENS, vocab_size=QWEN2_VOCAB, chat_template=QWEN_TOOLS_TEMPLATE,
                               eos_token="<|im_end|>", pad_token="<|endoftext|>", model_max_length=2048)
     _check_vocab(tok, QWEN2_VOCAB)
     endoftext, im_end = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
@@ -76,7 +76,8 @@ register_zoo_model(ZooModel(
     reference_class="transformers.Qwen2ForCausalLM",
     builder=build_qwen2_llm,
     sizes=("tiny", "small"),
-    description="Qwen2 causal LM (head_dim 64, vocab 1024), ChatML template, fp32.",
+    description="Qwen2 causal LM (head_dim 64, vocab 1024), Qwen2.5's ChatML template with tools, fp32.",
+    revision=1,  # 1: the chat template renders tools
 ))
 
 

@@ -35,7 +35,7 @@ def test_show_applies_platform_overlay_and_overrides(capsys, make_model):
     model = make_model(model_index={"_class_name": "QwenImagePipeline"})
     code, data, _ = show(capsys, model, "--platform", "cpu", "--stage-overrides", '{"*": {"dtype": "float32"}}')
     assert code == 0
-    assert data["stages"][0]["max_num_seqs"] == 1  # cpu overlay
+    assert data["stages"][0]["max_num_seqs"] == 4  # cpu overlay
     assert data["stages"][0]["dtype"] == "float32"
 
 

@@ -218,6 +218,20 @@ def test_csm_speech_whole_streamed_and_sse(zoo):
         assert events[-1]["type"] == "speech.audio.done"
         assert sum(len(base64.b64decode(e["audio"])) for e in events if e["type"] == "speech.audio.delta") > 0
 
+        # The talker samples (temperature 0.9): a seed makes it reproducible.
+        seeded = [client.audio.speech.create(model="csm", voice="alloy", input="Hi.", response_format="pcm",
+                                             extra_body={"seed": seed}).content for seed in (5, 5, 6)]
+        assert seeded[0] == seeded[1] != seeded[2]
+        aac = client.audio.speech.create(model="csm", input="Hi.", voice="alloy", response_format="aac")
+        assert aac.response.headers["content-type"] == "audio/aac" and aac.content[:2] in (b"\xff\xf1", b"\xff\xf9")
+        assert events[-1]["usage"]["output_tokens"] == 8 and events[-1]["usage"]["audio_seconds"] > 0
+        clip = io.BytesIO()
+        sf.write(clip, 0.3 * np.sin(np.arange(16000) / 8.0), 16000, format="WAV")
+        ref = "data:audio/wav;base64," + base64.b64encode(clip.getvalue()).decode()
+        cloned = client.audio.speech.create(model="csm", voice="alloy", input="Hi.", response_format="pcm",
+                                            extra_body={"seed": 5, "ref_audio": ref, "ref_text": "A tone."})
+        assert len(cloned.content) == len(seeded[0]) and cloned.content != seeded[0]  # the clip changes the voice
+
         resp = http.post("/v1/audio/speech", json={"input": "Hi.", "voice": "nobody"})
         assert resp.status_code == 400 and "voice" in resp.json()["error"]["message"]
         resp = http.post("/v1/audio/speech", json={"input": "Hi.", "instructions": "whisper"})

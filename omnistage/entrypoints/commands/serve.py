@@ -72,6 +72,8 @@ def register(subparsers) -> None:
     p.add_argument("--output-dir", default=None,
                    help="where served files and video jobs are kept; with it, finished video jobs survive a "
                         "restart (default: a temporary folder removed at shutdown)")
+    p.add_argument("--no-playground", dest="playground", action="store_false",
+                   help="do not serve the web playground at /")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=run)
 
@@ -125,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             max_queued_requests=args.max_queued_requests, file_ttl_s=args.file_ttl,
             max_input_pixels=args.max_input_pixels, allowed_media_domains=tuple(args.allowed_media_domains),
             allowed_local_media_path=args.allowed_local_media_path, public_docs=args.public_docs,
-            protect_metrics=args.protect_metrics, files_dir=args.output_dir)
+            protect_metrics=args.protect_metrics, files_dir=args.output_dir, playground=args.playground)
         registry = CollectorRegistry()
         print(f"[omnistage] loading {path}", flush=True)
         engine = AsyncOmni(path, deploy_config=demo_deploy_config(args.deploy_config, is_demo),
@@ -134,6 +136,8 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(settings, engine, registry)
         url = f"http://{args.host}:{args.port}"
         print(f"[omnistage] serving {settings.served_model_name} at {url}", flush=True)
+        if settings.playground:
+            print(f"[omnistage] playground: {url}/", flush=True)
         print(f"[omnistage] routes: {', '.join(app.state.capabilities.routes)}", flush=True)
         if is_demo:
             print("[omnistage] the demo model has random weights: its images are noise.", flush=True)

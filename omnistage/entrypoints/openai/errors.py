@@ -15,9 +15,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger(__name__)
@@ -144,57 +143,7 @@ async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     return APIError(500, f"internal server error: {type(exc).__name__}", type="server_error").response()
 
 
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorBody(BaseModel):
-    """OpenAI's error body, as /openapi.json documents it."""
-
-    error: ErrorDetail
-
-
-ERROR_RESPONSES = {
-    400: "Invalid request: `param` names the field",
-    401: "Missing or invalid API key",
-    404: "Unknown model, route, job, voice or file",
-    409: "The video job is not completed yet",
-    413: "The request body is over the server's limit",
-    415: "Wrong Content-Type for the route",
-    429: "The server's queue is full; retry after `Retry-After` seconds",
-    499: "The client closed the request",
-    500: "The engine or the server failed",
-    503: "A stage is down or restarting, or the server is stopping; retry after `Retry-After` seconds",
-}
-"""What any route may answer besides its success (FastAPI's default 422 never happens: it is our 400)."""
-
-
-def openapi_schema(app: FastAPI) -> dict[str, Any]:
-    """The app's OpenAPI document with the errors it really answers, in OpenAI's body."""
-    if app.openapi_schema is None:
-        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        body = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
-        components.update(body.pop("$defs", {}))
-        components["ErrorBody"] = body
-        for name in ("HTTPValidationError", "ValidationError"):
-            components.pop(name, None)
-        error = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
-        for operations in schema.get("paths", {}).values():
-            for operation in operations.values():
-                responses = operation.setdefault("responses", {})
-                responses.pop("422", None)
-                for status, description in ERROR_RESPONSES.items():
-                    responses.setdefault(str(status), {"description": description, "content": error})
-        app.openapi_schema = schema
-    return app.openapi_schema
-
-
 def install_error_handlers(app: FastAPI) -> None:
-    app.openapi = lambda: openapi_schema(app)  # FastAPI's documented way to customize the schema
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)

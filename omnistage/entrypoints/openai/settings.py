@@ -43,6 +43,8 @@ class ServerSettings:
     """With an API key: leave /openapi.json, /docs and /redoc open (they need the key otherwise)."""
     protect_metrics: bool = False
     """With an API key: /metrics needs it too (it stays open otherwise, for scrapers)."""
+    playground: bool = True
+    """Serve the web playground at `/` (`--no-playground` turns it off)."""
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be >= 1, got {getattr(self, name)}"
