@@ -53,8 +53,16 @@ from omnistage.engine.connectors import DEFAULT_SHM_THRESHOLD_BYTES
 from omnistage.engine.factory import EngineFactory, create_engine, stage_model_paths
 from omnistage.engine.metrics import PrometheusMetrics, StageMetrics
 from omnistage.engine.outputs import Delta, OmniOutput, StageStream, fill_media
+from omnistage.engine.restart import RestartPolicy
 from omnistage.engine.stage_handle import StageHandle, make_stage_handle
-from omnistage.engine.types import InputChunk, ProgressPayload, StageOutput, StageRequest
+from omnistage.engine.types import (
+    UNAVAILABLE,
+    EngineUnavailableError,
+    InputChunk,
+    ProgressPayload,
+    StageOutput,
+    StageRequest,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +130,7 @@ class Orchestrator:
         engine_factory: EngineFactory = create_engine,
         metrics_registry: Any = None,
         init_timeout_s: float = 600.0,
+        restart_policy: RestartPolicy | None = RestartPolicy(),
     ):
         """Start every stage's engine (inline, or in its own process) and wait until all are up.
 
@@ -129,6 +138,7 @@ class Orchestrator:
         stage (see `factory.stage_model_paths`). `connector` carries payloads to and from process
         stages. `metrics_registry` is a prometheus_client `CollectorRegistry` to export
         into; None gives this orchestrator its own (`self.metrics_registry`).
+        `restart_policy` rebuilds a stage that died (None: a dead stage stays down).
         """
         from prometheus_client import CollectorRegistry
 
@@ -153,10 +163,11 @@ class Orchestrator:
         self._lock = threading.Lock()  # orders submit() against close(): no request slips in after the last drain
         self._closed = False
         self.fatal_error: str | None = None
-        self.handles = self._start_stages(engine_factory, connector, shm_threshold_bytes, init_timeout_s)
+        self.handles = self._start_stages(engine_factory, connector, shm_threshold_bytes, init_timeout_s,
+                                          restart_policy)
 
     def _start_stages(self, factory: EngineFactory, connector: str, shm_threshold_bytes: int,
-                      init_timeout_s: float) -> dict[int, StageHandle]:
+                      init_timeout_s: float, restart_policy: RestartPolicy | None) -> dict[int, StageHandle]:
         # Process stages first: they load in parallel while inline stages load here.
         token = secrets.token_hex(3)
         model_paths = stage_model_paths(self.model_path, self.pipeline)
@@ -166,7 +177,7 @@ class Orchestrator:
             for stage in order:
                 handles[stage.id] = make_stage_handle(
                     stage, self.stage_configs[stage.id], model_paths[stage.id], factory,
-                    connector, shm_threshold_bytes, shm_prefix=f"os{token}{stage.id}")
+                    connector, shm_threshold_bytes, shm_prefix=f"os{token}{stage.id}", restart_policy=restart_policy)
             for handle in handles.values():
                 handle.wait_ready(init_timeout_s)
         except BaseException:
@@ -180,11 +191,12 @@ class Orchestrator:
     def submit(self, request: OmniRequest, sink: Sink | None = None) -> None:
         """Queue `request`; `sink` gets each of its `OmniOutput`s on the loop's thread.
 
-        Raises ValueError, queueing nothing, when the pipeline cannot make a requested modality."""
+        Raises ValueError, queueing nothing, when the pipeline cannot make a requested modality,
+        and EngineUnavailableError once the orchestrator is closed (or its loop crashed)."""
         self.needed_stages(request)
         with self._lock:
             if self._closed or self.fatal_error is not None:
-                raise RuntimeError(self.fatal_error or "the orchestrator is closed")
+                raise EngineUnavailableError(self.fatal_error or "the orchestrator is closed")
             self._inbox.put(("add", request, sink))
         self._wake()
 
@@ -503,10 +515,11 @@ class Orchestrator:
             except queue.Empty:
                 break
             if kind == "add":
-                _deliver(sink, OmniOutput(body.request_id, finished=True, finish_reason="error", error=reason))
+                _deliver(sink, OmniOutput(body.request_id, finished=True, finish_reason="error", error=reason,
+                                          error_kind=UNAVAILABLE))
         for state in list(self._requests.values()):
             self._outputs.append(OmniOutput(state.request.request_id, finished=True, finish_reason="error",
-                                            error=reason, metrics=self._request_metrics(state)))
+                                            error=reason, error_kind=UNAVAILABLE, metrics=self._request_metrics(state)))
             try:
                 self._retire(state, "error")
             except Exception:  # after a crashed loop the bookkeeping may be broken; answer anyway

@@ -49,7 +49,8 @@ class OmniOutput:
     error: str | None = None
     """Why the request failed, naming the stage."""
     error_kind: str | None = None
-    """"invalid_request" when a stage refused the request's inputs or params, else None."""
+    """"invalid_request" when a stage refused the request's inputs or params; "unavailable"
+    when a stage is down or restarting, or the engine is stopping (retry later); else None."""
     error_param: str | None = None
     """With "invalid_request": the request field at fault, when the stage named it."""
     # --- what is new in a streamed output ---

@@ -14,6 +14,9 @@ Either way the engine sits inside a `GuardedEngine`, which turns engine failures
 error outputs: `add_request` raising fails that request, `step` raising fails the
 requests the engine held. A stage process that dies fails every request it held and
 makes the handle unhealthy; nothing waits on it forever.
+
+With a `RestartPolicy`, the handle is wrapped in a `RestartingStageHandle` (restart.py),
+which rebuilds the stage when it dies.
 """
 
 from __future__ import annotations
@@ -29,18 +32,19 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from omnistage.engine.connectors import Connector, make_connector
-from omnistage.engine.types import StageOutput, StageRequest
+from omnistage.engine.types import UNAVAILABLE, StageOutput, StageRequest
 
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.config.spec import StageSpec
     from omnistage.engine.factory import EngineFactory
+    from omnistage.engine.restart import RestartPolicy
     from omnistage.engine.types import Engine
 
 logger = logging.getLogger(__name__)
 
 _PARENT_CHECK_S = 1.0  # how often an idle stage process checks that the orchestrator lives
-_CLOSE_TIMEOUT_S = 10.0
+CLOSE_TIMEOUT_S = 10.0
 
 
 class GuardedEngine:
@@ -60,11 +64,11 @@ class GuardedEngine:
             self.engine.add_request(request)
         except ValueError as e:  # the engine refused the request's inputs or params: the caller's mistake
             logger.info("request %s refused: %s", request.request_id, e)
-            self._errors.append(_error_output(request.request_id, str(e), "invalid_request", getattr(e, "param", None)))
+            self._errors.append(error_output(request.request_id, str(e), "invalid_request", getattr(e, "param", None)))
             return
         except Exception as e:
             logger.exception("add_request(%s) failed", request.request_id)
-            self._errors.append(_error_output(request.request_id, f"add_request raised {_describe(e)}"))
+            self._errors.append(error_output(request.request_id, f"add_request raised {_describe(e)}"))
             return
         self.live.add(request.request_id)
 
@@ -94,7 +98,7 @@ class GuardedEngine:
             message = f"engine step raised {_describe(e)}"
             for request_id in sorted(self.live):
                 self.abort_request(request_id)
-                outputs.append(_error_output(request_id, message))
+                outputs.append(error_output(request_id, message))
             return outputs
         for out in stepped:
             if out.request_id not in self.live:
@@ -182,6 +186,7 @@ class ProcessStageHandle(StageHandle):
         self.child_connector = child_connector  # the child's twin; here only to sweep what it left
         self.live: set[str] = set()
         self.dead_reason: str | None = None
+        self._unhealthy: str | None = None  # why the child said it stops (its engine turned unhealthy)
         self._failed: list[StageOutput] = []
         ctx = mp.get_context("spawn")
         self._commands = ctx.Queue()
@@ -205,7 +210,7 @@ class ProcessStageHandle(StageHandle):
         try:
             kind, body = self._results.recv()
         except (EOFError, OSError):
-            self._proc.join(_CLOSE_TIMEOUT_S)
+            self._proc.join(CLOSE_TIMEOUT_S)
             kind, body = "init_error", f"the stage process exited with code {self._proc.exitcode}"
         if kind != "ready":
             self.close()
@@ -213,13 +218,13 @@ class ProcessStageHandle(StageHandle):
 
     def add_request(self, request: StageRequest) -> None:
         if self.dead_reason is not None:
-            self._failed.append(_error_output(request.request_id, self.dead_reason))
+            self._failed.append(error_output(request.request_id, self.dead_reason))
             return
         try:
             # Pickled here, not in the queue's feeder thread, where a failure would be lost.
             message = pickle.dumps(self.connector.put(request), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
-            self._failed.append(_error_output(request.request_id, f"cannot send the request to the stage "
+            self._failed.append(error_output(request.request_id, f"cannot send the request to the stage "
                                                                    f"process: {_describe(e)}"))
             return
         self.live.add(request.request_id)
@@ -239,11 +244,17 @@ class ProcessStageHandle(StageHandle):
                 kind, body = self._results.recv()
                 if kind == "outputs":
                     outputs += self._keep_live(self.connector.get(body))
+                elif kind == "unhealthy":
+                    self._unhealthy = body
         except (EOFError, OSError):
             pass  # the child is gone; the liveness check below reports it
-        if not self._proc.is_alive() and self.dead_reason is None:
+        if self._unhealthy is not None:  # the child is stopping: nothing it holds will finish
+            self.dead_reason = self._unhealthy
+            logger.error("stage %s: %s", self.label, self.dead_reason)
+        elif not self._proc.is_alive() and self.dead_reason is None:
             self._on_death()
-            outputs += [_error_output(rid, self.dead_reason) for rid in sorted(self.live)]
+        if self.dead_reason is not None:
+            outputs += [error_output(rid, self.dead_reason) for rid in sorted(self.live)]
             self.live.clear()
         return outputs
 
@@ -277,10 +288,10 @@ def _stop_process(proc: Any, commands: Any, results: Any, connectors: list[Conne
             commands.put(("close", None))
         except (OSError, ValueError):
             pass
-        proc.join(_CLOSE_TIMEOUT_S)
+        proc.join(CLOSE_TIMEOUT_S)
         if proc.is_alive():
             proc.terminate()
-            proc.join(_CLOSE_TIMEOUT_S)
+            proc.join(CLOSE_TIMEOUT_S)
     commands.cancel_join_thread()  # the reader may be dead: do not block on unsent commands
     commands.close()
     results.close()
@@ -316,11 +327,21 @@ def run_stage_process(factory: EngineFactory, engine_args: tuple, connector: Con
                 engine.close()
                 return
         outputs = engine.step()
-        if outputs:
-            try:
+        healthy = engine.is_healthy()
+        if not healthy:  # e.g. a worker process of its engine died: what it failed may be retried
+            for out in outputs:
+                if out.error is not None and out.error_kind is None:
+                    out.error_kind = UNAVAILABLE
+        try:
+            if not healthy:  # said first, so the parent is unhealthy before it sees the failures
+                errors = [out.error for out in outputs if out.error]
+                results.send(("unhealthy", "the stage engine became unhealthy" + (f": {errors[0]}" if errors else "")))
+            if outputs:
                 results.send_bytes(_outputs_message(connector, outputs))
-            except OSError:
-                break  # the orchestrator closed its end
+            if not healthy:
+                break  # exit, so that the parent sees a dead stage and (with a policy) rebuilds it
+        except OSError:
+            break  # the orchestrator closed its end
         if parent is not None and not parent.is_alive():
             break
     engine.close()
@@ -333,7 +354,7 @@ def _outputs_message(connector: Connector, outputs: list[StageOutput]) -> bytes:
         return pickle.dumps(("outputs", connector.put(outputs)), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as e:
         logger.exception("stage outputs cannot be sent")
-        errors = [_error_output(out.request_id, f"the stage output cannot be sent: {_describe(e)}") for out in outputs]
+        errors = [error_output(out.request_id, f"the stage output cannot be sent: {_describe(e)}") for out in outputs]
         return pickle.dumps(("outputs", errors), protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -366,8 +387,18 @@ def make_stage_handle(
     connector: str = "shm",
     shm_threshold_bytes: int = 64 * 1024,
     shm_prefix: str = "omni",
+    restart_policy: RestartPolicy | None = None,
 ) -> StageHandle:
-    """The handle for `config.runtime`; a process handle's segments are named `{shm_prefix}{p|c}N`."""
+    """The handle for `config.runtime`; a process handle's segments are named `{shm_prefix}{p|c}N`.
+    With `restart_policy`, it is wrapped in a `RestartingStageHandle`."""
+    if restart_policy is not None:
+        from omnistage.engine.restart import RestartingStageHandle  # it builds on this module
+
+        def build(generation: int) -> StageHandle:
+            return make_stage_handle(stage, config, model_path, factory, connector, shm_threshold_bytes,
+                                     f"{shm_prefix}r{generation}")
+
+        return RestartingStageHandle(stage.label, build(0), build, restart_policy)
     if config.runtime == "inline":
         return InprocStageHandle(factory(model_path, stage, config))
     if config.runtime == "process":
@@ -394,7 +425,7 @@ def portable_stage_fields(stage: StageSpec) -> dict[str, Any]:
     return values
 
 
-def _error_output(request_id: str, message: str, kind: str | None = None, param: str | None = None) -> StageOutput:
+def error_output(request_id: str, message: str, kind: str | None = None, param: str | None = None) -> StageOutput:
     return StageOutput(request_id=request_id, payload=None, finished=True, error=message, error_kind=kind,
                        error_param=param)
 

@@ -110,10 +110,20 @@ class StageOutput:
     error: str | None = None
     error_kind: str | None = None
     """With `error`: "invalid_request" when the engine refused the request's inputs or params
-    (a ValueError at add_request: the caller's mistake), else None (the engine failed)."""
+    (a ValueError at add_request: the caller's mistake); "unavailable" when the stage's
+    engine died or is restarting (retry later); else None (the engine failed)."""
     error_param: str | None = None
     """With "invalid_request": the field at fault (`RequestError.param`), when known."""
     metrics: dict[str, float] = field(default_factory=dict)
+
+
+INVALID_REQUEST = "invalid_request"
+UNAVAILABLE = "unavailable"
+"""The `error_kind`s (see StageOutput)."""
+
+
+class EngineUnavailableError(RuntimeError):
+    """The engine takes no requests now (closed, or its loop crashed); a later try may work."""
 
 
 @runtime_checkable

@@ -62,12 +62,25 @@ def _encode_with_av(audio: np.ndarray, sample_rate: int, container_format: str, 
     return buf.getvalue()
 
 
-def decode_audio(data: bytes, target_rate: int | None = None, field: str = "audio") -> tuple[np.ndarray, int]:
-    """Decode any soundfile-readable bytes to float32 mono, optionally resampled."""
+class AudioTooLongError(ValueError):
+    """An input audio file lasts longer than allowed (read from its header, before decoding)."""
+
+
+def decode_audio(data: bytes, target_rate: int | None = None, field: str = "audio",
+                 max_seconds: float | None = None) -> tuple[np.ndarray, int]:
+    """Decode any soundfile-readable bytes to float32 mono, optionally resampled. A file
+    whose header declares more than `max_seconds` is refused before it is decoded (a few
+    KB of FLAC can hold hours of silence)."""
     try:
-        audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        with sf.SoundFile(io.BytesIO(data)) as f:
+            rate, frames = f.samplerate, f.frames
+            too_long = max_seconds is not None and frames > max_seconds * rate
+            audio = None if too_long else f.read(dtype="float32", always_2d=True)
     except Exception as e:  # soundfile raises LibsndfileError/RuntimeError for bad input
         raise ValueError(f"{field}: not a decodable audio file ({e})") from None
+    if audio is None:
+        raise AudioTooLongError(f"{field}: {frames / rate:.1f} s of audio, over the server's limit of "
+                                f"{max_seconds:g} s")
     if audio.size == 0:
         raise ValueError(f"{field}: the audio is empty")
     mono = audio.mean(axis=1)

@@ -22,14 +22,36 @@ def encode_image(image: Image.Image, fmt: str = "png", quality: int = 95) -> byt
     return buf.getvalue()
 
 
-def decode_image(data: bytes, field: str = "image") -> Image.Image:
-    """Open image bytes as RGB; a ValueError names `field` when the bytes are not an image."""
+class ImageTooLargeError(ValueError):
+    """An input image has more pixels than allowed (read from its header, before decoding)."""
+
+
+def open_image(data: bytes, field: str = "image", max_pixels: int | None = None) -> Image.Image:
+    """Open image bytes and decode them, refusing by its header any image over `max_pixels`
+    or over Pillow's decompression-bomb limit before a pixel is decoded: a small PNG can
+    declare 20000x20000 pixels (1.2 GB decoded). Errors are ValueErrors naming `field`."""
     try:
-        img = Image.open(io.BytesIO(data))
-        img.load()
+        img = Image.open(io.BytesIO(data))  # reads the header only
+    except Image.DecompressionBombError as e:
+        raise ImageTooLargeError(f"{field}: the image is too large ({e})") from None
     except (UnidentifiedImageError, OSError) as e:
         raise ValueError(f"{field}: not a decodable image ({e})") from None
-    return img.convert("RGB")
+    width, height = img.size
+    limits = [n for n in (max_pixels, Image.MAX_IMAGE_PIXELS) if n]
+    limit = min(limits) if limits else None
+    if limit is not None and width * height > limit:
+        raise ImageTooLargeError(f"{field}: {width}x{height} is {width * height} pixels, over the server's limit "
+                                 f"of {limit} input pixels")
+    try:
+        img.load()
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
+        raise ValueError(f"{field}: not a decodable image ({e})") from None
+    return img
+
+
+def decode_image(data: bytes, field: str = "image", max_pixels: int | None = None) -> Image.Image:
+    """Open image bytes as RGB (see `open_image` for the size limits)."""
+    return open_image(data, field, max_pixels).convert("RGB")
 
 
 def decode_base64_payload(data: str, field: str) -> bytes:

@@ -8,7 +8,8 @@
 
 Inputs whose text contains a trigger word misbehave: "poison" makes `add_request` raise,
 "explode" makes `step` raise, "crash" kills the process, "fail" makes the engine return
-an error output; "crash:drawer" only in the stage named drawer. Module-level and picklable, so process stages can run it
+an error output, "die" makes the engine fail everything it holds and turn unhealthy (as
+a diffusion engine whose worker process died); "crash:drawer" only in the stage named drawer. Module-level and picklable, so process stages can run it
 (`functools.partial(FakeEngine, step_delay=...)` is a factory too).
 
 Two small pipelines to run them in: `text_to_image()` (an AR stage whose text becomes
@@ -57,6 +58,7 @@ class FakeEngine:
         self.added: list[str] = []
         self.params: dict[str, Any] = {}
         self.closed = False
+        self.dead = False
 
     def add_request(self, request: StageRequest) -> None:
         text = input_text(request.inputs)
@@ -77,6 +79,12 @@ class FakeEngine:
         if self.step_delay:
             time.sleep(self.step_delay)
         outputs = []
+        if any(self._triggered("die", state["text"]) for state in self.running.values()):
+            self.dead = True
+        if self.dead:
+            failed, self.running = sorted(self.running), {}
+            return [StageOutput(rid, None, finished=True, error="a worker died; request not completed")
+                    for rid in failed]
         for rid, state in list(self.running.items()):
             if self._triggered("crash", state["text"]):
                 os._exit(3)
@@ -116,7 +124,7 @@ class FakeEngine:
         raise ValueError(f"FakeEngine cannot make {kind!r}")
 
     def is_healthy(self) -> bool:
-        return not self.closed
+        return not self.closed and not self.dead
 
     def close(self) -> None:
         self.closed = True

@@ -62,7 +62,7 @@ def shm_left(prefix: str) -> list[str]:
 def test_large_payloads_cross_through_shared_memory_and_are_freed():
     # 256x256 RGB = 192 KiB: above the 64 KiB threshold, so the image comes back via shm
     orch = start(functools.partial(FakeEngine, image_size=256), connector="shm")
-    prefix = orch.handles[1].connector.prefix[:-1]
+    prefix = orch.handles[1].handle.connector.prefix[:-1]
     got = Collector()
     orch.submit(OmniRequest("r", "a cat"), got.sink("r"))
     final = got.wait("r")
@@ -77,7 +77,7 @@ def test_large_payloads_cross_through_shared_memory_and_are_freed():
 def test_abort_in_a_process_stage_and_crash_fails_its_requests_without_hanging():
     orch = start(functools.partial(FakeEngine, num_steps=1000, step_delay=0.01), connector="shm",
                  shm_threshold_bytes=0)  # every message through shm: aborts must still free them
-    prefix = orch.handles[1].connector.prefix[:-1]
+    prefix = orch.handles[1].handle.connector.prefix[:-1]
     got = Collector()
     orch.submit(OmniRequest("slow", "slow"), got.sink("slow"))
     # wait until the drawer is denoising, then abort

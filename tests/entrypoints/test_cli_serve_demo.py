@@ -1,5 +1,7 @@
 """`omnistage serve` with no model builds the demo into the user cache and answers."""
 
+import base64
+import io
 import os
 import signal
 import socket
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from PIL import Image
 
 
 def _free_port() -> int:
@@ -42,6 +45,12 @@ def test_serve_demo_answers_health_and_models(tmp_path, zoo):
             assert proc.poll() is None, proc.stdout.read()
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models").json()
         assert models["object"] == "list" and models["data"][0]["id"].startswith("omnistage-demo")
+        assert models["data"][0]["defaults"]["diffusion"]["num_inference_steps"] == 4
+        # A bare request gets the demo's cheap defaults (the checkpoint's are 1024x1024, 50 steps).
+        resp = httpx.post(f"http://127.0.0.1:{port}/v1/images/generations", json={"prompt": "x"}, timeout=120)
+        assert resp.status_code == 200, resp.text
+        image = Image.open(io.BytesIO(base64.b64decode(resp.json()["data"][0]["b64_json"])))
+        assert image.size == (256, 256)
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)

@@ -19,6 +19,8 @@ import sys
 from typing import Any
 
 DEMO_MODEL = "z-image"
+DEMO_DEPLOY = "z_image_demo.yaml"
+"""The demo's bundled deploy file: defaults that answer in about a second on a CPU."""
 
 
 def register(subparsers) -> None:
@@ -44,16 +46,46 @@ def register(subparsers) -> None:
                         help="most images per images request (default: %(default)s)")
     limits.add_argument("--max-pixels", type=int, default=defaults.max_pixels,
                         help="largest width*height per image or video frame (default: %(default)s)")
+    limits.add_argument("--max-input-pixels", type=int, default=defaults.max_input_pixels,
+                        help="largest width*height of an input image (edits, chat image_url, video references); "
+                             "refused from its header before decoding (default: %(default)s)")
     limits.add_argument("--max-queued-requests", type=int, default=defaults.max_queued_requests,
                         help="requests in the engine at once; more get 429 (default: %(default)s)")
     limits.add_argument("--file-ttl", type=float, default=defaults.file_ttl_s,
                         help="seconds that image URLs and finished videos stay downloadable (default: %(default)s)")
     limits.add_argument("--graceful-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish at shutdown (default: %(default)s)")
+    media = p.add_argument_group("media URLs")
+    media.add_argument("--allowed-media-domains", nargs="*", default=[], metavar="HOST",
+                       help="hosts whose https media URLs requests may name (image_url, input_audio, audio_url): "
+                            "'example.com', '*.example.com', '*' (any public host), or 'http://HOST[:PORT]' to "
+                            "allow plain http; private and loopback addresses need the literal IP (default: none, "
+                            "no URL is fetched)")
+    media.add_argument("--allowed-local-media-path", default=None, metavar="DIR",
+                       help="folder that file:// media URLs may name (default: none)")
+    security = p.add_argument_group("access")
+    security.add_argument("--public-docs", action="store_true",
+                          help="with --api-key, leave /openapi.json, /docs and /redoc open")
+    security.add_argument("--protect-metrics", action="store_true", help="with --api-key, /metrics needs it too")
+    p.add_argument("--no-restart", action="store_true",
+                   help="do not restart a stage whose engine or process died (it stays down, /health 503)")
+    p.add_argument("--output-dir", default=None,
+                   help="where served files and video jobs are kept; with it, finished video jobs survive a "
+                        "restart (default: a temporary folder removed at shutdown)")
     p.add_argument("--no-playground", dest="playground", action="store_false",
                    help="do not serve the web playground at /")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=run)
+
+
+def demo_deploy_config(deploy_config: str | None, is_demo: bool) -> Any:
+    """The deploy file in force: the user's, else the demo's own for the demo, else None
+    (the model family's bundled file, with the checkpoint's own defaults)."""
+    if deploy_config is not None or not is_demo:
+        return deploy_config
+    from omnistage.config.deploy import bundled_deploy_path
+
+    return bundled_deploy_path(DEMO_DEPLOY)
 
 
 def resolve_model(model: str | None) -> tuple[str, str, bool]:
@@ -79,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
     from prometheus_client import CollectorRegistry
 
+    from omnistage.engine.restart import NO_RESTART, RestartPolicy
     from omnistage.entrypoints.omni import AsyncOmni
     from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
 
@@ -91,11 +124,15 @@ def run(args: argparse.Namespace) -> int:
         settings = ServerSettings(
             served_model_name=args.served_model_name or name, model_path=path, api_key=args.api_key,
             max_upload_bytes=args.max_upload_bytes, max_n=args.max_n, max_pixels=args.max_pixels,
-            max_queued_requests=args.max_queued_requests, file_ttl_s=args.file_ttl, playground=args.playground)
+            max_queued_requests=args.max_queued_requests, file_ttl_s=args.file_ttl,
+            max_input_pixels=args.max_input_pixels, allowed_media_domains=tuple(args.allowed_media_domains),
+            allowed_local_media_path=args.allowed_local_media_path, public_docs=args.public_docs,
+            protect_metrics=args.protect_metrics, files_dir=args.output_dir, playground=args.playground)
         registry = CollectorRegistry()
         print(f"[omnistage] loading {path}", flush=True)
-        engine = AsyncOmni(path, deploy_config=args.deploy_config, stage_overrides=args.stage_overrides,
-                           metrics_registry=registry)
+        engine = AsyncOmni(path, deploy_config=demo_deploy_config(args.deploy_config, is_demo),
+                           stage_overrides=args.stage_overrides,
+                           metrics_registry=registry, restart_policy=NO_RESTART if args.no_restart else RestartPolicy())
         app = create_app(settings, engine, registry)
         url = f"http://{args.host}:{args.port}"
         print(f"[omnistage] serving {settings.served_model_name} at {url}", flush=True)

@@ -7,7 +7,8 @@ build an app around any engine client. What a request can reach:
     /health                 200, or 503 when the engine is unhealthy
     /metrics                Prometheus text: HTTP, queue and (from the engine) stage metrics
     /files/{name}           images and videos handed out by URL (the name is the secret)
-    /v1/models              the served model: its routes, stages, max_model_len, input and output modalities
+    /v1/models              the served model: its routes, stages, max_model_len, input and output modalities,
+                            and each stage's request defaults
     /v1/images/...          images/       (diffusion models with image output)
     /v1/videos...           videos/       (diffusion models with video output)
     /v1/chat/completions    chat/         (text, omni and image models)
@@ -15,7 +16,8 @@ build an app around any engine client. What a request can reach:
     /v1/audio/speech        audio/        (models with audio output; also /v1/audio/voices
                                            and the WebSocket /v1/audio/speech/stream)
 
-Every /v1 route needs the API key when one is set. The app's lifespan shuts down, in
+Every /v1 route needs the API key when one is set, and so do /openapi.json, /docs and
+/redoc unless `public_docs`, and /metrics with `protect_metrics`. The app's lifespan shuts down, in
 order: video jobs (their engine requests are aborted), the engine, the served files.
 """
 
@@ -34,6 +36,7 @@ from omnistage.entrypoints.openai.audio.api_router import attach_router as attac
 from omnistage.entrypoints.openai.audio.serving import SpeechServing
 from omnistage.entrypoints.openai.audio.voices import VoiceStore
 from omnistage.entrypoints.openai.capabilities import Capabilities, model_facts
+from omnistage.entrypoints.openai.defaults import effective_defaults
 from omnistage.entrypoints.openai.chat.api_router import attach_router as attach_chat
 from omnistage.entrypoints.openai.chat.serving import ChatServing
 from omnistage.entrypoints.openai.completions.api_router import attach_router as attach_completions
@@ -43,8 +46,14 @@ from omnistage.entrypoints.openai.errors import APIError, install_error_handlers
 from omnistage.entrypoints.openai.files import MEDIA_TYPES, FileStore
 from omnistage.entrypoints.openai.images.api_router import attach_router as attach_images
 from omnistage.entrypoints.openai.images.serving import ImageServing
+from omnistage.entrypoints.openai.media_inputs import InputMedia
 from omnistage.entrypoints.openai.metrics import ServerMetrics
-from omnistage.entrypoints.openai.middleware import AuthMiddleware, BodySizeLimitMiddleware, MetricsMiddleware
+from omnistage.entrypoints.openai.middleware import (
+    AuthMiddleware,
+    BodySizeLimitMiddleware,
+    ErrorBoundaryMiddleware,
+    MetricsMiddleware,
+)
 from omnistage.entrypoints.openai.openapi import install_openapi
 from omnistage.entrypoints.openai.playground import attach_playground
 from omnistage.entrypoints.openai.settings import ServerSettings
@@ -59,12 +68,13 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     serves only metadata). `registry` is the Prometheus registry the engine exports into."""
     metrics = ServerMetrics(registry)
     files = FileStore(settings.file_ttl_s, settings.files_dir)
+    media = InputMedia(settings)
     if engine is not None:
         capabilities = Capabilities.from_spec(settings.served_model_name, engine.spec)
     else:
         capabilities = Capabilities(settings.served_model_name, frozenset())
     gateway = EngineGateway(engine, settings.max_queued_requests, metrics)
-    video_serving = VideoServing(gateway, capabilities, settings, files)
+    video_serving = VideoServing(gateway, capabilities, settings, files, media)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -75,6 +85,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
             if engine is not None:
                 await maybe_await(engine.shutdown())
             files.close()
+            media.close()
 
     app = FastAPI(title="omnistage", version="0.1.0", lifespan=lifespan)
     app.state.settings = settings
@@ -82,11 +93,13 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.metrics = metrics
     app.state.files = files
     app.state.capabilities = capabilities
+    app.state.defaults = effective_defaults(engine)
     app.state.model_facts = None
     # What /v1/models lists beside the routes (the playground shows it).
     app.state.stages = [{"id": st.id, "name": st.name, "kind": st.kind, "output": st.output}
                         for st in (engine.spec.stages if engine is not None else ())]
     app.state.gateway = gateway
+    app.state.media = media
     app.state.image_serving = ImageServing(gateway, capabilities, settings, files)
     app.state.video_serving = video_serving
     app.state.chat_serving = ChatServing(gateway, capabilities, settings)
@@ -95,9 +108,11 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.speech_serving = SpeechServing(gateway, capabilities, settings, app.state.voice_store)
 
     install_error_handlers(app)
-    # Added last = runs first: metrics see every answer, auth and size run before routing.
+    # Added last = runs first: metrics see every answer, the error boundary makes each one
+    # OpenAI JSON, auth and size run before routing.
     app.add_middleware(BodySizeLimitMiddleware)
     app.add_middleware(AuthMiddleware)
+    app.add_middleware(ErrorBoundaryMiddleware)
     app.add_middleware(MetricsMiddleware)
 
     _attach_system_routes(app)
@@ -129,7 +144,7 @@ def _attach_system_routes(app: FastAPI) -> None:
         return {"object": "list", "data": [
             {"id": s.served_model_name, "object": "model", "created": s.created, "owned_by": "omnistage",
              "root": s.model_path, "routes": state.capabilities.routes, "stages": state.stages,
-             **state.model_facts}]}
+             "defaults": state.defaults, **state.model_facts}]}
 
     @app.get("/files/{name}")
     async def get_file(name: str, request: Request) -> FileResponse:

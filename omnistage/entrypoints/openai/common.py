@@ -119,7 +119,9 @@ class Form:
         self.files = files
 
 
-async def read_form(request: Request, *, allow_urlencoded: bool, file_fields: tuple[str, ...]) -> Form:
+async def read_form(request: Request, *, allow_urlencoded: bool, file_fields: tuple[str, ...],
+                    url_fields: tuple[str, ...] = ()) -> Form:
+    """The request's form; `url_fields` are file fields that may also be a text URL."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     allowed = ["multipart/form-data"] + (["application/x-www-form-urlencoded"] if allow_urlencoded else [])
     if content_type not in allowed:
@@ -134,7 +136,7 @@ async def read_form(request: Request, *, allow_urlencoded: bool, file_fields: tu
             if key not in file_fields:
                 raise bad_request(f"{key}: unexpected file; file fields here: {', '.join(file_fields)}", param=key)
             files.setdefault(key, []).append(value)
-        elif key in file_fields:
+        elif key in file_fields and key not in url_fields:
             raise bad_request(f"{key}: expected a file upload, got a text field", param=key)
         elif key in fields:
             raise bad_request(f"{key}: given more than once", param=key)

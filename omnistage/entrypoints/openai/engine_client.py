@@ -20,7 +20,8 @@ from typing import Any, Protocol
 
 from starlette.requests import Request
 
-from omnistage.entrypoints.openai.errors import APIError, EngineError, bad_request, from_value_error
+from omnistage.engine.types import INVALID_REQUEST, UNAVAILABLE, EngineUnavailableError
+from omnistage.entrypoints.openai.errors import APIError, EngineError, bad_request, from_value_error, unavailable
 from omnistage.entrypoints.openai.metrics import ServerMetrics
 
 
@@ -56,7 +57,7 @@ def stage_default_params(engine: Any, stage_id: int) -> dict[str, Any]:
 def rejection(out: Any) -> APIError | None:
     """The 400 for an output in which a stage refused the request's inputs or params (a typed
     `RequestError` in the engine: its message and field travel as they are), else None."""
-    if getattr(out, "error_kind", None) != "invalid_request":
+    if getattr(out, "error_kind", None) != INVALID_REQUEST:
         return None
     return bad_request(out.error, param=getattr(out, "error_param", None))
 
@@ -74,8 +75,9 @@ class RequestStream:
 
     It closes itself after the finished output or on any failure; `close()` may be called
     again and aborts the engine request if it has not finished. A `ValueError` before the
-    first output is the engine rejecting the request before queueing (400); any failure
-    after it is the engine's (500).
+    first output is the engine rejecting the request before queueing (400); a stage that
+    is down or restarting, or an engine that is stopping, is a 503 with `Retry-After`; any
+    other failure is the engine's (500).
     """
 
     def __init__(self, gateway: EngineGateway, request_id: str, outputs: AsyncIterator[Any]):
@@ -114,6 +116,9 @@ class RequestStream:
         except ValueError as e:
             await self.close()
             raise (from_value_error(e) if first else EngineError(str(e))) from None
+        except EngineUnavailableError as e:
+            await self.close()
+            raise unavailable(f"the engine takes no requests now: {e}") from None
         except StopAsyncIteration:
             await self.close()
             raise EngineError("the engine ended the request without a final output") from None
@@ -123,6 +128,8 @@ class RequestStream:
         if out.error:
             self._finished = True  # the engine has already dropped it
             await self.close()
+            if getattr(out, "error_kind", None) == UNAVAILABLE:
+                raise unavailable(f"{out.error}; retry later", code="stage_unavailable")
             raise rejection(out) or EngineError(out.error)
         return out
 

@@ -3,7 +3,9 @@
 Every error the server answers has the shape
 `{"error": {"message": str, "type": str, "param": str | None, "code": str | None}}`:
 request validation (pydantic, ours), unknown routes and methods (Starlette), engine
-rejections (`ValueError` before queueing) and unexpected failures (500, no traceback).
+rejections (`ValueError` before queueing), stages that are down or restarting (503 with
+`Retry-After`) and unexpected failures (500, no traceback; see also `middleware.py`'s
+error boundary, which catches what these handlers do not).
 """
 
 from __future__ import annotations
@@ -55,6 +57,15 @@ class EngineError(APIError):
 
     def __init__(self, message: str):
         super().__init__(500, f"the engine failed the request: {message}", type="server_error", code="engine_error")
+
+
+RETRY_AFTER_S = 5
+"""What `Retry-After` tells a client when a stage is down, restarting or stopping."""
+
+
+def unavailable(message: str, code: str = "engine_unavailable") -> APIError:
+    """503 with `Retry-After`: the engine or one of its stages cannot serve now, but may soon."""
+    return APIError(503, message, code=code, headers={"retry-after": str(RETRY_AFTER_S)})
 
 
 def openai_error(status: int, message: str, type_: str | None = None, param: str | None = None,

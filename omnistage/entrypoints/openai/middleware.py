@@ -1,4 +1,4 @@
-"""ASGI middleware that runs before any route: metrics, API-key auth, body-size limit.
+"""ASGI middleware that runs before any route: errors, metrics, API-key auth, body-size limit.
 
 They read the app's settings from `scope["app"].state` on every request, so they hold
 no state of their own and tests can build apps with any settings.
@@ -6,15 +6,24 @@ no state of their own and tests can build apps with any settings.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import re
 import secrets
 import time
+import uuid
 from typing import Any
 
 from starlette.exceptions import HTTPException
 
-from omnistage.entrypoints.openai.errors import APIError
+from omnistage.entrypoints.openai.errors import APIError, unavailable
 
 Scope = dict[str, Any]
+
+logger = logging.getLogger(__name__)
+
+_CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 def _settings(scope: Scope) -> Any:
@@ -26,6 +35,70 @@ async def _send_error(send: Any, error: APIError) -> None:
     await send({"type": "http.response.start", "status": response.status_code,
                 "headers": response.raw_headers})
     await send({"type": "http.response.body", "body": response.body})
+
+
+def request_id(scope: Scope) -> str | None:
+    """The id `ErrorBoundaryMiddleware` gave this request (echoed as `x-request-id`)."""
+    return scope.get("state", {}).get("request_id")
+
+
+class ErrorBoundaryMiddleware:
+    """The outermost layer: whatever happens inside, the client gets OpenAI's JSON body.
+
+    - It gives every request an id (the client's `x-request-id` when it is sane, else a
+      new one), sends it back as `x-request-id` and logs every 5xx answer with it.
+    - An exception nothing handled (in a route or in another middleware) becomes a 500
+      in OpenAI's body, instead of Starlette's plain-text "Internal Server Error".
+    - A request cancelled before it answered (uvicorn cancels what is still running when
+      the graceful shutdown timeout ends) gets a 503 with `Retry-After`.
+    """
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
+        rid = given if _CLIENT_REQUEST_ID.match(given) else f"req_{uuid.uuid4().hex}"
+        scope.setdefault("state", {})["request_id"] = rid
+        started = False
+        status = 0
+        logged = False
+
+        async def send_wrapper(message: dict) -> None:
+            nonlocal started, status, logged
+            if message["type"] == "http.response.start":
+                started, status = True, message["status"]
+                message = {**message, "headers": [*message.get("headers", []), (b"x-request-id", rid.encode())]}
+            elif message["type"] == "http.response.body" and status >= 500 and not logged:
+                logged = True
+                logger.error("%s %s answered %d (request %s): %s", scope["method"], scope["path"], status, rid,
+                             _error_message(message.get("body", b"")))
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except asyncio.CancelledError:
+            if started:
+                raise
+            logger.error("%s %s cancelled before it answered, the server is stopping (request %s)",
+                         scope["method"], scope["path"], rid)
+            await _send_error(send_wrapper, unavailable("the server is shutting down; retry on another replica or "
+                                                        "later", code="server_shutting_down"))
+        except Exception as e:
+            logger.exception("%s %s failed (request %s)", scope["method"], scope["path"], rid)
+            if not started:
+                logged = True  # just logged with its traceback
+                await _send_error(send_wrapper, APIError(500, f"internal server error: {type(e).__name__} "
+                                                              f"(request {rid})", type="server_error"))
+
+
+def _error_message(body: bytes) -> str:
+    try:
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return body[:200].decode("utf-8", "replace")
 
 
 class MetricsMiddleware:
@@ -55,15 +128,29 @@ class MetricsMiddleware:
             scope["app"].state.metrics.observe_http(label, scope["method"], status, time.perf_counter() - start)
 
 
+_DOCS_PATHS = ("/openapi.json", "/docs", "/redoc")
+
+
+def needs_key(path: str, settings: Any) -> bool:
+    """Which paths the API key guards: every /v1 route; the API docs unless `public_docs`;
+    /metrics with `protect_metrics`. /health and /files/... stay open (probes; URLs are secrets)."""
+    if path.startswith("/v1/"):
+        return True
+    if path in _DOCS_PATHS or path.startswith("/docs/"):
+        return not settings.public_docs
+    return path == "/metrics" and settings.protect_metrics
+
+
 class AuthMiddleware:
-    """With an API key set, every /v1 route needs `Authorization: Bearer <key>` (401 otherwise)."""
+    """With an API key set, the paths `needs_key` names need `Authorization: Bearer <key>` (401 otherwise)."""
 
     def __init__(self, app: Any):
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        key = _settings(scope).api_key if scope["type"] == "http" else None
-        if key and scope["path"].startswith("/v1/") and scope["method"] != "OPTIONS":
+        settings = _settings(scope) if scope["type"] == "http" else None
+        key = settings.api_key if settings is not None else None
+        if key and scope["method"] != "OPTIONS" and needs_key(scope["path"], settings):
             headers = dict(scope["headers"])
             scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
             if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):

@@ -25,7 +25,7 @@ _WHY = {
     400: "Invalid request: the body names the field (`error.param`)",
     401: "Missing or invalid API key (when the server has one)",
     404: "Unknown model, route, file, video or voice",
-    409: "A voice of that name exists",
+    409: "A voice of that name exists, or the video job has not completed",
     413: "Request body over the server's limit",
     415: "Wrong Content-Type",
     429: "Too many requests queued; retry after `retry-after` seconds",
@@ -45,6 +45,8 @@ _BY_ROUTE: dict[tuple[str, str], tuple[int, ...]] = {
     ("delete", "/v1/audio/voices/{name}"): (400, 401, 404, 500),
     ("get", "/v1/audio/voices"): (400, 401, 500),
     ("delete", "/v1/videos/{video_id}"): (401, 404, 500),
+    ("get", "/v1/videos"): (400, 401, 500),  # `after` naming no job
+    ("get", "/v1/videos/{video_id}/content"): (401, 404, 409, 500),  # 409: not completed yet
 }
 
 _STREAMED_200: dict[tuple[str, str], tuple[str, ...]] = {

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+DEFAULT_MAX_INPUT_PIXELS = 4096 * 4096
+
 
 @dataclass
 class ServerSettings:
@@ -20,19 +22,38 @@ class ServerSettings:
     """Most images one images request may ask for (`n`)."""
     max_pixels: int = 2048 * 2048
     """Largest width x height one request may ask for (images and video frames)."""
+    max_input_pixels: int = DEFAULT_MAX_INPUT_PIXELS
+    """Largest width x height of an input image (edit images, chat image_url, video
+    references, masks): refused from its header, before decoding."""
+    max_input_audio_seconds: float = 600.0
+    """Longest input audio (chat input_audio / audio_url, voice samples), from its header."""
+    allowed_media_domains: tuple[str, ...] = ()
+    """Hosts whose media URLs the server fetches (see media_fetch.py); none: no URL is fetched."""
+    allowed_local_media_path: str | None = None
+    """The folder `file://` media URLs may name (none: no file URL is read)."""
+    media_fetch_timeout_s: float = 10.0
+    """The longest one media URL fetch may take, redirects included."""
     max_queued_requests: int = 64
     """Requests admitted to the engine at once (queued or running); more get 429."""
     file_ttl_s: float = 3600.0
     """How long `url` images and finished video jobs stay downloadable."""
     files_dir: str | None = None
     """Where served files live (default: a temporary folder removed at shutdown)."""
+    public_docs: bool = False
+    """With an API key: leave /openapi.json, /docs and /redoc open (they need the key otherwise)."""
+    protect_metrics: bool = False
+    """With an API key: /metrics needs it too (it stays open otherwise, for scrapers)."""
     playground: bool = True
     """Serve the web playground at `/` (`--no-playground` turns it off)."""
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be >= 1, got {getattr(self, name)}"
-                    for name in ("max_upload_bytes", "max_n", "max_pixels", "max_queued_requests")
+                    for name in ("max_upload_bytes", "max_n", "max_pixels", "max_input_pixels", "max_queued_requests")
                     if getattr(self, name) < 1]
+        for name in ("max_input_audio_seconds", "media_fetch_timeout_s"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
+        self.allowed_media_domains = tuple(self.allowed_media_domains)
         if self.file_ttl_s <= 0:
             problems.append(f"file_ttl_s must be > 0, got {self.file_ttl_s}")
         if problems:

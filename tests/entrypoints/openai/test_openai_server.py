@@ -98,6 +98,21 @@ def test_lifespan_shuts_the_engine_down_and_removes_files():
     assert engine.is_shut_down and not directory.exists()
 
 
+def test_api_key_covers_the_docs_unless_public_and_metrics_when_protected(app_client):
+    http, _ = app_client("image", api_key="k")
+    key = {"authorization": "Bearer k"}
+    for path in ("/openapi.json", "/docs", "/redoc"):
+        assert http.get(path).status_code == 401, path
+        assert http.get(path, headers=key).status_code == 200, path
+    assert http.get("/metrics").status_code == 200
+
+    http, _ = app_client("image", api_key="k", public_docs=True, protect_metrics=True)
+    assert http.get("/openapi.json").status_code == 200 and http.get("/docs").status_code == 200
+    assert http.get("/metrics").status_code == 401
+    assert http.get("/metrics", headers={"authorization": "Bearer k"}).status_code == 200
+    assert http.get("/health").status_code == 200
+
+
 def test_openapi_lists_the_statuses_and_streams_each_route_answers(app_client):
     http, _ = app_client("text", max_upload_bytes=100)
     doc = http.get("/openapi.json").json()

@@ -83,7 +83,7 @@ class VoiceStore:
         if len(files) != 1:
             raise bad_request("audio_sample: upload exactly one audio file", param="audio_sample")
         data = await read_upload(files[0], "audio_sample")
-        audio, rate = reference_clip(data, "audio_sample")
+        audio, rate = await request.app.state.media.run(reference_clip, data, "audio_sample")  # off the event loop
         self._check_name(name)  # another request may have taken it while the upload was read
         voice = Voice(name, np.ascontiguousarray(audio, dtype=np.float32), int(rate), ref_text)
         self._voices[name] = voice
@@ -148,7 +148,7 @@ class VoiceStore:
 def reference_clip(data: bytes, param: str) -> tuple[np.ndarray, int]:
     """Decoded reference audio, within the clip length limits (400 naming `param` otherwise)."""
     try:
-        audio, rate = decode_audio(data, field=param)
+        audio, rate = decode_audio(data, field=param, max_seconds=MAX_SECONDS)  # longer: refused from the header
     except ValueError as e:
         raise bad_request(str(e), param=param, code="invalid_audio") from None
     seconds = len(audio) / rate

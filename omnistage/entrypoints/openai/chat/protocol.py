@@ -1,7 +1,8 @@
 """Chat request and response bodies (OpenAI's), with vLLM's sampling extensions.
 
-Content parts: `text`, `image_url` (a data URL or bare base64: the server fetches
-nothing), `input_audio` ({data: base64, format}) and `audio_url` (a data URL). Sampling
+Content parts: `text`, `image_url` (a data URL or bare base64, or a URL the server
+fetches when its host is allowed: see media_fetch.py), `input_audio` ({data: base64 or
+such a URL, format}) and `audio_url` (a data URL or such a URL). Sampling
 fields beyond OpenAI's (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
 `stop_token_ids`, `ignore_eos`, `structured_outputs`, `guided_*`) go at the top level,
 as with vLLM. Text models also take `n`, `logprobs`/`top_logprobs`, `response_format`

@@ -61,8 +61,9 @@ from omnistage.entrypoints.openai.text_generation import (
     open_streams,
     usage,
 )
-from omnistage.media.audio import decode_audio, encode_audio, resample, to_pcm16
-from omnistage.media.image import decode_base64_payload, decode_image, image_to_data_url
+from omnistage.entrypoints.openai.media_inputs import InputMedia
+from omnistage.media.audio import encode_audio, resample, to_pcm16
+from omnistage.media.image import image_to_data_url
 
 PCM16_RATE = 24000  # OpenAI's pcm16 is 24 kHz mono little-endian
 _AUDIO_FORMATS = {"wav": "wav", "mp3": "mp3", "flac": "flac", "opus": "opus", "pcm16": "pcm"}
@@ -101,12 +102,14 @@ class ChatServing:
                 raise bad_request(f"modalities: model {self.capabilities.model!r} outputs "
                                   f"{' and '.join(sorted(outputs))}, not {modality}", param="modalities")
         tool_mode = None
+        # The builders decode (and may fetch) the messages' media: in the media pool, off the loop.
+        media = request.app.state.media
         if "image" in outputs:
-            prompt, params = self._diffusion_request(body)
+            prompt, params = await media.run(self._diffusion_request, body, media)
             jobs = [(prompt, params)]
             wanted = None
         else:
-            prompt, params, tool_mode = self._text_request(body)
+            prompt, params, tool_mode = await media.run(self._text_request, body, media)
             entry = self.gateway.engine.spec.entry_stages[0].name
             jobs = [(prompt, {entry: p}) for p in choice_params(params, body.n)]
             # The answer is text (or audio with its transcript): no stage makes more than that.
@@ -124,7 +127,7 @@ class ChatServing:
 
     # --- building the engine request -------------------------------------------------------
 
-    def _text_request(self, body: ChatCompletionRequest) -> tuple[Any, SamplingParams, str | None]:
+    def _text_request(self, body: ChatCompletionRequest, media: InputMedia) -> tuple[Any, SamplingParams, str | None]:
         image_only = [k for k in ("size", *body.diffusion_fields()) if k != "seed" and getattr(body, k) is not None]
         if image_only:
             raise bad_request(f"{image_only[0]}: only image models take it", param=image_only[0])
@@ -149,7 +152,7 @@ class ChatServing:
         values["max_tokens"] = body.max_completion_tokens or body.max_tokens
         values["logprobs"] = (body.top_logprobs or 0) if body.logprobs else None
         params = entry_sampling_params(self.gateway, values, extras)
-        prompt: dict[str, Any] = {"messages": [_message(m, i) for i, m in enumerate(body.messages)]}
+        prompt: dict[str, Any] = {"messages": [_message(m, i, media) for i, m in enumerate(body.messages)]}
         if body.tools and tool_mode is not None:
             prompt["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
         if body.audio is not None and body.audio.voice is not None:
@@ -181,7 +184,7 @@ class ChatServing:
                               param="response_format.json_schema")
         return {"json": fmt.json_schema.schema_}
 
-    def _diffusion_request(self, body: ChatCompletionRequest) -> tuple[Any, DiffusionParams]:
+    def _diffusion_request(self, body: ChatCompletionRequest, media: InputMedia) -> tuple[Any, DiffusionParams]:
         text_only = [k for k in ("max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "logprobs",
                                  "top_logprobs", "response_format", "tools", "tool_choice")
                      if getattr(body, k) is not None]
@@ -197,7 +200,7 @@ class ChatServing:
         if not user:
             raise bad_request("messages: an image model needs a user message with the prompt", param="messages")
         index = user[-1]
-        parts = _message(body.messages[index], index)["content"]
+        parts = _message(body.messages[index], index, media)["content"]
         if isinstance(parts, str):
             text, images = parts, []
         else:
@@ -388,8 +391,9 @@ def _model_type(model_path: str) -> str | None:
         return None
 
 
-def _message(message: ChatMessage, index: int) -> dict[str, Any]:
-    """A message with its media decoded: content is a str, or a list of parts
+def _message(message: ChatMessage, index: int, media: InputMedia) -> dict[str, Any]:
+    """A message with its media fetched and decoded (within the server's limits; see
+    media_inputs.py): content is a str, or a list of parts
     {"type": "text", "text"} | {"type": "image", "image": PIL} |
     {"type": "audio", "audio": float32 array, "sample_rate": int}."""
     out: dict[str, Any] = {"role": message.role}
@@ -410,27 +414,20 @@ def _message(message: ChatMessage, index: int) -> dict[str, Any]:
             if part.type == "text":
                 parts.append({"type": "text", "text": part.text})
             elif part.type == "image_url":
-                data = decode_base64_payload(_local_url(part.image_url.url, where), f"{where}.image_url")
-                parts.append({"type": "image", "image": decode_image(data, field=f"{where}.image_url")})
+                parts.append({"type": "image", "image": media.image_ref(part.image_url.url, f"{where}.image_url")})
             else:
-                raw = part.input_audio.data if part.type == "input_audio" else _local_url(part.audio_url.url, where)
-                audio, rate = decode_audio(decode_base64_payload(raw, f"{where}.{part.type}"),
-                                           field=f"{where}.{part.type}")
+                raw = part.input_audio.data if part.type == "input_audio" else part.audio_url.url
+                audio, rate = media.audio_ref(raw, f"{where}.{part.type}")
                 parts.append({"type": "audio", "audio": audio, "sample_rate": rate})
         except ValueError as e:
             raise bad_request(str(e), param=where) from None
+        except APIError as e:  # a media refusal (too large, URL not allowed): name the part
+            raise APIError(e.status, e.message, param=where, code=e.code) from None
     if all(p["type"] == "text" for p in parts):
         out["content"] = "\n".join(p["text"] for p in parts)  # text-only chat templates take a string
     else:
         out["content"] = parts
     return out
-
-
-def _local_url(url: str, where: str) -> str:
-    if url.startswith(("http://", "https://")):
-        raise bad_request(f"{where}: only data URLs or base64 are accepted; the server fetches no URLs",
-                          param=where)
-    return url
 
 
 def _encode_answer_audio(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from starlette.requests import Request
 
 from omnistage.diffusion.params import DiffusionParams
@@ -40,7 +39,7 @@ from omnistage.entrypoints.openai.images.protocol import (
     ImagesResponse,
 )
 from omnistage.entrypoints.openai.settings import ServerSettings
-from omnistage.media.image import decode_image, encode_image
+from omnistage.media.image import encode_image
 
 MAX_INPUT_IMAGES = 16
 
@@ -71,11 +70,13 @@ class ImageServing:
             raise bad_request("image: at least one input image is required", param="image")
         if len(uploads) > MAX_INPUT_IMAGES:
             raise bad_request(f"image: at most {MAX_INPUT_IMAGES} images, got {len(uploads)}", param="image")
-        images = [_decode(await read_upload(u, "image"), f"image[{i}]") for i, u in enumerate(uploads)]
+        media = request.app.state.media  # decodes within the input limits, off the event loop
+        images = [await media.image(await read_upload(u, "image"), f"image[{i}]") for i, u in enumerate(uploads)]
         masks = form.files.get("mask", [])
         if len(masks) > 1:
             raise bad_request("mask: give at most one mask", param="mask")
-        mask = _read_mask(await read_upload(masks[0], "mask"), images[0]) if masks else None
+        mask = _read_mask(await media.image(await read_upload(masks[0], "mask"), "mask", mode=None),
+                          images[0]) if masks else None
         prompt = {"prompt": body.prompt, "image": images if len(images) > 1 else images[0]}
         keep = (lambda result: _composite(images[0], result, mask)) if mask is not None else None
         if body.stream:
@@ -147,21 +148,9 @@ def _event(kind: str, payload: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
-def _decode(data: bytes, field: str) -> Image.Image:
-    try:
-        return decode_image(data, field=field)
-    except ValueError as e:
-        raise bad_request(str(e), param="image") from None
-
-
-def _read_mask(data: bytes, image: Image.Image) -> Image.Image:
+def _read_mask(mask: Image.Image, image: Image.Image) -> Image.Image:
     """OpenAI's mask: an RGBA image the size of the (first) input image, transparent
     (alpha 0) where the image should change. Returned as its alpha channel."""
-    try:
-        mask = Image.open(io.BytesIO(data))
-        mask.load()
-    except (UnidentifiedImageError, OSError) as e:
-        raise bad_request(f"mask: not a decodable image ({e})", param="mask") from None
     if "A" not in mask.getbands():
         raise bad_request("mask: needs an alpha channel (transparent where the image should be edited)",
                           param="mask")

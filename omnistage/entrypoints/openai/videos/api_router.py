@@ -20,13 +20,13 @@ def serving(request: Request) -> VideoServing:
 
 @router.post("/v1/videos", response_model=VideoJob)
 async def create_video(request: Request, handler: VideoServing = Depends(serving)) -> VideoJob:
-    form = await read_form(request, allow_urlencoded=True, file_fields=FILE_FIELDS)
+    form = await read_form(request, allow_urlencoded=True, file_fields=FILE_FIELDS, url_fields=FILE_FIELDS)
     return await handler.create(form)
 
 
 @router.post("/v1/videos/sync")
 async def create_video_sync(request: Request, handler: VideoServing = Depends(serving)) -> Response:
-    form = await read_form(request, allow_urlencoded=True, file_fields=FILE_FIELDS)
+    form = await read_form(request, allow_urlencoded=True, file_fields=FILE_FIELDS, url_fields=FILE_FIELDS)
     result = await handler.sync(form, request)
     return Response(result.mp4, media_type="video/mp4",
                     headers={"x-num-frames": str(result.num_frames), "x-fps": f"{result.fps:g}",

@@ -3,6 +3,10 @@
 A job is one engine request. Its status follows OpenAI's lifecycle: `queued` until the
 first output, `in_progress` with `progress` from the denoising steps, then `completed`
 (the MP4 is kept `file_ttl_s`) or `failed` with an error. DELETE aborts a running job.
+
+Jobs are durable (store.py): records in SQLite and MP4s under `files_dir/videos` (the
+`--output-dir`), so finished jobs survive a restart; jobs running when the server stops
+are recorded as `failed` with the reason.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
@@ -22,6 +27,7 @@ from omnistage.entrypoints.openai.common import Form, check_dims, check_model, p
 from omnistage.entrypoints.openai.engine_client import EngineGateway, RequestStream, cancel_on_disconnect
 from omnistage.entrypoints.openai.errors import APIError, bad_request, from_value_error
 from omnistage.entrypoints.openai.files import FileStore
+from omnistage.entrypoints.openai.media_inputs import InputMedia
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.entrypoints.openai.videos.protocol import (
     VideoCreateRequest,
@@ -30,12 +36,14 @@ from omnistage.entrypoints.openai.videos.protocol import (
     VideoJob,
     VideoList,
 )
-from omnistage.media.image import decode_image
+from omnistage.entrypoints.openai.videos.store import VideoJobStore
 from omnistage.media.video import encode_mp4
 
 logger = logging.getLogger(__name__)
 
 FILE_FIELDS = ("input_reference",)
+PROGRESS_SAVE_INTERVAL_S = 1.0  # progress reaches the job record at most this often
+SHUTDOWN = VideoError(code="server_shutdown", message="the server stopped before the job finished; create it again")
 
 
 @dataclass
@@ -58,18 +66,37 @@ class VideoResult:
 
 class VideoServing:
     def __init__(self, gateway: EngineGateway, capabilities: Capabilities, settings: ServerSettings,
-                 files: FileStore):
+                 files: FileStore, media: InputMedia):
         self.gateway = gateway
         self.capabilities = capabilities
         self.settings = settings
         self.files = files
+        self.media = media
         self._jobs: dict[str, VideoTask] = {}
+        self._store: VideoJobStore | None = None
+        self._stopping = False
+        if settings.files_dir is not None and capabilities.serves("videos"):
+            self._load()  # the jobs a previous run of the server left
+
+    @property
+    def store(self) -> VideoJobStore:
+        """Opened on first use: without `files_dir` it lives in the files' temporary folder."""
+        if self._store is None:
+            root = Path(self.settings.files_dir) if self.settings.files_dir is not None else self.files.directory
+            self._store = VideoJobStore(root / "videos")
+        return self._store
+
+    def _load(self) -> None:
+        for job, file_name in self.store.load(int(time.time()), self.settings.file_ttl_s):
+            self._jobs[job.id] = VideoTask(job, file_name=file_name)
+        self._purge_expired()
 
     # --- requests -----------------------------------------------------------------
 
     async def _build(self, form: Form) -> tuple[VideoCreateRequest, Any, DiffusionParams]:
         """The edge checks of both create routes: (request, prompt, params) or a 4xx."""
         self.capabilities.require("videos")
+        reference_url = form.fields.pop("input_reference", None)
         body: VideoCreateRequest = validate(VideoCreateRequest, form.fields)
         check_model(body.model, self.settings)
         width, height = self._dims(body)
@@ -85,7 +112,7 @@ class VideoServing:
         both = sorted(set(extras) & set(body.extra_params))
         if both:
             raise bad_request(f"{both} given both as fields and in extra_params", param="extra_params")
-        image = await self._reference(form)
+        image = await self._reference(form, reference_url)
         try:
             params = DiffusionParams(height=height, width=width, num_frames=num_frames, fps=body.fps,
                                      guidance_scale_2=body.guidance_scale_2, extras={**body.extra_params, **extras},
@@ -106,12 +133,13 @@ class VideoServing:
             check_dims(body.width, body.height, self.settings, param="width")
         return body.width, body.height
 
-    async def _reference(self, form: Form) -> Any:
+    async def _reference(self, form: Form, url: str | None) -> Any:
+        """The input image: an upload, or a URL (fetched if its host is allowed, see media_fetch.py)."""
         uploads = form.files.get("input_reference", [])
-        if len(uploads) > 1:
+        if len(uploads) + (url is not None) > 1:
             raise bad_request("input_reference: give one image", param="input_reference")
         needs = self.capabilities.image_input
-        if not uploads:
+        if not uploads and url is None:
             if needs == "required":
                 raise bad_request(f"input_reference: model {self.capabilities.model!r} generates from an image; "
                                   "upload one", param="input_reference")
@@ -119,10 +147,9 @@ class VideoServing:
         if needs == "none":
             raise bad_request(f"input_reference: model {self.capabilities.model!r} is text-to-video and takes no "
                               "image", param="input_reference")
-        try:
-            return decode_image(await read_upload(uploads[0], "input_reference"), field="input_reference")
-        except ValueError as e:
-            raise bad_request(str(e), param="input_reference") from None
+        if url is not None:
+            return await self.media.run(self.media.image_ref, url, "input_reference")
+        return await self.media.image(await read_upload(uploads[0], "input_reference"), "input_reference")
 
     # --- routes -------------------------------------------------------------------
 
@@ -136,6 +163,7 @@ class VideoServing:
                        num_frames=params.num_frames, fps=params.fps)
         entry = VideoTask(job)
         self._jobs[job_id] = entry
+        self.store.save(job)
         entry.task = asyncio.create_task(self._run(entry, stream), name=f"omnistage-{job_id}")
         return job
 
@@ -174,7 +202,7 @@ class VideoServing:
         if entry.job.status != "completed":
             raise APIError(409, f"video {video_id!r} is {entry.job.status}, not completed", param="video_id",
                            code="video_not_ready")
-        path = self.files.path(entry.file_name or "")
+        path = self.store.video_path(entry.file_name) if entry.file_name else None
         if path is None:
             raise APIError(404, f"video {video_id!r} has expired", param="video_id", code="video_expired")
         return path
@@ -185,31 +213,39 @@ class VideoServing:
         if entry.task is not None and not entry.task.done():
             entry.task.cancel()  # closing the stream aborts the engine request
             await asyncio.gather(entry.task, return_exceptions=True)
-        if entry.file_name:
-            self.files.delete(entry.file_name)
+        self.store.delete(video_id, entry.file_name)
         return VideoDeleted(id=video_id)
 
     async def shutdown(self) -> None:
-        """Cancel running jobs (their engine requests are aborted)."""
+        """Cancel running jobs (their engine requests are aborted; their records say why)."""
+        self._stopping = True
         tasks = [e.task for e in self._jobs.values() if e.task is not None and not e.task.done()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._store is not None:
+            self._store.close()
+            self._store = None
 
     # --- the background job ---------------------------------------------------------
 
     async def _run(self, entry: VideoTask, stream: RequestStream) -> None:
         job = entry.job
+        saved_at = 0.0
         try:
             final = None
             async for out in stream:
-                job.status = "in_progress"
+                started, job.status = job.status == "queued", "in_progress"
                 if out.progress is not None and out.progress.num_steps:
                     # Decoding and encoding follow the last step: hold 99 until the MP4 exists.
                     job.progress = max(job.progress, min(99, 100 * out.progress.step // out.progress.num_steps))
+                if started or time.monotonic() - saved_at > PROGRESS_SAVE_INTERVAL_S:
+                    self.store.save(job)
+                    saved_at = time.monotonic()
                 final = out
             result = await _encode(final)
-            entry.file_name, job.expires_at = self.files.put(result.mp4, ".mp4")
+            entry.file_name = await asyncio.to_thread(self.store.write_video, job.id, result.mp4)
+            job.expires_at = int(time.time() + self.settings.file_ttl_s)
             job.num_frames, job.fps = result.num_frames, result.fps
             job.size = f"{result.width}x{result.height}"
             job.seconds = f"{result.num_frames / result.fps:.3g}"
@@ -217,7 +253,8 @@ class VideoServing:
         except APIError as e:
             job.status, job.error = "failed", VideoError(code=e.code or e.type, message=e.message)
         except asyncio.CancelledError:
-            job.status, job.error = "failed", VideoError(code="cancelled", message="the job was cancelled")
+            job.status = "failed"
+            job.error = SHUTDOWN if self._stopping else VideoError(code="cancelled", message="the job was cancelled")
             raise
         except Exception as e:  # a bug must fail the job, not vanish in a task
             logger.exception("video job %s failed", job.id)
@@ -226,13 +263,14 @@ class VideoServing:
             if job.status == "failed":
                 job.completed_at = int(time.time())
                 job.expires_at = int(time.time() + self.settings.file_ttl_s)
+            if job.id in self._jobs:  # not deleted meanwhile
+                self.store.save(job, entry.file_name)
 
     def _purge_expired(self) -> None:
         now = time.time()
         for job_id in [i for i, e in self._jobs.items() if e.job.expires_at is not None and e.job.expires_at < now]:
             entry = self._jobs.pop(job_id)
-            if entry.file_name:
-                self.files.delete(entry.file_name)
+            self.store.delete(job_id, entry.file_name)
 
 
 async def _encode(out: Any) -> VideoResult:

@@ -1,0 +1,44 @@
+"""/v1/models lists what a bare request gets; the demo's deploy file makes that cheap, and
+real models keep their checkpoint's defaults."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from fastapi.testclient import TestClient
+
+from omnistage.config.deploy import bundled_deploy_path
+from omnistage.entrypoints.commands.serve import demo_deploy_config
+from omnistage.entrypoints.omni import load_config
+from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
+from omnistage.entrypoints.openai.defaults import effective_defaults
+
+
+def engine_view(model, deploy=None):
+    """What /v1/models reads from an AsyncOmni (its spec and config), without loading engines."""
+    config = load_config(model, deploy, None, {})
+    return SimpleNamespace(spec=config.pipeline, config=config)
+
+
+def test_a_real_model_keeps_its_checkpoint_defaults_and_the_demo_gets_cheap_ones(zoo):
+    path = zoo("z-image")
+    real = effective_defaults(engine_view(path))["diffusion"]
+    assert (real["height"], real["width"], real["num_inference_steps"]) == (1024, 1024, 50)
+    assert real["extras"]["max_sequence_length"] == 512
+
+    assert demo_deploy_config(None, is_demo=False) is None
+    assert demo_deploy_config("mine.yaml", is_demo=True) == "mine.yaml"
+    demo = effective_defaults(engine_view(path, demo_deploy_config(None, is_demo=True)))["diffusion"]
+    assert (demo["height"], demo["width"], demo["num_inference_steps"]) == (256, 256, 4)
+    assert demo["guidance_scale"] == real["guidance_scale"]  # what the demo file leaves alone stays
+    assert demo_deploy_config(None, is_demo=True) == bundled_deploy_path("z_image_demo.yaml")
+
+
+def test_v1_models_lists_each_stages_defaults(zoo):
+    llm = engine_view(zoo("qwen2-llm"))
+    llm.shutdown = lambda: None
+    app = create_app(ServerSettings(served_model_name="m", model_path="p"), llm)
+    with TestClient(app) as http:
+        [model] = http.get("/v1/models").json()["data"]
+    [stage] = llm.spec.stages
+    assert model["defaults"][stage.name]["temperature"] == 1.0 and "max_tokens" in model["defaults"][stage.name]
