@@ -165,6 +165,8 @@ class StepCache:
         self.chain = chain
         self.policy = policy
         self.call: Call | None = None
+        self.num_split_calls = 0
+        """Calls split because their rows disagreed (each costs one extra head block)."""
         for attr in chain.transformers:
             transformer = getattr(pipeline, attr, None)
             if transformer is None:
@@ -185,6 +187,7 @@ class StepCache:
         try:
             return self._run(predict, Call(rows))
         except MixedDecisions as mixed:
+            self.num_split_calls += 1
             out: list[Any] = [None] * len(rows)
             for decision in (True, False):
                 index = [i for i, c in enumerate(mixed.compute) if c == decision]
@@ -335,7 +338,7 @@ def config_from(backend: str, config_class: type, cache_config: dict[str, Any]) 
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-            raise ValueError(f"cache_config.{key}: must be a {kind.__name__}, got {value!r}")
+            raise ValueError(f"cache_config.{key}: must be {'an' if kind is int else 'a'} {kind.__name__}, got {value!r}")
         values[key] = value
     config = config_class(**values)
     problems = config.problems()
