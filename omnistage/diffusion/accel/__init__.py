@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
 
-MODULES = ("cfg_parallel", "vae_tiling", "first_block_cache", "tea_cache")
+MODULES = ("cfg_parallel", "vae_tiling", "first_block_cache", "tea_cache", "cache_dit")
 """Modules of this package, applied in this order; each has `from_deploy` and `apply`. The
 step caches come after cfg_parallel: they wrap the guidance function it installs."""
 
-CACHE_BACKENDS = ("first_block_cache", "tea_cache")
+CACHE_BACKENDS = ("first_block_cache", "tea_cache", "cache_dit")
 """Values of `cache_backend`, each the module of the same name."""
 
 NOT_YET_IMPLEMENTED: dict[str, Any] = {
