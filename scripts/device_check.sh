@@ -23,7 +23,7 @@
 #      parity.log, bench.log, RESULTS.md (7 of the 8 files the tool returns).
 #
 # Time budget (each step has its own `timeout`; about 8.5 minutes at most):
-#   setup 60 s, GPU tests 180 s, CPU parity tests 90 s, benchmarks 4 x 45 s.
+#   setup 60 s, GPU tests 180 s, CPU parity tests 90 s, benchmarks 4 x 45 s, step caches 60 s.
 # Without $OUT (a run by hand) the files go to ./device-out.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,7 +31,7 @@ cd "$ROOT"
 WHL="$ROOT/.whl"
 # What the device image lacks or holds at a version outside our pins (KINDS.md lists it).
 PACKAGES=(diffusers transformers huggingface-hub tokenizers pydantic pydantic-core annotated-types
-          typing-inspection soundfile cffi pycparser)
+          typing-inspection soundfile cffi pycparser cache-dit)
 
 if [ "${1:-}" = "prepare" ]; then
   set -e
@@ -97,6 +97,10 @@ for dtype in float32 bfloat16; do
   step "bench_ar cuda $dtype" 45 "$OUT/bench.log" $PY bench_ar.py --sizes tiny small --repeats 2 --no-write \
     --device cuda --dtype "$dtype"
 done
+# Step caches: ours and cache-dit on diffusers at two thresholds, small Qwen-Image and
+# Z-Image, 50 steps, bf16 (benchmarks/bench_cache.py measures the same on CPU).
+step "bench_cache cuda bfloat16" 60 "$OUT/bench.log" $PY bench_cache.py --models qwen-image z-image \
+  --grid 0.2 0.8 --steps 50 --no-write --device cuda --dtype bfloat16
 cd "$ROOT"
 
 # -- 5. RESULTS.md: the tables the benchmarks printed, and the GPU test numbers ------------
