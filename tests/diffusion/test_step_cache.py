@@ -113,6 +113,17 @@ def test_alone_equals_batched_at_other_steps(zoo, name, backend, threshold):
         assert np.abs(arr - arr_alone).max() <= 1e-3
 
 
+@pytest.mark.parametrize("backend", list(THRESHOLD))
+def test_caches_compose_with_layerwise_offload(zoo, backend):
+    """Offload's group hooks and the caches' hooks sit on the same blocks (caches first)."""
+    alone = run(load(zoo, "qwen-image", backend, 0.5), "qwen-image")
+    deploy = StageDeployConfig(cache_backend=backend, cache_config={THRESHOLD[backend]: 0.5}, offload="layerwise")
+    pipeline = pipeline_class(FAMILIES["qwen-image"]).from_pretrained(str(zoo("qwen-image")), deploy=deploy)
+    assert pipeline.accelerations == [backend, "offload"]
+    arr, metrics = run(pipeline, "qwen-image")
+    assert np.array_equal(arr, alone[0]) and metrics == alone[1] and metrics["num_forwards_skipped"] > 0
+
+
 def test_omni_cache_backend_reports_forwards_in_metrics_and_prometheus(zoo):
     """The user's path: Omni(..., cache_backend=..., cache_config=...) on Z-Image in step mode;
     each output's stage metrics count its forwards, /metrics exports the totals."""
