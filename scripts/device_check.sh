@@ -22,8 +22,9 @@
 #      The files come back from $OUT: env.txt, setup.log, gpu_tests.log, gpu_metrics.jsonl,
 #      parity.log, bench.log, RESULTS.md (7 of the 8 files the tool returns).
 #
-# Time budget (each step has its own `timeout`; about 9.5 minutes at most):
-#   setup 60 s, GPU tests 180 s, CPU parity tests 90 s, benchmarks 4 x 45 s, memory options 60 s.
+# Time budget (each step has its own `timeout`; about 10.5 minutes at most):
+#   setup 60 s, GPU tests 180 s, CPU parity tests 90 s, benchmarks 4 x 45 s, memory options 60 s,
+#   step caches 60 s.
 # Without $OUT (a run by hand) the files go to ./device-out.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,7 +32,7 @@ cd "$ROOT"
 WHL="$ROOT/.whl"
 # What the device image lacks or holds at a version outside our pins (KINDS.md lists it).
 PACKAGES=(diffusers transformers huggingface-hub tokenizers pydantic pydantic-core annotated-types
-          typing-inspection soundfile cffi pycparser torchao peft)
+          typing-inspection soundfile cffi pycparser torchao peft cache-dit)
 
 if [ "${1:-}" = "prepare" ]; then
   set -e
@@ -100,6 +101,10 @@ done
 # Memory and kernel options (issue 15): speed, weight bytes, peak CUDA memory and PSNR vs plain.
 step "bench_memory cuda bfloat16" 60 "$OUT/bench.log" $PY bench_memory.py --models z-image --size small \
   --repeats 2 --no-write --device cuda --dtype bfloat16
+# Step caches: ours and cache-dit on diffusers at two thresholds, small Qwen-Image and
+# Z-Image, 50 steps, bf16 (benchmarks/bench_cache.py measures the same on CPU).
+step "bench_cache cuda bfloat16" 60 "$OUT/bench.log" $PY bench_cache.py --models qwen-image z-image \
+  --grid 0.2 0.8 --steps 50 --no-write --device cuda --dtype bfloat16
 cd "$ROOT"
 
 # -- 5. RESULTS.md: the tables the benchmarks printed, and the GPU test numbers ------------

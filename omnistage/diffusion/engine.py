@@ -142,7 +142,8 @@ class DiffusionEngine:
         for req in finished:
             rid = req.request_id
             if req.status is RequestStatus.FINISHED:
-                outputs.append(StageOutput(rid, output.payloads[rid], finished=True, metrics=self._metrics(req)))
+                outputs.append(StageOutput(rid, output.payloads[rid], finished=True,
+                                           metrics={**self._metrics(req), **output.metrics.get(rid, {})}))
             else:
                 error = output.errors.get(rid, "the worker returned no output for this request")
                 outputs.append(StageOutput(rid, None, finished=True, error=error, metrics=self._metrics(req)))

@@ -53,6 +53,15 @@ class DenoiseState:
     timesteps: torch.Tensor
     cond: dict[str, Any] = field(default_factory=dict)  # prompt embeds, masks, image latents, ...
     step_index: int = 0
+    num_forwards: int = 0
+    """Transformer forwards asked for this request (one per branch per step)."""
+    step_cache: Any = None
+    """The step cache's state for this request (accel/step_cache.py StepCacheState); None
+    until a cache first sees it, so every request starts with an empty cache."""
+
+    @property
+    def num_forwards_skipped(self) -> int:
+        return 0 if self.step_cache is None else self.step_cache.num_skipped
 
     @property
     def num_steps(self) -> int:
@@ -86,6 +95,9 @@ class DiffusionPipelineBase(ABC):
     """Whether a request must carry an input image (edit, I2V)."""
     guidance: ClassVar[Guidance | None] = None
     """How classifier-free guidance runs for this family (guidance.py); None = no CFG branches."""
+    step_cache_blocks: ClassVar[Any] = None
+    """Where the transformer runs its blocks, for the step caches (accel/step_cache.BlockChain);
+    None = step caches are refused."""
     max_batch_size: ClassVar[int | None] = None
     """Most requests that may run at once; None = no limit (the generic adapter takes 1)."""
 
@@ -99,7 +111,10 @@ class DiffusionPipelineBase(ABC):
         self.accelerations: list[str] = []
         """What `from_pretrained` applied from the deploy config (e.g. ["vae_tiling"])."""
         self.guidance_runner = guided_predictions
-        """Runs `guidance` for a step; CFG-parallel replaces it (accel/cfg_parallel.py)."""
+        """Runs `guidance` for a step; CFG-parallel replaces it (accel/cfg_parallel.py), a step
+        cache wraps it (accel/step_cache.py)."""
+        self.step_cache: Any = None
+        """The step cache applied from the deploy config, if any (accel/step_cache.py)."""
         self.step_runner: StepRunner = run_step
         """Runs `denoise_step` over one step's states; per-request LoRA replaces it to split
         them by adapter (accel/lora.py)."""
@@ -207,7 +222,21 @@ class DiffusionPipelineBase(ABC):
     def guided_predictions(self, states: list[DenoiseState], predict: Predict) -> list[torch.Tensor]:
         """Each state's guided noise prediction for its current step: `predict` runs the
         transformer over (state, branch) rows; the family's `guidance` says which and how."""
-        return self.guidance_runner(states, predict, self.guidance)
+        def counted(rows: Any) -> list[torch.Tensor]:
+            preds = predict(rows)  # counted once it returns: a step cache may retry a split call
+            for state, _ in rows:
+                state.num_forwards += 1
+            return preds
+
+        return self.guidance_runner(states, counted, self.guidance)
+
+    def state_metrics(self, state: DenoiseState) -> dict[str, int]:
+        """What a finished request reports beyond the engine's timings: its transformer forwards
+        computed and skipped (the generic adapter runs diffusers' loop and counts none)."""
+        if not state.num_forwards:
+            return {}
+        skipped = state.num_forwards_skipped
+        return {"num_forwards_computed": state.num_forwards - skipped, "num_forwards_skipped": skipped}
 
     def release(self, state: DenoiseState) -> None:
         """`state` left the runner (finished, failed or aborted): free what it holds beyond its

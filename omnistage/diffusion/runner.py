@@ -84,6 +84,7 @@ class DiffusionRunner:
             for state, payload in zip(done, payloads):
                 rid = state.request.request_id
                 out.payloads[rid] = payload
+                out.metrics[rid] = self.pipeline.state_metrics(state)
                 self._release(rid)
         return out
 

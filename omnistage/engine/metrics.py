@@ -121,6 +121,12 @@ class PrometheusMetrics:
             "report it).", stage, registry=registry, buckets=BATCH_BUCKETS)
         self.tokens = Counter("omnistage_stage_tokens", "Tokens a stage generated.", stage, registry=registry)
         self.steps = Counter("omnistage_stage_steps", "Denoising steps a stage ran.", stage, registry=registry)
+        self.forwards_computed = Counter(
+            "omnistage_stage_transformer_forwards_computed", "Diffusion transformer forwards computed (one per "
+            "CFG branch per step).", stage, registry=registry)
+        self.forwards_skipped = Counter(
+            "omnistage_stage_transformer_forwards_skipped", "Diffusion transformer forwards a step cache "
+            "skipped.", stage, registry=registry)
         self.stage_errors = Counter(
             "omnistage_stage_errors", "Requests a stage failed.", stage, registry=registry)
         self.requests = Counter(
@@ -152,6 +158,10 @@ class PrometheusMetrics:
             self.tokens.labels(*labels).inc(metrics["num_tokens"])
         if metrics.get("num_steps"):
             self.steps.labels(*labels).inc(metrics["num_steps"])
+        for counter, key in ((self.forwards_computed, "num_forwards_computed"),
+                             (self.forwards_skipped, "num_forwards_skipped")):
+            if metrics.get(key) is not None:
+                counter.labels(*labels).inc(metrics[key])
 
     def observe_stage_error(self, stage_name: str) -> None:
         self.stage_errors.labels(self.pipeline, stage_name).inc()

@@ -11,7 +11,6 @@ LLM = StageSpec(id=0, name="llm", kind="ar", output="text", final_output=True)
 
 
 @pytest.mark.parametrize("fields", [
-    {"cache_backend": "tea_cache"},
     {"executor": "mp", "num_devices": 2, "ulysses_degree": 2},
 ])
 def test_unimplemented_diffusion_fields_are_refused_before_loading(fields):
@@ -19,6 +18,11 @@ def test_unimplemented_diffusion_fields_are_refused_before_loading(fields):
     with pytest.raises(ValueError, match=r"stage 0 \(diffusion\).*not implemented") as info:
         create_engine("/does/not/exist", DIFFUSION, config)
     assert next(iter(fields)) in str(info.value) or "ulysses_degree=2" in str(info.value)
+
+
+def test_an_unknown_cache_backend_is_refused_before_loading():
+    with pytest.raises(ValueError, match=r"stage 0 \(diffusion\): cache_backend must be one of .*got 'tea'"):
+        create_engine("/does/not/exist", DIFFUSION, StageDeployConfig(cache_backend="tea"))
 
 
 def test_defaults_pass_and_vllm_implements_its_own_fields():

@@ -18,11 +18,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
 
-MODULES = ("lora", "quantization", "attention_backend", "cfg_parallel", "vae_tiling", "offload", "compile")
-"""Modules of this package, applied in this order; each has `from_deploy` and `apply`."""
+MODULES = ("lora", "quantization", "attention_backend", "cfg_parallel", "first_block_cache", "tea_cache",
+           "cache_dit", "vae_tiling", "offload", "compile")
+"""Modules of this package, applied in this order; each has `from_deploy` and `apply`. The
+step caches come after cfg_parallel (they wrap the guidance function it installs) and
+before offload and compile (which wrap the blocks the caches hook)."""
+
+CACHE_BACKENDS = ("first_block_cache", "tea_cache", "cache_dit")
+"""Values of `cache_backend`, each the module of the same name."""
 
 NOT_YET_IMPLEMENTED: dict[str, Any] = {
-    "cache_backend": None,
     "ulysses_degree": 1, "ring_degree": 1, "tensor_parallel_size": 1,
     "vae_patch_parallel_size": 1,
 }
@@ -35,6 +40,25 @@ def check_supported(stage_label: str, deploy: StageDeployConfig) -> None:
     if unsupported:
         raise ValueError(f"stage {stage_label}: {', '.join(unsupported)} is not implemented in this version of "
                          f"omnistage; remove it from the deploy config")
+    check_cache(stage_label, deploy)
+
+
+def check_cache(stage_label: str, deploy: StageDeployConfig) -> None:
+    """Raise ValueError naming `cache_backend` or the `cache_config` key that is wrong, before
+    anything loads."""
+    backend = deploy.cache_backend
+    if backend is None:
+        if deploy.cache_config:
+            raise ValueError(f"stage {stage_label}: cache_config is set but cache_backend is not "
+                             f"(one of {', '.join(CACHE_BACKENDS)})")
+        return
+    if backend not in CACHE_BACKENDS:
+        raise ValueError(f"stage {stage_label}: cache_backend must be one of {', '.join(CACHE_BACKENDS)}, "
+                         f"got {backend!r}")
+    try:
+        importlib.import_module(f"{__name__}.{backend}").from_deploy(deploy)
+    except ValueError as exc:
+        raise ValueError(f"stage {stage_label}: {exc}") from None
 
 
 def apply_accelerations(pipeline: Any, deploy: StageDeployConfig) -> list[str]:

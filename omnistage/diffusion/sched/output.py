@@ -48,6 +48,9 @@ class RunnerOutput:
     """request_id -> ImagePayload | VideoPayload for requests that finished."""
     errors: dict[str, str] = field(default_factory=dict)
     """request_id -> error message for requests that failed in this batch."""
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    """request_id -> what the pipeline reports for a finished request (transformer forwards
+    computed and skipped), merged into its output's metrics."""
 
     @classmethod
     def failed(cls, batch: SchedulerOutput, error: str) -> "RunnerOutput":

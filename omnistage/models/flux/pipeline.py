@@ -16,6 +16,7 @@ import torch
 
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
+from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
     DenoiseState,
@@ -146,6 +147,15 @@ class Flux(DiffusionPipelineBase):
         combine=plain_cfg,
     )
 
+    # Step caches wrap the dual-stream then the single-stream blocks. TeaCache's coefficients
+    # are TeaCache's own for FLUX.1 (ali-vilab/TeaCache, TeaCache4FLUX/teacache_flux.py).
+    step_cache_blocks: ClassVar[BlockChain] = BlockChain(
+        blocks=("transformer_blocks", "single_transformer_blocks"),
+        io="dual_stream",
+        modulated_input=lambda block, args, kwargs: flux_modulated_input(block, kwargs),
+        tea_cache_coefficients=(4.98651651e02, -2.83781631e02, 5.58554382e01, -3.82021401e00, 2.64230861e-01),
+    )
+
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # The position ids are shared across a transformer call, so its states need the same
@@ -197,3 +207,8 @@ class Flux(DiffusionPipelineBase):
         latents = unpack_latents(torch.cat([s.latents for s in states]), 2 * (params.height // self.multiple_of),
                                  2 * (params.width // self.multiple_of))
         return decode_images(self.vae, self.image_processor, latents, states)
+
+
+def flux_modulated_input(block: Any, kwargs: dict) -> torch.Tensor:
+    """TeaCache's input: the first block's AdaLN-Zero-normed, timestep-modulated image tokens."""
+    return block.norm1(kwargs["hidden_states"], emb=kwargs["temb"])[0]

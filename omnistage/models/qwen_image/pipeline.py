@@ -19,6 +19,7 @@ import torch
 
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, rescaled_true_cfg
+from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.engine.types import RequestError
 from omnistage.diffusion.pipeline import (
@@ -184,6 +185,15 @@ class QwenImage(DiffusionPipelineBase):
         combine=rescaled_true_cfg,
     )
 
+    # Step caches wrap the dual-stream blocks. TeaCache's coefficients for Qwen-Image are the
+    # ones vLLM-Omni ships (diffusion/cache/teacache/config.py), which credits ComfyUI-TeaCache.
+    step_cache_blocks: ClassVar[BlockChain] = BlockChain(
+        blocks=("transformer_blocks",),
+        io="dual_stream",
+        modulated_input=lambda block, args, kwargs: qwen_image_modulated_input(block, kwargs),
+        tea_cache_coefficients=(-4.5e02, 2.8e02, -4.5e01, 3.2e00, -2.0e-02),
+    )
+
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # One transformer call per token-grid layout (RoPE is computed for the batch's first).
@@ -251,3 +261,13 @@ class QwenImage(DiffusionPipelineBase):
         mean = torch.tensor(self.vae.config.latents_mean).view(shape).to(like.device, like.dtype)
         std = torch.tensor(self.vae.config.latents_std).view(shape).to(like.device, like.dtype)
         return mean, std
+
+
+def qwen_image_modulated_input(block: Any, kwargs: dict) -> torch.Tensor:
+    """TeaCache's input: the first block's normed image tokens, shifted and scaled by its
+    timestep modulation (QwenImageTransformerBlock's img_norm1 + img_mod1). Edit models with a
+    zero-timestep condition image (zero_cond_t) give twice the rows of temb: the first are t's."""
+    hidden = kwargs["hidden_states"]
+    mod = block.img_mod(kwargs["temb"])[: hidden.shape[0]]
+    shift, scale, _ = mod.chunk(2, dim=-1)[0].chunk(3, dim=-1)
+    return block.img_norm1(hidden) * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)

@@ -16,6 +16,7 @@ import torch
 
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
+from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
     DenoiseState,
@@ -158,6 +159,13 @@ class StableDiffusion3(DiffusionPipelineBase):
         batch_branches=True,
     )
 
+    # Step caches wrap the joint blocks. TeaCache publishes no coefficients for SD3: no rescaling.
+    step_cache_blocks: ClassVar[BlockChain] = BlockChain(
+        blocks=("transformer_blocks",),
+        io="dual_stream",
+        modulated_input=lambda block, args, kwargs: sd3_modulated_input(block, kwargs),
+    )
+
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # One transformer call needs equal latent sizes and prompt lengths.
@@ -190,3 +198,8 @@ class StableDiffusion3(DiffusionPipelineBase):
 
     def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
         return decode_images(self.vae, self.image_processor, torch.cat([s.latents for s in states]), states)
+
+
+def sd3_modulated_input(block: Any, kwargs: dict) -> torch.Tensor:
+    """TeaCache's input: the first joint block's AdaLN-Zero-normed, modulated image tokens."""
+    return block.norm1(kwargs["hidden_states"], emb=kwargs["temb"])[0]

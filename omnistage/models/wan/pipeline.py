@@ -23,6 +23,7 @@ import torch
 
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
+from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.engine.types import RequestError
 from omnistage.diffusion.pipeline import (
@@ -185,6 +186,16 @@ class _Wan(DiffusionPipelineBase):
         _, ph, pw = self.patch_size
         return (state.cond["timestep_mask"][:, ::ph, ::pw] * t).flatten().unsqueeze(0)
 
+    # Step caches wrap the blocks of each expert (Wan 2.2 has two, each with its own caches).
+    # TeaCache publishes Wan 2.1 coefficients per checkpoint (T2V 1.3B / 14B, I2V 480P /
+    # 720P), which one family cannot tell apart: no rescaling.
+    step_cache_blocks: ClassVar[BlockChain] = BlockChain(
+        blocks=("blocks",),
+        io="single_stream",
+        modulated_input=lambda block, args, kwargs: wan_modulated_input(block, args),
+        transformers=("transformer", "transformer_2"),
+    )
+
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # One transformer call needs the same expert, latent shape and prompt length, and the
@@ -336,3 +347,16 @@ class WanI2V(_Wan):
             return state.latents
         mask = state.cond["first_frame_mask"]
         return (1 - mask) * state.cond["condition"] + mask * state.latents
+
+
+def wan_modulated_input(block: Any, args: tuple) -> torch.Tensor:
+    """TeaCache's input: the first block's normed tokens, shifted and scaled by its timestep
+    modulation (WanTransformerBlock's self-attention input; temb is [B, 6, D], or
+    [B, tokens, 6, D] with per-token timesteps)."""
+    hidden, temb = args[0], args[2]
+    if temb.ndim == 4:
+        shift, scale = (block.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)[:2]
+        shift, scale = shift.squeeze(2), scale.squeeze(2)
+    else:
+        shift, scale = (block.scale_shift_table + temb.float()).chunk(6, dim=1)[:2]
+    return block.norm1(hidden.float()) * (1 + scale) + shift

@@ -15,6 +15,7 @@ import torch
 
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, norm_clamped_cfg
+from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
     DenoiseState,
@@ -141,6 +142,16 @@ class ZImage(DiffusionPipelineBase):
         batch_branches=True,
     )
 
+    # Step caches wrap the main layers (the noise and context refiners always run); the
+    # layers' second argument masks each row's padding. TeaCache publishes no Z-Image
+    # coefficients: no rescaling.
+    step_cache_blocks: ClassVar[BlockChain] = BlockChain(
+        blocks=("layers",),
+        io="single_stream",
+        token_mask_arg=1,
+        modulated_input=lambda block, args, kwargs: z_image_modulated_input(block, args),
+    )
+
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         for state, pred in zip(states, self.guided_predictions(states, self._predict)):
@@ -172,3 +183,11 @@ class ZImage(DiffusionPipelineBase):
         # Cast before un-scaling, as diffusers' Z-Image does.
         latents = torch.cat([s.latents for s in states]).to(self.vae.dtype)
         return decode_images(self.vae, self.image_processor, latents, states)
+
+
+def z_image_modulated_input(block: Any, args: tuple) -> torch.Tensor:
+    """TeaCache's input: the first main layer's normed tokens times its attention scale
+    (ZImageTransformerBlock with one modulation for every token)."""
+    x, adaln_input = args[0], args[3]
+    scale_msa = 1.0 + block.adaLN_modulation(adaln_input).unsqueeze(1).chunk(4, dim=2)[0]
+    return block.attention_norm1(x) * scale_msa

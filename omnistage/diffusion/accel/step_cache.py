@@ -1,0 +1,347 @@
+"""What the step caches (tea_cache.py, first_block_cache.py) share: hooks on a family's
+transformer blocks that skip the blocks on steps where their output barely changes,
+deciding per request.
+
+NOTE: one transformer call may carry several requests at different steps (step mode), or
+the cond and uncond rows of one request (SD3, Z-Image). The cache keeps one `BranchCache`
+per request (`DenoiseState.step_cache`), per transformer and branch, and decides per
+request. When the rows of one call disagree (some compute, some skip), the head hook
+stops the call before any tail block runs (`MixedDecisions`), and the call is split in
+two: one over the rows that compute, one over those that skip, each deciding the same way
+again. A request's result therefore never depends on who shares its batch; the cost is
+one extra head block per split call.
+
+The blocks are wrapped with diffusers' public hook registry (`diffusers.hooks.HookRegistry`),
+never patched. A skipped call runs the head (first-block cache) or nothing (TeaCache),
+adds each request's cached residual of the skipped blocks, and passes the tail through;
+the transformer's own embeddings and output layers always run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+
+if TYPE_CHECKING:
+    from omnistage.diffusion.guidance import Guidance, Predict, Rows
+    from omnistage.diffusion.pipeline import DenoiseState
+
+ModulatedInput = Callable[[torch.nn.Module, tuple, dict], torch.Tensor]
+"""(first block, its args, its kwargs) -> the timestep-modulated input TeaCache compares."""
+
+
+@dataclass(frozen=True)
+class BlockChain:
+    """Where a family's transformer runs its blocks: the family's one hook for the caches."""
+
+    blocks: tuple[str, ...]
+    """Attributes of the transformer holding its main block lists, in call order."""
+    io: Literal["dual_stream", "single_stream"]
+    """dual_stream: blocks take `hidden_states=`/`encoder_hidden_states=` keywords and return
+    (encoder_hidden_states, hidden_states) (FLUX, Qwen-Image, SD3); single_stream: blocks take
+    the hidden states first and return them (Wan, Z-Image)."""
+    token_mask_arg: int | None = None
+    """Position of a [B, tokens] mask of real tokens among a block's args, when the
+    transformer pads rows to the batch's longest (Z-Image); padding is left out of distances."""
+    modulated_input: ModulatedInput | None = None
+    """TeaCache's input of the first block; None = TeaCache is refused for the family."""
+    tea_cache_coefficients: tuple[float, ...] | None = None
+    """TeaCache's polynomial rescaling the relative L1 distance; None = no rescaling."""
+    transformers: tuple[str, ...] = ("transformer",)
+    """Pipeline attributes holding transformers with these blocks (absent ones are skipped)."""
+
+    def hidden(self, args: tuple, kwargs: dict) -> torch.Tensor:
+        return kwargs["hidden_states"] if self.io == "dual_stream" else args[0]
+
+    def output_hidden(self, output: Any) -> torch.Tensor:
+        return output[1] if self.io == "dual_stream" else output
+
+    def with_hidden(self, args: tuple, kwargs: dict, hidden: torch.Tensor) -> Any:
+        """A block's output carrying `hidden` and the block's other stream unchanged. After the
+        last block only the hidden states are used, so a skipped tail passes the text stream on."""
+        return (kwargs["encoder_hidden_states"], hidden) if self.io == "dual_stream" else hidden
+
+    def token_mask(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        return None if self.token_mask_arg is None else args[self.token_mask_arg]
+
+
+@dataclass
+class BranchCache:
+    """One request's cache for one transformer and branch."""
+
+    previous: torch.Tensor | None = None
+    """The tensor the next step is compared with (TeaCache: modulated input; FBC: head residual)."""
+    residual: torch.Tensor | None = None
+    """[num_outputs, tokens, dim]: output minus input of the blocks a skipped step reuses."""
+    accumulated: float = 0.0
+    """TeaCache's accumulated rescaled distance since the last computed step."""
+
+
+@dataclass
+class StepCacheState:
+    """`DenoiseState.step_cache`: a request's caches, new with every request."""
+
+    branches: dict[tuple[str, str], BranchCache] = field(default_factory=dict)
+    num_skipped: int = 0
+    """Transformer forwards (one per branch per step) the cache skipped."""
+
+    def branch(self, chain: str, branch: str) -> BranchCache:
+        return self.branches.setdefault((chain, branch), BranchCache())
+
+
+class MixedDecisions(Exception):  # noqa: N818 - control flow, not an error
+    """The rows of one call disagree; `compute[i]` is row i's decision."""
+
+    def __init__(self, compute: list[bool]):
+        super().__init__("rows of one transformer call disagree on computing")
+        self.compute = compute
+
+
+@dataclass
+class Call:
+    """The transformer call in flight: its rows and, after a split, their forced decision."""
+
+    rows: Rows
+    forced: bool | None = None
+    chain_name: str = ""
+    """Which transformer the call runs (Wan 2.2 has two, each with its own caches)."""
+    skipping: bool = False
+    reference: torch.Tensor | None = None
+    """The hidden states the residual of this call is measured from."""
+
+
+class Policy:
+    """When a request's step computes. `probe_head = False` (TeaCache) decides before the
+    first block from its inputs, True (first-block cache) after the first block."""
+
+    probe_head: bool
+
+    def signal(self, chain: BlockChain, block: torch.nn.Module, args: tuple, kwargs: dict,
+               head_output: torch.Tensor | None) -> torch.Tensor:
+        """[B, ...] per batch row: what is compared between steps."""
+        raise NotImplementedError
+
+    def should_compute(self, cache: BranchCache, signal: torch.Tensor, mask: torch.Tensor | None,
+                       state: DenoiseState) -> bool:
+        """Pure: decides without changing `cache` (a split call decides again)."""
+        raise NotImplementedError
+
+    def update(self, cache: BranchCache, signal: torch.Tensor, mask: torch.Tensor | None,
+               state: DenoiseState, compute: bool) -> None:
+        raise NotImplementedError
+
+
+def relative_l1(current: torch.Tensor, previous: torch.Tensor, mask: torch.Tensor | None) -> float:
+    """mean |current - previous| / mean |previous| over a request's rows (real tokens only)."""
+    diff, ref = (current - previous).abs().float(), previous.abs().float()
+    if mask is not None:
+        weight = mask.to(diff.dtype).reshape(*mask.shape, *([1] * (diff.ndim - mask.ndim)))
+        diff, ref = diff * weight, ref * weight
+    return (diff.sum() / ref.sum().clamp_min(1e-12)).item()
+
+
+def fit_tokens(residual: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`residual` cut or zero-padded along the token axis to `like`'s: a transformer that pads
+    rows to the batch's longest (Z-Image) may pad a request differently from step to step;
+    real tokens come first, padding is discarded by the transformer."""
+    if residual.shape[1] == like.shape[1]:
+        return residual
+    if residual.shape[1] > like.shape[1]:
+        return residual[:, : like.shape[1]]
+    pad = residual.new_zeros(residual.shape[0], like.shape[1] - residual.shape[1], *residual.shape[2:])
+    return torch.cat([residual, pad], dim=1)
+
+
+class StepCache:
+    """A policy over the block chains of a pipeline's transformers."""
+
+    def __init__(self, pipeline: Any, chain: BlockChain, policy: Policy, hook_name: str):
+        from diffusers.hooks import HookRegistry
+
+        self.chain = chain
+        self.policy = policy
+        self.call: Call | None = None
+        self.num_split_calls = 0
+        """Calls split because their rows disagreed (each costs one extra head block)."""
+        for attr in chain.transformers:
+            transformer = getattr(pipeline, attr, None)
+            if transformer is None:
+                continue
+            blocks = [block for name in chain.blocks for block in getattr(transformer, name)]
+            if len(blocks) < 2:
+                raise ValueError(f"cache_backend: {attr} of {pipeline.reference_class} has {len(blocks)} "
+                                 "block(s); a step cache needs at least 2")
+            hooks = [_head_hook(self, attr)] + [_tail_hook(self, i == len(blocks) - 1) for i in range(1, len(blocks))]
+            for block, hook in zip(blocks, hooks):
+                HookRegistry.check_if_exists_or_initialize(block).register_hook(hook, hook_name)
+        pipeline.guidance_runner = partial(_cached_guidance, inner=pipeline.guidance_runner, cache=self)
+
+    def predict(self, predict: Predict, rows: Rows) -> list[torch.Tensor]:
+        """`predict(rows)` with the cache deciding per row; splits a call whose rows disagree."""
+        if not rows:
+            return predict(rows)
+        try:
+            return self._run(predict, Call(rows))
+        except MixedDecisions as mixed:
+            self.num_split_calls += 1
+            out: list[Any] = [None] * len(rows)
+            for decision in (True, False):
+                index = [i for i, c in enumerate(mixed.compute) if c == decision]
+                preds = self._run(predict, Call([rows[i] for i in index], forced=decision))
+                for i, pred in zip(index, preds):
+                    out[i] = pred
+            return out
+
+    def _run(self, predict: Predict, call: Call) -> list[torch.Tensor]:
+        self.call = call
+        try:
+            return predict(call.rows)
+        finally:
+            self.call = None
+
+    # -- called by the hooks ------------------------------------------------------------
+
+    def row_sizes(self, call: Call, hidden: torch.Tensor) -> list[int]:
+        sizes = [state.latents.shape[0] for state, _ in call.rows]
+        if sum(sizes) != hidden.shape[0]:
+            raise RuntimeError(f"step cache: the transformer's batch has {hidden.shape[0]} rows, the call's "
+                               f"requests {sum(sizes)} latents")
+        return sizes
+
+    def decide(self, call: Call, chain_name: str, signal: torch.Tensor, mask: torch.Tensor | None,
+               hidden: torch.Tensor) -> bool:
+        """Every row's decision (raises MixedDecisions when they differ); True = compute.
+        Commits each row's cache update once the call is known to go ahead."""
+        sizes = self.row_sizes(call, hidden)
+        signals = list(signal.split(sizes))
+        masks = list(mask.split(sizes)) if mask is not None else [None] * len(sizes)
+        caches = [_state_cache(state).branch(chain_name, branch) for state, branch in call.rows]
+        if call.forced is not None:
+            decisions = [call.forced] * len(sizes)
+        else:
+            decisions = [self.policy.should_compute(c, s, m, state)
+                         for c, s, m, (state, _) in zip(caches, signals, masks, call.rows)]
+            if len(set(decisions)) > 1:
+                raise MixedDecisions(decisions)
+        for c, s, m, (state, _), compute in zip(caches, signals, masks, call.rows, decisions):
+            self.policy.update(c, s, m, state, compute)
+            if not compute:
+                _state_cache(state).num_skipped += 1
+        return decisions[0]
+
+    def cached_residual(self, call: Call, chain_name: str, like: torch.Tensor) -> torch.Tensor:
+        residuals = [_state_cache(state).branch(chain_name, branch).residual for state, branch in call.rows]
+        if any(r is None for r in residuals):
+            raise RuntimeError("step cache: a skipped step has no cached residual")
+        sizes = self.row_sizes(call, like)
+        return torch.cat([fit_tokens(r, piece) for r, piece in zip(residuals, like.split(sizes))]).to(like.dtype)
+
+    def store_residual(self, call: Call, chain_name: str, output: torch.Tensor) -> None:
+        residual = output - call.reference
+        for (state, branch), piece in zip(call.rows, residual.split(self.row_sizes(call, output))):
+            _state_cache(state).branch(chain_name, branch).residual = piece
+
+
+def _state_cache(state: DenoiseState) -> StepCacheState:
+    if state.step_cache is None:
+        state.step_cache = StepCacheState()
+    return state.step_cache
+
+
+def _cached_guidance(states: list[DenoiseState], predict: Predict, guidance: Guidance, *,
+                     inner: Callable, cache: StepCache) -> list[torch.Tensor]:
+    """The pipeline's guidance function (plain or CFG-parallel) with the cache around each call."""
+    return inner(states, partial(cache.predict, predict), guidance)
+
+
+def _head_hook(cache: StepCache, chain_name: str) -> Any:
+    from diffusers.hooks import ModelHook
+
+    class HeadHook(ModelHook):
+        """On the first block: decides for the call, then computes it or applies the residual."""
+
+        def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            return _head_forward(cache, chain_name, self.fn_ref.original_forward, module, args, kwargs)
+
+    return HeadHook()
+
+
+def _tail_hook(cache: StepCache, is_last: bool) -> Any:
+    from diffusers.hooks import ModelHook
+
+    class TailHook(ModelHook):
+        """On every later block: passes through on a skipped call; the last stores the residual."""
+
+        def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            return _tail_forward(cache, is_last, self.fn_ref.original_forward, args, kwargs)
+
+    return TailHook()
+
+
+def _head_forward(cache: StepCache, chain_name: str, forward: Callable, module: torch.nn.Module,
+                  args: tuple, kwargs: dict) -> Any:
+    chain, call = cache.chain, cache.call
+    if call is None:  # called outside a prediction: no caching
+        return forward(*args, **kwargs)
+    hidden = chain.hidden(args, kwargs)
+    mask = chain.token_mask(args, kwargs)
+    call.chain_name, call.skipping = chain_name, False
+    if not cache.policy.probe_head:  # TeaCache: decide from the inputs, maybe skip every block
+        signal = cache.policy.signal(chain, module, args, kwargs, None)
+        if cache.decide(call, chain_name, signal, mask, hidden):
+            call.reference = hidden
+            return forward(*args, **kwargs)
+        call.skipping = True
+        return chain.with_hidden(args, kwargs, hidden + cache.cached_residual(call, chain_name, hidden))
+    output = forward(*args, **kwargs)  # first-block cache: run the head, compare its residual
+    head = chain.output_hidden(output)
+    signal = cache.policy.signal(chain, module, args, kwargs, head - hidden)
+    if cache.decide(call, chain_name, signal, mask, hidden):
+        call.reference = head
+        return output
+    call.skipping = True
+    return chain.with_hidden(args, kwargs, head + cache.cached_residual(call, chain_name, head))
+
+
+def _tail_forward(cache: StepCache, is_last: bool, forward: Callable, args: tuple, kwargs: dict) -> Any:
+    call, chain = cache.call, cache.chain
+    if call is None:
+        return forward(*args, **kwargs)
+    if call.skipping:
+        return chain.with_hidden(args, kwargs, chain.hidden(args, kwargs))
+    output = forward(*args, **kwargs)
+    if is_last:
+        cache.store_residual(call, call.chain_name, chain.output_hidden(output))
+    return output
+
+
+_KINDS = {"float": float, "int": int, "bool": bool, "str": str}
+
+
+def config_from(backend: str, config_class: type, cache_config: dict[str, Any]) -> Any:
+    """`config_class` (a dataclass of float / int / bool / str fields with a `problems()`
+    method) built from the deploy file's `cache_config`; an unknown key or a bad value raises
+    ValueError naming `cache_config.<key>`."""
+    import dataclasses
+
+    fields = {f.name: _KINDS[str(f.type)] for f in dataclasses.fields(config_class)}
+    values = {}
+    for key, value in cache_config.items():
+        if key not in fields:
+            raise ValueError(f"cache_config.{key}: not an option of cache_backend {backend!r} "
+                             f"(options: {', '.join(fields)})")
+        kind = fields[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise ValueError(f"cache_config.{key}: must be {'an' if kind is int else 'a'} {kind.__name__}, got {value!r}")
+        values[key] = value
+    config = config_class(**values)
+    problems = config.problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    return config
