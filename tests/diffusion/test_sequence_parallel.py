@@ -1,7 +1,8 @@
-"""Ulysses sequence parallel on two CPU ranks (gloo): each rank's attention sees half of the
-token sequence and the output equals one rank's (<= 1e-3, fp32) for Z-Image, Wan and the
-joint text+image attention of Qwen-Image and FLUX; a batch whose requests are at different
-steps (as step mode runs them) too. One spawned pair of ranks runs every check."""
+"""Sequence parallel on two CPU ranks (gloo): each rank's attention sees half of the token
+sequence and the output equals one rank's (<= 1e-3, fp32). Ulysses for Z-Image, Wan and the
+joint text+image attention of Qwen-Image and FLUX; ring attention for Z-Image and Wan; a
+batch whose requests are at different steps (as step mode runs them) and, for Z-Image, of
+different caption lengths (a padding mask) too. One spawned pair of ranks runs every check."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ FAMILIES = {  # zoo name -> diffusers class name
 }
 TOLERANCE = 1e-3
 ULYSSES_2 = dict(executor="mp", num_devices=2, ulysses_degree=2)
+RING_2 = dict(executor="mp", num_devices=2, ring_degree=2)
+RING_FAMILIES = ("z-image", "wan-t2v")
 
 
 def call_kwargs(name: str, **overrides) -> dict:
@@ -51,7 +54,9 @@ def staggered(pipeline, name: str) -> list[np.ndarray]:
     """Two requests in one batch, the second joining after the first's first step (step mode)."""
     first = pipeline.encode([request_for(call_kwargs(name, num_inference_steps=3), seed=1, request_id="a")])
     pipeline.denoise_step(first)
-    second = pipeline.encode([request_for(call_kwargs(name, prompt="a dog"), seed=2, request_id="b")])
+    # A caption past 32 tokens: Z-Image pads the two requests to different lengths (a mask).
+    long_prompt = call_kwargs(name, prompt="a small brown dog " * 8)
+    second = pipeline.encode([request_for(long_prompt, seed=2, request_id="b")])
     states = first + second
     while running := [s for s in states if not s.is_done]:
         pipeline.denoise_step(running)
@@ -78,6 +83,8 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
     results = {}
     for name, path in paths.items():
         results[name] = run_checks(name, path, deploy)
+    for name in RING_FAMILIES:
+        results[f"ring {name}"] = run_checks(name, paths[name], StageDeployConfig(**RING_2))
     # A text length the degree does not divide fails the request, naming both numbers.
     qwen = load("qwen-image", paths["qwen-image"], deploy)
     odd = next(p for p in ("a", "a cat", "a red cat", "one red cat sat") if
@@ -109,9 +116,15 @@ def two_rank_results(zoo, tmp_path_factory):
     return torch.load(os.path.join(out_dir, "results.pt"), weights_only=False)
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
-def test_ulysses_equals_one_rank_with_half_the_sequence_per_rank(zoo, one_thread, two_rank_results, name):
-    one_rank = run_checks(name, str(zoo(name)), None)
+@pytest.fixture(scope="module")
+def one_rank_results(zoo):
+    return {name: run_checks(name, str(zoo(name)), None) for name in FAMILIES}
+
+
+@pytest.mark.parametrize("name", list(FAMILIES) + [f"ring {name}" for name in RING_FAMILIES])
+def test_sequence_parallel_equals_one_rank_with_half_the_sequence_per_rank(one_thread, two_rank_results,
+                                                                           one_rank_results, name):
+    one_rank = one_rank_results[name.removeprefix("ring ")]
     two = two_rank_results[name]
     assert two["lengths"] == [n // 2 for n in one_rank["lengths"]]  # the split really happened
     assert np.abs(two["alone"] - one_rank["alone"]).max() <= TOLERANCE
@@ -135,5 +148,8 @@ def test_refusals_name_the_family_and_numbers(zoo):
                                          "of WanPipeline"):
         load("wan-t2v", str(zoo("wan-t2v")), StageDeployConfig(executor="mp", num_devices=degree,
                                                                ulysses_degree=degree))
+    with pytest.raises(ValueError, match=r"ring_degree=2: QwenImagePipeline \(QwenImageTransformer2DModel\) "
+                                         "cannot take it: ring attention has processors for Z-Image and Wan only"):
+        load("qwen-image", str(zoo("qwen-image")), StageDeployConfig(**RING_2))
     with pytest.raises(ValueError, match="ulysses_degree=2 needs executor 'mp' with num_devices=2"):
         load("z-image", str(zoo("z-image")), StageDeployConfig(**ULYSSES_2))

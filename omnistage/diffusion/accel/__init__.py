@@ -24,7 +24,7 @@ MODULES = ("sequence_parallel", "cfg_parallel", "vae_tiling")
 NOT_YET_IMPLEMENTED: dict[str, Any] = {
     "cache_backend": None, "offload": None, "quantization": None, "lora": None,
     "compile": False, "attention_backend": "sdpa",
-    "ring_degree": 1, "tensor_parallel_size": 1,
+    "tensor_parallel_size": 1,
     "vae_patch_parallel_size": 1,
 }
 
