@@ -15,13 +15,13 @@ LLM = StageSpec(id=0, name="llm", kind="ar", output="text", final_output=True)
     {"offload": "model"},
     {"quantization": "int8"},
     {"attention_backend": "flash"},
-    {"executor": "mp", "num_devices": 2, "ulysses_degree": 2},
+    {"executor": "mp", "num_devices": 2, "tensor_parallel_size": 2},
 ])
 def test_unimplemented_diffusion_fields_are_refused_before_loading(fields):
     config = StageDeployConfig(**fields)
     with pytest.raises(ValueError, match=r"stage 0 \(diffusion\).*not implemented") as info:
         create_engine("/does/not/exist", DIFFUSION, config)
-    assert next(iter(fields)) in str(info.value) or "ulysses_degree=2" in str(info.value)
+    assert next(iter(fields)) in str(info.value) or "tensor_parallel_size=2" in str(info.value)
 
 
 def test_defaults_pass_and_vllm_implements_its_own_fields():
