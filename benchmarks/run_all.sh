@@ -7,7 +7,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh"
 PY="$ROOT/.venv/bin/python"
 cd "$ROOT/benchmarks"
-for script in bench_diffusion.py bench_ar.py bench_omni.py bench_tts.py bench_http.py bench_parallel.py; do
+for script in bench_diffusion.py bench_ar.py bench_omni.py bench_qwen3_omni.py bench_tts.py bench_http.py bench_parallel.py; do
   [ -f "$script" ] || continue
   echo "== $script"
   start=$(date +%s)

@@ -22,8 +22,8 @@
 #      The files come back from $OUT: env.txt, setup.log, gpu_tests.log, gpu_metrics.jsonl,
 #      parity.log, bench.log, RESULTS.md (7 of the 8 files the tool returns).
 #
-# Time budget (each step has its own `timeout`; about 8.5 minutes at most):
-#   setup 60 s, GPU tests 180 s, CPU parity tests 90 s, benchmarks 4 x 45 s.
+# Time budget (each step has its own `timeout`; about 9.5 minutes at most):
+#   setup 60 s, GPU tests 180 s, CPU parity tests 90 s, benchmarks 4 x 45 s, memory options 60 s.
 # Without $OUT (a run by hand) the files go to ./device-out.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -31,7 +31,7 @@ cd "$ROOT"
 WHL="$ROOT/.whl"
 # What the device image lacks or holds at a version outside our pins (KINDS.md lists it).
 PACKAGES=(diffusers transformers huggingface-hub tokenizers pydantic pydantic-core annotated-types
-          typing-inspection soundfile cffi pycparser)
+          typing-inspection soundfile cffi pycparser torchao peft)
 
 if [ "${1:-}" = "prepare" ]; then
   set -e
@@ -89,7 +89,7 @@ step "pytest -m gpu tests/gpu" 180 "$OUT/gpu_tests.log" $PY -m pytest -m gpu tes
 # -- 3. the CPU parity tests under the image's torch (what CI checks, on other versions) ---
 step "parity tests (CPU)" 90 "$OUT/parity.log" $PY -m pytest -q -x -p no:cacheprovider \
   tests/diffusion/test_parity_z_image.py tests/diffusion/test_parity_qwen_image.py \
-  tests/diffusion/test_parity_flux.py tests/ar/test_ar_parity.py
+  tests/diffusion/test_parity_flux.py tests/ar/test_ar_parity.py tests/diffusion/test_offload.py
 
 # -- 4. benchmarks on CUDA, ours and the baseline on the same device and dtype -------------
 cd "$ROOT/benchmarks"
@@ -99,6 +99,9 @@ for dtype in float32 bfloat16; do
   step "bench_ar cuda $dtype" 45 "$OUT/bench.log" $PY bench_ar.py --sizes tiny small --repeats 2 --no-write \
     --device cuda --dtype "$dtype"
 done
+# Memory and kernel options (issue 15): speed, weight bytes, peak CUDA memory and PSNR vs plain.
+step "bench_memory cuda bfloat16" 60 "$OUT/bench.log" $PY bench_memory.py --models z-image --size small \
+  --repeats 2 --no-write --device cuda --dtype bfloat16
 cd "$ROOT"
 
 # -- 5. RESULTS.md: the tables the benchmarks printed, and the GPU test numbers ------------

@@ -3,6 +3,17 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh"
+# The playground's browser tests drive Debian's chromium (Playwright's own browser
+# download is not used). Installed once, when missing and we may; without it they skip.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[omnistage] installing chromium for the playground's browser tests"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+      || echo "[omnistage] could not install chromium: the browser tests will skip" >&2
+  else
+    echo "[omnistage] no chromium (and no root apt-get to install it): the browser tests will skip" >&2
+  fi
+fi
 cd "$ROOT"
 set +e
 "$ROOT/.venv/bin/python" -m pytest "$@"

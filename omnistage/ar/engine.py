@@ -35,9 +35,10 @@ from omnistage.ar.model_runner import ModelRunner, RunnerOutput
 from omnistage.ar.sampling_params import SamplingParams, admit
 from omnistage.ar.scheduler import Scheduler
 from omnistage.ar.sequence import Sequence
+from omnistage.ar.structured_outputs import GrammarCompiler
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.engine.types import StageOutput, StageRequest, TextPayload
+from omnistage.engine.types import StageOutput, StageRequest, TextPayload, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class AREngine:
         self._seqs: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []
         self._closed = False
+        self._grammars: GrammarCompiler | None = None  # built on the first structured-output request
 
     # --- Engine protocol ---------------------------------------------------------------------
 
@@ -87,9 +89,19 @@ class AREngine:
             raise ValueError(f"request {rid!r}: stop strings need a tokenizer, and this model has none")
         seq = Sequence(rid, prompt.token_ids, params, max_model_len=self.max_model_len,
                        eos_token_ids=self.model.eos_token_ids, arrival_time=request.arrival_time,
-                       detokenizer=detok, model_state=prompt.model_state, **flags)
+                       detokenizer=detok, model_state=prompt.model_state, grammar=self._grammar(rid, params),
+                       **flags)
         self.scheduler.add(seq)
         self._seqs[rid] = seq
+
+    def _grammar(self, rid: str, params: SamplingParams) -> Any:
+        if params.structured_outputs is None:
+            return None
+        if self.model.tokenizer is None:
+            raise ValueError(f"request {rid!r}: structured_outputs need a tokenizer, and this model has none")
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.model.tokenizer, self.model.eos_token_ids)
+        return self._grammars.compile(params.structured_outputs)
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request; its final output (finish_reason "abort") comes from the next step.
@@ -117,6 +129,8 @@ class AREngine:
             self.scheduler.free_finished()
             return outputs + [self._finish_output(seq, error=f"{type(exc).__name__}: {exc}") for seq in batch.seqs]
         self.scheduler.update(batch, result.token_ids)
+        if result.logprobs is not None:
+            self._keep_logprobs(batch.seqs, result.logprobs)
         for i, seq in enumerate(batch.seqs):
             outputs.append(self._output(seq, result, i))
             if seq.is_finished:
@@ -135,6 +149,21 @@ class AREngine:
         self.model.close()
 
     # --- outputs -------------------------------------------------------------------------------
+
+    def _keep_logprobs(self, seqs: list[Sequence], rows: list[Any]) -> None:
+        """Each sequence that got a token this step keeps its row's logprobs, with token texts."""
+        backend = getattr(self.model.tokenizer, "backend_tokenizer", None)
+
+        def text(token_id: int) -> str:
+            return backend.decode([token_id], skip_special_tokens=False) if backend is not None else ""
+
+        for seq, row in zip(seqs, rows):
+            if row is None or seq.logprobs is None or len(seq.logprobs) >= seq.num_output_tokens:
+                continue
+            logprob, top_ids, top_lps = row
+            token_id = seq.output_token_ids[-1]
+            seq.logprobs.append(TokenLogprob(token_id, text(token_id), logprob,
+                                             [(t, text(t), lp) for t, lp in zip(top_ids, top_lps)]))
 
     def _output(self, seq: Sequence, result: RunnerOutput, row: int) -> StageOutput:
         detok = seq.detokenizer
@@ -159,6 +188,8 @@ class AREngine:
             hidden_states=hidden,
             finish_reason=seq.finish_reason,
             extras=extras,
+            logprobs=list(seq.logprobs) if seq.logprobs is not None and seq.is_finished else None,
+            delta_logprobs=seq.logprobs[len(seq.logprobs) - seq.num_new_tokens:] if seq.logprobs is not None else None,
         )
         return StageOutput(seq.request_id, payload, finished=seq.is_finished, metrics=self._metrics(seq))
 
@@ -167,7 +198,8 @@ class AREngine:
         detok = seq.detokenizer
         delta_text = detok.take_delta() if detok is not None else ""
         payload = TextPayload(token_ids=list(seq.output_token_ids), text=detok.text if detok is not None else "",
-                              delta_text=delta_text, finish_reason=seq.finish_reason)
+                              delta_text=delta_text, finish_reason=seq.finish_reason,
+                              logprobs=list(seq.logprobs) if seq.logprobs is not None else None)
         self._release(seq)
         return StageOutput(seq.request_id, payload, finished=True, error=error, metrics=self._metrics(seq))
 

@@ -103,13 +103,14 @@ class ARModel(ABC):
     def build_prompt(self, inputs: Any) -> PromptInputs:
         """`StageRequest.inputs` -> prompt ids. The default accepts a str, or a dict with exactly one
         of "prompt" (str), "prompt_token_ids" (list[int]) or "messages" (chat messages; the
-        checkpoint's chat template is applied with add_generation_prompt)."""
+        checkpoint's chat template is applied with add_generation_prompt, and with "tools",
+        OpenAI-shaped function definitions, when given)."""
         if isinstance(inputs, str):
             inputs = {"prompt": inputs}
         if not isinstance(inputs, dict):
             raise TypeError(f"AR inputs must be a str or a dict, got {type(inputs).__name__}")
         given = [k for k in ("prompt", "prompt_token_ids", "messages") if k in inputs]
-        unknown = sorted(set(inputs) - {"prompt", "prompt_token_ids", "messages"})
+        unknown = sorted(set(inputs) - {"prompt", "prompt_token_ids", "messages", "tools"})
         if unknown:
             raise ValueError(f"unknown AR input key(s) {unknown}; expected one of prompt, prompt_token_ids, messages")
         if len(given) != 1:
@@ -121,9 +122,11 @@ class ARModel(ABC):
             return PromptInputs(list(ids))
         if self.tokenizer is None:
             raise ValueError(f"this model has no tokenizer; pass prompt_token_ids instead of {given[0]}")
+        if "tools" in inputs and "messages" not in inputs:
+            raise ValueError("AR inputs: tools go with messages (the chat template renders them)")
         if "messages" in inputs:
-            enc = self.tokenizer.apply_chat_template(inputs["messages"], add_generation_prompt=True,
-                                                     tokenize=True, return_dict=True)
+            enc = self.tokenizer.apply_chat_template(inputs["messages"], tools=inputs.get("tools"),
+                                                     add_generation_prompt=True, tokenize=True, return_dict=True)
             return PromptInputs(list(enc["input_ids"]))
         return PromptInputs(self.tokenizer(inputs["prompt"])["input_ids"])
 

@@ -23,6 +23,7 @@ from omnistage.ar.sequence import Sequence
 class RunnerOutput:
     token_ids: list[int]
     extras: list[dict[str, Any]] | None = None
+    logprobs: list[Any] | None = None  # the sampler's per-row logprobs, when a row asked for them
 
 
 class _StateRows:
@@ -66,7 +67,7 @@ class ModelRunner:
             self._keep(self.hidden, batch.seqs, inp, out.hidden_states, "return_hidden_states")
         if out.input_embeds is not None:
             self._keep(self.embeds, batch.seqs, inp, out.input_embeds, "return_input_embeds")
-        return RunnerOutput(token_ids.tolist(), extras)
+        return RunnerOutput(token_ids.tolist(), extras, self.sampler.last_logprobs)
 
     # --- inputs ------------------------------------------------------------------------------
 

@@ -1,7 +1,11 @@
 """Per-request sampling over a batch of logits.
 
 Order, as in transformers' logits processors: repetition penalty and min_tokens (these
-apply to greedy requests too), then temperature, top-k, top-p, min-p, then a draw.
+apply to greedy requests too), the grammar mask of structured-output rows, then
+temperature, top-k, top-p, min-p, then a draw. Rows with and without a grammar share
+one batch: the mask only touches its own rows. Log-probabilities (when a row asks) are
+taken after the grammar mask and temperature, before truncation, as vLLM's
+"processed" logprobs; each grammar then consumes its row's sampled token.
 
 The draw is an exponential race (argmax of p / q with q ~ Exp(1)), which samples
 exactly from p. Seeded requests fill their row of q from their own generator, so their
@@ -16,11 +20,18 @@ import torch
 from omnistage.ar.sequence import Sequence
 
 
+SampledLogprobs = tuple[float, list[int], list[float]]
+"""One row's (sampled token's logprob, top ids, their logprobs), most likely first."""
+
+
 class Sampler:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._generators: dict[str, torch.Generator] = {}
         self._id_tensors: dict[frozenset[int], torch.Tensor] = {}  # stop-id sets -> index tensors (few, reused)
+        self._bit_shifts = torch.arange(32, dtype=torch.int32)
+        self.last_logprobs: list[SampledLogprobs | None] | None = None
+        """Per row of the last call, for rows whose sequence asked for logprobs (None: no row did)."""
 
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
@@ -29,13 +40,20 @@ class Sampler:
         """logits [B, V] -> token ids [B] (long, on logits' device)."""
         logits = logits.float()
         self._apply_penalties(logits, seqs)
+        grammar_rows = self._apply_grammars(logits, seqs)
         greedy = [s.params.is_greedy for s in seqs]
         if all(greedy):
-            return logits.argmax(dim=-1)
-        tokens = self._sample(logits, seqs)
-        if any(greedy):
-            rows = torch.tensor([i for i, g in enumerate(greedy) if g], device=logits.device)
-            tokens[rows] = logits[rows].argmax(dim=-1)
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = self._sample(logits, seqs)
+            if any(greedy):
+                rows = torch.tensor([i for i, g in enumerate(greedy) if g], device=logits.device)
+                tokens[rows] = logits[rows].argmax(dim=-1)
+        self.last_logprobs = self._logprobs(logits, seqs, tokens)
+        if grammar_rows:
+            picked = tokens[grammar_rows].tolist()
+            for i, token_id in zip(grammar_rows, picked):
+                seqs[i].grammar.accept(token_id)
         return tokens
 
     # --- 1. penalties -----------------------------------------------------------------------
@@ -70,7 +88,45 @@ class Sampler:
                                                      device=self.device)
         return t
 
-    # --- 2. temperature, top-k, top-p, min-p, draw ------------------------------------------
+    # --- 2. grammar masks (structured outputs) -----------------------------------------------
+
+    def _apply_grammars(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        """Mask the tokens each row's grammar forbids; returns those rows."""
+        rows = [i for i, s in enumerate(seqs) if getattr(s, "grammar", None) is not None and s.grammar.is_active]
+        if not rows:
+            return rows
+        words = torch.stack([torch.frombuffer(bytearray(seqs[i].grammar.bitmask()), dtype=torch.int32)
+                             for i in rows])
+        allowed = ((words[:, :, None] >> self._bit_shifts) & 1).view(len(rows), -1).bool()
+        vocab = logits.shape[-1]
+        if allowed.shape[1] < vocab:  # ids past the tokenizer's vocabulary are never allowed
+            allowed = torch.cat([allowed, allowed.new_zeros(len(rows), vocab - allowed.shape[1])], dim=1)
+        index = torch.tensor(rows, device=logits.device)
+        logits[index] = logits[index].masked_fill(~allowed[:, :vocab].to(logits.device), -float("inf"))
+        return rows
+
+    # --- 3. log-probabilities -----------------------------------------------------------------
+
+    def _logprobs(self, logits: torch.Tensor, seqs: list[Sequence],
+                  tokens: torch.Tensor) -> list[SampledLogprobs | None] | None:
+        rows = [i for i, s in enumerate(seqs) if getattr(s, "logprobs", None) is not None]
+        if not rows:
+            return None
+        index = torch.tensor(rows, device=logits.device)
+        temps = torch.tensor([1.0 if seqs[i].params.is_greedy else seqs[i].params.temperature for i in rows],
+                             device=logits.device)
+        lp = (logits[index] / temps[:, None]).log_softmax(dim=-1)
+        chosen = lp.gather(-1, tokens[index][:, None])[:, 0].tolist()
+        k = max(seqs[i].params.logprobs for i in rows)
+        top_lp, top_ids = lp.topk(k, dim=-1) if k else (lp[:, :0], lp[:, :0].long())
+        top_lp, top_ids = top_lp.tolist(), top_ids.tolist()
+        out: list[SampledLogprobs | None] = [None] * len(seqs)
+        for j, i in enumerate(rows):
+            n = seqs[i].params.logprobs
+            out[i] = (chosen[j], top_ids[j][:n], top_lp[j][:n])
+        return out
+
+    # --- 4. temperature, top-k, top-p, min-p, draw ------------------------------------------
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
         dev = logits.device

@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from omnistage.ar.structured_outputs import StructuredOutputsParams
+
 _GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
 
 
 @dataclass
@@ -43,8 +46,35 @@ class SamplingParams:
     """Per-request RNG seed: the same seed gives the same tokens whatever else is in the batch."""
     ignore_eos: bool = False
     """Keep generating past EOS (benchmarks); `stop_token_ids` still apply."""
+    logprobs: int | None = None
+    """Return each output token's log-probability and this many most likely alternatives
+    (0 = the sampled token's only), from the sampler's processed distribution: after
+    penalties, the grammar mask and temperature, before top-k/top-p/min-p truncation."""
+    structured_outputs: StructuredOutputsParams | None = None
+    """A grammar every output token follows (JSON schema, JSON object, regex, choice, Lark)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "SamplingParams":
+        # Remember which fields the caller gave, so deploy defaults can fill the others field by
+        # field (`with_defaults`), as DiffusionParams' unset (None) fields are filled.
+        self = super().__new__(cls)
+        self._fields_set = frozenset([f.name for f in fields(cls)][: len(args)]) | frozenset(kwargs)
+        return self
+
+    @property
+    def fields_set(self) -> frozenset[str]:
+        """The fields given at construction (the rest hold the class defaults)."""
+        return getattr(self, "_fields_set", frozenset())
+
+    def with_defaults(self, defaults: "SamplingParams") -> "SamplingParams":
+        """These params over `defaults`: a field this request gave wins, every other field takes
+        the value `defaults` gave (the deploy's `default_sampling_params`), else the class default."""
+        values = {name: getattr(defaults, name) for name in defaults.fields_set}
+        values.update({name: getattr(self, name) for name in self.fields_set})
+        return type(self)(**values)
 
     def __post_init__(self) -> None:
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop)
@@ -81,6 +111,14 @@ class SamplingParams:
             p.append(f"seed must be an integer or None, got {self.seed!r}")
         if not isinstance(self.ignore_eos, bool):
             p.append(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            p.append(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                p.append(f"structured_outputs must be StructuredOutputsParams, a dict or None, "
+                         f"got {type(self.structured_outputs).__name__}")
+            elif _is_int(self.min_tokens) and self.min_tokens > 0:
+                p.append("min_tokens cannot be combined with structured_outputs (the grammar decides where EOS may come)")
         return p
 
     @property
@@ -107,10 +145,14 @@ def _is_num(x: Any) -> bool:
 
 def admit(request_id: str, params: "SamplingParams | None", default: "SamplingParams", num_prompt: int,
           max_model_len: int, *, min_output_tokens: int = 0) -> "SamplingParams":
-    """The request's params (or the stage default), after the checks every AR backend makes
-    before queueing: a non-empty prompt that, with `max_tokens`, fits `max_model_len`.
-    Raises ValueError naming the numbers (TypeError for params of the wrong kind)."""
-    params = params if params is not None else default
+    """The request's params over the stage defaults (field by field: `with_defaults`), after the
+    checks every AR backend makes before queueing: a non-empty prompt that, with `max_tokens`,
+    fits `max_model_len`. Raises ValueError naming the numbers (TypeError for params of the
+    wrong kind)."""
+    if params is None:
+        params = default
+    elif isinstance(params, SamplingParams):
+        params = params.with_defaults(default)
     if not isinstance(params, SamplingParams):
         raise TypeError(f"AR request params must be SamplingParams or None, got {type(params).__name__}")
     if num_prompt == 0:

@@ -38,6 +38,7 @@ class Sequence:
         return_hidden_states: bool = False,
         return_input_embeds: bool = False,
         model_state: Any = None,
+        grammar: Any = None,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -52,6 +53,9 @@ class Sequence:
         self.return_hidden_states = return_hidden_states
         self.return_input_embeds = return_input_embeds
         self.model_state = model_state  # opaque per-request state owned by the ARModel family
+        self.grammar = grammar  # structured_outputs.Grammar | None: the sampler masks and advances it
+        self.logprobs: list[Any] | None = [] if params.logprobs is not None else None
+        """The sampler's (token_id, logprob, top ids, top logprobs) per output token, when asked."""
         self.status = SequenceStatus.WAITING
         self.slot = -1
         self.finish_reason: str | None = None

@@ -264,6 +264,14 @@ def to_vllm_params(vllm: Any, params: SamplingParams) -> Any:
     from vllm.sampling_params import RequestOutputKind
 
     values = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
+    if values.pop("logprobs") is not None:
+        raise ValueError("logprobs: the vLLM backend does not return them yet; use the native backend")
+    structured = values.pop("structured_outputs")
+    if structured is not None:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        values["structured_outputs"] = StructuredOutputsParams(**{k: v for k, v in dataclasses.asdict(structured).items()
+                                                                  if v is not None})
     return vllm.SamplingParams(**values, output_kind=RequestOutputKind.DELTA)
 
 

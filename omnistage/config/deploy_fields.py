@@ -44,9 +44,18 @@ class StageDeployConfig:
     """Diffusion step cache: None | "tea_cache" | "first_block_cache" | ..."""
     cache_config: dict[str, Any] = field(default_factory=dict)
     offload: str | None = None
-    """None | "model" | "sequential"."""
+    """Diffusion: None | "model" (one component on the device at a time) | "layerwise" (transformer
+    blocks copied to the device a group at a time, the next prefetched)."""
+    offload_blocks_per_group: int = 1
+    """With `offload: layerwise`: transformer blocks per group copied to the device together."""
     quantization: str | None = None
-    lora: dict[str, Any] | None = None
+    """Diffusion: weight-only quantization of the transformer's linear layers: None | "int8" | "fp8"."""
+    ignored_layers: tuple[str, ...] = ()
+    """With `quantization`: layer-name patterns (fnmatch, e.g. "proj_out") kept in full precision."""
+    lora: tuple[dict[str, Any], ...] | None = None
+    """Diffusion: LoRA files fused into the weights at load: [{path, scale (default 1.0)}, ...]."""
+    lora_adapters: dict[str, str] = field(default_factory=dict)
+    """Diffusion: LoRA files loaded side by side, by name; a request picks one with `lora: {name, scale}`."""
     compile: bool = False
     attention_backend: str = "sdpa"
     max_model_len: int | None = None
@@ -70,6 +79,15 @@ class StageDeployConfig:
             object.__setattr__(self, name, value)
 
 
+def _check_lora_entries(entries: tuple[dict[str, Any], ...]) -> str | None:
+    for i, entry in enumerate(entries):
+        if not isinstance(entry.get("path"), str) or set(entry) - {"path", "scale"}:
+            return f"item {i}: expected {{path: string, scale: number}}, got {entry!r}"
+        if not isinstance(entry.get("scale", 1.0), int | float) or isinstance(entry.get("scale"), bool):
+            return f"item {i}: scale must be a number, got {entry['scale']!r}"
+    return None
+
+
 STAGE_FIELDS = tuple(f.name for f in fields(StageDeployConfig))
 
 STAGE_CONSTRAINTS = {
@@ -84,16 +102,18 @@ STAGE_CONSTRAINTS = {
     "ring_degree": at_least(1),
     "tensor_parallel_size": at_least(1),
     "vae_patch_parallel_size": at_least(1),
-    "offload": one_of("model", "sequential"),
+    "offload": one_of("model", "layerwise"),
+    "offload_blocks_per_group": at_least(1),
     "max_model_len": at_least(1),
     "ar_backend": one_of("native", "vllm"),
+    "lora": _check_lora_entries,
     # cache_backend, quantization and attention_backend are open sets: the registries
     # that implement them (diffusion/cache, quant.py, attention.py) own the valid names.
 }
 
 # Mapping fields whose keys are independent settings: layers merge them key by key
 # (a platform overlay adds one sampling default without restating the others). The
-# other mapping fields (cache_config, lora) belong to the backend or adapter named
+# other mapping fields (cache_config, lora_adapters) belong to the backend or adapter named
 # beside them, so a layer that sets them replaces them whole.
 MERGED_MAPPING_FIELDS = ("default_sampling_params", "env")
 
@@ -172,7 +192,8 @@ _STAGE_DEFAULTS = {
 
 KIND_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
     "diffusion": ("step_execution", "cfg_parallel_size", "ulysses_degree", "ring_degree",
-                  "vae_patch_parallel_size", "vae_use_tiling", "cache_backend", "cache_config"),
+                  "vae_patch_parallel_size", "vae_use_tiling", "cache_backend", "cache_config",
+                  "offload_blocks_per_group", "lora_adapters"),
     "ar": ("max_model_len", "ar_backend"),
 }
 """Deploy fields only one stage kind reads; every other field applies to all kinds."""

@@ -1,6 +1,7 @@
 """`DiffusionEngine`: one diffusion stage behind the `Engine` protocol.
 
-    add_request -> validate at the edge (ValueError naming the field), queue
+    add_request -> validate against the checkpoint's config files (RequestError naming the
+                   field), queue
     step        -> scheduler.schedule() -> executor.execute(batch) -> scheduler.update(batch, output)
     outputs     -> ProgressPayload per step per request (finished=False), then the final
                    ImagePayload / VideoPayload (finished=True) with metrics, or an error
@@ -9,8 +10,9 @@ Every `step()` is one denoising step of the running batch, in both modes: reques
 (`RequestScheduler`) forms a batch once and runs it to the end, step mode (`StepScheduler`,
 `step_execution: true`) lets requests join and leave between steps. So progress leaves as
 each step finishes, an abort stops a request's compute before the next step, and an
-inline stage never holds its caller for a whole generation. A failing batch fails its own requests; a dead worker fails every unfinished
-request, and the engine then reports unhealthy and refuses new work.
+inline stage never holds its caller for a whole generation. A failing batch fails its own
+requests; a dead worker fails every unfinished request, and the engine then reports
+unhealthy and refuses new work.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.diffusion.accel import check_supported
 from omnistage.diffusion.executor import Executor, WorkerDiedError, get_executor_class
-from omnistage.diffusion.inputs import check_default_params, freeze, read_class_name, to_diffusion_request
+from omnistage.diffusion.checkpoint import CheckpointConfigs
+from omnistage.diffusion.inputs import check_default_params, freeze, to_diffusion_request
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.diffusion.progress import ProgressBar
 from omnistage.diffusion.runner import error_message
 from omnistage.diffusion.sched import EngineRequest, RequestScheduler, RequestStatus, RunnerOutput, StepScheduler
 from omnistage.diffusion.worker import WorkerConfig, resolve_devices
-from omnistage.engine.types import StageOutput, StageRequest
+from omnistage.engine.types import RequestError, StageOutput, StageRequest
 
 # Longest nap in step() while a not-full batch waits for a burst, so new requests and
 # aborts are still picked up promptly.
@@ -45,7 +48,11 @@ class DiffusionEngine:
         check_supported(stage.label if stage is not None else "diffusion", config)
         self.model_path = str(model_path)
         self.config = config
-        self.pipeline_cls = pipeline_cls or pipeline_class(self._class_name(self.model_path, stage))
+        configs = CheckpointConfigs.read(self.model_path)
+        self.pipeline_cls = pipeline_cls or pipeline_class(stage.model if stage is not None and stage.model
+                                                           else configs.class_name)
+        # Requests are checked here, against the checkpoint's config files: no round trip to a worker.
+        self.checker = self.pipeline_cls.for_requests(configs, config)
         check_default_params(config.default_sampling_params)
         devices = resolve_devices(config)
         self.scheduler = self._make_scheduler(config, clock)
@@ -56,14 +63,6 @@ class DiffusionEngine:
         self._closed = False
         self.executor: Executor = get_executor_class(config.executor)(
             WorkerConfig(self.model_path, self.pipeline_cls, devices, config))
-
-    @staticmethod
-    def _class_name(model_path: str, stage: StageSpec | None) -> str:
-        """The stage's model key (a diffusers class name, set by the family) when given, else
-        the checkpoint's model_index.json `_class_name`."""
-        if stage is not None and stage.model:
-            return stage.model
-        return read_class_name(model_path)
 
     def _make_scheduler(self, config: StageDeployConfig, clock: Callable[[], float]):
         cap = getattr(self.pipeline_cls, "max_batch_size", None)
@@ -76,15 +75,14 @@ class DiffusionEngine:
     def add_request(self, request: StageRequest) -> None:
         if not self.is_healthy():
             raise RuntimeError(f"diffusion engine is unhealthy and takes no new requests: {self._dead}")
-        diffusion_request = to_diffusion_request(request, self.config.default_sampling_params)
+        diffusion_request = self.checker.prepare_request(
+            to_diffusion_request(request, self.config.default_sampling_params))
+        key = self.checker.batch_key(diffusion_request.params)
         with self._lock:
             if self.scheduler.get_request(request.request_id) is not None:
-                raise ValueError(f"request_id: {request.request_id!r} is already running")
-        diffusion_request, key = self.executor.check_request(diffusion_request)
-        params = diffusion_request.params
-        with self._lock:
+                raise RequestError(f"request_id: {request.request_id!r} is already running", "request_id")
             self.scheduler.add_request(EngineRequest(diffusion_request, freeze(key), arrival_time=self.clock(),
-                                                     num_steps=params.num_inference_steps))
+                                                     num_steps=diffusion_request.params.num_inference_steps))
 
     def abort_request(self, request_id: str) -> None:
         with self._lock:

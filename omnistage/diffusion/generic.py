@@ -24,8 +24,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest
+from omnistage.engine.types import RequestError
 
 # DiffusionParams field -> the `__call__` argument that carries it (where the names differ,
 # the first one the pipeline accepts wins).
@@ -113,11 +115,24 @@ class GenericDiffusersPipeline(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "DiffusionPipeline"  # any; the instance holds the real class name
     max_batch_size: ClassVar[int | None] = 1
 
-    def __init__(self, pipe: Any, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
-        super().__init__(pipe.components, device, dtype)
+    def __init__(self, pipe: Any, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                 configs: CheckpointConfigs | None = None):
         self.pipe = pipe
-        self.reference_class = type(pipe).__name__
-        self.call_params = inspect.signature(pipe.__call__).parameters
+        super().__init__(pipe.components, device, dtype,
+                         configs or CheckpointConfigs({"_class_name": type(pipe).__name__}, {}))
+
+    def configure(self, configs: CheckpointConfigs) -> None:
+        """The request rules come from the diffusers class's `__call__` signature, found by the
+        checkpoint's `_class_name` (no instance needed)."""
+        import diffusers
+
+        self.reference_class = configs.class_name
+        pipe = getattr(self, "pipe", None)  # None in the engine's request checker (for_requests)
+        pipeline_cls = type(pipe) if pipe is not None else getattr(diffusers, self.reference_class, None)
+        if pipeline_cls is None:
+            raise ValueError(f"diffusers has no pipeline class {self.reference_class!r} (model_index.json "
+                             "_class_name); a custom pipeline needs a native omnistage pipeline")
+        self.call_params = inspect.signature(pipeline_cls.__call__).parameters
         # field -> the argument name this pipeline uses for it
         self.field_args = {f: next((a for a in args if a in self.call_params), None) for f, args in _FIELD_ARGS.items()}
         self.output_modality = "video" if "num_frames" in self.call_params else "image"
@@ -127,10 +142,10 @@ class GenericDiffusersPipeline(DiffusionPipelineBase):
         self.extras = self._signature_extras()
 
     @classmethod
-    def from_diffusers(cls, pipe: Any, path: str, device: torch.device | str,
+    def from_diffusers(cls, pipe: Any, path: str, configs: CheckpointConfigs, device: torch.device | str,
                        dtype: torch.dtype) -> "GenericDiffusersPipeline":
         pipe.set_progress_bar_config(disable=True)  # progress goes through the runtime's steps
-        return cls(pipe, device, dtype)
+        return cls(pipe, device, dtype, configs)
 
     def _signature_defaults(self) -> dict[str, Any]:
         """diffusers' own defaults for the fields this pipeline takes (None ones stay None:
@@ -162,10 +177,11 @@ class GenericDiffusersPipeline(DiffusionPipelineBase):
         params = request.params
         for field, arg in self.field_args.items():
             if arg is None and field != "num_outputs_per_prompt" and getattr(params, field) is not None:
-                raise ValueError(f"{field}: {self.reference_class} does not take this parameter")
+                raise RequestError(f"{field}: {self.reference_class} does not take this parameter", field)
         if params.num_outputs_per_prompt > 1 and (self.field_args["num_outputs_per_prompt"] is None
                                                   or self.output_modality == "video"):
-            raise ValueError(f"num_outputs_per_prompt: {self.reference_class} returns one output per request")
+            raise RequestError(f"num_outputs_per_prompt: {self.reference_class} returns one output per request",
+                               "num_outputs_per_prompt")
 
     def call_kwargs(self, request: DiffusionRequest) -> dict[str, Any]:
         """The `__call__` keyword arguments for a prepared request: its fields, image, extras

@@ -1,22 +1,21 @@
 """Edge checks that turn a `StageRequest` into the pipeline's `DiffusionRequest`.
 
 `inputs` is the user prompt: a str, or `{"prompt": str, "image": PIL | [PIL, ...]}`;
-`params` is `DiffusionParams`, a dict of its fields, or None. Every problem raises
-ValueError naming the field, before anything is queued. Model-dependent checks (sizes,
-extras, whether an image is needed) run afterwards in the pipeline's `prepare_request`.
+`params` is `DiffusionParams`, a dict of its fields, or None. Every problem raises a
+`RequestError` naming the field, before anything is queued. Model-dependent checks (sizes,
+extras, whether an image is needed) run afterwards in the pipeline's `prepare_request`,
+in the engine process, against the checkpoint's config files (`for_requests`).
 """
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.pipeline import DiffusionRequest
-from omnistage.engine.types import StageRequest
+from omnistage.engine.types import RequestError, StageRequest
 
 INPUT_KEYS = ("prompt", "image")
 
@@ -27,14 +26,14 @@ def parse_prompt(inputs: Any) -> tuple[str, list[Any]]:
     if isinstance(inputs, str):
         return inputs, []
     if not isinstance(inputs, Mapping):
-        raise ValueError(f"inputs must be a prompt string or a dict with keys {list(INPUT_KEYS)}, "
-                         f"got {type(inputs).__name__}")
+        raise RequestError(f"inputs must be a prompt string or a dict with keys {list(INPUT_KEYS)}, "
+                           f"got {type(inputs).__name__}", "prompt")
     unknown = sorted(set(inputs) - set(INPUT_KEYS))
     if unknown:
-        raise ValueError(f"inputs: unknown keys {unknown}; allowed: {list(INPUT_KEYS)}")
+        raise RequestError(f"inputs: unknown keys {unknown}; allowed: {list(INPUT_KEYS)}", unknown[0])
     prompt = inputs.get("prompt")
     if not isinstance(prompt, str):
-        raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
+        raise RequestError(f"prompt must be a string, got {type(prompt).__name__}", "prompt")
     images = inputs.get("image")
     if images is None:
         images = []
@@ -42,7 +41,7 @@ def parse_prompt(inputs: Any) -> tuple[str, list[Any]]:
         images = [images]
     for i, image in enumerate(images):
         if not isinstance(image, Image.Image):
-            raise ValueError(f"image[{i}] must be a PIL image, got {type(image).__name__}")
+            raise RequestError(f"image[{i}] must be a PIL image, got {type(image).__name__}", "image")
     return prompt, list(images)
 
 
@@ -54,7 +53,7 @@ def parse_params(params: Any, defaults: Mapping[str, Any]) -> DiffusionParams:
     elif isinstance(params, Mapping):
         params = DiffusionParams(**params)  # pydantic's ValidationError is a ValueError naming the field
     elif not isinstance(params, DiffusionParams):
-        raise ValueError(f"params must be DiffusionParams, got {type(params).__name__}")
+        raise RequestError(f"params must be DiffusionParams, got {type(params).__name__}")
     params = params.with_defaults(dict(defaults))
     if params.seed is None:
         params = params.model_copy(update={"seed": random.randrange(2**63)})
@@ -70,23 +69,9 @@ def check_default_params(defaults: Mapping[str, Any]) -> None:
 
 def to_diffusion_request(request: StageRequest, defaults: Mapping[str, Any]) -> DiffusionRequest:
     if not isinstance(request.request_id, str) or not request.request_id:
-        raise ValueError("request_id must be a non-empty string")
+        raise RequestError("request_id must be a non-empty string")
     prompt, images = parse_prompt(request.inputs)
     return DiffusionRequest(request.request_id, prompt, parse_params(request.params, defaults), images)
-
-
-def read_class_name(model_path: str) -> str:
-    """The diffusers pipeline `_class_name` from the checkpoint's model_index.json."""
-    index = Path(model_path) / "model_index.json"
-    if index.is_file():
-        config = json.loads(index.read_text())
-    else:  # a hub id: let diffusers find (and cache) the file
-        from diffusers import DiffusionPipeline
-
-        config = DiffusionPipeline.load_config(model_path)
-    if "_class_name" not in config:
-        raise ValueError(f"{model_path}: model_index.json has no _class_name")
-    return config["_class_name"]
 
 
 def freeze(value: Any) -> Any:

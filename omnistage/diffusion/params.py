@@ -12,6 +12,18 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from omnistage.engine.types import RequestError
+
+
+class LoraRequest(BaseModel):
+    """A LoRA adapter the stage preloaded (deploy `lora_adapters`), chosen by name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1)
+    scale: float = Field(default=1.0, ge=-8, le=8)
+    """Multiplies the adapter's delta; 0 gives the base model."""
+
 
 class DiffusionParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -30,6 +42,8 @@ class DiffusionParams(BaseModel):
     partial_images: int = Field(default=0, ge=0, le=3)
     """Previews decoded at evenly spaced steps and sent on the progress events (OpenAI's
     `partial_images`, 0-3); the final image is not counted."""
+    lora: LoraRequest | None = None
+    """A preloaded LoRA adapter for this request, e.g. {"name": "style", "scale": 0.8}."""
     extras: dict[str, Any] = Field(default_factory=dict)
     """Model-declared extras, e.g. {"max_sequence_length": 64}; unknown names are rejected."""
 
@@ -55,13 +69,13 @@ class ExtraSpec:
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
-            raise ValueError(f"extras.{name} must be {self.type.__name__}, got {type(value).__name__}")
+            raise RequestError(f"extras.{name} must be {self.type.__name__}, got {type(value).__name__}", name)
         if self.min is not None and value < self.min:
-            raise ValueError(f"extras.{name} must be >= {self.min}, got {value}")
+            raise RequestError(f"extras.{name} must be >= {self.min}, got {value}", name)
         if self.max is not None and value > self.max:
-            raise ValueError(f"extras.{name} must be <= {self.max}, got {value}")
+            raise RequestError(f"extras.{name} must be <= {self.max}, got {value}", name)
         if self.choices is not None and value not in self.choices:
-            raise ValueError(f"extras.{name} must be one of {list(self.choices)}, got {value!r}")
+            raise RequestError(f"extras.{name} must be one of {list(self.choices)}, got {value!r}", name)
         return value
 
 
@@ -70,7 +84,7 @@ def validate_extras(extras: dict[str, Any], schema: dict[str, ExtraSpec]) -> dic
     unknown = sorted(set(extras) - set(schema))
     if unknown:
         known = ", ".join(sorted(schema)) or "none"
-        raise ValueError(f"unknown extras {unknown}; this model accepts: {known}")
+        raise RequestError(f"unknown extras {unknown}; this model accepts: {known}", unknown[0])
     out = {name: spec.default for name, spec in schema.items() if spec.default is not None}
     for name, value in extras.items():
         out[name] = schema[name].check(name, value)

@@ -27,9 +27,10 @@ import numpy as np
 import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Predict, guided_predictions
 from omnistage.diffusion.params import DiffusionParams, ExtraSpec, validate_extras
-from omnistage.engine.types import ImagePayload, VideoPayload
+from omnistage.engine.types import ImagePayload, RequestError, VideoPayload
 
 
 @dataclass
@@ -63,6 +64,12 @@ class DenoiseState:
 
 
 ProgressCallback = Callable[[list[DenoiseState]], None]
+StepRunner = Callable[[list[DenoiseState], Callable[[list[DenoiseState]], None]], None]
+
+
+def run_step(states: list[DenoiseState], denoise_step: Callable[[list[DenoiseState]], None]) -> None:
+    """The default step runner: every state in one `denoise_step`."""
+    denoise_step(states)
 
 
 class DiffusionPipelineBase(ABC):
@@ -83,18 +90,40 @@ class DiffusionPipelineBase(ABC):
     """Most requests that may run at once; None = no limit (the generic adapter takes 1)."""
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
         self.components = components
         self.device = torch.device(device)
         self.dtype = dtype
+        for name, module in components.items():
+            setattr(self, name, module)
         self.accelerations: list[str] = []
         """What `from_pretrained` applied from the deploy config (e.g. ["vae_tiling"])."""
         self.guidance_runner = guided_predictions
         """Runs `guidance` for a step; CFG-parallel replaces it (accel/cfg_parallel.py)."""
         self.vae_decode: Callable[[torch.Tensor], torch.Tensor] = lambda z: self.vae.decode(z, return_dict=False)[0]
         """Scaled latents -> the VAE's decoded output; VAE patch parallel replaces it (accel/vae_patch_parallel.py)."""
-        for name, module in components.items():
-            setattr(self, name, module)
+        self.step_runner: StepRunner = run_step
+        """Runs `denoise_step` over one step's states; per-request LoRA replaces it to split
+        them by adapter (accel/lora.py)."""
+        self.lora_adapters: tuple[str, ...] = ()
+        """Names of the LoRA adapters a request may choose (`lora_adapters` deploy field)."""
+        self.configure(configs or CheckpointConfigs({}, {}))
+
+    def configure(self, configs: CheckpointConfigs) -> None:
+        """Read the checkpoint facts that requests are checked against (size multiples, default
+        size, guidance kind) from its config files. It runs in the loaded pipeline and, without
+        any weights, in the engine process (`for_requests`), so everything `prepare_request`,
+        `check_inputs` and `batch_key` use must come from here or from class attributes."""
+
+    @classmethod
+    def for_requests(cls, configs: CheckpointConfigs, deploy: StageDeployConfig | None = None) -> "DiffusionPipelineBase":
+        """An instance without components that validates requests for the checkpoint whose
+        config files are `configs` (and the LoRA adapters `deploy` preloads): what the engine
+        checks every request against before queueing it."""
+        checker = cls.__new__(cls)
+        DiffusionPipelineBase.__init__(checker, {}, "cpu", torch.float32, configs)
+        checker.lora_adapters = tuple(sorted(deploy.lora_adapters)) if deploy is not None else ()
+        return checker
 
     # -- loading -------------------------------------------------------------------------
 
@@ -111,31 +140,38 @@ class DiffusionPipelineBase(ABC):
 
         from omnistage.diffusion.accel import apply_accelerations
 
-        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **cls.loader_overrides).to(device)
-        pipeline = cls.from_diffusers(pipe, str(path), device, dtype)
-        pipeline.accelerations = apply_accelerations(pipeline, deploy or StageDeployConfig())
+        deploy = deploy or StageDeployConfig()
+        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **cls.loader_overrides)
+        if deploy.offload is None:  # offloaded weights wait on the CPU (accel/offload.py)
+            pipe = pipe.to(device)
+        pipeline = cls.from_diffusers(pipe, str(path), CheckpointConfigs.read(str(path)), device, dtype)
+        pipeline.accelerations = apply_accelerations(pipeline, deploy)
         return pipeline
 
     @classmethod
-    def from_diffusers(cls, pipe: Any, path: str, device: torch.device | str,
+    def from_diffusers(cls, pipe: Any, path: str, configs: CheckpointConfigs, device: torch.device | str,
                        dtype: torch.dtype) -> "DiffusionPipelineBase":
-        """The hook for a family that needs more from the checkpoint than its components (a
-        processor, the pipeline's own config): build the pipeline from the loaded diffusers one."""
-        return cls(pipe.components, device, dtype)
+        """The hook for a family that needs more from the checkpoint than its components (e.g.
+        a processor): build the pipeline from the loaded diffusers one."""
+        return cls(pipe.components, device, dtype, configs)
 
     # -- request checks ------------------------------------------------------------------
 
     def prepare_params(self, params: DiffusionParams) -> DiffusionParams:
         """Fill defaults and validate extras; raises ValueError naming the field."""
         params = params.with_defaults(self.default_params)
+        if params.lora is not None and params.lora.name not in self.lora_adapters:
+            served = ", ".join(self.lora_adapters) or "none (no lora_adapters in the deploy config)"
+            raise RequestError(f"lora.name: unknown adapter {params.lora.name!r}; this model serves: {served}",
+                               "lora.name")
         return params.model_copy(update={"extras": validate_extras(params.extras, self.extras)})
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         """Raise ValueError naming the offending field. Override to add family rules."""
         if self.needs_image and not request.images:
-            raise ValueError("image: this model needs an input image")
+            raise RequestError("image: this model needs an input image", "image")
         if not self.needs_image and request.images:
-            raise ValueError("image: this model does not take an input image")
+            raise RequestError("image: this model does not take an input image", "image")
 
     def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:
         """The request with defaults filled and extras validated, after `check_inputs`.
@@ -147,7 +183,7 @@ class DiffusionPipelineBase(ABC):
     def batch_key(self, params: DiffusionParams) -> tuple:
         """Requests whose keys match may share one request-mode batch."""
         return (params.height, params.width, params.num_frames, params.num_inference_steps,
-                params.guidance_scale, params.true_cfg_scale, params.guidance_scale_2,
+                params.guidance_scale, params.true_cfg_scale, params.guidance_scale_2, params.lora,
                 tuple(sorted(params.extras.items())))
 
     # -- the three seams -----------------------------------------------------------------
@@ -165,6 +201,10 @@ class DiffusionPipelineBase(ABC):
         """Decode finished states to float arrays in [0, 1], one per state: images
         [num_outputs, H, W, 3], video [num_frames, H, W, 3]. Parity tests compare these
         with diffusers' `output_type="np"`."""
+
+    def step(self, states: list[DenoiseState]) -> None:
+        """One denoising step over `states`, through the step runner (what the runtime calls)."""
+        self.step_runner(states, self.denoise_step)
 
     def guided_predictions(self, states: list[DenoiseState], predict: Predict) -> list[torch.Tensor]:
         """Each state's guided noise prediction for its current step: `predict` runs the
@@ -204,7 +244,7 @@ class DiffusionPipelineBase(ABC):
             running = [s for s in states if not s.is_done]
             if not running:
                 break
-            self.denoise_step(running)
+            self.step(running)
             if on_step is not None:
                 on_step(running)
         return states
@@ -238,7 +278,7 @@ def check_divisible(params: DiffusionParams, **multiples: int) -> None:
     for name, multiple in multiples.items():
         value = getattr(params, name)
         if value is not None and value % multiple != 0:
-            raise ValueError(f"{name} must be divisible by {multiple}, got {value}")
+            raise RequestError(f"{name} must be divisible by {multiple}, got {value}", name)
 
 
 def encode_prompts_by_length(requests: list[DiffusionRequest], uses_cfg: Callable[[DiffusionRequest], bool],

@@ -45,12 +45,6 @@ class DiffusionRunner:
         self.pipeline = pipeline
         self.states: dict[str, DenoiseState] = {}  # request id -> its state, while it runs
 
-    def check_request(self, request: DiffusionRequest) -> tuple[DiffusionRequest, tuple]:
-        """Fill defaults and validate (raises ValueError naming the field); return the
-        prepared request and its batch key."""
-        request = self.pipeline.prepare_request(request)
-        return request, self.pipeline.batch_key(request.params)
-
     @torch.no_grad()
     def execute(self, batch: SchedulerOutput, on_progress: ProgressSink | None = None) -> RunnerOutput:
         out = RunnerOutput()
@@ -70,7 +64,7 @@ class DiffusionRunner:
         if not states:
             return out
         try:
-            self.pipeline.denoise_step(states)
+            self.pipeline.step(states)
         except Exception as exc:  # noqa: BLE001 - a bad batch fails its requests, not the worker
             self._fail(out, [s.request.request_id for s in states], error_message(exc))
             return out

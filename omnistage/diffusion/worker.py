@@ -17,7 +17,6 @@ import torch
 
 from omnistage.engine.device import resolve_dtype
 from omnistage.config.deploy_fields import StageDeployConfig
-from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.diffusion.runner import DiffusionRunner, ProgressSink
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
 
@@ -86,9 +85,6 @@ class DiffusionWorker:
         self.runner = DiffusionRunner(pipeline)
 
     # -- RPCs ----------------------------------------------------------------------------
-
-    def check_request(self, request: DiffusionRequest) -> tuple[DiffusionRequest, tuple]:
-        return self.runner.check_request(request)
 
     def execute_model(self, batch: SchedulerOutput, on_progress: ProgressSink | None = None) -> RunnerOutput | None:
         output = self.runner.execute(batch, on_progress)

@@ -46,8 +46,8 @@ def get_engine_class(kind: str, ar_backend: str = "native") -> type:
 
 
 NOT_YET_IMPLEMENTED = {
-    "offload": None, "quantization": None, "lora": None, "compile": False, "attention_backend": "sdpa",
-    "tensor_parallel_size": 1,
+    "offload": None, "quantization": None, "ignored_layers": (), "lora": None, "lora_adapters": {},
+    "compile": False, "attention_backend": "sdpa", "tensor_parallel_size": 1,
 }
 """Deploy fields of AR and generation stages that the schema accepts but no engine of theirs
 implements yet, with their inert values. A stage that sets one is refused: silently ignoring
@@ -66,9 +66,11 @@ def check_implemented(stage: StageSpec, config: StageDeployConfig) -> None:
     unsupported = [f"{name}={getattr(config, name)!r}" for name, inert in NOT_YET_IMPLEMENTED.items()
                    if name not in implemented and getattr(config, name) != inert]
     if unsupported:
-        raise ValueError(f"stage {stage.label}: {', '.join(unsupported)} is not implemented in this version of "
-                         f"omnistage; remove it from the deploy config (several devices currently run each "
-                         f"batch on every rank, so a parallel degree would buy nothing)")
+        engine = f"the {config.ar_backend} AR engine" if stage.kind == "ar" else f"the {stage.kind} engine"
+        raise ValueError(f"stage {stage.label}: {', '.join(unsupported)} is not implemented by {engine} in this "
+                         f"version of omnistage (offload, quantization, LoRA, attention backends and compile are "
+                         f"diffusion-stage accelerations for now; several devices run each batch on every rank, "
+                         f"so a parallel degree would buy nothing); remove it from the deploy config")
 
 
 def create_engine(model_path: str, stage: StageSpec, config: StageDeployConfig) -> Engine:

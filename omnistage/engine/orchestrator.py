@@ -369,7 +369,7 @@ class Orchestrator:
             state = self._requests[rid]
             run = state.runs[stage_id]
             if out.error is not None:
-                self._fail(state, run.stage, out.error, out.error_kind)
+                self._fail(state, run.stage, out.error, out.error_kind, out.error_param)
                 continue
             if out.finished:
                 del self._engine_ids[key]
@@ -439,14 +439,15 @@ class Orchestrator:
                 return
         if stage.final_output and not delta.is_empty:
             self._outputs.append(OmniOutput(
-                rid, text=delta.text, text_delta=delta.text_delta, audio_chunk=delta.audio_chunk,
+                rid, text=delta.text, text_delta=delta.text_delta, logprobs_delta=delta.logprobs,
+                audio_chunk=delta.audio_chunk,
                 sample_rate=delta.sample_rate, progress=delta.progress, stage=stage.name))
         elif delta.progress is not None:  # every stage's progress is worth showing
             self._outputs.append(OmniOutput(rid, progress=delta.progress, stage=stage.name))
 
     def _complete(self, state: _RequestState, last_stage: StageSpec, delta: Delta) -> None:
         out = OmniOutput(state.request.request_id, finished=True, stage=last_stage.name,
-                         text_delta=delta.text_delta, audio_chunk=delta.audio_chunk)
+                         text_delta=delta.text_delta, logprobs_delta=delta.logprobs, audio_chunk=delta.audio_chunk)
         for run in state.runs.values():
             if run.stage.final_output:
                 fill_media(out, run.stream.whole())
@@ -478,11 +479,13 @@ class Orchestrator:
             self._fail(state, stage, f"{what} raised {type(e).__name__}: {e}")
             return False, None
 
-    def _fail(self, state: _RequestState, stage: StageSpec, message: str, kind: str | None = None) -> None:
+    def _fail(self, state: _RequestState, stage: StageSpec, message: str, kind: str | None = None,
+              param: str | None = None) -> None:
         self.metrics.observe_stage_error(stage.name)
         self._outputs.append(OmniOutput(
             state.request.request_id, finished=True, finish_reason="error", stage=stage.name,
-            error=f"stage {stage.label}: {message}", error_kind=kind, metrics=self._request_metrics(state)))
+            error=f"stage {stage.label}: {message}", error_kind=kind, error_param=param,
+            metrics=self._request_metrics(state)))
         self._retire(state, "error")
 
     def _fail_all(self, reason: str) -> None:

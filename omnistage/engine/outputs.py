@@ -32,6 +32,8 @@ class OmniOutput:
     text: str | None = None
     """Text so far (cumulative while streaming)."""
     token_ids: list[int] | None = None
+    logprobs: list[Any] | None = None
+    """`TokenLogprob` of every output token of the final text stage, when the request asked."""
     images: list[Any] | None = None
     """PIL images."""
     video: Any = None
@@ -48,10 +50,15 @@ class OmniOutput:
     """Why the request failed, naming the stage."""
     error_kind: str | None = None
     """"invalid_request" when a stage refused the request's inputs or params, else None."""
+    error_param: str | None = None
+    """With "invalid_request": the request field at fault, when the stage named it."""
     # --- what is new in a streamed output ---
     stage: str | None = None
     """Name of the stage this update came from."""
     text_delta: str | None = None
+    logprobs_delta: list[Any] | None = None
+    """`TokenLogprob` of the tokens this update added (may lead `text_delta`: text is held
+    back while it could be the start of a stop string)."""
     audio_chunk: Any = None
     progress: ProgressPayload | None = None
     """Denoising progress (step, num_steps, optional PIL preview)."""
@@ -63,13 +70,14 @@ class Delta:
 
     text: str | None = None
     text_delta: str | None = None
+    logprobs: list[Any] | None = None
     audio_chunk: Any = None
     sample_rate: int | None = None
     progress: ProgressPayload | None = None
 
     @property
     def is_empty(self) -> bool:
-        return self.text_delta is None and self.audio_chunk is None and self.progress is None
+        return self.text_delta is None and not self.logprobs and self.audio_chunk is None and self.progress is None
 
 
 @dataclass
@@ -100,7 +108,7 @@ class StageStream:
             return Delta(progress=payload)
         if isinstance(payload, TextPayload):
             self.text = self._text_prefix + payload.text
-            return Delta(text=self.text, text_delta=payload.delta_text or None)
+            return Delta(text=self.text, text_delta=payload.delta_text or None, logprobs=payload.delta_logprobs)
         if isinstance(payload, AudioPayload):
             if payload.is_chunk:
                 self._chunks.append(payload.audio)
@@ -133,6 +141,7 @@ def merge_payloads(parts: list[Any]) -> Any:
             hidden_states=_concat(hidden) if all(h is not None for h in hidden) else None,
             finish_reason=last.finish_reason,
             extras=dict(last.extras),
+            logprobs=[lp for p in parts for lp in p.logprobs] if all(p.logprobs is not None for p in parts) else None,
         )
     if isinstance(first, AudioPayload):
         return AudioPayload(_concat([p.audio for p in parts]), first.sample_rate, is_chunk=False)
@@ -158,7 +167,7 @@ def _concat(arrays: list[Any]) -> Any:
 def fill_media(out: OmniOutput, payload: Any) -> None:
     """Set the user-facing fields of `out` from a stage's whole payload."""
     if isinstance(payload, TextPayload):
-        out.text, out.token_ids = payload.text, list(payload.token_ids)
+        out.text, out.token_ids, out.logprobs = payload.text, list(payload.token_ids), payload.logprobs
         out.finish_reason = out.finish_reason or payload.finish_reason
     elif isinstance(payload, ImagePayload):
         out.images = list(payload.images)

@@ -58,10 +58,13 @@ class GuardedEngine:
     def add_request(self, request: StageRequest) -> None:
         try:
             self.engine.add_request(request)
+        except ValueError as e:  # the engine refused the request's inputs or params: the caller's mistake
+            logger.info("request %s refused: %s", request.request_id, e)
+            self._errors.append(_error_output(request.request_id, str(e), "invalid_request", getattr(e, "param", None)))
+            return
         except Exception as e:
             logger.exception("add_request(%s) failed", request.request_id)
-            kind = "invalid_request" if isinstance(e, ValueError) else None
-            self._errors.append(_error_output(request.request_id, f"add_request raised {_describe(e)}", kind))
+            self._errors.append(_error_output(request.request_id, f"add_request raised {_describe(e)}"))
             return
         self.live.add(request.request_id)
 
@@ -391,8 +394,9 @@ def portable_stage_fields(stage: StageSpec) -> dict[str, Any]:
     return values
 
 
-def _error_output(request_id: str, message: str, kind: str | None = None) -> StageOutput:
-    return StageOutput(request_id=request_id, payload=None, finished=True, error=message, error_kind=kind)
+def _error_output(request_id: str, message: str, kind: str | None = None, param: str | None = None) -> StageOutput:
+    return StageOutput(request_id=request_id, payload=None, finished=True, error=message, error_kind=kind,
+                       error_param=param)
 
 
 def _describe(e: BaseException) -> str:

@@ -15,6 +15,15 @@ from typing import Any, Protocol, runtime_checkable
 # --- payloads (what a stage produces) -------------------------------------------------
 
 @dataclass
+class TokenLogprob:
+    """One output token's log-probability and the most likely alternatives at its position."""
+    token_id: int
+    token: str
+    logprob: float
+    top: list[tuple[int, str, float]] = field(default_factory=list)  # (id, text, logprob), most likely first
+
+
+@dataclass
 class TextPayload:
     """AR output so far. `delta_*` is what this step added; the rest is cumulative."""
     token_ids: list[int]
@@ -24,6 +33,8 @@ class TextPayload:
     hidden_states: Any = None  # torch.Tensor [num_tokens, hidden] when a downstream stage asked for it
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     extras: dict[str, Any] = field(default_factory=dict)  # model-specific tensors for the next stage
+    logprobs: list[TokenLogprob] | None = None  # every output token's, on the finished payload (when asked)
+    delta_logprobs: list[TokenLogprob] | None = None  # this step's tokens' (when asked)
 
 
 @dataclass
@@ -59,6 +70,22 @@ class ProgressPayload:
 
 # --- requests and outputs -----------------------------------------------------------------
 
+
+class RequestError(ValueError):
+    """A request an engine refuses because of its inputs or params: the caller's mistake (a
+    400), never the engine's. `param` names the field (None: the request as a whole). It
+    travels as a typed value from where it is raised to the HTTP layer: engines put it on
+    the `StageOutput` (`error_kind="invalid_request"`, `error_param`), nobody parses text."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+    def __reduce__(self):  # picklable across stage processes
+        return type(self), (self.message, self.param)
+
+
 @dataclass
 class StageRequest:
     request_id: str
@@ -76,6 +103,8 @@ class StageOutput:
     error_kind: str | None = None
     """With `error`: "invalid_request" when the engine refused the request's inputs or params
     (a ValueError at add_request: the caller's mistake), else None (the engine failed)."""
+    error_param: str | None = None
+    """With "invalid_request": the field at fault (`RequestError.param`), when known."""
     metrics: dict[str, float] = field(default_factory=dict)
 
 

@@ -25,6 +25,14 @@ Params: one object (given to every stage of the kind it belongs to: DiffusionPar
 diffusion stages, SamplingParams to AR stages), a list with one entry per stage in
 stage order, or a dict keyed by stage name. None = each engine's defaults.
 
+`Omni.generate` also takes per-prompt params, as vLLM's `LLM.generate` does: a list with
+one entry per prompt (each entry any of the forms above), e.g. eight seeds for eight
+prompts. A list is read per prompt when the call got a list of prompts of that length
+and the list is not a valid per-stage list (each entry None or the params of its
+stage's kind); per stage when only that reading fits. When both fit (as many prompts
+as stages, and the entries match the stages' kinds) the call is refused as ambiguous:
+give per-stage params as a dict by stage name, or per-prompt entries as dicts.
+
 `modalities` (e.g. ["text"]) asks a request for fewer outputs than the pipeline makes:
 only the stages needed for them run (an omni model's thinker alone, no talker or
 vocoder). None = every final stage's output.
@@ -178,13 +186,16 @@ class Omni:
 
         `prompts` is one prompt (a str, or a dict such as {"prompt": ..., "image": PIL},
         or {"messages": [...]}) or a list of them; a bare list of chat messages must be
-        wrapped in a list. Raises OmniRequestError (naming the stage) after the whole
+        wrapped in a list. `params` is for every prompt, or a list with one entry per
+        prompt (see the module docstring for how it is told from a per-stage list). Raises OmniRequestError (naming the stage) after the whole
         batch has ended if any request failed; the error holds every output. `modalities`
         the pipeline does not make raise ValueError before anything is queued.
         """
         from tqdm.auto import tqdm
 
-        requests = [self.engine.make_request(p, params, modalities=modalities) for p in _prompt_list(prompts)]
+        prompt_list = _prompt_list(prompts)
+        per_prompt = params_per_prompt(self.spec, params, len(prompt_list) if _is_prompt_list(prompts) else None)
+        requests = [self.engine.make_request(p, q, modalities=modalities) for p, q in zip(prompt_list, per_prompt)]
         done: queue.Queue[OmniOutput] = queue.Queue()
         for request in requests:
             self.engine.orchestrator.submit(request, sink=done.put)
@@ -277,6 +288,23 @@ def _uses(kind: str, field_name: str) -> bool:
     return owner is None or owner == kind
 
 
+def params_per_prompt(spec: PipelineSpec, params: Any, num_prompts: int | None) -> list[Any]:
+    """One params per prompt. `num_prompts` is None when the call got a single prompt."""
+    count = 1 if num_prompts is None else num_prompts
+    if num_prompts is None or not isinstance(params, (list, tuple)) or len(params) != num_prompts:
+        return [params] * count
+    stages = spec.stages
+    per_stage = len(params) == len(stages) and all(
+        p is None or _params_kind(p) == stage.kind for stage, p in zip(stages, params))
+    if not per_stage:
+        return list(params)
+    if len(stages) == 1:  # one prompt, one stage: both readings are the same
+        return [params] * count
+    raise ValueError(f"params: a list of {len(params)} for {num_prompts} prompts fits pipeline {spec.name!r} "
+                     f"({spec.describe_stages()}) per stage and per prompt; give per-stage params as a dict by "
+                     f"stage name, or per-prompt params as a list of dicts by stage name")
+
+
 def resolve_params(spec: PipelineSpec, params: Any) -> dict[int, Any]:
     """Params per stage id from one object, a per-stage list, or a dict by stage name."""
     stages = spec.stages
@@ -319,6 +347,10 @@ def _params_kind(params: Any) -> str | None:
     if isinstance(params, SamplingParams):
         return "ar"
     return None
+
+
+def _is_prompt_list(prompts: Any) -> bool:
+    return isinstance(prompts, Sequence) and not isinstance(prompts, str)
 
 
 def _prompt_list(prompts: Any) -> list[Any]:

@@ -1,6 +1,6 @@
 """Audio encode/decode with soundfile and numpy (no torchaudio).
 
-`encode_audio` turns a whole float32 mono waveform into wav/flac/mp3/pcm/opus bytes;
+`encode_audio` turns a whole float32 mono waveform into wav/flac/mp3/pcm/opus/aac bytes;
 `StreamingAudioEncoder` turns chunks into bytes as they arrive (raw PCM, or a WAV whose
 header declares an unknown length so players can start at once).
 """
@@ -13,9 +13,10 @@ import struct
 import numpy as np
 import soundfile as sf
 
-AUDIO_FORMATS = ("wav", "pcm", "flac", "mp3", "opus")
+AUDIO_FORMATS = ("wav", "pcm", "flac", "mp3", "opus", "aac")
 _SF_FORMATS = {"wav": ("WAV", "PCM_16"), "flac": ("FLAC", "PCM_16"), "mp3": ("MP3", None)}
-MIME_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg", "opus": "audio/ogg"}
+MIME_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg", "opus": "audio/ogg",
+              "aac": "audio/aac"}
 
 
 def to_pcm16(audio: np.ndarray) -> bytes:
@@ -30,6 +31,8 @@ def encode_audio(audio: np.ndarray, sample_rate: int, fmt: str = "wav") -> bytes
         return to_pcm16(audio)
     if fmt == "opus":
         return _encode_opus(audio, sample_rate)
+    if fmt == "aac":
+        return _encode_with_av(audio, sample_rate, "adts", "aac")
     if fmt not in _SF_FORMATS:
         raise ValueError(f"response_format: unsupported audio format {fmt!r}; use one of {list(AUDIO_FORMATS)}")
     container, subtype = _SF_FORMATS[fmt]
@@ -40,14 +43,18 @@ def encode_audio(audio: np.ndarray, sample_rate: int, fmt: str = "wav") -> bytes
 
 def _encode_opus(audio: np.ndarray, sample_rate: int) -> bytes:
     """Ogg/Opus through PyAV (libopus runs at 48 kHz, so resample first)."""
+    return _encode_with_av(resample(audio, sample_rate, 48000), 48000, "ogg", "libopus")
+
+
+def _encode_with_av(audio: np.ndarray, sample_rate: int, container_format: str, codec: str) -> bytes:
+    """One mono waveform through a PyAV encoder and muxer (AAC in ADTS, Opus in Ogg)."""
     import av
 
-    audio = resample(audio, sample_rate, 48000)
     buf = io.BytesIO()
-    with av.open(buf, mode="w", format="ogg") as container:
-        stream = container.add_stream("libopus", rate=48000, layout="mono")
+    with av.open(buf, mode="w", format=container_format) as container:
+        stream = container.add_stream(codec, rate=sample_rate, layout="mono")
         frame = av.AudioFrame.from_ndarray(audio.reshape(1, -1), format="flt", layout="mono")
-        frame.sample_rate = 48000
+        frame.sample_rate = sample_rate
         for packet in stream.encode(frame):
             container.mux(packet)
         for packet in stream.encode(None):

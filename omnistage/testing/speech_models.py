@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omnistage.testing.tokenizers import CHATML_TEMPLATE, QWEN_SPECIAL_TOKENS, build_bpe_tokenizer
+from omnistage.testing.tokenizers import CHATML_TEMPLATE, QWEN_SPECIAL_TOKENS, QWEN_TOOLS_TEMPLATE, build_bpe_tokenizer
 from omnistage.testing.zoo import ZooModel, register_zoo_model
 
 
@@ -55,7 +55,7 @@ def build_qwen2_llm(out_dir: Path, size: str, seed: int) -> None:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    tok = build_bpe_tokenizer(QWEN_SPECIAL_TOKENS, vocab_size=QWEN2_VOCAB, chat_template=CHATML_TEMPLATE,
+    tok = build_bpe_tokenizer(QWEN_SPECIAL_TOKENS, vocab_size=QWEN2_VOCAB, chat_template=QWEN_TOOLS_TEMPLATE,
                               eos_token="<|im_end|>", pad_token="<|endoftext|>", model_max_length=2048)
     _check_vocab(tok, QWEN2_VOCAB)
     endoftext, im_end = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
@@ -76,7 +76,8 @@ register_zoo_model(ZooModel(
     reference_class="transformers.Qwen2ForCausalLM",
     builder=build_qwen2_llm,
     sizes=("tiny", "small"),
-    description="Qwen2 causal LM (head_dim 64, vocab 1024), ChatML template, fp32.",
+    description="Qwen2 causal LM (head_dim 64, vocab 1024), Qwen2.5's ChatML template with tools, fp32.",
+    revision=1,  # 1: the chat template renders tools
 ))
 
 
@@ -99,6 +100,9 @@ register_zoo_model(ZooModel(
 #    template included) and a `WhisperFeatureExtractor(feature_size=128)` for audio input.
 # 8. The tts_text_* ids live in the thinker vocab, so the talker config validator warns they are
 #    "outside the vocabulary"; harmless.
+# 9. Image input goes through `Qwen2VLImageProcessorPil` (the PIL/numpy path; no torchvision), which
+#    reads its fields from the same preprocessor_config.json as the feature extractor, as in the real
+#    checkpoint. Video has no such path: transformers 5's video processors are torchvision-only.
 
 # The real Omni added tokens in their real order (151643.. there, 0.. here), so relative ids match.
 QWEN_OMNI_SPECIAL_TOKENS = [
@@ -190,12 +194,26 @@ def build_qwen25_omni(out_dir: Path, size: str, seed: int) -> None:
     # Same settings as the real checkpoint's audio front end (128 mel bins, 16 kHz, up to 300 s).
     WhisperFeatureExtractor(feature_size=128, sampling_rate=OMNI_AUDIO_IN_SAMPLE_RATE, chunk_length=300,
                             return_attention_mask=True).save_pretrained(out_dir)
+    _add_image_processor(out_dir / "preprocessor_config.json", config.thinker_config.vision_config)
     speakers = {}
     for name, bos in OMNI_SPEAKER_BOS.items():
         speakers[name] = {"bos_token": bos,
                           "cond": torch.randn(config.token2wav_config.dit_config.enc_emb_dim),
                           "ref_mel": torch.randn(1, 60, config.token2wav_config.dit_config.mel_dim)}
     _save_speakers(speakers, out_dir / "spk_dict.pt")
+
+
+def _add_image_processor(path: Path, vision) -> None:
+    """The real checkpoint's preprocessor_config.json holds the image processor's fields next to the
+    feature extractor's (one file, two readers): add them, with the real pixel bounds (obstacle 9)."""
+    import json
+
+    config = json.loads(path.read_text())
+    config.update(image_processor_type="Qwen2VLImageProcessor", min_pixels=3136, max_pixels=12845056,
+                  patch_size=vision.patch_size, temporal_patch_size=vision.temporal_patch_size,
+                  merge_size=vision.spatial_merge_size, image_mean=[0.48145466, 0.4578275, 0.40821073],
+                  image_std=[0.26862954, 0.26130258, 0.27577711])
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 register_zoo_model(ZooModel(
@@ -205,6 +223,7 @@ register_zoo_model(ZooModel(
     builder=build_qwen25_omni,
     sizes=("tiny",),
     description="Qwen2.5-Omni thinker + talker + token2wav (24 kHz), speakers Chelsie/Ethan, fp32.",
+    revision=1,  # 1: image processor fields in preprocessor_config.json
 ))
 
 

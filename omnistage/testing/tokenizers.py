@@ -38,6 +38,37 @@ CHATML_TEMPLATE = (
     "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
 
+# Qwen2.5-Instruct's template, trimmed to what it does with tools: the function
+# definitions go in the system turn with the <tool_call> format, an assistant's calls are
+# written back as <tool_call> blocks and tool answers as <tool_response> in a user turn.
+QWEN_TOOLS_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}{% else %}You are a helpful assistant."
+    "{% endif %}\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call><|im_end|>\n"
+    "{% elif messages[0]['role'] == 'system' %}<|im_start|>system\n{{ messages[0]['content'] }}<|im_end|>\n"
+    "{% endif %}"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "\n<tool_response>\n{{ message['content'] }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% elif message['content'] %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{% for call in message.get('tool_calls') or [] %}\n<tool_call>\n{\"name\": \""
+    "{{ call['function']['name'] }}\", \"arguments\": {{ call['function']['arguments'] | tojson }}}"
+    "\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
 
 def build_bpe_tokenizer(
     special_tokens: Sequence[str] = QWEN_SPECIAL_TOKENS,

@@ -1,8 +1,8 @@
 """The tiny model zoo: random-weight checkpoints written in the real on-disk formats.
 
 Each entry knows how to write one model family at a given size. Builders live in
-`diffusion_models.py` (diffusers `model_index.json` folders) and `speech_models.py`
-(transformers folders); they register themselves here with `register_zoo_model`.
+`diffusion_models.py` (diffusers `model_index.json` folders), `speech_models.py` and
+`omni_models.py` (transformers folders); they register themselves here with `register_zoo_model`.
 
 `build(name, out_dir)` writes a checkpoint; `ensure(name)` builds it once into a cache
 directory and returns the path, which is what tests and the demo server use.
@@ -46,7 +46,7 @@ def register_zoo_model(model: ZooModel) -> ZooModel:
 
 def _load_builders() -> None:
     # Imported lazily: builders import torch/diffusers/transformers.
-    from omnistage.testing import diffusion_models, speech_models  # noqa: F401
+    from omnistage.testing import diffusion_models, omni_models, speech_models  # noqa: F401
 
 
 def list_models() -> list[ZooModel]:

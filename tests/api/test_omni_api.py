@@ -74,7 +74,7 @@ def test_chat_messages_must_be_wrapped(omni):
 
 
 def test_a_failed_request_raises_after_the_batch_naming_the_stage(omni):
-    with pytest.raises(OmniRequestError, match=r"request .* failed: stage 0 \(expander\): add_request raised") as info:
+    with pytest.raises(OmniRequestError, match=r"request .* failed: stage 0 \(expander\): poisoned input") as info:
         omni.generate(["fine", "poison", "also fine"], use_tqdm=False)
     outs = info.value.outputs
     assert outs[0].images and outs[2].images and outs[1].error and outs[1].stage == "expander"
@@ -181,3 +181,25 @@ def test_metrics_are_exported_to_the_given_registry():
         omni.generate(["a", "b"], use_tqdm=False)
         assert omni.engine.metrics_registry is registry
     assert 'omnistage_requests_total{pipeline="t2i",status="finished"} 2.0' in generate_latest(registry).decode()
+
+
+def test_params_per_prompt_and_how_a_list_is_read(omni):
+    prompts = ["a", "b", "c"]
+    per_prompt = [DiffusionParams(seed=s) for s in (1, 2, 3)]
+    outs = omni.generate(prompts, per_prompt, use_tqdm=False)
+    assert [engine(omni, 1).params[o.request_id].seed for o in outs] == [1, 2, 3]
+    assert all(engine(omni, 0).params[o.request_id] is None for o in outs)
+    # Entries may be any per-request form: a dict by stage name, a per-stage list.
+    outs = omni.generate(["a", "b"], [{"drawer": DiffusionParams(seed=5)}, [SamplingParams(max_tokens=2), None]],
+                         use_tqdm=False)
+    assert engine(omni, 1).params[outs[0].request_id].seed == 5
+    assert engine(omni, 0).params[outs[1].request_id].max_tokens == 2
+    # A per-stage list still works for any number of prompts but its own length ...
+    sampling, diffusion = SamplingParams(max_tokens=4), DiffusionParams(seed=9)
+    outs = omni.generate(["a", "b", "c"], [sampling, diffusion], use_tqdm=False)
+    assert all(engine(omni, 1).params[o.request_id] == diffusion for o in outs)
+    # ... and with as many prompts as stages, a list that fits both readings is refused.
+    with pytest.raises(ValueError, match="per stage and per prompt"):
+        omni.generate(["a", "b"], [sampling, diffusion], use_tqdm=False)
+    outs = omni.generate(["a", "b"], {"expander": sampling, "drawer": diffusion}, use_tqdm=False)
+    assert engine(omni, 1).params[outs[1].request_id] == diffusion

@@ -94,3 +94,43 @@ def test_a_failing_input_processor_fails_only_its_request(expand):
     good, bad = info.value.outputs
     assert bad.error.startswith("stage 0 (expander): input_processor raised ValueError: prompt must be a non-empty")
     assert good.error is None and good.images
+
+
+def test_per_prompt_params_give_each_prompt_its_own_seed(zimage):
+    seeds = [DRAW, DRAW.model_copy(update={"seed": 4}), DRAW]
+    outs = zimage.generate(["a cat"] * 3, seeds, use_tqdm=False)
+    pixels = [np.asarray(o.images[0]) for o in outs]
+    assert np.array_equal(pixels[0], pixels[2]) and not np.array_equal(pixels[0], pixels[1])
+    [alone] = zimage.generate("a cat", DRAW.model_copy(update={"seed": 4}), use_tqdm=False)
+    assert np.array_equal(np.asarray(alone.images[0]), pixels[1])  # the same as its own request
+
+
+@pytest.mark.parametrize("runtime", ["inline", "process"])
+def test_abort_stops_a_running_diffusion_request_within_a_step(zoo, runtime):
+    """AsyncOmni on a real Z-Image stage, inline and in its own process: progress streams
+    while a 1000-step request runs, `abort` answers it with finish_reason "abort" and no
+    media, and the stage is free for the next request at once (it does not run the rest)."""
+    from omnistage import AsyncOmni
+
+    async def scenario():
+        async with AsyncOmni(zoo("z-image"), runtime=runtime) as omni:
+            steps = []
+            long = DiffusionParams(num_inference_steps=1000, height=32, width=32, seed=1)
+            async for out in omni.generate("a slow one", long, request_id="long"):
+                if out.progress is not None:
+                    steps.append(out.progress.step)
+                    if len(steps) == 3:
+                        await omni.abort("long")
+                if out.finished:
+                    final = out
+                    break
+            assert steps[:3] == [1, 2, 3] and final.finish_reason == "abort" and final.images is None
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            async for out in omni.generate("next", DRAW, request_id="next"):
+                last = out
+            assert last.finished and last.images and loop.time() - start < 30
+        return steps
+
+    steps = asyncio.run(scenario())
+    assert max(steps) < 100  # it stopped near the abort, far from step 1000

@@ -56,3 +56,13 @@ def test_import_does_not_pull_torch():
     code = ("import sys; from omnistage.ar import SamplingParams; import omnistage.ar.scheduler; "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_deploy_defaults_fill_the_fields_a_request_leaves_out():
+    # Field by field, as DiffusionParams: a request's own fields win, the rest come from the deploy.
+    from omnistage.ar.sampling_params import admit
+
+    deploy = SamplingParams.from_dict({"temperature": 0.7, "max_tokens": 100, "top_k": 5})
+    merged = admit("r", SamplingParams(max_tokens=8, temperature=1.0), deploy, num_prompt=3, max_model_len=128)
+    assert (merged.max_tokens, merged.temperature, merged.top_k) == (8, 1.0, 5)
+    assert admit("r", None, deploy, num_prompt=3, max_model_len=128).temperature == 0.7

@@ -32,7 +32,7 @@ def test_yaml_shapes_are_converted():
         ({"executor": "mpi"}, "executor: 'mpi' is not one of uni|mp|ray; did you mean 'mp'?"),
         ({"dtype": "fp16"}, "dtype: 'fp16' is not one of auto|float32|bfloat16|float16"),
         ({"runtime": "thread"}, "runtime: 'thread' is not one of inline|process|ray"),
-        ({"offload": "cpu"}, "offload: 'cpu' is not one of model|sequential"),
+        ({"offload": "cpu"}, "offload: 'cpu' is not one of model|layerwise"),
         ({"ar_backend": "sglang"}, "ar_backend: 'sglang' is not one of native|vllm"),
         ({"request_batch_max_wait_ms": -1}, "request_batch_max_wait_ms: must be >= 0"),
         ({"max_model_len": 0}, "max_model_len: must be >= 1"),

@@ -203,6 +203,6 @@ def test_default_params_from_config_and_show_progress(tmp_path, capsys):
 
 
 def test_model_index_picks_the_pipeline_class(tmp_path):
-    from omnistage.diffusion.inputs import read_class_name
+    from omnistage.diffusion.checkpoint import CheckpointConfigs
 
-    assert read_class_name(make_fake_model(tmp_path)) == "FakePipeline"
+    assert CheckpointConfigs.read(make_fake_model(tmp_path)).class_name == "FakePipeline"

@@ -12,9 +12,6 @@ LLM = StageSpec(id=0, name="llm", kind="ar", output="text", final_output=True)
 
 @pytest.mark.parametrize("fields", [
     {"cache_backend": "tea_cache"},
-    {"offload": "model"},
-    {"quantization": "int8"},
-    {"attention_backend": "flash"},
     {"executor": "mp", "num_devices": 2, "tensor_parallel_size": 2},
 ])
 def test_unimplemented_diffusion_fields_are_refused_before_loading(fields):
@@ -29,3 +26,15 @@ def test_defaults_pass_and_vllm_implements_its_own_fields():
     check_implemented(LLM, StageDeployConfig(ar_backend="vllm", compile=True))
     with pytest.raises(ValueError, match="compile=True"):
         check_implemented(LLM, StageDeployConfig(compile=True))
+
+
+@pytest.mark.parametrize("fields, named", [
+    ({"quantization": "int8"}, "quantization='int8'"),
+    ({"compile": True}, "compile=True"),
+    ({"quantization": "int8", "ignored_layers": ["lm_head"]}, "ignored_layers=('lm_head',)"),
+    ({"lora_adapters": {"a": "/x.safetensors"}}, "lora_adapters="),
+])
+def test_ar_stages_refuse_quantization_and_compile_by_name(fields, named):
+    with pytest.raises(ValueError, match=r"stage 0 \(llm\): .*is not implemented by the native AR engine") as info:
+        create_engine("/does/not/exist", LLM, StageDeployConfig(**fields))
+    assert named in str(info.value)

@@ -243,15 +243,15 @@ def test_failing_input_processor_fails_only_its_request():
     orch.close()
 
 
-@pytest.mark.parametrize("trigger, message", [
-    ("poison", "add_request raised ValueError"),
-    ("fail", "the fake engine failed"),
+@pytest.mark.parametrize("trigger, message, kind", [
+    ("poison", "poisoned input", "invalid_request"),  # the engine refused it: the caller's mistake
+    ("fail", "the fake engine failed", None),
 ])
-def test_engine_error_names_the_stage_and_spares_other_requests(trigger, message):
+def test_engine_error_names_the_stage_and_spares_other_requests(trigger, message, kind):
     orch = make(text_to_image())
     outs = run(orch, OmniRequest("bad", f"{trigger} me"), OmniRequest("good", "fine"))
     bad = outs["bad"][-1]
-    assert bad.error.startswith("stage 0 (expander): ") and message in bad.error
+    assert bad.error.startswith("stage 0 (expander): ") and message in bad.error and bad.error_kind == kind
     assert outs["good"][-1].error is None and outs["good"][-1].images
     orch.close()
 

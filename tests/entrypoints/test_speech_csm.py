@@ -61,6 +61,15 @@ def test_every_listed_format(http, fmt):
     if fmt == "opus":
         assert resp.headers["x-sample-rate"] == "48000" and resp.content[:4] == b"OggS"
         return
+    if fmt == "aac":  # ADTS frames; soundfile reads no AAC, PyAV does
+        import av
+
+        with av.open(io.BytesIO(resp.content)) as container:
+            frames = [f.to_ndarray() for f in container.decode(audio=0)]
+            rate = container.streams.audio[0].rate
+        assert resp.headers["content-type"] == "audio/aac" and rate == RATE
+        assert abs(sum(f.shape[-1] for f in frames) - NUM_SAMPLES) <= 2048  # AAC pads its frames
+        return
     audio, rate = sf.read(io.BytesIO(resp.content))
     assert rate == RATE == int(resp.headers["x-sample-rate"])
     assert abs(len(audio) - NUM_SAMPLES) <= (2304 if fmt == "mp3" else 0)  # mp3 pads its frames
@@ -90,6 +99,33 @@ def test_sse_events(http):
     deltas = [e for e in events if e["type"] == "speech.audio.delta"]
     assert len(deltas) >= 2 and events[-1]["type"] == "speech.audio.done"
     assert sum(len(base64.b64decode(e["audio"])) for e in deltas) == 2 * NUM_SAMPLES
+    usage = events[-1]["usage"]
+    assert usage["input_tokens"] > 0 and usage["output_tokens"] == FRAMES
+    assert usage["total_tokens"] == usage["input_tokens"] + FRAMES
+    assert usage["input_characters"] == len("Hello there. How are you?")
+    assert usage["audio_seconds"] == NUM_SAMPLES / RATE
+
+
+def test_inline_reference_audio_clones_like_a_registered_voice(http):
+    ref = base64.b64encode(_wav(1.0)).decode()
+    inline = _speech(http, response_format="pcm", ref_audio=ref, ref_text="This is my voice.")
+    assert inline.status_code == 200, inline.text
+    assert inline.content != _speech(http, response_format="pcm").content
+    data_url = _speech(http, response_format="pcm", ref_audio="data:audio/wav;base64," + ref,
+                       ref_text="This is my voice.")
+    assert data_url.content == inline.content
+    over_voice = _speech(http, response_format="pcm", voice="nova", ref_audio=ref, ref_text="This is my voice.")
+    assert over_voice.content == inline.content  # the clip overrides the voice
+    http.post("/v1/audio/voices", data={"name": "same", "ref_text": "This is my voice."},
+              files={"audio_sample": ("ref.wav", _wav(1.0), "audio/wav")})
+    try:
+        assert _speech(http, response_format="pcm", voice="same").content == inline.content
+    finally:
+        http.delete("/v1/audio/voices/same")
+    for body, param in (({"ref_audio": base64.b64encode(_wav(0.01)).decode()}, "ref_audio"),
+                        ({"ref_audio": "@@@"}, "ref_audio")):
+        resp = _speech(http, **body)
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
 
 
 def test_speed_and_builtin_voices(http):

@@ -6,7 +6,9 @@ The reference is `Qwen2_5OmniForConditionalGeneration.generate` with one repair:
 5 drops an all-ones attention mask in `generate()`, and the talker's forward adds the codec
 pad/bos embeddings to its prompt (and computes its M-RoPE positions) only when it gets a
 mask. `_MaskedTalker` hands the mask back, so the reference runs the talker as designed
-(and as transformers 4 ran it); omnistage always does. Everything else is the reference's.
+(and as transformers 4 ran it); omnistage always does. Repair 2: with an image, `generate()` passes
+`pixel_values` on to the talker's `generate`, which refuses it as an unused model kwarg; `_MaskedTalker`
+accepts and drops it (the talker reads only `image_grid_thw`). Everything else is the reference's.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ MESSAGES = [{"role": "user", "content": "Hello, who are you?"}]
 OTHER = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story."}]
 SEED = 1234
 AUDIO_TOKEN = 3  # <|AUDIO|>
+IMAGE_TOKEN = 12  # <|IMAGE|>
 
 # Tiny models are bound by per-op overhead; one intra-op thread avoids spinning on a shared machine.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -59,6 +62,7 @@ def reference(path):
         WhisperFeatureExtractor,
     )
     from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import _get_feat_extract_output_lengths
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     class _MaskedTalker(Qwen2_5OmniTalkerForConditionalGeneration):
         _keys_to_ignore_on_load_unexpected = [r"^thinker\.", r"^token2wav\."]
@@ -67,7 +71,9 @@ def reference(path):
         def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
                     thinker_reply_part=None, inputs_embeds=None, use_cache=None, input_text_ids=None,
                     image_grid_thw=None, video_grid_thw=None, use_audio_in_video=None, audio_feature_lengths=None,
-                    video_second_per_grid=None, **kwargs):
+                    video_second_per_grid=None, pixel_values=None, **kwargs):
+            # generate() hands the talker every shared kwarg, pixels included, which the talker does not
+            # take (transformers 5 then refuses them as unused): accept and drop them (repair 2).
             if attention_mask is None:
                 new = inputs_embeds if inputs_embeds is not None else input_ids
                 past = cache.get_seq_length() if cache is not None else 0
@@ -83,6 +89,7 @@ def reference(path):
     model.talker = _MaskedTalker.from_pretrained(path).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     features = WhisperFeatureExtractor.from_pretrained(path)
+    image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
 
     def processor(messages) -> dict:
         """Qwen2_5OmniProcessor's text and audio work (the class itself needs torchvision)."""
@@ -97,6 +104,13 @@ def reference(path):
             inputs = {"input_features": feats["input_features"], "feature_attention_mask": feats["attention_mask"]}
             counts = iter(_get_feat_extract_output_lengths(feats["attention_mask"].sum(-1)).tolist())
             ids = [t for token in ids for t in ([token] * next(counts) if token == AUDIO_TOKEN else [token])]
+        images = [p["image"] for m in messages if isinstance(m["content"], list) for p in m["content"]
+                  if p["type"] == "image"]
+        if images:  # the processor's image path, PIL backend (its default backend needs torchvision)
+            pixels = image_processor(images=images, return_tensors="pt")
+            inputs.update(pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
+            counts = iter((pixels["image_grid_thw"].prod(-1) // image_processor.merge_size**2).tolist())
+            ids = [t for token in ids for t in ([token] * next(counts) if token == IMAGE_TOKEN else [token])]
         x = torch.tensor([ids])
         return {"input_ids": x, "attention_mask": torch.ones_like(x), **inputs}
 
@@ -146,6 +160,35 @@ def test_audio_input_matches_transformers_generate(reference, omni):
     [out] = omni.generate({"messages": messages}, greedy_params(), use_tqdm=False)
     assert out.token_ids == ref_ids
     np.testing.assert_array_equal(out.audio, ref_wav)
+
+
+def test_image_input_matches_transformers_generate(reference, omni):
+    from PIL import Image
+
+    rng = np.random.RandomState(0)
+    wide = Image.fromarray((rng.rand(60, 90, 3) * 255).astype(np.uint8))  # resized to 56 x 84: 4 x 6 patches
+    square = (rng.rand(56, 56, 3) * 255).astype(np.uint8)  # a uint8 array works too
+    messages = [{"role": "user", "content": [{"type": "image", "image": wide}, {"type": "text", "text": "and"},
+                                             {"type": "image", "image": square},
+                                             {"type": "text", "text": "Describe the image."}]}]
+    ref_ids, ref_wav = reference(messages)
+    [out] = omni.generate({"messages": messages}, greedy_params(), use_tqdm=False)
+    assert out.token_ids == ref_ids
+    np.testing.assert_array_equal(out.audio, ref_wav)
+    # The pixels matter: the talker reads the thinker's states at the image positions, so another
+    # image is spoken differently (the tiny thinker's greedy text barely moves).
+    other = [{"role": "user", "content": [{"type": "image", "image": 255 - square},
+                                          {"type": "text", "text": "Describe the image."}]}]
+    same = [{"role": "user", "content": [{"type": "image", "image": square}, {"type": "text", "text": "Describe the image."}]}]
+    [a], [b] = (omni.generate({"messages": m}, greedy_params(), use_tqdm=False) for m in (other, same))
+    np.testing.assert_array_equal(a.audio, reference(other)[1])
+    assert not np.array_equal(a.audio, b.audio)
+
+
+def test_video_parts_are_refused_naming_torchvision(omni):
+    messages = [{"role": "user", "content": [{"type": "video", "video": np.zeros((4, 56, 56, 3), np.uint8)}]}]
+    with pytest.raises(OmniRequestError, match="video parts are not supported.*torchvision"):
+        omni.generate({"messages": messages}, greedy_params(), use_tqdm=False)
 
 
 def test_audio_streams_before_the_talker_finishes(omni):

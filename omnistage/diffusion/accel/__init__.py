@@ -18,13 +18,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
 
-MODULES = ("sequence_parallel", "cfg_parallel", "vae_tiling", "vae_patch_parallel")
+MODULES = ("lora", "quantization", "attention_backend", "sequence_parallel", "cfg_parallel", "vae_tiling",
+           "vae_patch_parallel", "offload", "compile")
 """Modules of this package, applied in this order; each has `from_deploy` and `apply`."""
 
 NOT_YET_IMPLEMENTED: dict[str, Any] = {
-    "cache_backend": None, "offload": None, "quantization": None, "lora": None,
-    "compile": False, "attention_backend": "sdpa",
-    "tensor_parallel_size": 1,
+    "cache_backend": None, "tensor_parallel_size": 1,
 }
 
 

@@ -8,7 +8,6 @@ import importlib
 from abc import ABC, abstractmethod
 from typing import Any
 
-from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.diffusion.runner import ProgressSink
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
 from omnistage.diffusion.worker import WorkerConfig
@@ -45,9 +44,6 @@ class Executor(ABC):
 
     def execute(self, batch: SchedulerOutput, on_progress: ProgressSink | None = None) -> RunnerOutput:
         return self.collective_rpc("execute_model", batch, unique_reply_rank=0, on_progress=on_progress)
-
-    def check_request(self, request: DiffusionRequest) -> tuple[DiffusionRequest, tuple]:
-        return self.collective_rpc("check_request", request, unique_reply_rank=0)
 
     def worker_pids(self) -> list[int]:
         return self.collective_rpc("get_pid")

@@ -163,9 +163,7 @@ class MultiprocExecutor(Executor):
                     self._raise_dead(sentinels[obj])
         if errors:
             rank = min(errors)
-            name, message = errors[rank]
-            if name == "ValueError":  # bad input, e.g. from check_request: the caller's 400
-                raise ValueError(message.split(": ", 1)[-1])
+            _, message = errors[rank]
             raise RuntimeError(f"diffusion worker rank {rank} failed: {message}")
         return results
 

@@ -50,6 +50,8 @@ def register(subparsers) -> None:
                         help="seconds that image URLs and finished videos stay downloadable (default: %(default)s)")
     limits.add_argument("--graceful-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish at shutdown (default: %(default)s)")
+    p.add_argument("--no-playground", dest="playground", action="store_false",
+                   help="do not serve the web playground at /")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=run)
 
@@ -89,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         settings = ServerSettings(
             served_model_name=args.served_model_name or name, model_path=path, api_key=args.api_key,
             max_upload_bytes=args.max_upload_bytes, max_n=args.max_n, max_pixels=args.max_pixels,
-            max_queued_requests=args.max_queued_requests, file_ttl_s=args.file_ttl)
+            max_queued_requests=args.max_queued_requests, file_ttl_s=args.file_ttl, playground=args.playground)
         registry = CollectorRegistry()
         print(f"[omnistage] loading {path}", flush=True)
         engine = AsyncOmni(path, deploy_config=args.deploy_config, stage_overrides=args.stage_overrides,
@@ -97,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
         app = create_app(settings, engine, registry)
         url = f"http://{args.host}:{args.port}"
         print(f"[omnistage] serving {settings.served_model_name} at {url}", flush=True)
+        if settings.playground:
+            print(f"[omnistage] playground: {url}/", flush=True)
         print(f"[omnistage] routes: {', '.join(app.state.capabilities.routes)}", flush=True)
         if is_demo:
             print("[omnistage] the demo model has random weights: its images are noise.", flush=True)

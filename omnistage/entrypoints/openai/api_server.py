@@ -3,13 +3,15 @@
 `create_app` takes everything it needs as arguments (no module globals), so tests can
 build an app around any engine client. What a request can reach:
 
+    /                       the web playground (playground/; unless --no-playground)
     /health                 200, or 503 when the engine is unhealthy
     /metrics                Prometheus text: HTTP, queue and (from the engine) stage metrics
     /files/{name}           images and videos handed out by URL (the name is the secret)
-    /v1/models              the served model
+    /v1/models              the served model: its routes, stages, max_model_len, input and output modalities
     /v1/images/...          images/       (diffusion models with image output)
     /v1/videos...           videos/       (diffusion models with video output)
     /v1/chat/completions    chat/         (text, omni and image models)
+    /v1/completions         completions/  (text and omni models: the text of a raw prompt)
     /v1/audio/speech        audio/        (models with audio output; also /v1/audio/voices
                                            and the WebSocket /v1/audio/speech/stream)
 
@@ -19,6 +21,7 @@ order: video jobs (their engine requests are aborted), the engine, the served fi
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -30,9 +33,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from omnistage.entrypoints.openai.audio.api_router import attach_router as attach_audio
 from omnistage.entrypoints.openai.audio.serving import SpeechServing
 from omnistage.entrypoints.openai.audio.voices import VoiceStore
-from omnistage.entrypoints.openai.capabilities import Capabilities
+from omnistage.entrypoints.openai.capabilities import Capabilities, model_facts
 from omnistage.entrypoints.openai.chat.api_router import attach_router as attach_chat
 from omnistage.entrypoints.openai.chat.serving import ChatServing
+from omnistage.entrypoints.openai.completions.api_router import attach_router as attach_completions
+from omnistage.entrypoints.openai.completions.serving import CompletionServing
 from omnistage.entrypoints.openai.engine_client import EngineGateway, maybe_await
 from omnistage.entrypoints.openai.errors import APIError, install_error_handlers, openai_error
 from omnistage.entrypoints.openai.files import MEDIA_TYPES, FileStore
@@ -40,6 +45,8 @@ from omnistage.entrypoints.openai.images.api_router import attach_router as atta
 from omnistage.entrypoints.openai.images.serving import ImageServing
 from omnistage.entrypoints.openai.metrics import ServerMetrics
 from omnistage.entrypoints.openai.middleware import AuthMiddleware, BodySizeLimitMiddleware, MetricsMiddleware
+from omnistage.entrypoints.openai.openapi import install_openapi
+from omnistage.entrypoints.openai.playground import attach_playground
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.entrypoints.openai.videos.api_router import attach_router as attach_videos
 from omnistage.entrypoints.openai.videos.serving import VideoServing
@@ -75,10 +82,15 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.metrics = metrics
     app.state.files = files
     app.state.capabilities = capabilities
+    app.state.model_facts = None
+    # What /v1/models lists beside the routes (the playground shows it).
+    app.state.stages = [{"id": st.id, "name": st.name, "kind": st.kind, "output": st.output}
+                        for st in (engine.spec.stages if engine is not None else ())]
     app.state.gateway = gateway
     app.state.image_serving = ImageServing(gateway, capabilities, settings, files)
     app.state.video_serving = video_serving
     app.state.chat_serving = ChatServing(gateway, capabilities, settings)
+    app.state.completion_serving = CompletionServing(gateway, capabilities, settings)
     app.state.voice_store = VoiceStore.from_spec(engine.spec if engine is not None else None)
     app.state.speech_serving = SpeechServing(gateway, capabilities, settings, app.state.voice_store)
 
@@ -89,8 +101,11 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.add_middleware(MetricsMiddleware)
 
     _attach_system_routes(app)
-    for attach in (attach_images, attach_videos, attach_chat, attach_audio):
+    for attach in (attach_images, attach_videos, attach_chat, attach_completions, attach_audio):
         attach(app)
+    if settings.playground:
+        attach_playground(app)
+    install_openapi(app)  # every status each route can answer, and the streamed content types
     return app
 
 
@@ -107,10 +122,14 @@ def _attach_system_routes(app: FastAPI) -> None:
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict:
-        s: ServerSettings = request.app.state.settings
+        state = request.app.state
+        s: ServerSettings = state.settings
+        if state.model_facts is None:  # read from the checkpoint once
+            state.model_facts = await asyncio.to_thread(model_facts, s.model_path, state.engine, state.capabilities)
         return {"object": "list", "data": [
             {"id": s.served_model_name, "object": "model", "created": s.created, "owned_by": "omnistage",
-             "root": s.model_path, "routes": request.app.state.capabilities.routes}]}
+             "root": s.model_path, "routes": state.capabilities.routes, "stages": state.stages,
+             **state.model_facts}]}
 
     @app.get("/files/{name}")
     async def get_file(name: str, request: Request) -> FileResponse:

@@ -1,19 +1,23 @@
 """Which routes the loaded model serves, decided once from its `PipelineSpec`.
 
 The final stages' output modalities say what a model can answer: images, video, text,
-audio, or text and audio. Whether an image model *takes* an image (edit, I2V) comes from
+audio, or text and audio. What a text stage takes beside text (images, audio) and its
+context length come from the checkpoint's config (`model_facts`), for /v1/models. Whether an image model *takes* an image (edit, I2V) comes from
 its native pipeline class (`needs_image`); a generic diffusers adapter is only known once
 loaded, so both image routes stay open and the engine rejects what does not fit.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from omnistage.entrypoints.openai.errors import bad_request
 
-Task = Literal["images.generations", "images.edits", "videos", "chat", "chat.audio", "audio.speech"]
+logger = logging.getLogger(__name__)
+
+Task = Literal["images.generations", "images.edits", "videos", "chat", "chat.audio", "completions", "audio.speech"]
 ImageInput = Literal["none", "required", "optional"]
 
 ROUTES: dict[str, str] = {
@@ -21,6 +25,7 @@ ROUTES: dict[str, str] = {
     "images.edits": "POST /v1/images/edits",
     "videos": "/v1/videos",
     "chat": "POST /v1/chat/completions",
+    "completions": "POST /v1/completions",
     "audio.speech": "POST /v1/audio/speech",
 }
 
@@ -49,6 +54,8 @@ class Capabilities:
             return bool({"text", "image"} & self.outputs)
         if task == "chat.audio":
             return {"text", "audio"} <= self.outputs
+        if task == "completions":  # text out of an AR stage (an omni model's thinker included)
+            return "text" in self.outputs
         if task == "audio.speech":
             # Speech reads `input` aloud: a TTS pipeline. An omni model (text + audio) would
             # answer the input instead; it speaks through chat with modalities ["audio"].
@@ -82,3 +89,55 @@ def _image_input(spec: Any) -> ImageInput:
     if not is_native(entries[0].model):
         return "optional"
     return "required" if pipeline_class(entries[0].model).needs_image else "none"
+
+
+def model_facts(model_path: str, engine: Any, capabilities: Capabilities) -> dict[str, Any]:
+    """What /v1/models says about the model beyond its routes: `max_model_len` of the entry
+    AR stage (the deploy value, else the checkpoint's max_position_embeddings; None without
+    an AR entry stage), and the input and output modalities."""
+    inputs = {"text"}
+    if capabilities.image_input != "none":
+        inputs.add("image")
+    max_model_len = None
+    spec = getattr(engine, "spec", None)
+    entry = spec.entry_stages[0] if spec is not None else None
+    if entry is not None and entry.kind == "ar":
+        config = getattr(engine, "config", None)
+        if config is not None:
+            max_model_len = config.stage_config(entry.id).max_model_len
+        checkpoint = _checkpoint_config(model_path)
+        if checkpoint is not None:
+            inputs |= _encoder_modalities(checkpoint)
+            if max_model_len is None:
+                max_model_len = getattr(checkpoint.get_text_config(), "max_position_embeddings", None)
+    return {"max_model_len": max_model_len,
+            "modalities": {"input": sorted(inputs), "output": sorted(capabilities.outputs)}}
+
+
+def _checkpoint_config(model_path: str) -> Any:
+    try:
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(model_path)
+    except Exception as e:  # no config.json (a fake engine, a diffusers folder), or an unknown model_type
+        logger.debug("no transformers config at %s: %s", model_path, e)
+        return None
+
+
+def _encoder_modalities(config: Any) -> set[str]:
+    """Modalities the checkpoint has an encoder for: a `vision_config` / `audio_config`
+    anywhere in its (nested) configs, as Qwen2.5-Omni's thinker has."""
+    from transformers import PretrainedConfig
+
+    found: set[str] = set()
+    todo = [config]
+    while todo:
+        current = todo.pop()
+        for name, value in vars(current).items():
+            if isinstance(value, PretrainedConfig):
+                if name.startswith("vision"):
+                    found.add("image")
+                elif name.startswith("audio"):
+                    found.add("audio")
+                todo.append(value)
+    return found

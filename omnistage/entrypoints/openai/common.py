@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
+from omnistage.diffusion.params import LoraRequest
 from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors
 from omnistage.entrypoints.openai.settings import ServerSettings
 
@@ -32,6 +33,8 @@ class DiffusionFields(BaseModel):
     guidance_scale: float | None = Field(default=None, ge=0)
     true_cfg_scale: float | None = Field(default=None, ge=0)
     seed: int | None = Field(default=None, ge=0, lt=2**63)
+    lora: LoraRequest | None = None
+    """A LoRA adapter the stage preloaded (deploy `lora_adapters`): {"name": ..., "scale": ...}."""
 
     def diffusion_fields(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in DiffusionFields.model_fields if getattr(self, k) is not None}

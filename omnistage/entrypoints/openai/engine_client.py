@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import re
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
 from starlette.requests import Request
 
-from omnistage.entrypoints.openai.errors import APIError, EngineError, from_value_error
+from omnistage.entrypoints.openai.errors import APIError, EngineError, bad_request, from_value_error
 from omnistage.entrypoints.openai.metrics import ServerMetrics
 
 
@@ -54,18 +53,12 @@ def stage_default_params(engine: Any, stage_id: int) -> dict[str, Any]:
     return dict(config.stage_config(stage_id).default_sampling_params)
 
 
-# The orchestrator marks an engine refusing a request's inputs or params (sizes, extras,
-# a missing image) as error_kind "invalid_request": the user's error, not the server's.
-# Its message reads "stage 0 (diffusion): add_request raised ValueError: <why>".
-_REFUSAL = re.compile(r"^(stage .*?): add_request raised \w+: (.*)$", re.DOTALL)
-
-
-def rejection_message(out: Any) -> str | None:
-    """The user-facing message when `out` is an engine refusing the request, else None."""
+def rejection(out: Any) -> APIError | None:
+    """The 400 for an output in which a stage refused the request's inputs or params (a typed
+    `RequestError` in the engine: its message and field travel as they are), else None."""
     if getattr(out, "error_kind", None) != "invalid_request":
         return None
-    match = _REFUSAL.match(out.error)
-    return out.error if match is None else f"{match.group(2)} ({match.group(1)})"
+    return bad_request(out.error, param=getattr(out, "error_param", None))
 
 
 def new_request_id(prefix: str) -> str:
@@ -130,8 +123,7 @@ class RequestStream:
         if out.error:
             self._finished = True  # the engine has already dropped it
             await self.close()
-            rejection = rejection_message(out)
-            raise from_value_error(ValueError(rejection)) if rejection is not None else EngineError(out.error)
+            raise rejection(out) or EngineError(out.error)
         return out
 
     async def __aiter__(self) -> AsyncIterator[Any]:

@@ -103,13 +103,10 @@ def _param_path(loc: list) -> str | None:
 
 
 def from_value_error(e: ValueError) -> APIError:
-    """An engine or params rejection (a ValueError names the field) as a 400."""
+    """An engine or params rejection as a 400; a `RequestError` names its field (`param`)."""
     if isinstance(e, ValidationError):
         return from_validation_errors(e.errors())
-    message = str(e) or "invalid request"
-    head = message.split(":", 1)[0].strip()
-    param = head if head.replace("_", "").replace(".", "").isalnum() and " " not in head else None
-    return bad_request(message, param=param)
+    return bad_request(str(e) or "invalid request", param=getattr(e, "param", None))
 
 
 async def _api_error(request: Request, exc: APIError) -> JSONResponse:

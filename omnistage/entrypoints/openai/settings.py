@@ -26,6 +26,8 @@ class ServerSettings:
     """How long `url` images and finished video jobs stay downloadable."""
     files_dir: str | None = None
     """Where served files live (default: a temporary folder removed at shutdown)."""
+    playground: bool = True
+    """Serve the web playground at `/` (`--no-playground` turns it off)."""
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be >= 1, got {getattr(self, name)}"

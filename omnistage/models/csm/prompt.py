@@ -15,6 +15,7 @@ Torch-free: the server and the family registration import it.
 
 from __future__ import annotations
 
+from omnistage.engine.types import RequestError
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,20 +45,20 @@ def parse_prompt(inputs: Any) -> CsmPrompt:
     if isinstance(inputs, str):
         inputs = {"prompt": inputs}
     if not isinstance(inputs, Mapping):
-        raise ValueError(f"prompt: CSM takes a str or a dict with keys {list(PROMPT_KEYS)}, "
-                         f"got {type(inputs).__name__}")
+        raise RequestError(f"prompt: CSM takes a str or a dict with keys {list(PROMPT_KEYS)}, "
+                         f"got {type(inputs).__name__}", "prompt")
     if "instructions" in inputs:
-        raise ValueError("instructions: CSM does not follow instructions; choose a voice, or clone one")
+        raise RequestError("instructions: CSM does not follow instructions; choose a voice, or clone one", "instructions")
     unknown = sorted(set(inputs) - set(PROMPT_KEYS))
     if unknown:
         raise ValueError(f"{unknown[0]}: unknown CSM prompt key; expected {list(PROMPT_KEYS)}")
     text = inputs.get("prompt")
     if not isinstance(text, str) or not text.strip():
-        raise ValueError("prompt: the text to speak must be a non-empty string")
+        raise RequestError("prompt: the text to speak must be a non-empty string", "prompt")
     voice = inputs.get("voice")
     voice = DEFAULT_VOICE if voice is None else voice
     if voice not in BUILTIN_VOICES:
-        raise ValueError(f"voice: unknown voice {voice!r}; built-in voices: {', '.join(BUILTIN_VOICES)}")
+        raise RequestError(f"voice: unknown voice {voice!r}; built-in voices: {', '.join(BUILTIN_VOICES)}", "voice")
     prompt = CsmPrompt(text=text, speaker=BUILTIN_VOICES[voice])
     ref = inputs.get("ref_audio")
     if ref is None:
@@ -67,17 +68,17 @@ def parse_prompt(inputs: Any) -> CsmPrompt:
         return prompt
     audio = np.asarray(ref)
     if audio.ndim != 1 or audio.size == 0 or not np.issubdtype(audio.dtype, np.floating):
-        raise ValueError(f"ref_audio: expected a non-empty 1-D float array (mono), got {audio.dtype} "
-                         f"with shape {list(audio.shape)}")
+        raise RequestError(f"ref_audio: expected a non-empty 1-D float array (mono), got {audio.dtype} "
+                         f"with shape {list(audio.shape)}", "ref_audio")
     if not np.isfinite(audio).all():
-        raise ValueError("ref_audio: contains NaN or infinite samples")
+        raise RequestError("ref_audio: contains NaN or infinite samples", "ref_audio")
     rate = inputs.get("ref_sample_rate")
     if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1000:
-        raise ValueError(f"ref_sample_rate: the reference clip's sample rate (Hz, >= 1000) is required, got {rate!r}")
+        raise RequestError(f"ref_sample_rate: the reference clip's sample rate (Hz, >= 1000) is required, got {rate!r}", "ref_sample_rate")
     if audio.size / rate > MAX_REF_SECONDS:
-        raise ValueError(f"ref_audio: {audio.size / rate:.1f} s is longer than {MAX_REF_SECONDS:.0f} s")
+        raise RequestError(f"ref_audio: {audio.size / rate:.1f} s is longer than {MAX_REF_SECONDS:.0f} s", "ref_audio")
     ref_text = inputs.get("ref_text") or ""
     if not isinstance(ref_text, str):
-        raise ValueError(f"ref_text: expected a string, got {type(ref_text).__name__}")
+        raise RequestError(f"ref_text: expected a string, got {type(ref_text).__name__}", "ref_text")
     prompt.ref_audio, prompt.ref_sample_rate, prompt.ref_text = audio.astype(np.float32), rate, ref_text
     return prompt

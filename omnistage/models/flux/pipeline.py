@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
@@ -53,15 +54,17 @@ class Flux(DiffusionPipelineBase):
     default_sample_size: ClassVar[int] = 128  # FluxPipeline.default_sample_size, in latent pixels
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
         from diffusers.image_processor import VaeImageProcessor
 
-        super().__init__(components, device, dtype)
-        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
-        # Latents are cut into 2x2 patches, so pixel sizes must divide by twice the VAE factor.
-        self.multiple_of = self.vae_scale_factor * 2
+        super().__init__(components, device, dtype, configs)
         self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
         self.tokenizer_max_length = self.tokenizer.model_max_length
+
+    def configure(self, configs: CheckpointConfigs) -> None:
+        self.vae_scale_factor = 2 ** (len(configs.vae.block_out_channels) - 1)
+        # Latents are cut into 2x2 patches, so pixel sizes must divide by twice the VAE factor.
+        self.multiple_of = self.vae_scale_factor * 2
         size = self.default_sample_size * self.vae_scale_factor
         self.default_params = {**type(self).default_params, "height": size, "width": size}
 

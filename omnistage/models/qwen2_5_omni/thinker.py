@@ -1,4 +1,4 @@
-"""Qwen2.5-Omni thinker as an AR stage: text and audio in, text out, plus what the talker needs.
+"""Qwen2.5-Omni thinker as an AR stage: text, audio and images in, text out, plus what the talker needs.
 
 Wraps `Qwen2_5OmniThinkerForConditionalGeneration` without patching it: the engine's
 masks and slot KV cache go into its language model through the public `attention_mask`
@@ -10,13 +10,17 @@ Per request (`ThinkerState`), prepared once at admission:
 - audio features: each `<|AUDIO|>` of the chat template is expanded to as many tokens
   as the audio encoder makes of that clip (as `Qwen2_5OmniProcessor` does), and the
   encoder's outputs are scattered into those positions at prefill;
+- images: the same for `<|IMAGE|>` and the vision encoder, the pixels prepared by the
+  checkpoint's image processor on its PIL/numpy path (`Qwen2VLImageProcessorPil`, no
+  torchvision), one `<|IMAGE|>` per merged patch (`grid_thw.prod() / merge_size**2`);
+  video parts are refused: transformers 5's video processors need torchvision;
 - when a talker is downstream (the request asks for hidden states), the thinker-vocab
   embeddings the talker reads besides the reply: the voice's text-BOS, tts_text_eos and
   tts_text_pad. They are in every output's `extras["talker_embeds"]` (`[3, H]`), next to
   `mrope_positions` and `rope_delta`.
 
-`input_embeds` are the token embeddings with the audio positions zeroed, which is what
-the reference `generate()` hands the talker (`masked_scatter_` with zeros).
+`input_embeds` are the token embeddings with the audio and image positions zeroed, which
+is what the reference `generate()` hands the talker (`masked_scatter_` with zeros).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch
 
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
-from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE
+from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE, chat_media
 from omnistage.models.qwen2_5_omni.weights import check_voice, load_speakers, load_thinker
 
 AUDIO_SAMPLE_RATE = 16000  # the Whisper feature extractor's input rate
@@ -42,13 +46,15 @@ class ThinkerState:
     """Decode position = sequence position + rope_delta."""
     audio_embeds: torch.Tensor | None = None
     """[num <|AUDIO|> tokens, H] encoder outputs, dropped after prefill."""
+    image_embeds: torch.Tensor | None = None
+    """[num <|IMAGE|> tokens, H] vision encoder outputs, dropped after prefill."""
     talker_embeds: torch.Tensor | None = None
     """[3, H]: embeddings of the voice's text-BOS, tts_text_eos, tts_text_pad."""
 
 
 class OmniThinker(ARModel):
     def __init__(self, model, tokenizer, feature_extractor, speakers: dict, talker_text_ids: tuple[int, int],
-                 eos: tuple[int, ...], device: torch.device) -> None:
+                 eos: tuple[int, ...], device: torch.device, image_processor=None) -> None:
         text_config = model.config.text_config
         if set(text_config.layer_types) != {"full_attention"}:
             raise ValueError("the thinker supports full attention layers only, not "
@@ -57,6 +63,7 @@ class OmniThinker(ARModel):
         self.lm = model.model.language_model
         self.tokenizer = tokenizer
         self.feature_extractor = feature_extractor
+        self.image_processor = image_processor
         self.speakers = speakers
         self.talker_text_ids = talker_text_ids  # (tts_text_eos, tts_text_pad), thinker-vocab ids
         self.eos_token_ids = eos
@@ -64,10 +71,12 @@ class OmniThinker(ARModel):
         self.num_layers = text_config.num_hidden_layers
         self.max_position_embeddings = text_config.max_position_embeddings
         self.audio_token_id = model.config.audio_token_index
+        self.image_token_id = model.config.image_token_index
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> OmniThinker:
         from transformers import Qwen2_5OmniConfig, WhisperFeatureExtractor
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
         model = load_thinker(model_path, device, dtype)
         talker_config = Qwen2_5OmniConfig.from_pretrained(model_path).talker_config
@@ -75,36 +84,41 @@ class OmniThinker(ARModel):
             features = WhisperFeatureExtractor.from_pretrained(model_path)
         except OSError:
             features = None  # text-only checkpoint folder: audio input is refused at admission
+        images = image_processor(model_path, Qwen2VLImageProcessorPil)
         return cls(model, load_tokenizer(model_path), features, load_speakers(model_path),
                    (talker_config.tts_text_end_token_id, talker_config.tts_text_pad_token_id),
-                   eos_token_ids(model_path, model.config), device)
+                   eos_token_ids(model_path, model.config), device, images)
 
     # --- admission -----------------------------------------------------------------------------
 
     def build_prompt(self, inputs: Any) -> PromptInputs:
         """The generic inputs (see `ARModel.build_prompt`), plus `voice` when a talker is downstream.
 
-        Chat messages may hold audio parts `{"type": "audio", "audio": float array, "sample_rate": int}`.
+        Chat messages may hold audio parts `{"type": "audio", "audio": float array, "sample_rate": int}`
+        and image parts `{"type": "image", "image": PIL image or uint8 [H, W, 3] array}`.
         """
         voice = None
         if isinstance(inputs, dict) and "voice" in inputs:
             inputs = dict(inputs)
             voice = inputs.pop("voice") or DEFAULT_VOICE
             check_voice(self.speakers, voice)
-        audios = _audio_parts(inputs)
+        audios, images = chat_media(inputs)
         ids = super().build_prompt(inputs).token_ids
         with torch.inference_mode():
-            audio_embeds, audio_seqlens = None, None
+            audio_embeds, audio_seqlens, image_embeds, image_grid = None, None, None, None
             if audios:
                 ids, audio_embeds, audio_seqlens = self._encode_audio(ids, audios)
+            if images:
+                ids, image_embeds, image_grid = self._encode_images(ids, images)
             ids_t = torch.tensor([ids], device=self.device)
             positions, delta = self.model.get_rope_index(
-                ids_t, None, None, torch.ones_like(ids_t), False, audio_seqlens, None)
+                ids_t, image_grid, None, torch.ones_like(ids_t), False, audio_seqlens, None)
             talker_embeds = None
             if voice is not None:
                 special = [self.speakers[voice]["bos_token"], *self.talker_text_ids]
                 talker_embeds = self.lm.embed_tokens(torch.tensor(special, device=self.device))
-        state = ThinkerState(positions[:, 0], int(delta.item()), audio_embeds, talker_embeds)
+        state = ThinkerState(positions[:, 0], int(delta.item()), audio_embeds=audio_embeds, image_embeds=image_embeds,
+                             talker_embeds=talker_embeds)
         return PromptInputs(ids, state)
 
     def _encode_audio(self, ids: list[int], audios: list[tuple[Any, int]]):
@@ -123,15 +137,22 @@ class OmniThinker(ARModel):
         mask = features["attention_mask"].to(self.device)
         seqlens = mask.sum(-1)
         counts = _get_feat_extract_output_lengths(seqlens).tolist()
-        expanded: list[int] = []
-        last = 0
-        for slot, count in zip(slots, counts):
-            expanded += ids[last:slot] + [self.audio_token_id] * count
-            last = slot + 1
-        expanded += ids[last:]
         features = features["input_features"].to(self.device, self.model.dtype)
         embeds = self.model.get_audio_features(features, mask).last_hidden_state
-        return expanded, embeds, seqlens
+        return expand_placeholders(ids, slots, counts, self.audio_token_id), embeds, seqlens
+
+    def _encode_images(self, ids: list[int], images: list[Any]):
+        """Pixels by the checkpoint's image processor (PIL path), one `<|IMAGE|>` per merged patch."""
+        if self.image_processor is None:
+            raise ValueError("this checkpoint has no image processor (preprocessor_config.json image fields)")
+        slots = [i for i, t in enumerate(ids) if t == self.image_token_id]
+        if len(slots) != len(images):
+            raise ValueError(f"the prompt has {len(slots)} image placeholders but {len(images)} images")
+        pixels = self.image_processor(images=images, return_tensors="pt")
+        grid = pixels["image_grid_thw"].to(self.device)
+        counts = (grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
+        embeds = self.model.get_image_features(pixels["pixel_values"].to(self.device, self.model.dtype), grid)
+        return expand_placeholders(ids, slots, counts, self.image_token_id), torch.cat(embeds.pooler_output), grid
 
     # --- the forward ---------------------------------------------------------------------------
 
@@ -161,18 +182,21 @@ class OmniThinker(ARModel):
         return output.extras  # the runner publishes what this hook returns as TextPayload.extras
 
     def _merge_audio(self, batch: ModelInput, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scatter each row's audio encoder outputs into its <|AUDIO|> positions; the talker's
-        copy of the embeddings keeps zeros there instead (the reference's masked_scatter_)."""
-        rows = [i for i, s in enumerate(batch.seqs) if s.model_state.audio_embeds is not None]
+        """Scatter each row's audio and image encoder outputs into its <|AUDIO|> / <|IMAGE|> positions;
+        the talker's copy of the embeddings keeps zeros there instead (the reference's masked_scatter_)."""
+        rows = [i for i, s in enumerate(batch.seqs)
+                if s.model_state.audio_embeds is not None or s.model_state.image_embeds is not None]
         if not rows:
             return embeds, embeds
         merged, zeroed = embeds.clone(), embeds.clone()
         for i in rows:
             state = batch.seqs[i].model_state
-            mask = batch.input_ids[i] == self.audio_token_id
-            merged[i, mask] = state.audio_embeds.to(embeds.dtype)
-            zeroed[i, mask] = 0
-            state.audio_embeds = None  # only the prefill reads them
+            for token, media in ((self.audio_token_id, state.audio_embeds), (self.image_token_id, state.image_embeds)):
+                if media is not None:
+                    mask = batch.input_ids[i] == token
+                    merged[i, mask] = media.to(embeds.dtype)
+                    zeroed[i, mask] = 0
+            state.audio_embeds = state.image_embeds = None  # only the prefill reads them
         return merged, zeroed
 
     def _positions(self, batch: ModelInput) -> torch.Tensor:
@@ -190,21 +214,27 @@ class OmniThinker(ARModel):
         self.model = self.lm = None
 
 
-def _audio_parts(inputs: Any) -> list[tuple[Any, int]]:
-    """(waveform, sample rate) of every audio part of the chat messages, in order."""
-    if not isinstance(inputs, dict) or not isinstance(inputs.get("messages"), list):
-        return []
-    out = []
-    for message in inputs["messages"]:
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
-            continue
-        for part in content:
-            if isinstance(part, dict) and part.get("type") == "audio":
-                if "sample_rate" not in part:
-                    raise ValueError("an audio part needs 'audio' (float waveform) and 'sample_rate'")
-                out.append((part["audio"], int(part["sample_rate"])))
-    return out
+def expand_placeholders(ids: list[int], slots: list[int], counts: list[int], token: int) -> list[int]:
+    """`ids` with the placeholder at each of `slots` repeated `counts` times."""
+    expanded: list[int] = []
+    last = 0
+    for slot, count in zip(slots, counts):
+        expanded += ids[last:slot] + [token] * count
+        last = slot + 1
+    return expanded + ids[last:]
+
+
+def image_processor(model_path: str, cls):
+    """The checkpoint's image processor, or None when its preprocessor_config.json has no image fields."""
+    import json
+    from pathlib import Path
+
+    from transformers.utils import cached_file
+
+    path = cached_file(model_path, "preprocessor_config.json", _raise_exceptions_for_missing_entries=False)
+    if path is None or "image_processor_type" not in json.loads(Path(path).read_text()):
+        return None  # image input is refused at admission
+    return cls.from_pretrained(model_path)
 
 
 def attention_masks(batch: ModelInput) -> dict:

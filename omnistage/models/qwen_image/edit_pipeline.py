@@ -16,7 +16,9 @@ from typing import Any, ClassVar
 import torch
 
 from omnistage.diffusion.params import ExtraSpec
+from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.pipeline import DenoiseState, DiffusionRequest, pack_latents
+from omnistage.engine.types import RequestError
 from omnistage.models.qwen_image.pipeline import QwenImage
 
 # QwenImageEditPipeline resizes the input image to about this many pixels (keeping its aspect
@@ -65,19 +67,20 @@ class QwenImageEdit(QwenImage):
     loader_overrides: ClassVar[dict[str, Any]] = {"processor": None}
 
     @classmethod
-    def from_diffusers(cls, pipe: Any, path: str, device: torch.device | str, dtype: torch.dtype) -> "QwenImageEdit":
+    def from_diffusers(cls, pipe: Any, path: str, configs: CheckpointConfigs, device: torch.device | str,
+                       dtype: torch.dtype) -> "QwenImageEdit":
         from transformers import AutoImageProcessor
 
         components = {**pipe.components,
                       "vision_processor": AutoImageProcessor.from_pretrained(path, subfolder="processor")}
-        return cls(components, device, dtype)
+        return cls(components, device, dtype, configs)
 
     # -- 1. check inputs ----------------------------------------------------------------
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         super().check_inputs(request)
         if len(request.images) > 1:
-            raise ValueError(f"image: this model edits one input image, got {len(request.images)}")
+            raise RequestError(f"image: this model edits one input image, got {len(request.images)}", "image")
 
     def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:
         request = super().prepare_request(request)

@@ -17,8 +17,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, rescaled_true_cfg
 from omnistage.diffusion.params import ExtraSpec
+from omnistage.engine.types import RequestError
 from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
@@ -60,15 +62,18 @@ class QwenImage(DiffusionPipelineBase):
     default_sample_size: ClassVar[int] = 128  # latent pixels; times the VAE factor = 1024
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
         from diffusers.image_processor import VaeImageProcessor
 
-        super().__init__(components, device, dtype)
-        self.vae_scale_factor = 2 ** len(self.vae.temperal_downsample)
+        super().__init__(components, device, dtype, configs)
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
+
+    def configure(self, configs: CheckpointConfigs) -> None:
+        self.vae_scale_factor = 2 ** len(configs.vae.temperal_downsample)
         # Latents are packed in 2x2 patches, so pixel sizes must divide by twice the VAE factor.
         self.multiple_of = self.vae_scale_factor * 2
-        self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
-        self.latent_channels = self.vae.config.z_dim
+        self.latent_channels = configs.vae.z_dim
+        self.guidance_embeds = bool(configs.transformer.get("guidance_embeds", False))
         self.default_params = self._checkpoint_defaults()
 
     def _checkpoint_defaults(self) -> dict[str, Any]:
@@ -81,12 +86,11 @@ class QwenImage(DiffusionPipelineBase):
         super().check_inputs(request)
         params = request.params
         check_divisible(params, height=self.multiple_of, width=self.multiple_of)
-        distilled = self.transformer.config.guidance_embeds
-        if distilled and params.guidance_scale is None:
-            raise ValueError("guidance_scale is required: this model is guidance-distilled")
-        if not distilled and params.guidance_scale is not None:
-            raise ValueError("guidance_scale: this model is not guidance-distilled; use true_cfg_scale "
-                             "with a negative_prompt for classifier-free guidance")
+        if self.guidance_embeds and params.guidance_scale is None:
+            raise RequestError("guidance_scale is required: this model is guidance-distilled", "guidance_scale")
+        if not self.guidance_embeds and params.guidance_scale is not None:
+            raise RequestError("guidance_scale: this model is not guidance-distilled; use true_cfg_scale "
+                               "with a negative_prompt for classifier-free guidance", "guidance_scale")
 
     # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
 
@@ -196,7 +200,7 @@ class QwenImage(DiffusionPipelineBase):
         hidden_states = torch.cat([self._model_input(s) for s in states])
         embeds, mask = self._pad_embeds([s.cond[embeds_key] for s in states for _ in range(s.latents.shape[0])])
         guidance = None
-        if self.transformer.config.guidance_embeds:
+        if self.guidance_embeds:
             guidance = torch.cat([torch.full((s.latents.shape[0],), s.cond["guidance_scale"], device=self.device,
                                              dtype=torch.float32) for s in states])
         with self.transformer.cache_context(branch):

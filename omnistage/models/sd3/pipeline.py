@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
@@ -50,19 +51,21 @@ class StableDiffusion3(DiffusionPipelineBase):
     }
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
         from diffusers.image_processor import VaeImageProcessor
 
-        super().__init__(components, device, dtype)
+        super().__init__(components, device, dtype, configs)
         self.text_encoder_3 = components.get("text_encoder_3")
         self.tokenizer_3 = components.get("tokenizer_3")
-        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
-        self.patch_size = self.transformer.config.patch_size
-        # Latents are cut into patch_size x patch_size patches.
-        self.multiple_of = self.vae_scale_factor * self.patch_size
         self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor)
         self.tokenizer_max_length = self.tokenizer.model_max_length
-        size = self.transformer.config.sample_size * self.vae_scale_factor
+
+    def configure(self, configs: CheckpointConfigs) -> None:
+        self.vae_scale_factor = 2 ** (len(configs.vae.block_out_channels) - 1)
+        self.patch_size = configs.transformer.patch_size
+        # Latents are cut into patch_size x patch_size patches.
+        self.multiple_of = self.vae_scale_factor * self.patch_size
+        size = configs.transformer.sample_size * self.vae_scale_factor
         self.default_params = {**type(self).default_params, "height": size, "width": size}
 
     # -- 1. check inputs ----------------------------------------------------------------

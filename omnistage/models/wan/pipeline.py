@@ -21,8 +21,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.params import ExtraSpec
+from omnistage.engine.types import RequestError
 from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
@@ -54,33 +56,30 @@ class _Wan(DiffusionPipelineBase):
     }
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32, *, boundary_ratio: float | None = None,
-                 expand_timesteps: bool = False):
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
         from diffusers.video_processor import VideoProcessor
 
-        super().__init__(components, device, dtype)
+        super().__init__(components, device, dtype, configs)
         self.transformer = components.get("transformer")
         self.transformer_2 = components.get("transformer_2")
-        self.boundary_ratio = boundary_ratio
-        self.expand_timesteps = expand_timesteps
         # Plain CFG, each branch its own call as in diffusers; the scale depends on the expert.
         self.guidance = Guidance(scale=self._guidance_scale, combine=plain_cfg)
         # Either expert may be left out of a Wan 2.2 checkpoint; they share a config shape.
         self.main_transformer = self.transformer if self.transformer is not None else self.transformer_2
-        self.vae_scale_factor_temporal = self.vae.config.scale_factor_temporal
-        self.vae_scale_factor_spatial = self.vae.config.scale_factor_spatial
         self.video_processor = VideoProcessor(vae_scale_factor=self.vae_scale_factor_spatial)
-        patch_size = self.main_transformer.config.patch_size
-        self.patch_size = tuple(patch_size)
-        # diffusers requires multiples of 16 and then rounds down to whole transformer patches.
-        self.height_multiple_of = math.lcm(16, self.vae_scale_factor_spatial * patch_size[1])
-        self.width_multiple_of = math.lcm(16, self.vae_scale_factor_spatial * patch_size[2])
 
-    @classmethod
-    def from_diffusers(cls, pipe: Any, path: str, device: torch.device | str, dtype: torch.dtype) -> "_Wan":
+    def configure(self, configs: CheckpointConfigs) -> None:
         # boundary_ratio / expand_timesteps live in model_index.json, i.e. the pipeline's config.
-        return cls(pipe.components, device, dtype, boundary_ratio=pipe.config.get("boundary_ratio"),
-                   expand_timesteps=bool(pipe.config.get("expand_timesteps", False)))
+        self.boundary_ratio = configs.pipeline.get("boundary_ratio")
+        self.expand_timesteps = bool(configs.pipeline.get("expand_timesteps", False))
+        self.num_train_timesteps = configs.scheduler.get("num_train_timesteps", 1000)
+        self.vae_scale_factor_temporal = configs.vae.scale_factor_temporal
+        self.vae_scale_factor_spatial = configs.vae.scale_factor_spatial
+        transformer = configs.transformer if configs.has("transformer") else configs.transformer_2
+        self.patch_size = tuple(transformer.patch_size)
+        # diffusers requires multiples of 16 and then rounds down to whole transformer patches.
+        self.height_multiple_of = math.lcm(16, self.vae_scale_factor_spatial * self.patch_size[1])
+        self.width_multiple_of = math.lcm(16, self.vae_scale_factor_spatial * self.patch_size[2])
 
     # -- 1. check inputs ----------------------------------------------------------------
 
@@ -89,12 +88,14 @@ class _Wan(DiffusionPipelineBase):
         params = request.params.with_defaults(self.default_params)
         check_divisible(params, height=self.height_multiple_of, width=self.width_multiple_of)
         if (params.num_frames - 1) % self.vae_scale_factor_temporal != 0:
-            raise ValueError(f"num_frames - 1 must be divisible by {self.vae_scale_factor_temporal}, "
-                             f"got num_frames={params.num_frames}")
+            raise RequestError(f"num_frames - 1 must be divisible by {self.vae_scale_factor_temporal}, "
+                               f"got num_frames={params.num_frames}", "num_frames")
         if params.num_outputs_per_prompt != 1:
-            raise ValueError(f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}")
+            raise RequestError(f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}",
+                               "num_outputs_per_prompt")
         if params.guidance_scale_2 is not None and self.boundary_ratio is None:
-            raise ValueError("guidance_scale_2 needs a two-expert checkpoint (boundary_ratio in model_index.json)")
+            raise RequestError("guidance_scale_2 needs a two-expert checkpoint (boundary_ratio in model_index.json)",
+                               "guidance_scale_2")
 
     # -- 2. encode: prompts, conditioning, initial noise, timesteps -------------------------
 
@@ -170,7 +171,7 @@ class _Wan(DiffusionPipelineBase):
         high-noise steps), 1 = `transformer_2` (Wan 2.2's low-noise steps)."""
         if self.boundary_ratio is None:
             return 0
-        boundary = self.boundary_ratio * self.scheduler.config.num_train_timesteps
+        boundary = self.boundary_ratio * self.num_train_timesteps
         return 0 if state.timesteps[state.step_index] >= boundary else 1
 
     def _model_input(self, state: DenoiseState) -> torch.Tensor:
@@ -262,8 +263,8 @@ class WanI2V(_Wan):
     needs_image: ClassVar[bool] = True
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32, **config: Any):
-        super().__init__(components, device, dtype, **config)
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
+        super().__init__(components, device, dtype, configs)
         self.image_encoder = components.get("image_encoder")
         self.image_processor = components.get("image_processor")
 
@@ -272,9 +273,9 @@ class WanI2V(_Wan):
 
         super().check_inputs(request)
         if len(request.images) != 1:
-            raise ValueError(f"image: expected exactly one input image, got {len(request.images)}")
+            raise RequestError(f"image: expected exactly one input image, got {len(request.images)}", "image")
         if not isinstance(request.images[0], PIL.Image.Image):
-            raise ValueError(f"image: must be a PIL image, got {type(request.images[0]).__name__}")
+            raise RequestError(f"image: must be a PIL image, got {type(request.images[0]).__name__}", "image")
 
     @property
     def num_channels_latents(self) -> int:

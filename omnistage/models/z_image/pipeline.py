@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, norm_clamped_cfg
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
@@ -49,14 +50,16 @@ class ZImage(DiffusionPipelineBase):
     }
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
         from diffusers.image_processor import VaeImageProcessor
 
-        super().__init__(components, device, dtype)
-        self.vae_scale_factor = 2 ** (len(self.vae.config.block_out_channels) - 1)
+        super().__init__(components, device, dtype, configs)
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
+
+    def configure(self, configs: CheckpointConfigs) -> None:
+        self.vae_scale_factor = 2 ** (len(configs.vae.block_out_channels) - 1)
         # Latents are cut into 2x2 patches, so pixel sizes must divide by twice the VAE factor.
         self.multiple_of = self.vae_scale_factor * 2
-        self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
 
     # -- 1. check inputs ----------------------------------------------------------------
 

@@ -59,6 +59,10 @@ class FakeEngine:
         """Each request's `modalities`, as the route passed them."""
         self.healthy = True
         self.is_shut_down = False
+        self.text = list(TEXT)
+        """The pieces a text answer streams (tests set tool-call text here)."""
+        self.finish_reason = "stop"
+        """What the text outputs end with ("abort" to play an aborted request)."""
 
     async def generate(self, prompt, params=None, request_id=None, *, modalities=None):
         # As AsyncOmni: structural checks raise on the first iteration, before queueing;
@@ -94,8 +98,8 @@ class FakeEngine:
             return
         text = ""
         if self.kind in ("text", "omni"):
-            limit = params.max_tokens if isinstance(params, SamplingParams) and params.max_tokens else len(TEXT)
-            for piece in TEXT[:limit]:
+            limit = params.max_tokens if isinstance(params, SamplingParams) and params.max_tokens else len(self.text)
+            for piece in self.text[:limit]:
                 await self._tick()
                 text += piece
                 yield OmniOutput(request_id, text=text, text_delta=piece, stage="thinker")
@@ -107,10 +111,10 @@ class FakeEngine:
                 chunks.append(chunk)
                 yield OmniOutput(request_id, audio_chunk=chunk, sample_rate=SAMPLE_RATE, stage="vocoder")
         audio = np.concatenate(chunks) if chunks else None
-        token_ids = list(range(len(TEXT))) if text else None
+        token_ids = list(range(len(self.text))) if text else None
         yield OmniOutput(request_id, finished=True, text=text or None, token_ids=token_ids,
-                         audio=audio, sample_rate=SAMPLE_RATE if chunks else None, finish_reason="stop",
-                         metrics={"e2e_time": 0.01, "stages": {}})
+                         audio=audio, sample_rate=SAMPLE_RATE if chunks else None, finish_reason=self.finish_reason,
+                         metrics={"e2e_time": 0.01, "num_prompt_tokens": 7, "stages": {}})
 
     async def _tick(self) -> None:
         await asyncio.sleep(self.step_delay)

@@ -12,7 +12,7 @@ from omnistage.entrypoints.openai.capabilities import Capabilities
     ("qwen_image", "QWEN_IMAGE_EDIT", ["POST /v1/images/edits", "POST /v1/chat/completions"], "required"),
     ("wan", "WAN_T2V", ["/v1/videos"], "none"),
     ("wan", "WAN_I2V", ["/v1/videos"], "required"),
-    ("llm", "QWEN2", ["POST /v1/chat/completions"], "none"),
+    ("llm", "QWEN2", ["POST /v1/chat/completions", "POST /v1/completions"], "none"),
 ])
 def test_routes_of_registered_families(module, name, routes, image_input):
     import importlib
@@ -21,3 +21,27 @@ def test_routes_of_registered_families(module, name, routes, image_input):
     caps = Capabilities.from_spec("m", spec)
     assert caps.routes == routes and caps.image_input == image_input
     assert not caps.serves("audio.speech") and not caps.serves("chat.audio")
+
+
+def test_model_facts_come_from_the_checkpoint_and_the_deploy_config(zoo):
+    from types import SimpleNamespace
+
+    from omnistage.config.spec import PipelineSpec, StageSpec
+    from omnistage.entrypoints.openai.capabilities import model_facts
+
+    def engine(kind, output, max_model_len=None):
+        spec = PipelineSpec(name="p", stages=(StageSpec(id=0, name="s", kind=kind, output=output, final_output=True),))
+        config = SimpleNamespace(stage_config=lambda _: SimpleNamespace(max_model_len=max_model_len))
+        return SimpleNamespace(spec=spec, config=config)
+
+    llm = engine("ar", "text")
+    assert model_facts(str(zoo("qwen2-llm")), llm, Capabilities.from_spec("m", llm.spec)) == {
+        "max_model_len": 2048, "modalities": {"input": ["text"], "output": ["text"]}}
+    capped = engine("ar", "text", max_model_len=300)
+    assert model_facts(str(zoo("qwen2-llm")), capped, Capabilities.from_spec("m", capped.spec))["max_model_len"] == 300
+    omni = engine("ar", "text")
+    facts = model_facts(str(zoo("qwen2.5-omni")), omni, Capabilities.from_spec("m", omni.spec))
+    assert facts["modalities"]["input"] == ["audio", "image", "text"] and facts["max_model_len"] == 4096
+    image = engine("diffusion", "image")
+    assert model_facts("/nowhere", image, Capabilities("m", frozenset({"image"}), "optional")) == {
+        "max_model_len": None, "modalities": {"input": ["image", "text"], "output": ["image"]}}

@@ -68,7 +68,12 @@ def test_multimodal_parts_are_decoded(app_client):
 @pytest.mark.parametrize("body, param", [
     ({"messages": []}, "messages"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": 5}, "temperature"),
-    ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 99}, "n"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema"}},
+     "response_format.json_schema"),
+    ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}}, "response_format.type"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]},
      "messages[0].content[0]"),

@@ -96,3 +96,23 @@ def test_lifespan_shuts_the_engine_down_and_removes_files():
         directory = http.app.state.files.directory
         assert any(directory.iterdir())
     assert engine.is_shut_down and not directory.exists()
+
+
+def test_openapi_lists_the_statuses_and_streams_each_route_answers(app_client):
+    http, _ = app_client("text", max_upload_bytes=100)
+    doc = http.get("/openapi.json").json()
+    chat = doc["paths"]["/v1/chat/completions"]["post"]["responses"]
+    assert sorted(chat) == ["200", "400", "401", "404", "413", "415", "429", "500", "503"]
+    assert set(chat["200"]["content"]) == {"application/json", "text/event-stream"}
+    assert chat["400"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
+    speech = doc["paths"]["/v1/audio/speech"]["post"]["responses"]["200"]["content"]
+    assert {"audio/aac", "audio/mpeg", "text/event-stream"} <= set(speech)
+    assert "/v1/completions" in doc["paths"]
+    assert not any("422" in op["responses"] for ops in doc["paths"].values() for op in ops.values())
+    # The documented codes are real answers of the chat route.
+    body = {"messages": [{"role": "user", "content": "x"}]}
+    assert http.post("/v1/chat/completions", json={**body, "n": 0}).status_code == 400
+    assert http.post("/v1/chat/completions", json={**body, "model": "other"}).status_code == 404
+    assert http.post("/v1/chat/completions", content=b"x" * 200,
+                     headers={"content-type": "application/json"}).status_code == 413
+    assert http.post("/v1/chat/completions", content=b"{}", headers={"content-type": "text/plain"}).status_code == 415

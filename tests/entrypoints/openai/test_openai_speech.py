@@ -79,7 +79,10 @@ def test_sse_events(app_client):
 
 @pytest.mark.parametrize("body, param", [
     ({"input": ""}, "input"),
-    ({"input": "x", "response_format": "aac"}, "response_format"),
+    ({"input": "x", "response_format": "ogg"}, "response_format"),
+    ({"input": "x", "ref_text": "hello"}, "ref_text"),
+    ({"input": "x", "ref_audio": "bm90IGF1ZGlv"}, "ref_audio"),
+    ({"input": "x", "seed": -1}, "seed"),
     ({"input": "x", "speed": 9}, "speed"),
     ({"input": "x", "stream_format": "ws"}, "stream_format"),
     ({"input": "x", "pitch": 2}, "pitch"),

@@ -1,4 +1,5 @@
-"""The speech request (OpenAI's fields; `aac` is not offered), voices, and the streaming session's messages."""
+"""The speech request (OpenAI's fields, plus vLLM-Omni's inline `ref_audio`/`ref_text` and `seed`),
+voices, and the streaming session's messages."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus"]
+SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
 
 
 class SpeechRequest(BaseModel):
@@ -20,6 +21,13 @@ class SpeechRequest(BaseModel):
     response_format: SpeechFormat = "mp3"
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
     stream_format: Literal["audio", "sse"] = "audio"
+    ref_audio: str | None = Field(default=None, max_length=64 * 1024 * 1024)
+    """A reference clip to clone the voice from (base64 or a data URL), as vLLM-Omni's speech route
+    takes it; models that clone voices only. Overrides `voice` (which the official client always sends)."""
+    ref_text: str | None = None
+    """What `ref_audio` says (improves cloning)."""
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    """Seeds the talker's sampling: the same seed and input give the same audio."""
 
 
 # --- voices ------------------------------------------------------------------------------

@@ -25,7 +25,8 @@ from omnistage.entrypoints.openai.audio.protocol import SpeechRequest
 from omnistage.entrypoints.openai.audio.voices import VoiceStore
 from omnistage.entrypoints.openai.capabilities import Capabilities
 from omnistage.entrypoints.openai.common import check_model
-from omnistage.entrypoints.openai.engine_client import EngineGateway, RequestStream, new_request_id
+from omnistage.ar.sampling_params import SamplingParams
+from omnistage.entrypoints.openai.engine_client import EngineGateway, RequestStream, new_request_id, stage_default_params
 from omnistage.entrypoints.openai.errors import APIError, EngineError, bad_request
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.media.audio import MIME_TYPES, StreamingAudioEncoder, change_speed, encode_audio
@@ -70,16 +71,33 @@ class SpeechServing:
         if body.response_format == "opus" and not opus_available():
             raise bad_request("response_format: this server's PyAV has no libopus; use wav, pcm, flac or mp3",
                               param="response_format")
-        prompt = {"prompt": body.input, **self.voices.prompt_fields(body.voice)}
+        if body.ref_text is not None and body.ref_audio is None:
+            raise bad_request("ref_text: goes with ref_audio", param="ref_text")
+        if body.ref_audio is not None:  # it overrides `voice`, which the official client always sends
+            voice_fields = await asyncio.to_thread(self.voices.inline_clone_fields, body.ref_audio, body.ref_text)
+        else:
+            voice_fields = self.voices.prompt_fields(body.voice)
+        prompt = {"prompt": body.input, **voice_fields}
         if body.instructions is not None:
             prompt["instructions"] = body.instructions
-        stream = await self.gateway.open(prompt, None, new_request_id("speech"))
+        stream = await self.gateway.open(prompt, self._params(body), new_request_id("speech"))
         try:
             first = await _first_audio(stream)
         except BaseException:
             await stream.close()
             raise
         return stream, first
+
+    def _params(self, body: SpeechRequest) -> dict[str, SamplingParams] | None:
+        """The seed goes to the entry AR stage (the talker), over its deploy defaults."""
+        if body.seed is None:
+            return None
+        entry = self.gateway.engine.spec.entry_stages[0]
+        if entry.kind != "ar":
+            raise bad_request("seed: this model's speech is not sampled", param="seed")
+        values = stage_default_params(self.gateway.engine, entry.id)
+        values["seed"] = body.seed
+        return {entry.name: SamplingParams.from_dict(values)}
 
     async def _chunks(self, stream: RequestStream, first: Any, body: SpeechRequest) -> AsyncIterator[bytes]:
         encoder = StreamingAudioEncoder(first.sample_rate, body.response_format)
@@ -89,21 +107,22 @@ class SpeechServing:
     async def _sse(self, stream: RequestStream, first: Any, body: SpeechRequest,
                    chunked: bool) -> AsyncIterator[str]:
         num_bytes = 0
+        finished: list[Any] = []
         try:
             if chunked:
                 encoder = StreamingAudioEncoder(first.sample_rate, body.response_format)
-                async for chunk in audio_chunks(stream, first):
+                async for chunk in audio_chunks(stream, first, finished):
                     data = encoder.encode(chunk)
                     num_bytes += len(data)
                     yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
             else:
-                audio = await _whole(stream, first)
+                audio = await _whole(stream, first, finished)
                 data = await asyncio.to_thread(_encode_whole, audio, first.sample_rate, body)
                 num_bytes = len(data)
                 yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
-            # OpenAI's done event carries token usage; the engine does not count TTS tokens yet.
-            yield _event({"type": "speech.audio.done", "usage": {
-                "input_tokens": 0, "output_tokens": 0, "total_tokens": 0}, "num_bytes": num_bytes})
+            yield _event({"type": "speech.audio.done", "usage": speech_usage(body.input, finished[-1] if finished
+                                                                             else None, body.speed),
+                          "num_bytes": num_bytes})
         except APIError as e:
             yield _event({"type": "error", **e.body()})
 
@@ -116,13 +135,29 @@ async def _first_audio(stream: RequestStream) -> Any:
     raise EngineError("the model produced no audio")
 
 
-async def audio_chunks(stream: RequestStream, first: Any) -> AsyncIterator[np.ndarray]:
+def speech_usage(text: str, final: Any, speed: float = 1.0) -> dict[str, Any]:
+    """OpenAI's token usage (input: the prompt as the talker tokenized it; output: the codes
+    it sampled), with the input's characters and the seconds of audio made."""
+    metrics = (getattr(final, "metrics", None) or {}) if final is not None else {}
+    input_tokens = int(metrics.get("num_prompt_tokens") or 0)
+    output_tokens = sum(int(m.get("num_generated_tokens") or 0) for m in metrics.get("stages", {}).values()
+                        if m.get("num_generated_tokens"))
+    audio = getattr(final, "audio", None)
+    seconds = len(audio) / final.sample_rate / speed if audio is not None and final.sample_rate else 0.0
+    return {"input_tokens": input_tokens, "output_tokens": output_tokens, "total_tokens": input_tokens + output_tokens,
+            "input_characters": len(text), "audio_seconds": round(seconds, 3)}
+
+
+async def audio_chunks(stream: RequestStream, first: Any, finished: list[Any] | None = None) -> AsyncIterator[np.ndarray]:
     """Every new piece of audio from `first` on; the finished output's whole waveform
-    counts only for what no chunk carried. Closes the stream (aborting it if unfinished)."""
+    counts only for what no chunk carried (and it is appended to `finished`). Closes the
+    stream (aborting it if unfinished)."""
     sent = 0
     out = first
     try:
         while out is not None:
+            if out.finished and finished is not None:
+                finished.append(out)
             chunk = out.audio_chunk
             if chunk is None and out.finished and out.audio is not None:
                 chunk = out.audio[sent:]
@@ -134,8 +169,8 @@ async def audio_chunks(stream: RequestStream, first: Any) -> AsyncIterator[np.nd
         await stream.close()
 
 
-async def _whole(stream: RequestStream, first: Any) -> np.ndarray:
-    pieces = [c async for c in audio_chunks(stream, first)]
+async def _whole(stream: RequestStream, first: Any, finished: list[Any] | None = None) -> np.ndarray:
+    pieces = [c async for c in audio_chunks(stream, first, finished)]
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
 
 

@@ -25,6 +25,7 @@ from omnistage.entrypoints.openai.audio.protocol import VoiceInfo, VoiceList
 from omnistage.entrypoints.openai.common import read_form, read_upload
 from omnistage.entrypoints.openai.errors import APIError, bad_request
 from omnistage.media.audio import decode_audio
+from omnistage.media.image import decode_base64_payload
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_VOICES = 64
@@ -82,17 +83,7 @@ class VoiceStore:
         if len(files) != 1:
             raise bad_request("audio_sample: upload exactly one audio file", param="audio_sample")
         data = await read_upload(files[0], "audio_sample")
-        try:
-            audio, rate = decode_audio(data, field="audio_sample")
-        except ValueError as e:
-            raise bad_request(str(e), param="audio_sample", code="invalid_audio") from None
-        seconds = len(audio) / rate
-        if not MIN_SECONDS <= seconds <= MAX_SECONDS:
-            raise bad_request(f"audio_sample: {seconds:.2f} s of audio; a reference clip must last "
-                              f"{MIN_SECONDS} to {MAX_SECONDS:.0f} s", param="audio_sample", code="invalid_audio")
-        if not np.isfinite(audio).all():
-            raise bad_request("audio_sample: the audio has NaN or infinite samples", param="audio_sample",
-                              code="invalid_audio")
+        audio, rate = reference_clip(data, "audio_sample")
         self._check_name(name)  # another request may have taken it while the upload was read
         voice = Voice(name, np.ascontiguousarray(audio, dtype=np.float32), int(rate), ref_text)
         self._voices[name] = voice
@@ -125,6 +116,20 @@ class VoiceStore:
 
     # --- speech requests ---------------------------------------------------------------
 
+    def inline_clone_fields(self, ref_audio: str, ref_text: str | None) -> dict[str, Any]:
+        """A speech request's own reference clip (base64 or a data URL) as engine prompt fields."""
+        if not self.can_clone:
+            raise bad_request("ref_audio: this model does not clone voices; use one of its built-in voices",
+                              param="ref_audio")
+        if ref_text is not None and len(ref_text) > MAX_REF_TEXT:
+            raise bad_request(f"ref_text: at most {MAX_REF_TEXT} characters, got {len(ref_text)}", param="ref_text")
+        try:
+            data = decode_base64_payload(ref_audio, "ref_audio")
+        except ValueError as e:
+            raise bad_request(str(e), param="ref_audio", code="invalid_audio") from None
+        audio, rate = reference_clip(data, "ref_audio")
+        return {"ref_audio": audio, "ref_sample_rate": rate, "ref_text": ref_text or ""}
+
     def prompt_fields(self, voice: str | None) -> dict[str, Any]:
         """What a speech request's `voice` adds to the engine prompt (400 for a name nobody knows)."""
         if voice is None:
@@ -138,3 +143,18 @@ class VoiceStore:
             raise bad_request(f"voice: unknown voice {voice!r}; voices: {known}", param="voice",
                               code="voice_not_found")
         return {"voice": voice}
+
+
+def reference_clip(data: bytes, param: str) -> tuple[np.ndarray, int]:
+    """Decoded reference audio, within the clip length limits (400 naming `param` otherwise)."""
+    try:
+        audio, rate = decode_audio(data, field=param)
+    except ValueError as e:
+        raise bad_request(str(e), param=param, code="invalid_audio") from None
+    seconds = len(audio) / rate
+    if not MIN_SECONDS <= seconds <= MAX_SECONDS:
+        raise bad_request(f"{param}: {seconds:.2f} s of audio; a reference clip must last "
+                          f"{MIN_SECONDS} to {MAX_SECONDS:.0f} s", param=param, code="invalid_audio")
+    if not np.isfinite(audio).all():
+        raise bad_request(f"{param}: the audio has NaN or infinite samples", param=param, code="invalid_audio")
+    return np.ascontiguousarray(audio, dtype=np.float32), int(rate)

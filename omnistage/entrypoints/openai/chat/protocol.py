@@ -3,8 +3,11 @@
 Content parts: `text`, `image_url` (a data URL or bare base64: the server fetches
 nothing), `input_audio` ({data: base64, format}) and `audio_url` (a data URL). Sampling
 fields beyond OpenAI's (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
-`stop_token_ids`, `ignore_eos`) go at the top level, as with vLLM. For image models the
-diffusion fields of the images routes (`size`, `num_inference_steps`, ...) apply.
+`stop_token_ids`, `ignore_eos`, `structured_outputs`, `guided_*`) go at the top level,
+as with vLLM. Text models also take `n`, `logprobs`/`top_logprobs`, `response_format`
+and `tools`/`tool_choice`/`parallel_tool_calls`, with `tool` messages and assistant
+`tool_calls` in the history. For image models the diffusion fields of the images routes
+(`size`, `num_inference_steps`, ...) apply.
 """
 
 from __future__ import annotations
@@ -57,10 +60,58 @@ class AudioURLPart(_Strict):
 ContentPart = Annotated[TextPart | ImagePart | InputAudioPart | AudioURLPart, Field(discriminator="type")]
 
 
+class FunctionCall(_Strict):
+    name: str
+    arguments: str
+
+
+class ToolCallItem(_Strict):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallItem] | None = None
+    """An assistant message's calls (sent back with the tools' answers)."""
+    tool_call_id: str | None = None
+    """A tool message: the call it answers."""
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JSONSchemaFormat(_Strict):
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
 
 
 class AudioOptions(_Strict):
@@ -83,14 +134,20 @@ class ChatCompletionRequest(DiffusionFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    n: Literal[1] = 1
+    n: int = Field(default=1, ge=1)
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     frequency_penalty: Literal[0, 0.0] | None = None
     """Accepted only as 0: the engine has no frequency penalty (use repetition_penalty)."""
     presence_penalty: Literal[0, 0.0] | None = None
     """Accepted only as 0: the engine has no presence penalty (use repetition_penalty)."""
-    logprobs: Literal[False] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    """With `logprobs`: the most likely alternatives per token."""
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     user: str | None = None
     size: str | None = None
     """Image models: 'WIDTHxHEIGHT' of the answer image."""
@@ -114,13 +171,14 @@ class AssistantMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
     audio: AudioAnswer | None = None
     refusal: None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class Choice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: str | None = "stop"
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class ChatCompletion(BaseModel):

@@ -8,6 +8,11 @@ What the answer holds follows the model's final stages:
   is asked for text only, so an omni model runs its thinker alone;
 - image (diffusion): `message.content` as a list with one `image_url` part per image;
   the prompt is the last user message's text, its images the input images.
+
+Text models: `n` choices are n engine requests (text_generation.py); `response_format`
+and forced tool calls become `structured_outputs` (a grammar in the sampler); tool calls
+are parsed per family (tools.py) and streamed once complete, content before a call
+streaming as usual (`_ContentGate`).
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from omnistage.ar.sampling_params import SamplingParams
+from omnistage.ar.structured_outputs import StructuredOutputsParams
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.entrypoints.openai.capabilities import Capabilities
 from omnistage.entrypoints.openai.chat.protocol import (
@@ -34,16 +41,26 @@ from omnistage.entrypoints.openai.chat.protocol import (
     Choice,
     Usage,
 )
-from omnistage.entrypoints.openai.common import check_model, parse_size
+from omnistage.entrypoints.openai.chat import tools
+from omnistage.entrypoints.openai.common import check_model, check_n, parse_size
 from omnistage.entrypoints.openai.engine_client import (
     EngineGateway,
     RequestStream,
     cancel_on_disconnect,
     new_request_id,
-    stage_default_params,
 )
 from omnistage.entrypoints.openai.errors import APIError, bad_request, from_value_error
 from omnistage.entrypoints.openai.settings import ServerSettings
+from omnistage.entrypoints.openai.text_generation import (
+    chat_logprobs,
+    choice_params,
+    collect_all,
+    entry_sampling_params,
+    finish_reason,
+    merge_streams,
+    open_streams,
+    usage,
+)
 from omnistage.media.audio import decode_audio, encode_audio, resample, to_pcm16
 from omnistage.media.image import decode_base64_payload, decode_image, image_to_data_url
 
@@ -57,75 +74,122 @@ class ChatServing:
         self.gateway = gateway
         self.capabilities = capabilities
         self.settings = settings
+        self._tool_parser: Any = None
+
+    @property
+    def tool_parser(self) -> Any:
+        if self._tool_parser is None:
+            self._tool_parser = tools.parser_for(_model_type(self.settings.model_path))
+        return self._tool_parser
 
     async def create(self, body: ChatCompletionRequest, request: Any) -> ChatCompletion | AsyncIterator[str]:
         """A `ChatCompletion`, or the SSE lines of a streamed one (`stream: true`)."""
         self.capabilities.require("chat")
         check_model(body.model, self.settings)
+        check_n(body.n, self.settings)
         modalities = body.modalities or []
         wants_audio = "audio" in modalities
         if wants_audio:
             self.capabilities.require("chat.audio")
             if body.stream and body.audio is not None and body.audio.format != "pcm16":
                 raise bad_request("audio.format: streamed audio is pcm16 only", param="audio.format")
+            if body.n > 1:
+                raise bad_request("n: audio answers come one per request", param="n")
         outputs = self.capabilities.outputs
         for modality in modalities:
             if modality not in outputs:
                 raise bad_request(f"modalities: model {self.capabilities.model!r} outputs "
                                   f"{' and '.join(sorted(outputs))}, not {modality}", param="modalities")
+        tool_mode = None
         if "image" in outputs:
             prompt, params = self._diffusion_request(body)
+            jobs = [(prompt, params)]
             wanted = None
         else:
-            prompt, params = self._text_request(body)
+            prompt, params, tool_mode = self._text_request(body)
+            entry = self.gateway.engine.spec.entry_stages[0].name
+            jobs = [(prompt, {entry: p}) for p in choice_params(params, body.n)]
             # The answer is text (or audio with its transcript): no stage makes more than that.
             wanted = ("text", "audio") if wants_audio else ("text",)
         request_id = new_request_id("chatcmpl")
         if body.stream:
-            stream = await self.gateway.open(prompt, params, request_id, wanted)
-            return self._sse(stream, body, request_id, wants_audio)
+            streams = await open_streams(self.gateway, jobs, request_id, wanted)
+            return self._sse(streams, body, request_id, wants_audio, tool_mode)
 
         async def go() -> ChatCompletion:
-            stream = await self.gateway.open(prompt, params, request_id, wanted)
-            return await self._complete(await stream.collect(), body, request_id, wants_audio)
+            streams = await open_streams(self.gateway, jobs, request_id, wanted)
+            return await self._complete(await collect_all(streams), body, request_id, wants_audio, tool_mode)
 
         return await cancel_on_disconnect(request, go())
 
     # --- building the engine request -------------------------------------------------------
 
-    def _text_request(self, body: ChatCompletionRequest) -> tuple[Any, dict[str, SamplingParams]]:
+    def _text_request(self, body: ChatCompletionRequest) -> tuple[Any, SamplingParams, str | None]:
         image_only = [k for k in ("size", *body.diffusion_fields()) if k != "seed" and getattr(body, k) is not None]
         if image_only:
             raise bad_request(f"{image_only[0]}: only image models take it", param=image_only[0])
         if body.max_tokens is not None and body.max_completion_tokens is not None:
             raise bad_request("give max_tokens or max_completion_tokens, not both", param="max_tokens")
+        if body.top_logprobs is not None and not body.logprobs:
+            raise bad_request("top_logprobs: needs logprobs: true", param="top_logprobs")
+        tool_mode = _tool_mode(body)
+        extras = body.extras()  # vLLM's extra sampling fields (top_k, min_p, structured_outputs, ...)
+        structured = self._structured_outputs(body, tool_mode)
+        if structured is not None:
+            _check_grammar(structured, "response_format.json_schema.schema" if body.response_format else "tools")
+            clash = [k for k in ("structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                                 "guided_grammar") if k in extras]
+            if clash:
+                what = "response_format" if body.response_format is not None else "tool_choice"
+                raise bad_request(f"{clash[0]}: give it or {what}, not both", param=clash[0])
+            extras["structured_outputs"] = structured
         # Only the entry (thinker) stage samples the user's text; later AR stages (a talker)
         # keep their deploy defaults. The request's fields go over the entry stage's.
-        entry = self.gateway.engine.spec.entry_stages[0]
-        values = stage_default_params(self.gateway.engine, entry.id)
-        values.update({k: getattr(body, k) for k in _SAMPLING_FIELDS if getattr(body, k) is not None})
-        max_tokens = body.max_completion_tokens or body.max_tokens
-        if max_tokens is not None:
-            values["max_tokens"] = max_tokens
-        else:  # OpenAI's default is "until the model stops"; the engine caps it at max_model_len
-            values.setdefault("max_tokens", None)
-        values.update(body.extras())  # vLLM's extra sampling fields (top_k, min_p, ...)
-        try:
-            params = SamplingParams.from_dict(values)
-        except ValueError as e:
-            raise from_value_error(e) from None
+        values = {k: getattr(body, k) for k in _SAMPLING_FIELDS}
+        values["max_tokens"] = body.max_completion_tokens or body.max_tokens
+        values["logprobs"] = (body.top_logprobs or 0) if body.logprobs else None
+        params = entry_sampling_params(self.gateway, values, extras)
         prompt: dict[str, Any] = {"messages": [_message(m, i) for i, m in enumerate(body.messages)]}
+        if body.tools and tool_mode is not None:
+            prompt["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
         if body.audio is not None and body.audio.voice is not None:
             if not self.capabilities.serves("chat.audio"):
                 raise bad_request("audio.voice: this model makes no audio", param="audio.voice")
             prompt["voice"] = body.audio.voice  # omni models read the voice from the prompt
-        return prompt, {entry.name: params}
+        return prompt, params, tool_mode
+
+    @staticmethod
+    def _structured_outputs(body: ChatCompletionRequest, tool_mode: str | None) -> dict[str, Any] | None:
+        """The grammar `response_format` or a forced tool call asks for, as structured_outputs."""
+        fmt = body.response_format
+        forced = tool_mode is not None and tool_mode != "auto"
+        if fmt is not None and fmt.type != "text" and forced:
+            raise bad_request("response_format: a forced tool call (tool_choice) already decides the output",
+                              param="response_format")
+        if forced:
+            if tool_mode == "required":
+                return {"json": tools.required_calls_schema([t.model_dump() for t in body.tools],
+                                                            body.parallel_tool_calls is not False)}
+            tool = next(t for t in body.tools if t.function.name == tool_mode)
+            return {"json": tools.arguments_schema(tool.model_dump())}
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return {"json_object": True}
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise bad_request("response_format.json_schema: a json_schema format needs json_schema.schema",
+                              param="response_format.json_schema")
+        return {"json": fmt.json_schema.schema_}
 
     def _diffusion_request(self, body: ChatCompletionRequest) -> tuple[Any, DiffusionParams]:
-        text_only = [k for k in ("max_tokens", "max_completion_tokens", "temperature", "top_p", "stop")
+        text_only = [k for k in ("max_tokens", "max_completion_tokens", "temperature", "top_p", "stop", "logprobs",
+                                 "top_logprobs", "response_format", "tools", "tool_choice")
                      if getattr(body, k) is not None]
         if text_only:
             raise bad_request(f"{text_only[0]}: only text models take it", param=text_only[0])
+        if body.n > 1:
+            raise bad_request("n: an image model answers one chat message (use /v1/images/generations for more)",
+                              param="n")
         width = height = None
         if body.size is not None and body.size != "auto":
             width, height = parse_size(body.size, self.settings)
@@ -152,60 +216,176 @@ class ChatServing:
 
     # --- answers -----------------------------------------------------------------------------
 
-    async def _complete(self, out: Any, body: ChatCompletionRequest, request_id: str,
-                        wants_audio: bool) -> ChatCompletion:
-        message = AssistantMessage(content=out.text)
-        if out.images:
-            parts = await asyncio.to_thread(
-                lambda: [{"type": "image_url", "image_url": {"url": image_to_data_url(img)}} for img in out.images])
-            message = AssistantMessage(content=parts)
-        elif wants_audio and out.audio is not None:
-            fmt = body.audio.format if body.audio else "wav"
-            data = await asyncio.to_thread(_encode_answer_audio, out.audio, out.sample_rate, fmt)
-            message = AssistantMessage(audio=AudioAnswer(
-                id=f"audio_{uuid.uuid4().hex}", data=base64.b64encode(data).decode(),
-                expires_at=int(time.time() + self.settings.file_ttl_s), transcript=out.text or ""))
-        return ChatCompletion(id=request_id, created=int(time.time()), model=self.settings.served_model_name,
-                              choices=[Choice(message=message, finish_reason=_finish_reason(out))],
-                              usage=_usage(out))
+    def _tool_answer(self, text: str | None, reason: str, tool_mode: str | None) -> tuple[Any, list | None, str]:
+        """(content, tool calls in OpenAI's shape or None, finish_reason) of one choice's text."""
+        if tool_mode is None or text is None:
+            return text, None, reason
+        calls: list[tools.ToolCall] = []
+        content: str | None = text
+        if tool_mode == "auto":
+            content, calls = self.tool_parser.parse(text)
+        elif reason == "stop":  # a forced call is complete JSON unless a length or abort cut it
+            calls = tools.calls_from_required(text) if tool_mode == "required" else [tools.ToolCall(tool_mode, text)]
+            content = None
+        if not calls:
+            return content, None, reason
+        return content, [c.as_openai() for c in calls], "tool_calls"
 
-    async def _sse(self, stream: RequestStream, body: ChatCompletionRequest, request_id: str,
-                   wants_audio: bool) -> AsyncIterator[str]:
+    async def _complete(self, outs: list[Any], body: ChatCompletionRequest, request_id: str,
+                        wants_audio: bool, tool_mode: str | None) -> ChatCompletion:
+        choices = []
+        for index, out in enumerate(outs):
+            content, calls, reason = self._tool_answer(out.text, finish_reason(out), tool_mode)
+            message = AssistantMessage(content=content, tool_calls=calls)
+            if out.images:
+                parts = await asyncio.to_thread(
+                    lambda: [{"type": "image_url", "image_url": {"url": image_to_data_url(img)}} for img in out.images])
+                message = AssistantMessage(content=parts)
+            elif wants_audio and out.audio is not None:
+                fmt = body.audio.format if body.audio else "wav"
+                data = await asyncio.to_thread(_encode_answer_audio, out.audio, out.sample_rate, fmt)
+                message = AssistantMessage(audio=AudioAnswer(
+                    id=f"audio_{uuid.uuid4().hex}", data=base64.b64encode(data).decode(),
+                    expires_at=int(time.time() + self.settings.file_ttl_s), transcript=out.text or ""))
+            choices.append(Choice(index=index, message=message, finish_reason=reason,
+                                  logprobs=chat_logprobs(out.logprobs) if body.logprobs else None))
+        return ChatCompletion(id=request_id, created=int(time.time()), model=self.settings.served_model_name,
+                              choices=choices, usage=Usage(**usage(outs)))
+
+    async def _sse(self, streams: list[RequestStream], body: ChatCompletionRequest, request_id: str,
+                   wants_audio: bool, tool_mode: str | None) -> AsyncIterator[str]:
         created, model = int(time.time()), self.settings.served_model_name
         audio_id = f"audio_{uuid.uuid4().hex}"
 
-        def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> str:
+        def chunk(index: int, delta: dict[str, Any], finish_reason: str | None = None,
+                  logprobs: dict[str, Any] | None = None) -> str:
             return _sse_line({"id": request_id, "object": "chat.completion.chunk", "created": created,
-                              "model": model, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                              "model": model, "choices": [{"index": index, "delta": delta, "logprobs": logprobs,
                                                            "finish_reason": finish_reason}]})
 
+        finals: list[Any] = [None] * len(streams)
+        held = [_ContentGate(self.tool_parser.start if tool_mode == "auto" else None, tool_mode is not None)
+                for _ in streams]
         try:
-            yield chunk({"role": "assistant", "content": ""})
-            final = None
-            async for out in stream:
+            for index in range(len(streams)):
+                yield chunk(index, {"role": "assistant", "content": ""})
+            async for index, out in merge_streams(streams):
+                logprobs = chat_logprobs(out.logprobs_delta) if body.logprobs and out.logprobs_delta else None
                 if out.text_delta:
                     if wants_audio:
-                        yield chunk({"audio": {"id": audio_id, "transcript": out.text_delta}})
+                        yield chunk(index, {"audio": {"id": audio_id, "transcript": out.text_delta}}, None, logprobs)
+                        logprobs = None
                     else:
-                        yield chunk({"content": out.text_delta})
+                        text = held[index].feed(out.text_delta)
+                        if text or logprobs:
+                            yield chunk(index, {"content": text} if text else {}, None, logprobs)
+                            logprobs = None
+                if logprobs:
+                    yield chunk(index, {}, None, logprobs)
                 if wants_audio and out.audio_chunk is not None and len(out.audio_chunk):
                     pcm = to_pcm16(resample(out.audio_chunk, out.sample_rate, PCM16_RATE))
-                    yield chunk({"audio": {"id": audio_id, "data": base64.b64encode(pcm).decode()}})
-                final = out
-            if final is not None and final.images:
-                parts = await asyncio.to_thread(
-                    lambda: [{"type": "image_url", "image_url": {"url": image_to_data_url(i)}} for i in final.images])
-                yield chunk({"content": parts})
-            if wants_audio:
-                expires_at = int(time.time() + self.settings.file_ttl_s)
-                yield chunk({"audio": {"id": audio_id, "expires_at": expires_at}})
-            yield chunk({}, _finish_reason(final))
+                    yield chunk(index, {"audio": {"id": audio_id, "data": base64.b64encode(pcm).decode()}})
+                if out.finished:
+                    finals[index] = out
+            for index, final in enumerate(finals):
+                if final is not None and final.images:
+                    parts = await asyncio.to_thread(
+                        lambda: [{"type": "image_url", "image_url": {"url": image_to_data_url(i)}}
+                                 for i in final.images])
+                    yield chunk(index, {"content": parts})
+                if wants_audio:
+                    expires_at = int(time.time() + self.settings.file_ttl_s)
+                    yield chunk(index, {"audio": {"id": audio_id, "expires_at": expires_at}})
+                content, calls, reason = self._tool_answer(final.text if final else None, finish_reason(final),
+                                                           tool_mode)
+                if calls:
+                    for i, call in enumerate(calls):
+                        yield chunk(index, {"tool_calls": [{**call, "index": i}]})
+                else:
+                    rest = held[index].rest(content)
+                    if rest:
+                        yield chunk(index, {"content": rest})
+                yield chunk(index, {}, reason)
             if body.stream_options is not None and body.stream_options.include_usage:
                 yield _sse_line({"id": request_id, "object": "chat.completion.chunk", "created": created,
-                                 "model": model, "choices": [], "usage": _usage(final).model_dump()})
+                                 "model": model, "choices": [], "usage": usage(finals)})
         except APIError as e:
             yield _sse_line(e.body())
         yield "data: [DONE]\n\n"
+
+
+class _ContentGate:
+    """Streamed content of one choice when tools may be called: text goes out until the
+    parser's start marker (held back while the tail could be its start); after it, the
+    rest waits for the parsed answer. A forced call (no marker) streams no content."""
+
+    def __init__(self, marker: str | None, has_tools: bool) -> None:
+        self.marker = marker
+        self.closed = has_tools and marker is None
+        self.sent = ""
+        self._text = ""
+
+    def feed(self, delta: str) -> str:
+        self._text += delta
+        if self.closed:
+            return ""
+        if self.marker is None:
+            out, self.sent = self._text[len(self.sent):], self._text
+            return out
+        cut = self._text.find(self.marker)
+        if cut >= 0:
+            self.closed = True
+            end = cut
+        else:
+            end = len(self._text)
+            for k in range(min(len(self.marker) - 1, len(self._text)), 0, -1):
+                if self._text.endswith(self.marker[:k]):
+                    end -= k
+                    break
+        out, self.sent = self._text[len(self.sent):end], self._text[:end]
+        return out
+
+    def rest(self, content: str | None) -> str:
+        """What is left to send once the answer is known to have no tool call."""
+        if content is None:
+            return ""
+        return content[len(self.sent):] if content.startswith(self.sent) else ""
+
+
+def _check_grammar(structured: dict[str, Any], param: str) -> None:
+    """A schema from `response_format` or the tools that no grammar can follow is a 400 naming it."""
+    try:
+        StructuredOutputsParams.from_dict(structured).validate()
+    except ValueError as e:
+        message = str(e).split(": ", 1)[-1]
+        raise bad_request(f"{param}: {message}", param=param) from None
+
+
+def _tool_mode(body: ChatCompletionRequest) -> str | None:
+    """None (no tools, or tool_choice "none"), "auto", "required", or the forced function's name."""
+    choice = body.tool_choice
+    if not body.tools:
+        if choice is not None and choice != "none":
+            raise bad_request("tool_choice: needs tools", param="tool_choice")
+        return None
+    if choice is None or choice == "auto":
+        return "auto"
+    if choice == "none":
+        return None
+    if choice == "required":
+        return "required"
+    names = [t.function.name for t in body.tools]
+    if choice.function.name not in names:
+        raise bad_request(f"tool_choice.function.name: {choice.function.name!r} is not one of the tools {names}",
+                          param="tool_choice.function.name")
+    return choice.function.name
+
+
+def _model_type(model_path: str) -> str | None:
+    try:
+        return json.loads((Path(model_path) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None
 
 
 def _message(message: ChatMessage, index: int) -> dict[str, Any]:
@@ -213,6 +393,12 @@ def _message(message: ChatMessage, index: int) -> dict[str, Any]:
     {"type": "text", "text"} | {"type": "image", "image": PIL} |
     {"type": "audio", "audio": float32 array, "sample_rate": int}."""
     out: dict[str, Any] = {"role": message.role}
+    if message.tool_calls:
+        out["tool_calls"] = tools.template_tool_calls([c.model_dump() for c in message.tool_calls])
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.role == "tool" and message.name is not None:
+        out["name"] = message.name
     content = message.content
     if content is None or isinstance(content, str):
         out["content"] = content or ""
@@ -251,17 +437,6 @@ def _encode_answer_audio(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes
     if fmt == "pcm16":
         return to_pcm16(resample(audio, sample_rate, PCM16_RATE))
     return encode_audio(audio, sample_rate, _AUDIO_FORMATS[fmt])
-
-
-def _finish_reason(out: Any) -> str:
-    reason = getattr(out, "finish_reason", None) or "stop"
-    return "stop" if reason == "abort" else reason
-
-
-def _usage(out: Any) -> Usage:
-    # The engine does not report prompt token counts yet: prompt_tokens stays 0.
-    completion = len(out.token_ids or []) if out is not None else 0
-    return Usage(completion_tokens=completion, total_tokens=completion)
 
 
 def _sse_line(payload: dict[str, Any]) -> str:

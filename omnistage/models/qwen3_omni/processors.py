@@ -1,0 +1,129 @@
+"""How Qwen3-Omni's stages feed each other (run by the orchestrator, not the engines).
+
+    request ──thinker_inputs──> thinker ──talker_inputs (whole)──> talker ──talker_chunks (streamed)──> code2wav
+
+- `thinker_inputs`: the prompt as the AR engine takes it, plus the voice and the request
+  for every position's hidden state and input embedding (what the talker reads), unless
+  the request's `output_modalities` leave out audio (then no talker runs).
+- `talker_inputs`: the thinker's finished output, as the talker's `build_prompt` takes it
+  (the projections into the talker's width need the talker's weights, so they run there).
+- `talker_chunks`: the talker's frames so far -> the next part of the code2wav stream
+  (sized by `Code2WavParams`).
+
+Stateless: each call reads only its arguments. Torch-free at import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnistage.models.qwen3_omni.params import Code2WavParams
+
+THINKER, TALKER, CODE2WAV = 0, 1, 2
+DEFAULT_VOICE = "Ethan"  # the reference generate()'s default speaker
+
+
+# --- thinker -----------------------------------------------------------------------------
+
+
+def thinker_inputs(request: Any, upstream: dict) -> dict:
+    """Prompt -> thinker inputs, asking for what the talker needs; a request that wants no
+    audio runs no talker, so it asks for nothing more than the thinker-only variant."""
+    if request.output_modalities is not None and "audio" not in request.output_modalities:
+        return thinker_only_inputs(request, upstream)
+    inputs = _prompt_dict(request.prompt)
+    inputs["voice"] = inputs.get("voice") or DEFAULT_VOICE
+    inputs["return_hidden_states"] = True
+    inputs["return_input_embeds"] = True
+    return inputs
+
+
+def thinker_only_inputs(request: Any, upstream: dict) -> dict:
+    """Prompt -> thinker inputs when no audio is made (a voice in the prompt is not used)."""
+    inputs = _prompt_dict(request.prompt)
+    inputs.pop("voice", None)
+    return inputs
+
+
+def _prompt_dict(prompt: Any) -> dict:
+    if isinstance(prompt, str):
+        return {"prompt": prompt}
+    if isinstance(prompt, dict):
+        return dict(prompt)
+    raise TypeError(f"Qwen3-Omni prompts are a str or a dict ({{'messages': [...], 'voice': ...}}), "
+                    f"got {type(prompt).__name__}")
+
+
+def media_parts(inputs: Any) -> tuple[list[tuple[Any, int]], list[Any]]:
+    """The media parts of the chat messages, in order: audio as (waveform, sample rate), images as
+    given (PIL image or uint8 [H, W, 3] array). Video parts are refused by name: transformers 5's
+    video processors need torchvision, which omnistage does not use."""
+    if not isinstance(inputs, dict) or not isinstance(inputs.get("messages"), list):
+        return [], []
+    audios, images = [], []
+    for message in inputs["messages"]:
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "audio":
+                if "sample_rate" not in part:
+                    raise ValueError("an audio part needs 'audio' (float waveform) and 'sample_rate'")
+                audios.append((part["audio"], int(part["sample_rate"])))
+            elif kind == "image":
+                if part.get("image") is None:
+                    raise ValueError("an image part needs 'image' (a PIL image or a uint8 [H, W, 3] array)")
+                images.append(part["image"])
+            elif kind in ("video", "video_url"):
+                raise ValueError("video parts are not supported: transformers 5's video processors need torchvision")
+    return audios, images
+
+
+# --- thinker -> talker -----------------------------------------------------------------------
+
+
+def talker_inputs(request: Any, upstream: dict) -> dict:
+    """The thinker's finished output -> talker inputs (see `talker.Qwen3OmniTalker.build_prompt`).
+
+    The thinker returns one hidden state and one input embedding per fed position: the L
+    prompt positions, then one per generated token but the last (never fed back).
+    """
+    out = upstream[THINKER]
+    hidden, embeds = out.hidden_states, out.extras.get("input_embeds")
+    if hidden is None or embeds is None or "tts_embeds" not in out.extras:
+        raise ValueError("the thinker output has no hidden states / input embeddings for the talker")
+    import torch
+
+    prompt_ids = out.extras["prompt_token_ids"]
+    sequence = torch.cat([prompt_ids.cpu(), torch.tensor(out.token_ids, dtype=torch.long)])
+    return {"thinker_hidden": hidden, "thinker_embeds": embeds, "token_ids": sequence,
+            "num_prompt": int(prompt_ids.shape[0]), "audio_seqlens": out.extras["audio_seqlens"],
+            "image_grid_thw": out.extras["image_grid_thw"], "tts_embeds": out.extras["tts_embeds"],
+            "voice": out.extras["voice"]}
+
+
+# --- talker -> code2wav -----------------------------------------------------------------------
+
+
+def talker_chunks(request: Any, payload: Any, finished: bool) -> dict | None:
+    """The talker's frames so far -> the next part of request's code2wav stream, or None.
+
+    Chunk boundaries are at `first_chunk_frames`, then every `chunk_frames` frames; a chunk
+    goes as soon as the frame count passes a boundary, and when the talker finishes, what is
+    left goes in a last part (possibly empty: it closes the stream). Which frames were sent
+    follows from the previous frame count (this one minus the step's new frames).
+    """
+    codes = payload.extras.get("audio_codes") if payload is not None else None
+    if codes is None:
+        return None  # an aborted or failed talker: the orchestrator drops the code2wav stream
+    params = request.params.get(CODE2WAV) or Code2WavParams()
+    if not isinstance(params, Code2WavParams):
+        raise TypeError(f"code2wav params must be Code2WavParams, got {type(params).__name__}")
+    num_frames = codes.shape[0]
+    sent = params.boundary(num_frames - payload.extras.get("num_new_frames", 0))
+    end = num_frames if finished else params.boundary(num_frames)
+    if end <= sent and not finished:
+        return None
+    return {"codes": codes[sent:end].clone(), "stream_id": request.request_id, "is_last": finished,
+            "options": {"left_context": params.left_context}}

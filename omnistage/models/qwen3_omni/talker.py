@@ -1,0 +1,285 @@
+"""Qwen3-Omni talker + code predictor as one AR stage: thinker states in, codec frames out.
+
+What `Qwen3OmniMoeForConditionalGeneration.generate` does after the thinker ("2. Prepare
+talker input") and what its talker's `generate` does per frame, one engine step at a time:
+
+Prompt (`build_prompt`, from the thinker's finished output, see `processors.talker_inputs`):
+- the user turns only (system turns are dropped): `hidden_projection` of the thinker's
+  `accept_hidden_layer` state on audio/image/video positions, `text_projection` of its input
+  embedding elsewhere;
+- the assistant turn: `<|im_start|>assistant\\n` and the first reply token, with tts_pad x 4
+  and tts_bos between, plus the codec embeddings of [nothink, think_bos, think_eos, voice,
+  codec_pad, codec_bos] on its last six positions;
+- the rest of the reply (`trailing`: one row per later reply token, then tts_eos) is added
+  to the input of decode step k, and tts_pad once it is spoken.
+M-RoPE positions: `get_rope_index` over the talker's ids when the prompt holds audio or
+images (as the reference), else plain positions.
+
+Per step: the MoE decoder and `codec_head` give codebook 0 (ids from `vocab - 1024` up are
+suppressed, codec EOS excepted); `on_sampled` runs the code predictor (a small AR model,
+`num_code_groups - 1` batched steps started from the talker's last hidden state and codebook
+0's embedding) for the other codebooks, which completes the frame. The next step's input is
+the sum of the frame's embeddings (codebook 0 in the talker's table, the others in the code
+predictor's). Frames go out in `TextPayload.extras["audio_codes"]` ([frames, G], CPU long)
+with `extras["num_new_frames"]` (0 or 1).
+
+The EOS step makes no frame. NOTE: the reference builds a frame's codebooks 1.. while
+preparing the next step, so a talker stopped by `max_new_tokens` there voices one frame less
+than it sampled; here every sampled code but EOS is voiced.
+
+Prompt token ids are `codec_pad` (a suppressed id): the engine's repetition penalty then
+sees only generated codes, as the reference's (it generates from `inputs_embeds` alone).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
+from omnistage.ar.sampler import Sampler
+from omnistage.ar.sampling_params import SamplingParams
+from omnistage.models.qwen3_omni.thinker import attention_mask
+from omnistage.models.qwen3_omni.weights import check_voice, load_talker, speaker_ids
+
+_INPUT_KEYS = ("thinker_hidden", "thinker_embeds", "token_ids", "num_prompt", "audio_seqlens", "image_grid_thw",
+               "tts_embeds", "voice")
+NUM_SUPPRESSED = 1024  # the reference suppresses ids [vocab - 1024, vocab) but codec EOS
+CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P = 50, 0.8  # the reference's code predictor sampling
+
+
+@dataclass
+class TalkerOutput(ModelOutput):
+    last_hidden: torch.Tensor | None = None
+    """[B, H] the decoder's final-norm hidden state at each row's last position (the code predictor's start)."""
+
+
+@dataclass
+class _PredictorRow:
+    """What the sampler reads of a sequence for code-predictor tokens: the request's temperature and
+    seed with the reference's top-k/p, without the talker-only rules (repetition penalty, min_tokens)."""
+
+    request_id: str
+    params: SamplingParams
+    all_token_ids: list[int] = field(default_factory=list)
+    needs_min_tokens_mask: bool = False
+    stop_ids: frozenset = frozenset()
+
+
+@dataclass
+class TalkerState:
+    prompt_embeds: torch.Tensor | None
+    """[P, H] prefill embeddings; dropped after prefill."""
+    trailing: torch.Tensor
+    """[R, H] reply rows for decode steps 0..R-1; tts_pad after."""
+    tts_pad: torch.Tensor
+    """[H]"""
+    mrope_positions: torch.Tensor
+    """[3, P]"""
+    rope_delta: int
+    frames: torch.Tensor
+    """[capacity, G] CPU long: the generated frames, `num_frames` of them valid."""
+    num_frames: int = 0
+    num_decoded: int = 0
+    next_embed: torch.Tensor | None = None
+    """[H]: the last frame's summed embeddings (the next decode step's codec input)."""
+    predictor_row: _PredictorRow | None = None
+
+    def add_frame(self, frame: torch.Tensor) -> None:
+        if self.num_frames == self.frames.shape[0]:
+            grown = self.frames.new_zeros(2 * self.frames.shape[0], self.frames.shape[1])
+            grown[:self.num_frames] = self.frames
+            self.frames = grown  # earlier outputs keep views of the old buffer, whose rows are final
+        self.frames[self.num_frames] = frame
+        self.num_frames += 1
+
+
+class Qwen3OmniTalker(ARModel):
+    tokenizer = None  # emits codec frames, not text
+
+    def __init__(self, model, omni_config, device: torch.device) -> None:
+        config = model.config
+        text = config.text_config
+        layer_types = getattr(text, "layer_types", None) or ["full_attention"]
+        if set(layer_types) != {"full_attention"}:
+            raise ValueError(f"the talker supports full attention layers only, not {sorted(set(layer_types))}")
+        self.model = model
+        self.embed = model.get_input_embeddings()
+        self.predictor = model.code_predictor
+        self.device = device
+        self.num_layers = text.num_hidden_layers
+        self.max_position_embeddings = text.max_position_embeddings
+        self.num_code_groups = config.num_code_groups
+        self.speakers = speaker_ids(config)
+        self.codec_eos = config.codec_eos_token_id
+        self.codec_specials = (config.codec_nothink_id, config.codec_think_bos_id, config.codec_think_eos_id)
+        self.codec_pad, self.codec_bos = config.codec_pad_id, config.codec_bos_id
+        self.eos_token_ids = (self.codec_eos,)
+        self.suppressed = [i for i in range(max(0, text.vocab_size - NUM_SUPPRESSED), text.vocab_size)
+                           if i != self.codec_eos]
+        self.im_start, self.assistant = omni_config.im_start_token_id, omni_config.assistant_token_id
+        self.user, self.tts_pad_id = omni_config.user_token_id, omni_config.tts_pad_token_id
+        thinker = omni_config.thinker_config
+        self.media_ids = (thinker.audio_token_id, thinker.image_token_id, thinker.video_token_id)
+        self.predictor_sampler = Sampler(device)
+
+    @classmethod
+    def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> Qwen3OmniTalker:
+        from transformers import Qwen3OmniMoeConfig
+
+        return cls(load_talker(model_path, device, dtype), Qwen3OmniMoeConfig.from_pretrained(model_path), device)
+
+    # --- prompt -------------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def build_prompt(self, inputs: Any) -> PromptInputs:
+        if not isinstance(inputs, dict) or sorted(inputs) != sorted(_INPUT_KEYS):
+            got = sorted(inputs) if isinstance(inputs, dict) else type(inputs).__name__
+            raise ValueError(f"talker inputs must be a dict with keys {list(_INPUT_KEYS)} "
+                             f"(built by the thinker -> talker processor), got {got}")
+        check_voice(self.speakers, inputs["voice"])
+        dtype = self.embed.weight.dtype
+        hidden = inputs["thinker_hidden"].to(self.device, dtype)
+        embeds = inputs["thinker_embeds"].to(self.device, dtype)
+        ids = inputs["token_ids"].to(self.device)
+        num_prompt = inputs["num_prompt"]
+        prompt_ids = ids[:num_prompt]
+        # 1. The user turns: positions whose turn (the token after the last <|im_start|>) is "user".
+        positions = torch.arange(num_prompt, device=self.device)
+        starts = torch.where(prompt_ids == self.im_start, positions, torch.full_like(positions, -1))
+        turn = torch.cummax(starts, dim=0).values.clamp_min(0)
+        is_user = prompt_ids[(turn + 1).clamp_max(num_prompt - 1)] == self.user
+        is_media = torch.isin(prompt_ids, torch.tensor(self.media_ids, device=self.device))
+        user = torch.empty(int(is_user.sum()), self.embed.weight.shape[1], device=self.device, dtype=dtype)
+        user_media, user_text = is_media[is_user], ~is_media[is_user]
+        if user_media.any():
+            user[user_media] = self.model.hidden_projection(hidden[:num_prompt][is_user][user_media])
+        user[user_text] = self.model.text_projection(embeds[:num_prompt][is_user][user_text])
+        # 2. The assistant turn, from its <|im_start|> to the last fed position.
+        pairs = (prompt_ids[:-1] == self.im_start) & (prompt_ids[1:] == self.assistant)
+        if not pairs.any():
+            raise ValueError("talker inputs: the thinker prompt has no '<|im_start|>assistant' turn")
+        start = int(torch.nonzero(pairs).flatten()[-1])
+        reply = self.model.text_projection(embeds[start:])
+        tts_bos, tts_eos, tts_pad = self.model.text_projection(inputs["tts_embeds"].to(self.device, dtype)).unbind(0)
+        if reply.shape[0] < 4:
+            # NOTE: the thinker stopped on its first token, so there is no reply token to start the
+            # talker with; the reference generate() fails here. Speak the end of text instead.
+            reply = torch.cat([reply, tts_eos[None]])
+            tts_eos = None
+        text_part = torch.cat([reply[:3], tts_pad.expand(4, -1), tts_bos[None], reply[3:4]])
+        codec_ids = torch.tensor([*self.codec_specials, self.speakers[inputs["voice"].lower()], self.codec_pad,
+                                  self.codec_bos], device=self.device)
+        codec_part = torch.cat([text_part.new_zeros(3, text_part.shape[1]), self.embed(codec_ids)])
+        assistant = text_part + codec_part[:text_part.shape[0]]
+        prompt_embeds = torch.cat([user, assistant])
+        trailing = reply[4:] if tts_eos is None else torch.cat([reply[4:], tts_eos[None]])
+        # 3. Positions: TMRoPE over the talker's ids when audio or images are in the prompt, else plain.
+        talker_ids = torch.cat([prompt_ids[is_user],
+                                torch.full((assistant.shape[0],), -1, device=self.device, dtype=torch.long)])
+        audio_seqlens, grid = inputs["audio_seqlens"], inputs["image_grid_thw"]
+        if audio_seqlens is not None or grid is not None:
+            talker_ids[talker_ids < 0] = self.tts_pad_id  # the reference's ids for the assistant part
+            pos, delta = self.model.get_rope_index(
+                talker_ids[None], None if grid is None else grid.to(self.device), None,
+                torch.ones_like(talker_ids[None]), False,
+                None if audio_seqlens is None else audio_seqlens.to(self.device), None)
+            mrope, delta = pos[:, 0], int(delta.item())
+        else:
+            mrope, delta = torch.arange(talker_ids.shape[0], device=self.device).expand(3, -1), 0
+        frames = torch.zeros(64, self.num_code_groups, dtype=torch.long)
+        state = TalkerState(prompt_embeds, trailing, tts_pad, mrope, delta, frames)
+        return PromptInputs([self.codec_pad] * prompt_embeds.shape[0], state)
+
+    # --- decoder ----------------------------------------------------------------------------------
+
+    def forward(self, batch: ModelInput, cache) -> ModelOutput:
+        states: list[TalkerState] = [s.model_state for s in batch.seqs]
+        if batch.is_prefill:
+            b, t = batch.input_ids.shape
+            x = states[0].prompt_embeds.new_zeros(b, t, states[0].prompt_embeds.shape[-1])
+            positions = batch.positions.new_zeros(3, b, t)
+            for i, st in enumerate(states):
+                x[i, :batch.query_lens[i]] = st.prompt_embeds
+                positions[:, i, :batch.query_lens[i]] = st.mrope_positions
+                st.prompt_embeds = None
+        else:
+            rows = []
+            for st in states:
+                text = st.trailing[st.num_decoded] if st.num_decoded < st.trailing.shape[0] else st.tts_pad
+                rows.append(st.next_embed + text)
+                st.num_decoded += 1
+            x = torch.stack(rows)[:, None]
+            delta = torch.tensor([st.rope_delta for st in states], device=batch.positions.device)
+            positions = (batch.positions + delta[:, None]).expand(3, -1, -1)
+        out = self.model.model(inputs_embeds=x, position_ids=positions, attention_mask=attention_mask(batch),
+                               cache=cache, use_cache=True)
+        hidden = out.last_hidden_state
+        if batch.is_prefill:
+            last = hidden[torch.arange(hidden.shape[0], device=hidden.device), batch.last_indices]
+        else:
+            last = hidden[:, -1]
+        logits = self.model.codec_head(last).float()
+        logits[:, self.suppressed] = -float("inf")
+        return TalkerOutput(logits=logits, last_hidden=last)
+
+    # --- code predictor ---------------------------------------------------------------------------
+
+    def on_sampled(self, batch: ModelInput, output: ModelOutput, token_ids: torch.Tensor) -> list[dict]:
+        speaking = [i for i in range(len(batch.seqs)) if int(token_ids[i]) != self.codec_eos]
+        frames = embeds = None
+        if speaking:
+            rows = torch.tensor(speaking, device=token_ids.device)
+            frames, embeds = self._predict(output.last_hidden[rows], token_ids[rows],
+                                           [batch.seqs[i] for i in speaking])
+            frames_cpu = frames.cpu()
+        extras = []
+        for i, seq in enumerate(batch.seqs):
+            st: TalkerState = seq.model_state
+            new = 0
+            if frames is not None and i in speaking:
+                k = speaking.index(i)
+                st.add_frame(frames_cpu[k])
+                st.next_embed = embeds[k]
+                new = 1
+            extras.append({"audio_codes": st.frames[:st.num_frames], "num_new_frames": new})
+        return extras
+
+    def _predict(self, hidden: torch.Tensor, first: torch.Tensor, seqs: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """Codebooks 1..G-1 per row, as the reference's `code_predictor.generate` -> ([B, G] frames,
+        [B, H] the frame's summed embeddings)."""
+        from transformers import DynamicCache
+
+        predictor = self.predictor
+        tables = predictor.get_input_embeddings()
+        rows = [self._predictor_row(seq) for seq in seqs]
+        cache = DynamicCache(config=predictor.config)
+        first_embed = self.embed(first)
+        x = torch.stack([hidden, first_embed], dim=1)  # [B, 2, H]
+        codes, parts = [first], [first_embed[:, None]]
+        for step in range(self.num_code_groups - 1):
+            out = predictor.model(inputs_embeds=x, cache=cache, use_cache=True)
+            logits = predictor.lm_head[step](out.last_hidden_state[:, -1]).float()
+            token = self.predictor_sampler(logits, rows)
+            codes.append(token)
+            x = tables[step](token)[:, None]
+            parts.append(x)
+        # Summed as the reference does (one reduction over the stacked codebooks: the same floats).
+        return torch.stack(codes, dim=1), torch.cat(parts, dim=1).sum(1)
+
+    def _predictor_row(self, seq) -> _PredictorRow:
+        st: TalkerState = seq.model_state
+        if st.predictor_row is None:
+            params = dataclasses.replace(seq.params, top_k=CODE_PREDICTOR_TOP_K, top_p=CODE_PREDICTOR_TOP_P,
+                                         repetition_penalty=1.0, min_tokens=0, stop_token_ids=[])
+            st.predictor_row = _PredictorRow(seq.request_id, params)
+        return st.predictor_row
+
+    def release(self, seq) -> None:
+        self.predictor_sampler.release(seq.request_id)
+
+    def close(self) -> None:
+        self.model = self.embed = self.predictor = None

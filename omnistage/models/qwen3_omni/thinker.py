@@ -1,0 +1,241 @@
+"""Qwen3-Omni thinker as an AR stage: text, audio and images in, text out, plus what the talker reads.
+
+Wraps `Qwen3OmniMoeThinkerForConditionalGeneration` (an MoE language model with audio and
+vision encoders) without patching it: the engine's masks and slot KV cache go into its
+language model through the public `attention_mask` and `cache=` arguments.
+
+Per request (`ThinkerState`), prepared once at admission:
+- audio features: each `<|audio_pad|>` of the chat template is expanded to as many tokens
+  as the audio encoder makes of that clip (as `Qwen3OmniMoeProcessor` does, one request's
+  clips padded to the longest), and the encoder's outputs are scattered into those
+  positions at prefill;
+- images: the same for `<|image_pad|>` and the vision encoder, the pixels prepared by the
+  checkpoint's image processor on its PIL/numpy path (`Qwen2VLImageProcessorPil`, no
+  torchvision), one token per merged patch; the encoder's deepstack features are added to
+  the outputs of the first decoder layers at those positions (`deepstack_visual_embeds`);
+  video parts are refused: transformers 5's video processors need torchvision;
+- M-RoPE positions `[3, L]` and the decode offset (`rope_delta`) from the model's own
+  `get_rope_index` (plain `arange` for text; audio and image spans follow TMRoPE).
+
+When a talker is downstream (the request asks for hidden states and input embeddings),
+every step returns, per fed position, the hidden state of layer `accept_hidden_layer` of
+the talker config (`ModelOutput.hidden_states`; the reference's
+`hidden_states[accept_hidden_layer]`) and the input embeddings with the audio features in
+place (the reference's `hidden_states[0]`), and in `extras` what the talker needs besides:
+the prompt ids, the audio lengths and image grids, and the embeddings of tts_bos / tts_eos /
+tts_pad.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
+from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
+# The Qwen2.5-Omni helpers for placeholders and the image processor: the same checkpoint layout.
+from omnistage.models.qwen2_5_omni.thinker import expand_placeholders, image_processor
+from omnistage.models.qwen3_omni.processors import DEFAULT_VOICE, media_parts
+from omnistage.models.qwen3_omni.weights import check_voice, load_thinker, speaker_ids
+
+AUDIO_SAMPLE_RATE = 16000  # the Whisper feature extractor's input rate
+
+
+@dataclass
+class ThinkerState:
+    mrope_positions: torch.Tensor
+    """[3, L] long: the prompt's M-RoPE positions."""
+    rope_delta: int
+    """Decode position = sequence position + rope_delta."""
+    audio_embeds: torch.Tensor | None = None
+    """[num audio tokens, H] encoder outputs, dropped after prefill."""
+    image_embeds: torch.Tensor | None = None
+    """[num image tokens, H] vision encoder outputs, dropped after prefill."""
+    deepstack: list[torch.Tensor] | None = None
+    """Per deepstack layer, [num image tokens, H] features added after that decoder layer; dropped after prefill."""
+    talker_extras: dict | None = None
+    """What the talker reads besides the hidden states (None: no talker downstream)."""
+
+
+class Qwen3OmniThinker(ARModel):
+    def __init__(self, model, tokenizer, feature_extractor, speakers: dict[str, int], tts_ids: tuple[int, int, int],
+                 accept_hidden_layer: int, eos: tuple[int, ...], device: torch.device, image_processor=None) -> None:
+        text_config = model.config.text_config
+        layer_types = getattr(text_config, "layer_types", None) or ["full_attention"]
+        if set(layer_types) != {"full_attention"}:
+            raise ValueError(f"the thinker supports full attention layers only, not {sorted(set(layer_types))}")
+        self.model = model
+        self.lm = model.model.language_model
+        self.tokenizer = tokenizer
+        self.feature_extractor = feature_extractor
+        self.image_processor = image_processor
+        self.speakers = speakers
+        self.tts_ids = tts_ids  # (tts_bos, tts_eos, tts_pad), thinker-vocab ids
+        self.accept_hidden_layer = accept_hidden_layer
+        self.eos_token_ids = eos
+        self.device = device
+        self.num_layers = text_config.num_hidden_layers
+        self.max_position_embeddings = text_config.max_position_embeddings
+        self.audio_token_id = model.config.audio_token_id
+        self.image_token_id = model.config.image_token_id
+
+    @classmethod
+    def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> Qwen3OmniThinker:
+        from transformers import Qwen3OmniMoeConfig, WhisperFeatureExtractor
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+
+        config = Qwen3OmniMoeConfig.from_pretrained(model_path)
+        model = load_thinker(model_path, device, dtype)
+        try:
+            features = WhisperFeatureExtractor.from_pretrained(model_path)
+        except OSError:
+            features = None  # no preprocessor_config.json: audio input is refused at admission
+        tts_ids = (config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id)
+        talker = config.talker_config
+        return cls(model, load_tokenizer(model_path), features, speaker_ids(talker), tts_ids,
+                   talker.accept_hidden_layer, eos_token_ids(model_path, model.config), device,
+                   image_processor(model_path, Qwen2VLImageProcessorPil))
+
+    # --- admission -----------------------------------------------------------------------------
+
+    def build_prompt(self, inputs: Any) -> PromptInputs:
+        """The generic inputs (see `ARModel.build_prompt`), plus `voice` when a talker is downstream.
+
+        Chat messages may hold audio parts `{"type": "audio", "audio": float array, "sample_rate": int}`
+        and image parts `{"type": "image", "image": PIL image or uint8 [H, W, 3] array}`.
+        """
+        voice = None
+        if isinstance(inputs, dict) and "voice" in inputs:
+            inputs = dict(inputs)
+            voice = inputs.pop("voice") or DEFAULT_VOICE
+            check_voice(self.speakers, voice)
+        audios, images = media_parts(inputs)
+        ids = super().build_prompt(inputs).token_ids
+        with torch.inference_mode():
+            audio_embeds, audio_seqlens, image_embeds, deepstack, grid = None, None, None, None, None
+            if audios:
+                ids, audio_embeds, audio_seqlens = self._encode_audio(ids, audios)
+            if images:
+                ids, image_embeds, deepstack, grid = self._encode_images(ids, images)
+            ids_t = torch.tensor([ids], device=self.device)
+            positions, delta = self.model.get_rope_index(
+                ids_t, grid, None, torch.ones_like(ids_t), False, audio_seqlens, None)
+            extras = None
+            if voice is not None:
+                special = self.lm.embed_tokens(torch.tensor(self.tts_ids, device=self.device))
+                extras = {"prompt_token_ids": ids_t[0], "audio_seqlens": audio_seqlens, "image_grid_thw": grid,
+                          "tts_embeds": special, "voice": voice}
+        state = ThinkerState(positions[:, 0], int(delta.item()), audio_embeds=audio_embeds, image_embeds=image_embeds,
+                             deepstack=deepstack, talker_extras=extras)
+        return PromptInputs(ids, state)
+
+    def _encode_audio(self, ids: list[int], audios: list[tuple[Any, int]]):
+        from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
+
+        from omnistage.media.audio import resample
+
+        if self.feature_extractor is None:
+            raise ValueError("this checkpoint has no audio feature extractor (preprocessor_config.json)")
+        slots = [i for i, t in enumerate(ids) if t == self.audio_token_id]
+        if len(slots) != len(audios):
+            raise ValueError(f"the prompt has {len(slots)} audio placeholders but {len(audios)} audio inputs")
+        waves = [resample(audio, rate, AUDIO_SAMPLE_RATE) for audio, rate in audios]
+        # The processor's audio settings: pad to the longest clip of the request, keep the mask.
+        features = self.feature_extractor(waves, sampling_rate=AUDIO_SAMPLE_RATE, padding=True, truncation=False,
+                                          return_attention_mask=True, return_tensors="pt")
+        mask = features["attention_mask"].to(self.device)
+        seqlens = mask.sum(-1)
+        counts = _get_feat_extract_output_lengths(seqlens).tolist()
+        features = features["input_features"].to(self.device, self.model.dtype)
+        embeds = self.model.get_audio_features(features, mask).last_hidden_state
+        return expand_placeholders(ids, slots, counts, self.audio_token_id), embeds, seqlens
+
+    def _encode_images(self, ids: list[int], images: list[Any]):
+        """Pixels by the checkpoint's image processor (PIL path), one `<|image_pad|>` per merged patch."""
+        if self.image_processor is None:
+            raise ValueError("this checkpoint has no image processor (preprocessor_config.json image fields)")
+        slots = [i for i, t in enumerate(ids) if t == self.image_token_id]
+        if len(slots) != len(images):
+            raise ValueError(f"the prompt has {len(slots)} image placeholders but {len(images)} images")
+        pixels = self.image_processor(images=images, return_tensors="pt")
+        grid = pixels["image_grid_thw"].to(self.device)
+        counts = (grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
+        out = self.model.get_image_features(pixels["pixel_values"].to(self.device, self.model.dtype), grid)
+        deepstack = [torch.cat(per_image) for per_image in out.deepstack_features]
+        return expand_placeholders(ids, slots, counts, self.image_token_id), torch.cat(out.pooler_output), deepstack, grid
+
+    # --- the forward ---------------------------------------------------------------------------
+
+    def forward(self, batch: ModelInput, cache) -> ModelOutput:
+        embeds = self.lm.embed_tokens(batch.input_ids)
+        visual = {}
+        if batch.is_prefill:
+            embeds, visual = self._merge_media(batch, embeds)
+        want_hidden = batch.output_hidden_states
+        out = self.lm(inputs_embeds=embeds, position_ids=self._positions(batch), attention_mask=attention_mask(batch),
+                      cache=cache, use_cache=True,
+                      output_hidden_states=[self.accept_hidden_layer] if want_hidden else False, **visual)
+        hidden = out.last_hidden_state
+        if batch.is_prefill:
+            last = hidden[torch.arange(hidden.shape[0], device=hidden.device), batch.last_indices]
+        else:
+            last = hidden[:, -1]
+        states = [s.model_state for s in batch.seqs]
+        extras = [st.talker_extras or {} for st in states]
+        return ModelOutput(
+            logits=self.model.lm_head(last),
+            hidden_states=out.hidden_states[self.accept_hidden_layer] if want_hidden else None,
+            input_embeds=embeds if batch.output_input_embeds else None,
+            extras=extras,
+        )
+
+    def on_sampled(self, batch: ModelInput, output: ModelOutput, token_ids: torch.Tensor) -> list[dict] | None:
+        return output.extras  # the runner publishes what this hook returns as TextPayload.extras
+
+    def _merge_media(self, batch: ModelInput, embeds: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """Scatter each row's audio and image encoder outputs into its placeholder positions, and gather
+        the rows' deepstack features in the order the language model adds them (row-major over the
+        batch's image positions)."""
+        states = [s.model_state for s in batch.seqs]
+        if all(st.audio_embeds is None and st.image_embeds is None for st in states):
+            return embeds, {}
+        embeds = embeds.clone()
+        is_image = batch.input_ids == self.image_token_id
+        layers: dict[int, list[torch.Tensor]] = {}
+        for i, st in enumerate(states):
+            if st.audio_embeds is not None:
+                embeds[i, batch.input_ids[i] == self.audio_token_id] = st.audio_embeds.to(embeds.dtype)
+            if st.image_embeds is not None:
+                embeds[i, is_image[i]] = st.image_embeds.to(embeds.dtype)
+                for k, feature in enumerate(st.deepstack):
+                    layers.setdefault(k, []).append(feature)
+            st.audio_embeds = st.image_embeds = st.deepstack = None  # only the prefill reads them
+        if not layers:
+            return embeds, {}
+        deepstack = [torch.cat(layers[k]).to(embeds.dtype) for k in sorted(layers)]
+        return embeds, {"visual_pos_masks": is_image, "deepstack_visual_embeds": deepstack}
+
+    def _positions(self, batch: ModelInput) -> torch.Tensor:
+        """[3, B, T] M-RoPE positions: the prompt's own at prefill, position + rope_delta after."""
+        states = [s.model_state for s in batch.seqs]
+        if batch.is_prefill:
+            pos = batch.positions.new_zeros(3, *batch.positions.shape)
+            for i, st in enumerate(states):
+                pos[:, i, :st.mrope_positions.shape[1]] = st.mrope_positions
+            return pos
+        delta = torch.tensor([st.rope_delta for st in states], device=batch.positions.device)
+        return (batch.positions + delta[:, None]).expand(3, -1, -1)
+
+    def close(self) -> None:
+        self.model = self.lm = None
+
+
+def attention_mask(batch: ModelInput) -> torch.Tensor | None:
+    # NOTE: one row has no padding, so its mask is plain causal (prefill) or all-visible
+    # (decode). None lets SDPA take its is_causal path, as transformers' generate() does for an
+    # unpadded prompt: the same kernel, so the same floats (see qwen2_5_omni.thinker).
+    return None if len(batch.seqs) == 1 else batch.attention_mask
+

@@ -1,0 +1,328 @@
+"""Qwen3-Omni end to end on the tiny zoo checkpoint: text, codec frames and waveform parity with
+transformers' `Qwen3OmniMoeForConditionalGeneration.generate` (greedy), audio input, streamed
+code2wav against the one-shot decode, the thinker-only variant, voices, batching, and the
+chat route streaming audio; text, audio and image input.
+
+The reference runs unmodified; its code2wav is wrapped only to record the codes `generate`
+hands it. One difference is accounted for, not repaired: the reference's talker voices one
+frame less than it samples when `max_new_tokens` stops it (it builds a frame's codebooks while
+preparing the next step), so it is given one token more than omnistage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from omnistage import Omni, OmniRequestError, SamplingParams
+from omnistage.config import PipelineDeployConfig
+from omnistage.models.qwen3_omni import Code2WavParams, resolve_qwen3_omni
+from omnistage.testing.omni_models import (
+    QWEN3_OMNI_AUDIO_IN_SAMPLE_RATE,
+    QWEN3_OMNI_CODE_GROUPS,
+    QWEN3_OMNI_GENERATE_KWARGS,
+    QWEN3_OMNI_SAMPLE_RATE,
+)
+
+KW = QWEN3_OMNI_GENERATE_KWARGS
+EOS = [2, 0]  # the checkpoint's generation_config eos (<|im_end|>, <|endoftext|>), which omnistage uses
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello, who are you?"}]
+OTHER = [{"role": "user", "content": "Tell me a story."}]
+SAMPLES_PER_FRAME = 1920
+NUM_FRAMES = 20
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def greedy_params(frames: int = NUM_FRAMES, min_frames: int = 0, chunking: Code2WavParams | None = None) -> dict:
+    return {
+        "thinker": SamplingParams(temperature=0, max_tokens=KW["thinker_max_new_tokens"]),
+        "talker": SamplingParams(temperature=0, max_tokens=frames, min_tokens=min_frames,
+                                 repetition_penalty=KW["talker_repetition_penalty"]),
+        "code2wav": chunking or Code2WavParams(chunk_frames=0),
+    }
+
+
+@pytest.fixture(scope="module")
+def path(zoo) -> str:
+    return str(zoo("qwen3-omni"))
+
+
+@pytest.fixture(scope="module")
+def reference(path):
+    from transformers import AutoTokenizer, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
+
+    class _RecordingCode2Wav(torch.nn.Module):
+        """The reference code2wav, recording the codes generate() hands it."""
+
+        def __init__(self, inner) -> None:
+            super().__init__()
+            self.inner, self.total_upsample, self.codes = inner, inner.total_upsample, []
+
+        def chunked_decode(self, codes, **kwargs):
+            self.codes.append(codes)
+            return self.inner.chunked_decode(codes, **kwargs)
+
+    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(path).eval()
+    model.code2wav = _RecordingCode2Wav(model.code2wav)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    features = WhisperFeatureExtractor.from_pretrained(path)
+    image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
+    audio_token = model.config.thinker_config.audio_token_id
+    image_token = model.config.thinker_config.image_token_id
+
+    def processor(messages) -> dict:
+        """Qwen3OmniMoeProcessor's text and audio work (the class itself needs torchvision)."""
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                            return_dict=True)["input_ids"]
+        clips = [p["audio"] for m in messages if isinstance(m["content"], list) for p in m["content"]
+                 if p["type"] == "audio"]
+        inputs = {}
+        if clips:  # 16 kHz clips here; the processor's audio kwargs
+            feats = features(clips, sampling_rate=16000, padding=True, truncation=False, return_attention_mask=True,
+                             return_tensors="pt")
+            inputs = {"input_features": feats["input_features"], "feature_attention_mask": feats["attention_mask"]}
+            counts = iter(_get_feat_extract_output_lengths(feats["attention_mask"].sum(-1)).tolist())
+            ids = [t for token in ids for t in ([token] * next(counts) if token == audio_token else [token])]
+        images = [p["image"] for m in messages if isinstance(m["content"], list) for p in m["content"]
+                  if p["type"] == "image"]
+        if images:  # the processor's image path, PIL backend (its default backend needs torchvision)
+            pixels = image_processor(images=images, return_tensors="pt")
+            inputs.update(pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
+            counts = iter((pixels["image_grid_thw"].prod(-1) // image_processor.merge_size**2).tolist())
+            ids = [t for token in ids for t in ([token] * next(counts) if token == image_token else [token])]
+        x = torch.tensor([ids])
+        return {"input_ids": x, "attention_mask": torch.ones_like(x), **inputs}
+
+    def generate(messages, voice="Ethan", frames=NUM_FRAMES, **overrides):
+        inputs = processor(messages)
+        kwargs = {**KW, "speaker": voice, "thinker_eos_token_id": EOS, "talker_max_new_tokens": frames + 1,
+                  **overrides}
+        model.code2wav.codes.clear()
+        with torch.inference_mode():
+            out = model.generate(**inputs, **kwargs)
+        if kwargs.get("return_audio") is False:
+            return out[0, inputs["input_ids"].shape[1]:].tolist(), None, None
+        ids, wav = out
+        [codes] = model.code2wav.codes
+        return ids[0, inputs["input_ids"].shape[1]:].tolist(), codes[0].T, wav.reshape(-1).numpy()
+
+    return generate
+
+
+@pytest.fixture(scope="module")
+def omni(path):
+    with Omni(path, stage_overrides={"*": {"max_num_seqs": 4}}) as omni:
+        yield omni
+
+
+
+def test_text_codes_and_waveform_match_transformers_generate(reference, omni):
+    ref_ids, ref_codes, ref_wav = reference(MESSAGES)
+    assert ref_codes.shape == (NUM_FRAMES, QWEN3_OMNI_CODE_GROUPS)
+    # The frames the reference voices are the ones omnistage decodes: its waveform of them is ours.
+    [out] = omni.generate({"messages": MESSAGES, "voice": "Ethan"}, greedy_params(), use_tqdm=False)
+    assert out.token_ids == ref_ids
+    assert out.sample_rate == QWEN3_OMNI_SAMPLE_RATE
+    assert out.audio.dtype == np.float32 and out.audio.shape == ref_wav.shape
+    np.testing.assert_array_equal(out.audio, ref_wav)
+    # Another voice (any case) speaks the same text differently.
+    chelsie_ids, chelsie_codes, chelsie_wav = reference(MESSAGES, voice="Chelsie")
+    [chelsie] = omni.generate({"messages": MESSAGES, "voice": "chelsie"}, greedy_params(), use_tqdm=False)
+    assert chelsie.token_ids == chelsie_ids == ref_ids
+    np.testing.assert_array_equal(chelsie.audio, chelsie_wav)
+    assert not torch.equal(chelsie_codes, ref_codes)
+
+
+def test_codes_match_transformers_generate(path, reference, omni):
+    # The talker's frames travel to code2wav only; decoding the reference's frames with omnistage's
+    # code2wav gives omnistage's waveform, which is the reference's.
+    from omnistage.models.qwen3_omni.code2wav import Code2Wav
+
+    ref_ids, ref_codes, ref_wav = reference(OTHER)
+    [out] = omni.generate({"messages": OTHER}, greedy_params(), use_tqdm=False)
+    assert out.token_ids == ref_ids
+    decoder = Code2Wav.load(path, None, torch.device("cpu"), torch.float32, max_streams=1)
+    np.testing.assert_array_equal(decoder.decode([decoder.parse(ref_codes)], [decoder.open_stream()])[0], out.audio)
+    np.testing.assert_array_equal(out.audio, ref_wav)
+
+
+def test_audio_input_matches_transformers_generate(reference, omni):
+    rate = QWEN3_OMNI_AUDIO_IN_SAMPLE_RATE
+    t = np.arange(int(1.5 * rate)) / rate
+    clip = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+    messages = [{"role": "user", "content": [{"type": "audio", "audio": clip, "sample_rate": rate},
+                                             {"type": "text", "text": "What is this sound?"}]}]
+    ref_ids, _, ref_wav = reference(messages)
+    [out] = omni.generate({"messages": messages}, greedy_params(), use_tqdm=False)
+    assert out.token_ids == ref_ids
+    np.testing.assert_array_equal(out.audio, ref_wav)
+
+
+def test_image_input_matches_transformers_generate(reference, omni):
+    from PIL import Image
+
+    rng = np.random.RandomState(0)
+    wide = Image.fromarray((rng.rand(64, 96, 3) * 255).astype(np.uint8))  # 4 x 6 patches of 16
+    square = (rng.rand(64, 64, 3) * 255).astype(np.uint8)  # a uint8 array works too
+    messages = [{"role": "user", "content": [{"type": "image", "image": wide}, {"type": "text", "text": "and"},
+                                             {"type": "image", "image": square},
+                                             {"type": "text", "text": "Describe the image."}]}]
+    ref_ids, ref_codes, ref_wav = reference(messages)
+    [out] = omni.generate({"messages": messages}, greedy_params(), use_tqdm=False)
+    assert out.token_ids == ref_ids
+    np.testing.assert_array_equal(out.audio, ref_wav)
+    # The pixels matter (the talker reads the thinker's states at the image positions).
+    other = [{"role": "user", "content": [{"type": "image", "image": 255 - square},
+                                          {"type": "text", "text": "Describe the image."}]}]
+    same = [{"role": "user", "content": [{"type": "image", "image": square}, {"type": "text", "text": "Describe the image."}]}]
+    [a], [b] = (omni.generate({"messages": m}, greedy_params(), use_tqdm=False) for m in (other, same))
+    np.testing.assert_array_equal(a.audio, reference(other)[2])
+    assert not np.array_equal(a.audio, b.audio)
+    # An image and audio in one batch with a text-only request: each as alone.
+    text_only = omni.generate({"messages": OTHER}, greedy_params(), use_tqdm=False)[0]
+    together = omni.generate([{"messages": messages}, {"messages": OTHER}], greedy_params(), use_tqdm=False)
+    assert together[0].token_ids == ref_ids and together[1].token_ids == text_only.token_ids
+    np.testing.assert_allclose(together[0].audio, ref_wav, rtol=0, atol=1e-5)
+
+
+def test_audio_streams_and_chunks_approximate_the_one_shot_decode(omni):
+    num_frames = 64  # chunks at 5, 30, 55 frames; the rest at the end
+    chunking = Code2WavParams(first_chunk_frames=5, chunk_frames=25)
+    params = greedy_params(num_frames, num_frames, chunking)
+
+    async def collect():
+        chunks, last = [], None
+        async for out in omni.engine.generate({"messages": MESSAGES}, params):
+            if out.audio_chunk is not None:
+                chunks.append((time.monotonic(), out.audio_chunk))
+            last = out
+        return chunks, last
+
+    chunks, last = asyncio.run(collect())
+    assert last.error is None and len(chunks) == 4
+    np.testing.assert_array_equal(np.concatenate([c for _, c in chunks]), last.audio)
+    assert chunks[0][0] < last.metrics["stages"]["talker"]["finish_time"]
+    assert last.metrics["time_to_first_audio"] < last.metrics["e2e_time"]
+    [whole] = omni.generate({"messages": MESSAGES}, greedy_params(num_frames, num_frames), use_tqdm=False)
+    assert whole.token_ids == last.token_ids
+    # Same length (chunks join without a gap); the 25-frame left context approximates the full one.
+    assert last.audio.shape == whole.audio.shape
+    assert len(whole.audio) > (num_frames - 1) * SAMPLES_PER_FRAME
+    err = np.linalg.norm(last.audio - whole.audio) / np.linalg.norm(whole.audio)
+    print(f"chunked vs one-shot code2wav: relative L2 error {err:.2e}")
+    assert err < 5e-3, err  # measured 7.7e-4 on the zoo model
+    # With a left context as long as the utterance, chunked decoding is the one-shot decode.
+    full_context = Code2WavParams(first_chunk_frames=5, chunk_frames=25, left_context=num_frames)
+    [exact] = omni.generate({"messages": MESSAGES}, greedy_params(num_frames, num_frames, full_context),
+                            use_tqdm=False)
+    np.testing.assert_allclose(exact.audio, whole.audio, rtol=0, atol=1e-5)
+
+
+def test_two_requests_at_once_match_each_alone(omni):
+    prompts = [{"messages": MESSAGES}, {"messages": OTHER, "voice": "Chelsie"}]
+    params = greedy_params(24, 24, Code2WavParams())
+    alone = [omni.generate(p, params, use_tqdm=False)[0] for p in prompts]
+    together = omni.generate(prompts, params, use_tqdm=False)
+    for a, b in zip(alone, together):
+        assert a.token_ids == b.token_ids
+        np.testing.assert_allclose(a.audio, b.audio, rtol=0, atol=1e-5)
+    assert together[0].token_ids != together[1].token_ids
+
+
+def test_thinker_only_variant(path, reference, tmp_path):
+    deploy = tmp_path / "text.yaml"
+    deploy.write_text("base_config: bundled:qwen3_omni.yaml\noutput_modalities: [text]\n")
+    ref_ids, _, _ = reference(MESSAGES, return_audio=False)
+    with Omni(path, deploy_config=deploy) as text_only:
+        assert [s.name for s in text_only.spec.stages] == ["thinker"]
+        [out] = text_only.generate({"messages": MESSAGES, "voice": "Ethan"}, {"thinker": greedy_params()["thinker"]},
+                                   use_tqdm=False)
+    assert out.token_ids == ref_ids and out.audio is None
+    no_audio = SimpleNamespace(config={"enable_audio_output": False})
+    assert resolve_qwen3_omni(no_audio, PipelineDeployConfig()).name == "qwen3_omni_thinker_only"
+
+
+def test_text_only_request_runs_the_thinker_alone(reference, omni):
+    ref_ids, _, _ = reference(MESSAGES, return_audio=False)
+    [out] = omni.generate({"messages": MESSAGES}, greedy_params(), modalities=["text"], use_tqdm=False)
+    assert out.error is None and out.token_ids == ref_ids and out.audio is None
+    assert set(out.metrics["stages"]) == {"thinker"}
+
+
+def test_bad_voice_and_video_parts_fail_naming_the_thinker(omni):
+    with pytest.raises(OmniRequestError, match=r"thinker.*unknown voice 'Nobody'"):
+        omni.generate({"messages": MESSAGES, "voice": "Nobody"}, greedy_params(), use_tqdm=False)
+    video = [{"role": "user", "content": [{"type": "video", "video": np.zeros((4, 64, 64, 3), np.uint8)}]}]
+    with pytest.raises(OmniRequestError, match=r"thinker.*video parts are not supported.*torchvision"):
+        omni.generate({"messages": video}, greedy_params(), use_tqdm=False)
+
+
+def test_chat_completions_route_streams_audio_for_an_image(path):
+    import base64
+    import json
+
+    from fastapi.testclient import TestClient
+
+    from omnistage import AsyncOmni
+    from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
+
+    # The route sets the thinker's params only; the talker samples with its deploy defaults, capped here.
+    engine = AsyncOmni(path, stage_overrides={"1": {"default_sampling_params": {"max_tokens": 30}}})
+    app = create_app(ServerSettings(served_model_name="omni", model_path=path), engine)
+    from PIL import Image
+
+    from omnistage.media.image import image_to_data_url
+
+    image = Image.fromarray((np.random.RandomState(0).rand(64, 64, 3) * 255).astype(np.uint8))
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image_to_data_url(image)}},
+                                             {"type": "text", "text": "Describe the image."}]}]
+    body = {"messages": messages, "modalities": ["text", "audio"], "max_tokens": 8, "temperature": 0,
+            "stream": True, "audio": {"voice": "Chelsie", "format": "pcm16"}}
+    with TestClient(app) as http, http.stream("POST", "/v1/chat/completions", json=body) as streamed:
+        assert streamed.status_code == 200
+        lines = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"].get("audio") for c in lines if c["choices"]]
+    pcm = [base64.b64decode(d["data"]) for d in deltas if d and d.get("data")]
+    assert len(pcm) >= 2 and all(len(p) % 2 == 0 for p in pcm)  # streamed in more than one piece
+    assert "".join(d.get("transcript", "") for d in deltas if d)
+
+
+@pytest.mark.parametrize("num_frames", [0, 3, 5, 30, 57])
+@pytest.mark.parametrize("chunking", [Code2WavParams(), Code2WavParams(first_chunk_frames=1, chunk_frames=1),
+                                      Code2WavParams(chunk_frames=0)])
+def test_talker_chunks_cover_the_utterance_once(num_frames, chunking):
+    from omnistage.engine.types import TextPayload
+    from omnistage.models.qwen3_omni.processors import CODE2WAV, talker_chunks
+
+    request = SimpleNamespace(request_id="r", params={CODE2WAV: chunking})
+    codes = torch.arange(num_frames * 4).reshape(num_frames, 4)
+    parts = []
+    # One frame per step, then the EOS step (no new frame).
+    steps = [(n, 1, False) for n in range(1, num_frames + 1)] + [(num_frames, 0, True)]
+    for n, num_new, done in steps:
+        payload = TextPayload(token_ids=[0] * n, extras={"audio_codes": codes[:n], "num_new_frames": num_new})
+        part = talker_chunks(request, payload, done)
+        if part is not None:
+            parts.append(part)
+    assert torch.equal(torch.cat([p["codes"] for p in parts]), codes)
+    assert [p["is_last"] for p in parts] == [False] * (len(parts) - 1) + [True]
+    if chunking.chunk_frames == 0:
+        assert len(parts) == 1
+
+
+def test_a_thinker_that_stops_at_once_still_speaks(omni):
+    # The reference generate() fails when the thinker's first token ends its answer; here the talker
+    # speaks the end of text (its prompt still ends in the codec BOS).
+    params = greedy_params(8, 8)
+    params["thinker"] = SamplingParams(temperature=0, max_tokens=1)
+    [out] = omni.generate({"messages": MESSAGES}, params, use_tqdm=False)
+    assert out.error is None and len(out.token_ids) == 1
+    assert out.audio.shape[0] > 7 * SAMPLES_PER_FRAME
