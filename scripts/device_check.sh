@@ -82,6 +82,8 @@ PYEOF
 cat "$OUT/env.txt"
 
 # -- 2. GPU tests (zoo checkpoints build on first use into .omnistage-cache) ---------------
+# tests/gpu/test_parallel_cuda.py holds the parallel-diffusion equality checks over nccl
+# (Ulysses, ring, CFG + VAE patch parallel); nccl takes one GPU per rank, so it needs two.
 export OMNISTAGE_GPU_REPORT="$OUT/gpu_metrics.jsonl"
 step "pytest -m gpu tests/gpu" 180 "$OUT/gpu_tests.log" $PY -m pytest -m gpu tests/gpu -q -rA -p no:cacheprovider
 

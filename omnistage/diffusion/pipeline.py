@@ -115,6 +115,8 @@ class DiffusionPipelineBase(ABC):
         cache wraps it (accel/step_cache.py)."""
         self.step_cache: Any = None
         """The step cache applied from the deploy config, if any (accel/step_cache.py)."""
+        self.vae_decode: Callable[[torch.Tensor], torch.Tensor] = lambda z: self.vae.decode(z, return_dict=False)[0]
+        """Scaled latents -> the VAE's decoded output; VAE patch parallel replaces it (accel/vae_patch_parallel.py)."""
         self.step_runner: StepRunner = run_step
         """Runs `denoise_step` over one step's states; per-request LoRA replaces it to split
         them by adapter (accel/lora.py)."""
@@ -343,11 +345,11 @@ def pooled_prompt_cond(prompt: tuple[torch.Tensor, torch.Tensor], negative: tupl
 
 
 def decode_images(vae: Any, image_processor: Any, latents: torch.Tensor,
-                  states: list[DenoiseState]) -> list[np.ndarray]:
+                  states: list[DenoiseState], decode: Callable[[torch.Tensor], torch.Tensor]) -> list[np.ndarray]:
     """[B, C, H, W] latents of `states` -> float images in [0, 1], one [n, H, W, 3] array per
     state: undo the VAE's scaling and shift factors, decode, postprocess (Flux, SD3, Z-Image)."""
     latents = latents / vae.config.scaling_factor + vae.config.shift_factor
-    images = vae.decode(latents.to(vae.dtype), return_dict=False)[0]
+    images = decode(latents.to(vae.dtype))
     return split_per_state(image_processor.postprocess(images, output_type="np"), states)
 
 

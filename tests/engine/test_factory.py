@@ -11,13 +11,13 @@ LLM = StageSpec(id=0, name="llm", kind="ar", output="text", final_output=True)
 
 
 @pytest.mark.parametrize("fields", [
-    {"executor": "mp", "num_devices": 2, "ulysses_degree": 2},
+    {"executor": "mp", "num_devices": 2, "tensor_parallel_size": 2},
 ])
 def test_unimplemented_diffusion_fields_are_refused_before_loading(fields):
     config = StageDeployConfig(**fields)
     with pytest.raises(ValueError, match=r"stage 0 \(diffusion\).*not implemented") as info:
         create_engine("/does/not/exist", DIFFUSION, config)
-    assert next(iter(fields)) in str(info.value) or "ulysses_degree=2" in str(info.value)
+    assert next(iter(fields)) in str(info.value) or "tensor_parallel_size=2" in str(info.value)
 
 
 def test_an_unknown_cache_backend_is_refused_before_loading():

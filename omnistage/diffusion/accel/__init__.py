@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
 
-MODULES = ("lora", "quantization", "attention_backend", "cfg_parallel", "first_block_cache", "tea_cache",
-           "cache_dit", "vae_tiling", "offload", "compile")
+MODULES = ("lora", "quantization", "attention_backend", "sequence_parallel", "cfg_parallel", "first_block_cache",
+           "tea_cache", "cache_dit", "vae_tiling", "vae_patch_parallel", "offload", "compile")
 """Modules of this package, applied in this order; each has `from_deploy` and `apply`. The
 step caches come after cfg_parallel (they wrap the guidance function it installs) and
 before offload and compile (which wrap the blocks the caches hook)."""
@@ -28,8 +28,7 @@ CACHE_BACKENDS = ("first_block_cache", "tea_cache", "cache_dit")
 """Values of `cache_backend`, each the module of the same name."""
 
 NOT_YET_IMPLEMENTED: dict[str, Any] = {
-    "ulysses_degree": 1, "ring_degree": 1, "tensor_parallel_size": 1,
-    "vae_patch_parallel_size": 1,
+    "tensor_parallel_size": 1,
 }
 
 

@@ -1,7 +1,8 @@
 """`cfg_parallel_size: 2`: the conditional and unconditional branches of classifier-free
 guidance run on two ranks at once, then every rank combines them by the family's rule.
 
-It replaces the one guidance function (`guided_predictions`) on the pipeline: rank 0 runs
+It replaces the one guidance function (`guided_predictions`) on the pipeline: rank 0 of the
+CFG group (the "cfg" dimension of the stage mesh, parallel_groups.py) runs
 the cond rows, rank 1 the uncond rows of the states guided at this step, and the ranks
 swap their predictions (the shapes as a small object, the values as one flat broadcast per
 rank), so both hold identical states step after step and rank 0's output is the one
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from omnistage.diffusion.accel.parallel_groups import Degrees, degrees_of, parallel_groups
 from omnistage.diffusion.guidance import Guidance, Predict
 
 if TYPE_CHECKING:
@@ -29,23 +31,24 @@ if TYPE_CHECKING:
 class CfgParallelConfig:
     size: int = 2
     """Ranks sharing one CFG step: one per branch."""
+    degrees: Degrees = Degrees(cfg=2)
+    """All the stage's degrees: the CFG group is one dimension of their mesh (parallel_groups.py)."""
 
 
 def from_deploy(deploy: StageDeployConfig) -> CfgParallelConfig | None:
-    return CfgParallelConfig(deploy.cfg_parallel_size) if deploy.cfg_parallel_size > 1 else None
+    if deploy.cfg_parallel_size == 1:
+        return None
+    return CfgParallelConfig(deploy.cfg_parallel_size, degrees_of(deploy))
 
 
 def apply(pipeline: Any, config: CfgParallelConfig) -> None:
-    import torch.distributed as dist
-
     if config.size != 2:
         raise ValueError(f"cfg_parallel_size must be 1 or 2 (one rank per CFG branch), got {config.size}")
     if getattr(pipeline, "guidance", None) is None:
         raise ValueError(f"cfg_parallel_size: {pipeline.reference_class} declares no CFG branches to split "
                          "(the generic adapter runs diffusers' own loop)")
-    if not dist.is_initialized() or dist.get_world_size() != config.size:
-        raise ValueError(f"cfg_parallel_size={config.size} needs executor 'mp' with num_devices={config.size}")
-    pipeline.guidance_runner = partial(cfg_parallel_predictions, group=dist.group.WORLD, device=pipeline.device)
+    groups = parallel_groups(config.degrees, pipeline.device)
+    pipeline.guidance_runner = partial(cfg_parallel_predictions, group=groups.cfg_group, device=pipeline.device)
 
 
 def cfg_parallel_predictions(states: list[DenoiseState], predict: Predict, guidance: Guidance, *,

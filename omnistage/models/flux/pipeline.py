@@ -206,7 +206,7 @@ class Flux(DiffusionPipelineBase):
         params = states[0].request.params
         latents = unpack_latents(torch.cat([s.latents for s in states]), 2 * (params.height // self.multiple_of),
                                  2 * (params.width // self.multiple_of))
-        return decode_images(self.vae, self.image_processor, latents, states)
+        return decode_images(self.vae, self.image_processor, latents, states, self.vae_decode)
 
 
 def flux_modulated_input(block: Any, kwargs: dict) -> torch.Tensor:

@@ -252,7 +252,7 @@ class QwenImage(DiffusionPipelineBase):
         latents = unpack_latents(torch.cat([s.latents for s in states]), latent_h, latent_w)
         latents = latents.unsqueeze(2).to(self.vae.dtype)  # [B, C, 1 frame, h, w]
         mean, std = self._latents_stats(latents)
-        images = self.vae.decode(latents * std + mean, return_dict=False)[0][:, :, 0]
+        images = self.vae_decode(latents * std + mean)[:, :, 0]
         return split_per_state(self.image_processor.postprocess(images, output_type="np"), states)
 
     def _latents_stats(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

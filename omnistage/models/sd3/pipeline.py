@@ -197,7 +197,8 @@ class StableDiffusion3(DiffusionPipelineBase):
         return map_groups(states, lambda s: tuple(s.latents.shape[1:]), self._decode_group)
 
     def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
-        return decode_images(self.vae, self.image_processor, torch.cat([s.latents for s in states]), states)
+        latents = torch.cat([s.latents for s in states])
+        return decode_images(self.vae, self.image_processor, latents, states, self.vae_decode)
 
 
 def sd3_modulated_input(block: Any, kwargs: dict) -> torch.Tensor:

@@ -249,7 +249,7 @@ class _Wan(DiffusionPipelineBase):
     def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
         latents = torch.cat([self._final_latents(s) for s in states]).to(self.vae.dtype)
         mean, inv_std = self._latent_stats(self.vae.dtype)
-        video = self.vae.decode(latents / inv_std + mean, return_dict=False)[0]
+        video = self.vae_decode(latents / inv_std + mean)
         return list(self.video_processor.postprocess_video(video, output_type="np"))  # [F, H, W, 3] each
 
     def _latent_stats(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -182,7 +182,7 @@ class ZImage(DiffusionPipelineBase):
     def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
         # Cast before un-scaling, as diffusers' Z-Image does.
         latents = torch.cat([s.latents for s in states]).to(self.vae.dtype)
-        return decode_images(self.vae, self.image_processor, latents, states)
+        return decode_images(self.vae, self.image_processor, latents, states, self.vae_decode)
 
 
 def z_image_modulated_input(block: Any, args: tuple) -> torch.Tensor:

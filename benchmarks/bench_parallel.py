@@ -1,0 +1,156 @@
+"""Parallel diffusion on CPU ranks: 2 ranks x 1 thread against 1 rank x 1 thread, in one script.
+
+One request at a time through `DiffusionEngine` with `executor: mp` (the user's path), the
+zoo's small Qwen-Image (256x256, true CFG) and Wan T2V (128x128, 9 frames, CFG), 20 steps:
+
+- baseline: num_devices=1 (one worker process, one torch thread);
+- CFG parallel: num_devices=2, cfg_parallel_size=2 (goal >= 1.6x);
+- Ulysses 2: num_devices=2, ulysses_degree=2 (goal >= 1.4x on Wan).
+
+Each engine is started once, warmed up with one request, then timed `--repeats` times; the
+best request latency counts. Then VAE decode alone (no engine): peak RSS growth of one
+decode in a fresh process per configuration, tiled against untiled, for a 1024x1024 image
+(Qwen-Image's VAE, its own 256-px tiles) and a 33-frame 256x256 video (Wan's VAE, 128-px
+tiles: its default 256-px ones would not split the frame), with the time ratio
+(goal <= 0.5x memory). Prints markdown and writes "## Parallel diffusion" in RESULTS.md.
+
+    .venv/bin/python benchmarks/bench_parallel.py [--steps 20] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank, the workers inherit it
+
+from common import PeakRSS, write_section  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = {"qwen-image": 256, "wan-t2v": 128}  # zoo name -> side (small size)
+CONFIGS = {
+    "1 rank": dict(num_devices=1),
+    "CFG parallel": dict(num_devices=2, cfg_parallel_size=2),
+    "Ulysses 2": dict(num_devices=2, ulysses_degree=2),
+}
+# Wan's default 256-px tiles would not split a 256-px frame: its case uses 128-px tiles, 96 apart.
+WAN_TILES = dict(tile_sample_min_height=128, tile_sample_min_width=128, tile_sample_stride_height=96,
+                 tile_sample_stride_width=96)
+VAE_CASES = {"qwen-image": dict(side=1024, frames=1), "wan-t2v": dict(side=256, frames=33, tiles=WAN_TILES)}
+
+
+def zoo_path(model: str) -> str:
+    from omnistage.testing import ensure
+
+    return str(ensure(model, size="small", cache_dir=ROOT / ".omnistage-cache" / "zoo"))
+
+
+def request(model: str, steps: int, rid: str):
+    from omnistage.diffusion.params import DiffusionParams
+    from omnistage.engine.types import StageRequest
+    from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS
+
+    kwargs = dict(DEFAULT_CALL_KWARGS[model], num_inference_steps=steps, height=MODELS[model], width=MODELS[model])
+    prompt = kwargs.pop("prompt")
+    fields = {k: v for k, v in kwargs.items() if k in DiffusionParams.model_fields}
+    extras = {k: v for k, v in kwargs.items() if k not in DiffusionParams.model_fields}
+    return StageRequest(rid, prompt, DiffusionParams(seed=0, extras=extras, **fields))
+
+
+def time_engine(model: str, config: dict, steps: int, repeats: int) -> float:
+    from omnistage.config.deploy_fields import StageDeployConfig
+    from omnistage.diffusion.engine import DiffusionEngine
+
+    engine = DiffusionEngine(zoo_path(model), config=StageDeployConfig(executor="mp", **config))
+    try:
+        best = float("inf")
+        for i in range(repeats + 1):  # the first is the warm-up
+            engine.add_request(request(model, steps, f"r{i}"))
+            start = time.perf_counter()
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    assert out.error is None, out.error
+            if i:
+                best = min(best, time.perf_counter() - start)
+        return best
+    finally:
+        engine.close()
+
+
+def vae_decode_child(model: str, tiled: bool) -> dict:
+    """In a fresh process: RSS growth and time of one VAE decode of random latents."""
+    import torch
+    from diffusers import DiffusionPipeline
+
+    torch.set_num_threads(1)
+    pipe = DiffusionPipeline.from_pretrained(zoo_path(model))
+    vae = pipe.vae
+    if tiled:
+        vae.enable_tiling(**VAE_CASES[model].get("tiles", {}))
+    case = VAE_CASES[model]
+    factor = 2 ** len(vae.config.temperal_downsample)
+    frames = (case["frames"] - 1) // 2 ** sum(vae.config.temperal_downsample) + 1
+    latents = torch.randn(1, vae.config.z_dim, frames, case["side"] // factor, case["side"] // factor)
+    with torch.no_grad():
+        vae.decode(latents[:, :, :1, :8, :8])  # warm up kernels before the baseline RSS
+        base = PeakRSS(children=False)._sample()
+        start = time.perf_counter()
+        with PeakRSS(children=False, interval=0.01) as peak:
+            out = vae.decode(latents, return_dict=False)[0]
+        elapsed = time.perf_counter() - start
+    return {"growth_mib": (peak.peak - base) / 2**20, "seconds": elapsed, "shape": list(out.shape)}
+
+
+def vae_decode(model: str, tiled: bool) -> dict:
+    code = (f"import sys, json; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); import bench_parallel as b; "
+            f"print('RESULT', json.dumps(b.vae_decode_child({model!r}, {tiled})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    line = next(line for line in out.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    args = parser.parse_args()
+
+    rows = ["| model | 1 rank x 1 thread (s) | CFG parallel, 2 ranks (s) | CFG speed-up — goal >= 1.6x "
+            "| Ulysses 2, 2 ranks (s) | Ulysses speed-up — goal >= 1.4x (Wan) |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for model in args.models:
+        t = {name: time_engine(model, config, args.steps, args.repeats) for name, config in CONFIGS.items()}
+        print(model, t, flush=True)
+        rows.append(f"| {model} small ({MODELS[model]} px{', 9 frames' if model == 'wan-t2v' else ''}) "
+                    f"| {t['1 rank']:.2f} | {t['CFG parallel']:.2f} | {t['1 rank'] / t['CFG parallel']:.2f}x "
+                    f"| {t['Ulysses 2']:.2f} | {t['1 rank'] / t['Ulysses 2']:.2f}x |")
+
+    vae_rows = ["| VAE decode | output | untiled: RSS growth, time | tiled: RSS growth, time "
+                "| memory ratio — goal <= 0.5x | time ratio |", "| --- | --- | --- | --- | --- | --- |"]
+    for model in args.models:
+        whole, tiled = vae_decode(model, tiled=False), vae_decode(model, tiled=True)
+        print(model, "vae", whole, tiled, flush=True)
+        vae_rows.append(f"| {model} small | {'x'.join(map(str, whole['shape'][2:]))} "
+                        f"| {whole['growth_mib']:.0f} MiB, {whole['seconds']:.2f} s "
+                        f"| {tiled['growth_mib']:.0f} MiB, {tiled['seconds']:.2f} s "
+                        f"| {tiled['growth_mib'] / whole['growth_mib']:.2f}x | {tiled['seconds'] / whole['seconds']:.2f}x |")
+
+    body = (f"One request at a time, {args.steps} steps, fp32, CPU, `executor: mp`, one torch thread per rank, "
+            f"best of {args.repeats} timed requests after a warm-up; engine start not counted.\n\n"
+            + "\n".join(rows) + "\n\nVAE decode alone, fresh process per cell, random latents, one thread "
+            "(frames x height x width of the output):\n\n" + "\n".join(vae_rows) + "\n")
+    print(body)
+    if not args.no_write:
+        write_section("Parallel diffusion", "benchmarks/bench_parallel.py", body)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Ring attention (`ring_degree`), composable with Ulysses: attention over a token sequence
+split across ranks, exact up to float rounding.
+
+Each rank keeps its query chunk and passes its key/value chunk around the ring (send to
+the next rank, receive from the previous) while it attends to the chunk it holds, merging
+the partial results with the online-softmax rule (each chunk's output weighted by its
+log-sum-exp), so no rank ever holds more than two chunks of keys and values. With a
+Ulysses degree too, heads are first exchanged all-to-all inside the Ulysses group (each
+rank then holds the ring chunk's whole sequence for 1/U of the heads) and exchanged back
+after.
+
+diffusers' own ring attention needs an attention op that returns the log-sum-exp, which
+no CPU (or fp32) backend of its dispatcher has, so the families whose processors we
+replace here (Z-Image, Wan: `RING_PROCESSORS`) compute it themselves; the others are
+refused by name in sequence_parallel.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def all_to_all_heads(x: torch.Tensor, group: Any, *, gather_sequence: bool) -> torch.Tensor:
+    """Ulysses' exchange. gather_sequence: [B, S, H, D] -> [B, U*S, H/U, D] (the group's
+    sequence for this rank's heads); else the inverse."""
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    if gather_sequence:
+        b, s, h, d = x.shape
+        send = x.reshape(b, s, world, h // world, d).permute(2, 0, 1, 3, 4).contiguous()
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send, group=group)  # [U (source rank's chunk), B, S, H/U, D]
+        return recv.permute(1, 0, 2, 3, 4).reshape(b, world * s, h // world, d)
+    b, us, hu, d = x.shape
+    send = x.reshape(b, world, us // world, hu, d).permute(1, 0, 2, 3, 4).contiguous()
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)  # [U (source rank's heads), B, S, H/U, D]
+    return recv.permute(1, 2, 0, 3, 4).reshape(b, us // world, world * hu, d)
+
+
+def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, key_mask: torch.Tensor | None,
+                   group: Any) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v over the whole ring's keys, for this rank's queries.
+    query/key/value: [B, S, H, D], this rank's chunk (rank r holds tokens r*S..(r+1)*S);
+    key_mask: None or bool [B, S * ring] over all keys (False = padding)."""
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    ranks = dist.get_process_group_ranks(group)
+    seq = key.shape[1]
+    q = query.transpose(1, 2).float()  # [B, H, S, D]
+    scale = q.shape[-1] ** -0.5
+    kv = torch.stack([key, value]).contiguous()
+    out = lse = None
+    source = rank  # whose chunk `kv` is
+    for step in range(world):
+        pending = []
+        if step < world - 1:
+            incoming = torch.empty_like(kv)
+            pending = dist.batch_isend_irecv([
+                dist.P2POp(dist.isend, kv, ranks[(rank + 1) % world], group),
+                dist.P2POp(dist.irecv, incoming, ranks[(rank - 1) % world], group),
+            ])
+        k, v = (t.transpose(1, 2).float() for t in kv)
+        scores = (q @ k.transpose(-1, -2)) * scale
+        if key_mask is not None:
+            chunk_mask = key_mask[:, source * seq:(source + 1) * seq]
+            scores = scores.masked_fill(~chunk_mask[:, None, None, :], float("-inf"))
+        chunk_lse = torch.logsumexp(scores, dim=-1, keepdim=True)
+        # A chunk of padding only contributes nothing (its softmax would be NaN).
+        chunk_out = torch.where(torch.isinf(chunk_lse), 0.0, torch.softmax(scores, dim=-1) @ v)
+        if out is None:
+            out, lse = chunk_out, chunk_lse
+        else:
+            merged = torch.logaddexp(lse, chunk_lse)
+            out = out * torch.exp(lse - merged) + chunk_out * torch.exp(chunk_lse - merged)
+            lse = merged
+        for request in pending:
+            request.wait()
+        if pending:
+            kv, source = incoming, (source - 1) % world
+    return out.transpose(1, 2).to(query.dtype)
+
+
+def sequence_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                key_mask: torch.Tensor | None, groups: Any) -> torch.Tensor:
+    """Attention for this rank's chunk of a sequence split over ring x ulysses ranks."""
+    ulysses = groups.mesh["ulysses"].get_group()
+    use_ulysses = groups.degrees.ulysses > 1
+    if use_ulysses:
+        query, key, value = (all_to_all_heads(t, ulysses, gather_sequence=True) for t in (query, key, value))
+    out = ring_attention(query, key, value, key_mask, groups.mesh["ring"].get_group())
+    return all_to_all_heads(out, ulysses, gather_sequence=False) if use_ulysses else out
+
+
+# -- the families' attention processors, with the attention computed as above ----------------
+
+def _z_image_processor(groups: Any) -> Any:
+    from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnProcessor
+
+    class RingZImageProcessor(ZSingleStreamAttnProcessor):
+        """ZSingleStreamAttnProcessor (diffusers 0.42) with the attention over the ring."""
+
+        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: Any = None,
+                     attention_mask: torch.Tensor | None = None, freqs_cis: torch.Tensor | None = None) -> torch.Tensor:
+            query, key, value = (proj(hidden_states).unflatten(-1, (attn.heads, -1))
+                                 for proj in (attn.to_q, attn.to_k, attn.to_v))
+            if attn.norm_q is not None:
+                query = attn.norm_q(query)
+            if attn.norm_k is not None:
+                key = attn.norm_k(key)
+            if freqs_cis is not None:
+                query, key = _complex_rope(query, freqs_cis), _complex_rope(key, freqs_cis)
+            out = sequence_parallel_attention(query, key, value, attention_mask, groups).flatten(2, 3)
+            output = attn.to_out[0](out.to(query.dtype))
+            return attn.to_out[1](output) if len(attn.to_out) > 1 else output
+
+    return RingZImageProcessor()
+
+
+def _complex_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    rotated = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2)) * freqs_cis.unsqueeze(2)
+    return torch.view_as_real(rotated).flatten(3).type_as(x)
+
+
+def _wan_processor(groups: Any) -> Any:
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor, _get_qkv_projections
+
+    class RingWanProcessor(WanAttnProcessor):
+        """WanAttnProcessor (diffusers 0.42) with self-attention over the ring; cross-attention
+        to the (whole, unsplit) prompt stays local."""
+
+        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: Any = None,
+                     attention_mask: Any = None, rotary_emb: Any = None) -> torch.Tensor:
+            if encoder_hidden_states is not None:
+                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
+            query, key, value = _get_qkv_projections(attn, hidden_states, None)
+            query, key = attn.norm_q(query), attn.norm_k(key)
+            query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
+            if rotary_emb is not None:
+                query, key = _real_rope(query, *rotary_emb), _real_rope(key, *rotary_emb)
+            out = sequence_parallel_attention(query, key, value, None, groups).flatten(2, 3).type_as(query)
+            return attn.to_out[1](attn.to_out[0](out))
+
+    return RingWanProcessor()
+
+
+def _real_rope(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = freqs_cos[..., 0::2], freqs_sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(x)
+
+
+RING_PROCESSORS = {
+    "ZImageTransformer2DModel": _z_image_processor,
+    "WanTransformer3DModel": _wan_processor,
+}
+"""transformer class -> (groups -> the processor its sequence-parallel attention modules get)."""
