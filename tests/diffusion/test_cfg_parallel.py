@@ -4,7 +4,6 @@ true CFG: Qwen-Image; split with two guidance scales: Wan; one batched call: SD3
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 
 import numpy as np
@@ -15,6 +14,7 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS
 
+from two_ranks import run_two_ranks
 from parity import request_for
 
 FAMILIES = {  # zoo name -> diffusers class name
@@ -55,20 +55,9 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
 
 @pytest.fixture(scope="module")
 def two_rank_outputs(zoo, tmp_path_factory):
-    import socket
-
     paths = {name: str(zoo(name)) for name in FAMILIES}
     out_dir = str(tmp_path_factory.mktemp("cfg_parallel"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(rank, port, paths, out_dir)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-        assert p.exitcode == 0
+    run_two_ranks(_rank_main, paths, out_dir, timeout=300)
     return {name: np.load(os.path.join(out_dir, f"{name}.npy")) for name in FAMILIES}
 
 

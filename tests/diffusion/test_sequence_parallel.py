@@ -6,10 +6,7 @@ different caption lengths (a padding mask) too. One spawned pair of ranks runs e
 
 from __future__ import annotations
 
-import json
-import multiprocessing as mp
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -19,6 +16,7 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS
 
+from two_ranks import run_two_ranks
 from parity import request_for
 
 FAMILIES = {  # zoo name -> diffusers class name
@@ -103,16 +101,7 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
 def two_rank_results(zoo, tmp_path_factory):
     paths = {name: str(zoo(name)) for name in FAMILIES}
     out_dir = str(tmp_path_factory.mktemp("sequence_parallel"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(rank, port, paths, out_dir)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=400)
-        assert p.exitcode == 0
+    run_two_ranks(_rank_main, paths, out_dir, timeout=400)
     return torch.load(os.path.join(out_dir, "results.pt"), weights_only=False)
 
 

@@ -4,9 +4,7 @@ each kind of VAE (AutoencoderKL: Z-Image; causal per-frame: Qwen-Image, Wan vide
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import socket
 
 import numpy as np
 import pytest
@@ -17,6 +15,7 @@ from omnistage.diffusion.accel.vae_patch_parallel import TileSharingDecoder
 from omnistage.diffusion.registry import pipeline_class
 
 from test_vae_tiling import request, small_tiles
+from two_ranks import run_two_ranks
 
 FAMILIES = {"z-image": "ZImagePipeline", "qwen-image": "QwenImagePipeline", "wan-t2v": "WanPipeline"}
 # CFG parallel keeps both ranks' latents identical; the VAE tiles are shared between them.
@@ -54,16 +53,7 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
 def results(zoo, tmp_path_factory):
     paths = {name: str(zoo(name)) for name in FAMILIES}
     out_dir = str(tmp_path_factory.mktemp("vae_patch_parallel"))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(rank, port, paths, out_dir)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-        assert p.exitcode == 0
+    run_two_ranks(_rank_main, paths, out_dir, timeout=300)
     return [torch.load(os.path.join(out_dir, f"rank{rank}.pt"), weights_only=False) for rank in range(2)]
 
 
