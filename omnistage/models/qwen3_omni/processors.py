@@ -54,32 +54,6 @@ def _prompt_dict(prompt: Any) -> dict:
                     f"got {type(prompt).__name__}")
 
 
-def media_parts(inputs: Any) -> tuple[list[tuple[Any, int]], list[Any]]:
-    """The media parts of the chat messages, in order: audio as (waveform, sample rate), images as
-    given (PIL image or uint8 [H, W, 3] array). Video parts are refused by name: transformers 5's
-    video processors need torchvision, which omnistage does not use."""
-    if not isinstance(inputs, dict) or not isinstance(inputs.get("messages"), list):
-        return [], []
-    audios, images = [], []
-    for message in inputs["messages"]:
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
-            continue
-        for part in content:
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind == "audio":
-                if "sample_rate" not in part:
-                    raise ValueError("an audio part needs 'audio' (float waveform) and 'sample_rate'")
-                audios.append((part["audio"], int(part["sample_rate"])))
-            elif kind == "image":
-                if part.get("image") is None:
-                    raise ValueError("an image part needs 'image' (a PIL image or a uint8 [H, W, 3] array)")
-                images.append(part["image"])
-            elif kind in ("video", "video_url"):
-                raise ValueError("video parts are not supported: transformers 5's video processors need torchvision")
-    return audios, images
-
-
 # --- thinker -> talker -----------------------------------------------------------------------
 
 

@@ -37,7 +37,8 @@ from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
 # The Qwen2.5-Omni helpers for placeholders and the image processor: the same checkpoint layout.
 from omnistage.models.qwen2_5_omni.thinker import expand_placeholders, image_processor
-from omnistage.models.qwen3_omni.processors import DEFAULT_VOICE, media_parts
+from omnistage.models.qwen2_5_omni.processors import chat_media
+from omnistage.models.qwen3_omni.processors import DEFAULT_VOICE
 from omnistage.models.qwen3_omni.weights import check_voice, load_thinker, speaker_ids
 
 AUDIO_SAMPLE_RATE = 16000  # the Whisper feature extractor's input rate
@@ -112,7 +113,7 @@ class Qwen3OmniThinker(ARModel):
             inputs = dict(inputs)
             voice = inputs.pop("voice") or DEFAULT_VOICE
             check_voice(self.speakers, voice)
-        audios, images = media_parts(inputs)
+        audios, images = chat_media(inputs)  # the same chat parts as Qwen2.5-Omni's
         ids = super().build_prompt(inputs).token_ids
         with torch.inference_mode():
             audio_embeds, audio_seqlens, image_embeds, deepstack, grid = None, None, None, None, None
