@@ -281,8 +281,9 @@ def test_chat_tab_streams_a_reply(zoo, playground):
 
 
 def test_chat_tab_speaks_with_attachments_on_an_omni_model(zoo, playground):
-    # A random talker rarely emits its end code: cap its codes so the reply stays short.
-    talker_cap = '{"1": {"default_sampling_params": {"max_tokens": 32}}}'
+    # A random talker rarely emits its end code: cap its codes so the reply stays short, and
+    # seed it with a floor on its codes, so it never ends at once with no audio (flaky before).
+    talker_cap = '{"1": {"default_sampling_params": {"max_tokens": 32, "min_tokens": 8, "seed": 0}}}'
     _, page = playground(zoo("qwen2.5-omni"), "--served-model-name", "qwen2.5-omni",
                          "--stage-overrides", talker_cap)
     page.locator("#tabbtn-chat").wait_for()
@@ -291,6 +292,7 @@ def test_chat_tab_speaks_with_attachments_on_an_omni_model(zoo, playground):
     page.fill("#chat-voice", "Chelsie")
     page.fill("#chat-input", "What is in the picture?")
     page.fill("#chat-max-tokens", "6")
+    page.fill("#chat-seed", "1")
     page.set_input_files("#chat-files", files=[
         {"name": "red.png", "mimeType": "image/png", "buffer": _png((32, 32), (200, 30, 30))},
         {"name": "tone.wav", "mimeType": "audio/wav", "buffer": _wav(0.5)}])
