@@ -50,12 +50,18 @@ class ChunkOptions:
 
 
 def thinker_inputs(request: Any, upstream: dict) -> dict:
-    """Prompt -> thinker inputs, asking for what the talker needs; a request that wants no
-    audio runs no talker, so it asks for nothing more than the thinker-only variant."""
+    """Prompt -> thinker inputs, asking for what the talker needs (see `omni_thinker_inputs`)."""
+    return omni_thinker_inputs(request, DEFAULT_VOICE)
+
+
+def omni_thinker_inputs(request: Any, default_voice: str) -> dict:
+    """Prompt -> an omni thinker's inputs, asking for what the talker needs; a request that
+    wants no audio runs no talker, so it asks for nothing more than the thinker-only variant.
+    Shared by the Qwen omni families, which differ only in their default voice."""
     if request.output_modalities is not None and "audio" not in request.output_modalities:
-        return thinker_only_inputs(request, upstream)
+        return thinker_only_inputs(request, {})
     inputs = _prompt_dict(request.prompt)
-    inputs["voice"] = inputs.get("voice") or DEFAULT_VOICE
+    inputs["voice"] = inputs.get("voice") or default_voice
     inputs["return_hidden_states"] = True
     inputs["return_input_embeds"] = True
     return inputs
@@ -73,7 +79,7 @@ def _prompt_dict(prompt: Any) -> dict:
         return {"prompt": prompt}
     if isinstance(prompt, dict):
         return dict(prompt)
-    raise TypeError(f"Qwen2.5-Omni prompts are a str or a dict ({{'messages': [...], 'voice': ...}}), "
+    raise TypeError(f"omni prompts are a str or a dict ({{'messages': [...], 'voice': ...}}), "
                     f"got {type(prompt).__name__}")
 
 

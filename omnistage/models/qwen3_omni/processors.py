@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+# The thinker's inputs are built as for Qwen2.5-Omni; thinker_only_inputs is the same function.
+from omnistage.models.qwen2_5_omni.processors import omni_thinker_inputs, thinker_only_inputs  # noqa: F401
 from omnistage.models.qwen3_omni.params import Code2WavParams
 
 THINKER, TALKER, CODE2WAV = 0, 1, 2
@@ -27,31 +29,8 @@ DEFAULT_VOICE = "Ethan"  # the reference generate()'s default speaker
 
 
 def thinker_inputs(request: Any, upstream: dict) -> dict:
-    """Prompt -> thinker inputs, asking for what the talker needs; a request that wants no
-    audio runs no talker, so it asks for nothing more than the thinker-only variant."""
-    if request.output_modalities is not None and "audio" not in request.output_modalities:
-        return thinker_only_inputs(request, upstream)
-    inputs = _prompt_dict(request.prompt)
-    inputs["voice"] = inputs.get("voice") or DEFAULT_VOICE
-    inputs["return_hidden_states"] = True
-    inputs["return_input_embeds"] = True
-    return inputs
-
-
-def thinker_only_inputs(request: Any, upstream: dict) -> dict:
-    """Prompt -> thinker inputs when no audio is made (a voice in the prompt is not used)."""
-    inputs = _prompt_dict(request.prompt)
-    inputs.pop("voice", None)
-    return inputs
-
-
-def _prompt_dict(prompt: Any) -> dict:
-    if isinstance(prompt, str):
-        return {"prompt": prompt}
-    if isinstance(prompt, dict):
-        return dict(prompt)
-    raise TypeError(f"Qwen3-Omni prompts are a str or a dict ({{'messages': [...], 'voice': ...}}), "
-                    f"got {type(prompt).__name__}")
+    """Prompt -> thinker inputs, asking for what the talker needs (as Qwen2.5-Omni's)."""
+    return omni_thinker_inputs(request, DEFAULT_VOICE)
 
 
 # --- thinker -> talker -----------------------------------------------------------------------
