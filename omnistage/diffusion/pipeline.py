@@ -93,6 +93,8 @@ class DiffusionPipelineBase(ABC):
     """Model-declared request extras (e.g. max_sequence_length)."""
     needs_image: ClassVar[bool] = False
     """Whether a request must carry an input image (edit, I2V)."""
+    takes_image: ClassVar[bool] = False
+    """Whether a request may carry input images without needing one (FLUX.2's reference images)."""
     guidance: ClassVar[Guidance | None] = None
     """How classifier-free guidance runs for this family (guidance.py); None = no CFG branches."""
     step_cache_blocks: ClassVar[Any] = None
@@ -185,7 +187,7 @@ class DiffusionPipelineBase(ABC):
         """Raise ValueError naming the offending field. Override to add family rules."""
         if self.needs_image and not request.images:
             raise RequestError("image: this model needs an input image", "image")
-        if not self.needs_image and request.images:
+        if not (self.needs_image or self.takes_image) and request.images:
             raise RequestError("image: this model does not take an input image", "image")
 
     def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:

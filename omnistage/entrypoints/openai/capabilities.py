@@ -3,7 +3,7 @@
 The final stages' output modalities say what a model can answer: images, video, text,
 audio, or text and audio. What a text stage takes beside text (images, audio) and its
 context length come from the checkpoint's config (`model_facts`), for /v1/models. Whether an image model *takes* an image (edit, I2V) comes from
-its native pipeline class (`needs_image`); a generic diffusers adapter is only known once
+its native pipeline class (`needs_image`, or `takes_image` when optional); a generic diffusers adapter is only known once
 loaded, so both image routes stay open and the engine rejects what does not fit.
 """
 
@@ -88,7 +88,8 @@ def _image_input(spec: Any) -> ImageInput:
 
     if not is_native(entries[0].model):
         return "optional"
-    return "required" if pipeline_class(entries[0].model).needs_image else "none"
+    cls = pipeline_class(entries[0].model)
+    return "required" if cls.needs_image else "optional" if cls.takes_image else "none"
 
 
 def model_facts(model_path: str, engine: Any, capabilities: Capabilities) -> dict[str, Any]:

@@ -66,6 +66,7 @@ class Flux2(DiffusionPipelineBase):
     # the tokenizer in that folder is loaded instead (`from_diffusers`).
     loader_overrides: ClassVar[dict[str, Any]] = {"tokenizer": None}
     takes_negative_prompt: ClassVar[bool] = False
+    takes_image: ClassVar[bool] = True  # reference images, optional
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
@@ -91,6 +92,7 @@ class Flux2(DiffusionPipelineBase):
     # -- 1. check inputs ----------------------------------------------------------------
 
     def check_inputs(self, request: DiffusionRequest) -> None:
+        super().check_inputs(request)
         for image in request.images:  # any number of reference images, or none
             width, height = image.size
             if min(width, height) < MIN_IMAGE_SIDE:

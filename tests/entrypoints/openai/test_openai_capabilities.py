@@ -10,6 +10,8 @@ from omnistage.entrypoints.openai.capabilities import Capabilities
 @pytest.mark.parametrize("module, name, routes, image_input", [
     ("z_image", "Z_IMAGE", ["POST /v1/images/generations", "POST /v1/chat/completions"], "none"),
     ("qwen_image", "QWEN_IMAGE_EDIT", ["POST /v1/images/edits", "POST /v1/chat/completions"], "required"),
+    ("flux2", "FLUX2", ["POST /v1/images/generations", "POST /v1/images/edits", "POST /v1/chat/completions"],
+     "optional"),
     ("wan", "WAN_T2V", ["/v1/videos"], "none"),
     ("wan", "WAN_I2V", ["/v1/videos"], "required"),
     ("llm", "QWEN2", ["POST /v1/chat/completions", "POST /v1/completions"], "none"),
