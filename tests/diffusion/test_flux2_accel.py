@@ -1,0 +1,86 @@
+"""FLUX.2 with the accelerations: the step caches over its single-stream blocks (threshold 0
+is the plain output bit for bit, a high one skips, alone equals batched at other steps), CFG
+parallel (klein's true CFG, in test_cfg_parallel.py with the other families) and what it
+refuses by name."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.models.flux2.pipeline import Flux2, Flux2Klein
+from omnistage.testing.flux2_models import DEFAULT_CALL_KWARGS
+
+from parity import BATCH_PROMPTS, BATCH_SEEDS, request_for
+
+CLASSES = {"flux2": Flux2, "flux2-klein": Flux2Klein}
+THRESHOLD = {"first_block_cache": "threshold", "tea_cache": "rel_l1_thresh"}
+STEPS = 4
+
+
+def load(path, name: str, **deploy_fields):
+    return CLASSES[name].from_pretrained(str(path), deploy=StageDeployConfig(**deploy_fields))
+
+
+def cached(path, name: str, backend: str, threshold: float):
+    return load(path, name, cache_backend=backend, cache_config={THRESHOLD[backend]: threshold})
+
+
+def request(name: str, seed: int = 3, request_id: str = "req", **overrides):
+    return request_for({**DEFAULT_CALL_KWARGS[name], "num_inference_steps": STEPS, **overrides}, seed, request_id)
+
+
+def run(pipeline, name: str, **overrides):
+    """(float output, metrics) of one request run alone."""
+    (state,) = pipeline.denoise([request(name, **overrides)])
+    return pipeline.decode_arrays([state])[0], pipeline.state_metrics(state)
+
+
+@pytest.mark.parametrize("name, backend", [
+    ("flux2-klein", "first_block_cache"),  # one call per CFG branch, each with its own cache
+    ("flux2-klein", "tea_cache"),
+    ("flux2", "first_block_cache"),
+])
+def test_threshold_zero_is_bit_identical_and_a_high_one_skips(zoo, name, backend):
+    path = zoo(name)
+    base, base_metrics = run(load(path, name), name)
+    pipeline = cached(path, name, backend, 0.0)
+    assert pipeline.accelerations == [backend]
+    arr, metrics = run(pipeline, name)
+    assert np.array_equal(arr, base) and metrics == base_metrics and metrics["num_forwards_skipped"] == 0
+
+    arr, metrics = run(cached(path, name, backend, 100.0), name)
+    assert metrics["num_forwards_computed"] + metrics["num_forwards_skipped"] == base_metrics["num_forwards_computed"]
+    assert metrics["num_forwards_skipped"] > 0 and not np.array_equal(arr, base)
+
+
+def test_cached_request_alone_equals_batched_at_other_steps(zoo):
+    pipeline = cached(zoo("flux2-klein"), "flux2-klein", "first_block_cache", 1.0)  # skips every other step here
+    requests = [request("flux2-klein", BATCH_SEEDS[i], f"r{i}", prompt=BATCH_PROMPTS[i]) for i in range(2)]
+    alone = []
+    for r in requests:
+        (state,) = pipeline.denoise([r])
+        alone.append((pipeline.decode_arrays([state])[0], pipeline.state_metrics(state)))
+
+    states = pipeline.encode([requests[0]])  # the second joins after one step
+    pipeline.denoise_step(states)
+    states += pipeline.encode([requests[1]])
+    while any(not s.is_done for s in states):
+        pipeline.denoise_step([s for s in states if not s.is_done])
+    for state, arr, (arr_alone, metrics_alone) in zip(states, pipeline.decode_arrays(states), alone):
+        assert pipeline.state_metrics(state) == metrics_alone and metrics_alone["num_forwards_skipped"] > 0
+        assert np.abs(arr - arr_alone).max() <= 1e-3
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(ulysses_degree=2, executor="mp", num_devices=2), "ulysses_degree=2: Flux2KleinPipeline"),
+    (dict(ring_degree=2, executor="mp", num_devices=2), "ring_degree=2: Flux2KleinPipeline"),
+])
+def test_sequence_parallel_is_refused_by_name(zoo, fields, message):
+    with pytest.raises(ValueError, match=message):
+        load(zoo("flux2-klein"), "flux2-klein", **fields)
+
+
+def test_vae_tiling_applies(zoo):
+    assert load(zoo("flux2"), "flux2", vae_use_tiling=True).accelerations == ["vae_tiling"]
