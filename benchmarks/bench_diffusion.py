@@ -54,8 +54,9 @@ CONFIGS = ("ours", "sequential", "batched", "step_staggered", "request_staggered
 
 def call_kwargs(model: str, size: str) -> dict:
     from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, IMAGE_SIDE
+    from omnistage.testing.flux2_models import DEFAULT_CALL_KWARGS as FLUX2_CALL_KWARGS
 
-    kwargs = dict(DEFAULT_CALL_KWARGS[model])
+    kwargs = dict({**DEFAULT_CALL_KWARGS, **FLUX2_CALL_KWARGS}[model])
     kwargs["height"] = kwargs["width"] = IMAGE_SIDE[size]
     kwargs.pop("prompt")
     return kwargs
@@ -97,10 +98,9 @@ def run_sequential(pipe, kwargs: dict) -> list:
 
 def run_batched(pipe, kwargs: dict) -> list:
     kwargs = dict(kwargs)
-    negative = kwargs.pop("negative_prompt", None)
-    negative = [negative] * NUM_REQUESTS if negative is not None else None
-    return pipe(prompt=PROMPTS, negative_prompt=negative, **kwargs,
-                generator=[generator(i) for i in range(NUM_REQUESTS)]).images
+    if kwargs.get("negative_prompt") is not None:  # FLUX.2's pipelines take no negative_prompt
+        kwargs["negative_prompt"] = [kwargs["negative_prompt"]] * NUM_REQUESTS
+    return pipe(prompt=PROMPTS, **kwargs, generator=[generator(i) for i in range(NUM_REQUESTS)]).images
 
 
 def run_staggered(engine, kwargs: dict, gap: float) -> float:
@@ -120,6 +120,18 @@ def run_staggered(engine, kwargs: dict, gap: float) -> float:
     return float(np.mean([finish[i] - i * gap for i in range(NUM_REQUESTS)]))
 
 
+def load_reference(loader, path: str, dtype: torch.dtype):
+    """diffusers' pipeline for the checkpoint. FLUX.2-dev's `tokenizer` is a PixtralProcessor,
+    which transformers cannot import without torchvision; its tokenizer, all the text path
+    uses, stands in for it."""
+    if json.loads((Path(path) / "model_index.json").read_text())["_class_name"] != "Flux2Pipeline":
+        return loader.from_pretrained(path, dtype=dtype)
+    from transformers import AutoTokenizer
+
+    pipe = loader.from_pretrained(path, dtype=dtype, tokenizer=None)
+    return type(pipe)(**dict(pipe.components, tokenizer=AutoTokenizer.from_pretrained(path, subfolder="tokenizer")))
+
+
 def build(model: str, size: str, configs: tuple[str, ...], device: str = "cpu", dtype: str = "float32") -> dict:
     """What `configs` need: the diffusers pipeline and / or our engines, all on `device` in `dtype`."""
     from diffusers import DiffusionPipeline
@@ -131,7 +143,7 @@ def build(model: str, size: str, configs: tuple[str, ...], device: str = "cpu", 
     path = str(ensure(model, size=size, cache_dir=ROOT / ".omnistage-cache" / "zoo"))
     built = {"path": path}
     if {"sequential", "batched"} & set(configs):
-        pipe = DiffusionPipeline.from_pretrained(path, dtype=torch_dtype(dtype)).to(device)
+        pipe = load_reference(DiffusionPipeline, path, torch_dtype(dtype)).to(device)
         pipe.set_progress_bar_config(disable=True)
         built["pipe"] = pipe
     engine_config = dict(max_num_seqs=NUM_REQUESTS, dtype=dtype, devices=(device,))

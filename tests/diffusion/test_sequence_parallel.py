@@ -1,6 +1,6 @@
 """Sequence parallel on two CPU ranks (gloo): each rank's attention sees half of the token
 sequence and the output equals one rank's (<= 1e-3, fp32). Ulysses for Z-Image, Wan and the
-joint text+image attention of Qwen-Image and FLUX; ring attention for Z-Image and Wan; a
+joint text+image attention of Qwen-Image, FLUX and FLUX.2-klein; ring attention for Z-Image and Wan; a
 batch whose requests are at different steps (as step mode runs them) and, for Z-Image, of
 different caption lengths (a padding mask) too. One spawned pair of ranks runs every check."""
 
@@ -14,16 +14,19 @@ import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.registry import pipeline_class
-from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS
+from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS as DIFFUSION_CALL_KWARGS
+from omnistage.testing.flux2_models import DEFAULT_CALL_KWARGS as FLUX2_CALL_KWARGS
 
 from two_ranks import run_two_ranks
 from parity import request_for
 
+DEFAULT_CALL_KWARGS = {**DIFFUSION_CALL_KWARGS, **FLUX2_CALL_KWARGS}
 FAMILIES = {  # zoo name -> diffusers class name
     "z-image": "ZImagePipeline",
     "wan-t2v": "WanPipeline",
     "qwen-image": "QwenImagePipeline",
     "flux": "FluxPipeline",
+    "flux2-klein": "Flux2KleinPipeline",
 }
 TOLERANCE = 1e-3
 ULYSSES_2 = dict(executor="mp", num_devices=2, ulysses_degree=2)

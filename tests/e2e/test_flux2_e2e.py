@@ -1,5 +1,5 @@
 """FLUX.2-dev behind `omnistage serve`, driven by the official `openai` client: text to image,
-and an edit with a reference image (FLUX.2 serves both image routes)."""
+and edits with one and with two reference images (FLUX.2 serves both image routes)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,10 @@ def test_flux2_generates_edits_and_names_bad_fields(zoo):
         edited = client.images.edit(image=("in.png", _png((96, 64)), "image/png"), prompt="make it blue",
                                     response_format="b64_json", extra_body=FAST)
         assert _size(edited.data[0].b64_json) == (96, 64)
+        # Several reference images (sent as image[]): the output takes the last one's size.
+        edited = client.images.edit(image=[("a.png", _png((96, 64)), "image/png"), ("b.png", _png(), "image/png")],
+                                    prompt="put them together", response_format="b64_json", extra_body=FAST)
+        assert _size(edited.data[0].b64_json) == (64, 64)
 
         with pytest.raises(openai.BadRequestError) as bad:
             client.images.generate(prompt="a cat", size="64x64", extra_body={**FAST, "negative_prompt": "blurry"})

@@ -11,12 +11,12 @@ runs its Ulysses all-to-all around the ordinary attention op. `enable_parallelis
 the same, but it picks the device by dividing by the accelerator count (zero on CPU), so
 this module sets the config up with the stage's own mesh (parallel_groups.py) and device.
 
-Families: Wan (T2V, I2V), Qwen-Image (and Edit) and FLUX use diffusers' plans; Z-Image's
+Families: Wan (T2V, I2V), Qwen-Image (and Edit), FLUX and FLUX.2 use diffusers' plans; Z-Image's
 transformer has none, so `_z_image_plan` splits its unified [image, caption] sequence
 before the main layers and gathers it after them (the refiner layers run whole on every
 rank). SD3 is refused: its joint attention processor calls SDPA directly, with no parallel
 hook. `ring_degree` swaps in our own processors (ring_attention.py) for Z-Image and Wan, and
-refuses Qwen-Image and FLUX by name: their joint-attention processors are not written here.
+refuses Qwen-Image, FLUX and FLUX.2 by name: their joint-attention processors are not written here.
 A head count the degree does not divide is refused at load time; a request whose
 image or text token count it does not divide fails with both numbers named.
 """
@@ -98,6 +98,7 @@ PLANS: dict[str, FamilyPlan] = {
     "WanTransformer3DModel": FamilyPlan(lambda model: model._cp_plan, _wan_lengths),
     "QwenImageTransformer2DModel": FamilyPlan(lambda model: model._cp_plan, _joint_lengths),
     "FluxTransformer2DModel": FamilyPlan(lambda model: model._cp_plan, _joint_lengths),
+    "Flux2Transformer2DModel": FamilyPlan(lambda model: model._cp_plan, _joint_lengths),
     "ZImageTransformer2DModel": FamilyPlan(_z_image_plan, lambda model, kwargs: {},
                                            attention=lambda model: list(model.layers.modules())),
 }
