@@ -1,7 +1,7 @@
 """FLUX.2 with the accelerations: the step caches over its single-stream blocks (threshold 0
 is the plain output bit for bit, a high one skips, alone equals batched at other steps), CFG
 parallel and Ulysses (klein, in test_cfg_parallel.py and test_sequence_parallel.py with the
-other families) and what it refuses by name."""
+other families) and what it refuses by name; the memory options (offload, int8 weights) keep its output."""
 
 from __future__ import annotations
 
@@ -81,3 +81,17 @@ def test_ring_attention_is_refused_by_name(zoo):
 
 def test_vae_tiling_applies(zoo):
     assert load(zoo("flux2"), "flux2", vae_use_tiling=True).accelerations == ["vae_tiling"]
+
+
+@pytest.mark.parametrize("fields, tolerance", [
+    (dict(offload="layerwise"), 0.0),
+    (dict(offload="model"), 0.0),
+    (dict(quantization="int8"), 0.05),  # weight-only int8 of the transformer's linear layers
+])
+def test_memory_options_keep_the_output(zoo, fields, tolerance):
+    path = zoo("flux2-klein")
+    base, _ = run(load(path, "flux2-klein"), "flux2-klein", num_inference_steps=2)
+    pipeline = load(path, "flux2-klein", **fields)
+    assert pipeline.accelerations == [next(iter(fields))]
+    arr, _ = run(pipeline, "flux2-klein", num_inference_steps=2)
+    assert np.abs(arr - base).max() <= tolerance
