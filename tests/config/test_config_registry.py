@@ -67,6 +67,8 @@ def test_config_json_beats_model_index(make_model):
         ("QwenImagePipeline", "qwen_image", "image"),
         ("QwenImageEditPipeline", "qwen_image_edit", "image"),
         ("FluxPipeline", "flux", "image"),
+        ("Flux2Pipeline", "flux2", "image"),
+        ("Flux2KleinPipeline", "flux2_klein", "image"),
         ("StableDiffusion3Pipeline", "sd3", "image"),
         ("WanPipeline", "wan_t2v", "video"),
         ("WanImageToVideoPipeline", "wan_i2v", "video"),
