@@ -1,7 +1,7 @@
 """FLUX.2 with the accelerations: the step caches over its single-stream blocks (threshold 0
 is the plain output bit for bit, a high one skips, alone equals batched at other steps), CFG
 parallel and Ulysses (klein, in test_cfg_parallel.py and test_sequence_parallel.py with the
-other families) and what it refuses by name; the memory options (offload, int8 weights) keep its output."""
+other families) cache-dit, and what it refuses by name; the memory options (offload, int8 weights) keep its output."""
 
 from __future__ import annotations
 
@@ -95,3 +95,16 @@ def test_memory_options_keep_the_output(zoo, fields, tolerance):
     assert pipeline.accelerations == [next(iter(fields))]
     arr, _ = run(pipeline, "flux2-klein", num_inference_steps=2)
     assert np.abs(arr - base).max() <= tolerance
+
+
+def test_cache_dit_knows_flux2(zoo):
+    # cache-dit's own FLUX.2 adapter (both block lists); one request at a time.
+    pytest.importorskip("cache_dit")
+    path = zoo("flux2-klein")
+    base, base_metrics = run(load(path, "flux2-klein"), "flux2-klein")
+    pipeline = load(path, "flux2-klein", cache_backend="cache_dit", max_num_seqs=1,
+                    cache_config={"max_warmup_steps": 1, "residual_diff_threshold": 100.0})
+    assert pipeline.accelerations == ["cache_dit"]
+    arr, metrics = run(pipeline, "flux2-klein")
+    assert metrics["num_forwards_skipped"] > 0 and not np.array_equal(arr, base)
+    assert metrics["num_forwards_computed"] + metrics["num_forwards_skipped"] == base_metrics["num_forwards_computed"]
