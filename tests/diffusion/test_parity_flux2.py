@@ -16,7 +16,7 @@ from omnistage.testing.flux2_models import DEFAULT_CALL_KWARGS
 
 def reference_images():
     """Two reference images of different sizes (each gets its own latent grid and time id)."""
-    return [default_input_image(), default_input_image(96).rotate(90)]
+    return [default_input_image(96).rotate(90), default_input_image()]
 
 
 class Flux2Cases(ParityTests):
@@ -32,15 +32,16 @@ class Flux2Cases(ParityTests):
         assert_rejected(ours, "image", DiffusionParams(height=64, width=64), [default_input_image(32)])
 
     def test_reference_images_match_diffusers(self, ours, expected, call):
-        # Two reference images in one request, and a text-only request in the same batch.
-        with_images = dict(call, prompt=BATCH_PROMPTS[1], image=reference_images())
+        # Two reference images in one request, its size left to the first one's (96x96), and a
+        # text-only request in the same batch.
+        with_images = dict(call, prompt=BATCH_PROMPTS[1], image=reference_images(), height=None, width=None)
         self.assert_batch_matches(ours, expected, [with_images, dict(call, prompt=BATCH_PROMPTS[2])],
                                   seeds=BATCH_SEEDS[:2])
 
-    def test_default_size_follows_the_last_reference_image(self, ours):
-        images = [default_input_image(), default_input_image(96)]
+    def test_default_size_follows_the_first_reference_image(self, ours):
+        images = [default_input_image(96).resize((96, 80)), default_input_image()]
         request = ours.prepare_request(DiffusionRequest("r", "a cat", DiffusionParams(), images=images))
-        assert (request.params.width, request.params.height) == (96, 96)
+        assert (request.params.width, request.params.height) == (96, 80)
 
     @pytest.mark.parametrize("field, params", [
         ("height", DiffusionParams(height=40, width=64)),

@@ -39,10 +39,10 @@ def test_flux2_generates_edits_and_names_bad_fields(zoo):
         edited = client.images.edit(image=("in.png", _png((96, 64)), "image/png"), prompt="make it blue",
                                     response_format="b64_json", extra_body=FAST)
         assert _size(edited.data[0].b64_json) == (96, 64)
-        # Several reference images (sent as image[]): the output takes the last one's size.
+        # Several reference images (sent as image[]): the output takes the first one's size.
         edited = client.images.edit(image=[("a.png", _png((96, 64)), "image/png"), ("b.png", _png(), "image/png")],
                                     prompt="put them together", response_format="b64_json", extra_body=FAST)
-        assert _size(edited.data[0].b64_json) == (64, 64)
+        assert _size(edited.data[0].b64_json) == (96, 64)
 
         with pytest.raises(openai.BadRequestError) as bad:
             client.images.generate(prompt="a cat", size="64x64", extra_body={**FAST, "negative_prompt": "blurry"})

@@ -53,7 +53,7 @@ class Flux2(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "Flux2Pipeline"
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     # Flux2Pipeline.__call__ defaults; height/width (128 latent pixels times the VAE factor, or
-    # the last reference image's size) are filled in per request.
+    # the first reference image's size) are filled in per request.
     default_params: ClassVar[dict[str, Any]] = {"num_inference_steps": 50, "guidance_scale": 4.0}
     extras: ClassVar[dict[str, ExtraSpec]] = {
         "max_sequence_length": ExtraSpec(int, default=512, min=1, max=512,
@@ -84,7 +84,7 @@ class Flux2(DiffusionPipelineBase):
         return cls(components, device, dtype, configs)
 
     def configure(self, configs: CheckpointConfigs) -> None:
-        self.vae_scale_factor = 2 ** (len(configs.vae.get("block_out_channels", [0] * 4)) - 1)
+        self.vae_scale_factor = 2 ** (len(configs.vae.block_out_channels) - 1)
         # Latents are cut into 2x2 patches, so pixel sizes must divide by twice the VAE factor.
         self.multiple_of = self.vae_scale_factor * 2
         self.default_side = self.default_sample_size * self.vae_scale_factor
@@ -109,8 +109,10 @@ class Flux2(DiffusionPipelineBase):
         request = super().prepare_request(request)
         params = request.params
         if params.height is None or params.width is None:
-            # As diffusers: the last reference image's condition size, else the default size.
-            _, width, height = self.condition_image(request.images[-1]) if request.images else (None, *(self.default_side,) * 2)
+            # As diffusers: the first reference image's condition size, else the default size.
+            width = height = self.default_side
+            if request.images:
+                _, width, height = self.condition_image(request.images[0])
             size = {"height": params.height or height, "width": params.width or width}
             request = dataclasses.replace(request, params=params.model_copy(update=size))
         return request
