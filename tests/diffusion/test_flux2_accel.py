@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from omnistage.config.deploy_fields import StageDeployConfig
-from omnistage.models.flux2.pipeline import Flux2, Flux2Klein
+from omnistage.models.flux2.klein_pipeline import Flux2Klein
+from omnistage.models.flux2.pipeline import Flux2
 from omnistage.testing.flux2_models import DEFAULT_CALL_KWARGS
 
 from parity import BATCH_PROMPTS, BATCH_SEEDS, request_for

@@ -22,4 +22,4 @@ FLUX2_KLEIN = PipelineSpec(
 register_pipeline("Flux2Pipeline", FLUX2, deploy_config="flux2.yaml")
 register_pipeline("Flux2KleinPipeline", FLUX2_KLEIN, deploy_config="flux2.yaml")
 register_diffusion_pipeline("Flux2Pipeline", "omnistage.models.flux2.pipeline:Flux2")
-register_diffusion_pipeline("Flux2KleinPipeline", "omnistage.models.flux2.pipeline:Flux2Klein")
+register_diffusion_pipeline("Flux2KleinPipeline", "omnistage.models.flux2.klein_pipeline:Flux2Klein")

@@ -8,7 +8,7 @@ seams. The two differ only in the text encoder and in guidance:
 - FLUX.2-dev (`Flux2`): Mistral-3 (chat template with FLUX.2's system message, hidden states
   of layers 10, 20, 30); guidance-distilled: `guidance_scale` is a transformer input, one
   transformer call per step.
-- FLUX.2-klein (`Flux2Klein`): Qwen3 (its chat template, layers 9, 18, 27); no guidance
+- FLUX.2-klein (`Flux2Klein`, klein_pipeline.py): Qwen3 (its chat template, layers 9, 18, 27); no guidance
   embedding. The base checkpoints run true CFG against a negative prompt ("" unless the
   request gives one) when `guidance_scale > 1`; step-distilled ones (`is_distilled`) run none.
 
@@ -299,56 +299,6 @@ class Flux2(DiffusionPipelineBase):
         latents = Flux2Pipeline._unpatchify_latents(latents * std + mean)
         images = self.vae_decode(latents.to(self.vae.dtype))
         return split_per_state(self.image_processor.postprocess(images, output_type="np"), states)
-
-
-class Flux2Klein(Flux2):
-    """FLUX.2-klein: FLUX.2 with a Qwen3 text encoder and true CFG instead of the guidance
-    embedding."""
-
-    reference_class: ClassVar[str] = "Flux2KleinPipeline"
-    text_encoder_out_layers: ClassVar[tuple[int, ...]] = (9, 18, 27)
-    loader_overrides: ClassVar[dict[str, Any]] = {}
-    takes_negative_prompt: ClassVar[bool] = True
-
-    @classmethod
-    def from_diffusers(cls, pipe: Any, path: str, configs: CheckpointConfigs, device: torch.device | str,
-                       dtype: torch.dtype) -> "Flux2Klein":
-        return cls(pipe.components, device, dtype, configs)
-
-    def configure(self, configs: CheckpointConfigs) -> None:
-        super().configure(configs)
-        # Step-distilled checkpoints take no CFG (model_index.json `is_distilled`).
-        self.is_distilled = bool(configs.pipeline.get("is_distilled", False))
-        if self.is_distilled:
-            self.default_params = {**type(self).default_params, "guidance_scale": 1.0}
-
-    def check_inputs(self, request: DiffusionRequest) -> None:
-        super().check_inputs(request)
-        scale = request.params.guidance_scale
-        if self.is_distilled and scale > 1:
-            # diffusers warns and ignores it; we refuse, so the user knows it has no effect.
-            raise RequestError(f"guidance_scale: this checkpoint is step-distilled and runs no CFG; "
-                               f"guidance_scale must be <= 1, got {scale}", "guidance_scale")
-
-    def uses_cfg(self, request: DiffusionRequest) -> bool:
-        return request.params.guidance_scale > 1 and not self.is_distilled
-
-    def _chat_texts(self, prompts: list[str]) -> list[str]:
-        # Flux2KleinPipeline._get_qwen3_prompt_embeds: one user turn, thinking off.
-        return [self.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                                   add_generation_prompt=True, enable_thinking=False)
-                for p in prompts]
-
-    def _tokenize(self, texts: list[str], max_sequence_length: int) -> dict[str, torch.Tensor]:
-        return self.tokenizer(texts, padding="max_length", truncation=True, max_length=max_sequence_length,
-                              return_tensors="pt")
-
-    # True CFG on the negative prompt ("" unless given) when the request runs it; each branch
-    # its own transformer call, as in diffusers.
-    guidance: ClassVar[Guidance] = Guidance(
-        scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
-        combine=plain_cfg,
-    )
 
 
 def flux2_modulated_input(block: Any, kwargs: dict) -> torch.Tensor:
