@@ -25,15 +25,17 @@ is what the reference `generate()` hands the talker (`masked_scatter_` with zero
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
-from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE, chat_media
+from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE, ChatMedia, chat_media
+from omnistage.models.qwen2_5_omni.video import VideoRules
 from omnistage.models.qwen2_5_omni.weights import check_voice, load_speakers, load_thinker
 
 AUDIO_SAMPLE_RATE = 16000  # the Whisper feature extractor's input rate
@@ -45,12 +47,23 @@ class ThinkerState:
     """[3, L] long: the prompt's M-RoPE positions."""
     rope_delta: int
     """Decode position = sequence position + rope_delta."""
-    audio_embeds: torch.Tensor | None = None
-    """[num <|AUDIO|> tokens, H] encoder outputs, dropped after prefill."""
-    image_embeds: torch.Tensor | None = None
-    """[num <|IMAGE|> tokens, H] vision encoder outputs, dropped after prefill."""
+    media: dict[int, torch.Tensor] | None = None
+    """Placeholder id (<|AUDIO|>, <|IMAGE|>, <|VIDEO|>) -> [its tokens, H] encoder outputs, in
+    prompt order; dropped after prefill."""
     talker_embeds: torch.Tensor | None = None
     """[3, H]: embeddings of the voice's text-BOS, tts_text_eos, tts_text_pad."""
+
+
+@dataclass
+class MediaPrompt:
+    """A prompt's ids with its media encoded (built by `OmniThinker._encode_media`)."""
+
+    ids: list[int]
+    embeds: dict[int, torch.Tensor] = field(default_factory=dict)
+    audio_seqlens: torch.Tensor | None = None
+    image_grid: torch.Tensor | None = None
+    video_grid: torch.Tensor | None = None
+    seconds_per_grid: torch.Tensor | None = None
 
 
 class OmniThinker(ARModel):
@@ -78,6 +91,12 @@ class OmniThinker(ARModel):
         self.max_position_embeddings = text_config.max_position_embeddings
         self.audio_token_id = model.config.audio_token_index
         self.image_token_id = model.config.image_token_index
+        self.video_token_id = model.config.video_token_index
+        self.audio_bos_id, self.audio_eos_id = model.config.audio_start_token_id, model.config.audio_end_token_id
+        # Qwen2_5OmniProcessor's video defaults (2 fps, frame size bounds); time in the thinker's units.
+        self.video_rules = VideoRules(fps=2.0, min_pixels=128 * 28 * 28, max_pixels=768 * 28 * 28,
+                                      position_id_per_seconds=model.config.position_id_per_seconds,
+                                      seconds_per_chunk=model.config.seconds_per_chunk)
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> OmniThinker:
@@ -98,71 +117,132 @@ class OmniThinker(ARModel):
     # --- admission -----------------------------------------------------------------------------
 
     def build_prompt(self, inputs: Any) -> PromptInputs:
-        """The generic inputs (see `ARModel.build_prompt`), plus `voice` when a talker is downstream.
+        """The generic inputs (see `ARModel.build_prompt`), plus `voice` when a talker is downstream
+        and `use_audio_in_video` (a video's own audio is heard with it, interleaved in time).
 
-        Chat messages may hold audio parts `{"type": "audio", "audio": float array, "sample_rate": int}`
-        and image parts `{"type": "image", "image": PIL image or uint8 [H, W, 3] array}`.
+        Chat messages may hold audio parts `{"type": "audio", "audio": float array, "sample_rate": int}`,
+        image parts `{"type": "image", "image": PIL image or uint8 [H, W, 3] array}` and video parts
+        (see `qwen2_5_omni.video`).
         """
-        voice = None
-        if isinstance(inputs, dict) and "voice" in inputs:
+        voice, with_audio = None, False
+        if isinstance(inputs, dict) and ("voice" in inputs or "use_audio_in_video" in inputs):
             inputs = dict(inputs)
-            voice = inputs.pop("voice") or DEFAULT_VOICE
-            check_voice(self.speakers, voice)
-        audios, images = chat_media(inputs)
+            if "voice" in inputs:
+                voice = inputs.pop("voice") or DEFAULT_VOICE
+                check_voice(self.speakers, voice)
+            with_audio = bool(inputs.pop("use_audio_in_video", False))
+        media = chat_media(inputs)
         ids = super().build_prompt(inputs).token_ids
         with torch.inference_mode():
-            audio_embeds, audio_seqlens, image_embeds, image_grid = None, None, None, None
-            if audios:
-                ids, audio_embeds, audio_seqlens = self._encode_audio(ids, audios)
-            if images:
-                ids, image_embeds, image_grid = self._encode_images(ids, images)
-            ids_t = torch.tensor([ids], device=self.device)
+            prompt = self._encode_media(ids, media, with_audio)
+            ids_t = torch.tensor([prompt.ids], device=self.device)
             positions, delta = self.model.get_rope_index(
-                ids_t, image_grid, None, torch.ones_like(ids_t), False, audio_seqlens, None)
+                ids_t, prompt.image_grid, prompt.video_grid, torch.ones_like(ids_t), with_audio,
+                prompt.audio_seqlens, prompt.seconds_per_grid)
             talker_embeds = None
             if voice is not None:
                 special = [self.speakers[voice]["bos_token"], *self.talker_text_ids]
                 talker_embeds = self.lm.embed_tokens(torch.tensor(special, device=self.device))
-        state = ThinkerState(positions[:, 0], int(delta.item()), audio_embeds=audio_embeds, image_embeds=image_embeds,
+        state = ThinkerState(positions[:, 0], int(delta.item()), media=prompt.embeds or None,
                              talker_embeds=talker_embeds)
-        return PromptInputs(ids, state)
+        return PromptInputs(prompt.ids, state)
 
     def is_token_reproducible(self, prompt: PromptInputs) -> bool:
-        # <|AUDIO|> ids are the same for every clip: their keys follow from the audio, not the ids.
-        return prompt.model_state.audio_embeds is None
+        # A media placeholder id is the same for every clip, image and video: its keys follow
+        # from the media, not the ids, so such prompts are neither shared nor recomputed from ids.
+        return prompt.model_state.media is None
 
-    def _encode_audio(self, ids: list[int], audios: list[tuple[Any, int]]):
+    def _encode_media(self, ids: list[int], media: ChatMedia, with_audio: bool) -> MediaPrompt:
+        """Encode every media part and lay its placeholder out as the processor does: one
+        <|AUDIO|> per audio frame, one <|IMAGE|> / <|VIDEO|> per merged patch, and with
+        `use_audio_in_video` a video's frame and audio tokens interleaved in 2-second chunks."""
+        from omnistage.models.qwen2_5_omni.video import read_clip
+
+        slots = [t for t in ids if t in (self.audio_token_id, self.image_token_id, self.video_token_id)]
+        for token, parts, kind in ((self.audio_token_id, media.audios, "audio"), (self.image_token_id, media.images,
+                                   "image"), (self.video_token_id, media.videos, "video")):
+            if slots.count(token) != len(parts):
+                raise ValueError(f"the prompt has {slots.count(token)} {kind} placeholders but {len(parts)} {kind} inputs")
+        temporal = self.image_processor.temporal_patch_size if self.image_processor is not None else 2
+        clips = [read_clip(part, self.video_rules, temporal, with_audio) for part in media.videos]
+        # Audio features in the order their tokens come: audio parts and videos' own audio.
+        audio_parts, videos_left = iter(media.audios), iter(clips)
+        heard = [next(audio_parts) if t == self.audio_token_id else next(videos_left).audio
+                 for t in slots if t == self.audio_token_id or (t == self.video_token_id and with_audio)]
+        prompt = MediaPrompt(ids)
+        heard_counts = iter(self._encode_audio(prompt, heard) if heard else [])
+        audio_counts, video_audio_counts = [], []  # per audio part; per video's own audio
+        for t in slots:
+            if t == self.audio_token_id:
+                audio_counts.append(next(heard_counts))
+            elif t == self.video_token_id and with_audio:
+                video_audio_counts.append(next(heard_counts))
+        image_counts = self._encode_images(prompt, media.images) if media.images else []
+        video_layouts = self._encode_videos(prompt, clips, video_audio_counts) if clips else []
+        audio_counts, image_counts, layouts = iter(audio_counts), iter(image_counts), iter(video_layouts)
+        expanded: list[int] = []
+        for t in ids:
+            if t == self.audio_token_id:
+                expanded += [t] * next(audio_counts)
+            elif t == self.image_token_id:
+                expanded += [t] * next(image_counts)
+            elif t == self.video_token_id:
+                expanded += next(layouts)
+            else:
+                expanded.append(t)
+        prompt.ids = expanded
+        return prompt
+
+    def _encode_audio(self, prompt: MediaPrompt, audios: list[tuple[Any, int]]) -> list[int]:
         from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import _get_feat_extract_output_lengths
 
         from omnistage.media.audio import resample
 
         if self.feature_extractor is None:
             raise ValueError("this checkpoint has no audio feature extractor (preprocessor_config.json)")
-        slots = [i for i, t in enumerate(ids) if t == self.audio_token_id]
-        if len(slots) != len(audios):
-            raise ValueError(f"the prompt has {len(slots)} audio placeholders but {len(audios)} audio inputs")
         waves = [resample(audio, rate, AUDIO_SAMPLE_RATE) for audio, rate in audios]
         features = self.feature_extractor(waves, sampling_rate=AUDIO_SAMPLE_RATE, padding="max_length",
                                           return_attention_mask=True, return_tensors="pt")
         mask = features["attention_mask"].to(self.device)
-        seqlens = mask.sum(-1)
-        counts = _get_feat_extract_output_lengths(seqlens).tolist()
+        prompt.audio_seqlens = mask.sum(-1)
         features = features["input_features"].to(self.device, self.model.dtype)
-        embeds = self.model.get_audio_features(features, mask).last_hidden_state
-        return expand_placeholders(ids, slots, counts, self.audio_token_id), embeds, seqlens
+        prompt.embeds[self.audio_token_id] = self.model.get_audio_features(features, mask).last_hidden_state
+        return _get_feat_extract_output_lengths(prompt.audio_seqlens).tolist()
 
-    def _encode_images(self, ids: list[int], images: list[Any]):
+    def _encode_images(self, prompt: MediaPrompt, images: list[Any]) -> list[int]:
         """Pixels by the checkpoint's image processor (PIL path), one `<|IMAGE|>` per merged patch."""
         if self.image_processor is None:
             raise ValueError("this checkpoint has no image processor (preprocessor_config.json image fields)")
-        slots = [i for i, t in enumerate(ids) if t == self.image_token_id]
-        if len(slots) != len(images):
-            raise ValueError(f"the prompt has {len(slots)} image placeholders but {len(images)} images")
         pixels = self.image_processor(images=images, return_tensors="pt")
-        grid = pixels["image_grid_thw"].to(self.device)
-        counts = (grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
-        embeds = self.model.get_image_features(pixels["pixel_values"].to(self.device, self.model.dtype), grid)
-        return expand_placeholders(ids, slots, counts, self.image_token_id), torch.cat(embeds.pooler_output), grid
+        prompt.image_grid = pixels["image_grid_thw"].to(self.device)
+        embeds = self.model.get_image_features(pixels["pixel_values"].to(self.device, self.model.dtype),
+                                               prompt.image_grid)
+        prompt.embeds[self.image_token_id] = torch.cat(embeds.pooler_output)
+        return (prompt.image_grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
+
+    def _encode_videos(self, prompt: MediaPrompt, clips: list, audio_counts: list[int]) -> list[list[int]]:
+        """Each clip's pixels (`video_pixels`) through the vision encoder; returns each video's tokens,
+        its frames' interleaved with its own audio's (`audio_counts`, one per clip) when it is heard."""
+        from omnistage.models.qwen2_5_omni.video import frame_positions, interleave_in_chunks, video_pixels
+
+        if self.image_processor is None:
+            raise ValueError("this checkpoint has no image processor (preprocessor_config.json image fields)")
+        rules = self.video_rules
+        pixels, grids = zip(*(video_pixels(self.image_processor, clip.frames, rules) for clip in clips))
+        prompt.video_grid = torch.tensor(grids, device=self.device)
+        prompt.seconds_per_grid = torch.tensor([clip.seconds_per_grid for clip in clips])
+        values = torch.from_numpy(np.concatenate(pixels)).to(self.device, self.model.dtype)
+        prompt.embeds[self.video_token_id] = torch.cat(self.model.get_video_features(values, prompt.video_grid).pooler_output)
+        merge = self.image_processor.merge_size
+        if not audio_counts:
+            return [[self.video_token_id] * (t * h * w // merge**2) for t, h, w in grids]
+        tokens = {"video": self.video_token_id, "audio": self.audio_token_id}
+        layouts = []
+        for grid, clip, num_audio in zip(grids, clips, audio_counts):
+            times = frame_positions(grid, merge, clip.seconds_per_grid, rules.position_id_per_seconds)
+            order = interleave_in_chunks(times, num_audio, rules)
+            layouts.append([self.audio_bos_id, *(tokens[k] for k in order), self.audio_eos_id])
+        return layouts
 
     # --- the forward ---------------------------------------------------------------------------
 
@@ -170,7 +250,7 @@ class OmniThinker(ARModel):
         embeds = self.lm.embed_tokens(batch.input_ids)
         talker_embeds = embeds
         if batch.is_prefill:
-            embeds, talker_embeds = self._merge_audio(batch, embeds)
+            embeds, talker_embeds = self._merge_media(batch, embeds)
         out = self.lm(inputs_embeds=embeds, position_ids=self._positions(batch),
                       attention_mask=attention_masks(batch), cache=cache, use_cache=True)
         hidden = out.last_hidden_state
@@ -191,22 +271,20 @@ class OmniThinker(ARModel):
     def on_sampled(self, batch: ModelInput, output: ModelOutput, token_ids: torch.Tensor) -> list[dict] | None:
         return output.extras  # the runner publishes what this hook returns as TextPayload.extras
 
-    def _merge_audio(self, batch: ModelInput, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scatter each row's audio and image encoder outputs into its <|AUDIO|> / <|IMAGE|> positions;
+    def _merge_media(self, batch: ModelInput, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scatter each row's audio, image and video encoder outputs into their placeholder positions;
         the talker's copy of the embeddings keeps zeros there instead (the reference's masked_scatter_)."""
-        rows = [i for i, s in enumerate(batch.seqs)
-                if s.model_state.audio_embeds is not None or s.model_state.image_embeds is not None]
+        rows = [i for i, s in enumerate(batch.seqs) if s.model_state.media is not None]
         if not rows:
             return embeds, embeds
         merged, zeroed = embeds.clone(), embeds.clone()
         for i in rows:
             state = batch.seqs[i].model_state
-            for token, media in ((self.audio_token_id, state.audio_embeds), (self.image_token_id, state.image_embeds)):
-                if media is not None:
-                    mask = batch.input_ids[i] == token
-                    merged[i, mask] = media.to(embeds.dtype)
-                    zeroed[i, mask] = 0
-            state.audio_embeds = state.image_embeds = None  # only the prefill reads them
+            for token, features in state.media.items():
+                mask = batch.input_ids[i] == token
+                merged[i, mask] = features.to(embeds.dtype)
+                zeroed[i, mask] = 0
+            state.media = None  # only the prefill reads them
         return merged, zeroed
 
     def _positions(self, batch: ModelInput) -> torch.Tensor:

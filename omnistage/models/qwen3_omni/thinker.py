@@ -113,7 +113,10 @@ class Qwen3OmniThinker(ARModel):
             inputs = dict(inputs)
             voice = inputs.pop("voice") or DEFAULT_VOICE
             check_voice(self.speakers, voice)
-        audios, images = chat_media(inputs)  # the same chat parts as Qwen2.5-Omni's
+        media = chat_media(inputs)  # the same chat parts as Qwen2.5-Omni's
+        if media.videos:
+            raise ValueError("video parts are not supported by Qwen3-Omni yet (Qwen2.5-Omni takes them)")
+        audios, images = media.audios, media.images
         ids = super().build_prompt(inputs).token_ids
         with torch.inference_mode():
             audio_embeds, audio_seqlens, image_embeds, deepstack, grid = None, None, None, None, None
