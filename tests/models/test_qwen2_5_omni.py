@@ -27,14 +27,15 @@ from omnistage.models.qwen2_5_omni import Token2WavParams, resolve_qwen2_5_omni
 from omnistage.models.qwen2_5_omni.video import VideoRules, sample_frame_indices, video_pixels
 from omnistage.testing.speech_models import DEFAULT_GENERATE_KWARGS, OMNI_SAMPLE_RATE
 
+from omni_reference import OmniReference, moving_frames, tone
+
 KW = DEFAULT_GENERATE_KWARGS["qwen2.5-omni"]
 EOS = [2, 0]  # the checkpoint's generation_config eos (<|im_end|>, <|endoftext|>), which omnistage uses
 MESSAGES = [{"role": "user", "content": "Hello, who are you?"}]
 OTHER = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story."}]
 SEED = 1234
-AUDIO_TOKEN = 3  # <|AUDIO|>
-IMAGE_TOKEN = 12  # <|IMAGE|>
-VIDEO_TOKEN = 13  # <|VIDEO|>
+TOKENS = {"audio": "<|AUDIO|>", "image": "<|IMAGE|>", "video": "<|VIDEO|>", "audio_bos": "<|audio_bos|>",
+          "audio_eos": "<|audio_eos|>"}
 VIDEO_RULES = VideoRules(fps=2.0, min_pixels=128 * 28 * 28, max_pixels=768 * 28 * 28, position_id_per_seconds=25,
                          seconds_per_chunk=2.0)  # Qwen2_5OmniProcessor's video defaults
 
@@ -95,58 +96,10 @@ def reference(path):
     features = WhisperFeatureExtractor.from_pretrained(path)
     image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
 
-    def processor(messages, use_audio_in_video: bool = False) -> dict:
-        """Qwen2_5OmniProcessor's text, audio and video work (the class itself needs torchvision).
+    from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import Qwen2_5OmniProcessor
 
-        Video pixels come from omnistage's `video_pixels` (the processor's own video path is
-        torchvision-only); the video placeholder layout is the processor's own
-        `replace_video_token` / `replace_video_with_audio_token`, and audio clips are featurised in
-        prompt order (a heard video's audio at its place)."""
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                            return_dict=True)["input_ids"]
-        parts = [p for m in messages if isinstance(m["content"], list) for p in m["content"]]
-        clips = [p["audio"] if p["type"] == "audio" else p["audio_track"] for p in parts
-                 if p["type"] == "audio" or (p["type"] == "video" and use_audio_in_video)]  # 16 kHz clips here
-        inputs, audio_counts = {}, []
-        if clips:
-            feats = features(clips, sampling_rate=16000, padding="max_length", return_attention_mask=True,
-                             return_tensors="pt")
-            inputs = {"input_features": feats["input_features"], "feature_attention_mask": feats["attention_mask"]}
-            audio_counts = _get_feat_extract_output_lengths(feats["attention_mask"].sum(-1)).tolist()
-        images = [p["image"] for p in parts if p["type"] == "image"]
-        image_counts = []
-        if images:  # the processor's image path, PIL backend (its default backend needs torchvision)
-            pixels = image_processor(images=images, return_tensors="pt")
-            inputs.update(pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
-            image_counts = (pixels["image_grid_thw"].prod(-1) // image_processor.merge_size**2).tolist()
-        videos = [p for p in parts if p["type"] == "video"]
-        video_tokens = []
-        if videos:
-            pixels, grids = zip(*(video_pixels(image_processor, v["video"][sample_frame_indices(
-                len(v["video"]), v["fps"], 2.0, 2, 4, 768)], VIDEO_RULES) for v in videos))
-            inputs.update(pixel_values_videos=torch.from_numpy(np.concatenate(pixels)),
-                          video_grid_thw=torch.tensor(grids), video_second_per_grid=torch.tensor([1.0] * len(videos)))
-            if use_audio_in_video:
-                inputs["use_audio_in_video"] = True
-            heard = iter(audio_counts[i] for i, p in enumerate(p for p in parts if p["type"] in ("audio", "video"))
-                         if p["type"] == "video")
-            video_tokens = [reference_video_tokens(tokenizer, grid, next(heard) if use_audio_in_video else None)
-                            for grid in grids]
-        audio_parts = iter(c for c, p in zip(audio_counts, (p for p in parts if p["type"] == "audio" or (
-            p["type"] == "video" and use_audio_in_video))) if p["type"] == "audio")
-        image_counts, video_tokens = iter(image_counts), iter(video_tokens)
-        expanded = []
-        for token in ids:
-            if token == AUDIO_TOKEN:
-                expanded += [token] * next(audio_parts)
-            elif token == IMAGE_TOKEN:
-                expanded += [token] * next(image_counts)
-            elif token == VIDEO_TOKEN:
-                expanded += next(video_tokens)
-            else:
-                expanded.append(token)
-        x = torch.tensor([expanded])
-        return {"input_ids": x, "attention_mask": torch.ones_like(x), **inputs}
+    processor = OmniReference(tokenizer, features, {"padding": "max_length"}, _get_feat_extract_output_lengths,
+                              image_processor, Qwen2_5OmniProcessor, TOKENS, VIDEO_RULES).inputs
 
     def generate(messages, voice="Chelsie", use_audio_in_video=False, **overrides):
         inputs = processor(messages, use_audio_in_video)
@@ -217,33 +170,6 @@ def test_image_input_matches_transformers_generate(reference, omni):
     [a], [b] = (omni.generate({"messages": m}, greedy_params(), use_tqdm=False) for m in (other, same))
     np.testing.assert_array_equal(a.audio, reference(other)[1])
     assert not np.array_equal(a.audio, b.audio)
-
-
-def reference_video_tokens(tokenizer, grid, num_audio=None) -> list[int]:
-    """A video's placeholder tokens as Qwen2_5OmniProcessor lays them out (its own methods, on the
-    attributes they read: the processor itself cannot be built without torchvision)."""
-    from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import Qwen2_5OmniProcessor as P
-
-    ns = SimpleNamespace(video_token="<|VIDEO|>", audio_token="<|AUDIO|>", audio_bos_token="<|audio_bos|>",
-                         audio_eos_token="<|audio_eos|>", video_processor=SimpleNamespace(merge_size=2))
-    ns.get_chunked_index = lambda indices, per_chunk: P.get_chunked_index(ns, indices, per_chunk)
-    videos = {"video_grid_thw": [torch.tensor(grid)], "video_second_per_grid": [1.0]}
-    if num_audio is None:
-        text = P.replace_video_token(ns, videos, 0, load_audio_from_video=False)
-    else:
-        text = P.replace_video_with_audio_token(ns, videos, 0, {"num_audio_tokens": [num_audio]}, 0,
-                                                position_id_per_seconds=25, seconds_per_chunk=2.0)
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
-
-
-def moving_frames(num: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.RandomState(seed)
-    return (rng.rand(num, 56, 84, 3) * 255).astype(np.uint8)
-
-
-def tone(seconds: float, hz: float = 220.0, rate: int = 16000) -> np.ndarray:
-    t = np.arange(int(seconds * rate)) / rate
-    return (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
 
 
 def test_video_pixels_stack_consecutive_frames_as_the_video_processor_does(path):

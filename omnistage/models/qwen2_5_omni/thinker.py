@@ -25,17 +25,17 @@ is what the reference `generate()` hands the talker (`masked_scatter_` with zero
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
-from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE, ChatMedia, chat_media
-from omnistage.models.qwen2_5_omni.video import VideoRules
+from omnistage.models.qwen2_5_omni.media import MediaPrompt, OmniMedia, prompt_options
+from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE, chat_media
+from omnistage.models.qwen2_5_omni.video import VideoRules, interleave_in_chunks
 from omnistage.models.qwen2_5_omni.weights import check_voice, load_speakers, load_thinker
 
 AUDIO_SAMPLE_RATE = 16000  # the Whisper feature extractor's input rate
@@ -54,19 +54,7 @@ class ThinkerState:
     """[3, H]: embeddings of the voice's text-BOS, tts_text_eos, tts_text_pad."""
 
 
-@dataclass
-class MediaPrompt:
-    """A prompt's ids with its media encoded (built by `OmniThinker._encode_media`)."""
-
-    ids: list[int]
-    embeds: dict[int, torch.Tensor] = field(default_factory=dict)
-    audio_seqlens: torch.Tensor | None = None
-    image_grid: torch.Tensor | None = None
-    video_grid: torch.Tensor | None = None
-    seconds_per_grid: torch.Tensor | None = None
-
-
-class OmniThinker(ARModel):
+class OmniThinker(OmniMedia, ARModel):
     # Text prompts are token ids with M-RoPE positions known per position, so they chunk,
     # hit the prefix cache and recompute; prompts with audio are prefilled whole (below).
     supports_chunked_prefill = True
@@ -93,10 +81,9 @@ class OmniThinker(ARModel):
         self.image_token_id = model.config.image_token_index
         self.video_token_id = model.config.video_token_index
         self.audio_bos_id, self.audio_eos_id = model.config.audio_start_token_id, model.config.audio_end_token_id
-        # Qwen2_5OmniProcessor's video defaults (2 fps, frame size bounds); time in the thinker's units.
+        # Qwen2_5OmniProcessor's video defaults: 2 fps, frame size bounds, its token layout's time units.
         self.video_rules = VideoRules(fps=2.0, min_pixels=128 * 28 * 28, max_pixels=768 * 28 * 28,
-                                      position_id_per_seconds=model.config.position_id_per_seconds,
-                                      seconds_per_chunk=model.config.seconds_per_chunk)
+                                      position_id_per_seconds=25, seconds_per_chunk=2.0)
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> OmniThinker:
@@ -124,13 +111,9 @@ class OmniThinker(ARModel):
         image parts `{"type": "image", "image": PIL image or uint8 [H, W, 3] array}` and video parts
         (see `qwen2_5_omni.video`).
         """
-        voice, with_audio = None, False
-        if isinstance(inputs, dict) and ("voice" in inputs or "use_audio_in_video" in inputs):
-            inputs = dict(inputs)
-            if "voice" in inputs:
-                voice = inputs.pop("voice") or DEFAULT_VOICE
-                check_voice(self.speakers, voice)
-            with_audio = bool(inputs.pop("use_audio_in_video", False))
+        inputs, voice, with_audio = prompt_options(inputs, DEFAULT_VOICE)
+        if voice is not None:
+            check_voice(self.speakers, voice)
         media = chat_media(inputs)
         ids = super().build_prompt(inputs).token_ids
         with torch.inference_mode():
@@ -151,47 +134,6 @@ class OmniThinker(ARModel):
         # A media placeholder id is the same for every clip, image and video: its keys follow
         # from the media, not the ids, so such prompts are neither shared nor recomputed from ids.
         return prompt.model_state.media is None
-
-    def _encode_media(self, ids: list[int], media: ChatMedia, with_audio: bool) -> MediaPrompt:
-        """Encode every media part and lay its placeholder out as the processor does: one
-        <|AUDIO|> per audio frame, one <|IMAGE|> / <|VIDEO|> per merged patch, and with
-        `use_audio_in_video` a video's frame and audio tokens interleaved in 2-second chunks."""
-        from omnistage.models.qwen2_5_omni.video import read_clip
-
-        slots = [t for t in ids if t in (self.audio_token_id, self.image_token_id, self.video_token_id)]
-        for token, parts, kind in ((self.audio_token_id, media.audios, "audio"), (self.image_token_id, media.images,
-                                   "image"), (self.video_token_id, media.videos, "video")):
-            if slots.count(token) != len(parts):
-                raise ValueError(f"the prompt has {slots.count(token)} {kind} placeholders but {len(parts)} {kind} inputs")
-        temporal = self.image_processor.temporal_patch_size if self.image_processor is not None else 2
-        clips = [read_clip(part, self.video_rules, temporal, with_audio) for part in media.videos]
-        # Audio features in the order their tokens come: audio parts and videos' own audio.
-        audio_parts, videos_left = iter(media.audios), iter(clips)
-        heard = [next(audio_parts) if t == self.audio_token_id else next(videos_left).audio
-                 for t in slots if t == self.audio_token_id or (t == self.video_token_id and with_audio)]
-        prompt = MediaPrompt(ids)
-        heard_counts = iter(self._encode_audio(prompt, heard) if heard else [])
-        audio_counts, video_audio_counts = [], []  # per audio part; per video's own audio
-        for t in slots:
-            if t == self.audio_token_id:
-                audio_counts.append(next(heard_counts))
-            elif t == self.video_token_id and with_audio:
-                video_audio_counts.append(next(heard_counts))
-        image_counts = self._encode_images(prompt, media.images) if media.images else []
-        video_layouts = self._encode_videos(prompt, clips, video_audio_counts) if clips else []
-        audio_counts, image_counts, layouts = iter(audio_counts), iter(image_counts), iter(video_layouts)
-        expanded: list[int] = []
-        for t in ids:
-            if t == self.audio_token_id:
-                expanded += [t] * next(audio_counts)
-            elif t == self.image_token_id:
-                expanded += [t] * next(image_counts)
-            elif t == self.video_token_id:
-                expanded += next(layouts)
-            else:
-                expanded.append(t)
-        prompt.ids = expanded
-        return prompt
 
     def _encode_audio(self, prompt: MediaPrompt, audios: list[tuple[Any, int]]) -> list[int]:
         from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import _get_feat_extract_output_lengths
@@ -215,34 +157,12 @@ class OmniThinker(ARModel):
             raise ValueError("this checkpoint has no image processor (preprocessor_config.json image fields)")
         pixels = self.image_processor(images=images, return_tensors="pt")
         prompt.image_grid = pixels["image_grid_thw"].to(self.device)
-        embeds = self.model.get_image_features(pixels["pixel_values"].to(self.device, self.model.dtype),
-                                               prompt.image_grid)
-        prompt.embeds[self.image_token_id] = torch.cat(embeds.pooler_output)
+        self._store_features(prompt, self.image_token_id, self.model.get_image_features(
+            pixels["pixel_values"].to(self.device, self.model.dtype), prompt.image_grid))
         return (prompt.image_grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
 
-    def _encode_videos(self, prompt: MediaPrompt, clips: list, audio_counts: list[int]) -> list[list[int]]:
-        """Each clip's pixels (`video_pixels`) through the vision encoder; returns each video's tokens,
-        its frames' interleaved with its own audio's (`audio_counts`, one per clip) when it is heard."""
-        from omnistage.models.qwen2_5_omni.video import frame_positions, interleave_in_chunks, video_pixels
-
-        if self.image_processor is None:
-            raise ValueError("this checkpoint has no image processor (preprocessor_config.json image fields)")
-        rules = self.video_rules
-        pixels, grids = zip(*(video_pixels(self.image_processor, clip.frames, rules) for clip in clips))
-        prompt.video_grid = torch.tensor(grids, device=self.device)
-        prompt.seconds_per_grid = torch.tensor([clip.seconds_per_grid for clip in clips])
-        values = torch.from_numpy(np.concatenate(pixels)).to(self.device, self.model.dtype)
-        prompt.embeds[self.video_token_id] = torch.cat(self.model.get_video_features(values, prompt.video_grid).pooler_output)
-        merge = self.image_processor.merge_size
-        if not audio_counts:
-            return [[self.video_token_id] * (t * h * w // merge**2) for t, h, w in grids]
-        tokens = {"video": self.video_token_id, "audio": self.audio_token_id}
-        layouts = []
-        for grid, clip, num_audio in zip(grids, clips, audio_counts):
-            times = frame_positions(grid, merge, clip.seconds_per_grid, rules.position_id_per_seconds)
-            order = interleave_in_chunks(times, num_audio, rules)
-            layouts.append([self.audio_bos_id, *(tokens[k] for k in order), self.audio_eos_id])
-        return layouts
+    def _interleave(self, times, num_audio: int) -> list[str]:
+        return interleave_in_chunks(times, num_audio, self.video_rules)
 
     # --- the forward ---------------------------------------------------------------------------
 
@@ -304,16 +224,6 @@ class OmniThinker(ARModel):
 
     def close(self) -> None:
         self.model = self.lm = None
-
-
-def expand_placeholders(ids: list[int], slots: list[int], counts: list[int], token: int) -> list[int]:
-    """`ids` with the placeholder at each of `slots` repeated `counts` times."""
-    expanded: list[int] = []
-    last = 0
-    for slot, count in zip(slots, counts):
-        expanded += ids[last:slot] + [token] * count
-        last = slot + 1
-    return expanded + ids[last:]
 
 
 def image_processor(model_path: str, cls):

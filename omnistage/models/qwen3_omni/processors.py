@@ -52,7 +52,8 @@ def talker_inputs(request: Any, upstream: dict) -> dict:
     sequence = torch.cat([prompt_ids.cpu(), torch.tensor(out.token_ids, dtype=torch.long)])
     return {"thinker_hidden": hidden, "thinker_embeds": embeds, "token_ids": sequence,
             "num_prompt": int(prompt_ids.shape[0]), "audio_seqlens": out.extras["audio_seqlens"],
-            "image_grid_thw": out.extras["image_grid_thw"], "tts_embeds": out.extras["tts_embeds"],
+            "image_grid_thw": out.extras["image_grid_thw"], "video_grid_thw": out.extras["video_grid_thw"],
+            "video_second_per_grid": out.extras["video_second_per_grid"], "tts_embeds": out.extras["tts_embeds"],
             "voice": out.extras["voice"]}
 
 

@@ -46,7 +46,7 @@ from omnistage.models.qwen3_omni.thinker import attention_mask
 from omnistage.models.qwen3_omni.weights import check_voice, load_talker, speaker_ids
 
 _INPUT_KEYS = ("thinker_hidden", "thinker_embeds", "token_ids", "num_prompt", "audio_seqlens", "image_grid_thw",
-               "tts_embeds", "voice")
+               "video_grid_thw", "video_second_per_grid", "tts_embeds", "voice")
 NUM_SUPPRESSED = 1024  # the reference suppresses ids [vocab - 1024, vocab) but codec EOS
 CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P = 50, 0.8  # the reference's code predictor sampling
 
@@ -177,16 +177,18 @@ class Qwen3OmniTalker(ARModel):
         assistant = text_part + codec_part[:text_part.shape[0]]
         prompt_embeds = torch.cat([user, assistant])
         trailing = reply[4:] if tts_eos is None else torch.cat([reply[4:], tts_eos[None]])
-        # 3. Positions: TMRoPE over the talker's ids when audio or images are in the prompt, else plain.
+        # 3. Positions: TMRoPE over the talker's ids when audio, images or videos are in the prompt, else plain.
         talker_ids = torch.cat([prompt_ids[is_user],
                                 torch.full((assistant.shape[0],), -1, device=self.device, dtype=torch.long)])
-        audio_seqlens, grid = inputs["audio_seqlens"], inputs["image_grid_thw"]
-        if audio_seqlens is not None or grid is not None:
+        audio_seqlens, grid, video_grid = inputs["audio_seqlens"], inputs["image_grid_thw"], inputs["video_grid_thw"]
+        if audio_seqlens is not None or grid is not None or video_grid is not None:
             talker_ids[talker_ids < 0] = self.tts_pad_id  # the reference's ids for the assistant part
+            on_device = (lambda t: None if t is None else t.to(self.device))
+            # NOTE: the reference generate() does not hand the talker `use_audio_in_video`; the rope
+            # index finds a video's own audio from the token layout anyway.
             pos, delta = self.model.get_rope_index(
-                talker_ids[None], None if grid is None else grid.to(self.device), None,
-                torch.ones_like(talker_ids[None]), False,
-                None if audio_seqlens is None else audio_seqlens.to(self.device), None)
+                talker_ids[None], on_device(grid), on_device(video_grid), torch.ones_like(talker_ids[None]), False,
+                on_device(audio_seqlens), inputs["video_second_per_grid"])
             mrope, delta = pos[:, 0], int(delta.item())
         else:
             mrope, delta = torch.arange(talker_ids.shape[0], device=self.device).expand(3, -1), 0
