@@ -1,6 +1,6 @@
 """Qwen3-Omni: thinker -> talker -> code2wav, or the thinker alone when audio is off.
 
-    stage 0 "thinker"  (ar)          text/audio/image in -> text (MoE), and per position the
+    stage 0 "thinker"  (ar)          text/audio/image/video in -> text (MoE), and per position the
                                      hidden state and input embedding the talker reads
     stage 1 "talker"   (ar)          thinker states -> codec frames (MoE talker + code
                                      predictor: G codebooks per frame), streamed in chunks
@@ -11,8 +11,8 @@ thinker-only variant serves checkpoints with `enable_audio_output: false` and de
 whose `output_modalities` leave out audio. The voice is `prompt["voice"]` (a name of the
 talker config's `speaker_id`, any case, default "Ethan"); chunking is `Code2WavParams`.
 
-Not yet: video input (the thinker refuses video parts by name): transformers 5's video
-processors are torchvision-only, and omnistage does not use torchvision.
+Video parts are read on the PIL/numpy path of `qwen2_5_omni.video` (transformers 5's video
+processors are torchvision-only); `use_audio_in_video` takes text output only (see the thinker).
 """
 
 from omnistage.ar.model import register_ar_model
