@@ -289,6 +289,50 @@ def test_video_with_its_audio_matches_transformers_generate(reference, omni):
         omni.generate({**prompt, "voice": "Ethan"}, greedy_params(), use_tqdm=False)
 
 
+def test_talker_follows_the_streaming_thinker(omni, path):
+    # The talker starts from the thinker's streamed rows (after its second token) and makes frames
+    # while the thinker is still writing; its frames equal the whole hand-off's.
+    from omnistage.ar.engine import AREngine
+    from omnistage.config.deploy_fields import StageDeployConfig
+    from omnistage.engine.types import InputChunk, StageRequest
+    from omnistage.models.qwen3_omni import TALKER_STAGE, THINKER_STAGE
+    from omnistage.models.qwen3_omni.processors import THINKER, talker_inputs, thinker_chunks, thinker_inputs
+
+    thinker_params = SamplingParams(temperature=0, max_tokens=24, min_tokens=24)
+    talker_params = greedy_params(frames=30, min_frames=30)["talker"]
+    prompt = {"messages": MESSAGES, "voice": "Ethan"}
+    [out] = omni.generate(prompt, {**greedy_params(frames=30, min_frames=30), "thinker": thinker_params},
+                          use_tqdm=False)
+    stages = out.metrics["stages"]
+    assert out.error is None and len(out.token_ids) == 24
+    assert stages["talker"]["first_output_time"] < stages["thinker"]["finish_time"]
+
+    # The same hand-off, engine by engine, as the orchestrator does it.
+    config = StageDeployConfig(devices=("cpu",), dtype="float32", max_num_seqs=2)
+    request = SimpleNamespace(prompt=prompt, output_modalities=None)
+    thinker, talker = AREngine(path, THINKER_STAGE, config), AREngine(path, TALKER_STAGE, config)
+    thinker.add_request(StageRequest("t", thinker_inputs(request, {}), thinker_params))
+    started, frames_while_thinking, last_thinker, streamed = False, 0, None, None
+    while thinker.has_unfinished_requests() or talker.has_unfinished_requests():
+        for o in thinker.step():
+            last_thinker = o
+            chunk = thinker_chunks(request, o.payload, o.finished)
+            talker.add_request(StageRequest("s", chunk if not started else InputChunk(chunk), talker_params))
+            started = True
+        for o in talker.step() + talker.step():  # two talker steps per thinker step: it must wait for rows
+            frames_while_thinking += not last_thinker.finished
+            streamed = o.payload.extras["audio_codes"].clone()
+    assert frames_while_thinking > 10 and last_thinker.payload.token_ids == out.token_ids
+    talker.add_request(StageRequest("w", talker_inputs(request, {THINKER: last_thinker.payload}), talker_params))
+    while talker.has_unfinished_requests():
+        whole = talker.step()[-1].payload.extras["audio_codes"]
+    assert whole.shape == (30, QWEN3_OMNI_CODE_GROUPS)
+    torch.testing.assert_close(streamed, whole, rtol=0, atol=0)
+    assert talker.block_manager.num_free_blocks == talker.block_manager.num_blocks
+    thinker.close()
+    talker.close()
+
+
 def test_bad_voice_fails_naming_the_thinker(omni):
     with pytest.raises(OmniRequestError, match=r"thinker.*unknown voice 'Nobody'"):
         omni.generate({"messages": MESSAGES, "voice": "Nobody"}, greedy_params(), use_tqdm=False)
