@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.params import DiffusionParams, ExtraSpec
@@ -169,6 +170,15 @@ class StableAudio(DiffusionPipelineBase):
         scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_text_duration_embeds"] is not None else None,
         combine=plain_cfg,
         batch_branches=True,
+    )
+
+    # Step caches wrap the DiT blocks (called with keywords only). The time embedding rides in
+    # the prepended global token, not in a modulation: TeaCache compares the first block's
+    # normed input as it is (no published coefficients for Stable Audio: no rescaling).
+    step_cache_blocks: ClassVar[BlockChain] = BlockChain(
+        blocks=("transformer_blocks",),
+        io="single_stream",
+        modulated_input=lambda block, args, kwargs: block.norm1(kwargs["hidden_states"]),
     )
 
     @torch.no_grad()
