@@ -31,7 +31,13 @@ from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.params import DiffusionParams, ExtraSpec
-from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest, group_by, split_per_state
+from omnistage.diffusion.pipeline import (
+    DenoiseState,
+    DiffusionPipelineBase,
+    DiffusionRequest,
+    group_by,
+    split_per_state,
+)
 from omnistage.engine.types import AudioPayload, RequestError
 
 # DiffusionParams fields an audio request has no use for: refused rather than ignored.
@@ -54,6 +60,8 @@ class StableAudio(DiffusionPipelineBase):
         super().__init__(components, device, dtype, configs)
         self.rotary_embed_dim = self.transformer.config.attention_head_dim // 2
         self._rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+        # A stochastic scheduler (the real checkpoint's) draws noise from the generator it is given.
+        self._step_takes_generator = "generator" in inspect.signature(self.scheduler.step).parameters
 
     def configure(self, configs: CheckpointConfigs) -> None:
         # The VAE's hop length and rate and the transformer's window fix the longest audio.
@@ -218,9 +226,7 @@ class StableAudio(DiffusionPipelineBase):
 
     def _scheduler_step(self, state: DenoiseState, noise_pred: torch.Tensor) -> None:
         """x_t -> x_t-1 with the state's scheduler; a stochastic one draws from its generator."""
-        kwargs = {}
-        if "generator" in inspect.signature(state.scheduler.step).parameters:
-            kwargs["generator"] = state.cond["generator"]
+        kwargs = {"generator": state.cond["generator"]} if self._step_takes_generator else {}
         t = state.timesteps[state.step_index]
         state.latents = state.scheduler.step(noise_pred, t, state.latents, return_dict=False, **kwargs)[0]
         state.step_index += 1
