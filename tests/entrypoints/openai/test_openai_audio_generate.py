@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 
 import av
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -114,7 +115,7 @@ def test_route_is_listed_and_speech_is_refused_through_the_openai_client(http):
     assert model.routes == ["POST /v1/audio/generate"]
     assert model.modalities == {"input": ["text"], "output": ["audio"]}
     audio = client.post("/audio/generate", body={"prompt": "rain", **FAST, "response_format": "flac"},
-                        cast_to=openai._legacy_response.HttpxBinaryResponseContent)
+                        cast_to=httpx.Response)
     assert sf.info(io.BytesIO(audio.content)).channels == 2
     with pytest.raises(openai.BadRequestError, match="does not serve POST /v1/audio/speech"):
         client.audio.speech.create(model="stable-audio", input="hello", voice="alloy")
