@@ -21,7 +21,9 @@ def audio_params(**fields) -> DiffusionParams:
     return DiffusionParams(num_inference_steps=2, **fields)
 
 
-class TestStableAudio(ParityTests):
+class StableAudioParity(ParityTests):
+    """The shared parity tests, reading the reference's waveforms (not collected itself)."""
+
     zoo_name = "stable-audio"
     reference_class = "StableAudioPipeline"
     pipeline_class = StableAudio
@@ -63,6 +65,11 @@ class TestStableAudio(ParityTests):
         assert np.abs(payload.audio - want[0].T).max() <= 1e-3
         assert len(payload.audio) == int(call["audio_end_in_s"] * payload.sample_rate)
 
+
+
+class TestStableAudio(StableAudioParity):
+    """The zoo's scheduler: EDM DPM-Solver++ (SDE), the class the pipeline declares."""
+
     def test_defaults_come_from_the_checkpoint(self, ours):
         # StableAudioPipeline: the whole window (sample_size latent frames times the hop length).
         params = ours.prepare_params(DiffusionParams())
@@ -87,3 +94,33 @@ class TestStableAudio(ParityTests):
     ])
     def test_bad_inputs_are_rejected(self, ours, field, params):
         assert_rejected(ours, field, params)
+
+
+class TestStableAudioCosineScheduler(StableAudioParity):
+    """The real Stable Audio Open checkpoint's scheduler, CosineDPMSolverMultistepScheduler:
+    its noise comes from a Brownian tree seeded with the generator's seed (torchsde), so each
+    request's own generator must reach its own scheduler."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def path(cls, zoo, tmp_path_factory):
+        import json
+        import shutil
+
+        pytest.importorskip("torchsde")
+        from diffusers import CosineDPMSolverMultistepScheduler
+
+        path = tmp_path_factory.mktemp("stable-audio-cosine") / "m"
+        shutil.copytree(zoo(cls.zoo_name), path)
+        shutil.rmtree(path / "scheduler")
+        # Stable Audio Open 1.0's scheduler_config.json (its values are this class's defaults).
+        CosineDPMSolverMultistepScheduler(sigma_min=0.3, sigma_max=500, solver_order=2,
+                                          prediction_type="v_prediction", sigma_data=1.0,
+                                          sigma_schedule="exponential").save_pretrained(path / "scheduler")
+        index = json.loads((path / "model_index.json").read_text())
+        index["scheduler"] = ["diffusers", "CosineDPMSolverMultistepScheduler"]
+        (path / "model_index.json").write_text(json.dumps(index))
+        return path
+
+    def test_uses_the_cosine_scheduler(self, ours):
+        assert type(ours.scheduler).__name__ == "CosineDPMSolverMultistepScheduler"
