@@ -1,7 +1,8 @@
 """Stable Audio with the accelerations of diffusion/accel/: the step caches (threshold 0 is the
 uncached output bit for bit, a high one skips forwards, a request's result is the same alone
 or joined by another at other steps), CFG parallel on two gloo ranks, the Oobleck VAE's own
-tiling, model offload, and the ones it cannot take refused by name."""
+tiling, int8 weights, model offload, and the ones it cannot take refused by name (sequence
+and VAE-patch parallel, attention backends, LoRA, regional compile)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.accel import attention_backend, lora, sequence_parallel, vae_patch_parallel
+from omnistage.diffusion.accel import compile as regional_compile
 from omnistage.models.stable_audio.pipeline import StableAudio
 from omnistage.testing.stable_audio_models import DEFAULT_CALL_KWARGS
 
@@ -108,6 +110,15 @@ def test_vae_tiling_decodes_in_time_tiles_close_to_whole(path, plain):
     assert got.shape == whole.shape and torch.abs(got - whole).max() <= 1e-3 * max(1.0, whole.abs().max())
 
 
+def test_int8_quantization_stays_close(path, uncached):
+    pipeline = load(path, quantization="int8")
+    assert pipeline.accelerations == ["quantization"]
+    arr, _ = run(pipeline)
+    want = uncached[0]
+    diff = np.abs(arr - want).max()
+    assert np.isfinite(arr).all() and 0 < diff <= 0.05 * np.abs(want).max()  # rounded weights, close output
+
+
 def test_model_offload_gives_the_same_audio(path, uncached):
     arr, _ = run(load(path, offload="model"))
     assert np.array_equal(arr, uncached[0])
@@ -119,6 +130,7 @@ def test_model_offload_gives_the_same_audio(path, uncached):
      "AutoencoderOobleck"),
     (attention_backend, dict(attention_backend="sdpa_math"), "does not go through"),
     (lora, dict(lora=[{"path": "/nowhere/adapter.safetensors", "scale": 1.0}]), "lora"),
+    (regional_compile, dict(compile=True), "declares its repeated blocks"),
 ])
 def test_unsupported_accelerations_are_refused_by_name(plain, module, fields, message):
     with pytest.raises(ValueError, match=message):
