@@ -65,13 +65,13 @@ class StableAudio(DiffusionPipelineBase):
 
     def configure(self, configs: CheckpointConfigs) -> None:
         # The VAE's hop length and rate and the transformer's window fix the longest audio.
-        self.sampling_rate = configs.vae.get("sampling_rate", 44100)
-        self.hop_length = math.prod(configs.vae.get("downsampling_ratios", [2, 4, 4, 8, 8]))
+        self.sampling_rate = configs.vae.sampling_rate
+        self.hop_length = math.prod(configs.vae.downsampling_ratios)
         self.sample_size = configs.transformer.sample_size
         self.max_audio_seconds = self.sample_size * self.hop_length / self.sampling_rate
         # The projection model embeds seconds in [min_value, max_value] (0-512 in the real one).
-        self.min_seconds = configs.projection_model.get("min_value", 0)
-        self.max_seconds = configs.projection_model.get("max_value", 512)
+        self.min_seconds = configs.projection_model.min_value
+        self.max_seconds = configs.projection_model.max_value
         self.extras = {
             "audio_start_in_s": ExtraSpec(float, default=0.0, min=self.min_seconds, max=self.max_seconds,
                                           help="Where the audio starts in the model's window (seconds)."),
