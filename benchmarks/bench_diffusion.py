@@ -11,6 +11,10 @@ unless `--device` / `--dtype` say otherwise (both sides always share them):
   latency): mean latency of step mode (requests join between steps) against request
   mode (a batch runs to the end before the next one starts), both max_num_seqs=8.
 
+Audio families (`stable-audio`) run the same five configurations on the zoo's audio call
+(4 steps, CFG on, the model's whole window: 1.024 s tiny, 4.096 s small) and report audio
+seconds made per wall-clock second, under "## Diffusion: audio".
+
 Each is warmed up once, then timed `--repeats` times interleaved in one process; the best
 run (and the best mean latency) counts. Peak RSS per configuration comes from a separate short process per
 configuration (load + one run), sampled with psutil. Prints markdown tables and writes
@@ -47,6 +51,7 @@ PROMPTS = [
     "a lighthouse on a rocky coast during a storm",
 ]
 CONFIGS = ("ours", "sequential", "batched", "step_staggered", "request_staggered")
+AUDIO_MODELS = ("stable-audio",)
 
 
 # -- inputs ------------------------------------------------------------------------------
@@ -55,6 +60,13 @@ CONFIGS = ("ours", "sequential", "batched", "step_staggered", "request_staggered
 def call_kwargs(model: str, size: str) -> dict:
     from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, IMAGE_SIDE
 
+    if model in AUDIO_MODELS:
+        from omnistage.testing.stable_audio_models import DEFAULT_CALL_KWARGS as AUDIO_CALL_KWARGS
+
+        kwargs = dict(AUDIO_CALL_KWARGS[model])
+        kwargs.pop("audio_end_in_s")  # the model's whole window
+        kwargs.pop("prompt")
+        return kwargs
     kwargs = dict(DEFAULT_CALL_KWARGS[model])
     kwargs["height"] = kwargs["width"] = IMAGE_SIDE[size]
     kwargs.pop("prompt")
@@ -87,20 +99,32 @@ def run_ours(engine, kwargs: dict) -> list:
         for out in engine.step():
             if out.finished:
                 assert out.error is None, out.error
-                done[out.request_id] = out.payload.images[0]
+                done[out.request_id] = _payload_output(out.payload)
     return [done[f"r{i}"] for i in range(NUM_REQUESTS)]
 
 
+def _payload_output(payload) -> object:
+    """Our result for one request: its (first) image, or its waveform [samples, channels]."""
+    return np.asarray(payload.audio) if hasattr(payload, "audio") else payload.images[0]
+
+
+def _pipe_outputs(out) -> list:
+    """diffusers' results, one per prompt: images, or waveforms as [samples, channels]."""
+    if hasattr(out, "audios"):  # AudioPipelineOutput: [channels, samples] tensors
+        return [np.asarray(a.cpu()).T for a in out.audios]
+    return out.images
+
+
 def run_sequential(pipe, kwargs: dict) -> list:
-    return [pipe(prompt=p, **kwargs, generator=generator(i)).images[0] for i, p in enumerate(PROMPTS)]
+    return [_pipe_outputs(pipe(prompt=p, **kwargs, generator=generator(i)))[0] for i, p in enumerate(PROMPTS)]
 
 
 def run_batched(pipe, kwargs: dict) -> list:
     kwargs = dict(kwargs)
     negative = kwargs.pop("negative_prompt", None)
     negative = [negative] * NUM_REQUESTS if negative is not None else None
-    return pipe(prompt=PROMPTS, negative_prompt=negative, **kwargs,
-                generator=[generator(i) for i in range(NUM_REQUESTS)]).images
+    return _pipe_outputs(pipe(prompt=PROMPTS, negative_prompt=negative, **kwargs,
+                              generator=[generator(i) for i in range(NUM_REQUESTS)]))
 
 
 def run_staggered(engine, kwargs: dict, gap: float) -> float:
@@ -183,13 +207,18 @@ def bench(model: str, size: str, repeats: int, device: str = "cpu", dtype: str =
                     latency[name] = min(latency[name], results[name])
     for key in ("request", "step"):
         built[key].close()
-    diff = max(int(np.abs(np.asarray(a, np.int16) - np.asarray(b, np.int16)).max())
-               for a, b in zip(results["ours"], results["sequential"]))
+    if model in AUDIO_MODELS:  # float waveforms: the largest sample difference
+        diff = max(float(np.abs(a - b).max()) for a, b in zip(results["ours"], results["sequential"]))
+        audio_seconds = sum(len(a) for a in results["ours"]) / built["pipe"].vae.config.sampling_rate
+    else:
+        diff = max(int(np.abs(np.asarray(a, np.int16) - np.asarray(b, np.int16)).max())
+                   for a, b in zip(results["ours"], results["sequential"]))
+        audio_seconds = None
     params = sum(p.numel() for c in built["pipe"].components.values() if isinstance(c, torch.nn.Module)
                  for p in c.parameters())
     return {"model": model, "size": size, "device": device, "dtype": dtype, "params_m": params / 1e6, "secs": best, "cpu_secs": best_cpu,
             "gap": gap, "latency": latency,
-            "max_pixel_diff": diff}
+            "max_pixel_diff": diff, "audio_seconds": audio_seconds}
 
 
 # -- peak RSS, one process per configuration ----------------------------------------------
@@ -270,6 +299,29 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def audio_table(rows: list[dict]) -> str:
+    """The audio families' rows: audio seconds made per wall-clock second."""
+    lines = [
+        f"{NUM_REQUESTS} requests (8 prompts, seeds 0-7), the zoo's audio call (4 steps, CFG on, negative prompt, "
+        f"the whole window), fp32, CPU, torch {torch.__version__}, {torch.get_num_threads()} thread(s), best of "
+        "the timed runs, wall clock (process CPU time in brackets).",
+        "",
+        "| model | params | audio per request | ours (audio s/s) | 8x sequential (audio s/s) "
+        "| diffusers batched (audio s/s) | ours / sequential | ours / batched — goal >= 0.9 "
+        "| max sample diff vs diffusers | step / request mode mean latency (staggered) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        s, c, lat = r["secs"], r["cpu_secs"], r["latency"]
+        total = r["audio_seconds"]
+        lines.append(
+            f"| {r['model']} {r['size']} | {r['params_m']:.2f} M | {total / NUM_REQUESTS:.3f} s "
+            f"| {total / s['ours']:.2f} | {total / s['sequential']:.2f} | {total / s['batched']:.2f} "
+            f"| {s['sequential'] / s['ours']:.2f}x ({c['sequential'] / c['ours']:.2f}x) "
+            f"| {s['batched'] / s['ours']:.2f} ({c['batched'] / c['ours']:.2f}) | {r['max_pixel_diff']:.1e} "
+            f"| {lat['step_staggered']:.2f} / {lat['request_staggered']:.2f} s |")
+    return "\n".join(lines)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -295,10 +347,14 @@ def main() -> None:
                 row["rss"] = peak_rss(model, size, args.threads, args.device, args.dtype)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    body = table(rows)
-    print(body)
-    if not args.no_write:
-        write_section("Diffusion", "benchmarks/bench_diffusion.py", body)
+    image_rows = [r for r in rows if r["model"] not in AUDIO_MODELS]
+    audio_rows = [r for r in rows if r["model"] in AUDIO_MODELS]
+    sections = [("Diffusion", table(image_rows), image_rows), ("Diffusion: audio", audio_table(audio_rows), audio_rows)]
+    for heading, body, section_rows in sections:
+        if section_rows:
+            print(body)
+            if not args.no_write:
+                write_section(heading, "benchmarks/bench_diffusion.py", body)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ class BlockChain:
     io: Literal["dual_stream", "single_stream"]
     """dual_stream: blocks take `hidden_states=`/`encoder_hidden_states=` keywords and return
     (encoder_hidden_states, hidden_states) (FLUX, Qwen-Image, SD3); single_stream: blocks take
-    the hidden states first and return them (Wan, Z-Image)."""
+    the hidden states first, or as `hidden_states=`, and return them (Wan, Z-Image, Stable Audio)."""
     token_mask_arg: int | None = None
     """Position of a [B, tokens] mask of real tokens among a block's args, when the
     transformer pads rows to the batch's longest (Z-Image); padding is left out of distances."""
@@ -55,7 +55,9 @@ class BlockChain:
     """Pipeline attributes holding transformers with these blocks (absent ones are skipped)."""
 
     def hidden(self, args: tuple, kwargs: dict) -> torch.Tensor:
-        return kwargs["hidden_states"] if self.io == "dual_stream" else args[0]
+        if self.io == "dual_stream" or not args:
+            return kwargs["hidden_states"]
+        return args[0]
 
     def output_hidden(self, output: Any) -> torch.Tensor:
         return output[1] if self.io == "dual_stream" else output
