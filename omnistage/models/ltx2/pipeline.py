@@ -329,9 +329,11 @@ class LTX2(DiffusionPipelineBase):
         audios = map_groups(states, lambda s: s.cond["audio_shape"], self._decode_audios)
         return list(zip(videos, audios))
 
+    @torch.no_grad()
     def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
         return map_groups(states, lambda s: s.cond["video_shape"], self._decode_videos)
 
+    @torch.no_grad()
     def decode(self, states: list[DenoiseState]) -> list[Any]:
         sample_rate = int(self.vocoder.config.output_sampling_rate)
         payloads = []
