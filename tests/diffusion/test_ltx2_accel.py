@@ -1,0 +1,76 @@
+"""LTX-2 with the accelerations of accel/: memory options that work (model offload, VAE tiling:
+the same output), and what it refuses by name at load (CFG-parallel and the step caches hook
+the shared guidance seam and block chains, which its multi-pass audio-video guidance does not use)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from parity import TOLERANCE, load_reference, max_abs_diff
+
+from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.diffusion.params import DiffusionParams
+from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.models.ltx2.pipeline import LTX2
+
+# A short run with every guidance pass on (STG on the zoo transformer's last block).
+PARAMS = DiffusionParams(seed=3, negative_prompt="blurry", height=64, width=64, num_frames=9, fps=24.0,
+                         num_inference_steps=2, extras={"max_sequence_length": 32, "stg_block": 1})
+
+
+def run(pipeline: LTX2) -> tuple[np.ndarray, np.ndarray]:
+    (video, audio), = pipeline.decode_av(pipeline.denoise([DiffusionRequest("r", "a cat", PARAMS)]))
+    return video, audio
+
+
+@pytest.fixture(scope="module")
+def path(zoo):
+    return zoo("ltx2")
+
+
+@pytest.fixture(scope="module")
+def plain(path):
+    return run(LTX2.from_pretrained(path))
+
+
+def test_model_offload_gives_the_same_video_and_audio(path, plain):
+    pipeline = LTX2.from_pretrained(path, deploy=StageDeployConfig(offload="model"))
+    assert pipeline.accelerations == ["offload"]
+    video, audio = run(pipeline)
+    assert max_abs_diff(video, plain[0]) <= TOLERANCE and max_abs_diff(audio, plain[1]) <= TOLERANCE
+    assert pipeline.offload_residency.current is not None  # components really moved on and off
+
+
+def test_vae_tiling_decodes_in_tiles_like_diffusers(path, plain):
+    import torch
+    from diffusers import LTX2Pipeline
+
+    # Tiles smaller than the 64x64 video, so the tiled path really runs (blended overlaps).
+    tiles = dict(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=24,
+                 tile_sample_stride_width=24)
+    pipeline = LTX2.from_pretrained(path, deploy=StageDeployConfig(vae_use_tiling=True))
+    assert pipeline.accelerations == ["vae_tiling"] and pipeline.vae.use_tiling
+    pipeline.vae.enable_tiling(**tiles)
+    video, audio = run(pipeline)
+    assert max_abs_diff(audio, plain[1]) <= TOLERANCE  # the soundtrack does not pass the video VAE
+    assert max_abs_diff(video, plain[0]) > 1e-2  # the tiles really changed the decode
+    # ... exactly as diffusers' own pipeline decodes with the same tiles.
+    reference = load_reference(LTX2Pipeline, path)
+    reference.vae.enable_tiling(**tiles)
+    out = reference(prompt="a cat", negative_prompt="blurry", height=64, width=64, num_frames=9, frame_rate=24.0,
+                    num_inference_steps=2, max_sequence_length=32, spatio_temporal_guidance_blocks=[1],
+                    generator=torch.Generator("cpu").manual_seed(3), output_type="np")
+    assert max_abs_diff(video, out.frames[0]) <= TOLERANCE
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"executor": "mp", "num_devices": 2, "cfg_parallel_size": 2},
+     r"cfg_parallel_size: LTX2Pipeline declares no CFG branches to split"),
+    ({"cache_backend": "first_block_cache"}, r"'first_block_cache' needs .* LTX2Pipeline does not"),
+    ({"cache_backend": "tea_cache"}, r"'tea_cache' needs .* LTX2Pipeline does not"),
+    ({"executor": "mp", "num_devices": 2, "ulysses_degree": 2}, r"ulysses_degree=2: LTX2Pipeline cannot split"),
+])
+def test_refused_by_name_at_load(path, fields, message):
+    with pytest.raises(ValueError, match=message):
+        LTX2.from_pretrained(path, deploy=StageDeployConfig(**fields))
