@@ -15,7 +15,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from omnistage.testing.diffusion_components import padded_vocab_size, save_pipeline, seed_everything
-from omnistage.testing.diffusion_models import NEGATIVE_PROMPT, NUM_FRAMES, PROMPT, SIZES, VIDEO_SIDE
+from omnistage.testing.diffusion_models import (
+    DEFAULT_CALL_KWARGS,
+    NEGATIVE_PROMPT,
+    NUM_FRAMES,
+    PROMPT,
+    SIZES,
+    VIDEO_SIDE,
+)
 from omnistage.testing.tokenizers import CORPUS, _learn_bpe_merges
 from omnistage.testing.zoo import ZooModel, register_zoo_model
 
@@ -24,7 +31,7 @@ _LTX2 = {
     # heads/head_dim: the video stream; audio_heads/audio_head_dim: the audio stream.
     "tiny": dict(text=32, text_layers=2, heads=2, head_dim=8, audio_heads=2, audio_head_dim=4, layers=2,
                  vae=(8,), latent=4, mel_bins=8, vocoder=32),
-    "small": dict(text=64, text_layers=2, heads=4, head_dim=16, audio_heads=2, audio_head_dim=16, layers=4,
+    "small": dict(text=64, text_layers=2, heads=4, head_dim=32, audio_heads=2, audio_head_dim=32, layers=4,
                   vae=(32, 64), latent=16, mel_bins=16, vocoder=64),
 }
 
@@ -107,8 +114,9 @@ def _ltx2_components(size: str) -> dict:
         num_attention_heads=dims["heads"],
         attention_head_dim=dims["head_dim"],
         cross_attention_dim=dims["heads"] * dims["head_dim"],
-        audio_in_channels=4,
-        audio_out_channels=4,
+        # Packed audio latents: 2 latent channels x mel_bins / 4 latent mel bins per token.
+        audio_in_channels=2 * dims["mel_bins"] // 4,
+        audio_out_channels=2 * dims["mel_bins"] // 4,
         audio_num_attention_heads=dims["audio_heads"],
         audio_attention_head_dim=dims["audio_head_dim"],
         audio_cross_attention_dim=dims["audio_heads"] * dims["audio_head_dim"],
@@ -221,6 +229,9 @@ LTX2_CALL_KWARGS = dict(
     spatio_temporal_guidance_blocks=[1],
     max_sequence_length=32,
 )
+
+# Registered beside the other families' calls, as this module's model is beside theirs in the zoo.
+DEFAULT_CALL_KWARGS["ltx2"] = LTX2_CALL_KWARGS
 
 register_zoo_model(
     ZooModel(
