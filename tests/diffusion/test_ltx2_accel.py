@@ -74,3 +74,25 @@ def test_vae_tiling_decodes_in_tiles_like_diffusers(path, plain):
 def test_refused_by_name_at_load(path, fields, message):
     with pytest.raises(ValueError, match=message):
         LTX2.from_pretrained(path, deploy=StageDeployConfig(**fields))
+
+
+def test_engine_step_mode_joins_and_returns_video_with_audio(path, plain):
+    # Through DiffusionEngine in step mode: a second request joins after the first one's first
+    # step; each comes back as the VideoPayload (frames and soundtrack) it gives alone.
+    from omnistage.diffusion.engine import DiffusionEngine
+    from omnistage.engine.types import StageRequest
+
+    engine = DiffusionEngine(str(path), config=StageDeployConfig(step_execution=True, max_num_seqs=2))
+    try:
+        engine.add_request(StageRequest("a", "a cat", PARAMS))
+        done = {out.request_id: out for out in engine.step() if out.finished}
+        engine.add_request(StageRequest("b", "a cat", PARAMS.model_copy(update={"seed": 4})))
+        while engine.has_unfinished_requests():
+            done.update({out.request_id: out for out in engine.step() if out.finished})
+    finally:
+        engine.close()
+    video_a, audio_a = done["a"].payload.frames, done["a"].payload.audio
+    assert done["a"].error is None and done["b"].error is None
+    assert np.abs(video_a / 255 - plain[0]).max() <= 1 / 255 + 1e-6
+    assert max_abs_diff(audio_a, plain[1]) <= TOLERANCE and done["a"].payload.sample_rate == 16000
+    assert max_abs_diff(done["b"].payload.audio, audio_a) > 1e-3  # another seed, another soundtrack
