@@ -12,14 +12,14 @@ from parity import TOLERANCE, load_reference, max_abs_diff
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.pipeline import DiffusionRequest
-from omnistage.models.ltx2.pipeline import LTX2
+from omnistage.models.ltx2.pipeline import LTX2T2V
 
 # A short run with every guidance pass on (STG on the zoo transformer's last block).
 PARAMS = DiffusionParams(seed=3, negative_prompt="blurry", height=64, width=64, num_frames=9, fps=24.0,
                          num_inference_steps=2, extras={"max_sequence_length": 32, "stg_block": 1})
 
 
-def run(pipeline: LTX2) -> tuple[np.ndarray, np.ndarray]:
+def run(pipeline: LTX2T2V) -> tuple[np.ndarray, np.ndarray]:
     (video, audio), = pipeline.decode_av(pipeline.denoise([DiffusionRequest("r", "a cat", PARAMS)]))
     return video, audio
 
@@ -31,11 +31,11 @@ def path(zoo):
 
 @pytest.fixture(scope="module")
 def plain(path):
-    return run(LTX2.from_pretrained(path))
+    return run(LTX2T2V.from_pretrained(path))
 
 
 def test_model_offload_gives_the_same_video_and_audio(path, plain):
-    pipeline = LTX2.from_pretrained(path, deploy=StageDeployConfig(offload="model"))
+    pipeline = LTX2T2V.from_pretrained(path, deploy=StageDeployConfig(offload="model"))
     assert pipeline.accelerations == ["offload"]
     video, audio = run(pipeline)
     assert max_abs_diff(video, plain[0]) <= TOLERANCE and max_abs_diff(audio, plain[1]) <= TOLERANCE
@@ -49,7 +49,7 @@ def test_vae_tiling_decodes_in_tiles_like_diffusers(path, plain):
     # Tiles smaller than the 64x64 video, so the tiled path really runs (blended overlaps).
     tiles = dict(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=24,
                  tile_sample_stride_width=24)
-    pipeline = LTX2.from_pretrained(path, deploy=StageDeployConfig(vae_use_tiling=True))
+    pipeline = LTX2T2V.from_pretrained(path, deploy=StageDeployConfig(vae_use_tiling=True))
     assert pipeline.accelerations == ["vae_tiling"] and pipeline.vae.use_tiling
     pipeline.vae.enable_tiling(**tiles)
     video, audio = run(pipeline)
@@ -73,7 +73,7 @@ def test_vae_tiling_decodes_in_tiles_like_diffusers(path, plain):
 ])
 def test_refused_by_name_at_load(path, fields, message):
     with pytest.raises(ValueError, match=message):
-        LTX2.from_pretrained(path, deploy=StageDeployConfig(**fields))
+        LTX2T2V.from_pretrained(path, deploy=StageDeployConfig(**fields))
 
 
 def test_engine_step_mode_joins_and_returns_video_with_audio(path, plain):

@@ -1,4 +1,4 @@
-"""LTX-2: our LTX2 against diffusers' LTX2Pipeline on the tiny zoo model (fp32, CPU), the video
+"""LTX-2: our LTX2T2V against diffusers' LTX2Pipeline on the tiny zoo model (fp32, CPU), the video
 and its soundtrack, alone, in a batch of three and staggered, with diffusers' guidance
 defaults (CFG, STG, modality isolation, rescale) on."""
 
@@ -21,7 +21,7 @@ from parity import (
 
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.engine.types import VideoPayload
-from omnistage.models.ltx2.pipeline import LTX2
+from omnistage.models.ltx2.pipeline import LTX2T2V
 from omnistage.testing.ltx2_models import LTX2_CALL_KWARGS
 
 
@@ -32,7 +32,7 @@ def small(**fields) -> DiffusionParams:
 class TestLTX2(ParityTests):
     zoo_name = "ltx2"
     reference_class = "LTX2Pipeline"
-    pipeline_class = LTX2
+    pipeline_class = LTX2T2V
 
     @pytest.fixture(scope="class")
     @classmethod

@@ -11,4 +11,4 @@ LTX2_T2V = PipelineSpec(
 )
 
 register_pipeline("LTX2Pipeline", LTX2_T2V, deploy_config="ltx2.yaml")
-register_diffusion_pipeline("LTX2Pipeline", "omnistage.models.ltx2.pipeline:LTX2")
+register_diffusion_pipeline("LTX2Pipeline", "omnistage.models.ltx2.pipeline:LTX2T2V")

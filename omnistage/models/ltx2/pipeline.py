@@ -52,7 +52,7 @@ DEFAULT_STG_BLOCK = 28
 Pass = str  # "uncond" | "cond" | "stg" | "modality"
 
 
-class LTX2(DiffusionPipelineBase):
+class LTX2T2V(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "LTX2Pipeline"
     output_modality: ClassVar[str] = "video"
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->connectors->transformer->vae->audio_vae->vocoder"
