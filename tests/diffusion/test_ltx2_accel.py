@@ -1,6 +1,7 @@
-"""LTX-2 with the accelerations of accel/: memory options that work (model offload, VAE tiling:
-the same output), and what it refuses by name at load (CFG-parallel and the step caches hook
-the shared guidance seam and block chains, which its multi-pass audio-video guidance does not use)."""
+"""LTX-2 with the accelerations of accel/: what works (model offload, VAE tiling, per-request
+LoRA: each as diffusers gives it), what it refuses by name at load (CFG-parallel, sequence
+parallel and the step caches hook the shared guidance seam and block chains, which its
+multi-pass audio-video guidance does not use), and step mode through the engine."""
 
 from __future__ import annotations
 
@@ -62,6 +63,31 @@ def test_vae_tiling_decodes_in_tiles_like_diffusers(path, plain):
                     num_inference_steps=2, max_sequence_length=32, spatio_temporal_guidance_blocks=[1],
                     generator=torch.Generator("cpu").manual_seed(3), output_type="np")
     assert max_abs_diff(video, out.frames[0]) <= TOLERANCE
+
+
+def test_per_request_lora_matches_diffusers_with_the_adapter(path, plain, tmp_path):
+    # One batch: a request with the adapter at 0.8, one without; each as diffusers gives it.
+    import torch
+    from diffusers import LTX2Pipeline
+
+    from omnistage.diffusion.params import LoraRequest
+    from omnistage.testing.lora import build_lora
+
+    lora = build_lora(path, tmp_path / "style.safetensors")
+    pipeline = LTX2T2V.from_pretrained(path, deploy=StageDeployConfig(lora_adapters={"style": str(lora)}))
+    styled_params = PARAMS.model_copy(update={"lora": LoraRequest(name="style", scale=0.8)})
+    (styled, styled_audio), (base, base_audio) = pipeline.decode_av(pipeline.denoise(
+        [DiffusionRequest("s", "a cat", styled_params), DiffusionRequest("b", "a cat", PARAMS)]))
+    assert max_abs_diff(base, plain[0]) <= TOLERANCE and max_abs_diff(base_audio, plain[1]) <= TOLERANCE
+    reference = load_reference(LTX2Pipeline, path)
+    reference.load_lora_weights(str(lora), adapter_name="style")
+    reference.set_adapters(["style"], adapter_weights=[0.8])
+    out = reference(prompt="a cat", negative_prompt="blurry", height=64, width=64, num_frames=9, frame_rate=24.0,
+                    num_inference_steps=2, max_sequence_length=32, spatio_temporal_guidance_blocks=[1],
+                    generator=torch.Generator("cpu").manual_seed(3), output_type="np")
+    assert max_abs_diff(styled, out.frames[0]) <= TOLERANCE
+    assert max_abs_diff(styled_audio, out.audio[0].numpy()) <= TOLERANCE
+    assert max_abs_diff(styled, base) > 1e-2  # the adapter really changes the video
 
 
 @pytest.mark.parametrize("fields, message", [
