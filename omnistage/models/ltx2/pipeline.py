@@ -246,8 +246,8 @@ class LTX2T2V(DiffusionPipelineBase):
         uncond = dict(zip(map(id, guided), preds[: len(guided)]))
         cond = dict(zip(map(id, states), preds[len(guided):]))
         extra: dict[Pass, dict[int, tuple]] = {}
-        for kind, needs in (("stg", "stg"), ("modality", "modality")):
-            users = [s for s in states if s.cond["scales"][needs]]
+        for kind in ("stg", "modality"):
+            users = [s for s in states if s.cond["scales"][kind]]
             extra[kind] = {}
             # STG perturbs one block per call: requests that name different blocks run apart.
             for group in group_by(users, lambda s: s.cond["stg_block"] if kind == "stg" else None):
