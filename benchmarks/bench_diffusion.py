@@ -58,8 +58,10 @@ AUDIO_MODELS = ("stable-audio",)
 
 
 def call_kwargs(model: str, size: str) -> dict:
-    from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, IMAGE_SIDE
+    from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, IMAGE_SIDE, VIDEO_SIDE
+    from omnistage.testing.ltx2_models import LTX2_CALL_KWARGS
 
+<<<<<<< HEAD
     if model in AUDIO_MODELS:
         from omnistage.testing.stable_audio_models import DEFAULT_CALL_KWARGS as AUDIO_CALL_KWARGS
 
@@ -69,8 +71,21 @@ def call_kwargs(model: str, size: str) -> dict:
         return kwargs
     kwargs = dict(DEFAULT_CALL_KWARGS[model])
     kwargs["height"] = kwargs["width"] = IMAGE_SIDE[size]
+=======
+    if model == "ltx2":  # video with audio: 9 frames at 64x64 tiny, 128x128 small; compared as uint8 frames
+        kwargs = dict(LTX2_CALL_KWARGS, output_type="np")
+        kwargs["height"] = kwargs["width"] = VIDEO_SIDE[size]
+    else:
+        kwargs = dict(DEFAULT_CALL_KWARGS[model])
+        kwargs["height"] = kwargs["width"] = IMAGE_SIDE[size]
+>>>>>>> issue-20d
     kwargs.pop("prompt")
     return kwargs
+
+
+# diffusers call kwargs named differently in our requests (LTX-2), or not a request field at all.
+RENAMED = {"frame_rate": ("fps", lambda v: v), "spatio_temporal_guidance_blocks": ("stg_block", lambda v: v[0]),
+           "output_type": (None, None)}
 
 
 def stage_requests(kwargs: dict, prefix: str = "r") -> list:
@@ -78,6 +93,8 @@ def stage_requests(kwargs: dict, prefix: str = "r") -> list:
     from omnistage.diffusion.params import DiffusionParams
     from omnistage.engine.types import StageRequest
 
+    renamed = {RENAMED[k][0]: RENAMED[k][1](v) for k, v in kwargs.items() if k in RENAMED and RENAMED[k][0]}
+    kwargs = {**{k: v for k, v in kwargs.items() if k not in RENAMED}, **renamed}
     fields = {k: v for k, v in kwargs.items() if k in DiffusionParams.model_fields}
     extras = {k: v for k, v in kwargs.items() if k not in DiffusionParams.model_fields}
     return [StageRequest(f"{prefix}{i}", prompt, DiffusionParams(seed=i, extras=extras, **fields))
@@ -99,6 +116,7 @@ def run_ours(engine, kwargs: dict) -> list:
         for out in engine.step():
             if out.finished:
                 assert out.error is None, out.error
+<<<<<<< HEAD
                 done[out.request_id] = _payload_output(out.payload)
     return [done[f"r{i}"] for i in range(NUM_REQUESTS)]
 
@@ -117,14 +135,34 @@ def _pipe_outputs(out) -> list:
 
 def run_sequential(pipe, kwargs: dict) -> list:
     return [_pipe_outputs(pipe(prompt=p, **kwargs, generator=generator(i)))[0] for i, p in enumerate(PROMPTS)]
+=======
+                done[out.request_id] = out.payload.frames if hasattr(out.payload, "frames") else out.payload.images[0]
+    return [done[f"r{i}"] for i in range(NUM_REQUESTS)]
+
+
+def outputs(out) -> list:
+    """A diffusers output as one image, or one video's uint8 frames, per prompt."""
+    if not hasattr(out, "frames"):
+        return out.images
+    return [(np.clip(frames, 0.0, 1.0) * 255).round().astype(np.uint8) for frames in out.frames]
+
+
+def run_sequential(pipe, kwargs: dict) -> list:
+    return [outputs(pipe(prompt=p, **kwargs, generator=generator(i)))[0] for i, p in enumerate(PROMPTS)]
+>>>>>>> issue-20d
 
 
 def run_batched(pipe, kwargs: dict) -> list:
     kwargs = dict(kwargs)
     negative = kwargs.pop("negative_prompt", None)
     negative = [negative] * NUM_REQUESTS if negative is not None else None
+<<<<<<< HEAD
     return _pipe_outputs(pipe(prompt=PROMPTS, negative_prompt=negative, **kwargs,
                               generator=[generator(i) for i in range(NUM_REQUESTS)]))
+=======
+    return outputs(pipe(prompt=PROMPTS, negative_prompt=negative, **kwargs,
+                        generator=[generator(i) for i in range(NUM_REQUESTS)]))
+>>>>>>> issue-20d
 
 
 def run_staggered(engine, kwargs: dict, gap: float) -> float:

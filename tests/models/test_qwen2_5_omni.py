@@ -436,7 +436,7 @@ def test_chat_video_url_is_seen_and_heard(path, omni):
     from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
     from omnistage.media.video import encode_mp4
 
-    mp4 = encode_mp4(moving_frames(16, seed=2), 4.0, audio=(tone(4.0), 16000))
+    mp4 = encode_mp4(moving_frames(16, seed=2), 4.0, audio=tone(4.0), sample_rate=16000)
     url = "data:video/mp4;base64," + base64.b64encode(mp4).decode()
     content = [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "What happens?"}]
     body = {"messages": [{"role": "user", "content": content}], "modalities": ["text"], "max_tokens": 8,

@@ -15,7 +15,7 @@ from omnistage.testing import build, get_model, list_models
 from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, NUM_FRAMES, default_input_image
 
 IMAGE_MODELS = ["z-image", "qwen-image", "flux", "sd3"]
-VIDEO_MODELS = ["wan-t2v", "wan-i2v"]
+VIDEO_MODELS = ["wan-t2v", "wan-i2v", "ltx2"]
 ALL_MODELS = IMAGE_MODELS + VIDEO_MODELS + ["qwen-image-edit"]
 NEEDS_IMAGE = {"wan-i2v", "qwen-image-edit"}
 HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
