@@ -61,7 +61,6 @@ def call_kwargs(model: str, size: str) -> dict:
     from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, IMAGE_SIDE, VIDEO_SIDE
     from omnistage.testing.ltx2_models import LTX2_CALL_KWARGS
 
-<<<<<<< HEAD
     if model in AUDIO_MODELS:
         from omnistage.testing.stable_audio_models import DEFAULT_CALL_KWARGS as AUDIO_CALL_KWARGS
 
@@ -69,16 +68,12 @@ def call_kwargs(model: str, size: str) -> dict:
         kwargs.pop("audio_end_in_s")  # the model's whole window
         kwargs.pop("prompt")
         return kwargs
-    kwargs = dict(DEFAULT_CALL_KWARGS[model])
-    kwargs["height"] = kwargs["width"] = IMAGE_SIDE[size]
-=======
     if model == "ltx2":  # video with audio: 9 frames at 64x64 tiny, 128x128 small; compared as uint8 frames
         kwargs = dict(LTX2_CALL_KWARGS, output_type="np")
         kwargs["height"] = kwargs["width"] = VIDEO_SIDE[size]
     else:
         kwargs = dict(DEFAULT_CALL_KWARGS[model])
         kwargs["height"] = kwargs["width"] = IMAGE_SIDE[size]
->>>>>>> issue-20d
     kwargs.pop("prompt")
     return kwargs
 
@@ -116,53 +111,36 @@ def run_ours(engine, kwargs: dict) -> list:
         for out in engine.step():
             if out.finished:
                 assert out.error is None, out.error
-<<<<<<< HEAD
                 done[out.request_id] = _payload_output(out.payload)
     return [done[f"r{i}"] for i in range(NUM_REQUESTS)]
 
 
 def _payload_output(payload) -> object:
-    """Our result for one request: its (first) image, or its waveform [samples, channels]."""
+    """Our result for one request: its video's frames, its waveform [samples, channels], or its (first) image."""
+    if hasattr(payload, "frames"):  # a video (its soundtrack, if any, is not compared here)
+        return payload.frames
     return np.asarray(payload.audio) if hasattr(payload, "audio") else payload.images[0]
 
 
 def _pipe_outputs(out) -> list:
-    """diffusers' results, one per prompt: images, or waveforms as [samples, channels]."""
+    """diffusers' results, one per prompt: images, one video's uint8 frames, or waveforms as [samples, channels]."""
     if hasattr(out, "audios"):  # AudioPipelineOutput: [channels, samples] tensors
         return [np.asarray(a.cpu()).T for a in out.audios]
+    if hasattr(out, "frames"):
+        return [(np.clip(frames, 0.0, 1.0) * 255).round().astype(np.uint8) for frames in out.frames]
     return out.images
 
 
 def run_sequential(pipe, kwargs: dict) -> list:
     return [_pipe_outputs(pipe(prompt=p, **kwargs, generator=generator(i)))[0] for i, p in enumerate(PROMPTS)]
-=======
-                done[out.request_id] = out.payload.frames if hasattr(out.payload, "frames") else out.payload.images[0]
-    return [done[f"r{i}"] for i in range(NUM_REQUESTS)]
-
-
-def outputs(out) -> list:
-    """A diffusers output as one image, or one video's uint8 frames, per prompt."""
-    if not hasattr(out, "frames"):
-        return out.images
-    return [(np.clip(frames, 0.0, 1.0) * 255).round().astype(np.uint8) for frames in out.frames]
-
-
-def run_sequential(pipe, kwargs: dict) -> list:
-    return [outputs(pipe(prompt=p, **kwargs, generator=generator(i)))[0] for i, p in enumerate(PROMPTS)]
->>>>>>> issue-20d
 
 
 def run_batched(pipe, kwargs: dict) -> list:
     kwargs = dict(kwargs)
     negative = kwargs.pop("negative_prompt", None)
     negative = [negative] * NUM_REQUESTS if negative is not None else None
-<<<<<<< HEAD
     return _pipe_outputs(pipe(prompt=PROMPTS, negative_prompt=negative, **kwargs,
                               generator=[generator(i) for i in range(NUM_REQUESTS)]))
-=======
-    return outputs(pipe(prompt=PROMPTS, negative_prompt=negative, **kwargs,
-                        generator=[generator(i) for i in range(NUM_REQUESTS)]))
->>>>>>> issue-20d
 
 
 def run_staggered(engine, kwargs: dict, gap: float) -> float:

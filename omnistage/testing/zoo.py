@@ -46,12 +46,9 @@ def register_zoo_model(model: ZooModel) -> ZooModel:
 
 def _load_builders() -> None:
     # Imported lazily: builders import torch/diffusers/transformers.
-<<<<<<< HEAD
     from omnistage.testing import diffusion_models, omni_models, speech_models  # noqa: F401
+    from omnistage.testing import ltx2_models  # noqa: F401
     from omnistage.testing import stable_audio_models  # noqa: F401
-=======
-    from omnistage.testing import diffusion_models, ltx2_models, omni_models, speech_models  # noqa: F401
->>>>>>> issue-20d
 
 
 def list_models() -> list[ZooModel]:
