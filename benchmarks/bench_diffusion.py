@@ -11,6 +11,10 @@ unless `--device` / `--dtype` say otherwise (both sides always share them):
   latency): mean latency of step mode (requests join between steps) against request
   mode (a batch runs to the end before the next one starts), both max_num_seqs=8.
 
+Audio families (`stable-audio`) run the same five configurations on the zoo's audio call
+(4 steps, CFG on, the model's whole window: 1.024 s tiny, 4.096 s small) and report audio
+seconds made per wall-clock second, under "## Diffusion: audio".
+
 Each is warmed up once, then timed `--repeats` times interleaved in one process; the best
 run (and the best mean latency) counts. Peak RSS per configuration comes from a separate short process per
 configuration (load + one run), sampled with psutil. Prints markdown tables and writes
@@ -47,19 +51,37 @@ PROMPTS = [
     "a lighthouse on a rocky coast during a storm",
 ]
 CONFIGS = ("ours", "sequential", "batched", "step_staggered", "request_staggered")
+AUDIO_MODELS = ("stable-audio",)
 
 
 # -- inputs ------------------------------------------------------------------------------
 
 
 def call_kwargs(model: str, size: str) -> dict:
-    from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, IMAGE_SIDE
+    from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, IMAGE_SIDE, VIDEO_SIDE
     from omnistage.testing.flux2_models import DEFAULT_CALL_KWARGS as FLUX2_CALL_KWARGS
+    from omnistage.testing.ltx2_models import LTX2_CALL_KWARGS
 
-    kwargs = dict({**DEFAULT_CALL_KWARGS, **FLUX2_CALL_KWARGS}[model])
-    kwargs["height"] = kwargs["width"] = IMAGE_SIDE[size]
+    if model in AUDIO_MODELS:
+        from omnistage.testing.stable_audio_models import DEFAULT_CALL_KWARGS as AUDIO_CALL_KWARGS
+
+        kwargs = dict(AUDIO_CALL_KWARGS[model])
+        kwargs.pop("audio_end_in_s")  # the model's whole window
+        kwargs.pop("prompt")
+        return kwargs
+    if model == "ltx2":  # video with audio: 9 frames at 64x64 tiny, 128x128 small; compared as uint8 frames
+        kwargs = dict(LTX2_CALL_KWARGS, output_type="np")
+        kwargs["height"] = kwargs["width"] = VIDEO_SIDE[size]
+    else:
+        kwargs = dict({**DEFAULT_CALL_KWARGS, **FLUX2_CALL_KWARGS}[model])
+        kwargs["height"] = kwargs["width"] = IMAGE_SIDE[size]
     kwargs.pop("prompt")
     return kwargs
+
+
+# diffusers call kwargs named differently in our requests (LTX-2), or not a request field at all.
+RENAMED = {"frame_rate": ("fps", lambda v: v), "spatio_temporal_guidance_blocks": ("stg_block", lambda v: v[0]),
+           "output_type": (None, None)}
 
 
 def stage_requests(kwargs: dict, prefix: str = "r") -> list:
@@ -67,6 +89,8 @@ def stage_requests(kwargs: dict, prefix: str = "r") -> list:
     from omnistage.diffusion.params import DiffusionParams
     from omnistage.engine.types import StageRequest
 
+    renamed = {RENAMED[k][0]: RENAMED[k][1](v) for k, v in kwargs.items() if k in RENAMED and RENAMED[k][0]}
+    kwargs = {**{k: v for k, v in kwargs.items() if k not in RENAMED}, **renamed}
     fields = {k: v for k, v in kwargs.items() if k in DiffusionParams.model_fields}
     extras = {k: v for k, v in kwargs.items() if k not in DiffusionParams.model_fields}
     return [StageRequest(f"{prefix}{i}", prompt, DiffusionParams(seed=i, extras=extras, **fields))
@@ -88,19 +112,35 @@ def run_ours(engine, kwargs: dict) -> list:
         for out in engine.step():
             if out.finished:
                 assert out.error is None, out.error
-                done[out.request_id] = out.payload.images[0]
+                done[out.request_id] = _payload_output(out.payload)
     return [done[f"r{i}"] for i in range(NUM_REQUESTS)]
 
 
+def _payload_output(payload) -> object:
+    """Our result for one request: its video's frames, its waveform [samples, channels], or its (first) image."""
+    if hasattr(payload, "frames"):  # a video (its soundtrack, if any, is not compared here)
+        return payload.frames
+    return np.asarray(payload.audio) if hasattr(payload, "audio") else payload.images[0]
+
+
+def _pipe_outputs(out) -> list:
+    """diffusers' results, one per prompt: images, one video's uint8 frames, or waveforms as [samples, channels]."""
+    if hasattr(out, "audios"):  # AudioPipelineOutput: [channels, samples] tensors
+        return [np.asarray(a.cpu()).T for a in out.audios]
+    if hasattr(out, "frames"):
+        return [(np.clip(frames, 0.0, 1.0) * 255).round().astype(np.uint8) for frames in out.frames]
+    return out.images
+
+
 def run_sequential(pipe, kwargs: dict) -> list:
-    return [pipe(prompt=p, **kwargs, generator=generator(i)).images[0] for i, p in enumerate(PROMPTS)]
+    return [_pipe_outputs(pipe(prompt=p, **kwargs, generator=generator(i)))[0] for i, p in enumerate(PROMPTS)]
 
 
 def run_batched(pipe, kwargs: dict) -> list:
     kwargs = dict(kwargs)
     if kwargs.get("negative_prompt") is not None:  # FLUX.2's pipelines take no negative_prompt
         kwargs["negative_prompt"] = [kwargs["negative_prompt"]] * NUM_REQUESTS
-    return pipe(prompt=PROMPTS, **kwargs, generator=[generator(i) for i in range(NUM_REQUESTS)]).images
+    return _pipe_outputs(pipe(prompt=PROMPTS, **kwargs, generator=[generator(i) for i in range(NUM_REQUESTS)]))
 
 
 def run_staggered(engine, kwargs: dict, gap: float) -> float:
@@ -195,13 +235,18 @@ def bench(model: str, size: str, repeats: int, device: str = "cpu", dtype: str =
                     latency[name] = min(latency[name], results[name])
     for key in ("request", "step"):
         built[key].close()
-    diff = max(int(np.abs(np.asarray(a, np.int16) - np.asarray(b, np.int16)).max())
-               for a, b in zip(results["ours"], results["sequential"]))
+    if model in AUDIO_MODELS:  # float waveforms: the largest sample difference
+        diff = max(float(np.abs(a - b).max()) for a, b in zip(results["ours"], results["sequential"]))
+        audio_seconds = sum(len(a) for a in results["ours"]) / built["pipe"].vae.config.sampling_rate
+    else:
+        diff = max(int(np.abs(np.asarray(a, np.int16) - np.asarray(b, np.int16)).max())
+                   for a, b in zip(results["ours"], results["sequential"]))
+        audio_seconds = None
     params = sum(p.numel() for c in built["pipe"].components.values() if isinstance(c, torch.nn.Module)
                  for p in c.parameters())
     return {"model": model, "size": size, "device": device, "dtype": dtype, "params_m": params / 1e6, "secs": best, "cpu_secs": best_cpu,
             "gap": gap, "latency": latency,
-            "max_pixel_diff": diff}
+            "max_pixel_diff": diff, "audio_seconds": audio_seconds}
 
 
 # -- peak RSS, one process per configuration ----------------------------------------------
@@ -282,6 +327,29 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def audio_table(rows: list[dict]) -> str:
+    """The audio families' rows: audio seconds made per wall-clock second."""
+    lines = [
+        f"{NUM_REQUESTS} requests (8 prompts, seeds 0-7), the zoo's audio call (4 steps, CFG on, negative prompt, "
+        f"the whole window), fp32, CPU, torch {torch.__version__}, {torch.get_num_threads()} thread(s), best of "
+        "the timed runs, wall clock (process CPU time in brackets).",
+        "",
+        "| model | params | audio per request | ours (audio s/s) | 8x sequential (audio s/s) "
+        "| diffusers batched (audio s/s) | ours / sequential | ours / batched — goal >= 0.9 "
+        "| max sample diff vs diffusers | step / request mode mean latency (staggered) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        s, c, lat = r["secs"], r["cpu_secs"], r["latency"]
+        total = r["audio_seconds"]
+        lines.append(
+            f"| {r['model']} {r['size']} | {r['params_m']:.2f} M | {total / NUM_REQUESTS:.3f} s "
+            f"| {total / s['ours']:.2f} | {total / s['sequential']:.2f} | {total / s['batched']:.2f} "
+            f"| {s['sequential'] / s['ours']:.2f}x ({c['sequential'] / c['ours']:.2f}x) "
+            f"| {s['batched'] / s['ours']:.2f} ({c['batched'] / c['ours']:.2f}) | {r['max_pixel_diff']:.1e} "
+            f"| {lat['step_staggered']:.2f} / {lat['request_staggered']:.2f} s |")
+    return "\n".join(lines)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -307,10 +375,14 @@ def main() -> None:
                 row["rss"] = peak_rss(model, size, args.threads, args.device, args.dtype)
             print(json.dumps(row), flush=True)
             rows.append(row)
-    body = table(rows)
-    print(body)
-    if not args.no_write:
-        write_section("Diffusion", "benchmarks/bench_diffusion.py", body)
+    image_rows = [r for r in rows if r["model"] not in AUDIO_MODELS]
+    audio_rows = [r for r in rows if r["model"] in AUDIO_MODELS]
+    sections = [("Diffusion", table(image_rows), image_rows), ("Diffusion: audio", audio_table(audio_rows), audio_rows)]
+    for heading, body, section_rows in sections:
+        if section_rows:
+            print(body)
+            if not args.no_write:
+                write_section(heading, "benchmarks/bench_diffusion.py", body)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ class OmniOutput:
     """np.ndarray uint8 [num_frames, H, W, 3]."""
     fps: float | None = None
     audio: Any = None
-    """np.ndarray float32, mono: the whole waveform (on the finished output)."""
+    """np.ndarray float32, mono: the whole waveform (on the finished output); beside `video`,
+    its soundtrack, [channels, samples]."""
     sample_rate: int | None = None
     metrics: dict[str, Any] | None = None
     """{"e2e_time_s", "stages": {stage name: StageMetrics.as_dict()}} on the finished output."""
@@ -149,7 +150,11 @@ def merge_payloads(parts: list[Any]) -> Any:
     if isinstance(first, ImagePayload):
         return ImagePayload([image for p in parts for image in p.images])
     if isinstance(first, VideoPayload):
-        return VideoPayload(_concat([p.frames for p in parts]), first.fps)
+        import numpy as np
+
+        audio = [p.audio for p in parts]
+        soundtrack = np.concatenate(audio, axis=-1) if all(a is not None for a in audio) else None
+        return VideoPayload(_concat([p.frames for p in parts]), first.fps, soundtrack, first.sample_rate)
     if isinstance(first, LatentPayload):
         raise TypeError("a latent stream has no natural join; give the stage a whole-payload edge")
     raise TypeError(f"cannot merge payloads of type {type(first).__name__}")
@@ -174,5 +179,7 @@ def fill_media(out: OmniOutput, payload: Any) -> None:
         out.images = list(payload.images)
     elif isinstance(payload, VideoPayload):
         out.video, out.fps = payload.frames, payload.fps
+        if payload.audio is not None:  # the video's soundtrack (LTX-2)
+            out.audio, out.sample_rate = payload.audio, payload.sample_rate
     elif isinstance(payload, AudioPayload):
         out.audio, out.sample_rate = payload.audio, payload.sample_rate

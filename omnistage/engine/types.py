@@ -46,6 +46,8 @@ class ImagePayload:
 class VideoPayload:
     frames: Any  # np.ndarray uint8 [num_frames, H, W, 3]
     fps: float
+    audio: Any = None  # np.ndarray float32 [channels, samples]: the soundtrack, when the model makes one (LTX-2)
+    sample_rate: int | None = None  # of `audio`
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Audio encode/decode with soundfile and numpy (no torchaudio).
 
-`encode_audio` turns a whole float32 mono waveform into wav/flac/mp3/pcm/opus/aac bytes;
+`encode_audio` turns a whole float32 waveform, [samples] (mono) or [samples, channels]
+(e.g. Stable Audio's stereo), into wav/flac/mp3/pcm/opus/aac bytes (pcm interleaves channels);
 `StreamingAudioEncoder` turns chunks into bytes as they arrive (raw PCM, or a WAV whose
 header declares an unknown length so players can start at once).
 """
@@ -26,7 +27,8 @@ def to_pcm16(audio: np.ndarray) -> bytes:
 
 def encode_audio(audio: np.ndarray, sample_rate: int, fmt: str = "wav") -> bytes:
     fmt = fmt.lower()
-    audio = np.clip(np.asarray(audio, dtype=np.float32).reshape(-1), -1.0, 1.0)
+    audio = np.asarray(audio, dtype=np.float32)
+    audio = np.clip(audio if audio.ndim == 2 else audio.reshape(-1), -1.0, 1.0)
     if fmt == "pcm":
         return to_pcm16(audio)
     if fmt == "opus":
@@ -42,18 +44,26 @@ def encode_audio(audio: np.ndarray, sample_rate: int, fmt: str = "wav") -> bytes
 
 
 def _encode_opus(audio: np.ndarray, sample_rate: int) -> bytes:
-    """Ogg/Opus through PyAV (libopus runs at 48 kHz, so resample first)."""
-    return _encode_with_av(resample(audio, sample_rate, 48000), 48000, "ogg", "libopus")
+    """Ogg/Opus through PyAV (libopus runs at 48 kHz, so resample first, channel by channel)."""
+    if audio.ndim == 2:
+        resampled = np.stack([resample(channel, sample_rate, 48000) for channel in audio.T], axis=1)
+    else:
+        resampled = resample(audio, sample_rate, 48000)
+    return _encode_with_av(resampled, 48000, "ogg", "libopus")
 
 
 def _encode_with_av(audio: np.ndarray, sample_rate: int, container_format: str, codec: str) -> bytes:
-    """One mono waveform through a PyAV encoder and muxer (AAC in ADTS, Opus in Ogg)."""
+    """One mono or stereo waveform through a PyAV encoder and muxer (AAC in ADTS, Opus in Ogg)."""
     import av
 
+    layout = "stereo" if audio.ndim == 2 and audio.shape[1] == 2 else "mono"
+    if audio.ndim == 2 and layout == "mono":
+        audio = audio.mean(axis=1)  # more channels than stereo: these encoders get a downmix
     buf = io.BytesIO()
     with av.open(buf, mode="w", format=container_format) as container:
-        stream = container.add_stream(codec, rate=sample_rate, layout="mono")
-        frame = av.AudioFrame.from_ndarray(audio.reshape(1, -1), format="flt", layout="mono")
+        stream = container.add_stream(codec, rate=sample_rate, layout=layout)
+        # Packed float samples: one plane, channels interleaved.
+        frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(audio).reshape(1, -1), format="flt", layout=layout)
         frame.sample_rate = sample_rate
         for packet in stream.encode(frame):
             container.mux(packet)

@@ -8,7 +8,7 @@ from PIL import Image
 from omnistage.media.audio import (StreamingAudioEncoder, change_speed, decode_audio, encode_audio, resample,
                                    wav_stream_header)
 from omnistage.media.image import decode_base64_payload, decode_image, encode_image, image_to_data_url
-from omnistage.media.video import decode_video, encode_mp4
+from omnistage.media.video import decode_audio_track, decode_video, encode_mp4
 
 
 def _sine(rate=24000, seconds=0.5, freq=440.0):
@@ -97,3 +97,19 @@ def test_mp4_round_trip():
     assert decoded.shape == (9, 34, 32, 3) and fps == 8
     with pytest.raises(ValueError, match="uint8"):
         encode_mp4(frames.astype(np.float32), fps=8)
+    assert decode_audio_track(data) is None  # no soundtrack given, no audio stream
+
+
+def test_mp4_carries_a_soundtrack():
+    # A stereo track (LTX-2's vocoder output) muxed as AAC beside the video; each channel survives.
+    frames = np.zeros((8, 16, 16, 3), np.uint8)
+    left, right = _sine(16000, 0.5, 440.0), 0.6 * _sine(16000, 0.5, 220.0)
+    data = encode_mp4(frames, fps=16, audio=np.stack([left, right]), sample_rate=16000)
+    assert decode_video(data)[0].shape == (8, 16, 16, 3)
+    audio, rate = decode_audio_track(data)
+    assert rate == 16000 and audio.shape[0] == 2 and audio.shape[1] >= left.size
+    n = left.size - 1024  # AAC's last frame is a padded one
+    assert np.corrcoef(audio[0, :n], left[:n])[0, 1] > 0.95
+    assert np.corrcoef(audio[1, :n], right[:n])[0, 1] > 0.95
+    with pytest.raises(ValueError, match="sample_rate"):
+        encode_mp4(frames, fps=16, audio=left)

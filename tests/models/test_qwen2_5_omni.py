@@ -6,9 +6,9 @@ The reference is `Qwen2_5OmniForConditionalGeneration.generate` with one repair:
 5 drops an all-ones attention mask in `generate()`, and the talker's forward adds the codec
 pad/bos embeddings to its prompt (and computes its M-RoPE positions) only when it gets a
 mask. `_MaskedTalker` hands the mask back, so the reference runs the talker as designed
-(and as transformers 4 ran it); omnistage always does. Repair 2: with an image, `generate()` passes
-`pixel_values` on to the talker's `generate`, which refuses it as an unused model kwarg; `_MaskedTalker`
-accepts and drops it (the talker reads only `image_grid_thw`). Everything else is the reference's.
+(and as transformers 4 ran it); omnistage always does. Repair 2: with an image or a video, `generate()` passes
+`pixel_values` / `pixel_values_videos` on to the talker's `generate`, which refuses them as unused model
+kwargs; `_MaskedTalker` accepts and drops them (the talker reads only the grids). Everything else is the reference's.
 """
 
 from __future__ import annotations
@@ -24,15 +24,20 @@ import torch
 from omnistage import AsyncOmni, Omni, OmniRequestError, SamplingParams
 from omnistage.config import PipelineDeployConfig
 from omnistage.models.qwen2_5_omni import Token2WavParams, resolve_qwen2_5_omni
+from omnistage.models.qwen2_5_omni.video import VideoRules, sample_frame_indices, video_pixels
 from omnistage.testing.speech_models import DEFAULT_GENERATE_KWARGS, OMNI_SAMPLE_RATE
+
+from omni_reference import OmniReference, moving_frames, tone
 
 KW = DEFAULT_GENERATE_KWARGS["qwen2.5-omni"]
 EOS = [2, 0]  # the checkpoint's generation_config eos (<|im_end|>, <|endoftext|>), which omnistage uses
 MESSAGES = [{"role": "user", "content": "Hello, who are you?"}]
 OTHER = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story."}]
 SEED = 1234
-AUDIO_TOKEN = 3  # <|AUDIO|>
-IMAGE_TOKEN = 12  # <|IMAGE|>
+TOKENS = {"audio": "<|AUDIO|>", "image": "<|IMAGE|>", "video": "<|VIDEO|>", "audio_bos": "<|audio_bos|>",
+          "audio_eos": "<|audio_eos|>"}
+VIDEO_RULES = VideoRules(fps=2.0, min_pixels=128 * 28 * 28, max_pixels=768 * 28 * 28, position_id_per_seconds=25,
+                         seconds_per_chunk=2.0)  # Qwen2_5OmniProcessor's video defaults
 
 # Tiny models are bound by per-op overhead; one intra-op thread avoids spinning on a shared machine.
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -71,7 +76,7 @@ def reference(path):
         def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None,
                     thinker_reply_part=None, inputs_embeds=None, use_cache=None, input_text_ids=None,
                     image_grid_thw=None, video_grid_thw=None, use_audio_in_video=None, audio_feature_lengths=None,
-                    video_second_per_grid=None, pixel_values=None, **kwargs):
+                    video_second_per_grid=None, pixel_values=None, pixel_values_videos=None, **kwargs):
             # generate() hands the talker every shared kwarg, pixels included, which the talker does not
             # take (transformers 5 then refuses them as unused): accept and drop them (repair 2).
             if attention_mask is None:
@@ -91,31 +96,13 @@ def reference(path):
     features = WhisperFeatureExtractor.from_pretrained(path)
     image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
 
-    def processor(messages) -> dict:
-        """Qwen2_5OmniProcessor's text and audio work (the class itself needs torchvision)."""
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                            return_dict=True)["input_ids"]
-        clips = [p["audio"] for m in messages if isinstance(m["content"], list) for p in m["content"]
-                 if p["type"] == "audio"]
-        inputs = {}
-        if clips:  # 16 kHz clips here
-            feats = features(clips, sampling_rate=16000, padding="max_length", return_attention_mask=True,
-                             return_tensors="pt")
-            inputs = {"input_features": feats["input_features"], "feature_attention_mask": feats["attention_mask"]}
-            counts = iter(_get_feat_extract_output_lengths(feats["attention_mask"].sum(-1)).tolist())
-            ids = [t for token in ids for t in ([token] * next(counts) if token == AUDIO_TOKEN else [token])]
-        images = [p["image"] for m in messages if isinstance(m["content"], list) for p in m["content"]
-                  if p["type"] == "image"]
-        if images:  # the processor's image path, PIL backend (its default backend needs torchvision)
-            pixels = image_processor(images=images, return_tensors="pt")
-            inputs.update(pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
-            counts = iter((pixels["image_grid_thw"].prod(-1) // image_processor.merge_size**2).tolist())
-            ids = [t for token in ids for t in ([token] * next(counts) if token == IMAGE_TOKEN else [token])]
-        x = torch.tensor([ids])
-        return {"input_ids": x, "attention_mask": torch.ones_like(x), **inputs}
+    from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import Qwen2_5OmniProcessor
 
-    def generate(messages, voice="Chelsie", **overrides):
-        inputs = processor(messages)
+    processor = OmniReference(tokenizer, features, {"padding": "max_length"}, _get_feat_extract_output_lengths,
+                              image_processor, Qwen2_5OmniProcessor, TOKENS, VIDEO_RULES).inputs
+
+    def generate(messages, voice="Chelsie", use_audio_in_video=False, **overrides):
+        inputs = processor(messages, use_audio_in_video)
         kwargs = {**KW, "speaker": voice, "thinker_eos_token_id": EOS, **overrides}
         torch.manual_seed(SEED)  # token2wav's noise; greedy thinker and talker draw nothing
         with torch.inference_mode():
@@ -185,10 +172,83 @@ def test_image_input_matches_transformers_generate(reference, omni):
     assert not np.array_equal(a.audio, b.audio)
 
 
-def test_video_parts_are_refused_naming_torchvision(omni):
-    messages = [{"role": "user", "content": [{"type": "video", "video": np.zeros((4, 56, 56, 3), np.uint8)}]}]
-    with pytest.raises(OmniRequestError, match="video parts are not supported.*torchvision"):
-        omni.generate({"messages": messages}, greedy_params(), use_tqdm=False)
+def test_video_pixels_stack_consecutive_frames_as_the_video_processor_does(path):
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    processor = Qwen2VLImageProcessorPil.from_pretrained(path)
+    frame = moving_frames(1)[0]
+    rules = VideoRules(fps=2.0, min_pixels=3136, max_pixels=12845056, position_id_per_seconds=25, seconds_per_chunk=2)
+    # Two equal frames are one still image (the image path repeats a frame over the temporal patch).
+    still, grid = video_pixels(processor, np.stack([frame, frame]), rules)
+    image = processor(images=[frame], return_tensors="np")
+    assert grid == [1, *image["image_grid_thw"][0][1:].tolist()]
+    np.testing.assert_array_equal(still, image["pixel_values"])
+    # Three frames: two temporal groups, the last frame repeated to fill the second.
+    frames = moving_frames(3)
+    pixels, grid = video_pixels(processor, frames, rules)
+    assert grid[0] == 2
+    patches = pixels.reshape(2, grid[1] * grid[2], 3, 2, 14 * 14)
+    last, _ = video_pixels(processor, np.stack([frames[2], frames[2]]), rules)
+    np.testing.assert_array_equal(patches[1].reshape(last.shape), last)
+    assert not np.array_equal(patches[0, :, :, 0], patches[0, :, :, 1])  # group 0 holds frames 0 and 1
+
+
+def test_frame_sampling_follows_the_video_processor():
+    assert sample_frame_indices(16, 4.0, 2.0, 2, 4, 768) == [0, 2, 4, 6, 8, 10, 12, 14]  # 4 s at 2 fps
+    assert sample_frame_indices(6, 4.0, 2.0, 2, 4, 768) == [0, 1, 3, 4]  # at least min_frames
+    assert sample_frame_indices(5, 30.0, 2.0, 2, 4, 768) == [0, 1, 2, 3]  # rounded to whole temporal patches
+    with pytest.raises(ValueError, match="at least 2 frames"):
+        sample_frame_indices(1, 30.0, 2.0, 2, 4, 768)
+
+
+def test_video_input_matches_transformers_generate(reference, omni):
+    frames = moving_frames(8)  # 2 s at 4 fps: 4 frames sampled at 2 fps, 2 temporal groups
+    messages = [{"role": "user", "content": [{"type": "video", "video": frames, "fps": 4.0},
+                                             {"type": "text", "text": "What happens?"}]}]
+    ref_ids, ref_wav = reference(messages)
+    [out] = omni.generate({"messages": messages}, greedy_params(), use_tqdm=False)
+    assert out.token_ids == ref_ids
+    np.testing.assert_array_equal(out.audio, ref_wav)
+    # An encoded video (MP4 bytes) is sampled the same way: it equals its decoded frames.
+    from omnistage.media.video import decode_video, encode_mp4
+
+    mp4 = encode_mp4(frames, 4.0)
+    decoded, _ = decode_video(mp4)
+    as_bytes = [{"role": "user", "content": [{"type": "video", "video": mp4}, {"type": "text", "text": "What happens?"}]}]
+    as_frames = [{"role": "user", "content": [{"type": "video", "video": decoded, "fps": 4.0},
+                                              {"type": "text", "text": "What happens?"}]}]
+    [a], [b] = (omni.generate({"messages": m}, greedy_params(), use_tqdm=False) for m in (as_bytes, as_frames))
+    assert a.token_ids == b.token_ids
+    np.testing.assert_array_equal(a.audio, b.audio)
+
+
+def test_video_with_its_audio_matches_transformers_generate(reference, omni):
+    # 4 s: 8 sampled frames in 4 temporal groups and 100 audio tokens, interleaved in two 2-second chunks,
+    # after a separate audio part (so the video's own audio is the second clip heard).
+    messages = [{"role": "user", "content": [
+        {"type": "audio", "audio": tone(1.0, 330.0), "sample_rate": 16000},
+        {"type": "video", "video": moving_frames(16, seed=1), "fps": 4.0, "audio_track": tone(4.0), "sample_rate": 16000},
+        {"type": "text", "text": "What do you see and hear?"}]}]
+    ref_ids, ref_wav = reference(messages, use_audio_in_video=True)
+    [out] = omni.generate({"messages": messages, "use_audio_in_video": True}, greedy_params(), use_tqdm=False)
+    assert out.token_ids == ref_ids
+    np.testing.assert_array_equal(out.audio, ref_wav)
+    # Without its audio the same video is another prompt.
+    [silent] = omni.generate({"messages": messages}, greedy_params(), use_tqdm=False)
+    assert not np.array_equal(silent.audio, out.audio)
+
+
+def test_video_part_errors_name_the_problem(omni):
+    cases = [({"type": "video", "video": moving_frames(4)}, "needs its 'fps'"),
+             ({"type": "video", "video": moving_frames(1), "fps": 2.0}, "at least 2 frames"),
+             ({"type": "video", "video": np.zeros((4, 8, 8), np.uint8), "fps": 2.0}, r"uint8 \[F, H, W, 3\]")]
+    for part, message in cases:
+        with pytest.raises(OmniRequestError, match=message):
+            omni.generate({"messages": [{"role": "user", "content": [part]}]}, greedy_params(), use_tqdm=False)
+    heard = {"messages": [{"role": "user", "content": [{"type": "video", "video": moving_frames(4), "fps": 2.0}]}],
+             "use_audio_in_video": True}
+    with pytest.raises(OmniRequestError, match="use_audio_in_video is set but the video part has no audio"):
+        omni.generate(heard, greedy_params(), use_tqdm=False)
 
 
 def test_audio_streams_before_the_talker_finishes(omni):
@@ -366,6 +426,42 @@ def test_chat_completions_route_answers_with_audio(path):
     pcm = b"".join(base64.b64decode(d["data"]) for d in deltas if d and d.get("data"))
     assert "".join(d.get("transcript", "") for d in deltas if d) == audio["transcript"]
     assert len(pcm) > 0 and len(pcm) % 960 == 0  # whole codec frames of 24 kHz PCM16
+
+
+def test_chat_video_url_is_seen_and_heard(path, omni):
+    import base64
+
+    from fastapi.testclient import TestClient
+
+    from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
+    from omnistage.media.video import encode_mp4
+
+    mp4 = encode_mp4(moving_frames(16, seed=2), 4.0, audio=tone(4.0), sample_rate=16000)
+    url = "data:video/mp4;base64," + base64.b64encode(mp4).decode()
+    content = [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "What happens?"}]
+    body = {"messages": [{"role": "user", "content": content}], "modalities": ["text"], "max_tokens": 8,
+            "temperature": 0, "mm_processor_kwargs": {"use_audio_in_video": True}}
+    app = create_app(ServerSettings(served_model_name="omni", model_path=path, max_input_audio_seconds=10), AsyncOmni(path))
+    with TestClient(app) as http:
+        resp = http.post("/v1/chat/completions", json=body)
+        assert resp.status_code == 200, resp.text
+        text = resp.json()["choices"][0]["message"]["content"]
+        bad = http.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(b"no video").decode()}}]}]})
+        long = http.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(
+                encode_mp4(moving_frames(12), 1.0)).decode()}}]}]})
+    # The route hands the model the file itself: the same answer as the Python API given the bytes.
+    part = {"type": "video", "video": mp4}
+    prompt = {"messages": [{"role": "user", "content": [part, {"type": "text", "text": "What happens?"}]}],
+              "use_audio_in_video": True}
+    [out] = omni.generate(prompt, {"thinker": SamplingParams(temperature=0, max_tokens=8)}, modalities=["text"],
+                          use_tqdm=False)
+    assert text == out.text
+    for resp, code in ((bad, "invalid_video"), (long, "video_too_long")):
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert error["param"] == "messages[0].content[0]" and error["code"] == code
 
 
 @pytest.mark.parametrize("num_codes, finish_reason", [(0, "stop"), (30, "stop"), (48, "stop"), (100, "length"),

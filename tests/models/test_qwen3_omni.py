@@ -21,6 +21,7 @@ import torch
 
 from omnistage import Omni, OmniRequestError, SamplingParams
 from omnistage.config import PipelineDeployConfig
+from omnistage.models.qwen2_5_omni.video import VideoRules
 from omnistage.models.qwen3_omni import Code2WavParams, resolve_qwen3_omni
 from omnistage.testing.omni_models import (
     QWEN3_OMNI_AUDIO_IN_SAMPLE_RATE,
@@ -29,12 +30,18 @@ from omnistage.testing.omni_models import (
     QWEN3_OMNI_SAMPLE_RATE,
 )
 
+from omni_reference import OmniReference, moving_frames, tone
+
 KW = QWEN3_OMNI_GENERATE_KWARGS
 EOS = [2, 0]  # the checkpoint's generation_config eos (<|im_end|>, <|endoftext|>), which omnistage uses
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello, who are you?"}]
 OTHER = [{"role": "user", "content": "Tell me a story."}]
 SAMPLES_PER_FRAME = 1920
 NUM_FRAMES = 20
+TOKENS = {"audio": "<|audio_pad|>", "image": "<|image_pad|>", "video": "<|video_pad|>", "audio_bos": "<|audio_start|>",
+          "audio_eos": "<|audio_end|>"}
+VIDEO_RULES = VideoRules(fps=1.0, min_pixels=128 * 32 * 32, max_pixels=768 * 32 * 32, position_id_per_seconds=13.0,
+                         seconds_per_chunk=2.0)  # Qwen3OmniMoeProcessor's video defaults
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -75,34 +82,15 @@ def reference(path):
     tokenizer = AutoTokenizer.from_pretrained(path)
     features = WhisperFeatureExtractor.from_pretrained(path)
     image_processor = Qwen2VLImageProcessorPil.from_pretrained(path)
-    audio_token = model.config.thinker_config.audio_token_id
-    image_token = model.config.thinker_config.image_token_id
 
-    def processor(messages) -> dict:
-        """Qwen3OmniMoeProcessor's text and audio work (the class itself needs torchvision)."""
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                            return_dict=True)["input_ids"]
-        clips = [p["audio"] for m in messages if isinstance(m["content"], list) for p in m["content"]
-                 if p["type"] == "audio"]
-        inputs = {}
-        if clips:  # 16 kHz clips here; the processor's audio kwargs
-            feats = features(clips, sampling_rate=16000, padding=True, truncation=False, return_attention_mask=True,
-                             return_tensors="pt")
-            inputs = {"input_features": feats["input_features"], "feature_attention_mask": feats["attention_mask"]}
-            counts = iter(_get_feat_extract_output_lengths(feats["attention_mask"].sum(-1)).tolist())
-            ids = [t for token in ids for t in ([token] * next(counts) if token == audio_token else [token])]
-        images = [p["image"] for m in messages if isinstance(m["content"], list) for p in m["content"]
-                  if p["type"] == "image"]
-        if images:  # the processor's image path, PIL backend (its default backend needs torchvision)
-            pixels = image_processor(images=images, return_tensors="pt")
-            inputs.update(pixel_values=pixels["pixel_values"], image_grid_thw=pixels["image_grid_thw"])
-            counts = iter((pixels["image_grid_thw"].prod(-1) // image_processor.merge_size**2).tolist())
-            ids = [t for token in ids for t in ([token] * next(counts) if token == image_token else [token])]
-        x = torch.tensor([ids])
-        return {"input_ids": x, "attention_mask": torch.ones_like(x), **inputs}
+    from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import Qwen3OmniMoeProcessor
 
-    def generate(messages, voice="Ethan", frames=NUM_FRAMES, **overrides):
-        inputs = processor(messages)
+    processor = OmniReference(tokenizer, features, {"padding": True, "truncation": False},
+                              _get_feat_extract_output_lengths, image_processor, Qwen3OmniMoeProcessor, TOKENS,
+                              VIDEO_RULES).inputs
+
+    def generate(messages, voice="Ethan", frames=NUM_FRAMES, use_audio_in_video=False, **overrides):
+        inputs = processor(messages, use_audio_in_video)
         kwargs = {**KW, "speaker": voice, "thinker_eos_token_id": EOS, "talker_max_new_tokens": frames + 1,
                   **overrides}
         model.code2wav.codes.clear()
@@ -114,6 +102,7 @@ def reference(path):
         [codes] = model.code2wav.codes
         return ids[0, inputs["input_ids"].shape[1]:].tolist(), codes[0].T, wav.reshape(-1).numpy()
 
+    generate.inputs, generate.path = processor, path
     return generate
 
 
@@ -257,12 +246,97 @@ def test_text_only_request_runs_the_thinker_alone(reference, omni):
     assert set(out.metrics["stages"]) == {"thinker"}
 
 
-def test_bad_voice_and_video_parts_fail_naming_the_thinker(omni):
+def test_video_input_matches_transformers_generate(reference, omni):
+    frames = moving_frames(8)  # 2 s at 4 fps: 4 frames (the minimum) sampled at 1 fps, 2 temporal groups
+    messages = [{"role": "user", "content": [{"type": "video", "video": frames, "fps": 4.0},
+                                             {"type": "text", "text": "What happens?"}]}]
+    ref_ids, ref_codes, ref_wav = reference(messages)
+    [out] = omni.generate({"messages": messages, "voice": "Ethan"}, greedy_params(), use_tqdm=False)
+    assert out.token_ids == ref_ids
+    np.testing.assert_array_equal(out.audio, ref_wav)
+
+
+def test_video_with_its_audio_matches_transformers_generate(reference, omni):
+    # 4 s at 1 fps: 2 temporal groups at 0 and 26 position ids, merged by time with the clip's audio
+    # tokens; after a separate audio part and an image, so audio, image and video all meet. Text only:
+    # the reference's talker fails on such a prompt (its get_rope_index reads a talker_config.audio_config
+    # that does not exist), so omnistage refuses audio output for it by name.
+    image = moving_frames(1, seed=3, height=64, width=64)[0]
+    messages = [{"role": "user", "content": [
+        {"type": "audio", "audio": tone(1.0, 330.0), "sample_rate": 16000},
+        {"type": "image", "image": image},
+        {"type": "video", "video": moving_frames(16, seed=1), "fps": 4.0, "audio_track": tone(4.0), "sample_rate": 16000},
+        {"type": "text", "text": "What do you see and hear?"}]}]
+    ref_ids, _, _ = reference(messages, use_audio_in_video=True, return_audio=False)
+    prompt = {"messages": messages, "use_audio_in_video": True}
+    [out] = omni.generate(prompt, greedy_params(), modalities=["text"], use_tqdm=False)
+    assert out.token_ids == ref_ids
+    # The tiny thinker's greedy text barely moves with its input, so check the prompt itself: the
+    # thinker lays it out (ids) and places it (M-RoPE positions) as the reference does.
+    from omnistage.models.qwen3_omni.thinker import Qwen3OmniThinker
+
+    thinker = Qwen3OmniThinker.load(reference.path, None, torch.device("cpu"), torch.float32)
+    ours = thinker.build_prompt(prompt)
+    inputs = reference.inputs(messages, use_audio_in_video=True)
+    assert ours.token_ids == inputs["input_ids"][0].tolist()
+    positions, _ = thinker.model.get_rope_index(inputs["input_ids"], inputs["image_grid_thw"], inputs["video_grid_thw"],
+                                                inputs["attention_mask"], True,
+                                                inputs["feature_attention_mask"].sum(-1), inputs["video_second_per_grid"])
+    torch.testing.assert_close(ours.model_state.mrope_positions, positions[:, 0], rtol=0, atol=0)
+    video = inputs["input_ids"][0] == thinker.video_token_id
+    assert not video[torch.nonzero(video)[0]:torch.nonzero(video)[-1]].all()  # audio tokens between frame groups
+    with pytest.raises(OmniRequestError, match="use_audio_in_video works with text output only on Qwen3-Omni"):
+        omni.generate({**prompt, "voice": "Ethan"}, greedy_params(), use_tqdm=False)
+
+
+def test_talker_follows_the_streaming_thinker(omni, path):
+    # The talker starts from the thinker's streamed rows (after its second token) and makes frames
+    # while the thinker is still writing; its frames equal the whole hand-off's.
+    from omnistage.ar.engine import AREngine
+    from omnistage.config.deploy_fields import StageDeployConfig
+    from omnistage.engine.types import InputChunk, StageRequest
+    from omnistage.models.qwen3_omni import TALKER_STAGE, THINKER_STAGE
+    from omnistage.models.qwen3_omni.processors import THINKER, talker_inputs, thinker_chunks, thinker_inputs
+
+    thinker_params = SamplingParams(temperature=0, max_tokens=24, min_tokens=24)
+    talker_params = greedy_params(frames=30, min_frames=30)["talker"]
+    prompt = {"messages": MESSAGES, "voice": "Ethan"}
+    [out] = omni.generate(prompt, {**greedy_params(frames=30, min_frames=30), "thinker": thinker_params},
+                          use_tqdm=False)
+    stages = out.metrics["stages"]
+    assert out.error is None and len(out.token_ids) == 24
+    assert stages["talker"]["first_output_time"] < stages["thinker"]["finish_time"]
+
+    # The same hand-off, engine by engine, as the orchestrator does it.
+    config = StageDeployConfig(devices=("cpu",), dtype="float32", max_num_seqs=2)
+    request = SimpleNamespace(prompt=prompt, output_modalities=None)
+    thinker, talker = AREngine(path, THINKER_STAGE, config), AREngine(path, TALKER_STAGE, config)
+    thinker.add_request(StageRequest("t", thinker_inputs(request, {}), thinker_params))
+    started, frames_while_thinking, last_thinker, streamed = False, 0, None, None
+    while thinker.has_unfinished_requests() or talker.has_unfinished_requests():
+        for o in thinker.step():
+            last_thinker = o
+            chunk = thinker_chunks(request, o.payload, o.finished)
+            talker.add_request(StageRequest("s", chunk if not started else InputChunk(chunk), talker_params))
+            started = True
+        for o in talker.step() + talker.step():  # two talker steps per thinker step: it must wait for rows
+            frames_while_thinking += not last_thinker.finished
+            streamed = o.payload.extras["audio_codes"].clone()
+    assert frames_while_thinking > 10 and last_thinker.payload.token_ids == out.token_ids
+    talker.add_request(StageRequest("w", talker_inputs(request, {THINKER: last_thinker.payload}), talker_params))
+    while talker.has_unfinished_requests():
+        whole = talker.step()[-1].payload.extras["audio_codes"]
+    assert whole.shape == (30, QWEN3_OMNI_CODE_GROUPS)
+    torch.testing.assert_close(streamed, whole, rtol=0, atol=0)
+    assert talker.block_manager.num_free_blocks == talker.block_manager.num_blocks
+    thinker.close()
+    talker.close()
+
+
+def test_bad_voice_fails_naming_the_thinker(omni):
     with pytest.raises(OmniRequestError, match=r"thinker.*unknown voice 'Nobody'"):
         omni.generate({"messages": MESSAGES, "voice": "Nobody"}, greedy_params(), use_tqdm=False)
-    video = [{"role": "user", "content": [{"type": "video", "video": np.zeros((4, 64, 64, 3), np.uint8)}]}]
-    with pytest.raises(OmniRequestError, match=r"thinker.*video parts are not supported.*torchvision"):
-        omni.generate({"messages": video}, greedy_params(), use_tqdm=False)
+
 
 
 def test_chat_completions_route_streams_audio_for_an_image(path):

@@ -46,7 +46,7 @@ def apply(pipeline: Any, config: CfgParallelConfig) -> None:
         raise ValueError(f"cfg_parallel_size must be 1 or 2 (one rank per CFG branch), got {config.size}")
     if getattr(pipeline, "guidance", None) is None:
         raise ValueError(f"cfg_parallel_size: {pipeline.reference_class} declares no CFG branches to split "
-                         "(the generic adapter runs diffusers' own loop)")
+                         "(the generic adapter runs diffusers' own loop; LTX-2 its own multi-pass guidance)")
     groups = parallel_groups(config.degrees, pipeline.device)
     pipeline.guidance_runner = partial(cfg_parallel_predictions, group=groups.cfg_group, device=pipeline.device)
 

@@ -58,7 +58,7 @@ def block_chain(pipeline: Any, backend: str) -> BlockChain:
     if chain is None:
         raise ValueError(f"cache_backend: {backend!r} needs a native pipeline that names its transformer "
                          f"blocks; {pipeline.reference_class} does not (the generic adapter runs diffusers' "
-                         "own loop)")
+                         "own loop; LTX-2's audio-video blocks have no cache hook)")
     return chain
 
 

@@ -119,8 +119,8 @@ def apply(pipeline: Any, config: SequenceParallelConfig) -> None:
     field, ways, ulysses = config.field, config.ways, config.degrees.ulysses
     models = transformers_of(pipeline)
     if getattr(pipeline, "guidance", None) is None or not models:
-        raise ValueError(f"{field}: {pipeline.reference_class} through the generic adapter cannot split its "
-                         "token sequence (native families only: Wan, Qwen-Image, FLUX, Z-Image)")
+        raise ValueError(f"{field}: {pipeline.reference_class} cannot split its token sequence (native families "
+                         "with the shared guidance seam only: Wan, Qwen-Image, FLUX, Z-Image)")
     for model in models:
         name = type(model).__name__
         if name in REFUSED or name not in PLANS:

@@ -40,11 +40,11 @@ class BlockChain:
 
     blocks: tuple[str, ...]
     """Attributes of the transformer holding its main block lists, in call order."""
-    io: Literal["dual_stream", "single_stream", "joined_stream"]
+    io: Literal["dual_stream", "single_stream"]
     """dual_stream: blocks take `hidden_states=`/`encoder_hidden_states=` keywords and return
     (encoder_hidden_states, hidden_states) (FLUX, Qwen-Image, SD3); single_stream: blocks take
-    the hidden states first and return them (Wan, Z-Image); joined_stream: blocks take the
-    joined text and image tokens as `hidden_states=` and return them (FLUX.2's single-stream blocks)."""
+    the hidden states first, or as `hidden_states=`, and return them (Wan, Z-Image, Stable Audio,
+    FLUX.2's single-stream blocks over the joined text and image tokens)."""
     token_mask_arg: int | None = None
     """Position of a [B, tokens] mask of real tokens among a block's args, when the
     transformer pads rows to the batch's longest (Z-Image); padding is left out of distances."""
@@ -56,7 +56,9 @@ class BlockChain:
     """Pipeline attributes holding transformers with these blocks (absent ones are skipped)."""
 
     def hidden(self, args: tuple, kwargs: dict) -> torch.Tensor:
-        return args[0] if self.io == "single_stream" else kwargs["hidden_states"]
+        if self.io == "dual_stream" or not args:
+            return kwargs["hidden_states"]
+        return args[0]
 
     def output_hidden(self, output: Any) -> torch.Tensor:
         return output[1] if self.io == "dual_stream" else output

@@ -172,7 +172,7 @@ def write_output(out: Any, path: Path, kind: str) -> list[Path]:
 
         if out.video is None:
             raise ValueError("the model returned no video")
-        path.write_bytes(encode_mp4(out.video, out.fps))
+        path.write_bytes(encode_mp4(out.video, out.fps, audio=out.audio, sample_rate=out.sample_rate))
         return [path]
     if kind == "audio":
         from omnistage.media.audio import encode_audio

@@ -15,6 +15,7 @@ build an app around any engine client. What a request can reach:
     /v1/completions         completions/  (text and omni models: the text of a raw prompt)
     /v1/audio/speech        audio/        (models with audio output; also /v1/audio/voices
                                            and the WebSocket /v1/audio/speech/stream)
+    /v1/audio/generate      audio/        (diffusion models with audio output: text -> sound)
 
 Every /v1 route needs the API key when one is set, and so do /openapi.json, /docs and
 /redoc unless `public_docs`, and /metrics with `protect_metrics`. The app's lifespan shuts down, in
@@ -33,6 +34,7 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from omnistage.entrypoints.openai.audio.api_router import attach_router as attach_audio
+from omnistage.entrypoints.openai.audio.generate import AudioGenerateServing
 from omnistage.entrypoints.openai.audio.serving import SpeechServing
 from omnistage.entrypoints.openai.audio.voices import VoiceStore
 from omnistage.entrypoints.openai.capabilities import Capabilities, model_facts
@@ -106,6 +108,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.completion_serving = CompletionServing(gateway, capabilities, settings)
     app.state.voice_store = VoiceStore.from_spec(engine.spec if engine is not None else None)
     app.state.speech_serving = SpeechServing(gateway, capabilities, settings, app.state.voice_store)
+    app.state.audio_generate_serving = AudioGenerateServing(gateway, capabilities, settings)
 
     install_error_handlers(app)
     # Added last = runs first: metrics see every answer, the error boundary makes each one

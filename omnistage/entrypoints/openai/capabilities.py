@@ -1,7 +1,8 @@
 """Which routes the loaded model serves, decided once from its `PipelineSpec`.
 
 The final stages' output modalities say what a model can answer: images, video, text,
-audio, or text and audio. What a text stage takes beside text (images, audio) and its
+audio, or text and audio. Audio from a diffusion stage (Stable Audio) is generated from a
+description (/v1/audio/generate); audio from AR/generation stages reads text aloud (speech). What a text stage takes beside text (images, audio) and its
 context length come from the checkpoint's config (`model_facts`), for /v1/models. Whether an image model *takes* an image (edit, I2V) comes from
 its native pipeline class (`needs_image`, or `takes_image` when optional); a generic diffusers adapter is only known once
 loaded, so both image routes stay open and the engine rejects what does not fit.
@@ -17,7 +18,8 @@ from omnistage.entrypoints.openai.errors import bad_request
 
 logger = logging.getLogger(__name__)
 
-Task = Literal["images.generations", "images.edits", "videos", "chat", "chat.audio", "completions", "audio.speech"]
+Task = Literal["images.generations", "images.edits", "videos", "chat", "chat.audio", "completions", "audio.speech",
+               "audio.generate"]
 ImageInput = Literal["none", "required", "optional"]
 
 ROUTES: dict[str, str] = {
@@ -27,6 +29,7 @@ ROUTES: dict[str, str] = {
     "chat": "POST /v1/chat/completions",
     "completions": "POST /v1/completions",
     "audio.speech": "POST /v1/audio/speech",
+    "audio.generate": "POST /v1/audio/generate",
 }
 
 
@@ -37,11 +40,14 @@ class Capabilities:
     """Output modalities over all final stages, e.g. {"text", "audio"}."""
     image_input: ImageInput = "none"
     """Whether a request to an image/video model carries an input image."""
+    diffusion_outputs: frozenset[str] = frozenset()
+    """Output modalities of the final stages that are diffusion stages, e.g. {"audio"} for Stable Audio."""
 
     @classmethod
     def from_spec(cls, model: str, spec: Any) -> Capabilities:
         outputs = frozenset(m for stage in spec.final_stages for m in stage.modalities)
-        return cls(model=model, outputs=outputs, image_input=_image_input(spec))
+        diffusion = frozenset(m for stage in spec.final_stages if stage.kind == "diffusion" for m in stage.modalities)
+        return cls(model=model, outputs=outputs, image_input=_image_input(spec), diffusion_outputs=diffusion)
 
     def serves(self, task: str) -> bool:
         if task == "images.generations":
@@ -59,7 +65,10 @@ class Capabilities:
         if task == "audio.speech":
             # Speech reads `input` aloud: a TTS pipeline. An omni model (text + audio) would
             # answer the input instead; it speaks through chat with modalities ["audio"].
-            return self.outputs == {"audio"}
+            # A diffusion model's audio comes from a description, not a text to read.
+            return self.outputs == {"audio"} and "audio" not in self.diffusion_outputs
+        if task == "audio.generate":  # text -> sound or music, by a diffusion stage
+            return "audio" in self.diffusion_outputs
         raise KeyError(task)
 
     @property

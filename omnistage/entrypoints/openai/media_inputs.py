@@ -4,7 +4,7 @@ Decoding a hostile image on the event loop stalls every other request (a 140 KB 
 declare 144 megapixels), so `InputMedia`:
 
 - refuses images over `max_input_pixels` (and over Pillow's bomb limit) from their
-  header, and audio over `max_input_audio_seconds` from its header, before decoding;
+  header, and audio (and chat videos) over `max_input_audio_seconds` from its header, before decoding;
 - decodes, resizes and fetches in its own small thread pool (`await media.image(...)`),
   or runs a whole request builder there (`await media.run(fn, ...)`) for routes that
   decode inside synchronous code;
@@ -30,6 +30,7 @@ from omnistage.entrypoints.openai.media_fetch import MediaFetcher, MediaFetchErr
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.media.audio import AudioTooLongError, decode_audio
 from omnistage.media.image import ImageTooLargeError, decode_base64_payload, open_image
+from omnistage.media.video import probe_video
 
 DECODE_THREADS = 4
 """At most this many inputs are decoded at once: it also bounds their memory."""
@@ -88,6 +89,23 @@ class InputMedia:
             raise bad_request(str(e), param=field, code="invalid_media_url") from None
         except ValueError as e:
             raise bad_request(str(e), param=field) from None
+
+    def video_ref(self, ref: str, field: str) -> bytes:
+        """The encoded video a reference names, checked from its header and packets (decodable,
+        frames within `max_input_pixels`, length within `max_input_audio_seconds`); the model
+        samples and decodes the frames it reads."""
+        data = self.load(ref, field)
+        try:
+            info = probe_video(data)
+        except ValueError as e:
+            raise bad_request(str(e), param=field, code="invalid_video") from None
+        if info.width * info.height > self.max_pixels:
+            raise bad_request(f"video frames of {info.width}x{info.height} exceed the server's {self.max_pixels} "
+                              "pixels", param=field, code="video_too_large")
+        if info.seconds > self.max_audio_seconds:
+            raise bad_request(f"the video lasts {info.seconds:.1f} s, over the server's {self.max_audio_seconds:g} s",
+                              param=field, code="video_too_long")
+        return data
 
     def image_ref(self, ref: str, field: str) -> Image.Image:
         return self.decode_image(self.load(ref, field), field)

@@ -26,7 +26,7 @@ class ServerSettings:
     """Largest width x height of an input image (edit images, chat image_url, video
     references, masks): refused from its header, before decoding."""
     max_input_audio_seconds: float = 600.0
-    """Longest input audio (chat input_audio / audio_url, voice samples), from its header."""
+    """Longest input audio or video (chat input_audio / audio_url / video_url, voice samples), from its header."""
     allowed_media_domains: tuple[str, ...] = ()
     """Hosts whose media URLs the server fetches (see media_fetch.py); none: no URL is fetched."""
     allowed_local_media_path: str | None = None

@@ -235,7 +235,7 @@ class Flux2(DiffusionPipelineBase):
     # coefficients are published for FLUX.2: distances are used as they are.
     step_cache_blocks: ClassVar[BlockChain] = BlockChain(
         blocks=("single_transformer_blocks",),
-        io="joined_stream",
+        io="single_stream",
         modulated_input=lambda block, args, kwargs: flux2_modulated_input(block, kwargs),
     )
 

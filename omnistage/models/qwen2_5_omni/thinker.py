@@ -33,7 +33,9 @@ import torch
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
+from omnistage.models.qwen2_5_omni.media import MediaPrompt, OmniMedia, prompt_options
 from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE, chat_media
+from omnistage.models.qwen2_5_omni.video import VideoRules, interleave_in_chunks
 from omnistage.models.qwen2_5_omni.weights import check_voice, load_speakers, load_thinker
 
 AUDIO_SAMPLE_RATE = 16000  # the Whisper feature extractor's input rate
@@ -45,15 +47,14 @@ class ThinkerState:
     """[3, L] long: the prompt's M-RoPE positions."""
     rope_delta: int
     """Decode position = sequence position + rope_delta."""
-    audio_embeds: torch.Tensor | None = None
-    """[num <|AUDIO|> tokens, H] encoder outputs, dropped after prefill."""
-    image_embeds: torch.Tensor | None = None
-    """[num <|IMAGE|> tokens, H] vision encoder outputs, dropped after prefill."""
+    media: dict[int, torch.Tensor] | None = None
+    """Placeholder id (<|AUDIO|>, <|IMAGE|>, <|VIDEO|>) -> [its tokens, H] encoder outputs, in
+    prompt order; dropped after prefill."""
     talker_embeds: torch.Tensor | None = None
     """[3, H]: embeddings of the voice's text-BOS, tts_text_eos, tts_text_pad."""
 
 
-class OmniThinker(ARModel):
+class OmniThinker(OmniMedia, ARModel):
     # Text prompts are token ids with M-RoPE positions known per position, so they chunk,
     # hit the prefix cache and recompute; prompts with audio are prefilled whole (below).
     supports_chunked_prefill = True
@@ -78,6 +79,11 @@ class OmniThinker(ARModel):
         self.max_position_embeddings = text_config.max_position_embeddings
         self.audio_token_id = model.config.audio_token_index
         self.image_token_id = model.config.image_token_index
+        self.video_token_id = model.config.video_token_index
+        self.audio_bos_id, self.audio_eos_id = model.config.audio_start_token_id, model.config.audio_end_token_id
+        # Qwen2_5OmniProcessor's video defaults: 2 fps, frame size bounds, its token layout's time units.
+        self.video_rules = VideoRules(fps=2.0, min_pixels=128 * 28 * 28, max_pixels=768 * 28 * 28,
+                                      position_id_per_seconds=25, seconds_per_chunk=2.0)
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> OmniThinker:
@@ -98,71 +104,65 @@ class OmniThinker(ARModel):
     # --- admission -----------------------------------------------------------------------------
 
     def build_prompt(self, inputs: Any) -> PromptInputs:
-        """The generic inputs (see `ARModel.build_prompt`), plus `voice` when a talker is downstream.
+        """The generic inputs (see `ARModel.build_prompt`), plus `voice` when a talker is downstream
+        and `use_audio_in_video` (a video's own audio is heard with it, interleaved in time).
 
-        Chat messages may hold audio parts `{"type": "audio", "audio": float array, "sample_rate": int}`
-        and image parts `{"type": "image", "image": PIL image or uint8 [H, W, 3] array}`.
+        Chat messages may hold audio parts `{"type": "audio", "audio": float array, "sample_rate": int}`,
+        image parts `{"type": "image", "image": PIL image or uint8 [H, W, 3] array}` and video parts
+        (see `qwen2_5_omni.video`).
         """
-        voice = None
-        if isinstance(inputs, dict) and "voice" in inputs:
-            inputs = dict(inputs)
-            voice = inputs.pop("voice") or DEFAULT_VOICE
+        inputs, voice, with_audio = prompt_options(inputs, DEFAULT_VOICE)
+        if voice is not None:
             check_voice(self.speakers, voice)
-        audios, images = chat_media(inputs)
+        media = chat_media(inputs)
         ids = super().build_prompt(inputs).token_ids
         with torch.inference_mode():
-            audio_embeds, audio_seqlens, image_embeds, image_grid = None, None, None, None
-            if audios:
-                ids, audio_embeds, audio_seqlens = self._encode_audio(ids, audios)
-            if images:
-                ids, image_embeds, image_grid = self._encode_images(ids, images)
-            ids_t = torch.tensor([ids], device=self.device)
+            prompt = self._encode_media(ids, media, with_audio)
+            ids_t = torch.tensor([prompt.ids], device=self.device)
             positions, delta = self.model.get_rope_index(
-                ids_t, image_grid, None, torch.ones_like(ids_t), False, audio_seqlens, None)
+                ids_t, prompt.image_grid, prompt.video_grid, torch.ones_like(ids_t), with_audio,
+                prompt.audio_seqlens, prompt.seconds_per_grid)
             talker_embeds = None
             if voice is not None:
                 special = [self.speakers[voice]["bos_token"], *self.talker_text_ids]
                 talker_embeds = self.lm.embed_tokens(torch.tensor(special, device=self.device))
-        state = ThinkerState(positions[:, 0], int(delta.item()), audio_embeds=audio_embeds, image_embeds=image_embeds,
+        state = ThinkerState(positions[:, 0], int(delta.item()), media=prompt.embeds or None,
                              talker_embeds=talker_embeds)
-        return PromptInputs(ids, state)
+        return PromptInputs(prompt.ids, state)
 
     def is_token_reproducible(self, prompt: PromptInputs) -> bool:
-        # <|AUDIO|> ids are the same for every clip: their keys follow from the audio, not the ids.
-        return prompt.model_state.audio_embeds is None
+        # A media placeholder id is the same for every clip, image and video: its keys follow
+        # from the media, not the ids, so such prompts are neither shared nor recomputed from ids.
+        return prompt.model_state.media is None
 
-    def _encode_audio(self, ids: list[int], audios: list[tuple[Any, int]]):
+    def _encode_audio(self, prompt: MediaPrompt, audios: list[tuple[Any, int]]) -> list[int]:
         from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import _get_feat_extract_output_lengths
 
         from omnistage.media.audio import resample
 
         if self.feature_extractor is None:
             raise ValueError("this checkpoint has no audio feature extractor (preprocessor_config.json)")
-        slots = [i for i, t in enumerate(ids) if t == self.audio_token_id]
-        if len(slots) != len(audios):
-            raise ValueError(f"the prompt has {len(slots)} audio placeholders but {len(audios)} audio inputs")
         waves = [resample(audio, rate, AUDIO_SAMPLE_RATE) for audio, rate in audios]
         features = self.feature_extractor(waves, sampling_rate=AUDIO_SAMPLE_RATE, padding="max_length",
                                           return_attention_mask=True, return_tensors="pt")
         mask = features["attention_mask"].to(self.device)
-        seqlens = mask.sum(-1)
-        counts = _get_feat_extract_output_lengths(seqlens).tolist()
+        prompt.audio_seqlens = mask.sum(-1)
         features = features["input_features"].to(self.device, self.model.dtype)
-        embeds = self.model.get_audio_features(features, mask).last_hidden_state
-        return expand_placeholders(ids, slots, counts, self.audio_token_id), embeds, seqlens
+        prompt.embeds[self.audio_token_id] = self.model.get_audio_features(features, mask).last_hidden_state
+        return _get_feat_extract_output_lengths(prompt.audio_seqlens).tolist()
 
-    def _encode_images(self, ids: list[int], images: list[Any]):
+    def _encode_images(self, prompt: MediaPrompt, images: list[Any]) -> list[int]:
         """Pixels by the checkpoint's image processor (PIL path), one `<|IMAGE|>` per merged patch."""
         if self.image_processor is None:
             raise ValueError("this checkpoint has no image processor (preprocessor_config.json image fields)")
-        slots = [i for i, t in enumerate(ids) if t == self.image_token_id]
-        if len(slots) != len(images):
-            raise ValueError(f"the prompt has {len(slots)} image placeholders but {len(images)} images")
         pixels = self.image_processor(images=images, return_tensors="pt")
-        grid = pixels["image_grid_thw"].to(self.device)
-        counts = (grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
-        embeds = self.model.get_image_features(pixels["pixel_values"].to(self.device, self.model.dtype), grid)
-        return expand_placeholders(ids, slots, counts, self.image_token_id), torch.cat(embeds.pooler_output), grid
+        prompt.image_grid = pixels["image_grid_thw"].to(self.device)
+        self._store_features(prompt, self.image_token_id, self.model.get_image_features(
+            pixels["pixel_values"].to(self.device, self.model.dtype), prompt.image_grid))
+        return (prompt.image_grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
+
+    def _interleave(self, times, num_audio: int) -> list[str]:
+        return interleave_in_chunks(times, num_audio, self.video_rules)
 
     # --- the forward ---------------------------------------------------------------------------
 
@@ -170,7 +170,7 @@ class OmniThinker(ARModel):
         embeds = self.lm.embed_tokens(batch.input_ids)
         talker_embeds = embeds
         if batch.is_prefill:
-            embeds, talker_embeds = self._merge_audio(batch, embeds)
+            embeds, talker_embeds = self._merge_media(batch, embeds)
         out = self.lm(inputs_embeds=embeds, position_ids=self._positions(batch),
                       attention_mask=attention_masks(batch), cache=cache, use_cache=True)
         hidden = out.last_hidden_state
@@ -191,22 +191,20 @@ class OmniThinker(ARModel):
     def on_sampled(self, batch: ModelInput, output: ModelOutput, token_ids: torch.Tensor) -> list[dict] | None:
         return output.extras  # the runner publishes what this hook returns as TextPayload.extras
 
-    def _merge_audio(self, batch: ModelInput, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scatter each row's audio and image encoder outputs into its <|AUDIO|> / <|IMAGE|> positions;
+    def _merge_media(self, batch: ModelInput, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scatter each row's audio, image and video encoder outputs into their placeholder positions;
         the talker's copy of the embeddings keeps zeros there instead (the reference's masked_scatter_)."""
-        rows = [i for i, s in enumerate(batch.seqs)
-                if s.model_state.audio_embeds is not None or s.model_state.image_embeds is not None]
+        rows = [i for i, s in enumerate(batch.seqs) if s.model_state.media is not None]
         if not rows:
             return embeds, embeds
         merged, zeroed = embeds.clone(), embeds.clone()
         for i in rows:
             state = batch.seqs[i].model_state
-            for token, media in ((self.audio_token_id, state.audio_embeds), (self.image_token_id, state.image_embeds)):
-                if media is not None:
-                    mask = batch.input_ids[i] == token
-                    merged[i, mask] = media.to(embeds.dtype)
-                    zeroed[i, mask] = 0
-            state.audio_embeds = state.image_embeds = None  # only the prefill reads them
+            for token, features in state.media.items():
+                mask = batch.input_ids[i] == token
+                merged[i, mask] = features.to(embeds.dtype)
+                zeroed[i, mask] = 0
+            state.media = None  # only the prefill reads them
         return merged, zeroed
 
     def _positions(self, batch: ModelInput) -> torch.Tensor:
@@ -226,16 +224,6 @@ class OmniThinker(ARModel):
 
     def close(self) -> None:
         self.model = self.lm = None
-
-
-def expand_placeholders(ids: list[int], slots: list[int], counts: list[int], token: int) -> list[int]:
-    """`ids` with the placeholder at each of `slots` repeated `counts` times."""
-    expanded: list[int] = []
-    last = 0
-    for slot, count in zip(slots, counts):
-        expanded += ids[last:slot] + [token] * count
-        last = slot + 1
-    return expanded + ids[last:]
 
 
 def image_processor(model_path: str, cls):

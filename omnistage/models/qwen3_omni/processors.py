@@ -1,12 +1,15 @@
 """How Qwen3-Omni's stages feed each other (run by the orchestrator, not the engines).
 
-    request ──thinker_inputs──> thinker ──talker_inputs (whole)──> talker ──talker_chunks (streamed)──> code2wav
+    request ──thinker_inputs──> thinker ──thinker_chunks (streamed)──> talker ──talker_chunks (streamed)──> code2wav
 
 - `thinker_inputs`: the prompt as the AR engine takes it, plus the voice and the request
   for every position's hidden state and input embedding (what the talker reads), unless
   the request's `output_modalities` leave out audio (then no talker runs).
 - `talker_inputs`: the thinker's finished output, as the talker's `build_prompt` takes it
-  (the projections into the talker's width need the talker's weights, so they run there).
+  (the projections into the talker's width need the talker's weights, so they run there):
+  the whole hand-off.
+- `thinker_chunks`: the same rows as the thinker makes them, so the talker starts after the
+  thinker's second token and follows it (`talker_stream_inputs` passes them on).
 - `talker_chunks`: the talker's frames so far -> the next part of the code2wav stream
   (sized by `Code2WavParams`).
 
@@ -44,16 +47,53 @@ def talker_inputs(request: Any, upstream: dict) -> dict:
     """
     out = upstream[THINKER]
     hidden, embeds = out.hidden_states, out.extras.get("input_embeds")
-    if hidden is None or embeds is None or "tts_embeds" not in out.extras:
-        raise ValueError("the thinker output has no hidden states / input embeddings for the talker")
     import torch
 
-    prompt_ids = out.extras["prompt_token_ids"]
-    sequence = torch.cat([prompt_ids.cpu(), torch.tensor(out.token_ids, dtype=torch.long)])
-    return {"thinker_hidden": hidden, "thinker_embeds": embeds, "token_ids": sequence,
-            "num_prompt": int(prompt_ids.shape[0]), "audio_seqlens": out.extras["audio_seqlens"],
-            "image_grid_thw": out.extras["image_grid_thw"], "tts_embeds": out.extras["tts_embeds"],
-            "voice": out.extras["voice"]}
+    sequence = torch.cat([_prompt_ids(out).cpu(), torch.tensor(out.token_ids, dtype=torch.long)])
+    return _talker_prompt(out, hidden, embeds, sequence)
+
+
+def thinker_chunks(request: Any, payload: Any, finished: bool) -> dict | None:
+    """One thinker output -> the talker's input so far: its streamed start, or the next rows.
+
+    The thinker's first output carries the L prompt rows: they start the talker's request
+    (`talker_inputs` of the prompt alone, `"streamed": True`), which still lacks the first
+    reply row. Each later output carries one reply row (the token it fed), sent as
+    `{"reply_rows", "final"}`. So the talker gets the rows `talker_inputs` builds from the whole
+    output, in the same order. A thinker that stops at its first token gets the whole hand-off.
+    """
+    if payload is None:
+        return None
+    hidden, embeds = payload.extras.get("delta_hidden_states"), payload.extras.get("delta_input_embeds")
+    if hidden is None or embeds is None:
+        raise ValueError("the thinker output has no hidden states / input embeddings for the talker")
+    if len(payload.token_ids) == len(payload.delta_token_ids):  # the first output: the prompt rows
+        if finished:
+            return talker_inputs(request, {THINKER: payload})
+        return {**_talker_prompt(payload, hidden, embeds, _prompt_ids(payload)), "streamed": True}
+    return {"reply_rows": embeds, "final": finished}
+
+
+def talker_stream_inputs(request: Any, upstream: dict) -> dict:
+    """A streamed thinker chunk is already the talker's input (see `thinker_chunks`)."""
+    return upstream[THINKER]
+
+
+def _prompt_ids(out: Any) -> Any:
+    if "tts_embeds" not in out.extras:
+        raise ValueError("the thinker output has no hidden states / input embeddings for the talker")
+    return out.extras["prompt_token_ids"]
+
+
+def _talker_prompt(out: Any, hidden: Any, embeds: Any, token_ids: Any) -> dict:
+    if hidden is None or embeds is None:
+        raise ValueError("the thinker output has no hidden states / input embeddings for the talker")
+    extras = out.extras
+    return {"thinker_hidden": hidden, "thinker_embeds": embeds, "token_ids": token_ids,
+            "num_prompt": int(extras["prompt_token_ids"].shape[0]), "audio_seqlens": extras["audio_seqlens"],
+            "image_grid_thw": extras["image_grid_thw"], "video_grid_thw": extras["video_grid_thw"],
+            "video_second_per_grid": extras["video_second_per_grid"], "tts_embeds": extras["tts_embeds"],
+            "voice": extras["voice"]}
 
 
 # --- talker -> code2wav -----------------------------------------------------------------------

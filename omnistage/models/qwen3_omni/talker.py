@@ -12,8 +12,13 @@ Prompt (`build_prompt`, from the thinker's finished output, see `processors.talk
   codec_pad, codec_bos] on its last six positions;
 - the rest of the reply (`trailing`: one row per later reply token, then tts_eos) is added
   to the input of decode step k, and tts_pad once it is spoken.
-M-RoPE positions: `get_rope_index` over the talker's ids when the prompt holds audio or
-images (as the reference), else plain positions.
+Or streamed, as the thinker goes (`processors.thinker_chunks`): the first chunk is the
+thinker's prompt rows (`"streamed": True`), so the assistant turn's last row waits for the
+first reply token; each later chunk (`extend_prompt`) brings reply rows in order, the final
+one ending with tts_eos. The talker computes exactly what the whole hand-off gives it; it
+only waits (`input_ready`) while the row its next step reads has not arrived.
+M-RoPE positions: `get_rope_index` over the talker's ids when the prompt holds audio,
+images or videos (as the reference), else plain positions.
 
 Per step: the MoE decoder and `codec_head` give codebook 0 (ids from `vocab - 1024` up are
 suppressed, codec EOS excepted); `on_sampled` runs the code predictor (a small AR model,
@@ -46,7 +51,8 @@ from omnistage.models.qwen3_omni.thinker import attention_mask
 from omnistage.models.qwen3_omni.weights import check_voice, load_talker, speaker_ids
 
 _INPUT_KEYS = ("thinker_hidden", "thinker_embeds", "token_ids", "num_prompt", "audio_seqlens", "image_grid_thw",
-               "tts_embeds", "voice")
+               "video_grid_thw", "video_second_per_grid", "tts_embeds", "voice")
+_STREAM_KEYS = ("reply_rows", "final")
 NUM_SUPPRESSED = 1024  # the reference suppresses ids [vocab - 1024, vocab) but codec EOS
 CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P = 50, 0.8  # the reference's code predictor sampling
 
@@ -87,6 +93,12 @@ class TalkerState:
     next_embed: torch.Tensor | None = None
     """[H]: the last frame's summed embeddings (the next decode step's codec input)."""
     predictor_row: _PredictorRow | None = None
+    tts_eos: torch.Tensor | None = None
+    """[H]: ends the reply rows once a streaming thinker has sent them all."""
+    bos_codec: torch.Tensor | None = None
+    """[H]: the codec part of the prompt's last row, waiting for reply row 3 (streamed start only)."""
+    input_complete: bool = True
+    """False while a streaming thinker has more rows to send."""
 
     def add_frame(self, frame: torch.Tensor) -> None:
         if self.num_frames == self.frames.shape[0]:
@@ -136,10 +148,15 @@ class Qwen3OmniTalker(ARModel):
 
     @torch.inference_mode()
     def build_prompt(self, inputs: Any) -> PromptInputs:
-        if not isinstance(inputs, dict) or sorted(inputs) != sorted(_INPUT_KEYS):
-            got = sorted(inputs) if isinstance(inputs, dict) else type(inputs).__name__
-            raise ValueError(f"talker inputs must be a dict with keys {list(_INPUT_KEYS)} "
-                             f"(built by the thinker -> talker processor), got {got}")
+        """The whole hand-off (`processors.talker_inputs`), or a streamed start (`"streamed": True`,
+        `processors.thinker_chunks`): the thinker's prompt rows only, so the prompt's last row waits
+        for the first reply row and the reply rows follow through `extend_prompt`."""
+        streamed = isinstance(inputs, dict) and bool(inputs.get("streamed"))
+        keys = sorted(k for k in inputs if k != "streamed") if isinstance(inputs, dict) else None
+        if keys != sorted(_INPUT_KEYS):
+            got = keys if keys is not None else type(inputs).__name__
+            raise ValueError(f"talker inputs must be a dict with keys {list(_INPUT_KEYS)} (and optionally "
+                             f"'streamed'), built by the thinker -> talker processor; got {got}")
         check_voice(self.speakers, inputs["voice"])
         dtype = self.embed.weight.dtype
         hidden = inputs["thinker_hidden"].to(self.device, dtype)
@@ -165,7 +182,9 @@ class Qwen3OmniTalker(ARModel):
         start = int(torch.nonzero(pairs).flatten()[-1])
         reply = self.model.text_projection(embeds[start:])
         tts_bos, tts_eos, tts_pad = self.model.text_projection(inputs["tts_embeds"].to(self.device, dtype)).unbind(0)
-        if reply.shape[0] < 4:
+        if streamed:  # the first reply row comes with the thinker's next output
+            reply = torch.cat([reply, reply.new_zeros(1, reply.shape[1])])
+        elif reply.shape[0] < 4:
             # NOTE: the thinker stopped on its first token, so there is no reply token to start the
             # talker with; the reference generate() fails here. Speak the end of text instead.
             reply = torch.cat([reply, tts_eos[None]])
@@ -177,22 +196,54 @@ class Qwen3OmniTalker(ARModel):
         assistant = text_part + codec_part[:text_part.shape[0]]
         prompt_embeds = torch.cat([user, assistant])
         trailing = reply[4:] if tts_eos is None else torch.cat([reply[4:], tts_eos[None]])
-        # 3. Positions: TMRoPE over the talker's ids when audio or images are in the prompt, else plain.
+        # 3. Positions: TMRoPE over the talker's ids when audio, images or videos are in the prompt, else plain.
         talker_ids = torch.cat([prompt_ids[is_user],
                                 torch.full((assistant.shape[0],), -1, device=self.device, dtype=torch.long)])
-        audio_seqlens, grid = inputs["audio_seqlens"], inputs["image_grid_thw"]
-        if audio_seqlens is not None or grid is not None:
+        audio_seqlens, grid, video_grid = inputs["audio_seqlens"], inputs["image_grid_thw"], inputs["video_grid_thw"]
+        if audio_seqlens is not None or grid is not None or video_grid is not None:
             talker_ids[talker_ids < 0] = self.tts_pad_id  # the reference's ids for the assistant part
+            on_device = (lambda t: None if t is None else t.to(self.device))
+            # The reference generate() hands the talker no `use_audio_in_video` (and the thinker refuses
+            # a spoken reply to such a prompt: see its build_prompt).
             pos, delta = self.model.get_rope_index(
-                talker_ids[None], None if grid is None else grid.to(self.device), None,
-                torch.ones_like(talker_ids[None]), False,
-                None if audio_seqlens is None else audio_seqlens.to(self.device), None)
+                talker_ids[None], on_device(grid), on_device(video_grid), torch.ones_like(talker_ids[None]), False,
+                on_device(audio_seqlens), inputs["video_second_per_grid"])
             mrope, delta = pos[:, 0], int(delta.item())
         else:
             mrope, delta = torch.arange(talker_ids.shape[0], device=self.device).expand(3, -1), 0
         frames = torch.zeros(64, self.num_code_groups, dtype=torch.long)
         state = TalkerState(prompt_embeds, trailing, tts_pad, mrope, delta, frames)
-        return PromptInputs([self.codec_pad] * prompt_embeds.shape[0], state)
+        if streamed:
+            state.trailing, state.tts_eos, state.bos_codec = trailing[:0], tts_eos, codec_part[-1]
+            state.input_complete = False
+        return PromptInputs([self.codec_pad] * prompt_embeds.shape[0], state, streamed=streamed)
+
+    @torch.inference_mode()
+    def extend_prompt(self, seq, inputs: Any) -> None:
+        if not isinstance(inputs, dict) or sorted(inputs) != sorted(_STREAM_KEYS):
+            raise ValueError(f"a streamed talker chunk must be a dict with keys {list(_STREAM_KEYS)}")
+        st: TalkerState = seq.model_state
+        if st.input_complete:
+            raise ValueError(f"talker request {seq.request_id!r}: a chunk after the final one")
+        rows = self.model.text_projection(inputs["reply_rows"].to(self.device, self.embed.weight.dtype))
+        if rows.shape[0] and st.bos_codec is not None:
+            st.prompt_embeds[-1] = rows[0] + st.bos_codec  # reply row 3 completes the assistant turn
+            st.bos_codec, rows = None, rows[1:]
+        st.input_complete = bool(inputs["final"])
+        if st.input_complete:
+            if st.bos_codec is not None:
+                raise ValueError(f"talker request {seq.request_id!r}: the final chunk leaves it without a reply row")
+            rows = torch.cat([rows, st.tts_eos[None]])
+        if rows.shape[0]:
+            st.trailing = torch.cat([st.trailing, rows])
+
+    def input_ready(self, seq) -> bool:
+        st: TalkerState = seq.model_state
+        if st.bos_codec is not None:
+            return False  # the prefill needs the first reply row
+        # decode step k reads reply row k; past the rows, tts_pad follows only once all are in
+        return st.input_complete or seq.num_computed_tokens < seq.num_prompt_tokens or \
+            st.num_decoded < st.trailing.shape[0]
 
     # --- decoder ----------------------------------------------------------------------------------
 

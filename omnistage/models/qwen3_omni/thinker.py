@@ -1,4 +1,4 @@
-"""Qwen3-Omni thinker as an AR stage: text, audio and images in, text out, plus what the talker reads.
+"""Qwen3-Omni thinker as an AR stage: text, audio, images and video in, text out, plus what the talker reads.
 
 Wraps `Qwen3OmniMoeThinkerForConditionalGeneration` (an MoE language model with audio and
 vision encoders) without patching it: the engine's masks and slot KV cache go into its
@@ -13,7 +13,9 @@ Per request (`ThinkerState`), prepared once at admission:
   checkpoint's image processor on its PIL/numpy path (`Qwen2VLImageProcessorPil`, no
   torchvision), one token per merged patch; the encoder's deepstack features are added to
   the outputs of the first decoder layers at those positions (`deepstack_visual_embeds`);
-  video parts are refused: transformers 5's video processors need torchvision;
+- videos: frames sampled and patched on the PIL/numpy path (`qwen2_5_omni.video`), encoded
+  like images (deepstack included); with `use_audio_in_video` their frame tokens and their
+  own audio's are merged by time, as `Qwen3OmniMoeProcessor` lays them out;
 - M-RoPE positions `[3, L]` and the decode offset (`rope_delta`) from the model's own
   `get_rope_index` (plain `arange` for text; audio and image spans follow TMRoPE).
 
@@ -22,7 +24,7 @@ every step returns, per fed position, the hidden state of layer `accept_hidden_l
 the talker config (`ModelOutput.hidden_states`; the reference's
 `hidden_states[accept_hidden_layer]`) and the input embeddings with the audio features in
 place (the reference's `hidden_states[0]`), and in `extras` what the talker needs besides:
-the prompt ids, the audio lengths and image grids, and the embeddings of tts_bos / tts_eos /
+the prompt ids, the audio lengths, image and video grids, and the embeddings of tts_bos / tts_eos /
 tts_pad.
 """
 
@@ -35,9 +37,11 @@ import torch
 
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
-# The Qwen2.5-Omni helpers for placeholders and the image processor: the same checkpoint layout.
-from omnistage.models.qwen2_5_omni.thinker import expand_placeholders, image_processor
+# The Qwen2.5-Omni helpers for chat media and the image processor: the same checkpoint layout.
+from omnistage.models.qwen2_5_omni.media import MediaPrompt, OmniMedia, joint_deepstack, prompt_options
 from omnistage.models.qwen2_5_omni.processors import chat_media
+from omnistage.models.qwen2_5_omni.thinker import image_processor
+from omnistage.models.qwen2_5_omni.video import VideoRules, interleave_by_time
 from omnistage.models.qwen3_omni.processors import DEFAULT_VOICE
 from omnistage.models.qwen3_omni.weights import check_voice, load_thinker, speaker_ids
 
@@ -50,17 +54,16 @@ class ThinkerState:
     """[3, L] long: the prompt's M-RoPE positions."""
     rope_delta: int
     """Decode position = sequence position + rope_delta."""
-    audio_embeds: torch.Tensor | None = None
-    """[num audio tokens, H] encoder outputs, dropped after prefill."""
-    image_embeds: torch.Tensor | None = None
-    """[num image tokens, H] vision encoder outputs, dropped after prefill."""
+    media: dict[int, torch.Tensor] | None = None
+    """Placeholder id (audio, image, video) -> [its tokens, H] encoder outputs; dropped after prefill."""
     deepstack: list[torch.Tensor] | None = None
-    """Per deepstack layer, [num image tokens, H] features added after that decoder layer; dropped after prefill."""
+    """Per deepstack layer, [num image and video tokens, H] features added after that decoder layer, in
+    prompt order; dropped after prefill."""
     talker_extras: dict | None = None
     """What the talker reads besides the hidden states (None: no talker downstream)."""
 
 
-class Qwen3OmniThinker(ARModel):
+class Qwen3OmniThinker(OmniMedia, ARModel):
     def __init__(self, model, tokenizer, feature_extractor, speakers: dict[str, int], tts_ids: tuple[int, int, int],
                  accept_hidden_layer: int, eos: tuple[int, ...], device: torch.device, image_processor=None) -> None:
         text_config = model.config.text_config
@@ -81,6 +84,15 @@ class Qwen3OmniThinker(ARModel):
         self.max_position_embeddings = text_config.max_position_embeddings
         self.audio_token_id = model.config.audio_token_id
         self.image_token_id = model.config.image_token_id
+        self.video_token_id = model.config.video_token_id
+        self.audio_bos_id = model.config.audio_start_token_id
+        # The processor's <|audio_end|>; the released config names it, the zoo's may not.
+        self.audio_eos_id = getattr(model.config, "audio_end_token_id", None) or tokenizer.convert_tokens_to_ids(
+            "<|audio_end|>")
+        # Qwen3OmniMoeProcessor's video defaults: 1 fps (its `video_second_per_grid` fallback), frame size
+        # bounds, and its token layout's time units (it merges frames and audio by time).
+        self.video_rules = VideoRules(fps=1.0, min_pixels=128 * 32 * 32, max_pixels=768 * 32 * 32,
+                                      position_id_per_seconds=13.0, seconds_per_chunk=2.0)
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> Qwen3OmniThinker:
@@ -103,70 +115,70 @@ class Qwen3OmniThinker(ARModel):
     # --- admission -----------------------------------------------------------------------------
 
     def build_prompt(self, inputs: Any) -> PromptInputs:
-        """The generic inputs (see `ARModel.build_prompt`), plus `voice` when a talker is downstream.
-
-        Chat messages may hold audio parts `{"type": "audio", "audio": float array, "sample_rate": int}`
-        and image parts `{"type": "image", "image": PIL image or uint8 [H, W, 3] array}`.
-        """
-        voice = None
-        if isinstance(inputs, dict) and "voice" in inputs:
-            inputs = dict(inputs)
-            voice = inputs.pop("voice") or DEFAULT_VOICE
+        """The generic inputs (see `ARModel.build_prompt`), plus `voice` when a talker is downstream
+        and `use_audio_in_video`; chat media parts as Qwen2.5-Omni's (`qwen2_5_omni.processors.chat_media`)."""
+        inputs, voice, with_audio = prompt_options(inputs, DEFAULT_VOICE)
+        if voice is not None:
             check_voice(self.speakers, voice)
-        audios, images = chat_media(inputs)  # the same chat parts as Qwen2.5-Omni's
+            if with_audio:
+                # NOTE: the reference talker cannot place a video's own audio: its get_rope_index reads
+                # `talker_config.audio_config`, which the config does not have (transformers 5.24), so
+                # generate() fails there. Only the thinker takes such prompts.
+                raise ValueError("use_audio_in_video works with text output only on Qwen3-Omni (the talker "
+                                 "of transformers' Qwen3-Omni cannot lay out a video's own audio); ask for "
+                                 "modalities ['text']")
+        media = chat_media(inputs)
         ids = super().build_prompt(inputs).token_ids
         with torch.inference_mode():
-            audio_embeds, audio_seqlens, image_embeds, deepstack, grid = None, None, None, None, None
-            if audios:
-                ids, audio_embeds, audio_seqlens = self._encode_audio(ids, audios)
-            if images:
-                ids, image_embeds, deepstack, grid = self._encode_images(ids, images)
-            ids_t = torch.tensor([ids], device=self.device)
+            prompt = self._encode_media(ids, media, with_audio)
+            ids_t = torch.tensor([prompt.ids], device=self.device)
             positions, delta = self.model.get_rope_index(
-                ids_t, grid, None, torch.ones_like(ids_t), False, audio_seqlens, None)
+                ids_t, prompt.image_grid, prompt.video_grid, torch.ones_like(ids_t), with_audio, prompt.audio_seqlens,
+                prompt.seconds_per_grid)
             extras = None
             if voice is not None:
                 special = self.lm.embed_tokens(torch.tensor(self.tts_ids, device=self.device))
-                extras = {"prompt_token_ids": ids_t[0], "audio_seqlens": audio_seqlens, "image_grid_thw": grid,
-                          "tts_embeds": special, "voice": voice}
-        state = ThinkerState(positions[:, 0], int(delta.item()), audio_embeds=audio_embeds, image_embeds=image_embeds,
-                             deepstack=deepstack, talker_extras=extras)
-        return PromptInputs(ids, state)
+                extras = {"prompt_token_ids": ids_t[0], "audio_seqlens": prompt.audio_seqlens,
+                          "image_grid_thw": prompt.image_grid, "video_grid_thw": prompt.video_grid,
+                          "video_second_per_grid": prompt.seconds_per_grid, "tts_embeds": special, "voice": voice}
+        state = ThinkerState(positions[:, 0], int(delta.item()), media=prompt.embeds or None,
+                             deepstack=joint_deepstack(prompt, (self.image_token_id, self.video_token_id)),
+                             talker_extras=extras)
+        return PromptInputs(prompt.ids, state)
 
-    def _encode_audio(self, ids: list[int], audios: list[tuple[Any, int]]):
+    def _encode_audio(self, prompt: MediaPrompt, audios: list[tuple[Any, int]]) -> list[int]:
         from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
 
         from omnistage.media.audio import resample
 
         if self.feature_extractor is None:
             raise ValueError("this checkpoint has no audio feature extractor (preprocessor_config.json)")
-        slots = [i for i, t in enumerate(ids) if t == self.audio_token_id]
-        if len(slots) != len(audios):
-            raise ValueError(f"the prompt has {len(slots)} audio placeholders but {len(audios)} audio inputs")
         waves = [resample(audio, rate, AUDIO_SAMPLE_RATE) for audio, rate in audios]
         # The processor's audio settings: pad to the longest clip of the request, keep the mask.
         features = self.feature_extractor(waves, sampling_rate=AUDIO_SAMPLE_RATE, padding=True, truncation=False,
                                           return_attention_mask=True, return_tensors="pt")
         mask = features["attention_mask"].to(self.device)
-        seqlens = mask.sum(-1)
-        counts = _get_feat_extract_output_lengths(seqlens).tolist()
+        prompt.audio_seqlens = mask.sum(-1)
         features = features["input_features"].to(self.device, self.model.dtype)
-        embeds = self.model.get_audio_features(features, mask).last_hidden_state
-        return expand_placeholders(ids, slots, counts, self.audio_token_id), embeds, seqlens
+        prompt.embeds[self.audio_token_id] = self.model.get_audio_features(features, mask).last_hidden_state
+        return _get_feat_extract_output_lengths(prompt.audio_seqlens).tolist()
 
-    def _encode_images(self, ids: list[int], images: list[Any]):
+    def _encode_images(self, prompt: MediaPrompt, images: list[Any]) -> list[int]:
         """Pixels by the checkpoint's image processor (PIL path), one `<|image_pad|>` per merged patch."""
         if self.image_processor is None:
             raise ValueError("this checkpoint has no image processor (preprocessor_config.json image fields)")
-        slots = [i for i, t in enumerate(ids) if t == self.image_token_id]
-        if len(slots) != len(images):
-            raise ValueError(f"the prompt has {len(slots)} image placeholders but {len(images)} images")
         pixels = self.image_processor(images=images, return_tensors="pt")
-        grid = pixels["image_grid_thw"].to(self.device)
-        counts = (grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
-        out = self.model.get_image_features(pixels["pixel_values"].to(self.device, self.model.dtype), grid)
-        deepstack = [torch.cat(per_image) for per_image in out.deepstack_features]
-        return expand_placeholders(ids, slots, counts, self.image_token_id), torch.cat(out.pooler_output), deepstack, grid
+        prompt.image_grid = pixels["image_grid_thw"].to(self.device)
+        self._store_features(prompt, self.image_token_id, self.model.get_image_features(
+            pixels["pixel_values"].to(self.device, self.model.dtype), prompt.image_grid))
+        return (prompt.image_grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
+
+    def _store_features(self, prompt: MediaPrompt, token: int, out: Any) -> None:
+        prompt.embeds[token] = torch.cat(out.pooler_output)
+        prompt.deepstack[token] = [torch.cat(per_item) for per_item in out.deepstack_features]
+
+    def _interleave(self, times, num_audio: int) -> list[str]:
+        return interleave_by_time(times, num_audio)
 
     # --- the forward ---------------------------------------------------------------------------
 
@@ -197,27 +209,26 @@ class Qwen3OmniThinker(ARModel):
         return output.extras  # the runner publishes what this hook returns as TextPayload.extras
 
     def _merge_media(self, batch: ModelInput, embeds: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """Scatter each row's audio and image encoder outputs into its placeholder positions, and gather
-        the rows' deepstack features in the order the language model adds them (row-major over the
-        batch's image positions)."""
+        """Scatter each row's audio, image and video encoder outputs into its placeholder positions, and
+        gather the rows' deepstack features in the order the language model adds them (row-major over
+        the batch's image and video positions)."""
         states = [s.model_state for s in batch.seqs]
-        if all(st.audio_embeds is None and st.image_embeds is None for st in states):
+        if all(st.media is None for st in states):
             return embeds, {}
         embeds = embeds.clone()
-        is_image = batch.input_ids == self.image_token_id
+        visual = torch.isin(batch.input_ids, torch.tensor([self.image_token_id, self.video_token_id],
+                                                          device=batch.input_ids.device))
         layers: dict[int, list[torch.Tensor]] = {}
         for i, st in enumerate(states):
-            if st.audio_embeds is not None:
-                embeds[i, batch.input_ids[i] == self.audio_token_id] = st.audio_embeds.to(embeds.dtype)
-            if st.image_embeds is not None:
-                embeds[i, is_image[i]] = st.image_embeds.to(embeds.dtype)
-                for k, feature in enumerate(st.deepstack):
-                    layers.setdefault(k, []).append(feature)
-            st.audio_embeds = st.image_embeds = st.deepstack = None  # only the prefill reads them
+            for token, features in (st.media or {}).items():
+                embeds[i, batch.input_ids[i] == token] = features.to(embeds.dtype)
+            for k, feature in enumerate(st.deepstack or ()):
+                layers.setdefault(k, []).append(feature)
+            st.media = st.deepstack = None  # only the prefill reads them
         if not layers:
             return embeds, {}
         deepstack = [torch.cat(layers[k]).to(embeds.dtype) for k in sorted(layers)]
-        return embeds, {"visual_pos_masks": is_image, "deepstack_visual_embeds": deepstack}
+        return embeds, {"visual_pos_masks": visual, "deepstack_visual_embeds": deepstack}
 
     def _positions(self, batch: ModelInput) -> torch.Tensor:
         """[3, B, T] M-RoPE positions: the prompt's own at prefill, position + rope_delta after."""

@@ -1,5 +1,5 @@
 """Routes of the audio group. Handlers come from `app.state`: `speech_serving` (speech and
-its WebSocket stream) and `voice_store` (voices)."""
+its WebSocket stream), `voice_store` (voices) and `audio_generate_serving` (text -> sound)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import secrets
 from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket
 from fastapi.responses import Response, StreamingResponse
 
-from omnistage.entrypoints.openai.audio.protocol import SpeechRequest, VoiceInfo, VoiceList
+from omnistage.entrypoints.openai.audio.generate import AudioGenerateServing
+from omnistage.entrypoints.openai.audio.protocol import AudioGenerateRequest, SpeechRequest, VoiceInfo, VoiceList
 from omnistage.entrypoints.openai.audio.serving import SpeechServing
 from omnistage.entrypoints.openai.audio.stream import SpeechStreamSession
 from omnistage.entrypoints.openai.audio.voices import VoiceStore
@@ -34,6 +35,18 @@ async def create_speech(body: SpeechRequest, handler: SpeechServing = Depends(se
     if isinstance(answer.body, bytes):
         return Response(answer.body, media_type=answer.media_type, headers=headers)
     return StreamingResponse(answer.body, media_type=answer.media_type, headers=headers)
+
+
+def generate_serving(request: Request) -> AudioGenerateServing:
+    return request.app.state.audio_generate_serving
+
+
+@router.post("/v1/audio/generate", dependencies=[Depends(require_json)], response_model=None)
+async def generate_audio(body: AudioGenerateRequest, request: Request,
+                         handler: AudioGenerateServing = Depends(generate_serving)) -> Response:
+    answer = await handler.create(body, request)
+    headers = {"x-sample-rate": str(answer.sample_rate), "x-audio-channels": str(answer.num_channels)}
+    return Response(answer.body, media_type=answer.media_type, headers=headers)
 
 
 @router.post("/v1/audio/voices")

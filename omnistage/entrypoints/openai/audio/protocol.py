@@ -1,11 +1,13 @@
 """The speech request (OpenAI's fields, plus vLLM-Omni's inline `ref_audio`/`ref_text` and `seed`),
-voices, and the streaming session's messages."""
+voices, the streaming session's messages, and the audio generation request."""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from omnistage.entrypoints.openai.common import DiffusionFields
 
 SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
 
@@ -78,3 +80,17 @@ class InputDone(BaseModel):
 
 
 ClientMessage = Annotated[SessionConfig | InputText | InputDone, Field(discriminator="type")]
+
+
+# --- POST /v1/audio/generate: text -> sound or music (diffusion audio models) ---------------
+
+
+class AudioGenerateRequest(DiffusionFields):
+    """vLLM-Omni's audio generation fields; other fields are the model's declared extras
+    (Stable Audio: `audio_start_in_s`), checked by the engine."""
+
+    model: str | None = None
+    prompt: str = Field(min_length=1, max_length=32000)
+    duration_seconds: float | None = Field(default=None, gt=0, le=3600)
+    """Seconds of audio; None = the model's whole window (Stable Audio Open: 47.55 s)."""
+    response_format: SpeechFormat = "wav"

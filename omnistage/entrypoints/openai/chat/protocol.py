@@ -2,7 +2,8 @@
 
 Content parts: `text`, `image_url` (a data URL or bare base64, or a URL the server
 fetches when its host is allowed: see media_fetch.py), `input_audio` ({data: base64 or
-such a URL, format}) and `audio_url` (a data URL or such a URL). Sampling
+such a URL, format}), `audio_url` (a data URL or such a URL) and `video_url` (an encoded
+video as such a URL; omni models, with `mm_processor_kwargs.use_audio_in_video`). Sampling
 fields beyond OpenAI's (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
 `stop_token_ids`, `ignore_eos`, `structured_outputs`, `guided_*`) go at the top level,
 as with vLLM. Text models also take `n`, `logprobs`/`top_logprobs`, `response_format`
@@ -58,7 +59,16 @@ class AudioURLPart(_Strict):
     audio_url: AudioURL
 
 
-ContentPart = Annotated[TextPart | ImagePart | InputAudioPart | AudioURLPart, Field(discriminator="type")]
+class VideoURL(_Strict):
+    url: str
+
+
+class VideoURLPart(_Strict):
+    type: Literal["video_url"]
+    video_url: VideoURL
+
+
+ContentPart = Annotated[TextPart | ImagePart | InputAudioPart | AudioURLPart | VideoURLPart, Field(discriminator="type")]
 
 
 class FunctionCall(_Strict):
@@ -120,6 +130,11 @@ class AudioOptions(_Strict):
     format: Literal["wav", "mp3", "flac", "opus", "pcm16"] = "wav"
 
 
+class MMProcessorKwargs(_Strict):
+    use_audio_in_video: bool = False
+    """Omni models: hear each video's own audio track with its frames (vLLM's field)."""
+
+
 class StreamOptions(_Strict):
     include_usage: bool = False
 
@@ -131,6 +146,7 @@ class ChatCompletionRequest(DiffusionFields):
     stream_options: StreamOptions | None = None
     modalities: list[Literal["text", "audio", "image"]] | None = None
     audio: AudioOptions | None = None
+    mm_processor_kwargs: MMProcessorKwargs | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)

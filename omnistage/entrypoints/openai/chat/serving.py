@@ -159,6 +159,8 @@ class ChatServing:
             if not self.capabilities.serves("chat.audio"):
                 raise bad_request("audio.voice: this model makes no audio", param="audio.voice")
             prompt["voice"] = body.audio.voice  # omni models read the voice from the prompt
+        if body.mm_processor_kwargs is not None and body.mm_processor_kwargs.use_audio_in_video:
+            prompt["use_audio_in_video"] = True
         return prompt, params, tool_mode
 
     @staticmethod
@@ -395,7 +397,7 @@ def _message(message: ChatMessage, index: int, media: InputMedia) -> dict[str, A
     """A message with its media fetched and decoded (within the server's limits; see
     media_inputs.py): content is a str, or a list of parts
     {"type": "text", "text"} | {"type": "image", "image": PIL} |
-    {"type": "audio", "audio": float32 array, "sample_rate": int}."""
+    {"type": "audio", "audio": float32 array, "sample_rate": int} | {"type": "video", "video": bytes}."""
     out: dict[str, Any] = {"role": message.role}
     if message.tool_calls:
         out["tool_calls"] = tools.template_tool_calls([c.model_dump() for c in message.tool_calls])
@@ -415,6 +417,8 @@ def _message(message: ChatMessage, index: int, media: InputMedia) -> dict[str, A
                 parts.append({"type": "text", "text": part.text})
             elif part.type == "image_url":
                 parts.append({"type": "image", "image": media.image_ref(part.image_url.url, f"{where}.image_url")})
+            elif part.type == "video_url":
+                parts.append({"type": "video", "video": media.video_ref(part.video_url.url, f"{where}.video_url")})
             else:
                 raw = part.input_audio.data if part.type == "input_audio" else part.audio_url.url
                 audio, rate = media.audio_ref(raw, f"{where}.{part.type}")

@@ -279,6 +279,7 @@ async def _encode(out: Any) -> VideoResult:
     if not out.fps:
         raise APIError(500, "the model returned a video without fps", type="server_error", code="engine_error")
     frames, fps = out.video, float(out.fps)
-    mp4 = await asyncio.to_thread(encode_mp4, frames, fps)
+    # A soundtrack (LTX-2) goes into the MP4 as an AAC track.
+    mp4 = await asyncio.to_thread(encode_mp4, frames, fps, audio=out.audio, sample_rate=out.sample_rate)
     return VideoResult(mp4=mp4, num_frames=int(frames.shape[0]), fps=fps, width=int(frames.shape[2]),
                        height=int(frames.shape[1]))

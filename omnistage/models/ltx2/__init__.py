@@ -1,0 +1,14 @@
+"""LTX-2: text -> video with its soundtrack, in one diffusion stage (the MP4 carries the audio)."""
+
+from omnistage.config import PipelineSpec, StageSpec, register_pipeline
+from omnistage.diffusion.registry import register_diffusion_pipeline
+
+LTX2_T2V = PipelineSpec(
+    name="ltx2_t2v",
+    stages=(
+        StageSpec(id=0, name="diffusion", kind="diffusion", output="video", final_output=True, model="LTX2Pipeline"),
+    ),
+)
+
+register_pipeline("LTX2Pipeline", LTX2_T2V, deploy_config="ltx2.yaml")
+register_diffusion_pipeline("LTX2Pipeline", "omnistage.models.ltx2.pipeline:LTX2T2V")

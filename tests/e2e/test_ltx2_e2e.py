@@ -1,0 +1,54 @@
+"""`omnistage serve` on the tiny LTX-2 zoo model, driven by the official `openai` client's
+videos API: the job's MP4 carries the soundtrack the model made as an AAC track."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from remote_server import RemoteServer
+
+from omnistage.media.video import decode_audio_track, decode_video
+
+pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")]
+
+
+def test_ltx2_video_job_has_an_audio_track(zoo):
+    with RemoteServer(zoo("ltx2")) as server:
+        client = server.client()
+        # Our fields beyond OpenAI's ride in the multipart form (extra_body); STG on the zoo
+        # transformer's last block (it has two).
+        video = client.videos.create(
+            prompt="waves on a beach", size="64x64",
+            extra_body={"num_frames": "9", "fps": "12", "num_inference_steps": "2", "seed": "5",
+                        "extra_params": '{"max_sequence_length": 32, "stg_block": 1}'},
+        )
+        assert video.status in ("queued", "in_progress"), video
+        deadline = time.time() + 120
+        while video.status not in ("completed", "failed") and time.time() < deadline:
+            time.sleep(0.2)
+            video = client.videos.retrieve(video.id)
+        assert video.status == "completed", video
+        mp4 = client.videos.download_content(video.id).content
+
+        frames, fps = decode_video(mp4)
+        assert frames.shape == (9, 64, 64, 3) and fps == 12
+        track = decode_audio_track(mp4)
+        assert track is not None, "the MP4 has no audio track"
+        audio, sample_rate = track
+        assert sample_rate == 16000 and audio.shape[0] == 2  # the vocoder's stereo at its rate
+        # About as long as the video (AAC pads to whole 1024-sample frames), and not silence.
+        assert abs(audio.shape[1] / sample_rate - 9 / 12) < 0.15
+        assert np.abs(audio).max() > 1e-3
+
+        # A bad extra fails the job with an error naming it; /v1/videos/sync answers a 400.
+        bad = {"num_frames": "9", "extra_params": '{"stg_block": 5}'}
+        job = client.videos.create(prompt="x", size="64x64", extra_body=bad)
+        deadline = time.time() + 60
+        while job.status not in ("completed", "failed") and time.time() < deadline:
+            time.sleep(0.1)
+            job = client.videos.retrieve(job.id)
+        assert job.status == "failed" and "stg_block" in job.error.message, job
+        resp = server.http().post("/v1/videos/sync", data={"prompt": "x", "size": "64x64", **bad})
+        assert resp.status_code == 400 and "stg_block" in resp.json()["error"]["message"]
