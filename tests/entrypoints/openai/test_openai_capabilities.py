@@ -12,6 +12,7 @@ from omnistage.entrypoints.openai.capabilities import Capabilities
     ("qwen_image", "QWEN_IMAGE_EDIT", ["POST /v1/images/edits", "POST /v1/chat/completions"], "required"),
     ("wan", "WAN_T2V", ["/v1/videos"], "none"),
     ("wan", "WAN_I2V", ["/v1/videos"], "required"),
+    ("hunyuan_video", "HUNYUAN_VIDEO_T2V", ["/v1/videos"], "none"),
     ("llm", "QWEN2", ["POST /v1/chat/completions", "POST /v1/completions"], "none"),
 ])
 def test_routes_of_registered_families(module, name, routes, image_input):
