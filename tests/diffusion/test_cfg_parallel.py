@@ -1,6 +1,7 @@
 """CFG parallel on two CPU ranks (gloo): the cond and uncond branches run on different ranks
 and the output equals one rank's, for a family of each guidance shape (split calls with
-true CFG: Qwen-Image; split with two guidance scales: Wan; one batched call: SD3, Z-Image)."""
+true CFG: Qwen-Image; split with two guidance scales: Wan; split with the guider's rule:
+HunyuanVideo-1.5; one batched call: SD3, Z-Image)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS
+from omnistage.testing.hunyuan_video_models import CALL_KWARGS as HUNYUAN_VIDEO_CALL_KWARGS
 
 from two_ranks import run_two_ranks
 from parity import request_for
@@ -22,12 +24,13 @@ FAMILIES = {  # zoo name -> diffusers class name
     "wan-t2v": "WanPipeline",
     "sd3": "StableDiffusion3Pipeline",
     "z-image": "ZImagePipeline",
+    "hunyuan-video": "HunyuanVideo15Pipeline",
 }
 TOLERANCE = 1e-4
 
 
 def call_kwargs(name: str) -> dict:
-    call = dict(DEFAULT_CALL_KWARGS[name], num_inference_steps=3)
+    call = dict((HUNYUAN_VIDEO_CALL_KWARGS | DEFAULT_CALL_KWARGS)[name], num_inference_steps=3)
     if name == "wan-t2v":
         call.update(guidance_scale=4.0)
     return call
