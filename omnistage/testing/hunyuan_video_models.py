@@ -1,4 +1,5 @@
-"""HunyuanVideo-1.5 zoo builder (HunyuanVideo15Pipeline): a random-weight diffusers folder.
+"""HunyuanVideo-1.5 zoo builders (HunyuanVideo15Pipeline, HunyuanVideo15ImageToVideoPipeline):
+random-weight diffusers folders.
 
 The real checkpoint's parts at tiny sizes: a Qwen2.5-VL text model (`Qwen2_5_VLTextModel`,
 read two layers from the top) with Qwen2's tokenizer, a ByT5 encoder for quoted glyph text
@@ -70,18 +71,17 @@ def _qwen2_5_vl_text_model(tokenizer, hidden_size: int):
     return Qwen2_5_VLTextModel(config).eval()
 
 
-def build_hunyuan_video(out_dir: Path, size: str, seed: int) -> None:
+def _components(size: str, task_type: str) -> dict:
+    """The components text-to-video and image-to-video share, in construction order."""
     from diffusers import (
         AutoencoderKLHunyuanVideo15,
         ClassifierFreeGuidance,
         FlowMatchEulerDiscreteScheduler,
-        HunyuanVideo15Pipeline,
         HunyuanVideo15Transformer3DModel,
     )
     from transformers import ByT5Tokenizer
 
     dims = _DIMS[size]
-    seed_everything(seed)
     # The pipeline pads prompts to 1000 + 108 tokens: the tokenizer must allow that many.
     tokenizer = build_qwen2_tokenizer(model_max_length=2048)
     tokenizer_2 = ByT5Tokenizer()
@@ -103,7 +103,7 @@ def build_hunyuan_video(out_dir: Path, size: str, seed: int) -> None:
         rope_axes_dim=dims["rope_axes"],
         # The pixel size default requests are bucketed around (the real 480p model: 640).
         target_size=VIDEO_SIDE[size],
-        task_type="t2v",
+        task_type=task_type,
     )
     vae = AutoencoderKLHunyuanVideo15(
         latent_channels=channels,
@@ -112,7 +112,7 @@ def build_hunyuan_video(out_dir: Path, size: str, seed: int) -> None:
         spatial_compression_ratio=16,
         temporal_compression_ratio=4,
     )
-    pipe = HunyuanVideo15Pipeline(
+    return dict(
         text_encoder=_qwen2_5_vl_text_model(tokenizer, dims["text_hidden"]),
         tokenizer=tokenizer,
         transformer=transformer,
@@ -124,6 +124,36 @@ def build_hunyuan_video(out_dir: Path, size: str, seed: int) -> None:
         # The 480p text-to-video guider: plain CFG at 6.
         guider=ClassifierFreeGuidance(guidance_scale=6.0),
     )
+
+
+def build_hunyuan_video(out_dir: Path, size: str, seed: int) -> None:
+    from diffusers import HunyuanVideo15Pipeline
+
+    seed_everything(seed)
+    save_pipeline(HunyuanVideo15Pipeline(**_components(size, "t2v")), out_dir)
+
+
+# Image-to-video reads the image through a SigLIP vision tower (so400m at 384 px, 729 tokens,
+# in the real model; 2 layers at 32 px, 16 tokens, here) whose width is the transformer's
+# image_embed_dim.
+_IMAGE_ENCODER = {"tiny": dict(image=32, patch=8), "small": dict(image=64, patch=8)}
+
+
+def build_hunyuan_video_i2v(out_dir: Path, size: str, seed: int) -> None:
+    from diffusers import HunyuanVideo15ImageToVideoPipeline
+    from transformers import SiglipImageProcessorPil, SiglipVisionConfig, SiglipVisionModel
+
+    enc, hidden = _IMAGE_ENCODER[size], _DIMS[size]["image_dim"]
+    seed_everything(seed)
+    components = _components(size, "i2v")
+    image_encoder = SiglipVisionModel(
+        SiglipVisionConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                           num_attention_heads=2, image_size=enc["image"], patch_size=enc["patch"])
+    ).eval()
+    # The PIL backend of SiglipImageProcessor: no torchvision needed, the same folder either way.
+    feature_extractor = SiglipImageProcessorPil(size={"height": enc["image"], "width": enc["image"]})
+    pipe = HunyuanVideo15ImageToVideoPipeline(**components, image_encoder=image_encoder,
+                                              feature_extractor=feature_extractor)
     save_pipeline(pipe, out_dir)
 
 
@@ -136,6 +166,10 @@ CALL_KWARGS: dict[str, dict] = {
         num_frames=NUM_FRAMES,
         num_inference_steps=4,
     ),
+    # Also needs image=: omnistage.testing.diffusion_models.default_input_image() gives one
+    # (square: the video is 64x64, the target size's square bucket).
+    "hunyuan-video-i2v": dict(prompt=PROMPT, negative_prompt=NEGATIVE_PROMPT, num_frames=NUM_FRAMES,
+                              num_inference_steps=4),
 }
 
 register_zoo_model(
@@ -146,5 +180,16 @@ register_zoo_model(
         builder=build_hunyuan_video,
         sizes=SIZES,
         description="HunyuanVideo-1.5 text-to-video: Qwen2.5-VL text model + ByT5, dual-stream 3D DiT, 16x VAE",
+    )
+)
+register_zoo_model(
+    ZooModel(
+        name="hunyuan-video-i2v",
+        kind="diffusion",
+        reference_class="diffusers.HunyuanVideo15ImageToVideoPipeline",
+        builder=build_hunyuan_video_i2v,
+        sizes=SIZES,
+        description="HunyuanVideo-1.5 image-to-video: HunyuanVideo-1.5 plus a SigLIP vision tower and the "
+                    "VAE-encoded first frame",
     )
 )

@@ -1,5 +1,5 @@
-"""HunyuanVideo-1.5: our HunyuanVideo15T2V against diffusers' HunyuanVideo15Pipeline on the tiny
-zoo model (fp32, CPU)."""
+"""HunyuanVideo-1.5: our HunyuanVideo15T2V / HunyuanVideo15I2V against diffusers'
+HunyuanVideo15Pipeline / HunyuanVideo15ImageToVideoPipeline on the tiny zoo models (fp32, CPU)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from parity import BATCH_PROMPTS, ParityTests, assert_rejected, load_reference, reference_outputs
+from parity import BATCH_PROMPTS, ParityTests, assert_rejected, reference_outputs, run_arrays
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.models.hunyuan_video.pipeline import HunyuanVideo15T2V
+from omnistage.models.hunyuan_video.pipeline import HunyuanVideo15I2V, HunyuanVideo15T2V
+from omnistage.testing.diffusion_models import default_input_image
 from omnistage.testing.hunyuan_video_models import CALL_KWARGS
 
 CALL = CALL_KWARGS["hunyuan-video"]
@@ -82,3 +83,46 @@ class TestHunyuanVideo15T2V(ParityTests):
     ])
     def test_bad_inputs_are_rejected(self, ours, field, params):
         assert_rejected(ours, field, params)
+
+
+def i2v_call(**overrides) -> dict:
+    return dict(CALL_KWARGS["hunyuan-video-i2v"], image=default_input_image(), **overrides)
+
+
+class TestHunyuanVideo15I2V(ParityTests):
+    zoo_name = "hunyuan-video-i2v"
+    reference_class = "HunyuanVideo15ImageToVideoPipeline"
+    pipeline_class = HunyuanVideo15I2V
+    staggered_short = {"guidance_scale": 1.0}
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def call(cls):
+        return i2v_call()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def expected(cls, reference):
+        return reference_outputs(GuiderCall(reference))
+
+    def batch_calls(self, call):
+        # Different images, one of them wide (another size bucket, so its own transformer
+        # group); CFG off for one.
+        from PIL import Image
+
+        image = call["image"]
+        return [
+            dict(call, prompt=BATCH_PROMPTS[0], image=image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)),
+            dict(call, prompt=BATCH_PROMPTS[1], image=image.resize((128, 48))),
+            dict(call, prompt=BATCH_PROMPTS[2], image=image.rotate(90), guidance_scale=1.0),
+        ]
+
+    def test_the_video_takes_the_image_aspect_ratio(self, ours, expected, call):
+        wide = dict(call, image=call["image"].resize((128, 48)))
+        (got,) = run_arrays(ours, [self.request(wide, 5)])
+        assert got.shape == expected(wide, 5).shape and got.shape[1] < got.shape[2]
+
+    @pytest.mark.parametrize("field", ["height", "width"])
+    def test_a_size_is_refused(self, ours, field):
+        params = DiffusionParams(num_frames=9, **{field: 64})
+        assert_rejected(ours, field, params, [default_input_image()])

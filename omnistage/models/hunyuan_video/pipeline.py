@@ -2,8 +2,9 @@
 the 16x / 4x compressing causal VAE.
 
 Reproduces `diffusers.HunyuanVideo15Pipeline` (pipelines/hunyuan_video1_5/
-pipeline_hunyuan_video1_5.py) as `HunyuanVideo15T2V`, split at the encode / denoise_step /
-decode seams. What the checkpoint decides, read from its configs as diffusers does:
+pipeline_hunyuan_video1_5.py) as `HunyuanVideo15T2V` and `HunyuanVideo15ImageToVideoPipeline`
+(pipeline_hunyuan_video1_5_image2video.py) as `HunyuanVideo15I2V`, split at the encode /
+denoise_step / decode seams. What the checkpoint decides, read from its configs as diffusers does:
 
 - The CFG rule is the `guider` component (`ClassifierFreeGuidance`): its guidance_scale is
   the default (diffusers' `__call__` takes none; a request may set its own), and its
@@ -175,9 +176,10 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
         from diffusers.utils.torch_utils import randn_tensor
 
         params = request.params
+        height, width = self._video_size(request)
         num_latent_frames = (params.num_frames - 1) // self.vae_scale_factor_temporal + 1
-        shape = (1, self.num_channels_latents, num_latent_frames, params.height // self.vae_scale_factor_spatial,
-                 params.width // self.vae_scale_factor_spatial)
+        shape = (1, self.num_channels_latents, num_latent_frames, height // self.vae_scale_factor_spatial,
+                 width // self.vae_scale_factor_spatial)
         latents = randn_tensor(shape, generator=self.generator_for(request), device=self.device,
                                dtype=self.transformer.dtype)
 
@@ -189,6 +191,7 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
         names = ("prompt_embeds", "prompt_embeds_mask", "prompt_embeds_2", "prompt_embeds_mask_2")
         cond: dict[str, Any] = dict(zip(names, prompt))
         cond.update(zip((f"negative_{n}" for n in names), negative or (None,) * len(names)))
+        cond.update(self._image_condition(request, latents, height, width))
         cond.update(
             guidance_scale=params.guidance_scale,
             # ClassifierFreeGuidance._is_cfg_enabled: the steps [int(start * n), int(stop * n)).
@@ -197,6 +200,17 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
             original_formulation=self.original_formulation,
         )
         return DenoiseState(request=request, latents=latents, scheduler=scheduler, timesteps=timesteps, cond=cond)
+
+    def _video_size(self, request: DiffusionRequest) -> tuple[int, int]:
+        """(height, width) in pixels of the request's video."""
+        return request.params.height, request.params.width
+
+    def _image_condition(self, request: DiffusionRequest, latents: torch.Tensor, height: int,
+                         width: int) -> dict[str, torch.Tensor | None]:
+        """What the transformer is conditioned on besides the text: the latents (and their mask
+        channel) concatenated to the noise, and the image embeddings. Text-to-video: none
+        (zeros at call time)."""
+        return {"condition": None, "image_embeds": None}
 
     # -- 3. denoise -----------------------------------------------------------------------
 
@@ -208,15 +222,23 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
                 self.scheduler_step(state, pred)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
-        """The transformer over one branch's rows: the noise next to zero condition latents and
-        mask (the text-to-video input), and zero image embeddings, which it masks out."""
+        """The transformer over one branch's rows: the noise next to the condition latents and
+        mask, and the image embeddings; text-to-video gives zeros for both (the transformer masks
+        all-zero image embeddings out)."""
         states = [s for s, _ in rows]
         branch = rows[0][1]
         prefix = "" if branch == "cond" else "negative_"
         latents = torch.cat([s.latents for s in states])
         b, c, f, h, w = latents.shape
         dtype = self.transformer.dtype
-        model_input = torch.cat([latents, latents.new_zeros(b, c + 1, f, h, w, dtype=dtype)], dim=1)
+        if states[0].cond["condition"] is None:
+            condition = latents.new_zeros(b, c + 1, f, h, w, dtype=dtype)
+            image_embeds = torch.zeros(b, VISION_NUM_SEMANTIC_TOKENS, self.image_embed_dim, dtype=dtype,
+                                       device=self.device)
+        else:
+            condition = torch.cat([s.cond["condition"] for s in states])
+            image_embeds = torch.cat([s.cond["image_embeds"] for s in states])
+        model_input = torch.cat([latents, condition], dim=1)
 
         def cat(name: str) -> torch.Tensor:
             return torch.cat([s.cond[prefix + name] for s in states])
@@ -224,9 +246,9 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
         with self.transformer.cache_context(branch):
             noise_pred = self.transformer(
                 hidden_states=model_input,
-                image_embeds=torch.zeros(b, VISION_NUM_SEMANTIC_TOKENS, self.image_embed_dim, dtype=dtype,
-                                         device=self.device),
+                image_embeds=image_embeds,
                 timestep=torch.cat([s.timesteps[s.step_index].expand(1) for s in states]).to(model_input.dtype),
+                timestep_r=self._timestep_r(states, model_input.dtype),
                 encoder_hidden_states=cat("prompt_embeds"),
                 encoder_attention_mask=cat("prompt_embeds_mask"),
                 encoder_hidden_states_2=cat("prompt_embeds_2"),
@@ -234,6 +256,11 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
                 return_dict=False,
             )[0]
         return split_per_state(noise_pred, states)
+
+    def _timestep_r(self, states: list[DenoiseState], dtype: torch.dtype) -> torch.Tensor | None:
+        """The MeanFlow target timestep (the next one; 0 after the last): only the
+        image-to-video pipeline passes it, for transformers with use_meanflow."""
+        return None
 
     # -- 4. decode ------------------------------------------------------------------------
 
@@ -246,6 +273,82 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
     def _decode(self, state: DenoiseState) -> np.ndarray:
         video = self.vae_decode(state.latents.to(self.vae.dtype) / self.scaling_factor)
         return self.video_processor.postprocess_video(video, output_type="np")[0]  # [F, H, W, 3]
+
+
+class HunyuanVideo15I2V(HunyuanVideo15T2V):
+    """HunyuanVideo15ImageToVideoPipeline: the input image fixes the first latent frame
+    (VAE-encoded, concatenated to the noise behind a mask) and the transformer attends to its
+    SigLIP features. The video takes the image's aspect ratio: the target size's bucket closest
+    to it, the image resized and center-cropped to that bucket, as in diffusers."""
+
+    reference_class: ClassVar[str] = "HunyuanVideo15ImageToVideoPipeline"
+    model_cpu_offload_seq: ClassVar[str] = "image_encoder->text_encoder->transformer->vae"
+    needs_image: ClassVar[bool] = True
+
+    def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
+        from diffusers.pipelines.hunyuan_video1_5.image_processor import HunyuanVideo15ImageProcessor
+
+        super().__init__(components, device, dtype, configs)
+        # The image is resized to its bucket before preprocessing, which then only normalizes.
+        self.video_processor = HunyuanVideo15ImageProcessor(vae_scale_factor=self.vae_scale_factor_spatial,
+                                                            do_resize=False, do_convert_rgb=True)
+
+    def configure(self, configs: CheckpointConfigs) -> None:
+        super().configure(configs)
+        self.target_size = configs.transformer.get("target_size", 640)
+        self.use_meanflow = bool(configs.transformer.get("use_meanflow", False))
+        # The size comes from the input image, never from a default.
+        self.default_params = {k: v for k, v in self.default_params.items() if k not in ("height", "width")}
+
+    def check_inputs(self, request: DiffusionRequest) -> None:
+        import PIL.Image
+
+        super().check_inputs(request)
+        if len(request.images) != 1:
+            raise RequestError(f"image: expected exactly one input image, got {len(request.images)}", "image")
+        if not isinstance(request.images[0], PIL.Image.Image):
+            raise RequestError(f"image: must be a PIL image, got {type(request.images[0]).__name__}", "image")
+        for name in ("height", "width"):
+            if getattr(request.params, name) is not None:
+                raise RequestError(f"{name}: the video takes the input image's aspect ratio at the model's target "
+                                   f"size ({self.target_size}); leave height and width unset", name)
+
+    def _video_size(self, request: DiffusionRequest) -> tuple[int, int]:
+        """HunyuanVideo15ImageProcessor.calculate_default_height_width for the image's aspect ratio."""
+        from diffusers.pipelines.hunyuan_video1_5.image_processor import generate_crop_size_list, get_closest_ratio
+
+        image = request.images[0]
+        buckets = generate_crop_size_list(base_size=self.target_size, patch_size=self.vae_scale_factor_spatial)
+        ratios = np.array([round(float(h) / float(w), 5) for h, w in buckets])
+        height, width = get_closest_ratio(image.size[1], image.size[0], ratios, buckets)[0]
+        return int(height), int(width)
+
+    def _image_condition(self, request: DiffusionRequest, latents: torch.Tensor, height: int,
+                         width: int) -> dict[str, torch.Tensor | None]:
+        """HunyuanVideo15ImageToVideoPipeline's encode_image and prepare_cond_latents_and_mask:
+        SigLIP's last hidden states of the cropped image, and its VAE latents in the first
+        latent frame (zeros after it) with a mask channel that is 1 on that frame."""
+        from diffusers import HunyuanVideo15ImageToVideoPipeline as Reference
+
+        image = self.video_processor.resize(request.images[0], height=height, width=width, resize_mode="crop")
+        dtype = self.transformer.dtype
+        embeds = Reference._get_image_embeds(image_encoder=self.image_encoder, feature_extractor=self.feature_extractor,
+                                             image=image, device=self.device)
+        image_latents = Reference._get_image_latents(vae=self.vae, image_processor=self.video_processor, image=image,
+                                                     height=height, width=width, device=self.device)
+        condition = torch.zeros_like(latents)
+        condition[:, :, :1] = image_latents.to(dtype)
+        mask = torch.zeros_like(latents[:, :1])
+        mask[:, :, 0] = 1.0
+        return {"condition": torch.cat([condition, mask], dim=1), "image_embeds": embeds.to(dtype)}
+
+    def _timestep_r(self, states: list[DenoiseState], dtype: torch.dtype) -> torch.Tensor | None:
+        if not self.use_meanflow:
+            return None
+        zero = torch.zeros(1, device=self.device)
+        return torch.cat([s.timesteps[s.step_index + 1].expand(1) if s.step_index + 1 < s.num_steps else zero
+                          for s in states]).to(dtype)
 
 
 def hunyuan_video_modulated_input(block: Any, args: tuple) -> torch.Tensor:
