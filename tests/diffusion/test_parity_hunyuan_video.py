@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from parity import BATCH_PROMPTS, ParityTests, assert_rejected, reference_outputs, run_arrays
+from parity import (
+    BATCH_PROMPTS,
+    BATCH_SEEDS,
+    ParityTests,
+    assert_rejected,
+    load_reference,
+    reference_outputs,
+    run_arrays,
+)
 
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.models.hunyuan_video.pipeline import HunyuanVideo15I2V, HunyuanVideo15T2V
@@ -23,7 +31,9 @@ def small(**fields) -> DiffusionParams:
 
 class GuiderCall:
     """diffusers' pipeline called with `guidance_scale`: its __call__ takes none (the scale is
-    its guider's), so the call swaps in a guider with that scale for the call."""
+    its guider's), so each call gets a fresh copy of the guider with that scale. Fresh also
+    because the pipeline decides whether to encode the negative prompt from the guider's step
+    state, which a previous call leaves behind (wrong when start / stop are set)."""
 
     def __init__(self, pipe: Any):
         self.pipe = pipe
@@ -32,8 +42,8 @@ class GuiderCall:
         from diffusers import ClassifierFreeGuidance
 
         guider = self.pipe.guider
-        if guidance_scale is not None:
-            self.pipe.guider = ClassifierFreeGuidance.from_config(guider.config, guidance_scale=guidance_scale)
+        scale = {} if guidance_scale is None else {"guidance_scale": guidance_scale}
+        self.pipe.guider = ClassifierFreeGuidance.from_config(guider.config, **scale)
         try:
             return self.pipe(**kwargs)
         finally:
@@ -72,6 +82,32 @@ class TestHunyuanVideo15T2V(ParityTests):
         assert params.guidance_scale == 6.0
         assert (params.height, params.width) == (48, 80)
         assert params.fps == 24 and params.num_frames == 121
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def guider_path(cls, path, tmp_path_factory):
+        """The zoo model with another guider: the original formulation at scale 2, rescaled,
+        CFG only on the middle half of the steps."""
+        import json
+        import shutil
+
+        out = tmp_path_factory.mktemp("hunyuan-video-guider") / "model"
+        shutil.copytree(path, out)
+        config = out / "guider" / "guider_config.json"
+        config.write_text(json.dumps({**json.loads(config.read_text()), "guidance_scale": 2.0, "guidance_rescale": 0.7,
+                                      "use_original_formulation": True, "start": 0.25, "stop": 0.75}))
+        return out
+
+    def test_the_guider_config_sets_the_cfg_rule(self, guider_path, call):
+        from diffusers import HunyuanVideo15Pipeline
+
+        ours = HunyuanVideo15T2V.from_pretrained(guider_path)
+        assert ours.prepare_params(DiffusionParams()).guidance_scale == 2.0
+        expected = reference_outputs(GuiderCall(load_reference(HunyuanVideo15Pipeline, guider_path)))
+        (state,) = ours.denoise([self.request(call, 0)])
+        assert state.num_forwards == 4 + 2  # the uncond branch ran on steps 1 and 2 of 4
+        self.assert_batch_matches(ours, expected, [call, dict(call, prompt=BATCH_PROMPTS[1], guidance_scale=4.0)],
+                                  BATCH_SEEDS[:2])
 
     @pytest.mark.parametrize("field, params", [
         ("height", small(height=40)),
