@@ -1,5 +1,5 @@
-"""HunyuanVideo-1.5 text-to-video: Qwen2.5-VL + ByT5 text encoders, a dual-stream 3D DiT and
-the 16x / 4x compressing causal VAE.
+"""HunyuanVideo-1.5 text- and image-to-video: Qwen2.5-VL + ByT5 text encoders (+ SigLIP for the
+image), a dual-stream 3D DiT and the 16x / 4x compressing causal VAE.
 
 Reproduces `diffusers.HunyuanVideo15Pipeline` (pipelines/hunyuan_video1_5/
 pipeline_hunyuan_video1_5.py) as `HunyuanVideo15T2V` and `HunyuanVideo15ImageToVideoPipeline`
@@ -9,7 +9,8 @@ denoise_step / decode seams. What the checkpoint decides, read from its configs 
 - The CFG rule is the `guider` component (`ClassifierFreeGuidance`): its guidance_scale is
   the default (diffusers' `__call__` takes none; a request may set its own), and its
   formulation, rescale and start / stop step fractions apply to every request.
-- The default size is the transformer's `target_size` bucket closest to 16:9, as in diffusers.
+- The default size is the transformer's `target_size` bucket closest to 16:9 (image-to-video:
+  closest to the image's aspect ratio), as in diffusers.
 
 Every prompt is padded to the same lengths (1000 Qwen tokens, 256 ByT5 bytes) and the
 transformer masks the padding, so requests of any prompt share a transformer call when their
