@@ -21,6 +21,9 @@ configuration (load + one run), sampled with psutil. Prints markdown tables and 
 them under "## Diffusion" in benchmarks/RESULTS.md (other sections are kept).
 
     .venv/bin/python benchmarks/bench_diffusion.py [--models z-image qwen-image] [--sizes tiny small]
+
+Video families (`--models hunyuan-video`) get their own table, "## Diffusion: video": ours
+against the diffusers pipeline called once per request (see `bench_video`).
 """
 
 from __future__ import annotations
@@ -274,6 +277,101 @@ def memory_probe(model: str, size: str, config: str, device: str = "cpu", dtype:
     return max(peak[0], proc.memory_info().rss) / 2**20
 
 
+# -- video families: ours / diffusers sequential ---------------------------------------------
+#
+# diffusers' HunyuanVideo15Pipeline cannot decode a batch (its VAE's mid-block attention mask
+# breaks at batch > 1), so a video family has no "diffusers batched" column: ours (request
+# mode, all requests submitted at once) against the diffusers pipeline called once per request.
+
+VIDEO_MODELS = ("hunyuan-video",)
+NUM_VIDEO_REQUESTS = 4
+
+
+def video_call_kwargs(model: str, size: str) -> dict:
+    from omnistage.testing.hunyuan_video_models import CALL_KWARGS, VIDEO_SIDE
+
+    kwargs = dict(CALL_KWARGS[model])
+    kwargs["height"] = kwargs["width"] = VIDEO_SIDE[size]
+    kwargs.pop("prompt")
+    return kwargs
+
+
+def run_ours_video(engine, kwargs: dict) -> list:
+    for request in stage_requests(kwargs)[:NUM_VIDEO_REQUESTS]:
+        engine.add_request(request)
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                assert out.error is None, out.error
+                done[out.request_id] = out.payload.frames
+    return [done[f"r{i}"] for i in range(NUM_VIDEO_REQUESTS)]
+
+
+def run_sequential_video(pipe, kwargs: dict) -> list:
+    videos = [pipe(prompt=p, **kwargs, generator=generator(i)).frames[0]
+              for i, p in enumerate(PROMPTS[:NUM_VIDEO_REQUESTS])]
+    return [(np.clip(v, 0.0, 1.0) * 255).round().astype(np.uint8) for v in videos]
+
+
+def bench_video(model: str, size: str, repeats: int, device: str = "cpu", dtype: str = "float32") -> dict:
+    from omnistage.config.deploy_fields import StageDeployConfig
+    from omnistage.diffusion.engine import DiffusionEngine
+
+    kwargs = video_call_kwargs(model, size)
+    built = build(model, size, ("ours", "sequential"), device, dtype)
+    # The bundled deploy file's max_num_seqs: 1 (one video at a time) next to a batch of all.
+    one = DiffusionEngine(built["path"], config=StageDeployConfig(max_num_seqs=1, dtype=dtype, devices=(device,)))
+    fns = {"ours": lambda: run_ours_video(built["request"], kwargs),
+           "ours_one": lambda: run_ours_video(one, kwargs),
+           "sequential": lambda: run_sequential_video(built["pipe"], kwargs)}
+    best = {name: float("inf") for name in fns}
+    best_cpu = dict(best)
+    results = {}
+    with torch.inference_mode():
+        for name, fn in fns.items():  # warm-up
+            results[name] = fn()
+        for _ in range(repeats):
+            for name, fn in fns.items():
+                t0, c0 = time.perf_counter(), time.process_time()
+                results[name] = fn()
+                synchronize(device)
+                best[name] = min(best[name], time.perf_counter() - t0)
+                best_cpu[name] = min(best_cpu[name], time.process_time() - c0)
+    built["request"].close()
+    one.close()
+    diff = max(int(np.abs(a.astype(np.int16) - b.astype(np.int16)).max())
+               for ours in ("ours", "ours_one") for a, b in zip(results[ours], results["sequential"]))
+    params = sum(p.numel() for c in built["pipe"].components.values() if isinstance(c, torch.nn.Module)
+                 for p in c.parameters())
+    return {"model": model, "size": size, "device": device, "dtype": dtype, "params_m": params / 1e6,
+            "secs": best, "cpu_secs": best_cpu, "max_pixel_diff": diff,
+            "frames": kwargs["num_frames"], "side": kwargs["height"]}
+
+
+def video_table(rows: list[dict]) -> str:
+    lines = [
+        f"{NUM_VIDEO_REQUESTS} requests ({NUM_VIDEO_REQUESTS} prompts, seeds 0-{NUM_VIDEO_REQUESTS - 1}), the zoo's "
+        "default call (4 steps, CFG on), best of the timed runs, wall clock (process CPU time in brackets). "
+        "No diffusers-batched column: diffusers' pipeline cannot decode a batch of videos.",
+        "",
+        "| model | params | video | ours, batch of 4 (videos/s) | ours, max_num_seqs=1 (videos/s) "
+        "| sequential (videos/s) | ours batch / sequential | ours max_num_seqs=1 / sequential "
+        "| max pixel diff vs diffusers |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        s, c = r["secs"], r["cpu_secs"]
+        lines.append(
+            f"| {r['model']} {r['size']} | {r['params_m']:.2f} M | {r['frames']}x{r['side']}x{r['side']} "
+            f"| {NUM_VIDEO_REQUESTS / s['ours']:.2f} | {NUM_VIDEO_REQUESTS / s['ours_one']:.2f} "
+            f"| {NUM_VIDEO_REQUESTS / s['sequential']:.2f} "
+            f"| {s['sequential'] / s['ours']:.2f}x ({c['sequential'] / c['ours']:.2f}x) "
+            f"| {s['sequential'] / s['ours_one']:.2f}x ({c['sequential'] / c['ours_one']:.2f}x) "
+            f"| {r['max_pixel_diff']} / 255 |")
+    return "\n".join(lines)
+
+
 def peak_rss(model: str, size: str, threads: int, device: str = "cpu", dtype: str = "float32") -> dict[str, float]:
     out = {}
     for config in CONFIGS:
@@ -367,8 +465,16 @@ def main() -> None:
     if args.memory_probe:
         print(json.dumps({"peak_rss_mib": memory_probe(*args.memory_probe, args.device, args.dtype)}))
         return
+    video_rows = [bench_video(model, size, args.repeats, args.device, args.dtype)
+                  for model in args.models if model in VIDEO_MODELS for size in args.sizes]
+    for row in video_rows:
+        print(json.dumps(row), flush=True)
+    if video_rows:
+        print(video_table(video_rows))
+        if not args.no_write:
+            write_section("Diffusion: video", "benchmarks/bench_diffusion.py", video_table(video_rows))
     rows = []
-    for model in args.models:
+    for model in [m for m in args.models if m not in VIDEO_MODELS]:
         for size in args.sizes:
             row = bench(model, size, args.repeats, args.device, args.dtype)
             if not args.no_memory:

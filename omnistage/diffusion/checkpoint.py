@@ -15,7 +15,8 @@ from typing import Any
 from omnistage.config.model_files import ModelFiles
 
 # A component's config file, by the kind of component (diffusers' and transformers' names).
-_CONFIG_FILES = ("config.json", "scheduler_config.json", "tokenizer_config.json", "preprocessor_config.json")
+_CONFIG_FILES = ("config.json", "scheduler_config.json", "tokenizer_config.json", "preprocessor_config.json",
+                 "guider_config.json")
 
 
 class ConfigView(dict):

@@ -48,6 +48,7 @@ def _load_builders() -> None:
     # Imported lazily: builders import torch/diffusers/transformers.
     from omnistage.testing import diffusion_models, omni_models, speech_models  # noqa: F401
     from omnistage.testing import flux2_models  # noqa: F401
+    from omnistage.testing import hunyuan_video_models  # noqa: F401
     from omnistage.testing import ltx2_models  # noqa: F401
     from omnistage.testing import stable_audio_models  # noqa: F401
 

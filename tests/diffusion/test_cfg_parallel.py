@@ -1,6 +1,7 @@
 """CFG parallel on two CPU ranks (gloo): the cond and uncond branches run on different ranks
 and the output equals one rank's, for a family of each guidance shape (split calls with
-true CFG: Qwen-Image, FLUX.2-klein; split with two guidance scales: Wan; one batched call: SD3, Z-Image)."""
+true CFG: Qwen-Image, FLUX.2-klein; split with two guidance scales: Wan; split with the guider's rule:
+HunyuanVideo-1.5; one batched call: SD3, Z-Image)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,19 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS as DIFFUSION_CALL_KWARGS
 from omnistage.testing.flux2_models import DEFAULT_CALL_KWARGS as FLUX2_CALL_KWARGS
+from omnistage.testing.hunyuan_video_models import CALL_KWARGS as HUNYUAN_VIDEO_CALL_KWARGS
 
 from two_ranks import run_two_ranks
 from parity import request_for
 
-DEFAULT_CALL_KWARGS = {**DIFFUSION_CALL_KWARGS, **FLUX2_CALL_KWARGS}
+DEFAULT_CALL_KWARGS = {**DIFFUSION_CALL_KWARGS, **FLUX2_CALL_KWARGS, **HUNYUAN_VIDEO_CALL_KWARGS}
 FAMILIES = {  # zoo name -> diffusers class name
     "qwen-image": "QwenImagePipeline",
     "wan-t2v": "WanPipeline",
     "sd3": "StableDiffusion3Pipeline",
     "z-image": "ZImagePipeline",
     "flux2-klein": "Flux2KleinPipeline",
+    "hunyuan-video": "HunyuanVideo15Pipeline",
 }
 TOLERANCE = 1e-4
 
