@@ -124,7 +124,7 @@ class QwenImage(DiffusionPipelineBase):
     def _encode_prompts(self, prompts: list[str], images: list[Any]) -> list[torch.Tensor]:
         """The last hidden state of each templated prompt, its padding and system prompt dropped
         (QwenImagePipeline._get_qwen_prompt_embeds)."""
-        inputs = self._text_inputs([self.prompt_template.format(p) for p in prompts], images)
+        inputs = self._text_inputs([self._templated(p, image) for p, image in zip(prompts, images)], images)
         hidden = self.text_encoder(
             input_ids=inputs["input_ids"],
             attention_mask=inputs["attention_mask"],
@@ -134,6 +134,10 @@ class QwenImage(DiffusionPipelineBase):
         ).hidden_states[-1]
         masks = inputs["attention_mask"].bool()
         return [h[m][self.prompt_template_start_idx:] for h, m in zip(hidden, masks)]
+
+    def _templated(self, prompt: str, image: Any) -> str:
+        """The text the encoder reads for `prompt` (and its condition image, edit models)."""
+        return self.prompt_template.format(prompt)
 
     def _text_inputs(self, texts: list[str], images: list[Any]) -> dict[str, torch.Tensor]:
         # Right padding: a prompt's tokens see the same positions in a batch as alone.
