@@ -47,7 +47,7 @@ def register_zoo_model(model: ZooModel) -> ZooModel:
 def _load_builders() -> None:
     # Imported lazily: builders import torch/diffusers/transformers.
     from omnistage.testing import diffusion_models, omni_models, speech_models  # noqa: F401
-    from omnistage.testing import qwen_image_edit_plus_models  # noqa: F401
+    from omnistage.testing import qwen_image21_models, qwen_image_edit_plus_models  # noqa: F401
 
 
 def list_models() -> list[ZooModel]:

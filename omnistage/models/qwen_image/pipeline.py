@@ -125,15 +125,19 @@ class QwenImage(DiffusionPipelineBase):
         """The last hidden state of each templated prompt, its padding and system prompt dropped
         (QwenImagePipeline._get_qwen_prompt_embeds)."""
         inputs = self._text_inputs([self._templated(p, image) for p, image in zip(prompts, images)], images)
-        hidden = self.text_encoder(
+        hidden = self._encoder_hidden_states(inputs)
+        masks = inputs["attention_mask"].bool()
+        return [h[m][self.prompt_template_start_idx:] for h, m in zip(hidden, masks)]
+
+    def _encoder_hidden_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The text encoder's last hidden state for `_text_inputs`' output."""
+        return self.text_encoder(
             input_ids=inputs["input_ids"],
             attention_mask=inputs["attention_mask"],
             pixel_values=inputs.get("pixel_values"),
             image_grid_thw=inputs.get("image_grid_thw"),
             output_hidden_states=True,
         ).hidden_states[-1]
-        masks = inputs["attention_mask"].bool()
-        return [h[m][self.prompt_template_start_idx:] for h, m in zip(hidden, masks)]
 
     def _templated(self, prompt: str, image: Any) -> str:
         """The text the encoder reads for `prompt` (and its condition image, edit models)."""
