@@ -1,4 +1,4 @@
-"""Qwen-Image-Edit-Plus (Qwen-Image-Edit-2509 / -2511): an edit from 1-3 input images.
+"""Qwen-Image-Edit-Plus (QwenImageEditPlusPipeline, e.g. Qwen-Image-Edit-2509): an edit from 1-3 input images.
 
 Reproduces `diffusers.QwenImageEditPlusPipeline` (pipelines/qwenimage/pipeline_qwenimage_edit_plus.py)
 on top of `QwenImageEdit`. What differs from the single-image edit:
