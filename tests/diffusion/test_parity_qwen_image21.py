@@ -2,14 +2,16 @@
 
 diffusers runs the text prefix through a KV cache filled at the first step (its default);
 ours does the same per request and branch, so requests that join a running batch fill
-their own cache while the others decode from theirs.
+their own cache while the others decode from theirs. The cache fill batches prompts of one
+token length; the steps after it batch prompts of any length (the batch test's prompts
+differ in length, so it covers that).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from parity import BATCH_SEEDS, ParityTests, assert_all_close, assert_rejected, load_reference, run_arrays, run_staggered
+from parity import BATCH_PROMPTS, BATCH_SEEDS, ParityTests, assert_all_close, assert_rejected, load_reference, run_arrays, run_staggered
 
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.params import DiffusionParams
@@ -69,6 +71,18 @@ class TestQwenImage21(ParityTests):
         # 4 steps x 2 branches, each one call for both requests (first the KV-cache fill).
         assert len(counted) == 4 * 2
         assert_all_close(got, [expected(c, s) for c, s in zip(calls, BATCH_SEEDS)])
+
+    def test_mixed_lengths_share_the_cached_steps(self, ours, expected, call):
+        calls = self.batch_calls(call)
+        assert len({len(ours.tokenizer(p).input_ids) for p in BATCH_PROMPTS}) == 3
+        counted, handle = count_transformer_calls(ours)
+        try:
+            self.assert_batch_matches(ours, expected, calls)
+        finally:
+            handle.remove()
+        # Step 1: the cond cache fills one call per prompt length, the uncond one (one negative
+        # prompt) one call; steps 2-4: one call per branch for all three.
+        assert len(counted) == (3 + 1) + 3 * 2
 
     def test_join_while_others_decode_from_their_cache(self, ours, expected, call):
         # The same-length prompts again: the joiner fills its cache in its own call while the

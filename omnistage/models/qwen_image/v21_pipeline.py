@@ -14,9 +14,13 @@ CFG as a second transformer pass per branch, per-request schedulers). What 2.1 c
   diffusers does by default (`use_kv_cache=True`);
 - CFG is plain (`neg + s * (cond - neg)`), off by default (`true_cfg_scale` 1.0).
 
-The transformer reads the token layout from its batch's first row, and RoPE places the
-image after the prompt, so a prompt padded in a batch would move its image: one
-transformer call batches the rows whose prompts have the same length (and KV-cache mode).
+Batching prompts of different lengths: the transformer reads the token layout from its
+batch's first row, and RoPE places the image after the prompt, so padding a prompt moves
+its image. The first step (the KV-cache fill) therefore batches only prompts of one token
+length. Later steps batch every length: only the image tokens are queries then, the
+prompts are padded to the longest with masked keys, and each request's cached text keys
+are turned forward on RoPE's frame axis by what its prompt lacks of the longest
+(`_shifted_keys`), so every query-key position difference is the one it has alone.
 Condition images (2.1's image-conditioned mode) are not served yet: a request with an
 image is refused.
 """
@@ -181,12 +185,13 @@ class QwenImage21(QwenImage):
     )
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
-        """One branch's rows, one transformer call per prompt length and KV-cache mode."""
+        """One branch's rows: one transformer call for the rows that decode from their KV caches,
+        one per prompt length for those that fill theirs."""
         branch = rows[0][1]
         embeds_key = "prompt_embeds" if branch == "cond" else "negative_prompt_embeds"
         states = [s for s, _ in rows]
         preds: dict[int, torch.Tensor] = {}
-        key = lambda s: (s.cond[embeds_key].shape[0], s.cond["kv_cache"][branch] is None)  # noqa: E731
+        key = lambda s: s.cond[embeds_key].shape[0] if s.cond["kv_cache"][branch] is None else "cached"  # noqa: E731
         for group in group_by(states, key):
             preds.update(zip(map(id, group), self._predict_group(group, branch, embeds_key)))
         return [preds[id(s)] for s in states]
@@ -195,19 +200,22 @@ class QwenImage21(QwenImage):
         from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21KVCache
 
         latents = torch.cat([s.latents for s in states])
-        embeds = torch.cat([s.cond[embeds_key].expand(s.latents.shape[0], -1, -1) for s in states])
+        embeds, mask = self._pad_embeds([s.cond[embeds_key] for s in states for _ in range(s.latents.shape[0])])
         slots = torch.ones(latents.shape[0], embeds.shape[1] + latents.shape[1] // TOKENS_PER_SLOT, dtype=torch.bool,
                            device=self.device)
         slots[:, : embeds.shape[1]] = False  # text positions; the image's slots follow the prompt
         num_blocks = len(self.transformer.transformer_blocks)
         extract = states[0].cond["kv_cache"][branch] is None
-        cache = QwenImage21KVCache(num_blocks) if extract else _joined_cache(states, branch, num_blocks)
+        if extract:
+            cache = QwenImage21KVCache(num_blocks)
+        else:
+            cache = _joined_cache(states, branch, num_blocks, embeds.shape[1], self.transformer.pos_embed.freqs[0])
         with self.transformer.cache_context(branch):
             noise_pred = self.transformer(
                 hidden_states=latents,
                 timestep=current_timesteps(states).to(latents.dtype) / 1000,
                 encoder_hidden_states=embeds,
-                encoder_hidden_states_mask=None,
+                encoder_hidden_states_mask=mask,
                 img_shapes=[list(states[0].cond["img_shapes"])] * latents.shape[0],
                 img_mask=slots,
                 kv_cache=cache,
@@ -229,17 +237,42 @@ class QwenImage21(QwenImage):
         return split_per_state(self.image_processor.postprocess(images, output_type="np"), states)
 
 
-def _joined_cache(states: list[DenoiseState], branch: str, num_blocks: int) -> Any:
-    """One KV cache over `states`' rows, from each state's own cache for `branch`."""
+def _joined_cache(states: list[DenoiseState], branch: str, num_blocks: int, length: int,
+                  frame_freqs: torch.Tensor) -> Any:
+    """One KV cache over `states`' rows for `branch`, each state's prefix padded to `length`
+    tokens (the padding is masked) and its keys moved to where that prefix would end at
+    `length` (`_shifted_keys`); `frame_freqs` is the transformer's RoPE table of the frame axis."""
     from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21KVCache
 
     if len(states) == 1:
         return states[0].cond["kv_cache"][branch]
     joined = QwenImage21KVCache(num_blocks)
     for i, layer in enumerate(joined.layer_caches):
-        parts = [s.cond["kv_cache"][branch].get_layer(i).get() for s in states]
-        layer.store(torch.cat([k for k, _ in parts]), torch.cat([v for _, v in parts]))
+        keys, values = [], []
+        for state in states:
+            k, v = state.cond["kv_cache"][branch].get_layer(i).get()
+            pad = length - k.shape[1]
+            keys.append(_pad_tokens(_shifted_keys(k, frame_freqs[pad]) if pad else k, pad))
+            values.append(_pad_tokens(v, pad))
+        layer.store(torch.cat(keys), torch.cat(values))
     return joined
+
+
+def _shifted_keys(keys: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """`keys` [B, S, heads, head_dim] (after RoPE) moved forward on RoPE's frame axis: its first
+    complex pairs are multiplied by `rotation` (the frame table's row for the shift), as
+    `apply_rotary_emb_qwen` applies positions. Text keys sit at equal positions on all three
+    axes; only the frame axis is where the image (a constant frame, its own height and width
+    grid) sits relative to them, so only it moves with the prompt's end."""
+    pairs = torch.view_as_complex(keys.float().reshape(*keys.shape[:-1], -1, 2))
+    n = rotation.shape[0]
+    pairs = torch.cat([pairs[..., :n] * rotation.to(pairs.device), pairs[..., n:]], dim=-1)
+    return torch.view_as_real(pairs).flatten(3).type_as(keys)
+
+
+def _pad_tokens(x: torch.Tensor, pad: int) -> torch.Tensor:
+    """`x` [B, S, ...] with `pad` zero tokens appended."""
+    return torch.cat([x, x.new_zeros(x.shape[0], pad, *x.shape[2:])], dim=1) if pad else x
 
 
 def _split_cache(cache: Any, states: list[DenoiseState], branch: str) -> None:
