@@ -1,9 +1,12 @@
 """Qwen-Image: a Qwen2.5-VL text encoder, an MMDiT on 2x2-packed latents and a causal-3D VAE.
 
 Reproduces `diffusers.QwenImagePipeline` (pipelines/qwenimage/pipeline_qwenimage.py),
-split at the encode / denoise_step / decode seams. `QwenImageEdit` (qwen_image_edit.py)
+split at the encode / denoise_step / decode seams. `QwenImageEdit` (edit_pipeline.py)
 subclasses it and overrides only the hooks that differ: the prompt template, the text
-inputs (the encoder also sees the input image), the condition image and its latents.
+inputs (the encoder also sees the input image), the condition image and its latents;
+`QwenImageEditPlus` (edit_plus_pipeline.py) takes 1-3 input images on top of that, and
+`QwenImage21` (v21_pipeline.py) keeps the encode seams with its own encoder, latents and
+transformer call.
 
 True CFG runs as in diffusers: a second transformer pass on the negative prompt, only
 when `true_cfg_scale > 1` and a negative prompt was given, combined with a rescale that
