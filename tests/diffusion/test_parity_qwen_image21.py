@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from parity import BATCH_PROMPTS, BATCH_SEEDS, ParityTests, assert_all_close, assert_rejected, load_reference, run_arrays, run_staggered
+from parity import (BATCH_PROMPTS, BATCH_SEEDS, ParityTests, assert_all_close, assert_rejected, load_reference,
+                    max_abs_diff, reference_arrays, run_arrays, run_staggered)
 
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.params import DiffusionParams
@@ -110,3 +111,19 @@ class TestQwenImage21(ParityTests):
         assert request.params.num_inference_steps == 3
         with pytest.raises(ValueError, match="num_inference_steps"):
             checker.prepare_request(DiffusionRequest("r", "a cat", DiffusionParams(num_inference_steps=4)))
+
+    def test_checkpoint_sigma_schedule_matches_diffusers(self, ours, reference, call, path):
+        # A checkpoint's model_index.json sample_sigmas replace the default schedule.
+        sigmas = [1.0, 0.7, 0.4]
+        configs = CheckpointConfigs.read(str(path))
+        configs.pipeline["sample_sigmas"] = sigmas
+        scheduled = QwenImage21(ours.components, configs=configs)
+        reference.register_to_config(sample_sigmas=sigmas)
+        try:
+            want = reference_arrays(reference, dict(call, num_inference_steps=3), seed=6)
+        finally:
+            reference.register_to_config(sample_sigmas=None)
+        (got,) = run_arrays(scheduled, [self.request(dict(call, num_inference_steps=3), 6)])
+        assert max_abs_diff(got, want) <= 1e-3
+        (default,) = run_arrays(ours, [self.request(dict(call, num_inference_steps=3), 6)])
+        assert max_abs_diff(got, default) > 1e-3  # the schedule made a difference
