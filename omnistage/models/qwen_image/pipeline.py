@@ -127,6 +127,7 @@ class QwenImage(DiffusionPipelineBase):
     def _encode_prompts(self, prompts: list[str], images: list[Any]) -> list[torch.Tensor]:
         """The last hidden state of each templated prompt, its padding and system prompt dropped
         (QwenImagePipeline._get_qwen_prompt_embeds)."""
+        images = images or [None] * len(prompts)  # text-to-image callers may pass no images
         inputs = self._text_inputs([self._templated(p, image) for p, image in zip(prompts, images)], images)
         hidden = self._encoder_hidden_states(inputs)
         masks = inputs["attention_mask"].bool()
