@@ -6,7 +6,8 @@ unless `--device` / `--dtype` say otherwise (both sides always share them):
 
 - ours: `DiffusionEngine` request mode, max_num_seqs=8, all 8 submitted at once;
 - sequential: the diffusers pipeline called 8 times, one prompt and generator each;
-- batched: one diffusers call with the 8 prompts and 8 generators (the fixed-batch ceiling);
+- batched: one diffusers call with the 8 prompts and 8 generators (the fixed-batch ceiling;
+  not run for Qwen-Image-Edit-Plus, whose diffusers pipeline takes one prompt per call);
 - staggered arrivals (request i arrives at i * gap, gap = a quarter of one request's
   latency): mean latency of step mode (requests join between steps) against request
   mode (a batch runs to the end before the next one starts), both max_num_seqs=8.
@@ -24,6 +25,9 @@ them under "## Diffusion" in benchmarks/RESULTS.md (other sections are kept).
 
 Video families (`--models hunyuan-video`) get their own table, "## Diffusion: video": ours
 against the diffusers pipeline called once per request (see `bench_video`).
+Also: --models qwen-image-edit-plus (each request edits two input images) and qwen-image-2.1;
+--one-prompt gives all 8 requests the first prompt (seeds still 0-7): Qwen-Image 2.1 batches
+only prompts of one token length in a transformer call.
 """
 
 from __future__ import annotations
@@ -55,13 +59,18 @@ PROMPTS = [
 ]
 CONFIGS = ("ours", "sequential", "batched", "step_staggered", "request_staggered")
 AUDIO_MODELS = ("stable-audio",)
+# Families whose diffusers pipeline takes one prompt per call: no "batched" run.
+ONE_PROMPT_PER_CALL = {"qwen-image-edit-plus"}
+# Input images of each request, for families that edit (two each: Edit-Plus takes 1-3).
+INPUT_IMAGES = {"qwen-image-edit-plus": 2}
 
 
 # -- inputs ------------------------------------------------------------------------------
 
 
 def call_kwargs(model: str, size: str) -> dict:
-    from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, IMAGE_SIDE, VIDEO_SIDE
+    from omnistage.testing import qwen_image21_models, qwen_image_edit_plus_models
+    from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, IMAGE_SIDE, VIDEO_SIDE, default_input_image
     from omnistage.testing.flux2_models import DEFAULT_CALL_KWARGS as FLUX2_CALL_KWARGS
     from omnistage.testing.ltx2_models import LTX2_CALL_KWARGS
 
@@ -76,15 +85,37 @@ def call_kwargs(model: str, size: str) -> dict:
         kwargs = dict(LTX2_CALL_KWARGS, output_type="np")
         kwargs["height"] = kwargs["width"] = VIDEO_SIDE[size]
     else:
-        kwargs = dict({**DEFAULT_CALL_KWARGS, **FLUX2_CALL_KWARGS}[model])
+        family_calls = {m.NAME: m.DEFAULT_CALL_KWARGS for m in (qwen_image21_models, qwen_image_edit_plus_models)}
+        kwargs = dict({**DEFAULT_CALL_KWARGS, **FLUX2_CALL_KWARGS, **family_calls}[model])
         kwargs["height"] = kwargs["width"] = IMAGE_SIDE[size]
     kwargs.pop("prompt")
+    if model in INPUT_IMAGES:
+        from PIL import ImageOps
+
+        images = [default_input_image(), ImageOps.mirror(default_input_image())]
+        kwargs["image"] = images[: INPUT_IMAGES[model]]
     return kwargs
 
 
 # diffusers call kwargs named differently in our requests (LTX-2), or not a request field at all.
 RENAMED = {"frame_rate": ("fps", lambda v: v), "spatio_temporal_guidance_blocks": ("stg_block", lambda v: v[0]),
            "output_type": (None, None)}
+
+
+def reference_loader_kwargs(model: str, path: str) -> dict:
+    """What diffusers' loader needs beyond the folder: the Qwen-VL processors transformers
+    cannot build without torchvision (omnistage/models/qwen_image/vl_processor.py)."""
+    from omnistage.models.qwen_image.vl_processor import processor_from_parts
+
+    if model == "qwen-image-edit-plus":
+        from transformers import Qwen2VLProcessor
+
+        return {"processor": processor_from_parts(Qwen2VLProcessor, path)}
+    if model == "qwen-image-2.1":
+        from transformers import Qwen3VLProcessor
+
+        return {"processor": processor_from_parts(Qwen3VLProcessor, path)}
+    return {}
 
 
 def stage_requests(kwargs: dict, prefix: str = "r") -> list:
@@ -94,9 +125,11 @@ def stage_requests(kwargs: dict, prefix: str = "r") -> list:
 
     renamed = {RENAMED[k][0]: RENAMED[k][1](v) for k, v in kwargs.items() if k in RENAMED and RENAMED[k][0]}
     kwargs = {**{k: v for k, v in kwargs.items() if k not in RENAMED}, **renamed}
+    images = kwargs.pop("image", None)
     fields = {k: v for k, v in kwargs.items() if k in DiffusionParams.model_fields}
     extras = {k: v for k, v in kwargs.items() if k not in DiffusionParams.model_fields}
-    return [StageRequest(f"{prefix}{i}", prompt, DiffusionParams(seed=i, extras=extras, **fields))
+    return [StageRequest(f"{prefix}{i}", prompt if images is None else {"prompt": prompt, "image": images},
+                         DiffusionParams(seed=i, extras=extras, **fields))
             for i, prompt in enumerate(PROMPTS)]
 
 
@@ -163,15 +196,15 @@ def run_staggered(engine, kwargs: dict, gap: float) -> float:
     return float(np.mean([finish[i] - i * gap for i in range(NUM_REQUESTS)]))
 
 
-def load_reference(loader, path: str, dtype: torch.dtype):
-    """diffusers' pipeline for the checkpoint. FLUX.2-dev's `tokenizer` is a PixtralProcessor,
-    which transformers cannot import without torchvision; its tokenizer, all the text path
-    uses, stands in for it."""
+def load_reference(loader, path: str, dtype: torch.dtype, **kwargs):
+    """diffusers' pipeline for the checkpoint (`kwargs` go to its loader). FLUX.2-dev's `tokenizer`
+    is a PixtralProcessor, which transformers cannot import without torchvision; its tokenizer,
+    all the text path uses, stands in for it."""
     if json.loads((Path(path) / "model_index.json").read_text())["_class_name"] != "Flux2Pipeline":
-        return loader.from_pretrained(path, dtype=dtype)
+        return loader.from_pretrained(path, dtype=dtype, **kwargs)
     from transformers import AutoTokenizer
 
-    pipe = loader.from_pretrained(path, dtype=dtype, tokenizer=None)
+    pipe = loader.from_pretrained(path, dtype=dtype, tokenizer=None, **kwargs)
     return type(pipe)(**dict(pipe.components, tokenizer=AutoTokenizer.from_pretrained(path, subfolder="tokenizer")))
 
 
@@ -186,7 +219,7 @@ def build(model: str, size: str, configs: tuple[str, ...], device: str = "cpu", 
     path = str(ensure(model, size=size, cache_dir=ROOT / ".omnistage-cache" / "zoo"))
     built = {"path": path}
     if {"sequential", "batched"} & set(configs):
-        pipe = load_reference(DiffusionPipeline, path, torch_dtype(dtype)).to(device)
+        pipe = load_reference(DiffusionPipeline, path, torch_dtype(dtype), **reference_loader_kwargs(model, path)).to(device)
         pipe.set_progress_bar_config(disable=True)
         built["pipe"] = pipe
     engine_config = dict(max_num_seqs=NUM_REQUESTS, dtype=dtype, devices=(device,))
@@ -217,10 +250,11 @@ def single_latency(engine, kwargs: dict) -> float:
 
 def bench(model: str, size: str, repeats: int, device: str = "cpu", dtype: str = "float32") -> dict:
     kwargs = call_kwargs(model, size)
-    built = build(model, size, CONFIGS, device, dtype)
+    configs = tuple(c for c in CONFIGS if not (c == "batched" and model in ONE_PROMPT_PER_CALL))
+    built = build(model, size, configs, device, dtype)
     # One request's latency alone, warm (the first run pays one-off costs).
     gap = min(single_latency(built["request"], kwargs) for _ in range(3)) / 4
-    fns = runners(built, kwargs, gap)
+    fns = {name: fn for name, fn in runners(built, kwargs, gap).items() if name in configs}
     best = {name: float("inf") for name in fns}
     best_cpu = dict(best)
     results, latency = {}, {"step_staggered": float("inf"), "request_staggered": float("inf")}
@@ -374,9 +408,9 @@ def video_table(rows: list[dict]) -> str:
 
 def peak_rss(model: str, size: str, threads: int, device: str = "cpu", dtype: str = "float32") -> dict[str, float]:
     out = {}
-    for config in CONFIGS:
+    for config in (c for c in CONFIGS if not (c == "batched" and model in ONE_PROMPT_PER_CALL)):
         cmd = [sys.executable, __file__, "--memory-probe", model, size, config, "--threads", str(threads),
-               "--device", device, "--dtype", dtype]
+               "--device", device, "--dtype", dtype] + (["--one-prompt"] if len(set(PROMPTS)) == 1 else [])
         result = subprocess.run(cmd, capture_output=True, text=True, check=True)
         out[config] = json.loads(result.stdout.strip().splitlines()[-1])["peak_rss_mib"]
     return out
@@ -401,12 +435,15 @@ def table(rows: list[dict]) -> str:
     ]
     for r in rows:
         s, c, m = r["secs"], r["cpu_secs"], r.get("rss", {})
-        rss = " / ".join(f"{m[k]:.0f}" for k in ("ours", "sequential", "batched")) + " MiB" if m else "-"
+        rss = " / ".join(f"{m[k]:.0f}" if k in m else "-" for k in ("ours", "sequential", "batched")) + " MiB" if m else "-"
+        # No batched run where diffusers takes one prompt per call (ONE_PROMPT_PER_CALL).
+        batched = f"{NUM_REQUESTS / s['batched']:.2f}" if "batched" in s else "n/a"
+        vs_batched = f"{s['batched'] / s['ours']:.2f} ({c['batched'] / c['ours']:.2f})" if "batched" in s else "n/a"
         lines.append(
             f"| {r['model']} {r['size']} | {r['params_m']:.2f} M | {NUM_REQUESTS / s['ours']:.2f} "
-            f"| {NUM_REQUESTS / s['sequential']:.2f} | {NUM_REQUESTS / s['batched']:.2f} "
+            f"| {NUM_REQUESTS / s['sequential']:.2f} | {batched} "
             f"| {s['sequential'] / s['ours']:.2f}x ({c['sequential'] / c['ours']:.2f}x) "
-            f"| {s['batched'] / s['ours']:.2f} ({c['batched'] / c['ours']:.2f}) | {r['max_pixel_diff']} / 255 | {rss} |")
+            f"| {vs_batched} | {r['max_pixel_diff']} / 255 | {rss} |")
     lines += [
         "",
         "Staggered arrivals: request i arrives at i x gap (gap = a quarter of one request's latency alone); "
@@ -458,10 +495,13 @@ def main() -> None:
                         help="torch intra-op threads (1: on a shared machine, OpenMP spin-waits dominate a tiny model)")
     parser.add_argument("--no-memory", action="store_true", help="skip the per-configuration peak RSS processes")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--one-prompt", action="store_true", help="every request gets the first prompt (seeds 0-7)")
     parser.add_argument("--memory-probe", nargs=3, metavar=("MODEL", "SIZE", "CONFIG"), help=argparse.SUPPRESS)
     add_device_args(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.one_prompt:
+        PROMPTS[:] = PROMPTS[:1] * NUM_REQUESTS
     if args.memory_probe:
         print(json.dumps({"peak_rss_mib": memory_probe(*args.memory_probe, args.device, args.dtype)}))
         return

@@ -148,6 +148,13 @@ class DiffusionPipelineBase(ABC):
     """Components diffusers' loader is given instead of loading them (e.g. {"processor": None})."""
 
     @classmethod
+    def loader_kwargs(cls, path: str) -> dict[str, Any]:
+        """What diffusers' loader is given for the checkpoint at `path`: `loader_overrides`, or
+        components a family must build from the folder itself (e.g. a processor transformers
+        cannot construct here)."""
+        return dict(cls.loader_overrides)
+
+    @classmethod
     def from_pretrained(cls, path: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                         deploy: StageDeployConfig | None = None) -> "DiffusionPipelineBase":
         """The one load path: diffusers' own classes load the folder (or hub id) as its
@@ -158,7 +165,7 @@ class DiffusionPipelineBase(ABC):
         from omnistage.diffusion.accel import apply_accelerations
 
         deploy = deploy or StageDeployConfig()
-        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **cls.loader_overrides)
+        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **cls.loader_kwargs(str(path)))
         if deploy.offload is None:  # offloaded weights wait on the CPU (accel/offload.py)
             pipe = pipe.to(device)
         pipeline = cls.from_diffusers(pipe, str(path), CheckpointConfigs.read(str(path)), device, dtype)

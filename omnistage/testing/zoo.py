@@ -50,6 +50,7 @@ def _load_builders() -> None:
     from omnistage.testing import flux2_models  # noqa: F401
     from omnistage.testing import hunyuan_video_models  # noqa: F401
     from omnistage.testing import ltx2_models  # noqa: F401
+    from omnistage.testing import qwen_image21_models, qwen_image_edit_plus_models  # noqa: F401
     from omnistage.testing import stable_audio_models  # noqa: F401
 
 

@@ -21,21 +21,14 @@ pytestmark = pytest.mark.slow
 
 
 def qwen2_vl_processor(path):
-    """The checkpoint's real Qwen2VLProcessor, built from its two halves.
+    """The checkpoint's real Qwen2VLProcessor, built from its two halves: transformers 5.24
+    refuses to construct one without torchvision, which diffusers' pipeline needs to be
+    called at all (omnistage/models/qwen_image/vl_processor.py)."""
+    from transformers import Qwen2VLProcessor
 
-    transformers 5.24 refuses to construct one without torchvision (its video processor
-    half), which diffusers' pipeline needs to be called at all. Its `__call__` only uses
-    the image processor and the tokenizer, so we set those on an instance directly."""
-    from transformers import AutoImageProcessor, AutoTokenizer, Qwen2VLProcessor
+    from omnistage.models.qwen_image.vl_processor import processor_from_parts
 
-    processor = Qwen2VLProcessor.__new__(Qwen2VLProcessor)
-    processor.chat_template = None
-    processor.image_processor = AutoImageProcessor.from_pretrained(str(path), subfolder="processor")
-    processor.tokenizer = AutoTokenizer.from_pretrained(str(path), subfolder="processor")
-    processor.image_token, processor.video_token = "<|image_pad|>", "<|video_pad|>"
-    processor.image_token_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
-    processor.video_token_id = processor.tokenizer.convert_tokens_to_ids(processor.video_token)
-    return processor
+    return processor_from_parts(Qwen2VLProcessor, path)
 
 
 class TestQwenImageEdit(ParityTests):

@@ -55,6 +55,9 @@ def file_digests(folder: Path) -> dict[str, str]:
     }
 
 
+# Families whose builders (and call kwargs) live in their own modules, with their own tests.
+
+
 def test_registry_lists_every_diffusion_family():
     # Families built in their own module (omnistage/testing/<family>_models.py) carry their own
     # call kwargs and are tested in their own files; this file covers diffusion_models.py.

@@ -1,16 +1,20 @@
-"""Qwen-Image-Edit: Qwen-Image conditioned on an input image, which the model sees twice.
+"""Qwen-Image-Edit: Qwen-Image conditioned on input images, which the model sees twice.
 
 Reproduces `diffusers.QwenImageEditPipeline` (pipelines/qwenimage/pipeline_qwenimage_edit.py)
 on top of `QwenImage`: the text encoder reads the prompt together with the image (through
 its vision tower), and the transformer reads the image's VAE latents appended after the
 noisy latents, predicting for both and keeping the target's part. Everything else (true
 CFG, the scheduler, decoding) is Qwen-Image's.
+
+The code is written for a list of input images (`ConditionImages`), as Edit-Plus
+(edit_plus_pipeline.py) takes 1-3 of them; Qwen-Image-Edit takes exactly one.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -28,17 +32,40 @@ CONDITION_IMAGE_AREA = 1024 * 1024
 IMAGE_TOKEN = "<|image_pad|>"
 
 
-def condition_size(image: Any) -> tuple[int, int]:
-    """(width, height) the input image is resized to (QwenImageEdit's calculate_dimensions)."""
+def condition_size(image: Any, area: int = CONDITION_IMAGE_AREA) -> tuple[int, int]:
+    """(width, height) of about `area` pixels with the image's aspect ratio, sides a multiple
+    of 32, that the input image is resized to (QwenImageEdit's calculate_dimensions)."""
     ratio = image.size[0] / image.size[1]
-    width = math.sqrt(CONDITION_IMAGE_AREA * ratio)
+    width = math.sqrt(area * ratio)
     height = width / ratio
     return round(width / 32) * 32, round(height / 32) * 32
+
+
+@dataclass(frozen=True)
+class ConditionImages:
+    """A request's input images as each encoder sees them, resized, in request order."""
+
+    vision: list[Any]
+    """What the text encoder's vision tower reads."""
+    vae: list[Any]
+    """What the VAE encodes into the latents appended after the target's."""
+
+
+def expand_image_tokens(text: str, grids: Any, merge: int) -> str:
+    """`text` with each image placeholder expanded to one token per merged patch of the next
+    image's grid from `grids` (an iterator over image_grid_thw rows), as Qwen2VLProcessor does."""
+    parts = text.split(IMAGE_TOKEN)
+    out = parts[0]
+    for part in parts[1:]:
+        out += IMAGE_TOKEN * int(next(grids).prod() // merge) + part
+    return out
 
 
 class QwenImageEdit(QwenImage):
     reference_class: ClassVar[str] = "QwenImageEditPipeline"
     needs_image: ClassVar[bool] = True
+    max_images: ClassVar[int] = 1
+    """Most input images one request may carry."""
     # QwenImageEditPipeline.__call__ defaults; height/width default to the input image's
     # resized size, so they are filled per request (prepare_request).
     default_params: ClassVar[dict[str, Any]] = {
@@ -79,14 +106,16 @@ class QwenImageEdit(QwenImage):
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         super().check_inputs(request)
-        if len(request.images) > 1:
-            raise RequestError(f"image: this model edits one input image, got {len(request.images)}", "image")
+        if len(request.images) > self.max_images:
+            allowed = "one input image" if self.max_images == 1 else f"1 to {self.max_images} input images"
+            raise RequestError(f"image: this model edits {allowed}, got {len(request.images)}", "image")
 
     def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:
         request = super().prepare_request(request)
         params = request.params
         if params.height is None or params.width is None:
-            width, height = condition_size(request.images[0])
+            # The last input image's shape, as in diffusers (Edit has only one).
+            width, height = condition_size(request.images[-1])
             # As diffusers: the default size rounded down to what the 2x2 packing allows.
             size = {"height": params.height or height // self.multiple_of * self.multiple_of,
                     "width": params.width or width // self.multiple_of * self.multiple_of}
@@ -95,19 +124,21 @@ class QwenImageEdit(QwenImage):
 
     # -- 2. encode: the input image joins the prompt and the latents -----------------------
 
-    def _condition_image(self, request: DiffusionRequest) -> Any:
-        """The input image resized to its condition size, as RGB (what both encoders see)."""
-        image = request.images[0].convert("RGB")
-        width, height = condition_size(image)
-        return self.image_processor.resize(image, height, width)
+    def _condition_image(self, request: DiffusionRequest) -> ConditionImages:
+        """The input image resized to its condition size, as RGB: both encoders see the same one."""
+        image = self._resized(request.images[0], CONDITION_IMAGE_AREA)
+        return ConditionImages(vision=[image], vae=[image])
 
-    def _text_inputs(self, texts: list[str], images: list[Any]) -> dict[str, torch.Tensor]:
-        # What Qwen2VLProcessor does: the vision processor patches each image, and each text's
-        # image placeholder is expanded to one token per merged patch of its image.
-        vision = self.vision_processor(images=images, return_tensors="pt")
-        merge = self.vision_processor.merge_size ** 2
-        texts = [text.replace(IMAGE_TOKEN, IMAGE_TOKEN * int(grid.prod() // merge), 1)
-                 for text, grid in zip(texts, vision["image_grid_thw"])]
+    def _resized(self, image: Any, area: int) -> Any:
+        width, height = condition_size(image, area)
+        return self.image_processor.resize(image.convert("RGB"), height, width)
+
+    def _text_inputs(self, texts: list[str], images: list[ConditionImages]) -> dict[str, torch.Tensor]:
+        # What Qwen2VLProcessor does: the vision processor patches every image, and each image
+        # placeholder, in order, is expanded to one token per merged patch of its image.
+        vision = self.vision_processor(images=[i for c in images for i in c.vision], return_tensors="pt")
+        grids = iter(vision["image_grid_thw"])
+        texts = [expand_image_tokens(text, grids, self.vision_processor.merge_size ** 2) for text in texts]
         tokens = self.tokenizer(texts, padding=True, return_tensors="pt")
         return {
             "input_ids": tokens.input_ids.to(self.device),
@@ -119,17 +150,20 @@ class QwenImageEdit(QwenImage):
     def _truncate(self, embeds: torch.Tensor, request: DiffusionRequest) -> torch.Tensor:
         return embeds  # no max_sequence_length (see `extras`)
 
-    def _initial_state(self, request: DiffusionRequest, image: Any, prompt_embeds: torch.Tensor,
+    def _initial_state(self, request: DiffusionRequest, image: ConditionImages, prompt_embeds: torch.Tensor,
                        negative_embeds: torch.Tensor | None) -> DenoiseState:
         state = super()._initial_state(request, image, prompt_embeds, negative_embeds)
-        # The input image's normalised VAE latents (the distribution's mode: no noise drawn).
-        width, height = image.size
-        pixels = self.image_processor.preprocess(image, height, width).unsqueeze(2)  # [1, 3, 1 frame, H, W]
-        latents = self.vae.encode(pixels.to(self.device, prompt_embeds.dtype)).latent_dist.mode()
-        mean, std = self._latents_stats(latents)
-        latents = pack_latents(((latents - mean) / std)[:, :, 0])
-        state.cond["image_latents"] = latents.repeat(state.latents.shape[0], 1, 1)
-        state.cond["img_shapes"] += ((1, height // self.vae_scale_factor // 2, width // self.vae_scale_factor // 2),)
+        # Each input image's normalised VAE latents (the distribution's mode: no noise drawn),
+        # one token grid per image, in request order.
+        packed = []
+        for vae_image in image.vae:
+            width, height = vae_image.size
+            pixels = self.image_processor.preprocess(vae_image, height, width).unsqueeze(2)  # [1, 3, 1 frame, H, W]
+            latents = self.vae.encode(pixels.to(self.device, prompt_embeds.dtype)).latent_dist.mode()
+            mean, std = self._latents_stats(latents)
+            packed.append(pack_latents(((latents - mean) / std)[:, :, 0]))
+            state.cond["img_shapes"] += ((1, height // self.vae_scale_factor // 2, width // self.vae_scale_factor // 2),)
+        state.cond["image_latents"] = torch.cat(packed, dim=1).repeat(state.latents.shape[0], 1, 1)
         return state
 
     # -- 3. denoise: Qwen-Image's, over the target and input-image tokens ---------------------

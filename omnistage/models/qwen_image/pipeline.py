@@ -1,9 +1,12 @@
 """Qwen-Image: a Qwen2.5-VL text encoder, an MMDiT on 2x2-packed latents and a causal-3D VAE.
 
 Reproduces `diffusers.QwenImagePipeline` (pipelines/qwenimage/pipeline_qwenimage.py),
-split at the encode / denoise_step / decode seams. `QwenImageEdit` (qwen_image_edit.py)
+split at the encode / denoise_step / decode seams. `QwenImageEdit` (edit_pipeline.py)
 subclasses it and overrides only the hooks that differ: the prompt template, the text
-inputs (the encoder also sees the input image), the condition image and its latents.
+inputs (the encoder also sees the input image), the condition image and its latents;
+`QwenImageEditPlus` (edit_plus_pipeline.py) takes 1-3 input images on top of that, and
+`QwenImage21` (v21_pipeline.py) keeps the encode seams with its own encoder, latents and
+transformer call.
 
 True CFG runs as in diffusers: a second transformer pass on the negative prompt, only
 when `true_cfg_scale > 1` and a negative prompt was given, combined with a rescale that
@@ -124,16 +127,25 @@ class QwenImage(DiffusionPipelineBase):
     def _encode_prompts(self, prompts: list[str], images: list[Any]) -> list[torch.Tensor]:
         """The last hidden state of each templated prompt, its padding and system prompt dropped
         (QwenImagePipeline._get_qwen_prompt_embeds)."""
-        inputs = self._text_inputs([self.prompt_template.format(p) for p in prompts], images)
-        hidden = self.text_encoder(
+        images = images or [None] * len(prompts)  # text-to-image callers may pass no images
+        inputs = self._text_inputs([self._templated(p, image) for p, image in zip(prompts, images)], images)
+        hidden = self._encoder_hidden_states(inputs)
+        masks = inputs["attention_mask"].bool()
+        return [h[m][self.prompt_template_start_idx:] for h, m in zip(hidden, masks)]
+
+    def _encoder_hidden_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The text encoder's last hidden state for `_text_inputs`' output."""
+        return self.text_encoder(
             input_ids=inputs["input_ids"],
             attention_mask=inputs["attention_mask"],
             pixel_values=inputs.get("pixel_values"),
             image_grid_thw=inputs.get("image_grid_thw"),
             output_hidden_states=True,
         ).hidden_states[-1]
-        masks = inputs["attention_mask"].bool()
-        return [h[m][self.prompt_template_start_idx:] for h, m in zip(hidden, masks)]
+
+    def _templated(self, prompt: str, image: Any) -> str:
+        """The text the encoder reads for `prompt` (and its condition image, edit models)."""
+        return self.prompt_template.format(prompt)
 
     def _text_inputs(self, texts: list[str], images: list[Any]) -> dict[str, torch.Tensor]:
         # Right padding: a prompt's tokens see the same positions in a batch as alone.

@@ -1,0 +1,293 @@
+"""Qwen-Image 2.1 text-to-image: a Qwen3-VL encoder, a block-causal single-stream DiT, a 16x VAE.
+
+Reproduces `diffusers.QwenImage21Pipeline` (pipelines/qwenimage21/pipeline_qwenimage21.py)
+for text-to-image, on `QwenImage`'s seams (one text-encoder call for every prompt, true
+CFG as a second transformer pass per branch, per-request schedulers). What 2.1 changes:
+
+- the encoder is Qwen3-VL, read before its final norm (diffusers hooks the norm away, as
+  transformers 5 ties `hidden_states[-1]` to the normed output), with the system prompt's
+  tokens dropped;
+- latents are not patched: one token per latent pixel of the 16x VAE, 64 channels;
+- the transformer runs text and image tokens as one causal sequence, so the text prefix's
+  keys and values do not depend on the step: the first step of each request and branch
+  fills a KV cache ("extract"), later steps compute only the image tokens ("cached"), as
+  diffusers does by default (`use_kv_cache=True`);
+- CFG is plain (`neg + s * (cond - neg)`), off by default (`true_cfg_scale` 1.0).
+
+Batching prompts of different lengths: the transformer reads the token layout from its
+batch's first row, and RoPE places the image after the prompt, so padding a prompt moves
+its image. The first step (the KV-cache fill) therefore batches only prompts of one token
+length. Later steps batch every length: only the image tokens are queries then, the
+prompts are padded to the longest with masked keys, and each request's cached text keys
+are turned forward on RoPE's frame axis by what its prompt lacks of the longest
+(`_shifted_keys`), so every query-key position difference is the one it has alone.
+Condition images (2.1's image-conditioned mode) are not served yet: a request with an
+image is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from omnistage.diffusion.checkpoint import CheckpointConfigs
+from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
+from omnistage.diffusion.params import ExtraSpec
+from omnistage.diffusion.pipeline import (
+    DenoiseState,
+    DiffusionRequest,
+    current_timesteps,
+    group_by,
+    set_flow_match_timesteps,
+    split_per_state,
+)
+from omnistage.engine.types import RequestError
+from omnistage.models.qwen_image.pipeline import QwenImage
+
+SYSTEM_PROMPT = "Comprehend and analyze the provided prompt."
+# Each slot of the transformer's image mask stands for 2x2 latent tokens.
+TOKENS_PER_SLOT = 4
+
+
+class QwenImage21(QwenImage):
+    reference_class: ClassVar[str] = "QwenImage21Pipeline"
+    # QwenImage21Pipeline.__call__ defaults (output_resolution 1024 for the size).
+    default_params: ClassVar[dict[str, Any]] = {
+        "num_inference_steps": 40,
+        "true_cfg_scale": 1.0,
+        "height": 1024,
+        "width": 1024,
+    }
+    # diffusers' 2.1 pipeline has no max_sequence_length: the prompt is never truncated.
+    extras: ClassVar[dict[str, ExtraSpec]] = {}
+
+    prompt_template: ClassVar[str] = (
+        f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n{{}}<|im_end|>\n<|im_start|>assistant\n"
+    )
+    # The step caches hook dual-stream blocks; 2.1's single-stream blocks with a KV-cached
+    # prefix have no chain here yet, so cache_backend is refused for it.
+    step_cache_blocks: ClassVar[Any] = None
+
+    # The checkpoint's `processor` is a Qwen3VLProcessor, which transformers only builds with
+    # torchvision installed; diffusers' pipeline needs one to be constructed, and only its
+    # tokenizer and image halves are used.
+    @classmethod
+    def loader_kwargs(cls, path: str) -> dict[str, Any]:
+        from transformers import Qwen3VLProcessor
+
+        from omnistage.models.qwen_image.vl_processor import processor_from_parts
+
+        return {"processor": processor_from_parts(Qwen3VLProcessor, path)}
+
+    @classmethod
+    def from_diffusers(cls, pipe: Any, path: str, configs: CheckpointConfigs, device: torch.device | str,
+                       dtype: torch.dtype) -> "QwenImage21":
+        components = {k: v for k, v in pipe.components.items() if k != "processor"}
+        return cls({**components, "tokenizer": pipe.processor.tokenizer}, device, dtype, configs)
+
+    def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
+        from diffusers.image_processor import VaeImageProcessor
+
+        super().__init__(components, device, dtype, configs)
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor,
+                                                 vae_latent_channels=self.latent_channels)
+        # The system turn's tokens, dropped from the encoder's output (diffusers' _drop_idx).
+        system_turn = self.prompt_template.split("<|im_start|>user")[0]
+        self.prompt_template_start_idx = len(self.tokenizer(system_turn).input_ids)
+
+    def configure(self, configs: CheckpointConfigs) -> None:
+        self.vae_scale_factor = configs.vae.get("scale_factor_spatial") or 16
+        # The transformer's image slots cover 2x2 latent tokens: sizes divide by twice the factor.
+        self.multiple_of = self.vae_scale_factor * 2
+        self.latent_channels = configs.vae.get("z_dim", 64)
+        self.guidance_embeds = False
+        # A checkpoint may fix its own sigma schedule (model_index.json sample_sigmas).
+        self.sample_sigmas = configs.pipeline.get("sample_sigmas")
+        self.default_params = dict(type(self).default_params)
+        if self.sample_sigmas:
+            self.default_params["num_inference_steps"] = len(self.sample_sigmas)
+
+    def check_inputs(self, request: DiffusionRequest) -> None:
+        super().check_inputs(request)
+        steps = request.params.num_inference_steps
+        if self.sample_sigmas and steps != len(self.sample_sigmas):
+            raise RequestError(f"num_inference_steps: this checkpoint samples on its own {len(self.sample_sigmas)}-"
+                               f"step schedule (model_index.json sample_sigmas), got {steps}", "num_inference_steps")
+
+    # -- 2. encode --------------------------------------------------------------------------
+
+    def _templated(self, prompt: str, image: Any) -> str:
+        return self.prompt_template.format(prompt or " ")  # Qwen has no bos: an empty prompt reads nothing
+
+    def _text_inputs(self, texts: list[str], images: list[Any]) -> dict[str, torch.Tensor]:
+        # Right padding: without images Qwen3-VL numbers positions 0.. whatever the mask, so a
+        # prompt padded on the right sees the positions it has alone (diffusers pads on the
+        # left, but encodes one prompt at a time here).
+        tokens = self.tokenizer(texts, padding=True, padding_side="right", return_tensors="pt").to(self.device)
+        return {"input_ids": tokens.input_ids, "attention_mask": tokens.attention_mask,
+                "mm_token_type_ids": torch.zeros_like(tokens.input_ids)}
+
+    def _encoder_hidden_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        # The last decoder layer's output before the final norm, which the transformer was
+        # trained on: a hook returning the norm's input stands in for its output, as in diffusers.
+        text_model = getattr(self.text_encoder.model, "language_model", self.text_encoder.model)
+        handle = text_model.norm.register_forward_hook(lambda module, args, output: args[0])
+        try:
+            return self.text_encoder(**inputs, output_hidden_states=True).hidden_states[-1]
+        finally:
+            handle.remove()
+
+    def _truncate(self, embeds: torch.Tensor, request: DiffusionRequest) -> torch.Tensor:
+        return embeds  # no max_sequence_length (see `extras`)
+
+    def _initial_state(self, request: DiffusionRequest, image: Any, prompt_embeds: torch.Tensor,
+                       negative_embeds: torch.Tensor | None) -> DenoiseState:
+        from diffusers.utils.torch_utils import randn_tensor
+
+        params = request.params
+        n = params.num_outputs_per_prompt
+        latent_h = 2 * (params.height // self.multiple_of)
+        latent_w = 2 * (params.width // self.multiple_of)
+        channels = self.transformer.config.in_channels
+        # Same draw as diffusers' [n, 1 frame, C, h, w] noise, flattened to [n, h * w, C].
+        noise = randn_tensor((n, 1, channels, latent_h, latent_w), generator=self.generator_for(request),
+                             device=self.device, dtype=prompt_embeds.dtype)
+        latents = noise.view(n, channels, latent_h * latent_w).transpose(1, 2)
+
+        scheduler = self.scheduler_copy()
+        num_steps = params.num_inference_steps
+        sigmas = self.sample_sigmas or np.linspace(1.0, 1 / num_steps, num_steps)
+        timesteps = set_flow_match_timesteps(scheduler, sigmas, latents.shape[1], self.device)
+        return DenoiseState(
+            request=request,
+            latents=latents,
+            scheduler=scheduler,
+            timesteps=timesteps,
+            cond={
+                "prompt_embeds": prompt_embeds,
+                "negative_prompt_embeds": negative_embeds,
+                "true_cfg_scale": params.true_cfg_scale,
+                "latent_size": (latent_h, latent_w),
+                "img_shapes": ((1, latent_h, latent_w),),
+                # Each branch's prefix keys and values, filled by its first transformer call.
+                "kv_cache": {"cond": None, "uncond": None},
+            },
+        )
+
+    # -- 3. denoise -----------------------------------------------------------------------
+
+    guidance: ClassVar[Guidance] = Guidance(
+        scale=lambda s: s.cond["true_cfg_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
+        combine=plain_cfg,
+    )
+
+    def _predict(self, rows: Rows) -> list[torch.Tensor]:
+        """One branch's rows: one transformer call for the rows that decode from their KV caches,
+        one per prompt length for those that fill theirs."""
+        branch = rows[0][1]
+        embeds_key = "prompt_embeds" if branch == "cond" else "negative_prompt_embeds"
+        states = [s for s, _ in rows]
+        preds: dict[int, torch.Tensor] = {}
+        key = lambda s: s.cond[embeds_key].shape[0] if s.cond["kv_cache"][branch] is None else "cached"  # noqa: E731
+        for group in group_by(states, key):
+            preds.update(zip(map(id, group), self._predict_group(group, branch, embeds_key)))
+        return [preds[id(s)] for s in states]
+
+    def _predict_group(self, states: list[DenoiseState], branch: str, embeds_key: str) -> list[torch.Tensor]:
+        from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21KVCache
+
+        latents = torch.cat([s.latents for s in states])
+        embeds, mask = self._pad_embeds([s.cond[embeds_key] for s in states for _ in range(s.latents.shape[0])])
+        slots = torch.ones(latents.shape[0], embeds.shape[1] + latents.shape[1] // TOKENS_PER_SLOT, dtype=torch.bool,
+                           device=self.device)
+        slots[:, : embeds.shape[1]] = False  # text positions; the image's slots follow the prompt
+        num_blocks = len(self.transformer.transformer_blocks)
+        extract = states[0].cond["kv_cache"][branch] is None
+        if extract:
+            cache = QwenImage21KVCache(num_blocks)
+        else:
+            cache = _joined_cache(states, branch, num_blocks, embeds.shape[1], self.transformer.pos_embed.freqs[0])
+        with self.transformer.cache_context(branch):
+            noise_pred = self.transformer(
+                hidden_states=latents,
+                timestep=current_timesteps(states).to(latents.dtype) / 1000,
+                encoder_hidden_states=embeds,
+                encoder_hidden_states_mask=mask,
+                img_shapes=[list(states[0].cond["img_shapes"])] * latents.shape[0],
+                img_mask=slots,
+                kv_cache=cache,
+                kv_cache_mode="extract" if extract else "cached",
+                return_dict=False,
+            )[0]
+        if extract:
+            _split_cache(cache, states, branch)
+        return split_per_state(noise_pred[:, -latents.shape[1]:], states)
+
+    # -- 4. decode ------------------------------------------------------------------------
+
+    def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        latent_h, latent_w = states[0].cond["latent_size"]
+        latents = torch.cat([s.latents for s in states])
+        latents = latents.transpose(1, 2).reshape(latents.shape[0], -1, 1, latent_h, latent_w).to(self.vae.dtype)
+        mean, std = self._latents_stats(latents)
+        images = self.vae_decode(latents * std + mean)[:, :, 0]
+        return split_per_state(self.image_processor.postprocess(images, output_type="np"), states)
+
+
+def _joined_cache(states: list[DenoiseState], branch: str, num_blocks: int, length: int,
+                  frame_freqs: torch.Tensor) -> Any:
+    """One KV cache over `states`' rows for `branch`, each state's prefix padded to `length`
+    tokens (the padding is masked) and its keys moved to where that prefix would end at
+    `length` (`_shifted_keys`); `frame_freqs` is the transformer's RoPE table of the frame axis."""
+    from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21KVCache
+
+    if len(states) == 1:
+        return states[0].cond["kv_cache"][branch]
+    joined = QwenImage21KVCache(num_blocks)
+    for i, layer in enumerate(joined.layer_caches):
+        keys, values = [], []
+        for state in states:
+            k, v = state.cond["kv_cache"][branch].get_layer(i).get()
+            pad = length - k.shape[1]
+            keys.append(_pad_tokens(_shifted_keys(k, frame_freqs[pad]) if pad else k, pad))
+            values.append(_pad_tokens(v, pad))
+        layer.store(torch.cat(keys), torch.cat(values))
+    return joined
+
+
+def _shifted_keys(keys: torch.Tensor, rotation: torch.Tensor) -> torch.Tensor:
+    """`keys` [B, S, heads, head_dim] (after RoPE) moved forward on RoPE's frame axis: its first
+    complex pairs are multiplied by `rotation` (the frame table's row for the shift), as
+    `apply_rotary_emb_qwen` applies positions. Text keys sit at equal positions on all three
+    axes; only the frame axis is where the image (a constant frame, its own height and width
+    grid) sits relative to them, so only it moves with the prompt's end."""
+    pairs = torch.view_as_complex(keys.float().reshape(*keys.shape[:-1], -1, 2))
+    n = rotation.shape[0]
+    pairs = torch.cat([pairs[..., :n] * rotation.to(pairs.device), pairs[..., n:]], dim=-1)
+    return torch.view_as_real(pairs).flatten(3).type_as(keys)
+
+
+def _pad_tokens(x: torch.Tensor, pad: int) -> torch.Tensor:
+    """`x` [B, S, ...] with `pad` zero tokens appended."""
+    return torch.cat([x, x.new_zeros(x.shape[0], pad, *x.shape[2:])], dim=1) if pad else x
+
+
+def _split_cache(cache: Any, states: list[DenoiseState], branch: str) -> None:
+    """Give each state its own rows of a KV cache a batched "extract" call filled."""
+    from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21KVCache
+
+    if len(states) == 1:
+        states[0].cond["kv_cache"][branch] = cache
+        return
+    offset = 0
+    for state in states:
+        rows = slice(offset, offset + state.latents.shape[0])
+        own = QwenImage21KVCache(len(cache.layer_caches))
+        for layer, source in zip(own.layer_caches, cache.layer_caches):
+            k, v = source.get()
+            layer.store(k[rows], v[rows])
+        state.cond["kv_cache"][branch] = own
+        offset = rows.stop
