@@ -176,7 +176,8 @@ class PipelineDeployConfig:
     connector: str = "inline"
     """How payloads travel between stages: "inline" (object passed in-process) | "shm" | "ray"."""
     shm_threshold_bytes: int = 65536
-    """With the shm connector: tensors at least this large go through shared memory, smaller ones inline."""
+    """With the shm or ray connector: payloads at least this large go through shared memory (the Ray
+    object store), smaller ones inline."""
     output_modalities: tuple[str, ...] | None = None
     """Modalities to return, e.g. ["text"]; None = all the pipeline produces. A pipeline resolver may
     pick a smaller variant from it (e.g. an omni model without its audio stages)."""

@@ -165,7 +165,7 @@ class RayStageHandle(StageHandle):
         cuda = any(device.startswith("cuda") for device in config.devices)
         self.actor = ray.remote(StageActor).options(
             **ray_utils.actor_resources(config, cuda), max_concurrency=4, max_restarts=0,
-            runtime_env={"env_vars": ray_utils.propagated_env(config.env)},
+            **ray_utils.runtime_env(config.env),
         ).remote(factory, engine_args, connector)
         self._ready = self.actor.ready.remote()
         self._poller = threading.Thread(target=self._poll_loop, name=f"omnistage-ray-poll-{label}", daemon=True)

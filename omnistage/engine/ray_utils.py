@@ -49,6 +49,12 @@ def propagated_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def runtime_env(stage_env: dict[str, str]) -> dict[str, Any]:
+    """The `runtime_env` option of a stage's actor: none when the stage sets no `env` (the job's
+    own, from ensure_ray, lets Ray reuse its prestarted workers), else the job's plus the stage's."""
+    return {"runtime_env": {"env_vars": propagated_env(stage_env)}} if stage_env else {}
+
+
 def actor_resources(config: StageDeployConfig, cuda: bool) -> dict[str, Any]:
     """`num_cpus`, `num_gpus` and custom `resources` of one actor of this stage: `ray_resources`
     with CPU 1 (and GPU 1 on CUDA) by default."""

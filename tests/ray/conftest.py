@@ -101,11 +101,3 @@ def ray_cluster():
         ray.shutdown()
         _stop_nodes(nodes)
         shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def node_names() -> dict[str, str]:
-    """Node id -> the custom resource that names the node ("node_a" | "node_b")."""
-    import ray
-
-    return {node["NodeID"]: name for node in ray.nodes() if node["Alive"]
-            for name in ("node_a", "node_b") if name in node["Resources"]}

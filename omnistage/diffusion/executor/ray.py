@@ -98,7 +98,7 @@ class RayExecutor(Executor):
                 strategy = PlacementGroupSchedulingStrategy(self.placement_group, placement_group_bundle_index=rank)
                 self.actors.append(actor_cls.options(
                     **resources, scheduling_strategy=strategy, max_restarts=0,
-                    name=None, runtime_env={"env_vars": ray_utils.propagated_env(stage.env)},
+                    name=None, **ray_utils.runtime_env(stage.env),
                 ).remote(config, rank))
             host, port = ray.get(self.actors[0].host_store.remote()) if config.world_size > 1 else ("", 0)
             replies = self._gather([actor.start.remote(host, port) for actor in self.actors])
