@@ -3,7 +3,9 @@
 `StageActor` is the process stage's busy loop (`run_stage_process`) moved into an actor:
 it builds the engine (inside a `GuardedEngine`) when the actor starts, then a thread of
 its own steps it while `add`/`abort` calls queue commands for it. The actor is threaded,
-so `poll` can wait for outputs while the loop computes.
+so `poll` can wait for outputs while the loop computes; as a threaded actor may run calls
+out of order, the handle numbers its `add`/`abort` calls and the actor applies them in
+that order (a streamed chunk never overtakes its request).
 
 `RayStageHandle` is the orchestrator's side. A poller thread keeps one `poll` call in
 flight (a long poll: it returns when outputs are ready, or after `POLL_S`), queues what
@@ -51,9 +53,13 @@ class StageActor:
 
         model_path, stage_fields, config = engine_args
         os.environ.update(config.env)
+        ray_utils.use_reserved_cpus(config)
         self.engine = GuardedEngine(factory(model_path, StageSpec(**stage_fields), config))
         self.connector = connector
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
+        self._order_lock = threading.Lock()
+        self._early: dict[int, tuple[str, Any]] = {}  # commands that arrived before an earlier one
+        self._next_seq = 0
         self._cond = threading.Condition()
         self._outputs: list[StageOutput] = []
         self._unhealthy: str | None = None
@@ -67,11 +73,20 @@ class StageActor:
 
         return os.getpid(), ray.get_runtime_context().get_node_id()
 
-    def add(self, sent: Any) -> None:
-        self._commands.put(("add", sent))
+    def add(self, seq: int, sent: Any) -> None:
+        self._queue(seq, ("add", sent))
 
-    def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
+    def abort(self, seq: int, request_id: str) -> None:
+        self._queue(seq, ("abort", request_id))
+
+    def _queue(self, seq: int, command: tuple[str, Any]) -> None:
+        """Queue commands in the order the handle numbered them: a threaded actor may run calls
+        out of order, and a streamed chunk must not overtake the request it extends."""
+        with self._order_lock:
+            self._early[seq] = command
+            while self._next_seq in self._early:
+                self._commands.put(self._early.pop(self._next_seq))
+                self._next_seq += 1
 
     def poll(self, timeout_s: float) -> tuple[Any, str | None]:
         """(the outputs since the last poll, sent through the connector, or None; why the
@@ -158,13 +173,16 @@ class RayStageHandle(StageHandle):
         self.pid: int | None = None
         self.node_id: str | None = None  # the Ray node the actor runs on (after wait_ready)
         self._failed: list[StageOutput] = []
+        self._seq = 0  # numbers the add/abort calls, which the actor applies in this order
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._closing = threading.Event()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         cuda = any(device.startswith("cuda") for device in config.devices)
+        resources = ray_utils.actor_resources(config, cuda)
+        ray_utils.check_placeable(ray_utils.bundle(resources), f"stage {label}")
         self.actor = ray.remote(StageActor).options(
-            **ray_utils.actor_resources(config, cuda), max_concurrency=4, max_restarts=0,
+            **resources, max_concurrency=4, max_restarts=0,
             **ray_utils.runtime_env(config.env),
         ).remote(factory, engine_args, connector)
         self._ready = self.actor.ready.remote()
@@ -190,7 +208,9 @@ class RayStageHandle(StageHandle):
             self._failed.append(error_output(request.request_id, self.dead_reason))
             return
         try:
-            self.actor.add.remote(self.connector.put(request))
+            sent = self.connector.put(request)
+            self.actor.add.remote(self._seq, sent)
+            self._seq += 1
         except Exception as e:
             self._failed.append(error_output(request.request_id, f"cannot send the request to the Ray stage: "
                                                                    f"{type(e).__name__}: {e}"))
@@ -200,7 +220,8 @@ class RayStageHandle(StageHandle):
     def abort_request(self, request_id: str) -> None:
         if request_id in self.live:
             self.live.discard(request_id)
-            self.actor.abort.remote(request_id)
+            self.actor.abort.remote(self._seq, request_id)
+            self._seq += 1
 
     def step(self) -> list[StageOutput]:
         outputs, self._failed = self._failed, []

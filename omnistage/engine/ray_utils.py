@@ -55,6 +55,14 @@ def runtime_env(stage_env: dict[str, str]) -> dict[str, Any]:
     return {"runtime_env": {"env_vars": propagated_env(stage_env)}} if stage_env else {}
 
 
+def use_reserved_cpus(config: StageDeployConfig) -> None:
+    """Inside an actor: as many torch threads as the CPUs it reserved (`ray_resources` CPU, default
+    1), whatever OMP_NUM_THREADS the Ray worker process was started with."""
+    import torch
+
+    torch.set_num_threads(max(1, int(config.ray_resources.get("CPU", 1))))
+
+
 def actor_resources(config: StageDeployConfig, cuda: bool) -> dict[str, Any]:
     """`num_cpus`, `num_gpus` and custom `resources` of one actor of this stage: `ray_resources`
     with CPU 1 (and GPU 1 on CUDA) by default."""
@@ -69,6 +77,16 @@ def bundle(resources: dict[str, Any]) -> dict[str, float]:
     if resources["num_gpus"]:
         out["GPU"] = resources["num_gpus"]
     return {name: amount for name, amount in out.items() if amount}
+
+
+def check_placeable(bundle_: dict[str, float], what: str) -> None:
+    """ValueError naming the resources when no live node of the cluster offers all of `bundle_`
+    (else Ray would wait for such a node forever)."""
+    ray = import_ray()
+    nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    if not any(all(node.get(name, 0) >= amount for name, amount in bundle_.items()) for node in nodes):
+        raise ValueError(f"{what}: ray_resources: no node of the Ray cluster offers {bundle_} (its nodes offer "
+                         f"{[{k: v for k, v in node.items() if not k.startswith('node:')} for node in nodes]})")
 
 
 def reserve(bundles: list[dict[str, float]], strategy: str, what: str, timeout_s: float = PLACEMENT_TIMEOUT_S) -> Any:

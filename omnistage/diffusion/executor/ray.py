@@ -50,6 +50,7 @@ class RayWorker:
     def start(self, store_host: str, store_port: int) -> tuple[str, Any]:
         try:
             self.worker.init_device()
+            ray_utils.use_reserved_cpus(self.worker.config.stage)  # the bundle's CPUs, not the node's
             if self.worker.config.world_size > 1:
                 self.worker.init_distributed(store_host, store_port)
             self.worker.load_model()
@@ -90,6 +91,7 @@ class RayExecutor(Executor):
         self.actors: list[Any] = []
         self._ping: list[Any] = []
         self._next_ping = 0.0
+        ray_utils.check_placeable(ray_utils.bundle(resources), "executor 'ray'")
         self.placement_group = ray_utils.reserve([ray_utils.bundle(resources)] * config.world_size,
                                                  stage.ray_placement_strategy, "executor 'ray'")
         try:
