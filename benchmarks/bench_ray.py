@@ -94,7 +94,9 @@ def main() -> None:
     print(body)
     if not args.no_write:
         note = ("Taken on a shared, loaded 2-core machine (other engineers' tests running): the ratios "
-                "are indicative, the absolute times are not.\n\n")
+                "are indicative, the absolute times are not. Every denoising step is one executor call, so "
+                "one at a time (8 x 4 steps) shows the cost per call; the `mp` row pays a shared-memory "
+                "segment per reply, `ray` Ray's own transport.\n\n")
         write_section("Ray executor", "benchmarks/bench_ray.py", note + body)
 
 
