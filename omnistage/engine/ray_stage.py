@@ -94,7 +94,7 @@ class StageActor:
         with self._cond:
             self._cond.wait_for(lambda: self._outputs or self._unhealthy or self._stopped, timeout_s)
             outputs, self._outputs = self._outputs, []
-            unhealthy = self._unhealthy
+            unhealthy = self._unhealthy or ("the stage loop stopped" if self._stopped else None)
         return (self._send(outputs) if outputs else None), unhealthy
 
     def close(self) -> None:
@@ -113,6 +113,8 @@ class StageActor:
         try:
             while self._serve_once():
                 pass
+        except BaseException:  # noqa: BLE001 - reported by poll() as the stage stopping
+            logger.exception("the Ray stage loop failed")
         finally:
             with self._cond:
                 self._stopped = True
@@ -238,7 +240,11 @@ class RayStageHandle(StageHandle):
             except queue.Empty:
                 break
             if kind == "outputs":
-                outputs += self._keep_live(self.connector.get(body))
+                try:
+                    outputs += self._keep_live(self.connector.get(body))
+                except Exception as e:  # noqa: BLE001 - e.g. the actor that owned the objects died
+                    self._down = self._down or f"the Ray stage's outputs were lost: {type(e).__name__}: {e}"
+                    self._inbox.put(("dead", self._down))
             elif self.dead_reason is None:  # "dead"
                 self.dead_reason = body
                 logger.error("stage %s: %s", self.label, body)

@@ -21,6 +21,8 @@ from omnistage.diffusion.engine import DiffusionEngine
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.engine.types import StageRequest
 
+pytestmark = pytest.mark.slow  # each rank is a fresh process that imports torch and loads the model
+
 PROMPTS = ["a cat", "a photo of a small dog on a long red wooden chair"]
 
 

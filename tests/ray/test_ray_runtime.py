@@ -29,7 +29,7 @@ NUM_CODES = 96  # with chunks of 36 codes: three audio chunks stream before the 
 PLACEMENT = {0: "node_a", 1: "node_b", 2: "node_a"}  # thinker, talker, vocoder
 
 # The actors run one intra-op thread (Ray's default for num_cpus=1); so does the inline reference.
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]
 
 
 def params() -> dict:

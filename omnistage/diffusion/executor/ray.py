@@ -7,7 +7,8 @@ through a TCPStore that rank 0's actor hosts on a free port of its node.
 
 Calls: `collective_rpc` sends the call to every actor and waits on all the replies at
 once; results come back through Ray (its object store for large ones). Progress events of
-rank 0 come back with its reply, after the call (a bar moves once per call, not per step).
+rank 0 come back with its reply (every call is one denoising step, so a bar still moves
+each step).
 
 Failure: the same rules as `mp`. A dead actor's reply fails at once (Ray knows when the
 process is gone), so the call in flight raises `WorkerDiedError` within seconds even while
