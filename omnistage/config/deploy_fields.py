@@ -74,6 +74,16 @@ class StageDeployConfig:
     """Defaults for request params (SamplingParams or DiffusionParams fields) of this stage."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment for this stage's worker processes (process plumbing only)."""
+    ray_address: str | None = None
+    """Ray cluster for `runtime: ray` / `executor: ray` (e.g. "10.0.0.1:6379"); None = $RAY_ADDRESS,
+    else the Ray this process already joined, else a local Ray started here."""
+    ray_resources: dict[str, float] = field(default_factory=dict)
+    """Ray resources for each actor of this stage (the stage actor with `runtime: ray`, each worker
+    with `executor: ray`), e.g. {CPU: 2, GPU: 1, node_b: 1}; a custom resource pins the stage to the
+    nodes started with it. Defaults: CPU 1, GPU 1 per rank on CUDA devices."""
+    ray_placement_strategy: str = "PACK"
+    """`executor: ray`: how the placement group spreads the ranks over nodes: "PACK" | "SPREAD" |
+    "STRICT_PACK" | "STRICT_SPREAD"."""
 
     def __post_init__(self) -> None:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -117,6 +127,8 @@ STAGE_CONSTRAINTS = {
     "kv_cache_memory": lambda v: None if v > 0 else f"must be > 0 (bytes, or a fraction of the device memory), got {v!r}",
     "max_num_batched_tokens": at_least(1),
     "lora": _check_lora_entries,
+    "ray_resources": lambda v: next((f"{k}: must be >= 0, got {n!r}" for k, n in v.items() if n < 0), None),
+    "ray_placement_strategy": one_of("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
     # cache_backend, quantization and attention_backend are open sets: the registries
     # that implement them (diffusion/cache, quant.py, attention.py) own the valid names.
 }
@@ -164,7 +176,8 @@ class PipelineDeployConfig:
     connector: str = "inline"
     """How payloads travel between stages: "inline" (object passed in-process) | "shm" | "ray"."""
     shm_threshold_bytes: int = 65536
-    """With the shm connector: tensors at least this large go through shared memory, smaller ones inline."""
+    """With the shm or ray connector: payloads at least this large go through shared memory (the Ray
+    object store), smaller ones inline."""
     output_modalities: tuple[str, ...] | None = None
     """Modalities to return, e.g. ["text"]; None = all the pipeline produces. A pipeline resolver may
     pick a smaller variant from it (e.g. an omni model without its audio stages)."""

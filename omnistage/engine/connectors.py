@@ -17,6 +17,12 @@ Segments a reader never gets to (the stage process crashed, the pipe closed) are
 by `sweep()`: every segment name starts with the connector's `prefix`, and the owner of
 both ends (the stage handle) sweeps both prefixes when the stage stops or dies.
 
+- `ray`: for `runtime: ray` stages, which may sit on other machines. Payloads whose
+  serialized size reaches `threshold_bytes` go into the Ray object store once (`ray.put`)
+  and only a `RayEnvelope` holding the object ref travels in the actor call; tensors,
+  arrays and images go in as raw numpy buffers, which Ray stores without pickling them.
+  Ray frees an object when its last reference goes, so there is nothing to sweep.
+
 NOTE: tensors arrive on the CPU, detached; the receiving engine moves them to its device.
 """
 
@@ -112,14 +118,54 @@ class ShmConnector(Connector):
         return sweep_segments(self.prefix)
 
 
-def make_connector(name: str, prefix: str, threshold_bytes: int = DEFAULT_SHM_THRESHOLD_BYTES) -> Connector:
-    """The connector called `name` ("inline" | "shm"); `prefix` names its shm segments."""
+@dataclass(frozen=True)
+class RayEnvelope:
+    """What travels in the call for a payload that went through the Ray object store."""
+
+    ref: Any
+    """ray.ObjectRef of (pickle header, [numpy uint8 buffers])."""
+
+
+class RayConnector(Connector):
+    name = "ray"
+
+    def __init__(self, threshold_bytes: int = DEFAULT_SHM_THRESHOLD_BYTES, address: str | None = None):
+        self.threshold_bytes = threshold_bytes
+        self.address = address  # the cluster to join in a process that has not joined one yet
+
+    def put(self, obj: Any) -> Any:
+        import numpy as np
+
+        header, buffers = serialize(obj)
+        if len(header) + sum(b.nbytes for b in buffers) < self.threshold_bytes:
+            return obj
+        ray = self._ray()
+        return RayEnvelope(ray.put((header, [np.frombuffer(b, np.uint8) for b in buffers])))
+
+    def get(self, sent: Any) -> Any:
+        if not isinstance(sent, RayEnvelope):
+            return sent
+        header, arrays = self._ray().get(sent.ref)
+        # Ray hands back read-only views of its store; the receiver owns (and may write) a copy.
+        return pickle.loads(header, buffers=[bytearray(a) for a in arrays])
+
+    def _ray(self) -> Any:
+        from omnistage.engine import ray_utils
+
+        ray_utils.ensure_ray(self.address)
+        return ray_utils.import_ray()
+
+
+def make_connector(name: str, prefix: str, threshold_bytes: int = DEFAULT_SHM_THRESHOLD_BYTES,
+                   ray_address: str | None = None) -> Connector:
+    """The connector called `name` ("inline" | "shm" | "ray"); `prefix` names its shm segments,
+    `ray_address` is the cluster the ray connector joins."""
     if name == "inline":
         return Connector()
     if name == "shm":
         return ShmConnector(prefix, threshold_bytes)
     if name == "ray":
-        raise NotImplementedError("the ray connector comes with the Ray runtime; use 'inline' or 'shm'")
+        return RayConnector(threshold_bytes, ray_address)
     raise ValueError(f"unknown connector {name!r}; valid: inline, shm, ray")
 
 

@@ -168,10 +168,10 @@ class Orchestrator:
 
     def _start_stages(self, factory: EngineFactory, connector: str, shm_threshold_bytes: int,
                       init_timeout_s: float, restart_policy: RestartPolicy | None) -> dict[int, StageHandle]:
-        # Process stages first: they load in parallel while inline stages load here.
+        # Process and Ray stages first: they load in parallel while inline stages load here.
         token = secrets.token_hex(3)
         model_paths = stage_model_paths(self.model_path, self.pipeline)
-        order = sorted(self.pipeline.stages, key=lambda s: self.stage_configs[s.id].runtime != "process")
+        order = sorted(self.pipeline.stages, key=lambda s: self.stage_configs[s.id].runtime == "inline")
         handles: dict[int, StageHandle] = {}
         try:
             for stage in order:

@@ -8,7 +8,8 @@ vLLM's `EngineCoreClient.make_client` picks an in-process or a busy-loop client:
   loop around the same `GuardedEngine`; commands go down a queue, outputs come back up a
   pipe, payloads through the connector. `step()` only collects what arrived. (Spawned:
   a script that starts process stages needs the `if __name__ == "__main__":` guard.)
-- "ray": an actor (the Ray issue).
+- "ray": `RayStageHandle` (ray_stage.py) runs the same loop in a Ray actor, on the node
+  that has the stage's `ray_resources`.
 
 Either way the engine sits inside a `GuardedEngine`, which turns engine failures into
 error outputs: `add_request` raising fails that request, `step` raising fails the
@@ -402,6 +403,9 @@ def make_stage_handle(
     if config.runtime == "inline":
         return InprocStageHandle(factory(model_path, stage, config))
     if config.runtime == "process":
+        if connector == "ray":
+            raise ValueError(f"stage {stage.label}: connector 'ray' carries the payloads of runtime 'ray' stages; "
+                             f"this stage has runtime 'process': give it runtime 'ray', or use connector 'shm'")
         return ProcessStageHandle(
             stage.label,
             (model_path, portable_stage_fields(stage), config),
@@ -410,7 +414,13 @@ def make_stage_handle(
             make_connector(connector, f"{shm_prefix}c", shm_threshold_bytes),
         )
     if config.runtime == "ray":
-        raise NotImplementedError(f"stage {stage.label}: runtime 'ray' is not available yet; use inline or process")
+        from omnistage.engine.ray_stage import RayStageHandle  # it builds on this module
+
+        # Shared memory does not cross machines: a Ray stage takes `shm` as Ray's own transport.
+        carrier = make_connector("ray" if connector == "ray" else "inline", "", shm_threshold_bytes,
+                                 config.ray_address)
+        return RayStageHandle(stage.label, (model_path, portable_stage_fields(stage), config), factory, carrier,
+                              config)
     raise ValueError(f"stage {stage.label}: unknown runtime {config.runtime!r}")
 
 

@@ -176,8 +176,6 @@ def test_one_at_a_time_pipeline_caps_batches(tmp_path, step_execution):
 
 
 def test_config_errors_name_the_field(tmp_path):
-    with pytest.raises(NotImplementedError, match=r"omnistage\[ray\]"):
-        make_engine(tmp_path, executor="ray")
     with pytest.raises(ValueError, match="executor"):
         make_engine(tmp_path, executor="threads")
     with pytest.raises(ValueError, match="uni"):

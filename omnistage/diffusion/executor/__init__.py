@@ -1,4 +1,5 @@
-"""Executors: `uni` (in-process) and `mp` (one process per device), chosen by name."""
+"""Executors: `uni` (in-process), `mp` (one process per device) and `ray` (one Ray actor per
+device), chosen by name."""
 
 from omnistage.diffusion.executor.base import Executor, WorkerDiedError, get_executor_class
 

@@ -1,5 +1,5 @@
 """Executors run scheduler batches on the stage's workers. They are chosen by name
-(`uni` in-process, `mp` one process per device, `ray` later) and every worker call goes
+(`uni` in-process, `mp` one process per device, `ray` one Ray actor per device) and every worker call goes
 through one `collective_rpc(method, *args)`."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from omnistage.diffusion.worker import WorkerConfig
 EXECUTORS = {
     "uni": "omnistage.diffusion.executor.uni:UniExecutor",
     "mp": "omnistage.diffusion.executor.mp:MultiprocExecutor",
+    "ray": "omnistage.diffusion.executor.ray:RayExecutor",
 }
 
 
@@ -23,11 +24,8 @@ class WorkerDiedError(RuntimeError):
 
 
 def get_executor_class(name: str) -> type["Executor"]:
-    if name == "ray":
-        raise NotImplementedError("executor 'ray' is not implemented yet (it will need `pip install "
-                                  "omnistage[ray]`); use executor 'uni' or 'mp'")
     if name not in EXECUTORS:
-        raise ValueError(f"executor must be one of {[*EXECUTORS, 'ray']}, got {name!r}")
+        raise ValueError(f"executor must be one of {list(EXECUTORS)}, got {name!r}")
     module, attr = EXECUTORS[name].split(":")
     return getattr(importlib.import_module(module), attr)
 
