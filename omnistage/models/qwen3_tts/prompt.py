@@ -1,0 +1,106 @@
+"""What a Qwen3-TTS request says, checked against the checkpoint (torch-free).
+
+A checkpoint is of one task, its config's `tts_model_type`, named in requests by the
+reference server's `task_type`:
+
+    CustomVoice  (custom_voice)  a built-in speaker (`voice`, a name of talker_config.spk_id,
+                                 any case; default the first), optional `instructions` (style;
+                                 not on the 0.6B models, as the authors' wrapper)
+    VoiceDesign  (voice_design)  the voice described by `instructions`; no `voice`
+    Base         (base)          a voice cloned from `ref_audio` + `ref_text`  (NOT YET: refused)
+
+Prompts are a str (the text) or a dict with `PROMPT_KEYS`. `language` is "auto" (default)
+or one of the checkpoint's `codec_language_id` names; `non_streaming_mode` is the authors'
+flag (the whole text in the prefill; default True, as their CustomVoice and VoiceDesign
+wrappers) — False feeds the text one token per frame. Every problem is a RequestError
+naming the key (HTTP 400).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from omnistage.engine.types import RequestError
+
+PROMPT_KEYS = ("prompt", "voice", "instructions", "language", "task_type", "non_streaming_mode", "ref_audio",
+               "ref_sample_rate", "ref_text")
+TASK_TYPES = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}
+
+
+@dataclass
+class TtsPrompt:
+    text: str
+    speaker: str | None
+    """Lower-case speaker name (CustomVoice), or None."""
+    instructions: str | None
+    language_id: int | None
+    """The codec language id, or None for "auto"."""
+    non_streaming: bool
+
+
+def task_type(config: Mapping[str, Any]) -> str:
+    kind = config.get("tts_model_type")
+    if kind not in TASK_TYPES:
+        raise ValueError(f"Qwen3-TTS checkpoint: unknown tts_model_type {kind!r}; expected one of {list(TASK_TYPES)}")
+    return TASK_TYPES[kind]
+
+
+def speakers(config: Mapping[str, Any]) -> list[str]:
+    """The checkpoint's built-in speakers, lower case, in config order."""
+    return [name.lower() for name in (config["talker_config"].get("spk_id") or {})]
+
+
+def parse_prompt(inputs: Any, config: Mapping[str, Any]) -> TtsPrompt:
+    if isinstance(inputs, str):
+        inputs = {"prompt": inputs}
+    if not isinstance(inputs, Mapping):
+        raise RequestError(f"prompt: Qwen3-TTS takes a str or a dict with keys {list(PROMPT_KEYS)}, "
+                           f"got {type(inputs).__name__}", "prompt")
+    unknown = sorted(set(inputs) - set(PROMPT_KEYS))
+    if unknown:
+        raise RequestError(f"{unknown[0]}: unknown Qwen3-TTS prompt key; expected {list(PROMPT_KEYS)}", unknown[0])
+    text = inputs.get("prompt")
+    if not isinstance(text, str) or not text.strip():
+        raise RequestError("prompt: the text to speak must be a non-empty string", "prompt")
+    task = task_type(config)
+    asked = inputs.get("task_type")
+    if asked is not None and asked != task:
+        raise RequestError(f"task_type: this checkpoint does {task}, not {asked!r}", "task_type")
+    talker = config["talker_config"]
+    if inputs.get("ref_audio") is not None or task == "Base":
+        raise RequestError("ref_audio: voice cloning (Base checkpoints) is not supported yet", "ref_audio")
+    for key in ("ref_sample_rate", "ref_text"):
+        if inputs.get(key) is not None:
+            raise RequestError(f"{key}: goes with ref_audio (voice cloning, Base checkpoints)", key)
+    instructions = inputs.get("instructions") or None
+    if instructions is not None and not isinstance(instructions, str):
+        raise RequestError(f"instructions: expected a string, got {type(instructions).__name__}", "instructions")
+    voice = inputs.get("voice")
+    known = speakers(config)
+    if task == "CustomVoice":
+        voice = known[0] if voice is None else voice
+        if not isinstance(voice, str) or voice.lower() not in known:
+            raise RequestError(f"voice: unknown voice {voice!r}; this checkpoint's voices: {', '.join(known)}", "voice")
+        voice = voice.lower()
+        if instructions is not None and config.get("tts_model_size") == "0b6":
+            raise RequestError("instructions: the 0.6B CustomVoice models do not follow instructions", "instructions")
+    elif voice is not None:
+        raise RequestError(f"voice: a {task} checkpoint has no built-in voices; describe the voice in instructions",
+                           "voice")
+    language = inputs.get("language") or "auto"
+    languages = {k.lower(): v for k, v in (talker.get("codec_language_id") or {}).items()}
+    if not isinstance(language, str) or (language.lower() != "auto" and
+                                         (language.lower() not in languages or "dialect" in language.lower())):
+        names = ["auto", *(k for k in languages if "dialect" not in k)]
+        raise RequestError(f"language: unknown language {language!r}; expected one of {names}", "language")
+    language = language.lower()
+    language_id = None if language == "auto" else int(languages[language])
+    dialect = (talker.get("spk_is_dialect") or {}).get(voice) if voice is not None else None
+    if dialect and language in ("chinese", "auto"):
+        language_id = int(languages[dialect])  # the authors' rule: a dialect speaker speaks Chinese in dialect
+    non_streaming = inputs.get("non_streaming_mode", True)
+    if not isinstance(non_streaming, bool):
+        raise RequestError(f"non_streaming_mode: expected a bool, got {non_streaming!r}", "non_streaming_mode")
+    return TtsPrompt(text, voice, instructions, language_id, non_streaming)

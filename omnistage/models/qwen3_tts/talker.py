@@ -1,0 +1,109 @@
+"""Qwen3-TTS's talker + code predictor as one AR stage: text in, codec frames out.
+
+The decode loop is Qwen3-Omni's talker's (`Qwen3OmniTalker`: codebook 0 from the talker,
+the other codebooks from the code predictor in `on_sampled`, the next input the frame's
+summed embeddings plus the next text row); what differs is the prompt, built here as the
+authors' `Qwen3TTSForConditionalGeneration.generate` builds it for one request:
+
+    [instructions turn]  text_projection("<|im_start|>user\\n{instructions}<|im_end|>\\n")   (if any)
+    role                 text_projection("<|im_start|>assistant\\n")
+    codec tags           tts_pad x (n - 2), tts_bos  +  codec embeddings of
+                         [nothink, think_bos, think_eos] or [think, think_bos, language, think_eos],
+                         then the speaker (CustomVoice), codec_pad (the last, codec_bos, goes below)
+    text                 non-streaming: every text token and tts_eos (+ codec_pad each), then
+                         tts_pad + codec_bos; the decode steps add tts_pad
+                         streaming: the first text token + codec_bos; decode step k adds text
+                         token k + 1, then tts_eos, then tts_pad
+
+Sampling: the talker's suppressed ids are [vocab - 1024, vocab) but codec EOS, and the
+code predictor samples with top-k 50 / top-p 1.0 (the authors' subtalker defaults) at the
+request's temperature.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omnistage.ar.kv_cache import kv_dims
+from omnistage.ar.model import PromptInputs
+from omnistage.ar.sampler import Sampler
+from omnistage.models.qwen3_omni.talker import NUM_SUPPRESSED, Qwen3OmniTalker, TalkerState
+from omnistage.models.qwen3_tts.modeling import load_talker
+from omnistage.models.qwen3_tts.prompt import parse_prompt
+
+
+class Qwen3TTSTalker(Qwen3OmniTalker):
+    predictor_top_k, predictor_top_p = 50, 1.0
+
+    def __init__(self, model, config: dict, tokenizer, device: torch.device) -> None:
+        talker = config["talker_config"]
+        text = model.model.config
+        self.model = model
+        self.config = config
+        self.text_tokenizer = tokenizer  # not `tokenizer`: the stage emits codes, the engine detokenizes nothing
+        self.embed = model.get_input_embeddings()
+        self.predictor = model.code_predictor
+        self.device = device
+        self.num_layers = text.num_hidden_layers
+        self.kv_dims = kv_dims(text)
+        self.max_position_embeddings = text.max_position_embeddings
+        self.num_code_groups = talker["num_code_groups"]
+        self.codec_eos = talker["codec_eos_token_id"]
+        self.codec_pad, self.codec_bos = talker["codec_pad_id"], talker["codec_bos_id"]
+        self.eos_token_ids = (self.codec_eos,)
+        vocab = talker["vocab_size"]
+        self.suppressed = [i for i in range(max(0, vocab - NUM_SUPPRESSED), vocab) if i != self.codec_eos]
+        self.speaker_ids = {name.lower(): int(i) for name, i in (talker.get("spk_id") or {}).items()}
+        self.tts_ids = [config["tts_bos_token_id"], config["tts_eos_token_id"], config["tts_pad_token_id"]]
+        self.predictor_sampler = Sampler(device)
+
+    @classmethod
+    def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> Qwen3TTSTalker:
+        from transformers import AutoTokenizer
+
+        model, config = load_talker(model_path, device, dtype)
+        return cls(model, config, AutoTokenizer.from_pretrained(model_path), device)
+
+    def _ids(self, text: str) -> torch.Tensor:
+        return torch.tensor(self.text_tokenizer(text)["input_ids"], dtype=torch.long, device=self.device)
+
+    @torch.inference_mode()
+    def build_prompt(self, inputs: Any) -> PromptInputs:
+        prompt = parse_prompt(inputs, self.config)
+        talker = self.config["talker_config"]
+        embed_text = self.model.embed_text
+        ids = self._ids(f"<|im_start|>assistant\n{prompt.text}<|im_end|>\n<|im_start|>assistant\n")
+        if ids.shape[0] < 9:
+            raise ValueError("prompt: the text tokenized to nothing between the chat markers")
+        tts_bos, tts_eos, tts_pad = embed_text(torch.tensor(self.tts_ids, device=self.device)).unbind(0)
+        if prompt.language_id is None:
+            tags = [talker["codec_nothink_id"], talker["codec_think_bos_id"], talker["codec_think_eos_id"]]
+        else:
+            tags = [talker["codec_think_id"], talker["codec_think_bos_id"], prompt.language_id,
+                    talker["codec_think_eos_id"]]
+        if prompt.speaker is not None:
+            tags.append(self.speaker_ids[prompt.speaker])
+        codec = self.embed(torch.tensor([*tags, self.codec_pad, self.codec_bos], device=self.device))
+        tag_rows = torch.cat([tts_pad.expand(codec.shape[0] - 2, -1), tts_bos[None]]) + codec[:-1]
+        parts = [] if prompt.instructions is None else [
+            embed_text(self._ids(f"<|im_start|>user\n{prompt.instructions}<|im_end|>\n"))]
+        parts += [embed_text(ids[:3]), tag_rows]
+        if prompt.non_streaming:
+            words = torch.cat([embed_text(ids[3:-5]), tts_eos[None]])
+            parts += [words + self.embed(torch.tensor([self.codec_pad], device=self.device)), (tts_pad + codec[-1])[None]]
+            trailing = words[:0]
+        else:
+            parts.append(embed_text(ids[3:4]) + codec[-1:])
+            trailing = torch.cat([embed_text(ids[4:-5]), tts_eos[None]])
+        prompt_embeds = torch.cat(parts)
+        length = prompt_embeds.shape[0]
+        positions = torch.arange(length, device=self.device).expand(3, -1)
+        frames = torch.zeros(64, self.num_code_groups, dtype=torch.long)
+        state = TalkerState(prompt_embeds, trailing, tts_pad, positions, 0, frames)
+        return PromptInputs([self.codec_pad] * length, state)
+
+    def close(self) -> None:
+        super().close()
+        self.text_tokenizer = None
