@@ -95,7 +95,7 @@ _MIMI_4_NAMES = (("encoder.encoder_seanet.", "encoder."), ("encoder.encoder_tran
 
 
 def _write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    path.write_text(json.dumps(data, indent=2) + "\n")  # in order: speakers are listed as the config has them
 
 
 def _build_speech_tokenizer(folder: Path) -> None:

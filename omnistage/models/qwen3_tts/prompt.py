@@ -6,7 +6,7 @@ reference server's `task_type`:
     CustomVoice  (custom_voice)  a built-in speaker (`voice`, a name of talker_config.spk_id,
                                  any case; default the first), optional `instructions` (style;
                                  not on the 0.6B models, as the authors' wrapper)
-    VoiceDesign  (voice_design)  the voice described by `instructions`; no `voice`
+    VoiceDesign  (voice_design)  the voice described by `instructions`; `voice` is ignored
     Base         (base)          a voice cloned from `ref_audio` + `ref_text`  (NOT YET: refused)
 
 Prompts are a str (the text) or a dict with `PROMPT_KEYS`. `language` is "auto" (default)
@@ -86,9 +86,8 @@ def parse_prompt(inputs: Any, config: Mapping[str, Any]) -> TtsPrompt:
         voice = voice.lower()
         if instructions is not None and config.get("tts_model_size") == "0b6":
             raise RequestError("instructions: the 0.6B CustomVoice models do not follow instructions", "instructions")
-    elif voice is not None:
-        raise RequestError(f"voice: a {task} checkpoint has no built-in voices; describe the voice in instructions",
-                           "voice")
+    else:
+        voice = None  # no built-in voices: the instructions describe it (OpenAI clients always send a voice)
     language = inputs.get("language") or "auto"
     languages = {k.lower(): v for k, v in (talker.get("codec_language_id") or {}).items()}
     if not isinstance(language, str) or (language.lower() != "auto" and
