@@ -1,10 +1,10 @@
 """Qwen3-TTS zoo builders, in the on-disk format of the released 12 Hz checkpoints.
 
-A folder as the authors ship `Qwen3-TTS-12Hz-*-{CustomVoice,VoiceDesign}`:
+A folder as the authors ship `Qwen3-TTS-12Hz-*-{CustomVoice,VoiceDesign,Base}`:
 
     config.json             model_type "qwen3_tts", talker_config (+ code_predictor_config),
                             speaker_encoder_config, tts_model_type, tokenizer_type, special ids
-    model.safetensors       talker.* (the authors' module names)
+    model.safetensors       talker.* (the authors' module names); Base: speaker_encoder.* too
     generation_config.json  the sampling defaults the authors' `generate_*` read
     tokenizer files         a byte-level BPE with the Qwen specials the prompts use
     speech_tokenizer/       config.json (model_type "qwen3_tts_tokenizer_12hz": a Mimi encoder
@@ -89,11 +89,6 @@ def _speech_tokenizer_config() -> dict:
                 decode_upsample_rate=1920, encode_downsample_rate=1920)
 
 
-# transformers 5 Mimi name -> the name in the released files (transformers 4's); the decoder half is dropped.
-_MIMI_4_NAMES = (("encoder.encoder_seanet.", "encoder."), ("encoder.encoder_transformer.", "encoder_transformer."),
-                 ("encoder.downsample.", "downsample."), ("quantizer.", "quantizer."))
-
-
 def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")  # in order: speakers are listed as the config has them
 
@@ -103,7 +98,7 @@ def _build_speech_tokenizer(folder: Path) -> None:
     from safetensors.torch import save_file
     from transformers import MimiConfig, MimiModel
 
-    from omnistage.models.qwen3_tts.modeling import CodecDecoder, codec_state_dict
+    from omnistage.models.qwen3_tts.modeling import MIMI_4_NAMES, CodecDecoder, codec_state_dict
 
     folder.mkdir()
     config = _speech_tokenizer_config()
@@ -120,7 +115,7 @@ def _build_speech_tokenizer(folder: Path) -> None:
     # The authors' encoder is Mimi without its decoder half, under transformers 4's Mimi names.
     weights = {}
     for key, value in encoder.state_dict().items():
-        for new, old in _MIMI_4_NAMES:
+        for new, old in MIMI_4_NAMES:
             if key.startswith(new):
                 weights["encoder." + old + key[len(new):]] = value
     weights.update(codec_state_dict(decoder))
@@ -161,7 +156,15 @@ def build_qwen3_tts(out_dir: Path, size: str, seed: int, model_type: str) -> Non
     )
     torch.manual_seed(seed)
     model = Qwen3TTSTalkerModel(talker).float()
-    save_file({k: v.contiguous() for k, v in talker_state_dict(model).items()}, str(out_dir / "model.safetensors"),
+    weights = talker_state_dict(model)
+    if model_type == "base":  # the ECAPA-TDNN speaker encoder (transformers' Qwen2.5-Omni one: the same network)
+        from types import SimpleNamespace
+
+        from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import ECAPA_TimeDelayNet
+
+        encoder = ECAPA_TimeDelayNet(SimpleNamespace(**config["speaker_encoder_config"])).float()
+        weights.update({f"speaker_encoder.{k}": v for k, v in encoder.state_dict().items()})
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(out_dir / "model.safetensors"),
               metadata={"format": "pt"})
     _write_json(out_dir / "config.json", config)
     _write_json(out_dir / "generation_config.json", QWEN3_TTS_GENERATION)
@@ -191,4 +194,13 @@ register_zoo_model(ZooModel(
     builder=_builder("voice_design"),
     sizes=("tiny",),
     description="Qwen3-TTS VoiceDesign (12 Hz): the voice from natural-language instructions, fp32.",
+))
+register_zoo_model(ZooModel(
+    name="qwen3-tts-base",
+    kind="speech",
+    reference_class="qwen_tts.Qwen3TTSModel",
+    builder=_builder("base"),
+    sizes=("tiny",),
+    description="Qwen3-TTS Base (12 Hz): voice cloning from a reference clip (ECAPA speaker encoder + Mimi "
+                "encoder), fp32.",
 ))

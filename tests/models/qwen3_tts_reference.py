@@ -38,11 +38,19 @@ CACHE_POSITION = '''        past_key_values = cache
             cache_position = torch.arange(past, past + length, device=(inputs_embeds if input_ids is None else input_ids).device)
 '''
 
+# librosa.filters.mel(sr, n_fft, n_mels, fmin, fmax) (slaney scale and norm, its defaults) from transformers.
+LIBROSA_MEL = '''def librosa_mel_fn(sr, n_fft, n_mels, fmin, fmax):
+    from transformers.audio_utils import mel_filter_bank
+
+    return mel_filter_bank(num_frequency_bins=n_fft // 2 + 1, num_mel_filters=n_mels, min_frequency=fmin,
+                           max_frequency=fmax if fmax is not None else sr / 2, sampling_rate=sr, norm="slaney",
+                           mel_scale="slaney").T
+'''
+
 # (file, old, new, why): what transformers 5.24 (or the absent librosa) breaks.
 ADAPTATIONS = (
-    ("core/models/modeling_qwen3_tts.py", "from librosa.filters import mel as librosa_mel_fn\n",
-     "librosa_mel_fn = None  # the speaker encoder's mel filters (Base only): not run here\n",
-     "librosa is not installed; only voice cloning computes mels"),
+    ("core/models/modeling_qwen3_tts.py", "from librosa.filters import mel as librosa_mel_fn\n", LIBROSA_MEL,
+     "librosa is not installed: its slaney mel filters come from transformers' mel_filter_bank instead"),
     ("inference/qwen3_tts_model.py", "import librosa\n", "librosa = None\n", "librosa: resampling for cloning only"),
     ("inference/qwen3_tts_tokenizer.py", "import librosa\n", "librosa = None\n", "librosa: loading files only"),
     ("inference/qwen3_tts_tokenizer.py",
@@ -190,4 +198,22 @@ def reference_model(cache: Path, model_path: str):
     model = modeling.Qwen3TTSForConditionalGeneration.from_pretrained(
         model_path, config=config, dtype=torch.float32, attn_implementation="sdpa", local_files_only=True)
     processor = processing.Qwen3TTSProcessor(tokenizer=AutoTokenizer.from_pretrained(model_path))
+    _load_mimi_encoder(model.speech_tokenizer.model.encoder, model_path)
     return wrapper.Qwen3TTSModel(model.eval(), processor, model.generate_config)
+
+
+def _load_mimi_encoder(encoder, model_path: str) -> None:
+    """The speech tokenizer's encoder weights, stored under transformers 4's Mimi names, which the
+    reference's transformers-5 Mimi (a `MimiModel` subclass) does not map on load."""
+    from safetensors.torch import load_file
+
+    from omnistage.models.qwen3_tts.modeling import MIMI_4_NAMES
+
+    weights = {}
+    for key, value in load_file(f"{model_path}/speech_tokenizer/model.safetensors").items():
+        for new, old in MIMI_4_NAMES:
+            if key.startswith("encoder." + old):
+                weights[new + key[len("encoder." + old):]] = value
+                break
+    missing, unexpected = encoder.load_state_dict(weights, strict=False)
+    assert not unexpected and all(k.startswith("decoder.") for k in missing), (missing[:3], unexpected[:3])

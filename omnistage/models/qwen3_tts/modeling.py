@@ -17,7 +17,7 @@ transformers has no Qwen3-TTS class, but every part of it is one transformers ha
 The checkpoint (`config.json` + `model.safetensors`, the speech tokenizer in
 `speech_tokenizer/`) names weights as the authors' modules do; `TALKER_RENAMES` maps them
 onto these modules (and back, for the zoo builder). The tokenizer's encoder (Mimi) is for
-voice cloning and is not loaded here.
+voice cloning (cloning.py).
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ TALKER_RENAMES = (
     ("talker.", ""),
 )
 CODEC_PREFIX = "decoder."  # the speech tokenizer's decoder weights; "encoder." is Mimi's
+# The speech tokenizer's encoder is stored under transformers 4's Mimi names (without the decoder
+# half): transformers 5 name -> released name, below "encoder.".
+MIMI_4_NAMES = (("encoder.encoder_seanet.", "encoder."), ("encoder.encoder_transformer.", "encoder_transformer."),
+                ("encoder.downsample.", "downsample."), ("quantizer.", "quantizer."))
 
 
 def read_config(path: str | Path, name: str = "config.json") -> dict[str, Any]:

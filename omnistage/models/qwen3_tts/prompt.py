@@ -7,12 +7,15 @@ reference server's `task_type`:
                                  any case; default the first), optional `instructions` (style;
                                  not on the 0.6B models, as the authors' wrapper)
     VoiceDesign  (voice_design)  the voice described by `instructions`; `voice` is ignored
-    Base         (base)          a voice cloned from `ref_audio` + `ref_text`  (NOT YET: refused)
+    Base         (base)          a voice cloned from `ref_audio` (mono float, with `ref_sample_rate`):
+                                 with `ref_text` (its transcript) the clip's codes and text are
+                                 in the prompt (the authors' in-context mode), without it only its
+                                 speaker embedding (their x-vector-only mode); `voice` is ignored
 
 Prompts are a str (the text) or a dict with `PROMPT_KEYS`. `language` is "auto" (default)
 or one of the checkpoint's `codec_language_id` names; `non_streaming_mode` is the authors'
-flag (the whole text in the prefill; default True, as their CustomVoice and VoiceDesign
-wrappers) — False feeds the text one token per frame. Every problem is a RequestError
+flag (the whole text in the prefill; default True for CustomVoice and VoiceDesign, False
+for Base, as their wrappers) — False feeds the text one token per frame. Every problem is a RequestError
 naming the key (HTTP 400).
 """
 
@@ -21,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from omnistage.engine.types import RequestError
 
@@ -38,6 +43,11 @@ class TtsPrompt:
     language_id: int | None
     """The codec language id, or None for "auto"."""
     non_streaming: bool
+    ref_audio: np.ndarray | None = None
+    """Base: the float32 mono reference clip at `ref_sample_rate`."""
+    ref_sample_rate: int | None = None
+    ref_text: str | None = None
+    """Base: the clip's transcript (in-context cloning), or None (speaker embedding only)."""
 
 
 def task_type(config: Mapping[str, Any]) -> str:
@@ -69,11 +79,7 @@ def parse_prompt(inputs: Any, config: Mapping[str, Any]) -> TtsPrompt:
     if asked is not None and asked != task:
         raise RequestError(f"task_type: this checkpoint does {task}, not {asked!r}", "task_type")
     talker = config["talker_config"]
-    if inputs.get("ref_audio") is not None or task == "Base":
-        raise RequestError("ref_audio: voice cloning (Base checkpoints) is not supported yet", "ref_audio")
-    for key in ("ref_sample_rate", "ref_text"):
-        if inputs.get(key) is not None:
-            raise RequestError(f"{key}: goes with ref_audio (voice cloning, Base checkpoints)", key)
+    ref = _reference(inputs, task)
     instructions = inputs.get("instructions") or None
     if instructions is not None and not isinstance(instructions, str):
         raise RequestError(f"instructions: expected a string, got {type(instructions).__name__}", "instructions")
@@ -87,7 +93,10 @@ def parse_prompt(inputs: Any, config: Mapping[str, Any]) -> TtsPrompt:
         if instructions is not None and config.get("tts_model_size") == "0b6":
             raise RequestError("instructions: the 0.6B CustomVoice models do not follow instructions", "instructions")
     else:
-        voice = None  # no built-in voices: the instructions describe it (OpenAI clients always send a voice)
+        voice = None  # no built-in voices (OpenAI clients always send a voice)
+        if task == "Base" and instructions is not None:
+            raise RequestError("instructions: a Base checkpoint clones the voice of ref_audio; it takes no "
+                               "instructions", "instructions")
     language = inputs.get("language") or "auto"
     languages = {k.lower(): v for k, v in (talker.get("codec_language_id") or {}).items()}
     if not isinstance(language, str) or (language.lower() != "auto" and
@@ -99,7 +108,42 @@ def parse_prompt(inputs: Any, config: Mapping[str, Any]) -> TtsPrompt:
     dialect = (talker.get("spk_is_dialect") or {}).get(voice) if voice is not None else None
     if dialect and language in ("chinese", "auto"):
         language_id = int(languages[dialect])  # the authors' rule: a dialect speaker speaks Chinese in dialect
-    non_streaming = inputs.get("non_streaming_mode", True)
+    non_streaming = inputs.get("non_streaming_mode", task != "Base")
     if not isinstance(non_streaming, bool):
         raise RequestError(f"non_streaming_mode: expected a bool, got {non_streaming!r}", "non_streaming_mode")
-    return TtsPrompt(text, voice, instructions, language_id, non_streaming)
+    return TtsPrompt(text, voice, instructions, language_id, non_streaming, *ref)
+
+
+MAX_REF_SECONDS = 60.0
+
+
+def _reference(inputs: Mapping[str, Any], task: str) -> tuple:
+    """(ref_audio, ref_sample_rate, ref_text), checked; all None outside Base."""
+    audio = inputs.get("ref_audio")
+    if task != "Base":
+        for key in ("ref_audio", "ref_sample_rate", "ref_text"):
+            if inputs.get(key) is not None:
+                raise RequestError(f"{key}: this {task} checkpoint does not clone voices (Base checkpoints do)", key)
+        return None, None, None
+    if audio is None:
+        for key in ("ref_sample_rate", "ref_text"):
+            if inputs.get(key) is not None:
+                raise RequestError(f"{key}: goes with ref_audio", key)
+        raise RequestError("ref_audio: a Base checkpoint clones a voice: give ref_audio (or a registered voice)",
+                           "ref_audio")
+    audio = np.asarray(audio)
+    if audio.ndim != 1 or audio.size == 0 or not np.issubdtype(audio.dtype, np.floating):
+        raise RequestError(f"ref_audio: expected a non-empty 1-D float array (mono), got {audio.dtype} "
+                           f"with shape {list(audio.shape)}", "ref_audio")
+    if not np.isfinite(audio).all():
+        raise RequestError("ref_audio: contains NaN or infinite samples", "ref_audio")
+    rate = inputs.get("ref_sample_rate")
+    if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1000:
+        raise RequestError(f"ref_sample_rate: the reference clip's sample rate (Hz, >= 1000) is required, "
+                           f"got {rate!r}", "ref_sample_rate")
+    if audio.size / rate > MAX_REF_SECONDS:
+        raise RequestError(f"ref_audio: {audio.size / rate:.1f} s is longer than {MAX_REF_SECONDS:.0f} s", "ref_audio")
+    text = inputs.get("ref_text") or None
+    if text is not None and not isinstance(text, str):
+        raise RequestError(f"ref_text: expected a string, got {type(text).__name__}", "ref_text")
+    return audio.astype(np.float32), rate, text

@@ -9,11 +9,13 @@ authors' `Qwen3TTSForConditionalGeneration.generate` builds it for one request:
     role                 text_projection("<|im_start|>assistant\\n")
     codec tags           tts_pad x (n - 2), tts_bos  +  codec embeddings of
                          [nothink, think_bos, think_eos] or [think, think_bos, language, think_eos],
-                         then the speaker (CustomVoice), codec_pad (the last, codec_bos, goes below)
+                         then the speaker (CustomVoice) or the clip's speaker embedding (Base),
+                         codec_pad (the last, codec_bos, goes below)
     text                 non-streaming: every text token and tts_eos (+ codec_pad each), then
                          tts_pad + codec_bos; the decode steps add tts_pad
                          streaming: the first text token + codec_bos; decode step k adds text
                          token k + 1, then tts_eos, then tts_pad
+                         cloned in context (Base + ref_text): `_in_context`, in place of the text rows
 
 Sampling: the talker's suppressed ids are [vocab - 1024, vocab) but codec EOS, and the
 code predictor samples with top-k 50 / top-p 1.0 (the authors' subtalker defaults) at the
@@ -22,6 +24,7 @@ request's temperature.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,6 +35,13 @@ from omnistage.ar.sampler import Sampler
 from omnistage.models.qwen3_omni.talker import NUM_SUPPRESSED, Qwen3OmniTalker, TalkerState
 from omnistage.models.qwen3_tts.modeling import load_talker
 from omnistage.models.qwen3_tts.prompt import parse_prompt
+
+
+@dataclass
+class TtsTalkerState(TalkerState):
+    context_codes: torch.Tensor | None = None
+    """[frames, G] CPU long: a cloned voice's reference codes (in-context mode), which the codec
+    decodes before the generated frames (and drops their audio), as the authors' decode."""
 
 
 class Qwen3TTSTalker(Qwen3OmniTalker):
@@ -59,12 +69,19 @@ class Qwen3TTSTalker(Qwen3OmniTalker):
         self.tts_ids = [config["tts_bos_token_id"], config["tts_eos_token_id"], config["tts_pad_token_id"]]
         self.predictor_sampler = Sampler(device)
 
+    cloner = None
+
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> Qwen3TTSTalker:
         from transformers import AutoTokenizer
 
         model, config = load_talker(model_path, device, dtype)
-        return cls(model, config, AutoTokenizer.from_pretrained(model_path), device)
+        talker = cls(model, config, AutoTokenizer.from_pretrained(model_path), device)
+        if config.get("tts_model_type") == "base":
+            from omnistage.models.qwen3_tts.cloning import VoiceCloner
+
+            talker.cloner = VoiceCloner(model_path, device, dtype)
+        return talker
 
     def _ids(self, text: str) -> torch.Tensor:
         return torch.tensor(self.text_tokenizer(text)["input_ids"], dtype=torch.long, device=self.device)
@@ -86,11 +103,19 @@ class Qwen3TTSTalker(Qwen3OmniTalker):
         if prompt.speaker is not None:
             tags.append(self.speaker_ids[prompt.speaker])
         codec = self.embed(torch.tensor([*tags, self.codec_pad, self.codec_bos], device=self.device))
+        clone = self._clone(prompt)
+        if clone is not None:  # the clip's speaker embedding stands where a speaker's codec embedding goes
+            codec = torch.cat([codec[:-2], clone["speaker"].to(codec.dtype)[None], codec[-2:]])
         tag_rows = torch.cat([tts_pad.expand(codec.shape[0] - 2, -1), tts_bos[None]]) + codec[:-1]
         parts = [] if prompt.instructions is None else [
             embed_text(self._ids(f"<|im_start|>user\n{prompt.instructions}<|im_end|>\n"))]
         parts += [embed_text(ids[:3]), tag_rows]
-        if prompt.non_streaming:
+        context = None
+        if clone is not None and clone["codes"] is not None:
+            context = clone["codes"]
+            rows, trailing = self._in_context(prompt, ids, context, tts_pad, tts_eos)
+            parts.append(rows)
+        elif prompt.non_streaming:
             words = torch.cat([embed_text(ids[3:-5]), tts_eos[None]])
             parts += [words + self.embed(torch.tensor([self.codec_pad], device=self.device)), (tts_pad + codec[-1])[None]]
             trailing = words[:0]
@@ -101,9 +126,43 @@ class Qwen3TTSTalker(Qwen3OmniTalker):
         length = prompt_embeds.shape[0]
         positions = torch.arange(length, device=self.device).expand(3, -1)
         frames = torch.zeros(64, self.num_code_groups, dtype=torch.long)
-        state = TalkerState(prompt_embeds, trailing, tts_pad, positions, 0, frames)
+        state = TtsTalkerState(prompt_embeds, trailing, tts_pad, positions, 0, frames,
+                               context_codes=None if context is None else context.cpu())
         return PromptInputs([self.codec_pad] * length, state)
+
+    def _clone(self, prompt) -> dict | None:
+        if prompt.ref_audio is None:
+            return None
+        if self.cloner is None:
+            raise ValueError("ref_audio: this checkpoint has no speaker encoder (not a Base checkpoint)")
+        from omnistage.models.qwen3_tts.cloning import clone_inputs
+
+        return clone_inputs(self.cloner, prompt.ref_audio, prompt.ref_sample_rate, prompt.ref_text is not None)
+
+    def _in_context(self, prompt, ids, codes, tts_pad, tts_eos) -> tuple[torch.Tensor, torch.Tensor]:
+        """The authors' `generate_icl_prompt`: the reference transcript and the text to speak over the
+        clip's codes (after codec_bos); what text is left over is fed during decoding."""
+        ref_ids = self._ids(f"<|im_start|>assistant\n{prompt.ref_text}<|im_end|>\n")[3:-2]
+        text = torch.cat([self.model.embed_text(torch.cat([ref_ids, ids[3:-5]])), tts_eos[None]])
+        tables = [self.embed, *self.predictor.get_input_embeddings()]
+        codes = codes.to(self.device)
+        frames = torch.stack([tables[g](codes[:, g]) for g in range(self.num_code_groups)], dim=1).sum(1)
+        codec = torch.cat([self.embed(torch.tensor([self.codec_bos], device=self.device)), frames])
+        if prompt.non_streaming:
+            pad = self.embed(torch.tensor([self.codec_pad], device=self.device))
+            return torch.cat([text + pad, codec + tts_pad]), text[:0]
+        if text.shape[0] > codec.shape[0]:
+            return text[:codec.shape[0]] + codec, text[codec.shape[0]:]
+        text = torch.cat([text, tts_pad.expand(codec.shape[0] - text.shape[0], -1)])
+        return text + codec, text[:0]
+
+    def on_sampled(self, batch, output, token_ids):
+        extras = super().on_sampled(batch, output, token_ids)
+        for seq, extra in zip(batch.seqs, extras):
+            if seq.model_state.context_codes is not None:
+                extra["context_codes"] = seq.model_state.context_codes  # the codec decodes after them
+        return extras
 
     def close(self) -> None:
         super().close()
-        self.text_tokenizer = None
+        self.text_tokenizer = self.cloner = None
