@@ -46,6 +46,11 @@ def voice_design(zoo):
 
 
 @pytest.fixture(scope="module")
+def base(zoo):
+    return str(zoo("qwen3-tts-base"))
+
+
+@pytest.fixture(scope="module")
 def omni(custom_voice):
     with Omni(custom_voice, stage_overrides={"*": {"max_num_seqs": 4}}) as omni:
         yield omni
@@ -62,6 +67,27 @@ def _reference_codes(ref, prompt: dict) -> torch.Tensor:
                                   speakers=[prompt.get("voice")], non_streaming_mode=prompt.get("non_streaming_mode", True),
                                   **kwargs)
     return codes[0]
+
+
+def _clip(rate: int = 24000, seconds: float = 1.5, hz: float = 220) -> np.ndarray:
+    t = np.arange(int(rate * seconds)) / rate
+    return (0.3 * np.sin(2 * np.pi * hz * t) + 0.05 * np.random.RandomState(0).randn(t.size)).astype(np.float32)
+
+
+def _reference_clone_codes(ref, prompt: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What the authors' `generate_voice_clone` feeds `generate` (the clip at 24 kHz: no resampling), greedy;
+    and the reference codes it decodes before them."""
+    ref_text = prompt.get("ref_text")
+    items = ref.create_voice_clone_prompt(ref_audio=(prompt["ref_audio"], prompt["ref_sample_rate"]), ref_text=ref_text,
+                                          x_vector_only_mode=ref_text is None)
+    voice = ref._prompt_items_to_voice_clone_prompt(items)
+    ref_ids = [ref._tokenize_texts([ref._build_ref_text(ref_text)])[0] if ref_text else None]
+    kwargs = ref._merge_generate_kwargs(do_sample=False, subtalker_dosample=False, max_new_tokens=FRAMES,
+                                        repetition_penalty=GREEDY.repetition_penalty)
+    codes, _ = ref.model.generate(input_ids=ref._tokenize_texts([ref._build_assistant_text(prompt["prompt"])]),
+                                  ref_ids=ref_ids, voice_clone_prompt=voice, languages=["auto"],
+                                  non_streaming_mode=prompt.get("non_streaming_mode", False), **kwargs)
+    return codes[0], voice["ref_code"][0]
 
 
 def _talker_codes(path: str, prompts: list[dict]) -> tuple[list[torch.Tensor], int]:
@@ -108,6 +134,35 @@ def test_greedy_codes_match_the_reference(request, which, prompts):
     for ours, prompt in zip(codes, prompts):
         _assert_same_codes(ours, _reference_codes(ref, prompt))
     assert not torch.equal(codes[0], codes[1])
+
+
+def test_cloned_voice_codes_and_audio_match_the_reference(base):
+    ref = reference_model(REFERENCE_CACHE, base)
+    clip = {"ref_audio": _clip(), "ref_sample_rate": 24000}
+    prompts = [
+        {"prompt": TEXT, **clip, "ref_text": "This is my voice."},  # in context: the clip's codes and transcript
+        {"prompt": TEXT, **clip},  # the speaker embedding alone
+        {"prompt": TEXT, **clip, "ref_text": "This is my voice.", "non_streaming_mode": True},
+        {"prompt": TEXT, "ref_audio": _clip(hz=440), "ref_sample_rate": 24000, "ref_text": "This is my voice."},
+    ]
+    codes, largest = _talker_codes(base, prompts)
+    assert largest == len(prompts)
+    reference = [_reference_clone_codes(ref, p) for p in prompts]
+    for ours, (ref_codes, _) in zip(codes, reference):
+        _assert_same_codes(ours, ref_codes)
+    assert not torch.equal(codes[0], codes[1])  # the clip's codes and transcript in the prompt change the speech
+
+    # The audio: the reference decodes its clip's codes, then the generated ones, and cuts the clip's share.
+    # A left context as long as the clip's codes makes the streamed decode see the same frames.
+    with Omni(base) as omni:
+        out = omni.generate(prompts[0], {"talker": GREEDY, "codec": Code2WavParams(chunk_frames=0, left_context=64)},
+                            use_tqdm=False)[0]
+    ref_codes, clip_codes = reference[0]
+    assert clip_codes.shape == (19, 4)  # ceil(1.5 s * 12.5) frames of the first 4 codebooks
+    ref_wavs, _ = ref.model.speech_tokenizer.decode([{"audio_codes": torch.cat([clip_codes, ref_codes])}])
+    ref_audio = ref_wavs[0][clip_codes.shape[0] * 1920:]
+    assert out.audio.shape == ((ref_codes.shape[0] + 1) * 1920,)  # one frame more (see _assert_same_codes)
+    np.testing.assert_allclose(out.audio[:ref_audio.shape[0]], ref_audio, atol=1e-5 * np.abs(ref_audio).max())
 
 
 def test_codec_matches_the_reference_decode(custom_voice):
@@ -159,8 +214,8 @@ def test_streamed_audio_matches_one_shot(omni):
     ({"prompt": "hi", "language": "klingon"}, "language: unknown language"),
     ({"prompt": "hi", "language": "beijing_dialect"}, "language: unknown language"),
     ({"prompt": "hi", "instructions": "whisper"}, "instructions: the 0.6B"),
-    ({"prompt": "hi", "ref_audio": np.zeros(10, np.float32)}, "ref_audio: voice cloning"),
-    ({"prompt": "hi", "ref_text": "words"}, "ref_text: goes with ref_audio"),
+    ({"prompt": "hi", "ref_audio": np.zeros(10, np.float32)}, "ref_audio: this CustomVoice checkpoint does not clone"),
+    ({"prompt": "hi", "ref_text": "words"}, "ref_text: this CustomVoice checkpoint"),
     ({"prompt": "hi", "non_streaming_mode": "yes"}, "non_streaming_mode:"),
     ({"prompt": "hi", "speed": 2}, "speed: unknown Qwen3-TTS prompt key"),
 ])
@@ -169,6 +224,21 @@ def test_bad_prompts_name_the_key(custom_voice, prompt, problem):
 
     with pytest.raises(RequestError, match=problem):
         parse_prompt(prompt, read_config(custom_voice))
+
+
+@pytest.mark.parametrize("prompt, problem", [
+    ({"prompt": "hi"}, "ref_audio: a Base checkpoint clones a voice"),
+    ({"prompt": "hi", "ref_text": "words"}, "ref_text: goes with ref_audio"),
+    ({"prompt": "hi", "ref_audio": np.zeros((2, 10), np.float32), "ref_sample_rate": 24000}, "ref_audio: expected"),
+    ({"prompt": "hi", "ref_audio": np.zeros(10, np.float32)}, "ref_sample_rate:"),
+    ({"prompt": "hi", "ref_audio": np.zeros(10, np.float32), "ref_sample_rate": 24000, "instructions": "calm"},
+     "instructions: a Base checkpoint"),
+])
+def test_bad_clone_prompts_name_the_key(base, prompt, problem):
+    from omnistage.models.qwen3_tts.modeling import read_config
+
+    with pytest.raises(RequestError, match=problem):
+        parse_prompt(prompt, read_config(base))
 
 
 def test_voice_design_ignores_voice_and_default_voice_is_the_first_speaker(custom_voice, voice_design):
@@ -207,3 +277,55 @@ def test_speech_route_speaks_with_the_checkpoint_voices(custom_voice):
             resp = http.post("/v1/audio/speech", json={**body, **bad})
             assert resp.status_code == 400, resp.text
             assert resp.json()["error"]["param"] == param
+
+
+def test_first_audio_streams_before_the_talker_ends(custom_voice):
+    import asyncio
+    import time
+
+    from omnistage import AsyncOmni
+
+    params = {"talker": dataclasses.replace(GREEDY, max_tokens=24), "codec": Code2WavParams(2, 4)}
+
+    async def run():
+        chunks, first_chunk_time = [], None
+        async with AsyncOmni(custom_voice) as engine:
+            async for out in engine.generate({"prompt": TEXT, "voice": "ryan"}, params):
+                if out.audio_chunk is not None:
+                    first_chunk_time = first_chunk_time or time.monotonic()
+                    chunks.append(out.audio_chunk)
+                last = out
+        return chunks, first_chunk_time, last
+
+    chunks, first_chunk_time, last = asyncio.run(run())
+    assert first_chunk_time < last.metrics["stages"]["talker"]["finish_time"]
+    assert len(chunks) >= 6 and len(chunks[0]) == 2 * 1920  # 2 frames, then 4 at a time
+    np.testing.assert_array_equal(np.concatenate(chunks), last.audio)
+    assert len(last.audio) == 24 * 1920
+    assert 0 < last.metrics["time_to_first_audio"] < last.metrics["e2e_time"]
+
+
+def test_speech_route_clones_an_inline_reference_clip(base):
+    import io
+
+    import soundfile as sf
+    from fastapi.testclient import TestClient
+    from prometheus_client import CollectorRegistry
+
+    from omnistage import AsyncOmni
+    from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
+
+    buf = io.BytesIO()
+    sf.write(buf, _clip(16000), 16000, format="WAV")  # at 16 kHz: resampled to 24 kHz
+    clip = "data:audio/wav;base64," + base64.b64encode(buf.getvalue()).decode()
+    overrides = {"0": {"default_sampling_params": {"max_tokens": 6, "temperature": 0}}}
+    registry = CollectorRegistry()
+    engine = AsyncOmni(base, stage_overrides=overrides, metrics_registry=registry)
+    app = create_app(ServerSettings(served_model_name="qwen3-tts-base", model_path=base), engine, registry)
+    with TestClient(app) as http:
+        body = {"input": TEXT, "voice": "alloy", "response_format": "pcm", "task_type": "Base"}
+        resp = http.post("/v1/audio/speech", json={**body, "ref_audio": clip, "ref_text": "This is my voice."})
+        assert resp.status_code == 200, resp.text
+        assert len(resp.content) == 2 * 6 * 1920
+        missing = http.post("/v1/audio/speech", json=body)  # no clip: nothing to clone
+        assert missing.status_code == 400 and missing.json()["error"]["param"] == "ref_audio"

@@ -7,8 +7,8 @@
 
 Both stages load the one checkpoint folder (the codec from its `speech_tokenizer/`). The
 networks are transformers classes (modeling.py): no Qwen3-TTS code is needed at run time.
-What a request may say, per checkpoint task (CustomVoice / VoiceDesign): prompt.py. Voice
-cloning (Base checkpoints) is not supported yet: such requests are refused by name.
+What a request may say, per checkpoint task (CustomVoice / VoiceDesign / Base voice
+cloning): prompt.py; cloning's speaker embedding and reference codes: cloning.py.
 """
 
 from omnistage.ar.model import register_ar_model
@@ -40,11 +40,14 @@ def resolve_qwen3_tts(files: ModelFiles, deploy: PipelineDeployConfig) -> Pipeli
     extras = {
         "instructions": ExtraSpec(str, help="VoiceDesign: the voice described in words; CustomVoice (1.7B): style."),
         "language": ExtraSpec(str, default="auto", help="'auto' or a language of the checkpoint."),
-        "task_type": ExtraSpec(str, help="CustomVoice or VoiceDesign: must match the checkpoint."),
+        "task_type": ExtraSpec(str, help="CustomVoice, VoiceDesign or Base: must match the checkpoint."),
     }
     if speakers:
         extras["voice"] = ExtraSpec(str, default=speakers[0], choices=speakers,
                                     help="CustomVoice: a built-in speaker of the checkpoint.")
+    if config.get("tts_model_type") == "base":
+        extras["ref_audio"] = ExtraSpec(object, help="Base: the mono float clip to clone (with ref_sample_rate, and "
+                                                     "its transcript in ref_text for in-context cloning).")
     return PipelineSpec(name="qwen3_tts", stages=STAGES, request_extras=extras)
 
 
