@@ -24,7 +24,7 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.engine.types import RequestError, StageRequest
 from omnistage.models.qwen3_tts import STAGES, Code2WavParams
 from omnistage.models.qwen3_tts.prompt import parse_prompt
-from qwen3_tts_reference import reference_model
+from qwen3_tts_reference import reference_model as _load_reference
 
 # Where the reference wheel and its adapted copy are kept (beside the zoo cache).
 REFERENCE_CACHE = Path(__file__).resolve().parents[2] / ".omnistage-cache"
@@ -33,6 +33,16 @@ FRAMES = 16
 # The authors' generate always has min_new_tokens=2; repetition_penalty is their default.
 GREEDY = SamplingParams(temperature=0, max_tokens=FRAMES, min_tokens=2, repetition_penalty=1.05)
 TEXT = "Hello there, how are you?"
+
+
+_REFERENCES: dict[str, object] = {}
+
+
+def reference_model(cache: Path, path: str):
+    """The authors' model over `path`, loaded once per test module run."""
+    if path not in _REFERENCES:
+        _REFERENCES[path] = _load_reference(cache, path)
+    return _REFERENCES[path]
 
 
 @pytest.fixture(scope="module")
