@@ -10,6 +10,7 @@ silently). Nothing in transformers or omnistage is patched; the package's own
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import subprocess
 import sys
@@ -35,7 +36,8 @@ CACHE_POSITION = '''        past_key_values = cache
         if cache_position is None:
             past = past_key_values.get_seq_length() if past_key_values is not None else 0
             length = (inputs_embeds if inputs_embeds is not None and inputs_embeds.shape[1] > 1 else input_ids).shape[1]
-            cache_position = torch.arange(past, past + length, device=(inputs_embeds if input_ids is None else input_ids).device)
+            device = (inputs_embeds if input_ids is None else input_ids).device
+            cache_position = torch.arange(past, past + length, device=device)
 '''
 
 # librosa.filters.mel(sr, n_fft, n_mels, fmin, fmax) (slaney scale and norm, its defaults) from transformers.
@@ -162,7 +164,8 @@ def load_reference(cache: Path):
     """The vendored `qwen_tts` package (adapted), importable as `_qwen_tts_reference`."""
     if PACKAGE in sys.modules:
         return sys.modules[PACKAGE]
-    root = cache / "qwen-tts-reference"
+    digest = hashlib.sha256(repr((ADAPTATIONS, DEFAULT_ROPE)).encode()).hexdigest()[:12]
+    root = cache / f"qwen-tts-reference-{digest}"  # rebuilt when the adaptations change
     package = root / PACKAGE
     if not (package / ".complete").exists():
         with zipfile.ZipFile(_wheel(cache)) as wheel:

@@ -74,8 +74,8 @@ def _reference_codes(ref, prompt: dict) -> torch.Tensor:
     kwargs = ref._merge_generate_kwargs(do_sample=False, subtalker_dosample=False, max_new_tokens=FRAMES,
                                         repetition_penalty=GREEDY.repetition_penalty)
     codes, _ = ref.model.generate(input_ids=ids, instruct_ids=instruct_ids, languages=[prompt.get("language", "auto")],
-                                  speakers=[prompt.get("voice")], non_streaming_mode=prompt.get("non_streaming_mode", True),
-                                  **kwargs)
+                                  speakers=[prompt.get("voice")],
+                                  non_streaming_mode=prompt.get("non_streaming_mode", True), **kwargs)
     return codes[0]
 
 

@@ -32,6 +32,7 @@ import torch
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import PromptInputs
 from omnistage.ar.sampler import Sampler
+from omnistage.engine.types import RequestError
 from omnistage.models.qwen3_omni.talker import NUM_SUPPRESSED, Qwen3OmniTalker, TalkerState
 from omnistage.models.qwen3_tts.modeling import load_talker
 from omnistage.models.qwen3_tts.prompt import parse_prompt
@@ -46,6 +47,8 @@ class TtsTalkerState(TalkerState):
 
 class Qwen3TTSTalker(Qwen3OmniTalker):
     predictor_top_k, predictor_top_p = 50, 1.0
+    cloner = None
+    """Base checkpoints: the speaker and speech-tokenizer encoders (cloning.VoiceCloner)."""
 
     def __init__(self, model, config: dict, tokenizer, device: torch.device) -> None:
         talker = config["talker_config"]
@@ -69,8 +72,6 @@ class Qwen3TTSTalker(Qwen3OmniTalker):
         self.tts_ids = [config["tts_bos_token_id"], config["tts_eos_token_id"], config["tts_pad_token_id"]]
         self.predictor_sampler = Sampler(device)
 
-    cloner = None
-
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> Qwen3TTSTalker:
         from transformers import AutoTokenizer
@@ -93,7 +94,7 @@ class Qwen3TTSTalker(Qwen3OmniTalker):
         embed_text = self.model.embed_text
         ids = self._ids(f"<|im_start|>assistant\n{prompt.text}<|im_end|>\n<|im_start|>assistant\n")
         if ids.shape[0] < 9:
-            raise ValueError("prompt: the text tokenized to nothing between the chat markers")
+            raise RequestError("prompt: the text tokenized to nothing between the chat markers", "prompt")
         tts_bos, tts_eos, tts_pad = embed_text(torch.tensor(self.tts_ids, device=self.device)).unbind(0)
         if prompt.language_id is None:
             tags = [talker["codec_nothink_id"], talker["codec_think_bos_id"], talker["codec_think_eos_id"]]
@@ -117,7 +118,8 @@ class Qwen3TTSTalker(Qwen3OmniTalker):
             parts.append(rows)
         elif prompt.non_streaming:
             words = torch.cat([embed_text(ids[3:-5]), tts_eos[None]])
-            parts += [words + self.embed(torch.tensor([self.codec_pad], device=self.device)), (tts_pad + codec[-1])[None]]
+            pad = self.embed(torch.tensor([self.codec_pad], device=self.device))
+            parts += [words + pad, (tts_pad + codec[-1])[None]]
             trailing = words[:0]
         else:
             parts.append(embed_text(ids[3:4]) + codec[-1:])
@@ -134,7 +136,7 @@ class Qwen3TTSTalker(Qwen3OmniTalker):
         if prompt.ref_audio is None:
             return None
         if self.cloner is None:
-            raise ValueError("ref_audio: this checkpoint has no speaker encoder (not a Base checkpoint)")
+            raise RequestError("ref_audio: this checkpoint has no speaker encoder (not a Base checkpoint)", "ref_audio")
         from omnistage.models.qwen3_tts.cloning import clone_inputs
 
         return clone_inputs(self.cloner, prompt.ref_audio, prompt.ref_sample_rate, prompt.ref_text is not None)
