@@ -24,6 +24,9 @@ Obstacles worked around:
    from the seed, as are Mimi's (CSM's obstacle).
 4. The code predictor is narrower than the talker (as in the 1.7B models), so its
    `small_to_mtp_projection` is exercised; the text embedding is wider than the talker.
+5. With the default 0.02-std heads the codec logits are nearly flat: greedy picks then hang on
+   float rounding (thread counts, kernels), so the heads are drawn with std 1, which separates
+   the top logits as a trained model's are.
 """
 
 from __future__ import annotations
@@ -156,6 +159,9 @@ def build_qwen3_tts(out_dir: Path, size: str, seed: int, model_type: str) -> Non
     )
     torch.manual_seed(seed)
     model = Qwen3TTSTalkerModel(talker).float()
+    with torch.no_grad():  # obstacle 5
+        for head in (model.codec_head, *model.code_predictor.lm_head):
+            head.weight.normal_(0.0, 1.0)
     weights = talker_state_dict(model)
     if model_type == "base":  # the ECAPA-TDNN speaker encoder (transformers' Qwen2.5-Omni one: the same network)
         from types import SimpleNamespace
@@ -186,6 +192,7 @@ register_zoo_model(ZooModel(
     sizes=("tiny",),
     description="Qwen3-TTS CustomVoice (12 Hz): talker + code predictor (4 x 128 codes) + 12 Hz speech tokenizer "
                 "(24 kHz), speakers vivian/ryan/dylan, fp32.",
+    revision=1,  # 1: std-1 codec heads (obstacle 5)
 ))
 register_zoo_model(ZooModel(
     name="qwen3-tts-voice-design",
@@ -194,6 +201,7 @@ register_zoo_model(ZooModel(
     builder=_builder("voice_design"),
     sizes=("tiny",),
     description="Qwen3-TTS VoiceDesign (12 Hz): the voice from natural-language instructions, fp32.",
+    revision=1,
 ))
 register_zoo_model(ZooModel(
     name="qwen3-tts-base",
@@ -203,4 +211,5 @@ register_zoo_model(ZooModel(
     sizes=("tiny",),
     description="Qwen3-TTS Base (12 Hz): voice cloning from a reference clip (ECAPA speaker encoder + Mimi "
                 "encoder), fp32.",
+    revision=1,
 ))

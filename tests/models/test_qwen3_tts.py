@@ -45,19 +45,36 @@ def reference_model(cache: Path, path: str):
     return _REFERENCES[path]
 
 
-@pytest.fixture(scope="module")
-def custom_voice(zoo):
-    return str(zoo("qwen3-tts-custom-voice"))
+def _built(name: str) -> str:
+    """The zoo checkpoint, built (when missing) in a child process.
+
+    NOTE: built in this process, greedy codes then differed from the reference's in some runs
+    although the files are byte-identical to a build in a child process; not understood yet
+    (see the issue notes). A child process keeps the comparison's process as a cached run's."""
+    import subprocess
+    import sys
+
+    from omnistage.testing import ensure
+
+    root = REFERENCE_CACHE / "zoo"
+    script = f"from omnistage.testing import ensure; ensure({name!r}, cache_dir={str(root)!r})"
+    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True)
+    return str(ensure(name, cache_dir=root))
 
 
 @pytest.fixture(scope="module")
-def voice_design(zoo):
-    return str(zoo("qwen3-tts-voice-design"))
+def custom_voice():
+    return _built("qwen3-tts-custom-voice")
 
 
 @pytest.fixture(scope="module")
-def base(zoo):
-    return str(zoo("qwen3-tts-base"))
+def voice_design():
+    return _built("qwen3-tts-voice-design")
+
+
+@pytest.fixture(scope="module")
+def base():
+    return _built("qwen3-tts-base")
 
 
 @pytest.fixture(scope="module")
@@ -139,11 +156,16 @@ def _assert_same_codes(ours: torch.Tensor, ref: torch.Tensor) -> None:
 def test_greedy_codes_match_the_reference(request, which, prompts):
     path = request.getfixturevalue(which)
     ref = reference_model(REFERENCE_CACHE, path)
-    codes, largest = _talker_codes(path, prompts)
-    assert largest == len(prompts)  # one batch (the prompts differ in length)
-    for ours, prompt in zip(codes, prompts):
+    # Alone, a request runs the reference's attention path (no padding mask): the same floats.
+    alone = [_talker_codes(path, [prompt])[0][0] for prompt in prompts]
+    for ours, prompt in zip(alone, prompts):
         _assert_same_codes(ours, _reference_codes(ref, prompt))
-    assert not torch.equal(codes[0], codes[1])
+    assert not torch.equal(alone[0], alone[1])
+    # In one batch (the prompts differ in length: padded, masked) each request makes the same codes.
+    codes, largest = _talker_codes(path, prompts)
+    assert largest == len(prompts)
+    for ours, single in zip(codes, alone):
+        assert torch.equal(ours, single)
 
 
 def test_cloned_voice_codes_and_audio_match_the_reference(base):
@@ -155,11 +177,12 @@ def test_cloned_voice_codes_and_audio_match_the_reference(base):
         {"prompt": TEXT, **clip, "ref_text": "This is my voice.", "non_streaming_mode": True},
         {"prompt": TEXT, "ref_audio": _clip(hz=440), "ref_sample_rate": 24000, "ref_text": "This is my voice."},
     ]
-    codes, largest = _talker_codes(base, prompts)
-    assert largest == len(prompts)
+    codes = [_talker_codes(base, [prompt])[0][0] for prompt in prompts]
     reference = [_reference_clone_codes(ref, p) for p in prompts]
     for ours, (ref_codes, _) in zip(codes, reference):
         _assert_same_codes(ours, ref_codes)
+    batch, largest = _talker_codes(base, prompts)
+    assert largest == len(prompts) and all(torch.equal(a, b) for a, b in zip(batch, codes))
     assert not torch.equal(codes[0], codes[1])  # the clip's codes and transcript in the prompt change the speech
 
     # The audio: the reference decodes its clip's codes, then the generated ones, and cuts the clip's share.
