@@ -202,7 +202,22 @@ def reference_model(cache: Path, model_path: str):
         model_path, config=config, dtype=torch.float32, attn_implementation="sdpa", local_files_only=True)
     processor = processing.Qwen3TTSProcessor(tokenizer=AutoTokenizer.from_pretrained(model_path))
     _load_mimi_encoder(model.speech_tokenizer.model.encoder, model_path)
+    _init_rotary(model)
     return wrapper.Qwen3TTSModel(model.eval(), processor, model.generate_config)
+
+
+def _init_rotary(model) -> None:
+    """transformers 5 builds the model on the meta device and materializes its non-persistent
+    buffers empty: the reference's rotary `inv_freq` would be uninitialized memory (different in
+    each run). Recompute them as the modules' own __init__ does."""
+    import torch
+
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "inv_freq") and hasattr(module, "rope_init_fn"):
+                inv_freq, module.attention_scaling = module.rope_init_fn(module.config, module.inv_freq.device)
+                module.inv_freq.copy_(inv_freq)
+                module.original_inv_freq = module.inv_freq
 
 
 def _load_mimi_encoder(encoder, model_path: str) -> None:

@@ -45,36 +45,19 @@ def reference_model(cache: Path, path: str):
     return _REFERENCES[path]
 
 
-def _built(name: str) -> str:
-    """The zoo checkpoint, built (when missing) in a child process.
-
-    NOTE: built in this process, greedy codes then differed from the reference's in some runs
-    although the files are byte-identical to a build in a child process; not understood yet
-    (see the issue notes). A child process keeps the comparison's process as a cached run's."""
-    import subprocess
-    import sys
-
-    from omnistage.testing import ensure
-
-    root = REFERENCE_CACHE / "zoo"
-    script = f"from omnistage.testing import ensure; ensure({name!r}, cache_dir={str(root)!r})"
-    subprocess.run([sys.executable, "-c", script], check=True, capture_output=True)
-    return str(ensure(name, cache_dir=root))
+@pytest.fixture(scope="module")
+def custom_voice(zoo):
+    return str(zoo("qwen3-tts-custom-voice"))
 
 
 @pytest.fixture(scope="module")
-def custom_voice():
-    return _built("qwen3-tts-custom-voice")
+def voice_design(zoo):
+    return str(zoo("qwen3-tts-voice-design"))
 
 
 @pytest.fixture(scope="module")
-def voice_design():
-    return _built("qwen3-tts-voice-design")
-
-
-@pytest.fixture(scope="module")
-def base():
-    return _built("qwen3-tts-base")
+def base(zoo):
+    return str(zoo("qwen3-tts-base"))
 
 
 @pytest.fixture(scope="module")
