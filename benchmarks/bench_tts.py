@@ -77,7 +77,7 @@ def start_server(path: str, frames: int, threads: int) -> tuple[subprocess.Popen
     raise TimeoutError("the server did not become healthy")
 
 
-def load(url: str, requests: list[int], repeats: int, server_pid: int) -> list[dict]:
+def load(url: str, requests: list[int], repeats: int, server_pid: int, voice: str = "alloy") -> list[dict]:
     """One summary per concurrency level: the repeat with the most audio per wall second."""
     from omnistage.bench.report import summarize
     from omnistage.bench.runner import BenchConfig, run_benchmark
@@ -87,7 +87,7 @@ def load(url: str, requests: list[int], repeats: int, server_pid: int) -> list[d
     summaries = []
     for concurrency, num in zip(CONCURRENCY, requests):
         prompts = [{"prompt": PROMPTS[i % len(PROMPTS)]} for i in range(num)]
-        cfg = BenchConfig(base_url=url, task="tts", prompts=prompts, options=TaskOptions(voice="alloy"),
+        cfg = BenchConfig(base_url=url, task="tts", prompts=prompts, options=TaskOptions(voice=voice),
                           max_concurrency=concurrency, warmup=1, show_progress=False)
         runs = []
         for _ in range(repeats):

@@ -100,6 +100,11 @@ def _talker_prompt(out: Any, hidden: Any, embeds: Any, token_ids: Any) -> dict:
 
 
 def talker_chunks(request: Any, payload: Any, finished: bool) -> dict | None:
+    """The talker's frames so far -> the next part of request's code2wav stream (`frame_chunks`)."""
+    return frame_chunks(request, payload, finished, CODE2WAV)
+
+
+def frame_chunks(request: Any, payload: Any, finished: bool, codec_stage: int) -> dict | None:
     """The talker's frames so far -> the next part of request's code2wav stream, or None.
 
     Chunk boundaries are at `first_chunk_frames`, then every `chunk_frames` frames; a chunk
@@ -110,7 +115,7 @@ def talker_chunks(request: Any, payload: Any, finished: bool) -> dict | None:
     codes = payload.extras.get("audio_codes") if payload is not None else None
     if codes is None:
         return None  # an aborted or failed talker: the orchestrator drops the code2wav stream
-    params = request.params.get(CODE2WAV) or Code2WavParams()
+    params = request.params.get(codec_stage) or Code2WavParams()
     if not isinstance(params, Code2WavParams):
         raise TypeError(f"code2wav params must be Code2WavParams, got {type(params).__name__}")
     num_frames = codes.shape[0]
@@ -118,5 +123,8 @@ def talker_chunks(request: Any, payload: Any, finished: bool) -> dict | None:
     end = num_frames if finished else params.boundary(num_frames)
     if end <= sent and not finished:
         return None
+    options = {"left_context": params.left_context}
+    if payload.extras.get("context_codes") is not None:  # Qwen3-TTS: a cloned voice's reference codes
+        options["context_codes"] = payload.extras["context_codes"]
     return {"codes": codes[sent:end].clone(), "stream_id": request.request_id, "is_last": finished,
-            "options": {"left_context": params.left_context}}
+            "options": options}

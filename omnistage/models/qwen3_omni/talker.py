@@ -111,6 +111,7 @@ class TalkerState:
 
 class Qwen3OmniTalker(ARModel):
     tokenizer = None  # emits codec frames, not text
+    predictor_top_k, predictor_top_p = CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P
 
     def __init__(self, model, omni_config, device: torch.device) -> None:
         config = model.config
@@ -324,7 +325,7 @@ class Qwen3OmniTalker(ARModel):
     def _predictor_row(self, seq) -> _PredictorRow:
         st: TalkerState = seq.model_state
         if st.predictor_row is None:
-            params = dataclasses.replace(seq.params, top_k=CODE_PREDICTOR_TOP_K, top_p=CODE_PREDICTOR_TOP_P,
+            params = dataclasses.replace(seq.params, top_k=self.predictor_top_k, top_p=self.predictor_top_p,
                                          repetition_penalty=1.0, min_tokens=0, stop_token_ids=[])
             st.predictor_row = _PredictorRow(seq.request_id, params)
         return st.predictor_row

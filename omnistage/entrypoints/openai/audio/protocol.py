@@ -30,6 +30,9 @@ class SpeechRequest(BaseModel):
     """What `ref_audio` says (improves cloning)."""
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     """Seeds the talker's sampling: the same seed and input give the same audio."""
+    task_type: str | None = Field(default=None, max_length=64)
+    """vLLM-Omni's TTS task (Qwen3-TTS: CustomVoice, VoiceDesign, Base); it must be the checkpoint's.
+    Sent to the model as given; models without tasks refuse it by name."""
 
 
 # --- voices ------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Speech: run the TTS request and answer audio bytes, chunked bytes or SSE events.
 
-The engine prompt is `{"prompt": input}` plus `instructions` when given, and what the
+The engine prompt is `{"prompt": input}` plus `instructions` and `task_type` when given, and what the
 voice store makes of `voice` (the name of a built-in voice, or a registered voice's
 reference clip; see voices.py).
 `pcm` and `wav` at speed 1 stream chunk by chunk as the model produces them (WAV with an
@@ -80,6 +80,8 @@ class SpeechServing:
         prompt = {"prompt": body.input, **voice_fields}
         if body.instructions is not None:
             prompt["instructions"] = body.instructions
+        if body.task_type is not None:
+            prompt["task_type"] = body.task_type
         stream = await self.gateway.open(prompt, self._params(body), new_request_id("speech"))
         try:
             first = await _first_audio(stream)
