@@ -348,8 +348,10 @@ def test_chat_completions_route_streams_audio_for_an_image(path):
     from omnistage import AsyncOmni
     from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
 
-    # The route sets the thinker's params only; the talker samples with its deploy defaults, capped here.
-    engine = AsyncOmni(path, stage_overrides={"1": {"default_sampling_params": {"max_tokens": 30}}})
+    # The route sets the thinker's params only; the talker samples with its deploy defaults, capped here,
+    # seeded and held to a floor of frames (unseeded, a random talker can end at once with no audio).
+    engine = AsyncOmni(path, stage_overrides={"1": {"default_sampling_params": {"max_tokens": 30, "min_tokens": 12,
+                                                                                "seed": 0}}})
     app = create_app(ServerSettings(served_model_name="omni", model_path=path), engine)
     from PIL import Image
 
