@@ -61,6 +61,7 @@ from omnistage.engine.types import (
     InputChunk,
     ProgressPayload,
     StageOutput,
+    StageInputs,
     StageRequest,
 )
 
@@ -351,6 +352,9 @@ class Orchestrator:
 
     def _send(self, state: _RequestState, run: _StageRun, inputs: Any) -> None:
         rid, part = state.request.request_id, len(run.engine_ids)
+        fallback_params = None
+        if isinstance(inputs, StageInputs):
+            inputs, fallback_params = inputs.inputs, inputs.params
         if run.stage.stream_input and run.stage.kind == "ar" and run.engine_ids:
             # the AR stage's one request goes on: extend it (after its start, in dispatch order)
             self._to_dispatch.append((run.stage.id, StageRequest(rid, InputChunk(inputs))))
@@ -360,6 +364,8 @@ class Orchestrator:
         self._engine_ids[(run.stage.id, engine_id)] = (rid, part)
         run.metrics.on_start(state.request.arrival_time if not run.stage.inputs else None)
         params = state.request.params.get(run.stage.id)
+        if params is None:  # the processor's params stand in for missing user params
+            params = fallback_params
         self._to_dispatch.append((run.stage.id, StageRequest(engine_id, inputs, params)))
 
     def _dispatch(self) -> None:

@@ -47,6 +47,7 @@ def register_zoo_model(model: ZooModel) -> ZooModel:
 def _load_builders() -> None:
     # Imported lazily: builders import torch/diffusers/transformers.
     from omnistage.testing import diffusion_models, omni_models, speech_models  # noqa: F401
+    from omnistage.testing import glm_image_models  # noqa: F401
 
 
 def list_models() -> list[ZooModel]:

@@ -1,0 +1,34 @@
+"""GLM-Image's stage processors: the user's prompt -> the prior's inputs -> the DiT's inputs.
+
+The user asks for an image: a prompt and one `DiffusionParams`, which go to the DiT stage.
+The prior reads the target size and seed from those params (DEFAULT_SIZE when no size is
+given, the DiT's default too), so both stages agree on the grid; the DiT gets the
+prior's target grid, upsampled, as `condition["prior_token_ids"]`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from omnistage.models.ar_to_dit import diffusion_params, dit_inputs, generated_tokens, seeded_ar_inputs, user_prompt
+from omnistage.models.glm_image.grid import DEFAULT_SIZE, prior_grid
+
+PRIOR, DIT = 0, 1
+
+
+def _size(request: Any) -> tuple[int, int]:
+    params = diffusion_params(request, DIT)
+    return params.height or DEFAULT_SIZE, params.width or DEFAULT_SIZE
+
+
+def prior_inputs(request: Any, upstream: Mapping[int, Any]) -> Any:
+    height, width = _size(request)
+    inputs = {"prompt": user_prompt(request), "height": height, "width": width}
+    return seeded_ar_inputs(inputs, diffusion_params(request, DIT).seed)
+
+
+def dit_stage_inputs(request: Any, upstream: Mapping[int, Any]) -> dict[str, Any]:
+    height, width = _size(request)
+    tokens = generated_tokens(upstream[PRIOR])
+    return dit_inputs(user_prompt(request), prior_token_ids=prior_grid(height, width).dit_prior_tokens(tokens))
