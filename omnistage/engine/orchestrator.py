@@ -56,10 +56,12 @@ from omnistage.engine.outputs import Delta, OmniOutput, StageStream, fill_media
 from omnistage.engine.restart import RestartPolicy
 from omnistage.engine.stage_handle import StageHandle, make_stage_handle
 from omnistage.engine.types import (
+    INVALID_REQUEST,
     UNAVAILABLE,
     EngineUnavailableError,
     InputChunk,
     ProgressPayload,
+    RequestError,
     StageOutput,
     StageInputs,
     StageRequest,
@@ -499,6 +501,9 @@ class Orchestrator:
         """Run a model's processor; if it raises, fail the request naming the stage."""
         try:
             return True, fn(*args)
+        except RequestError as e:  # the request's inputs, not the processor: a 400 naming the field
+            self._fail(state, stage, f"{what}: {e.message}", INVALID_REQUEST, e.param)
+            return False, None
         except Exception as e:
             logger.exception("stage %s: %s failed for request %s", stage.label, what, state.request.request_id)
             self._fail(state, stage, f"{what} raised {type(e).__name__}: {e}")
