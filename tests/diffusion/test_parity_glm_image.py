@@ -31,6 +31,15 @@ def prior_tokens(seed: int, height: int = 64, width: int = 64) -> torch.Tensor:
     return torch.tensor([grid.dit_prior_tokens([0] * grid.num_preview_tokens + codes.tolist())])
 
 
+def dit_request(call_kwargs: dict[str, Any], seed: int, request_id: str = "req") -> DiffusionRequest:
+    """Our request for a reference call: its prior_token_ids go in the request's condition."""
+    kwargs = dict(call_kwargs)
+    prior = kwargs.pop("prior_token_ids")
+    request = request_for(kwargs, seed, request_id)
+    request.condition["prior_token_ids"] = prior[0].tolist()
+    return request
+
+
 class TestGlmImageDiT(ParityTests):
     zoo_name = "glm-image"
     reference_class = "GlmImagePipeline"
@@ -42,11 +51,7 @@ class TestGlmImageDiT(ParityTests):
         return dict(DEFAULT_CALL_KWARGS, prior_token_ids=prior_tokens(0))
 
     def request(self, call_kwargs: dict[str, Any], seed: int, request_id: str = "req") -> DiffusionRequest:
-        kwargs = dict(call_kwargs)
-        prior = kwargs.pop("prior_token_ids")
-        request = request_for(kwargs, seed, request_id)
-        request.condition["prior_token_ids"] = prior[0].tolist()
-        return request
+        return dit_request(call_kwargs, seed, request_id)
 
     def batch_calls(self, call: dict[str, Any]) -> list[dict[str, Any]]:
         # Different prior tokens and prompts; the glyph prompt forms its own transformer call.

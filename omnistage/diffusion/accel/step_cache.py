@@ -40,10 +40,12 @@ class BlockChain:
 
     blocks: tuple[str, ...]
     """Attributes of the transformer holding its main block lists, in call order."""
-    io: Literal["dual_stream", "single_stream"]
+    io: Literal["dual_stream", "single_stream", "hidden_first_pair"]
     """dual_stream: blocks take `hidden_states=`/`encoder_hidden_states=` keywords and return
     (encoder_hidden_states, hidden_states) (FLUX, Qwen-Image, SD3); single_stream: blocks take
-    the hidden states first and return them (Wan, Z-Image)."""
+    the hidden states first and return them (Wan, Z-Image); hidden_first_pair: blocks take
+    (hidden_states, encoder_hidden_states, ...) positionally and return them in that order
+    (GLM-Image)."""
     token_mask_arg: int | None = None
     """Position of a [B, tokens] mask of real tokens among a block's args, when the
     transformer pads rows to the batch's longest (Z-Image); padding is left out of distances."""
@@ -58,11 +60,15 @@ class BlockChain:
         return kwargs["hidden_states"] if self.io == "dual_stream" else args[0]
 
     def output_hidden(self, output: Any) -> torch.Tensor:
+        if self.io == "hidden_first_pair":
+            return output[0]
         return output[1] if self.io == "dual_stream" else output
 
     def with_hidden(self, args: tuple, kwargs: dict, hidden: torch.Tensor) -> Any:
         """A block's output carrying `hidden` and the block's other stream unchanged. After the
         last block only the hidden states are used, so a skipped tail passes the text stream on."""
+        if self.io == "hidden_first_pair":
+            return hidden, args[1]
         return (kwargs["encoder_hidden_states"], hidden) if self.io == "dual_stream" else hidden
 
     def token_mask(self, args: tuple, kwargs: dict) -> torch.Tensor | None:

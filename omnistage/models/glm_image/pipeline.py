@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.params import ExtraSpec
@@ -163,6 +164,10 @@ class GlmImage(DiffusionPipelineBase):
         scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
         combine=plain_cfg,
     )
+
+    # The step caches wrap the DiT's blocks (first-block cache; TeaCache has no coefficients
+    # or modulated input for GLM-Image and is refused, cache-dit does not know the model).
+    step_cache_blocks: ClassVar[BlockChain] = BlockChain(blocks=("transformer_blocks",), io="hidden_first_pair")
 
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
