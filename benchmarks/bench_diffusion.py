@@ -52,10 +52,25 @@ CONFIGS = ("ours", "sequential", "batched", "step_staggered", "request_staggered
 # -- inputs ------------------------------------------------------------------------------
 
 
-def call_kwargs(model: str, size: str) -> dict:
-    from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, IMAGE_SIDE
+OMNI_MODELS = ("glm-image",)
+"""Pipelines of more than one stage (GLM-Image: AR prior -> DiT): "ours" runs them through
+`Omni.generate`, both stages batching; the staggered rows are left out for them."""
 
-    kwargs = dict(DEFAULT_CALL_KWARGS[model])
+
+def default_call(model: str) -> dict:
+    from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS
+
+    if model == "glm-image":
+        from omnistage.testing.glm_image_models import DEFAULT_CALL_KWARGS as GLM_CALL
+
+        return GLM_CALL
+    return DEFAULT_CALL_KWARGS[model]
+
+
+def call_kwargs(model: str, size: str) -> dict:
+    from omnistage.testing.diffusion_models import IMAGE_SIDE
+
+    kwargs = dict(default_call(model))
     kwargs["height"] = kwargs["width"] = IMAGE_SIDE[size]
     kwargs.pop("prompt")
     return kwargs
@@ -91,6 +106,12 @@ def run_ours(engine, kwargs: dict) -> list:
     return [done[f"r{i}"] for i in range(NUM_REQUESTS)]
 
 
+def run_omni(omni, kwargs: dict) -> list:
+    """All 8 prompts through `Omni.generate` at once (every stage of the pipeline)."""
+    params = [request.params for request in stage_requests(kwargs)]
+    return [out.images[0] for out in omni.generate(PROMPTS, params, use_tqdm=False)]
+
+
 def run_sequential(pipe, kwargs: dict) -> list:
     return [pipe(prompt=p, **kwargs, generator=generator(i)).images[0] for i, p in enumerate(PROMPTS)]
 
@@ -98,8 +119,9 @@ def run_sequential(pipe, kwargs: dict) -> list:
 def run_batched(pipe, kwargs: dict) -> list:
     kwargs = dict(kwargs)
     negative = kwargs.pop("negative_prompt", None)
-    negative = [negative] * NUM_REQUESTS if negative is not None else None
-    return pipe(prompt=PROMPTS, negative_prompt=negative, **kwargs,
+    if negative is not None:  # (GlmImagePipeline takes none)
+        kwargs["negative_prompt"] = [negative] * NUM_REQUESTS
+    return pipe(prompt=PROMPTS, **kwargs,
                 generator=[generator(i) for i in range(NUM_REQUESTS)]).images
 
 
@@ -135,6 +157,12 @@ def build(model: str, size: str, configs: tuple[str, ...], device: str = "cpu", 
         pipe.set_progress_bar_config(disable=True)
         built["pipe"] = pipe
     engine_config = dict(max_num_seqs=NUM_REQUESTS, dtype=dtype, devices=(device,))
+    if model in OMNI_MODELS:
+        from omnistage import Omni
+
+        if "ours" in configs:
+            built["omni"] = Omni(path, stage_overrides={"*": engine_config})
+        return built
     if {"ours", "request_staggered"} & set(configs):
         built["request"] = DiffusionEngine(path, config=StageDeployConfig(**engine_config))
     if "step_staggered" in configs:
@@ -143,6 +171,9 @@ def build(model: str, size: str, configs: tuple[str, ...], device: str = "cpu", 
 
 
 def runners(built: dict, kwargs: dict, gap: float) -> dict:
+    if "omni" in built:
+        return {"ours": lambda: run_omni(built["omni"], kwargs), "sequential": lambda: run_sequential(built["pipe"], kwargs),
+                "batched": lambda: run_batched(built["pipe"], kwargs)}
     return {
         "ours": lambda: run_ours(built["request"], kwargs),
         "sequential": lambda: run_sequential(built["pipe"], kwargs),
@@ -164,7 +195,7 @@ def bench(model: str, size: str, repeats: int, device: str = "cpu", dtype: str =
     kwargs = call_kwargs(model, size)
     built = build(model, size, CONFIGS, device, dtype)
     # One request's latency alone, warm (the first run pays one-off costs).
-    gap = min(single_latency(built["request"], kwargs) for _ in range(3)) / 4
+    gap = 0.0 if model in OMNI_MODELS else min(single_latency(built["request"], kwargs) for _ in range(3)) / 4
     fns = runners(built, kwargs, gap)
     best = {name: float("inf") for name in fns}
     best_cpu = dict(best)
@@ -181,8 +212,9 @@ def bench(model: str, size: str, repeats: int, device: str = "cpu", dtype: str =
                 best_cpu[name] = min(best_cpu[name], time.process_time() - c0)
                 if name in latency:
                     latency[name] = min(latency[name], results[name])
-    for key in ("request", "step"):
-        built[key].close()
+    for key in ("request", "step", "omni"):
+        if key in built:
+            built[key].close()
     diff = max(int(np.abs(np.asarray(a, np.int16) - np.asarray(b, np.int16)).max())
                for a, b in zip(results["ours"], results["sequential"]))
     params = sum(p.numel() for c in built["pipe"].components.values() if isinstance(c, torch.nn.Module)
@@ -219,7 +251,7 @@ def memory_probe(model: str, size: str, config: str, device: str = "cpu", dtype:
 
 def peak_rss(model: str, size: str, threads: int, device: str = "cpu", dtype: str = "float32") -> dict[str, float]:
     out = {}
-    for config in CONFIGS:
+    for config in CONFIGS[:3] if model in OMNI_MODELS else CONFIGS:
         cmd = [sys.executable, __file__, "--memory-probe", model, size, config, "--threads", str(threads),
                "--device", device, "--dtype", dtype]
         result = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -262,6 +294,8 @@ def table(rows: list[dict]) -> str:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
+        if r["model"] in OMNI_MODELS:
+            continue
         lat, m = r["latency"], r.get("rss", {})
         rss = f"{m['step_staggered']:.0f} / {m['request_staggered']:.0f} MiB" if m else "-"
         lines.append(

@@ -1,4 +1,4 @@
-"""GLM-Image's DiT stage with the accelerations: the first-block cache works (threshold 0 is
+"""GLM-Image's DiT stage with the accelerations: the first-block cache and cache-dit work (threshold 0 is
 the plain output bit for bit, a high one skips forwards, a request's result is the same alone
 and joining a running batch, to float rounding), and what it cannot take is refused naming
 the field and the family."""
@@ -64,3 +64,20 @@ def test_first_block_cache_threshold_zero_is_exact_and_a_high_one_skips(path, pl
 def test_tea_cache_is_refused_by_name(path):
     with pytest.raises(ValueError, match="tea_cache.*GlmImagePipeline"):
         load(path, cache_backend="tea_cache", cache_config={"rel_l1_thresh": 0.2})
+
+
+def test_cache_dit_dbcache_skips_and_starts_fresh_per_request(path, plain):
+    pytest.importorskip("cache_dit")
+    base, base_metrics = plain
+
+    def cached(threshold: float) -> GlmImage:
+        return load(path, cache_backend="cache_dit", max_num_seqs=1,
+                    cache_config={"max_warmup_steps": 1, "residual_diff_threshold": threshold})
+
+    arr, metrics = run(cached(0.0))
+    assert np.array_equal(arr, base) and metrics == base_metrics
+    pipeline = cached(100.0)
+    first, first_metrics = run(pipeline)
+    assert first_metrics["num_forwards_skipped"] > 0
+    second, second_metrics = run(pipeline)
+    assert np.array_equal(second, first) and second_metrics == first_metrics
