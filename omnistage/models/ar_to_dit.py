@@ -35,12 +35,13 @@ def diffusion_params(request: Any, stage_id: int) -> Any:
     return params if params is not None else DiffusionParams()
 
 
-def seeded_ar_inputs(inputs: Any, seed: int | None) -> StageInputs:
-    """AR stage inputs that run with `seed` (the image's) when the user gave that stage no
-    params of its own, as reference pipelines seed their `generate` from the image generator."""
+def seeded_ar_inputs(inputs: Any, seed: int | None, **params: Any) -> StageInputs:
+    """AR stage inputs that run with `seed` (the image's) and `params` (e.g. max_tokens) over the
+    stage's defaults when the user gave that stage no params of its own, as reference
+    pipelines seed their `generate` from the image generator."""
     from omnistage.ar.sampling_params import SamplingParams
 
-    return StageInputs(inputs, SamplingParams(seed=seed) if seed is not None else None)
+    return StageInputs(inputs, SamplingParams(seed=seed, **params))
 
 
 def generated_tokens(payload: Any) -> list[int]:

@@ -30,7 +30,8 @@ def _size(request: Any) -> tuple[int, int]:
 def prior_inputs(request: Any, upstream: Mapping[int, Any]) -> Any:
     height, width = _size(request)
     inputs = {"prompt": user_prompt(request), "height": height, "width": width}
-    return seeded_ar_inputs(inputs, diffusion_params(request, DIT).seed)
+    max_tokens = prior_grid(height, width).num_new_tokens  # generate()'s max_new_tokens
+    return seeded_ar_inputs(inputs, diffusion_params(request, DIT).seed, max_tokens=max_tokens)
 
 
 def dit_stage_inputs(request: Any, upstream: Mapping[int, Any]) -> dict[str, Any]:
