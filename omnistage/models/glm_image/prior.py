@@ -81,8 +81,9 @@ class GlmImagePrior(ARModel):
             raise ValueError("GLM-Image prior inputs must be a dict with keys prompt, height, width")
         height, width = inputs["height"], inputs["width"]
         messages = [[{"role": "user", "content": [{"type": "text", "text": inputs["prompt"]}]}]]
-        enc = self.processor.apply_chat_template(messages, tokenize=True, padding=False, target_h=height,
-                                                 target_w=width, return_dict=True, return_tensors="pt")
+        enc = self.processor.apply_chat_template(
+            messages, tokenize=True, return_dict=True, return_tensors="pt",
+            processor_kwargs={"padding": False, "target_h": height, "target_w": width})
         ids = enc["input_ids"].to(self.device)
         grids = enc["image_grid_thw"].to(self.device)
         with torch.inference_mode():
