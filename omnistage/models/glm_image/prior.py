@@ -23,12 +23,10 @@ and the seed is the image's (`processors.py`), as the reference seeds `generate`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from omnistage.ar.hf_model import eos_token_ids
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
 from omnistage.models.glm_image.grid import PriorGrid, prior_grid
@@ -67,11 +65,14 @@ class GlmImagePrior(ARModel):
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> GlmImagePrior:
         from transformers import GlmImageForConditionalGeneration, GlmImageProcessor
 
-        root = Path(model_path)
-        model = GlmImageForConditionalGeneration.from_pretrained(root / MODEL_FOLDER, dtype=dtype,
+        # subfolder=: a local folder or a hub id alike.
+        model = GlmImageForConditionalGeneration.from_pretrained(model_path, subfolder=MODEL_FOLDER, dtype=dtype,
                                                                  attn_implementation="sdpa")
-        processor = GlmImageProcessor.from_pretrained(root / PROCESSOR_FOLDER)
-        return cls(model.to(device).eval(), processor, eos_token_ids(str(root / MODEL_FOLDER), model.config), device)
+        processor = GlmImageProcessor.from_pretrained(model_path, subfolder=PROCESSOR_FOLDER)
+        eos = model.generation_config.eos_token_id  # generation_config.json, as generate() reads it
+        eos = model.config.text_config.eos_token_id if eos is None else eos
+        eos = tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
+        return cls(model.to(device).eval(), processor, eos, device)
 
     # --- admission -----------------------------------------------------------------------------
 
