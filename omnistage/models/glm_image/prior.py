@@ -16,9 +16,9 @@ exactly as `GlmImagePipeline.generate_prior_tokens` prepares `generate`'s inputs
   is written as the image-end token, whatever the sampling params' max_tokens say.
 
 The engine samples with the stage's params: the deploy's `default_sampling_params` are
-the checkpoint's generation_config.json rules (temperature, top-k, top-p; `prior_sampling` in
-the package `__init__`),
-and the seed is the image's (`processors.py`), as the reference seeds `generate`.
+the checkpoint's generation_config.json rules (temperature, top-k, top-p; `prior_sampling`
+in the package `__init__`), and the seed is the image's (`processors.py`), as the
+reference seeds `generate`.
 """
 
 from __future__ import annotations
