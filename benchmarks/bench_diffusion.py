@@ -68,8 +68,13 @@ INPUT_IMAGES = {"qwen-image-edit-plus": 2}
 # -- inputs ------------------------------------------------------------------------------
 
 
+OMNI_MODELS = ("glm-image",)
+"""Pipelines of more than one stage (GLM-Image: AR prior -> DiT): "ours" runs them through
+`Omni.generate`, both stages batching; the staggered rows are left out for them."""
+
+
 def call_kwargs(model: str, size: str) -> dict:
-    from omnistage.testing import qwen_image21_models, qwen_image_edit_plus_models
+    from omnistage.testing import glm_image_models, qwen_image21_models, qwen_image_edit_plus_models
     from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, IMAGE_SIDE, VIDEO_SIDE, default_input_image
     from omnistage.testing.flux2_models import DEFAULT_CALL_KWARGS as FLUX2_CALL_KWARGS
     from omnistage.testing.ltx2_models import LTX2_CALL_KWARGS
@@ -86,6 +91,7 @@ def call_kwargs(model: str, size: str) -> dict:
         kwargs["height"] = kwargs["width"] = VIDEO_SIDE[size]
     else:
         family_calls = {m.NAME: m.DEFAULT_CALL_KWARGS for m in (qwen_image21_models, qwen_image_edit_plus_models)}
+        family_calls["glm-image"] = glm_image_models.DEFAULT_CALL_KWARGS
         kwargs = dict({**DEFAULT_CALL_KWARGS, **FLUX2_CALL_KWARGS, **family_calls}[model])
         kwargs["height"] = kwargs["width"] = IMAGE_SIDE[size]
     kwargs.pop("prompt")
@@ -166,6 +172,10 @@ def _pipe_outputs(out) -> list:
     if hasattr(out, "frames"):
         return [(np.clip(frames, 0.0, 1.0) * 255).round().astype(np.uint8) for frames in out.frames]
     return out.images
+def run_omni(omni, kwargs: dict) -> list:
+    """All 8 prompts through `Omni.generate` at once (every stage of the pipeline)."""
+    params = [request.params for request in stage_requests(kwargs)]
+    return [out.images[0] for out in omni.generate(PROMPTS, params, use_tqdm=False)]
 
 
 def run_sequential(pipe, kwargs: dict) -> list:
@@ -223,6 +233,12 @@ def build(model: str, size: str, configs: tuple[str, ...], device: str = "cpu", 
         pipe.set_progress_bar_config(disable=True)
         built["pipe"] = pipe
     engine_config = dict(max_num_seqs=NUM_REQUESTS, dtype=dtype, devices=(device,))
+    if model in OMNI_MODELS:
+        from omnistage import Omni
+
+        if "ours" in configs:
+            built["omni"] = Omni(path, stage_overrides={"*": engine_config})
+        return built
     if {"ours", "request_staggered"} & set(configs):
         built["request"] = DiffusionEngine(path, config=StageDeployConfig(**engine_config))
     if "step_staggered" in configs:
@@ -231,6 +247,9 @@ def build(model: str, size: str, configs: tuple[str, ...], device: str = "cpu", 
 
 
 def runners(built: dict, kwargs: dict, gap: float) -> dict:
+    if "omni" in built:
+        return {"ours": lambda: run_omni(built["omni"], kwargs), "sequential": lambda: run_sequential(built["pipe"], kwargs),
+                "batched": lambda: run_batched(built["pipe"], kwargs)}
     return {
         "ours": lambda: run_ours(built["request"], kwargs),
         "sequential": lambda: run_sequential(built["pipe"], kwargs),
@@ -253,7 +272,7 @@ def bench(model: str, size: str, repeats: int, device: str = "cpu", dtype: str =
     configs = tuple(c for c in CONFIGS if not (c == "batched" and model in ONE_PROMPT_PER_CALL))
     built = build(model, size, configs, device, dtype)
     # One request's latency alone, warm (the first run pays one-off costs).
-    gap = min(single_latency(built["request"], kwargs) for _ in range(3)) / 4
+    gap = 0.0 if model in OMNI_MODELS else min(single_latency(built["request"], kwargs) for _ in range(3)) / 4
     fns = {name: fn for name, fn in runners(built, kwargs, gap).items() if name in configs}
     best = {name: float("inf") for name in fns}
     best_cpu = dict(best)
@@ -270,8 +289,9 @@ def bench(model: str, size: str, repeats: int, device: str = "cpu", dtype: str =
                 best_cpu[name] = min(best_cpu[name], time.process_time() - c0)
                 if name in latency:
                     latency[name] = min(latency[name], results[name])
-    for key in ("request", "step"):
-        built[key].close()
+    for key in ("request", "step", "omni"):
+        if key in built:
+            built[key].close()
     if model in AUDIO_MODELS:  # float waveforms: the largest sample difference
         diff = max(float(np.abs(a - b).max()) for a, b in zip(results["ours"], results["sequential"]))
         audio_seconds = sum(len(a) for a in results["ours"]) / built["pipe"].vae.config.sampling_rate
@@ -408,7 +428,8 @@ def video_table(rows: list[dict]) -> str:
 
 def peak_rss(model: str, size: str, threads: int, device: str = "cpu", dtype: str = "float32") -> dict[str, float]:
     out = {}
-    for config in (c for c in CONFIGS if not (c == "batched" and model in ONE_PROMPT_PER_CALL)):
+    for config in (CONFIGS[:3] if model in OMNI_MODELS else
+                   (c for c in CONFIGS if not (c == "batched" and model in ONE_PROMPT_PER_CALL))):
         cmd = [sys.executable, __file__, "--memory-probe", model, size, config, "--threads", str(threads),
                "--device", device, "--dtype", dtype] + (["--one-prompt"] if len(set(PROMPTS)) == 1 else [])
         result = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -454,6 +475,8 @@ def table(rows: list[dict]) -> str:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
+        if r["model"] in OMNI_MODELS:
+            continue
         lat, m = r["latency"], r.get("rss", {})
         rss = f"{m['step_staggered']:.0f} / {m['request_staggered']:.0f} MiB" if m else "-"
         lines.append(

@@ -1,6 +1,8 @@
 """Edge checks that turn a `StageRequest` into the pipeline's `DiffusionRequest`.
 
-`inputs` is the user prompt: a str, or `{"prompt": str, "image": PIL | [PIL, ...]}`;
+`inputs` is the user prompt: a str, or `{"prompt": str, "image": PIL | [PIL, ...]}`, plus,
+from an upstream stage, `"condition"`: a dict the family's pipeline reads (an AR -> DiT
+hand-off, e.g. GLM-Image's prior image tokens; see `omnistage.models.ar_to_dit`);
 `params` is `DiffusionParams`, a dict of its fields, or None. Every problem raises a
 `RequestError` naming the field, before anything is queued. Model-dependent checks (sizes,
 extras, whether an image is needed) run afterwards in the pipeline's `prepare_request`,
@@ -17,7 +19,7 @@ from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.engine.types import RequestError, StageRequest
 
-INPUT_KEYS = ("prompt", "image")
+INPUT_KEYS = ("prompt", "image", "condition")
 
 
 def parse_prompt(inputs: Any) -> tuple[str, list[Any]]:
@@ -67,11 +69,21 @@ def check_default_params(defaults: Mapping[str, Any]) -> None:
     DiffusionParams(**defaults)
 
 
+def parse_condition(inputs: Any) -> dict[str, Any]:
+    condition = inputs.get("condition") if isinstance(inputs, Mapping) else None
+    if condition is None:
+        return {}
+    if not isinstance(condition, Mapping):
+        raise RequestError(f"condition must be a dict, got {type(condition).__name__}", "condition")
+    return dict(condition)
+
+
 def to_diffusion_request(request: StageRequest, defaults: Mapping[str, Any]) -> DiffusionRequest:
     if not isinstance(request.request_id, str) or not request.request_id:
         raise RequestError("request_id must be a non-empty string")
     prompt, images = parse_prompt(request.inputs)
-    return DiffusionRequest(request.request_id, prompt, parse_params(request.params, defaults), images)
+    return DiffusionRequest(request.request_id, prompt, parse_params(request.params, defaults), images,
+                            condition=parse_condition(request.inputs))
 
 
 def freeze(value: Any) -> Any:

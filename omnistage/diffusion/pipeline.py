@@ -41,6 +41,9 @@ class DiffusionRequest:
     prompt: str
     params: DiffusionParams
     images: list[Any] = field(default_factory=list)  # input PIL images (edit, I2V)
+    condition: dict[str, Any] = field(default_factory=dict)
+    """What an upstream stage conditions this request on (an AR -> DiT hand-off, e.g. GLM-Image's
+    prior image tokens); the family's pipeline checks and reads it. Empty for a one-stage model."""
 
 
 @dataclass

@@ -56,11 +56,14 @@ from omnistage.engine.outputs import Delta, OmniOutput, StageStream, fill_media
 from omnistage.engine.restart import RestartPolicy
 from omnistage.engine.stage_handle import StageHandle, make_stage_handle
 from omnistage.engine.types import (
+    INVALID_REQUEST,
     UNAVAILABLE,
     EngineUnavailableError,
     InputChunk,
     ProgressPayload,
+    RequestError,
     StageOutput,
+    StageInputs,
     StageRequest,
 )
 
@@ -351,6 +354,9 @@ class Orchestrator:
 
     def _send(self, state: _RequestState, run: _StageRun, inputs: Any) -> None:
         rid, part = state.request.request_id, len(run.engine_ids)
+        fallback_params = None
+        if isinstance(inputs, StageInputs):
+            inputs, fallback_params = inputs.inputs, inputs.params
         if run.stage.stream_input and run.stage.kind == "ar" and run.engine_ids:
             # the AR stage's one request goes on: extend it (after its start, in dispatch order)
             self._to_dispatch.append((run.stage.id, StageRequest(rid, InputChunk(inputs))))
@@ -360,6 +366,8 @@ class Orchestrator:
         self._engine_ids[(run.stage.id, engine_id)] = (rid, part)
         run.metrics.on_start(state.request.arrival_time if not run.stage.inputs else None)
         params = state.request.params.get(run.stage.id)
+        if params is None:  # the processor's params stand in for missing user params
+            params = fallback_params
         self._to_dispatch.append((run.stage.id, StageRequest(engine_id, inputs, params)))
 
     def _dispatch(self) -> None:
@@ -493,6 +501,9 @@ class Orchestrator:
         """Run a model's processor; if it raises, fail the request naming the stage."""
         try:
             return True, fn(*args)
+        except RequestError as e:  # the request's inputs, not the processor: a 400 naming the field
+            self._fail(state, stage, f"{what}: {e.message}", INVALID_REQUEST, e.param)
+            return False, None
         except Exception as e:
             logger.exception("stage %s: %s failed for request %s", stage.label, what, state.request.request_id)
             self._fail(state, stage, f"{what} raised {type(e).__name__}: {e}")

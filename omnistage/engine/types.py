@@ -97,6 +97,15 @@ class StageRequest:
 
 
 @dataclass
+class StageInputs:
+    """What an input processor may return instead of bare inputs: the inputs plus the params
+    the stage runs with when the user gave that stage none (e.g. GLM-Image's AR prior draws
+    its tokens with the image's seed, as the reference pipeline does)."""
+    inputs: Any
+    params: Any = None
+
+
+@dataclass
 class InputChunk:
     """`StageRequest.inputs` that continue a live request's inputs: a streamed upstream into an AR
     stage extends one running sequence instead of starting one request per chunk. Sent under

@@ -53,6 +53,7 @@ def _load_builders() -> None:
     from omnistage.testing import qwen_image21_models, qwen_image_edit_plus_models  # noqa: F401
     from omnistage.testing import stable_audio_models  # noqa: F401
     from omnistage.testing import qwen3_tts_models  # noqa: F401
+    from omnistage.testing import glm_image_models  # noqa: F401
 
 
 def list_models() -> list[ZooModel]:

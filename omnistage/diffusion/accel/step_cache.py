@@ -46,7 +46,7 @@ class BlockChain:
     the hidden states first, or as `hidden_states=`, and return them (Wan, Z-Image, Stable Audio,
     FLUX.2's single-stream blocks over the joined text and image tokens); positional_pair: blocks take
     (hidden_states, encoder_hidden_states, ...) positionally and return them in that order
-    (HunyuanVideo-1.5)."""
+    (HunyuanVideo-1.5, GLM-Image)."""
     token_mask_arg: int | None = None
     """Position of a [B, tokens] mask of real tokens among a block's args, when the
     transformer pads rows to the batch's longest (Z-Image); padding is left out of distances."""
