@@ -253,15 +253,6 @@ class RayStageHandle(StageHandle):
             self.live.clear()
         return outputs
 
-    def _keep_live(self, outputs: list[StageOutput]) -> list[StageOutput]:
-        kept = []
-        for out in outputs:
-            if out.request_id in self.live:
-                if out.finished or out.error is not None:
-                    self.live.discard(out.request_id)
-                kept.append(out)
-        return kept
-
     def _poll_loop(self) -> None:
         """The poller thread: one `poll` in flight at a time; what it brings goes to the inbox."""
         ray = ray_utils.import_ray()

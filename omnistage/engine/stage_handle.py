@@ -153,6 +153,17 @@ class StageHandle:
     def close(self) -> None:
         raise NotImplementedError
 
+    def _keep_live(self, outputs: list[StageOutput]) -> list[StageOutput]:
+        """The outputs of requests still live here (`self.live`, kept by the out-of-process
+        handles); a finished or failed one stops being live."""
+        kept = []
+        for out in outputs:
+            if out.request_id in self.live:
+                if out.finished or out.error is not None:
+                    self.live.discard(out.request_id)
+                kept.append(out)
+        return kept
+
 
 class InprocStageHandle(StageHandle):
     def __init__(self, engine: Engine):
@@ -258,15 +269,6 @@ class ProcessStageHandle(StageHandle):
             outputs += [error_output(rid, self.dead_reason) for rid in sorted(self.live)]
             self.live.clear()
         return outputs
-
-    def _keep_live(self, outputs: list[StageOutput]) -> list[StageOutput]:
-        kept = []
-        for out in outputs:
-            if out.request_id in self.live:
-                if out.finished or out.error is not None:
-                    self.live.discard(out.request_id)
-                kept.append(out)
-        return kept
 
     def _on_death(self) -> None:
         self.dead_reason = f"stage process died (exit code {self._proc.exitcode})"
