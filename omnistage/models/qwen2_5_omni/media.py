@@ -17,6 +17,8 @@ import torch
 
 from omnistage.models.qwen2_5_omni.processors import ChatMedia
 
+AUDIO_SAMPLE_RATE = 16000  # the Whisper feature extractor's input rate
+
 
 @dataclass
 class MediaPrompt:
@@ -62,9 +64,9 @@ def joint_deepstack(prompt: MediaPrompt, tokens: tuple[int, ...]) -> list[torch.
 
 class OmniMedia:
     """Mixin for a thinker with `audio_token_id`, `image_token_id`, `video_token_id`,
-    `audio_bos_id`, `audio_eos_id`, `image_processor`, `video_rules`, `model` and `device`;
-    it implements `_encode_audio(prompt, clips) -> counts`, `_encode_images(prompt, images) -> counts`
-    and `_interleave(times, num_audio)`."""
+    `audio_bos_id`, `audio_eos_id`, `feature_extractor`, `image_processor`, `video_rules`, `model`
+    and `device`; the family gives `audio_feature_kwargs` (its processor's padding),
+    `_audio_token_counts(seqlens)` and `_interleave(times, num_audio)`."""
 
     def _encode_media(self, ids: list[int], media: ChatMedia, with_audio: bool) -> MediaPrompt:
         """Encode every media part and lay its placeholder out as the processor does: one
@@ -106,6 +108,32 @@ class OmniMedia:
                 expanded.append(t)
         prompt.ids = expanded
         return prompt
+
+    def _encode_audio(self, prompt: MediaPrompt, audios: list[tuple[Any, int]]) -> list[int]:
+        """The clips through the Whisper features (the family's `audio_feature_kwargs`) and the audio
+        encoder; returns each clip's token count."""
+        from omnistage.media.audio import resample
+
+        if self.feature_extractor is None:
+            raise ValueError("this checkpoint has no audio feature extractor (preprocessor_config.json)")
+        waves = [resample(audio, rate, AUDIO_SAMPLE_RATE) for audio, rate in audios]
+        features = self.feature_extractor(waves, sampling_rate=AUDIO_SAMPLE_RATE, return_attention_mask=True,
+                                          return_tensors="pt", **self.audio_feature_kwargs)
+        mask = features["attention_mask"].to(self.device)
+        prompt.audio_seqlens = mask.sum(-1)
+        features = features["input_features"].to(self.device, self.model.dtype)
+        prompt.embeds[self.audio_token_id] = self.model.get_audio_features(features, mask).last_hidden_state
+        return self._audio_token_counts(prompt.audio_seqlens)
+
+    def _encode_images(self, prompt: MediaPrompt, images: list[Any]) -> list[int]:
+        """Pixels by the checkpoint's image processor (PIL path), one placeholder per merged patch."""
+        if self.image_processor is None:
+            raise ValueError("this checkpoint has no image processor (preprocessor_config.json image fields)")
+        pixels = self.image_processor(images=images, return_tensors="pt")
+        prompt.image_grid = pixels["image_grid_thw"].to(self.device)
+        self._store_features(prompt, self.image_token_id, self.model.get_image_features(
+            pixels["pixel_values"].to(self.device, self.model.dtype), prompt.image_grid))
+        return (prompt.image_grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
 
     def _store_features(self, prompt: MediaPrompt, token: int, out: Any) -> None:
         """A vision encoder output for `token`'s positions (a deepstack thinker also keeps its layers)."""

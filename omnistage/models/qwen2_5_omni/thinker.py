@@ -33,12 +33,11 @@ import torch
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
-from omnistage.models.qwen2_5_omni.media import MediaPrompt, OmniMedia, prompt_options
+from omnistage.models.qwen2_5_omni.media import OmniMedia, prompt_options
 from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE, chat_media
 from omnistage.models.qwen2_5_omni.video import VideoRules, interleave_in_chunks
 from omnistage.models.qwen2_5_omni.weights import check_voice, load_speakers, load_thinker
 
-AUDIO_SAMPLE_RATE = 16000  # the Whisper feature extractor's input rate
 
 
 @dataclass
@@ -55,6 +54,9 @@ class ThinkerState:
 
 
 class OmniThinker(OmniMedia, ARModel):
+    # Qwen2_5OmniProcessor's audio settings: every clip padded to the feature extractor's length.
+    audio_feature_kwargs = {"padding": "max_length"}
+
     # Text prompts are token ids with M-RoPE positions known per position, so they chunk,
     # hit the prefix cache and recompute; prompts with audio are prefilled whole (below).
     supports_chunked_prefill = True
@@ -135,34 +137,14 @@ class OmniThinker(OmniMedia, ARModel):
         # from the media, not the ids, so such prompts are neither shared nor recomputed from ids.
         return prompt.model_state.media is None
 
-    def _encode_audio(self, prompt: MediaPrompt, audios: list[tuple[Any, int]]) -> list[int]:
-        from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import _get_feat_extract_output_lengths
-
-        from omnistage.media.audio import resample
-
-        if self.feature_extractor is None:
-            raise ValueError("this checkpoint has no audio feature extractor (preprocessor_config.json)")
-        waves = [resample(audio, rate, AUDIO_SAMPLE_RATE) for audio, rate in audios]
-        features = self.feature_extractor(waves, sampling_rate=AUDIO_SAMPLE_RATE, padding="max_length",
-                                          return_attention_mask=True, return_tensors="pt")
-        mask = features["attention_mask"].to(self.device)
-        prompt.audio_seqlens = mask.sum(-1)
-        features = features["input_features"].to(self.device, self.model.dtype)
-        prompt.embeds[self.audio_token_id] = self.model.get_audio_features(features, mask).last_hidden_state
-        return _get_feat_extract_output_lengths(prompt.audio_seqlens).tolist()
-
-    def _encode_images(self, prompt: MediaPrompt, images: list[Any]) -> list[int]:
-        """Pixels by the checkpoint's image processor (PIL path), one `<|IMAGE|>` per merged patch."""
-        if self.image_processor is None:
-            raise ValueError("this checkpoint has no image processor (preprocessor_config.json image fields)")
-        pixels = self.image_processor(images=images, return_tensors="pt")
-        prompt.image_grid = pixels["image_grid_thw"].to(self.device)
-        self._store_features(prompt, self.image_token_id, self.model.get_image_features(
-            pixels["pixel_values"].to(self.device, self.model.dtype), prompt.image_grid))
-        return (prompt.image_grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
-
     def _interleave(self, times, num_audio: int) -> list[str]:
         return interleave_in_chunks(times, num_audio, self.video_rules)
+
+    @staticmethod
+    def _audio_token_counts(seqlens: torch.Tensor) -> list[int]:
+        from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import _get_feat_extract_output_lengths
+
+        return _get_feat_extract_output_lengths(seqlens).tolist()
 
     # --- the forward ---------------------------------------------------------------------------
 

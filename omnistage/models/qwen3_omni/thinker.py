@@ -45,7 +45,6 @@ from omnistage.models.qwen2_5_omni.video import VideoRules, interleave_by_time
 from omnistage.models.qwen3_omni.processors import DEFAULT_VOICE
 from omnistage.models.qwen3_omni.weights import check_voice, load_thinker, speaker_ids
 
-AUDIO_SAMPLE_RATE = 16000  # the Whisper feature extractor's input rate
 
 
 @dataclass
@@ -64,6 +63,9 @@ class ThinkerState:
 
 
 class Qwen3OmniThinker(OmniMedia, ARModel):
+    # Qwen3OmniMoeProcessor's audio settings: a request's clips padded to the longest of them.
+    audio_feature_kwargs = {"padding": True, "truncation": False}
+
     def __init__(self, model, tokenizer, feature_extractor, speakers: dict[str, int], tts_ids: tuple[int, int, int],
                  accept_hidden_layer: int, eos: tuple[int, ...], device: torch.device, image_processor=None) -> None:
         text_config = model.config.text_config
@@ -146,39 +148,18 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
                              talker_extras=extras)
         return PromptInputs(prompt.ids, state)
 
-    def _encode_audio(self, prompt: MediaPrompt, audios: list[tuple[Any, int]]) -> list[int]:
-        from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
-
-        from omnistage.media.audio import resample
-
-        if self.feature_extractor is None:
-            raise ValueError("this checkpoint has no audio feature extractor (preprocessor_config.json)")
-        waves = [resample(audio, rate, AUDIO_SAMPLE_RATE) for audio, rate in audios]
-        # The processor's audio settings: pad to the longest clip of the request, keep the mask.
-        features = self.feature_extractor(waves, sampling_rate=AUDIO_SAMPLE_RATE, padding=True, truncation=False,
-                                          return_attention_mask=True, return_tensors="pt")
-        mask = features["attention_mask"].to(self.device)
-        prompt.audio_seqlens = mask.sum(-1)
-        features = features["input_features"].to(self.device, self.model.dtype)
-        prompt.embeds[self.audio_token_id] = self.model.get_audio_features(features, mask).last_hidden_state
-        return _get_feat_extract_output_lengths(prompt.audio_seqlens).tolist()
-
-    def _encode_images(self, prompt: MediaPrompt, images: list[Any]) -> list[int]:
-        """Pixels by the checkpoint's image processor (PIL path), one `<|image_pad|>` per merged patch."""
-        if self.image_processor is None:
-            raise ValueError("this checkpoint has no image processor (preprocessor_config.json image fields)")
-        pixels = self.image_processor(images=images, return_tensors="pt")
-        prompt.image_grid = pixels["image_grid_thw"].to(self.device)
-        self._store_features(prompt, self.image_token_id, self.model.get_image_features(
-            pixels["pixel_values"].to(self.device, self.model.dtype), prompt.image_grid))
-        return (prompt.image_grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
-
     def _store_features(self, prompt: MediaPrompt, token: int, out: Any) -> None:
         prompt.embeds[token] = torch.cat(out.pooler_output)
         prompt.deepstack[token] = [torch.cat(per_item) for per_item in out.deepstack_features]
 
     def _interleave(self, times, num_audio: int) -> list[str]:
         return interleave_by_time(times, num_audio)
+
+    @staticmethod
+    def _audio_token_counts(seqlens: torch.Tensor) -> list[int]:
+        from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
+
+        return _get_feat_extract_output_lengths(seqlens).tolist()
 
     # --- the forward ---------------------------------------------------------------------------
 
