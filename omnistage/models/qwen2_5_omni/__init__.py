@@ -51,11 +51,25 @@ TOKEN2WAV_STAGE = StageSpec(
 )
 
 QWEN2_5_OMNI = PipelineSpec(name="qwen2_5_omni", stages=(THINKER_STAGE, TALKER_STAGE, TOKEN2WAV_STAGE))
-QWEN2_5_OMNI_WHOLE_HANDOFF = PipelineSpec(
-    name="qwen2_5_omni_whole_handoff",
-    stages=(dataclasses.replace(THINKER_STAGE, chunk_processor=None),
-            dataclasses.replace(TALKER_STAGE, stream_input=False, input_processor=talker_inputs), TOKEN2WAV_STAGE),
-)
+
+
+def whole_handoff(name: str, thinker: StageSpec, talker: StageSpec, vocoder: StageSpec,
+                  whole_inputs) -> PipelineSpec:
+    """An omni pipeline whose talker starts from the thinker's finished output (`whole_inputs`)
+    instead of following its stream: the same greedy output, later. Shared by the Qwen omni families."""
+    return PipelineSpec(name=name, stages=(
+        dataclasses.replace(thinker, chunk_processor=None),
+        dataclasses.replace(talker, stream_input=False, input_processor=whole_inputs), vocoder))
+
+
+def audio_wanted(files: ModelFiles, deploy: PipelineDeployConfig) -> bool:
+    """Whether an omni checkpoint can speak and the deploy wants it to (else the thinker runs alone)."""
+    audio_in_checkpoint = (files.config or {}).get("enable_audio_output", True)
+    return audio_in_checkpoint and (deploy.output_modalities is None or "audio" in deploy.output_modalities)
+
+
+QWEN2_5_OMNI_WHOLE_HANDOFF = whole_handoff("qwen2_5_omni_whole_handoff", THINKER_STAGE, TALKER_STAGE,
+                                           TOKEN2WAV_STAGE, talker_inputs)
 """The talker starts once the thinker has finished (`Omni(path, pipeline=QWEN2_5_OMNI_WHOLE_HANDOFF)`):
 the same tokens and audio as the streamed hand-off under greedy decoding, later."""
 QWEN2_5_OMNI_THINKER_ONLY = PipelineSpec(
@@ -68,9 +82,7 @@ QWEN2_5_OMNI_THINKER_ONLY = PipelineSpec(
 
 def resolve_qwen2_5_omni(files: ModelFiles, deploy: PipelineDeployConfig) -> PipelineSpec:
     """The three-stage pipeline, or the thinker alone when no audio is wanted or possible."""
-    audio_in_checkpoint = (files.config or {}).get("enable_audio_output", True)
-    audio_wanted = deploy.output_modalities is None or "audio" in deploy.output_modalities
-    return QWEN2_5_OMNI if audio_in_checkpoint and audio_wanted else QWEN2_5_OMNI_THINKER_ONLY
+    return QWEN2_5_OMNI if audio_wanted(files, deploy) else QWEN2_5_OMNI_THINKER_ONLY
 
 
 register_ar_model("qwen2_5_omni.thinker", "omnistage.models.qwen2_5_omni.thinker:OmniThinker")

@@ -16,11 +16,10 @@ Video parts are read on the PIL/numpy path of `qwen2_5_omni.video` (transformers
 processors are torchvision-only); `use_audio_in_video` takes text output only (see the thinker).
 """
 
-import dataclasses
-
 from omnistage.ar.model import register_ar_model
 from omnistage.config import ModelFiles, PipelineDeployConfig, PipelineSpec, StageSpec, register_pipeline
 from omnistage.generation.decoder import register_decoder
+from omnistage.models.qwen2_5_omni import audio_wanted, whole_handoff
 from omnistage.models.qwen3_omni.params import Code2WavParams
 from omnistage.models.qwen3_omni.processors import (
     CODE2WAV,
@@ -54,11 +53,8 @@ CODE2WAV_STAGE = StageSpec(
 )
 
 QWEN3_OMNI = PipelineSpec(name="qwen3_omni", stages=(THINKER_STAGE, TALKER_STAGE, CODE2WAV_STAGE))
-QWEN3_OMNI_WHOLE_HANDOFF = PipelineSpec(
-    name="qwen3_omni_whole_handoff",
-    stages=(dataclasses.replace(THINKER_STAGE, chunk_processor=None),
-            dataclasses.replace(TALKER_STAGE, stream_input=False, input_processor=talker_inputs), CODE2WAV_STAGE),
-)
+QWEN3_OMNI_WHOLE_HANDOFF = whole_handoff("qwen3_omni_whole_handoff", THINKER_STAGE, TALKER_STAGE, CODE2WAV_STAGE,
+                                         talker_inputs)
 """The talker starts once the thinker has finished (`Omni(path, pipeline=QWEN3_OMNI_WHOLE_HANDOFF)`):
 the same tokens and audio as the streamed hand-off under greedy decoding, later."""
 QWEN3_OMNI_THINKER_ONLY = PipelineSpec(
@@ -71,9 +67,7 @@ QWEN3_OMNI_THINKER_ONLY = PipelineSpec(
 
 def resolve_qwen3_omni(files: ModelFiles, deploy: PipelineDeployConfig) -> PipelineSpec:
     """The three-stage pipeline, or the thinker alone when no audio is wanted or possible."""
-    audio_in_checkpoint = (files.config or {}).get("enable_audio_output", True)
-    audio_wanted = deploy.output_modalities is None or "audio" in deploy.output_modalities
-    return QWEN3_OMNI if audio_in_checkpoint and audio_wanted else QWEN3_OMNI_THINKER_ONLY
+    return QWEN3_OMNI if audio_wanted(files, deploy) else QWEN3_OMNI_THINKER_ONLY
 
 
 register_ar_model("qwen3_omni.thinker", "omnistage.models.qwen3_omni.thinker:Qwen3OmniThinker")
