@@ -17,6 +17,8 @@ from omnistage.ar.model import ARModel, ModelInput, ModelOutput
 
 class HFCausalLM(ARModel):
     supports_chunked_prefill = True  # token ids in, plain positions: any span can be fed
+    supports_packed_batch = True  # and the layers see only ids, positions and the mask
+
     def __init__(self, model, tokenizer, eos_token_ids: tuple[int, ...], device: torch.device) -> None:
         text_config = model.config.get_text_config()
         self.model = model
@@ -45,19 +47,24 @@ class HFCausalLM(ARModel):
         masks = {}
         for kind in self.mask_types:
             masks[kind] = batch.attention_mask if kind == "full_attention" else self._sliding(batch)
-        keep = batch.last_indices[:, None] if batch.last_indices is not None else 1
+        if batch.packed:
+            keep = batch.last_indices  # [B] positions of the one packed row
+        else:
+            keep = batch.last_indices[:, None] if batch.last_indices is not None else 1
         want_states = batch.output_hidden_states or batch.output_input_embeds
         out = self.model(input_ids=batch.input_ids, position_ids=batch.positions, attention_mask=masks,
                          cache=cache, use_cache=True, logits_to_keep=keep, output_hidden_states=want_states)
         states = out.hidden_states
         return ModelOutput(
-            logits=out.logits[:, -1],
+            logits=out.logits[0] if batch.packed else out.logits[:, -1],
             hidden_states=states[-1] if batch.output_hidden_states else None,
             input_embeds=states[0] if batch.output_input_embeds else None,
         )
 
     def _sliding(self, batch: ModelInput) -> torch.Tensor:
-        keys = torch.arange(batch.kv_len, device=batch.positions.device)
+        keys = batch.key_positions
+        if keys is None:
+            keys = torch.arange(batch.kv_len, device=batch.positions.device)
         in_window = keys[None, None, :] > batch.positions[:, :, None] - self.sliding_window
         return batch.attention_mask & in_window[:, None]
 

@@ -50,15 +50,20 @@ class PromptInputs:
 
 @dataclass
 class ModelInput:
-    """One batched forward, padded to `[B, T]` (T = 1 in decode)."""
+    """One batched forward, padded to `[B, T]` (T = 1 in decode), or packed (`packed`): the
+    rows' tokens laid end to end in one row of N, as vLLM's flattened batch, so a step's
+    decodes and prompt chunks share one forward without padding."""
     input_ids: torch.Tensor
-    """[B, T] long; padding positions hold 0."""
+    """[B, T] long; padding positions hold 0. Packed: [1, N]."""
     positions: torch.Tensor
-    """[B, T] long: each token's position in its sequence."""
+    """[B, T] long: each token's position in its sequence. Packed: [1, N]."""
     attention_mask: torch.Tensor
-    """[B, 1, T, kv_len] bool, True = attend: causal, within the row's real tokens."""
+    """[B, 1, T, kv_len] bool, True = attend: causal, within the row's real tokens. Packed:
+    [1, 1, N, kv_len], where the keys are every row's context end to end and a token sees its
+    own row's keys up to its position."""
     last_indices: torch.Tensor | None
-    """Prefill: [B] index of each row's last real token (where logits are taken); decode: None."""
+    """Prefill: [B] index of each row's last real token (where logits are taken); decode: None.
+    Packed: [B] index into N of each row's last token."""
     query_lens: list[int]
     """Real (unpadded) tokens per row."""
     kv_len: int
@@ -73,6 +78,10 @@ class ModelInput:
     context_lens: list[int] | None = None
     """Tokens of each row already in the KV cache before this forward (row i feeds positions
     context_lens[i]..); all 0 in a prefill unless the model `supports_chunked_prefill`."""
+    packed: bool = False
+    """The packed layout (only for a model that `supports_packed_batch`)."""
+    key_positions: torch.Tensor | None = None
+    """Packed: [kv_len] each key's position in its own row (a sliding window needs it)."""
 
 
 @dataclass
@@ -80,9 +89,9 @@ class ModelOutput:
     logits: torch.Tensor
     """[B, V] at each row's last real position."""
     hidden_states: torch.Tensor | None = None
-    """[B, T, H] last-layer (final-norm) hidden states, when `output_hidden_states`."""
+    """[B, T, H] last-layer (final-norm) hidden states, when `output_hidden_states` ([1, N, H] packed)."""
     input_embeds: torch.Tensor | None = None
-    """[B, T, H] the embeddings fed to the first layer, when `output_input_embeds`."""
+    """[B, T, H] the embeddings fed to the first layer, when `output_input_embeds` ([1, N, H] packed)."""
     extras: list[dict[str, Any]] | None = None
     """Per-row tensors for `TextPayload.extras` (this step's values)."""
 
@@ -104,6 +113,10 @@ class ARModel(ABC):
     recompute after preemption need. A family that builds its prefill from per-request
     embeddings leaves it False: its prompts are prefilled whole, never reuse cached blocks,
     and reserve their blocks for their whole length at admission (so are never preempted)."""
+    supports_packed_batch: bool = False
+    """`forward` takes the packed layout (`ModelInput.packed`): a step with both decodes and
+    prompt chunks then runs as one forward, and the token budget counts real tokens. Else such
+    a step is two forwards (decodes, then padded prompt chunks)."""
     device: Any = None
 
     @classmethod

@@ -1,12 +1,19 @@
 """Turns a `SchedulerOutput` into tensors, runs the model, samples one token per caught-up row.
 
 The only torch-facing part of the AR engine besides the model and the cache. A step is
-at most two forwards: its decodes (`[B, 1]`) and its prompt chunks (`[B, T]`, padded).
-NOTE: two, not one ragged forward as vLLM's: transformers' model classes take a padded
-batch, and padding every decode row to a chunk's length would cost more than the
-second forward's overhead. Families keep their two code paths (prefill reads prompt
-embeddings, decode the last token). The per-step work outside the forwards is a
-handful of small tensors built from Python lists.
+one or two forwards:
+
+- a model that `supports_packed_batch` runs a step with decodes and prompt chunks as ONE
+  packed forward (every row's tokens end to end, `[1, N]`, as vLLM's flattened batch), so
+  a newcomer's prefill costs the running streams one forward, not two. Its keys are every
+  row's context end to end and the mask keeps each token in its own row; that mask grows
+  as tokens x keys, so decode-only and prefill-only steps keep the padded layout, where
+  attention is per row;
+- otherwise its decodes (`[B, 1]`) and its prompt chunks (`[B, T]`, padded) are two
+  forwards: families with their own forward keep their two code paths (prefill reads
+  prompt embeddings, decode the last token).
+
+The per-step work outside the forwards is a handful of small tensors built from Python lists.
 """
 
 from __future__ import annotations
@@ -73,13 +80,16 @@ class ModelRunner:
         """Run the step's decodes, then its prefills (one forward each); `num_blocks`: the largest
         block id in use + 1. Returns the sampled token of every sequence the step caught up."""
         out = RunnerOutput({}, {})
+        if batch.decodes and batch.prefills and self.model.supports_packed_batch:
+            items = batch.decodes + batch.prefills
+            self._run_group(items, self._prepare_packed(items, num_blocks), out)
+            return out
         for items, is_prefill in ((batch.decodes, False), (batch.prefills, True)):
             if items:
-                self._run_group(items, is_prefill, num_blocks, out)
+                self._run_group(items, self._prepare(items, is_prefill, num_blocks), out)
         return out
 
-    def _run_group(self, items: list[ScheduledSeq], is_prefill: bool, num_blocks: int, result: RunnerOutput) -> None:
-        inp = self._prepare(items, is_prefill, num_blocks)
+    def _run_group(self, items: list[ScheduledSeq], inp: ModelInput, result: RunnerOutput) -> None:
         out = self.model.forward(inp, self.cache)
         rows = [i for i, item in enumerate(items) if item.samples]
         if rows:
@@ -150,17 +160,53 @@ class ModelRunner:
             context_lens=starts,
         )
 
+    def _prepare_packed(self, items: list[ScheduledSeq], num_blocks: int) -> ModelInput:
+        """Row i's `n_i` tokens (positions start_i..) end to end in one row of N, and row i's
+        `start_i + n_i` keys end to end in one key row of K; token j sees key k when both are
+        in the same row and k's position is not after j's."""
+        seqs = [item.seq for item in items]
+        starts = [item.start for item in items]
+        lens = [item.num_new for item in items]
+        ctxs = [s + n for s, n in zip(starts, lens)]
+        r, dev, size = len(items), self.device, self.block_size
+        width = -(-max(ctxs) // size)
+        tables = [seq.block_table[:width] + [0] * (width - len(seq.block_table)) for seq in seqs]
+        slots = (torch.tensor(tables, device=dev)[:, :, None] * size + self._arange[:size]).view(r, width * size)
+        starts_t, lens_t, ctxs_t = torch.tensor([starts, lens, ctxs], device=dev)
+        rows = torch.arange(r, device=dev)
+        token_row = rows.repeat_interleave(lens_t)
+        first_token = lens_t.cumsum(0) - lens_t
+        token_pos = starts_t[token_row] + torch.arange(token_row.shape[0], device=dev) - first_token[token_row]
+        key_row = rows.repeat_interleave(ctxs_t)
+        first_key = ctxs_t.cumsum(0) - ctxs_t
+        key_pos = torch.arange(key_row.shape[0], device=dev) - first_key[key_row]
+        mask = (key_row == token_row[:, None]) & (key_pos <= token_pos[:, None])
+        fed = [[seq.last_token_id] if n == 1 and s + 1 == seq.num_tokens else seq.all_token_ids[s:s + n]
+               for seq, s, n in zip(seqs, starts, lens)]
+        ids = torch.tensor([t for row in fed for t in row], device=dev)
+        self.cache.begin(num_blocks, slots[token_row, token_pos], slots[key_row, key_pos], key_row.shape[0])
+        want_hidden, want_embeds = _wants(seqs)
+        return ModelInput(
+            input_ids=ids[None], positions=token_pos[None], attention_mask=mask[None, None],
+            last_indices=first_token + lens_t - 1, query_lens=lens, kv_len=key_row.shape[0], seqs=seqs,
+            is_prefill=True, output_hidden_states=want_hidden, output_input_embeds=want_embeds,
+            context_lens=starts, packed=True, key_positions=key_pos,
+        )
+
     # --- per-request state outputs ----------------------------------------------------------
 
     def _keep(self, store: dict[str, _StateRows], inp: ModelInput, states: torch.Tensor, flag: str) -> None:
-        for i, seq in enumerate(inp.seqs):
+        first = 0
+        for i, (seq, n) in enumerate(zip(inp.seqs, inp.query_lens)):
+            row = states[0, first:first + n] if inp.packed else states[i, :n]
+            first += n
             if not getattr(seq, flag):
                 continue
             rows = store.get(seq.request_id)
             if rows is None:
                 capacity = seq.num_prompt_tokens + seq.max_tokens
                 rows = store[seq.request_id] = _StateRows(capacity, states.shape[-1], states)
-            rows.add(states[i, :inp.query_lens[i]])
+            rows.add(row)
 
     def close(self) -> None:
         self.cache = None
