@@ -96,6 +96,17 @@ class ModelOutput:
     """Per-row tensors for `TextPayload.extras` (this step's values)."""
 
 
+def sdpa_mask(batch: ModelInput) -> torch.Tensor | None:
+    """The mask a family hands a transformers model for `batch`'s full-attention layers."""
+    # NOTE: one row has no padding, so its mask is plain causal (prefill from position 0) or
+    # all-visible (decode). Passing None lets SDPA take its is_causal path, as transformers'
+    # generate() does for an unpadded prompt: the same kernel, so the same floats, and
+    # near-tied logits of a greedy request resolve as in the reference. A chunk after
+    # cached keys is not square-causal, so it keeps its mask.
+    one_plain_row = len(batch.seqs) == 1 and not (batch.is_prefill and batch.context_lens and batch.context_lens[0])
+    return None if one_plain_row else batch.attention_mask
+
+
 class ARModel(ABC):
     """What the AR engine needs from a model (see module docstring)."""
 
