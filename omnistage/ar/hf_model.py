@@ -2,7 +2,10 @@
 
 The engine's attention masks are handed to the model as a ready mask mapping (the same
 door `generate` uses), so transformers builds no masks of its own, and the paged KV cache
-goes in through the public `cache=` argument. Nothing in transformers is patched.
+goes in through the public `cache=` argument. The model loads with packed_attention's
+attention function (registered through transformers' `AttentionInterface`), which is
+transformers' SDPA for padded batches and per-row SDPA for packed ones. Nothing in
+transformers is patched.
 """
 
 from __future__ import annotations
@@ -13,11 +16,13 @@ import torch
 
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput
+from omnistage.ar.packed_attention import ATTN_IMPLEMENTATION
 
 
 class HFCausalLM(ARModel):
     supports_chunked_prefill = True  # token ids in, plain positions: any span can be fed
-    supports_packed_batch = True  # and the layers see only ids, positions and the mask
+    supports_packed_batch = True  # and the layers see only ids, positions and the mask (a subclass
+    # with its own forward says False unless that forward takes the packed layout too)
 
     def __init__(self, model, tokenizer, eos_token_ids: tuple[int, ...], device: torch.device) -> None:
         text_config = model.config.get_text_config()
@@ -39,7 +44,7 @@ class HFCausalLM(ARModel):
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> HFCausalLM:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
         model = model.to(device).eval()
         return cls(model, load_tokenizer(model_path), eos_token_ids(model_path, model.config), device)
 
@@ -62,9 +67,9 @@ class HFCausalLM(ARModel):
         )
 
     def _sliding(self, batch: ModelInput) -> torch.Tensor:
-        keys = batch.key_positions
-        if keys is None:
-            keys = torch.arange(batch.kv_len, device=batch.positions.device)
+        if batch.packed:
+            return batch.attention_mask.windowed(self.sliding_window)
+        keys = torch.arange(batch.kv_len, device=batch.positions.device)
         in_window = keys[None, None, :] > batch.positions[:, :, None] - self.sliding_window
         return batch.attention_mask & in_window[:, None]
 

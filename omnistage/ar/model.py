@@ -35,6 +35,8 @@ from omnistage.config.components import ComponentRegistry, import_target
 if TYPE_CHECKING:
     import torch
 
+    from omnistage.ar.packed_attention import PackedAttention
+
     from omnistage.ar.sequence import Sequence
     from omnistage.config.spec import StageSpec
 
@@ -57,10 +59,9 @@ class ModelInput:
     """[B, T] long; padding positions hold 0. Packed: [1, N]."""
     positions: torch.Tensor
     """[B, T] long: each token's position in its sequence. Packed: [1, N]."""
-    attention_mask: torch.Tensor
-    """[B, 1, T, kv_len] bool, True = attend: causal, within the row's real tokens. Packed:
-    [1, 1, N, kv_len], where the keys are every row's context end to end and a token sees its
-    own row's keys up to its position."""
+    attention_mask: torch.Tensor | PackedAttention
+    """[B, 1, T, kv_len] bool, True = attend: causal, within the row's real tokens. Packed: a
+    `PackedAttention` (which keys each row's tokens see), read by `packed_sdpa`."""
     last_indices: torch.Tensor | None
     """Prefill: [B] index of each row's last real token (where logits are taken); decode: None.
     Packed: [B] index into N of each row's last token."""
@@ -80,8 +81,6 @@ class ModelInput:
     context_lens[i]..); all 0 in a prefill unless the model `supports_chunked_prefill`."""
     packed: bool = False
     """The packed layout (only for a model that `supports_packed_batch`)."""
-    key_positions: torch.Tensor | None = None
-    """Packed: [kv_len] each key's position in its own row (a sliding window needs it)."""
 
 
 @dataclass
@@ -125,9 +124,10 @@ class ARModel(ABC):
     embeddings leaves it False: its prompts are prefilled whole, never reuse cached blocks,
     and reserve their blocks for their whole length at admission (so are never preempted)."""
     supports_packed_batch: bool = False
-    """`forward` takes the packed layout (`ModelInput.packed`): a step with both decodes and
-    prompt chunks then runs as one forward, and the token budget counts real tokens. Else such
-    a step is two forwards (decodes, then padded prompt chunks)."""
+    """`forward` takes the packed layout (`ModelInput.packed`), its layers attending through
+    `packed_attention.packed_sdpa`: a step with prompt chunks beside decodes or other chunks
+    then runs as one forward, and the token budget counts real tokens. Else such a step is
+    two forwards (decodes, then padded prompt chunks)."""
     device: Any = None
 
     @classmethod

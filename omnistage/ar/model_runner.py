@@ -3,12 +3,11 @@
 The only torch-facing part of the AR engine besides the model and the cache. A step is
 one or two forwards:
 
-- a model that `supports_packed_batch` runs a step with decodes and prompt chunks as ONE
-  packed forward (every row's tokens end to end, `[1, N]`, as vLLM's flattened batch), so
-  a newcomer's prefill costs the running streams one forward, not two. Its keys are every
-  row's context end to end and the mask keeps each token in its own row; that mask grows
-  as tokens x keys, so decode-only and prefill-only steps keep the padded layout, where
-  attention is per row;
+- a model that `supports_packed_batch` runs a step with prompt chunks beside decodes or
+  other chunks as ONE packed forward (every row's tokens end to end, `[1, N]`, as vLLM's
+  flattened batch; attention per row, packed_attention.py): a newcomer's prefill costs
+  the running streams one forward, not two, and ragged prompts pay for no padding. A
+  decode-only step, or one prompt alone, is the padded layout (it has no padding);
 - otherwise its decodes (`[B, 1]`) and its prompt chunks (`[B, T]`, padded) are two
   forwards: families with their own forward keep their two code paths (prefill reads
   prompt embeddings, decode the last token).
@@ -25,6 +24,7 @@ import torch
 
 from omnistage.ar.kv_cache import PagedKVCache
 from omnistage.ar.model import ARModel, ModelInput
+from omnistage.ar.packed_attention import PackedAttention, PromptRow
 from omnistage.ar.sampler import Sampler
 from omnistage.ar.scheduler import ScheduledSeq, SchedulerOutput
 from omnistage.ar.sequence import Sequence
@@ -77,12 +77,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput, num_blocks: int) -> RunnerOutput:
-        """Run the step's decodes, then its prefills (one forward each); `num_blocks`: the largest
+        """Run the step (one packed forward, or its decodes, then its prefills); `num_blocks`: the largest
         block id in use + 1. Returns the sampled token of every sequence the step caught up."""
         out = RunnerOutput({}, {})
-        if batch.decodes and batch.prefills and self.model.supports_packed_batch:
-            items = batch.decodes + batch.prefills
-            self._run_group(items, self._prepare_packed(items, num_blocks), out)
+        if self.model.supports_packed_batch and batch.prefills and (batch.decodes or len(batch.prefills) > 1):
+            inp = self._prepare_packed(batch.decodes, batch.prefills, num_blocks)
+            self._run_group(batch.decodes + batch.prefills, inp, out)
             return out
         for items, is_prefill in ((batch.decodes, False), (batch.prefills, True)):
             if items:
@@ -160,37 +160,44 @@ class ModelRunner:
             context_lens=starts,
         )
 
-    def _prepare_packed(self, items: list[ScheduledSeq], num_blocks: int) -> ModelInput:
-        """Row i's `n_i` tokens (positions start_i..) end to end in one row of N, and row i's
-        `start_i + n_i` keys end to end in one key row of K; token j sees key k when both are
-        in the same row and k's position is not after j's."""
+    def _prepare_packed(self, decodes: list[ScheduledSeq], prompts: list[ScheduledSeq],
+                        num_blocks: int) -> ModelInput:
+        """The packed layout of packed_attention.py: decode tokens, then prompt chunks; decode
+        contexts padded to the longest, then each prompt row's context."""
+        dev, size = self.device, self.block_size
+        items = decodes + prompts
+        tables = _block_slots(items, size, self._arange, dev)  # [rows, width * size]
+        d = len(decodes)
+        positions = torch.tensor([item.start for item in decodes], dtype=torch.long, device=dev)
+        m = max((item.start + 1 for item in decodes), default=0)
+        keys = self._arange[:m]
+        write, read = [tables[:d].gather(1, positions[:, None])[:, 0]], [tables[:d, :m].reshape(-1)]
+        fed = [[item.seq.last_token_id] for item in decodes]
+        rows, first_token, first_key = [], d, d * m
+        for i, item in enumerate(prompts, start=d):
+            start, n = item.start, item.num_new
+            ctx = start + n
+            mask = None
+            if start:  # cached keys before the chunk: causal from `start`, not square
+                mask = (self._arange[None, :ctx] <= self._arange[start:ctx, None])[None, None]
+            rows.append(PromptRow(first_token, start, n, first_key, mask))
+            write.append(tables[i, start:ctx])
+            read.append(tables[i, :ctx])
+            fed.append(item.seq.all_token_ids[start:ctx])
+            first_token, first_key = first_token + n, first_key + ctx
+        layout = PackedAttention(d, m, positions, (keys <= positions[:, None]).view(d, 1, 1, m) if d else None, rows)
+        token_positions = torch.cat([positions] + [self._arange[r.start:r.start + r.num_tokens] for r in rows])
+        self.cache.begin(num_blocks, torch.cat(write), torch.cat(read), first_key)
         seqs = [item.seq for item in items]
-        starts = [item.start for item in items]
         lens = [item.num_new for item in items]
-        ctxs = [s + n for s, n in zip(starts, lens)]
-        r, dev, size = len(items), self.device, self.block_size
-        width = -(-max(ctxs) // size)
-        tables = [seq.block_table[:width] + [0] * (width - len(seq.block_table)) for seq in seqs]
-        slots = (torch.tensor(tables, device=dev)[:, :, None] * size + self._arange[:size]).view(r, width * size)
-        starts_t, lens_t, ctxs_t = torch.tensor([starts, lens, ctxs], device=dev)
-        rows = torch.arange(r, device=dev)
-        token_row = rows.repeat_interleave(lens_t)
-        first_token = lens_t.cumsum(0) - lens_t
-        token_pos = starts_t[token_row] + torch.arange(token_row.shape[0], device=dev) - first_token[token_row]
-        key_row = rows.repeat_interleave(ctxs_t)
-        first_key = ctxs_t.cumsum(0) - ctxs_t
-        key_pos = torch.arange(key_row.shape[0], device=dev) - first_key[key_row]
-        mask = (key_row == token_row[:, None]) & (key_pos <= token_pos[:, None])
-        fed = [[seq.last_token_id] if n == 1 and s + 1 == seq.num_tokens else seq.all_token_ids[s:s + n]
-               for seq, s, n in zip(seqs, starts, lens)]
-        ids = torch.tensor([t for row in fed for t in row], device=dev)
-        self.cache.begin(num_blocks, slots[token_row, token_pos], slots[key_row, key_pos], key_row.shape[0])
+        last = torch.tensor([*range(d)] + [r.first_token + r.num_tokens - 1 for r in rows], device=dev)
         want_hidden, want_embeds = _wants(seqs)
         return ModelInput(
-            input_ids=ids[None], positions=token_pos[None], attention_mask=mask[None, None],
-            last_indices=first_token + lens_t - 1, query_lens=lens, kv_len=key_row.shape[0], seqs=seqs,
-            is_prefill=True, output_hidden_states=want_hidden, output_input_embeds=want_embeds,
-            context_lens=starts, packed=True, key_positions=key_pos,
+            input_ids=torch.tensor([t for row in fed for t in row], device=dev)[None],
+            positions=token_positions[None], attention_mask=layout, last_indices=last,
+            query_lens=lens, kv_len=first_key, seqs=seqs, is_prefill=True,
+            output_hidden_states=want_hidden, output_input_embeds=want_embeds,
+            context_lens=[item.start for item in items], packed=True,
         )
 
     # --- per-request state outputs ----------------------------------------------------------
@@ -218,6 +225,14 @@ class ModelRunner:
         self.hidden.pop(seq.request_id, None)
         self.embeds.pop(seq.request_id, None)
         self.model.release(seq)
+
+
+def _block_slots(items: list[ScheduledSeq], size: int, arange: torch.Tensor, device) -> torch.Tensor:
+    """[rows, width * size]: every KV slot of each row's blocks in position order, for the
+    blocks its step reaches (past a row's own blocks: the scratch block 0)."""
+    width = -(-max(item.start + item.num_new for item in items) // size)
+    tables = [item.seq.block_table[:width] + [0] * (width - len(item.seq.block_table)) for item in items]
+    return (torch.tensor(tables, device=device)[:, :, None] * size + arange[:size]).view(len(items), width * size)
 
 
 def _wants(seqs: list[Sequence]) -> tuple[bool, bool]:
