@@ -241,7 +241,8 @@ def main() -> None:
     rss_line = (f"Peak RSS of the process (omnistage's three stages and transformers' model loaded together): "
                 f"{rss.peak_mib:.0f} MiB.")
     clock_line = ("Times are process CPU time (`--clock cpu`: a shared, loaded machine; every stage inline on one "
-                  "thread)." if args.clock == "cpu" else "Times are wall clock.")
+                  "thread; ours also counts the orchestrator's loop thread and the RSS sampler)." if args.clock == "cpu"
+                  else "Times are wall clock.")
     body = f"{table(best, args.codes)}\n\n{clock_line} {rss_line}"
     print(body)
     if not args.no_write:
