@@ -62,7 +62,10 @@ class DiTVelocity:
         position_ids = torch.arange(frames, device=cond.device)[None, :].repeat(self.batch, 1)
         like = cond.new_empty(self.batch, frames, dit.hidden_size)  # the hidden states' dtype and device
         self.position_embeddings = dit.rotary_embed(like, position_ids)
-        self.block_diff = dit._create_block_diff(like)
+        # Block index of each key minus that of each query: the layers' look-back/look-ahead masks read it.
+        blocks = torch.arange(frames, device=cond.device) // dit.block_size
+        self.block_diff = (blocks[None, :] - blocks[:, None]).expand(self.batch, dit.num_attention_heads,
+                                                                     frames, frames)
 
     def __call__(self, t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         dit = self.dit
