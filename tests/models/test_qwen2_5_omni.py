@@ -252,7 +252,9 @@ def test_video_part_errors_name_the_problem(omni):
 
 
 def test_audio_streams_before_the_talker_finishes(omni):
-    num_codes = 96  # chunks of 36 frames + 12 of look-ahead: sent at 48 and 84 codes, the rest at the end
+    # The default chunking: a first chunk of 12 frames sent at 24 codes (12 of look-ahead), then
+    # 36-frame chunks: [12, 48) sent at 60 codes, the rest [48, 96) when the talker ends.
+    num_codes = 96
     params = greedy_params(chunk_size=36, talker_tokens=num_codes, min_codes=num_codes)
 
     async def collect():
@@ -267,7 +269,7 @@ def test_audio_streams_before_the_talker_finishes(omni):
     chunks, text, last = asyncio.run(collect())
     assert text == last.text
     assert last.error is None and last.audio.shape == (num_codes * 480,)
-    assert len(chunks) == 3
+    assert [len(c) for _, c in chunks] == [12 * 480, 36 * 480, 48 * 480]
     np.testing.assert_array_equal(np.concatenate([c for _, c in chunks]), last.audio)
     talker = last.metrics["stages"]["talker"]
     assert chunks[0][0] < talker["finish_time"]
@@ -466,8 +468,10 @@ def test_chat_video_url_is_seen_and_heard(path, omni):
 
 @pytest.mark.parametrize("num_codes, finish_reason", [(0, "stop"), (30, "stop"), (48, "stop"), (100, "length"),
                                                       (121, "stop")])
-@pytest.mark.parametrize("chunking", [dict(chunk_size=36), dict(chunk_size=24, left_context=0, right_context=0),
-                                      dict(chunk_size=0), dict(chunk_size=36, first_chunk_size=12)])
+@pytest.mark.parametrize("chunking", [
+    dict(), dict(chunk_size=36, first_chunk_size=0), dict(chunk_size=24, left_context=0, right_context=0),
+    dict(chunk_size=24, first_chunk_size=0, left_context=0, right_context=0), dict(chunk_size=0),
+    dict(first_right_context=0), dict(first_right_context=6), dict(first_chunk_size=0, first_right_context=0)])
 def test_talker_chunks_cover_the_utterance_once(num_codes, finish_reason, chunking):
     from omnistage.engine.types import TextPayload
     from omnistage.models.qwen2_5_omni.processors import TOKEN2WAV, talker_chunks
@@ -484,15 +488,28 @@ def test_talker_chunks_cover_the_utterance_once(num_codes, finish_reason, chunki
         if part is not None:
             parts.append((n, part))
     spans = [(p["options"].start, p["options"].end) for _, p in parts]
+    first_right = params.right_context if params.first_right_context is None else params.first_right_context
     assert [s for span in spans for s in range(*span)] == list(range(num_codes))  # in order, each frame once
     for n, part in parts:
         o = part["options"]
         assert part["codes"] == codes[o.offset:o.offset + len(part["codes"])]
         assert o.offset == max(0, o.start - params.left_context) and o.seed == parts[0][1]["options"].seed
-        if n < len(codes):  # sent early: the right context is there
-            assert o.offset + len(part["codes"]) == o.end + params.right_context
+        if n < len(codes):  # sent early: its right context is there
+            look_ahead = first_right if o.start == 0 else params.right_context
+            assert o.offset + len(part["codes"]) == o.end + look_ahead and n == o.end + look_ahead
     if params.chunk_size == 0:
         assert len(parts) == 1
-    if params.first_chunk_size and num_codes > 24:  # the first chunk is the small one, sent after 12 + 12 frames
-        assert spans[0] == (0, 12) and parts[0][0] == 24
-        assert spans[1][0] == 12 and (spans[1][1] in (48, num_codes))
+    first = params.first_chunk_size or params.chunk_size
+    if params.chunk_size and len(codes) > first + first_right:  # the first chunk goes once its look-ahead is in
+        assert spans[0] == (0, first) and parts[0][0] == first + first_right
+        assert spans[1][0] == first and (spans[1][1] in (first + params.chunk_size, num_codes))
+
+
+def test_default_first_chunk_is_one_dit_block_with_its_look_ahead():
+    # The default streams the first 12 frames (one DiT block) once 12 more exist: first audio after
+    # 24 talker frames, not the 36 + 12 of a steady chunk; the later chunks keep 36 frames.
+    params = Token2WavParams()
+    assert (params.first_chunk_size, params.chunk_size, params.right_context) == (12, 36, 12)
+    assert params.first_right_context is None
+    with pytest.raises(ValueError, match="first_right_context"):
+        Token2WavParams(first_right_context=13)

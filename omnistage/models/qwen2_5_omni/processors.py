@@ -209,8 +209,9 @@ def talker_chunks(request: Any, payload: Any, finished: bool) -> dict | None:
     """The talker's output so far -> the next token2wav request `{"codes", "options"}`, or None.
 
     Chunk boundaries are 0, F, F + C, F + 2C, ... (C = chunk_size, F = first_chunk_size or
-    C); the chunk ending at boundary b is sent once b + right_context frames exist; when
-    the talker finishes, everything not yet sent goes in one last chunk.
+    C); the chunk ending at boundary b is sent once b + its right context frames exist
+    (first_right_context for the first chunk, right_context after); when the talker
+    finishes, everything not yet sent goes in one last chunk.
     Which chunks were sent before follows from the frame count of the previous call (this
     payload minus its new tokens), so nothing is remembered between calls.
     """
@@ -225,23 +226,26 @@ def talker_chunks(request: Any, payload: Any, finished: bool) -> dict | None:
     num_codes = len(codes) - 1 if finished and payload.finish_reason == "stop" and codes else len(codes)
     size, left, right = params.chunk_size, params.left_context, params.right_context
     first = params.first_chunk_size or size
+    first_right = right if params.first_right_context is None else params.first_right_context
 
-    def boundary(frames: int) -> int:
-        """The last chunk boundary at or below `frames` (0 when not chunking)."""
-        if size == 0 or frames < first:
+    def sent_by(frames: int) -> int:
+        """The last chunk boundary sent once `frames` frames exist (0: none yet, or not chunking)."""
+        if size == 0 or frames < first + first_right:
             return 0
-        return first + (frames - first) // size * size
+        if frames < first + size + right:
+            return first
+        return first + (frames - right - first) // size * size
 
-    sent = boundary(num_before - right)
+    sent = sent_by(num_before)
     if finished:
         end = window_end = num_codes
         if end <= sent and sent > 0:
-            return None  # everything was sent already (right_context=0)
+            return None  # everything was sent already (no right context)
     else:
-        end = boundary(num_codes - right)
+        end = sent_by(num_codes)
         if end <= sent:
             return None
-        window_end = min(num_codes, end + right)
+        window_end = min(num_codes, end + (first_right if end == first else right))
     offset = max(0, sent - left)
     prompt = request.prompt if isinstance(request.prompt, dict) else {}
     seed = params.seed if params.seed is not None else zlib.crc32(request.request_id.encode())

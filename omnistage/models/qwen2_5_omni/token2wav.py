@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from omnistage.generation.decoder import Decoder
+from omnistage.models.qwen2_5_omni.dit_velocity import GUIDANCE_OFF, DiTVelocity, SpeakerCache
 from omnistage.models.qwen2_5_omni.params import Token2WavParams
 from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE, ChunkOptions
 from omnistage.models.qwen2_5_omni.weights import check_voice, load_speakers, load_token2wav
@@ -50,6 +51,7 @@ class Token2Wav(Decoder):
         self.dit = model.code2wav_dit_model
         self.vocoder = model.code2wav_bigvgan_model
         self.speakers = speakers
+        self.encoded_mels = SpeakerCache(self.dit)
         self.device = device
         dit_config = self.dit.config
         self.repeats = dit_config.repeats
@@ -99,8 +101,7 @@ class Token2Wav(Decoder):
         if n > self.max_window:  # positions restart at each window: only its length counts
             raise ValueError(f"a token2wav window of {n} codec frames is longer than the DiT's {self.max_window} "
                              "(max_position_embeddings / repeats); decode in chunks (Token2WavParams.chunk_size)")
-        voice = self.speakers[opts.voice]
-        mel = self._sample(codes[None], self._noise(opts.seed, opts.offset, n), voice, opts.params)
+        mel = self._sample(codes[None], self._noise(opts.seed, opts.offset, n), opts.voice, opts.params)
         # The chunk's mel frames with the vocoder's receptive field around them.
         first, last = self.repeats * (opts.start - opts.offset), self.repeats * (opts.end - opts.offset)
         lo, hi = max(0, first - self.vocoder_halo), min(mel.shape[2], last + self.vocoder_halo)
@@ -114,23 +115,17 @@ class Token2Wav(Decoder):
         noise = torch.randn(1, frames, self.dit.mel_dim, generator=generator)
         return noise[:, self.repeats * offset:].to(self.device)
 
-    def _sample(self, codes: torch.Tensor, noise: torch.Tensor, voice: dict, p: Token2WavParams) -> torch.Tensor:
-        """`Qwen2_5OmniToken2WavDiTModel.sample` with the initial noise given: [1, mel_dim, frames]."""
+    def _sample(self, codes: torch.Tensor, noise: torch.Tensor, voice: str, p: Token2WavParams) -> torch.Tensor:
+        """`Qwen2_5OmniToken2WavDiTModel.sample` with the initial noise given: [1, mel_dim, frames]
+        (its ODE function as `DiTVelocity`: the same numbers, the step-invariant parts once)."""
         from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
-        dit = self.dit
-        cond = voice["cond"].to(self.device).float()[None].unsqueeze(1).repeat(1, noise.shape[1], 1)
-        ref_mel = voice["ref_mel"].to(self.device).float()
-
-        def velocity(t: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-            if p.guidance_scale < 1e-5:
-                return dit(hidden_states=x, speaker_embedding=cond, condition_vector=ref_mel, quantized_code=codes,
-                           time_step=t, drop_audio_conditioning=False, drop_code=False, apply_cfg=False)
-            out = dit(hidden_states=x, quantized_code=codes, speaker_embedding=cond, condition_vector=ref_mel,
-                      time_step=t, apply_cfg=True)
-            guided, null = torch.chunk(out, 2, dim=0)
-            return guided + (guided - null) * p.guidance_scale
-
+        speaker = self.speakers[voice]
+        cond = speaker["cond"].to(self.device).float()[None].unsqueeze(1).repeat(1, noise.shape[1], 1)
+        ref_mel = speaker["ref_mel"].to(self.device).float()
+        guided = p.guidance_scale >= GUIDANCE_OFF
+        velocity = DiTVelocity(self.dit, codes, cond, self.encoded_mels.encoded(voice, ref_mel, guided),
+                               p.guidance_scale)
         times = torch.linspace(0, 1, p.num_steps, device=self.device, dtype=cond.dtype)
         times += p.sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
         trajectory = RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(times)
@@ -154,4 +149,4 @@ class Token2Wav(Decoder):
         return halo if halo < middle else probe_frames * 16  # reaches the probe's edge: voice whole windows
 
     def close(self) -> None:
-        self.model = self.dit = self.vocoder = None
+        self.model = self.dit = self.vocoder = self.encoded_mels = None
