@@ -17,6 +17,8 @@ from omnistage.ar.model import ARModel, ModelInput, ModelOutput
 
 class HFCausalLM(ARModel):
     supports_chunked_prefill = True  # token ids in, plain positions: any span can be fed
+    supports_cuda_graphs = True  # its forward reads only ModelInput's tensors
+
     def __init__(self, model, tokenizer, eos_token_ids: tuple[int, ...], device: torch.device) -> None:
         text_config = model.config.get_text_config()
         self.model = model

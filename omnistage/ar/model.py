@@ -104,6 +104,11 @@ class ARModel(ABC):
     recompute after preemption need. A family that builds its prefill from per-request
     embeddings leaves it False: its prompts are prefilled whole, never reuse cached blocks,
     and reserve their blocks for their whole length at admission (so are never preempted)."""
+    supports_cuda_graphs: bool = False
+    """`forward` can be replayed from a CUDA graph at static shapes (`compile: true`, see
+    cuda_graphs.py): in a decode it reads only the tensors of `ModelInput` (never `seqs`,
+    `query_lens`, `context_lens` or `seq.model_state`), returns no `extras`, and never syncs
+    with the host. A stage whose model says False refuses `compile: true` at start-up."""
     device: Any = None
 
     @classmethod

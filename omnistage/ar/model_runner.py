@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from omnistage.ar.cuda_graphs import StaticDecode
 from omnistage.ar.kv_cache import PagedKVCache
 from omnistage.ar.model import ARModel, ModelInput
 from omnistage.ar.sampler import Sampler
@@ -67,20 +68,33 @@ class ModelRunner:
         self._arange = torch.arange(max(max_model_len, block_size) + 1, device=device)
         self.hidden: dict[str, _StateRows] = {}
         self.embeds: dict[str, _StateRows] = {}
+        self.static_decode: StaticDecode | None = None  # compile: true (cuda_graphs.py)
+
+    def enable_static_decode(self, max_num_seqs: int, *, capture: bool) -> None:
+        """Run decode-only steps at static shapes, replayed from CUDA graphs when `capture`."""
+        self.static_decode = StaticDecode(self.model, self.cache, self.block_size, max_num_seqs,
+                                          self.max_model_len, self.device, capture=capture)
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput, num_blocks: int) -> RunnerOutput:
         """Run the step's decodes, then its prefills (one forward each); `num_blocks`: the largest
         block id in use + 1. Returns the sampled token of every sequence the step caught up."""
         out = RunnerOutput({}, {})
+        if self.static_decode is not None and not batch.prefills and self.static_decode.fits(batch.decodes):
+            self._run_group(batch.decodes, False, num_blocks, out, static=True)
+            return out
         for items, is_prefill in ((batch.decodes, False), (batch.prefills, True)):
             if items:
                 self._run_group(items, is_prefill, num_blocks, out)
         return out
 
-    def _run_group(self, items: list[ScheduledSeq], is_prefill: bool, num_blocks: int, result: RunnerOutput) -> None:
-        inp = self._prepare(items, is_prefill, num_blocks)
-        out = self.model.forward(inp, self.cache)
+    def _run_group(self, items: list[ScheduledSeq], is_prefill: bool, num_blocks: int, result: RunnerOutput,
+                   static: bool = False) -> None:
+        if static:
+            inp, out = self.static_decode.run(items, num_blocks)
+        else:
+            inp = self._prepare(items, is_prefill, num_blocks)
+            out = self.model.forward(inp, self.cache)
         rows = [i for i, item in enumerate(items) if item.samples]
         if rows:
             if len(rows) == len(items):
