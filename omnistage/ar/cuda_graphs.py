@@ -38,8 +38,8 @@ which a graph would freeze at capture time) and must not synchronize with the ho
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 
@@ -72,10 +72,36 @@ def kv_lens(max_model_len: int, block_size: int) -> tuple[int, ...]:
     return (*lens, longest)
 
 
+Recorder = Callable[[Callable[[], ModelOutput]], tuple[Callable[[], None], ModelOutput]]
+"""`record(forward) -> (replay, output)`: capture a forward once; `replay()` reruns it into `output`."""
+
+
 @dataclass
 class _Graph:
-    graph: Any  # torch.cuda.CUDAGraph
+    replay: Callable[[], None]
     output: ModelOutput
+    """The captured forward's output: each replay overwrites these tensors in place."""
+
+
+class CudaGraphRecorder:
+    """`record(forward) -> (replay, output)`: capture `forward` in a `torch.cuda.CUDAGraph`; all
+    graphs of one recorder share one memory pool (only one replays at a time)."""
+
+    def __init__(self) -> None:
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def __call__(self, forward: Callable[[], ModelOutput]) -> tuple[Callable[[], None], ModelOutput]:
+        # one eager run on a side stream first, as torch's docs ask: lazy initialization and
+        # library workspaces happen outside the capture
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            forward()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            output = forward()
+        return graph.replay, output
 
 
 class StaticDecode:
@@ -152,14 +178,12 @@ class StaticDecode:
     # --- capture and run --------------------------------------------------------------------
 
     @torch.inference_mode()
-    def capture(self) -> None:
-        """Record one graph per (batch size, key length), largest first, in one memory pool.
-
-        Each shape runs once eagerly on a side stream first (as torch's docs ask: lazy
-        initialization and library workspaces happen outside the capture), over padding rows
-        only, so nothing but the scratch block is written. The KV pools are first grown to
+    def capture(self, record: Recorder | None = None) -> None:
+        """Record one graph per (batch size, key length), largest first (`record`: a
+        `CudaGraphRecorder`; the CPU tests pass one that re-runs the forward eagerly, to check
+        that replays read the buffers filled in place). The KV pools are first allocated at
         the whole budget: a graph holds their addresses, so they must never be reallocated."""
-        pool = torch.cuda.graph_pool_handle()
+        record = record or CudaGraphRecorder()
         full = self.cache.max_num_blocks
         # the pools' first (lazy) allocation, on the main stream where every later step uses them
         self._fill([], 1, self.kv_lens[0])
@@ -167,19 +191,14 @@ class StaticDecode:
         self.model.forward(self._inputs(1, self.kv_lens[0]), self.cache)
         for b in reversed(self.batch_sizes):
             for k in reversed(self.kv_lens):
-                self._fill([], b, k)
+                self._fill([], b, k)  # padding rows only: the capture writes nothing but the scratch block
                 inp = self._inputs(b, k)
-                self._begin(b, k, full)
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    self.model.forward(inp, self.cache)
-                torch.cuda.current_stream().wait_stream(side)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    output = self.model.forward(inp, self.cache)
-                self.graphs[(b, k)] = _Graph(graph, output)
-        torch.cuda.synchronize()
+
+                def forward(b=b, k=k, inp=inp) -> ModelOutput:
+                    self._begin(b, k, full)
+                    return self.model.forward(inp, self.cache)
+
+                self.graphs[b, k] = _Graph(*record(forward))
 
     def run(self, items: list[ScheduledSeq], num_blocks: int) -> tuple[ModelInput, ModelOutput]:
         """One decode-only step at static shapes: the model input and output of the real rows
@@ -188,7 +207,7 @@ class StaticDecode:
         self._fill(items, b, k)
         entry = self.graphs.get((b, k))
         if entry is not None:
-            entry.graph.replay()
+            entry.replay()
             out = entry.output
             self.num_replays += 1
         else:

@@ -33,11 +33,43 @@ def eager(llm_path):
     eng.close()
 
 
-@pytest.fixture(scope="module")
-def static(llm_path):
+class EagerRecorder:
+    """A stand-in for `CudaGraphRecorder` on CPU: "capture" runs the forward once and keeps its
+    output; "replay" reruns the same closure (the same input tensors, the shape's views of the
+    static buffers) and copies the result into that output, as a graph replay overwrites its
+    outputs. So a replay sees only what was filled into the buffers in place."""
+
+    def __init__(self) -> None:
+        self.num_recorded = 0
+
+    def __call__(self, forward):
+        output = forward()
+        self.num_recorded += 1
+
+        def replay() -> None:
+            output.logits.copy_(forward().logits)
+
+        return replay, output
+
+
+def pool_addresses(engine) -> list[int]:
+    return [layer.keys.data_ptr() for layer in engine.runner.cache.layers]
+
+
+@pytest.fixture(scope="module", params=["static", "replayed"])
+def static(llm_path, request):
+    """The static path run eagerly, and "replayed" from eagerly recorded stand-in graphs."""
     eng = make_engine(llm_path, max_num_seqs=4)
     eng.runner.enable_static_decode(4, capture=False)
+    if request.param == "replayed":
+        recorder = EagerRecorder()
+        eng.runner.static_decode.capture(recorder)
+        assert recorder.num_recorded == len(eng.runner.static_decode.graphs) == 3 * 4  # (1, 2, 4) x 256..2048
+        pools = pool_addresses(eng)
     yield eng
+    if request.param == "replayed":
+        assert pool_addresses(eng) == pools  # the KV pools were allocated whole before capture, never regrown
+        assert eng.runner.static_decode.num_replays == sum(eng.runner.static_decode.steps_by_shape.values())
     eng.close()
 
 
