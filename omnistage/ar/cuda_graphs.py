@@ -87,21 +87,26 @@ class CudaGraphRecorder:
     """`record(forward) -> (replay, output)`: capture `forward` in a `torch.cuda.CUDAGraph`; all
     graphs of one recorder share one memory pool (only one replays at a time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
         self.pool = torch.cuda.graph_pool_handle()
 
     def __call__(self, forward: Callable[[], ModelOutput]) -> tuple[Callable[[], None], ModelOutput]:
-        # one eager run on a side stream first, as torch's docs ask: lazy initialization and
-        # library workspaces happen outside the capture
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            forward()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            output = forward()
-        return graph.replay, output
+        # The capture stream belongs to the current device: make it the model's (cuda:1 too).
+        with torch.cuda.device(self.device):
+            # one eager run on a side stream first, as torch's docs ask: lazy initialization and
+            # library workspaces happen outside the capture
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                forward()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: another stage of this process (an inline stage stepping, a restart)
+            # may allocate on its own thread meanwhile; "global" would fail its calls
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                output = forward()
+        return graph.replay, output  # CUDAGraph.replay runs on its own device
 
 
 class StaticDecode:
@@ -139,7 +144,9 @@ class StaticDecode:
         """Can this decode-only step run at static shapes? (Else the runner's eager path runs it.)"""
         if not items or len(items) > self.batch_sizes[-1]:
             return False
-        return not any(it.seq.return_hidden_states or it.seq.return_input_embeds for it in items)
+        # one token each, the sequence's last (what the buffers hold), and no per-row states out
+        return all(it.num_new == 1 and it.samples and not (it.seq.return_hidden_states or it.seq.return_input_embeds)
+                   for it in items)
 
     def shape_for(self, items: list[ScheduledSeq]) -> tuple[int, int]:
         """(padded batch size, key length) of a step: the smallest buckets that hold it."""
@@ -183,7 +190,7 @@ class StaticDecode:
         `CudaGraphRecorder`; the CPU tests pass one that re-runs the forward eagerly, to check
         that replays read the buffers filled in place). The KV pools are first allocated at
         the whole budget: a graph holds their addresses, so they must never be reallocated."""
-        record = record or CudaGraphRecorder()
+        record = record or CudaGraphRecorder(self.device)
         full = self.cache.max_num_blocks
         # the pools' first (lazy) allocation, on the main stream where every later step uses them
         self._fill([], 1, self.kv_lens[0])

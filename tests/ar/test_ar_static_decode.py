@@ -7,6 +7,9 @@ bucket; and `compile: true` is refused on CPU and for families that cannot be ca
 from __future__ import annotations
 
 import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from omnistage.ar.cuda_graphs import StaticDecode, batch_sizes, kv_lens
 from omnistage.ar.engine import check_cuda_graphs
@@ -33,17 +36,63 @@ def eager(llm_path):
     eng.close()
 
 
+SYNC_OPS = {"_local_scalar_dense", "is_nonzero", "equal", "nonzero", "masked_select", "_unique2", "unique_dim",
+            "unique_consecutive", "lift_fresh", "lift_fresh_copy"}
+SYNC_CALLS = {"item", "tolist", "cpu", "numpy", "tensor", "__bool__", "__int__", "__float__", "__index__"}
+"""What a CUDA graph capture cannot hold: reading a value back on the host (item, bool, int,
+tolist, a data-dependent shape such as nonzero's) or a tensor made from Python data (an
+upload). Caught on CPU at the torch function and the aten level."""
+
+
+class HostSyncs(TorchFunctionMode):
+    """`with HostSyncs() as seen:` lists the host syncs of the code inside (see SYNC_CALLS)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+        self._ops = _SyncOps(self.seen)
+
+    def __enter__(self):
+        super().__enter__()
+        self._ops.__enter__()
+        return self.seen
+
+    def __exit__(self, *exc):
+        self._ops.__exit__(*exc)
+        return super().__exit__(*exc)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in SYNC_CALLS:
+            self.seen.append(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+class _SyncOps(TorchDispatchMode):
+    def __init__(self, seen: list[str]) -> None:
+        super().__init__()
+        self.seen = seen
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ in SYNC_OPS:
+            self.seen.append(f"aten.{func.overloadpacket.__name__}")
+        return func(*args, **(kwargs or {}))
+
+
 class EagerRecorder:
-    """A stand-in for `CudaGraphRecorder` on CPU: "capture" runs the forward once and keeps its
-    output; "replay" reruns the same closure (the same input tensors, the shape's views of the
-    static buffers) and copies the result into that output, as a graph replay overwrites its
-    outputs. So a replay sees only what was filled into the buffers in place."""
+    """A stand-in for `CudaGraphRecorder` on CPU: "capture" runs the forward once (listing its
+    host syncs) and keeps its output; "replay" reruns the same closure (the same input tensors,
+    the shape's views of the static buffers) and copies the result into that output, as a
+    graph replay overwrites its outputs. So a replay sees only what was filled into the buffers
+    in place."""
 
     def __init__(self) -> None:
         self.num_recorded = 0
+        self.host_syncs: list[str] = []
 
     def __call__(self, forward):
-        output = forward()
+        with HostSyncs() as seen:
+            output = forward()
+        self.host_syncs += seen
         self.num_recorded += 1
 
         def replay() -> None:
@@ -150,6 +199,26 @@ def test_steps_wanting_hidden_states_stay_eager(eager, static):
     for rid in ("h", "p"):
         assert final(got, rid).token_ids == final(want, rid).token_ids
     assert final(got, "h").hidden_states.shape == final(want, "h").hidden_states.shape
+
+
+def test_the_captured_forward_never_syncs_with_the_host(llm_path):
+    """What `capture()` records, at every (batch size, key length), reads nothing back on the host
+    (the check itself catches a sync: the second half)."""
+    eng = make_engine(llm_path, max_num_seqs=4)
+    try:
+        eng.runner.enable_static_decode(4, capture=False)
+        recorder = EagerRecorder()
+        eng.runner.static_decode.capture(recorder)
+        assert recorder.num_recorded == 12 and recorder.host_syncs == []
+    finally:
+        eng.close()
+    x = torch.arange(4)
+    for syncing, named in ((lambda: x[0].item(), "item"), (lambda: x[:int(x[3])], "__int__"),
+                           (lambda: x[1] if x[2] else x[3], "__bool__"), (lambda: x.nonzero(), "aten.nonzero"),
+                           (lambda: x.tolist(), "tolist"), (lambda: x + torch.tensor([1]), "tensor")):
+        recorder = EagerRecorder()
+        recorder(syncing)
+        assert named in recorder.host_syncs
 
 
 def test_compile_on_cpu_is_refused_by_name(llm_path):
