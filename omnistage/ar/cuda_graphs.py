@@ -23,7 +23,8 @@ is the price of one launch per step. With graphs the KV pools are allocated at t
 whole `kv_cache_memory` budget at start-up (eager decoding grows them as blocks are
 used), since a graph holds their addresses; and one graph per (batch size, key length)
 pair is captured at start-up, largest first, in one shared memory pool, so they cost
-the largest one's activations, not the sum.
+the largest one's activations, not the sum. Shapes above `MAX_GRAPH_KEYS` (batch size x
+key length) are neither captured nor run static: those steps run eagerly.
 
 `capture=False` runs the same static path eagerly (fill the buffers, call the model's
 forward on them): what the CPU tests check token for token against the eager engine,
@@ -50,6 +51,13 @@ from omnistage.ar.scheduler import ScheduledSeq
 SMALLEST_KV_LEN = 256
 """Shortest key-length bucket in tokens: attending to 256 padded keys costs a GPU next to
 nothing, and fewer buckets mean fewer graphs to capture."""
+
+MAX_GRAPH_KEYS = 1 << 18
+"""Largest batch size x key length captured. Each layer gathers that many keys and values
+(SDPA over gathered blocks), and the graphs' shared pool keeps the largest shape's
+activations for the engine's life: 2^18 keys of a 7B-class model (8 KV heads x 128, bf16)
+are 0.5 GiB each of keys and values. Bigger steps (long contexts at large batches) run
+eagerly, where that memory is only held while they run."""
 
 
 def batch_sizes(max_num_seqs: int) -> tuple[int, ...]:
@@ -113,7 +121,8 @@ class StaticDecode:
     """Static buffers, `capture()` and `run()` for decode-only steps (see module docstring)."""
 
     def __init__(self, model: ARModel, cache: PagedKVCache, block_size: int, max_num_seqs: int,
-                 max_model_len: int, device: torch.device, *, capture: bool) -> None:
+                 max_model_len: int, device: torch.device, *, capture: bool,
+                 max_graph_keys: int = MAX_GRAPH_KEYS) -> None:
         if not model.supports_cuda_graphs:
             raise ValueError(f"{type(model).__name__} cannot run its decode step at static shapes "
                              "(ARModel.supports_cuda_graphs is False)")
@@ -125,11 +134,16 @@ class StaticDecode:
         self.device = device
         self.batch_sizes = batch_sizes(max_num_seqs)
         self.kv_lens = kv_lens(max_model_len, block_size)
-        b, k = self.batch_sizes[-1], self.kv_lens[-1]
-        self.meta = torch.zeros(3, b, dtype=torch.long, device=device)  # ids, positions, write slots
-        self.read = torch.zeros(b * k, dtype=torch.long, device=device)
-        self.mask = torch.zeros(b * k, dtype=torch.bool, device=device)
-        self.arange = torch.arange(k, device=device)
+        self.shapes = {(b, k) for b in self.batch_sizes for k in self.kv_lens if b * k <= max_graph_keys}
+        """The (batch size, key length) pairs that run static (and are captured), at most
+        `max_graph_keys` keys each."""
+        if not self.shapes:
+            raise ValueError(f"max_graph_keys={max_graph_keys} is below one row of {self.kv_lens[0]} keys")
+        keys = max(b * k for b, k in self.shapes)
+        self.meta = torch.zeros(3, self.batch_sizes[-1], dtype=torch.long, device=device)  # ids, positions, writes
+        self.read = torch.zeros(keys, dtype=torch.long, device=device)
+        self.mask = torch.zeros(keys, dtype=torch.bool, device=device)
+        self.arange = torch.arange(self.kv_lens[-1], device=device)
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.num_replays = 0
         """Decode steps run from a captured graph (the GPU test checks graphs really ran)."""
@@ -145,8 +159,10 @@ class StaticDecode:
         if not items or len(items) > self.batch_sizes[-1]:
             return False
         # one token each, the sequence's last (what the buffers hold), and no per-row states out
-        return all(it.num_new == 1 and it.samples and not (it.seq.return_hidden_states or it.seq.return_input_embeds)
-                   for it in items)
+        if not all(it.num_new == 1 and it.samples and not (it.seq.return_hidden_states or it.seq.return_input_embeds)
+                   for it in items):
+            return False
+        return self.shape_for(items) in self.shapes
 
     def shape_for(self, items: list[ScheduledSeq]) -> tuple[int, int]:
         """(padded batch size, key length) of a step: the smallest buckets that hold it."""
@@ -186,7 +202,7 @@ class StaticDecode:
 
     @torch.inference_mode()
     def capture(self, record: Recorder | None = None) -> None:
-        """Record one graph per (batch size, key length), largest first (`record`: a
+        """Record one graph per shape (batch size, key length), largest first (`record`: a
         `CudaGraphRecorder`; the CPU tests pass one that re-runs the forward eagerly, to check
         that replays read the buffers filled in place). The KV pools are first allocated at
         the whole budget: a graph holds their addresses, so they must never be reallocated."""
@@ -196,16 +212,15 @@ class StaticDecode:
         self._fill([], 1, self.kv_lens[0])
         self._begin(1, self.kv_lens[0], full)
         self.model.forward(self._inputs(1, self.kv_lens[0]), self.cache)
-        for b in reversed(self.batch_sizes):
-            for k in reversed(self.kv_lens):
-                self._fill([], b, k)  # padding rows only: the capture writes nothing but the scratch block
-                inp = self._inputs(b, k)
+        for b, k in sorted(self.shapes, key=lambda shape: (shape[0] * shape[1], shape), reverse=True):
+            self._fill([], b, k)  # padding rows only: the capture writes nothing but the scratch block
+            inp = self._inputs(b, k)
 
-                def forward(b=b, k=k, inp=inp) -> ModelOutput:
-                    self._begin(b, k, full)
-                    return self.model.forward(inp, self.cache)
+            def forward(b=b, k=k, inp=inp) -> ModelOutput:
+                self._begin(b, k, full)
+                return self.model.forward(inp, self.cache)
 
-                self.graphs[b, k] = _Graph(*record(forward))
+            self.graphs[b, k] = _Graph(*record(forward))
 
     def run(self, items: list[ScheduledSeq], num_blocks: int) -> tuple[ModelInput, ModelOutput]:
         """One decode-only step at static shapes: the model input and output of the real rows

@@ -190,6 +190,23 @@ def test_context_crossing_a_key_length_bucket(eager, static):
     assert set(shapes) == {(2, 256), (2, 512)}  # the long row's context passes 256 mid-way
 
 
+def test_steps_above_max_graph_keys_stay_eager(eager, llm_path):
+    """With room for 2 x 256 keys only, the two rows past 256 tokens of context run eagerly."""
+    eng = make_engine(llm_path, max_num_seqs=4)
+    try:
+        runner = eng.runner
+        runner.static_decode = StaticDecode(runner.model, runner.cache, runner.block_size, 4, runner.max_model_len,
+                                            runner.device, capture=False, max_graph_keys=512)
+        assert runner.static_decode.shapes == {(1, 256), (1, 512), (2, 256)}
+        prompt = {"prompt_token_ids": [(37 * i) % 1000 + 3 for i in range(250)]}
+        requests = [StageRequest("long", prompt, greedy()), StageRequest("short", PROMPTS[0], greedy())]
+        got, shapes = static_tokens(eng, requests)
+        assert got == tokens(eager, requests)
+        assert shapes == {(2, 256): 6}  # contexts 251..256; the other 9 decode steps ran eagerly
+    finally:
+        eng.close()
+
+
 def test_steps_wanting_hidden_states_stay_eager(eager, static):
     requests = [StageRequest("h", {"prompt": PROMPTS[1], "return_hidden_states": True}, greedy()),
                 StageRequest("p", PROMPTS[2], greedy())]
