@@ -17,9 +17,9 @@ padding rows feed token 0 at position 0, write to the scratch block's slot 0 and
 it; their logits are never sampled. Keys past a row's context read the scratch block
 and are masked.
 
-Cost of the static shapes: a step gathers and attends over up to twice the keys of its
-longest row (the key-length bucket) and up to twice its rows (the batch bucket); padding
-is the price of one launch per step. With graphs the KV pools are allocated at their
+Cost of the static shapes: a step gathers and attends over 256 keys, or up to twice the
+keys of its longest row (the key-length bucket), for up to twice its rows (the batch
+bucket); padding is the price of one launch per step. With graphs the KV pools are allocated at their
 whole `kv_cache_memory` budget at start-up (eager decoding grows them as blocks are
 used), since a graph holds their addresses; and one graph per (batch size, key length)
 pair is captured at start-up, largest first, in one shared memory pool, so they cost
