@@ -19,12 +19,12 @@ and are masked.
 
 Cost of the static shapes: a step gathers and attends over 256 keys, or up to twice the
 keys of its longest row (the key-length bucket), for up to twice its rows (the batch
-bucket); padding is the price of one launch per step. With graphs the KV pools are allocated at their
-whole `kv_cache_memory` budget at start-up (eager decoding grows them as blocks are
-used), since a graph holds their addresses; and one graph per (batch size, key length)
-pair is captured at start-up, largest first, in one shared memory pool, so they cost
-the largest one's activations, not the sum. Shapes above `MAX_GRAPH_KEYS` (batch size x
-key length) are neither captured nor run static: those steps run eagerly.
+bucket); padding is the price of one launch per step. With graphs the KV pools are
+allocated at their whole `kv_cache_memory` budget at start-up (eager decoding grows them
+as blocks are used), since a graph holds their addresses; and one graph per (batch size,
+key length) pair is captured at start-up, largest first, in one shared memory pool, so
+they cost the largest one's activations, not the sum. Shapes above `MAX_GRAPH_KEYS`
+(batch size x key length) are neither captured nor run static: those steps run eagerly.
 
 `capture=False` runs the same static path eagerly (fill the buffers, call the model's
 forward on them): what the CPU tests check token for token against the eager engine,
