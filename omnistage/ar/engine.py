@@ -13,6 +13,7 @@ KV cache: paged (block_manager.py, kv_cache.py). Its size is the stage's
 `max_num_seqs` sequences of `max_model_len` tokens; `enable_prefix_caching` (default on)
 reuses cached blocks of a prompt's prefix; `max_num_batched_tokens` bounds the tokens
 one step feeds, longer prompts being prefilled in chunks next to the running decodes.
+`compile: true` (CUDA only) replays decode-only steps from CUDA graphs (cuda_graphs.py).
 
 Inputs (`StageRequest.inputs`) for the generic causal LM: a str, or a dict with one of
 "prompt", "prompt_token_ids", "messages" (see `ARModel.build_prompt`). A dict may also
