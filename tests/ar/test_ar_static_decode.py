@@ -1,8 +1,10 @@
-"""`compile: true`'s static-shape decode path (ar/cuda_graphs.py) without the capture: padded
-batch, bucketed key length, buffers filled in place. Greedy tokens equal the eager engine's
-alone, in a ragged batch, joining mid-decode, after the batch shrinks and across a key-length
-bucket; and `compile: true` is refused on CPU and for families that cannot be captured.
-(The captured graphs themselves: tests/gpu/test_ar_cuda_graphs.py.)"""
+"""`compile: true`'s static-shape decode path (ar/cuda_graphs.py) on CPU: padded batch, bucketed
+key length, buffers filled in place, run eagerly and "replayed" from stand-in graphs recorded
+eagerly (a replay sees only what was filled in place; the KV pools never move). Greedy tokens
+equal the eager engine's alone, in a ragged batch, joining mid-decode, after the batch
+shrinks and across a key-length bucket; what capture records reads nothing back on the host;
+`compile: true` is refused on CPU and for families that cannot be captured. (Real CUDA graphs:
+tests/gpu/test_ar_cuda_graphs.py.)"""
 
 from __future__ import annotations
 
