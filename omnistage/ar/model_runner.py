@@ -178,6 +178,7 @@ class ModelRunner:
 
     def close(self) -> None:
         self.cache = None
+        self.static_decode = None  # its graphs hold their memory pool and the KV pools
         self.hidden.clear()
         self.embeds.clear()
 
