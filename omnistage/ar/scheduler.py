@@ -56,7 +56,8 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, max_num_seqs: int, max_model_len: int, block_manager: BlockManager, *,
-                 max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = True) -> None:
+                 max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = True,
+                 packed: bool = False) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         self.max_num_seqs = max_num_seqs
@@ -66,6 +67,9 @@ class Scheduler:
         """Tokens one step feeds (decodes + prompt chunks). Without chunking a prompt longer than
         this still runs, alone, as one prefill."""
         self.enable_chunked_prefill = enable_chunked_prefill
+        self.packed = packed
+        """The model runs decodes and prompt chunks in one packed forward: the budget counts real
+        tokens, and any prompt that does not fit what is left is chunked (as vLLM v1)."""
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order: the last is preempted first
         self.num_preemptions = 0
@@ -115,7 +119,7 @@ class Scheduler:
 
         The budget counts what the forwards compute: one token per decode, and the prefill
         group padded to its longest row (rows x longest chunk), so ragged prompts do not
-        pay for padding beyond it.
+        pay for padding beyond it; with a packed forward, each row's real tokens.
         """
         out = SchedulerOutput()
         scheduled: set[int] = set()
@@ -163,6 +167,14 @@ class Scheduler:
 
     def _num_new(self, seq: Sequence, out: SchedulerOutput) -> int:
         """Tokens `seq` feeds this step: all it lacks, or a chunk of it; 0 if it must wait."""
+        if self.packed:
+            room = self.max_num_batched_tokens - out.num_tokens
+            need = seq.num_uncomputed_tokens if seq.is_prefilling else 1
+            if need <= room:
+                return need
+            if self.enable_chunked_prefill and seq.recomputable and seq.is_prefilling:
+                return max(room, 0)
+            return 0 if out.items else need
         rows = len(out.prefills)
         width = max((item.num_new for item in out.prefills), default=0)
         room = self.max_num_batched_tokens - len(out.decodes) - rows * width

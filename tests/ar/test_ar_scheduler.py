@@ -15,10 +15,10 @@ BLOCK = 4
 
 
 def create_scheduler(max_num_seqs=4, max_model_len=64, max_num_batched_tokens=None, num_blocks=None,
-                     prefix_caching=True, chunked=True) -> Scheduler:
+                     prefix_caching=True, chunked=True, packed=False) -> Scheduler:
     blocks = BlockManager(num_blocks or max_num_seqs * max_model_len // BLOCK, BLOCK, prefix_caching)
     return Scheduler(max_num_seqs, max_model_len, blocks, max_num_batched_tokens=max_num_batched_tokens,
-                     enable_chunked_prefill=chunked)
+                     enable_chunked_prefill=chunked, packed=packed)
 
 
 def create_sequences(n, prompt_len=4, max_model_len=64, **params) -> list[Sequence]:
@@ -102,6 +102,22 @@ def test_token_budget_chunks_a_long_prompt_beside_the_decodes():
         chunks.append((batch.prefills[0].start, batch.prefills[0].num_new, batch.prefills[0].samples))
     assert chunks == [(0, 7, False), (7, 7, False), (14, 6, True)]
     assert long.num_computed_tokens == 20 and a.num_output_tokens == 4
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_budget_counts_padding_unless_the_forward_is_packed(packed):
+    sched = create_scheduler(max_num_batched_tokens=8, packed=packed)
+    (a,) = create_sequences(1, prompt_len=3)
+    sched.add(a)
+    step(sched)
+    for name, n in (("p3", 3), ("p5", 5)):
+        sched.add(Sequence(name, list(range(100, 100 + n)), SamplingParams(max_tokens=2), max_model_len=64))
+    batch, _ = step(sched)
+    chunks = [(i.seq.request_id, i.num_new) for i in batch.prefills]
+    if packed:  # 1 + 3 real tokens leave 4: p5's first chunk
+        assert chunks == [("p3", 3), ("p5", 4)] and batch.num_tokens == 8
+    else:  # 2 rows padded to 5 would be 10 > 7: p5 waits for a step it fits whole
+        assert chunks == [("p3", 3)]
 
 
 def test_without_chunking_a_long_prompt_waits_then_runs_whole():

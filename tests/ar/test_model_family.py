@@ -18,6 +18,8 @@ class EmbedsFamily(HFCausalLM):
     """Builds `inputs_embeds` itself (as Qwen2.5-Omni's talker does), keeps per-request state,
     and returns a per-step extra from the post-sampling hook (as CSM's depth decoder would)."""
 
+    supports_packed_batch = False  # its forward reads the padded layouts only
+
     def build_prompt(self, inputs) -> PromptInputs:
         prompt = super().build_prompt(inputs["text"])
         prompt.model_state = {"scale": inputs["scale"], "steps": 0}

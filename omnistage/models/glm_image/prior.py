@@ -29,9 +29,8 @@ from typing import Any
 import torch
 
 from omnistage.ar.kv_cache import kv_dims
-from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
+from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
 from omnistage.models.glm_image.grid import PriorGrid, prior_grid
-from omnistage.models.qwen2_5_omni.thinker import attention_masks
 
 MODEL_FOLDER, PROCESSOR_FOLDER = "vision_language_encoder", "processor"
 
@@ -99,7 +98,7 @@ class GlmImagePrior(ARModel):
 
     def forward(self, batch: ModelInput, cache) -> ModelOutput:
         out = self.model.model(input_ids=batch.input_ids, position_ids=self._positions(batch),
-                               attention_mask=attention_masks(batch)["full_attention"], cache=cache, use_cache=True)
+                               attention_mask=sdpa_mask(batch), cache=cache, use_cache=True)
         hidden = out.last_hidden_state
         if batch.is_prefill:
             last = hidden[torch.arange(hidden.shape[0], device=hidden.device), batch.last_indices]

@@ -36,8 +36,7 @@ from typing import Any
 import torch
 
 from omnistage.ar.kv_cache import kv_dims
-from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
-from omnistage.models.qwen2_5_omni.thinker import attention_masks
+from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
 from omnistage.models.qwen2_5_omni.weights import load_talker
 
 _INPUT_KEYS = ("prompt_embeds", "reply_embeds", "mrope_positions", "rope_delta")
@@ -147,7 +146,7 @@ class OmniTalker(ARModel):
             delta = torch.tensor([st.rope_delta for st in states], device=batch.positions.device)
             positions = (batch.positions + delta[:, None]).expand(3, -1, -1)
         out = self.model.model(inputs_embeds=self.model.thinker_to_talker_proj(embeds), position_ids=positions,
-                               attention_mask=attention_masks(batch), cache=cache, use_cache=True)
+                               attention_mask={"full_attention": sdpa_mask(batch)}, cache=cache, use_cache=True)
         hidden = out.last_hidden_state
         if batch.is_prefill:
             last = hidden[torch.arange(hidden.shape[0], device=hidden.device), batch.last_indices]

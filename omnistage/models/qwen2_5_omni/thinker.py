@@ -32,7 +32,7 @@ import torch
 
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.kv_cache import kv_dims
-from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
+from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
 from omnistage.models.qwen2_5_omni.media import OmniMedia, prompt_options
 from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE, chat_media
 from omnistage.models.qwen2_5_omni.video import VideoRules, interleave_in_chunks
@@ -154,7 +154,7 @@ class OmniThinker(OmniMedia, ARModel):
         if batch.is_prefill:
             embeds, talker_embeds = self._merge_media(batch, embeds)
         out = self.lm(inputs_embeds=embeds, position_ids=self._positions(batch),
-                      attention_mask=attention_masks(batch), cache=cache, use_cache=True)
+                      attention_mask={"full_attention": sdpa_mask(batch)}, cache=cache, use_cache=True)
         hidden = out.last_hidden_state
         if batch.is_prefill:
             last = hidden[torch.arange(hidden.shape[0], device=hidden.device), batch.last_indices]
@@ -220,12 +220,3 @@ def image_processor(model_path: str, cls):
         return None  # image input is refused at admission
     return cls.from_pretrained(model_path)
 
-
-def attention_masks(batch: ModelInput) -> dict:
-    # NOTE: one row has no padding, so its mask is plain causal (prefill from position 0) or
-    # all-visible (decode). Passing None lets SDPA take its is_causal path, as transformers'
-    # generate() does for an unpadded prompt: the same kernel, so the same floats, and
-    # near-tied logits of a greedy request resolve as in the reference. A chunk after
-    # cached keys is not square-causal, so it keeps its mask.
-    one_plain_row = len(batch.seqs) == 1 and not (batch.is_prefill and batch.context_lens and batch.context_lens[0])
-    return {"full_attention": None if one_plain_row else batch.attention_mask}

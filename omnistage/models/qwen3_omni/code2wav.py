@@ -74,18 +74,28 @@ class Code2Wav(Decoder):
 
     @torch.inference_mode()
     def decode(self, codes: list[torch.Tensor], states: list[_Stream]) -> list[np.ndarray]:
-        # Rows differ in window length and the transformer has no padding mask: one pass per row.
-        return [self._continue(c, st) for c, st in zip(codes, states)]
+        # NOTE: the transformer has no padding mask, so rows are batched only with rows whose
+        # window has the same length: one pass per length. Streams in their steady state (left
+        # context + a full chunk) all share one, so concurrent streams decode together.
+        out = [np.zeros(0, dtype=np.float32)] * len(codes)
+        windows = {}
+        for i, (frames, st) in enumerate(zip(codes, states)):
+            if frames.shape[0]:
+                windows[i] = frames.T if st.history is None else torch.cat([st.history, frames.T], dim=1)
+        by_length: dict[int, list[int]] = {}
+        for i, window in windows.items():
+            by_length.setdefault(window.shape[1], []).append(i)
+        for rows in by_length.values():
+            wavs = self.model(torch.stack([windows[i] for i in rows])).reshape(len(rows), -1)
+            for i, wav in zip(rows, wavs):
+                out[i] = self._emit(wav, windows[i], codes[i].shape[0], states[i])
+        return out
 
-    def _continue(self, frames: torch.Tensor, st: _Stream) -> np.ndarray:
-        if frames.shape[0] == 0:
-            return np.zeros(0, dtype=np.float32)
-        new = frames.T  # [G, n]
-        window = new if st.history is None else torch.cat([st.history, new], dim=1)
-        first = st.num_frames + new.shape[1] - window.shape[1]  # the window's first frame in the stream
-        wav = self.model(window[None]).reshape(-1)
+    def _emit(self, wav: torch.Tensor, window: torch.Tensor, num_new: int, st: _Stream) -> np.ndarray:
+        """The window's samples from where the stream's audio so far ends; the stream moves on."""
+        first = st.num_frames + num_new - window.shape[1]  # the window's first frame in the stream
         out = wav[st.num_samples - first * self.upsample:]
-        st.num_frames += new.shape[1]
+        st.num_frames += num_new
         st.num_samples += out.shape[0]
         st.history = window[:, -st.left_context:] if st.left_context else None
         return out.float().cpu().numpy()

@@ -44,10 +44,9 @@ from typing import Any
 
 import torch
 
-from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
+from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
 from omnistage.ar.sampler import Sampler
 from omnistage.ar.sampling_params import SamplingParams
-from omnistage.models.qwen3_omni.thinker import attention_mask
 from omnistage.models.qwen3_omni.weights import check_voice, load_talker, speaker_ids
 
 _INPUT_KEYS = ("thinker_hidden", "thinker_embeds", "token_ids", "num_prompt", "audio_seqlens", "image_grid_thw",
@@ -267,7 +266,7 @@ class Qwen3OmniTalker(ARModel):
             x = torch.stack(rows)[:, None]
             delta = torch.tensor([st.rope_delta for st in states], device=batch.positions.device)
             positions = (batch.positions + delta[:, None]).expand(3, -1, -1)
-        out = self.model.model(inputs_embeds=x, position_ids=positions, attention_mask=attention_mask(batch),
+        out = self.model.model(inputs_embeds=x, position_ids=positions, attention_mask=sdpa_mask(batch),
                                cache=cache, use_cache=True)
         hidden = out.last_hidden_state
         if batch.is_prefill:

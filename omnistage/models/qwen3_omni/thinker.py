@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
-from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
+from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
 # The Qwen2.5-Omni helpers for chat media and the image processor: the same checkpoint layout.
 from omnistage.models.qwen2_5_omni.media import MediaPrompt, OmniMedia, joint_deepstack, prompt_options
 from omnistage.models.qwen2_5_omni.processors import chat_media
@@ -169,7 +169,7 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
         if batch.is_prefill:
             embeds, visual = self._merge_media(batch, embeds)
         want_hidden = batch.output_hidden_states
-        out = self.lm(inputs_embeds=embeds, position_ids=self._positions(batch), attention_mask=attention_mask(batch),
+        out = self.lm(inputs_embeds=embeds, position_ids=self._positions(batch), attention_mask=sdpa_mask(batch),
                       cache=cache, use_cache=True,
                       output_hidden_states=[self.accept_hidden_layer] if want_hidden else False, **visual)
         hidden = out.last_hidden_state
@@ -224,11 +224,3 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
 
     def close(self) -> None:
         self.model = self.lm = None
-
-
-def attention_mask(batch: ModelInput) -> torch.Tensor | None:
-    # NOTE: one row has no padding, so its mask is plain causal (prefill) or all-visible
-    # (decode). None lets SDPA take its is_causal path, as transformers' generate() does for an
-    # unpadded prompt: the same kernel, so the same floats (see qwen2_5_omni.thinker).
-    return None if len(batch.seqs) == 1 else batch.attention_mask
-

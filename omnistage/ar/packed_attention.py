@@ -1,0 +1,88 @@
+"""Attention over a packed step: each row's queries against its own keys only.
+
+The runner lays a packed step (`ModelInput.packed`) out as
+
+    tokens [1, N]: the decode rows' one token each, then each prompt row's chunk;
+    keys   [1, K]: the decode rows' contexts, each padded to the longest (M), then each
+                   prompt row's whole context (its cached keys, then the chunk's);
+
+and hands the layers a `PackedAttention` in place of a mask tensor. `packed_sdpa`, registered
+with transformers' `AttentionInterface` (its public door for attention kernels), then runs
+transformers' own SDPA attention once over the decode rows, batched `[B_d, 1] x [B_d, M]`,
+and once per prompt row, `[n] x [context]`: the same work as the padded layout's forwards,
+where one mask over all of N x K would grow with every row's context. Anything else (a
+mask tensor or None: the padded layouts) goes straight to SDPA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+ATTN_IMPLEMENTATION = "omnistage_packed_sdpa"  # "sdpa" in the name: transformers checks SDPA support
+
+
+@dataclass
+class PromptRow:
+    first_token: int
+    """Where the row's chunk starts in the packed tokens."""
+    start: int
+    """Position of the chunk's first token (its keys before it are cached)."""
+    num_tokens: int
+    first_key: int
+    """Where the row's context starts in the packed keys (`start + num_tokens` of them)."""
+    mask: torch.Tensor | None
+    """[1, 1, n, start + n] bool; None: plain causal (a chunk from position 0, SDPA's is_causal path)."""
+
+
+@dataclass
+class PackedAttention:
+    num_decodes: int
+    decode_len: int
+    """M: the longest decode context; each decode row's keys are padded to it."""
+    decode_positions: torch.Tensor
+    """[B_d] each decode token's position."""
+    decode_mask: torch.Tensor | None
+    """[B_d, 1, 1, M] bool: a row's keys up to its position (the rest is padding)."""
+    prompts: list[PromptRow]
+
+    def windowed(self, window: int) -> PackedAttention:
+        """The same layout for sliding-window layers: keys more than `window - 1` positions back are hidden."""
+        keys = torch.arange(self.decode_len, device=self.decode_positions.device)
+        decode_mask = None
+        if self.num_decodes:
+            decode_mask = self.decode_mask & (keys > self.decode_positions[:, None] - window).view(
+                self.num_decodes, 1, 1, -1)
+        prompts = []
+        for row in self.prompts:
+            queries = torch.arange(row.start, row.start + row.num_tokens, device=keys.device)[:, None]
+            context = torch.arange(row.start + row.num_tokens, device=keys.device)
+            mask = (context <= queries) & (context > queries - window)
+            prompts.append(replace(row, mask=mask[None, None]))
+        return replace(self, decode_mask=decode_mask, prompts=prompts)
+
+
+def packed_sdpa(module, query, key, value, attention_mask, **kwargs):
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    if not isinstance(attention_mask, PackedAttention):
+        return sdpa(module, query, key, value, attention_mask, **kwargs)
+    layout, outputs = attention_mask, []
+    d, m = layout.num_decodes, layout.decode_len
+    if d:
+        rows = query[0, :, :d].transpose(0, 1)[:, :, None]  # [B_d, H, 1, D]
+        keys = key[0, :, :d * m].unflatten(1, (d, m)).transpose(0, 1)  # [B_d, H_kv, M, D]
+        values = value[0, :, :d * m].unflatten(1, (d, m)).transpose(0, 1)
+        out, _ = sdpa(module, rows, keys, values, layout.decode_mask, **kwargs)  # [B_d, 1, H, D]
+        outputs.append(out.transpose(0, 1))
+    for row in layout.prompts:
+        tokens = slice(row.first_token, row.first_token + row.num_tokens)
+        context = slice(row.first_key, row.first_key + row.start + row.num_tokens)
+        out, _ = sdpa(module, query[:, :, tokens], key[:, :, context], value[:, :, context], row.mask, **kwargs)
+        outputs.append(out)
+    return torch.cat(outputs, dim=1), None
+
+
+AttentionInterface.register(ATTN_IMPLEMENTATION, packed_sdpa)

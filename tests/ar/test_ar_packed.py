@@ -1,0 +1,129 @@
+"""The packed forward (decodes and prompt chunks of one step end to end in one row) on the zoo's
+tiny qwen2-llm, fp32: a mixed step is one forward, and tokens, hidden states and a sliding
+window equal transformers'."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from ar_helpers import final, make_engine, run
+from omnistage.ar.sampling_params import SamplingParams
+from omnistage.engine.types import StageRequest
+from test_ar_paged import assert_no_leak, token_prompts
+
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0)
+
+
+def record_forwards(engine) -> list[tuple[bool, int, int]]:
+    """(packed, decode rows, prompt rows) of every forward the engine runs from now on."""
+    calls, forward = [], engine.model.forward
+
+    def spy(batch, cache):
+        prompts = sum(n > 1 or s < seq.num_prompt_tokens
+                      for seq, s, n in zip(batch.seqs, batch.context_lens, batch.query_lens))
+        calls.append((batch.packed, len(batch.seqs) - prompts, prompts))
+        return forward(batch, cache)
+
+    engine.model.forward = spy
+    return calls
+
+
+def generate(model, ids: list[int], max_new: int) -> list[int]:
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False)
+    return out[0, len(ids):].tolist()
+
+
+def join_two_long_prompts(engine, short, longs, params=GREEDY, steps=None, **inputs) -> dict:
+    """A short stream decodes; two long prompts join at its third step."""
+    def join(step, eng):
+        if steps is not None and eng.has_unfinished_requests():
+            steps.append(step)
+        if step == 2:
+            for name, p in zip("ab", longs):
+                eng.add_request(StageRequest(name, {"prompt_token_ids": p, **inputs}, params))
+
+    return run(engine, [StageRequest("s", {"prompt_token_ids": short, **inputs}, SamplingParams(
+        max_tokens=24, temperature=0.0))], on_step=join)
+
+
+def test_a_mixed_step_is_one_packed_forward_with_the_same_tokens(llm_path, hf_model):
+    engine = make_engine(llm_path, max_num_seqs=4, max_num_batched_tokens=16, enable_prefix_caching=False)
+    calls = record_forwards(engine)
+    short, *longs = token_prompts(1, 5, seed=3) + token_prompts(2, 40, seed=4)
+    steps: list[int] = []
+    outputs = join_two_long_prompts(engine, short, longs, steps=steps)
+    assert len(calls) == len(steps)  # one forward per step
+    mixed = [packed for packed, decodes, prompts in calls if decodes and prompts]
+    assert len(mixed) >= 5 and all(mixed)  # 80 prompt tokens in chunks beside the stream
+    assert not any(packed for packed, d, p in calls if not p or (p == 1 and not d))  # decodes / one prompt: padded
+    assert final(outputs, "s").token_ids == generate(hf_model, short, 24)
+    for name, p in zip("ab", longs):
+        assert final(outputs, name).token_ids == generate(hf_model, p, 10)
+    assert_no_leak(engine)
+    engine.close()
+
+
+def test_packed_hidden_states_equal_the_models(llm_path, hf_model):
+    # "s" decodes with hidden states while "a" (whole, with hidden states) and "b" (chunked) prefill
+    engine = make_engine(llm_path, max_num_seqs=4, max_num_batched_tokens=16, enable_prefix_caching=False)
+    calls = record_forwards(engine)
+    short, mid, long = token_prompts(1, 5, seed=5) + token_prompts(1, 12, seed=6) + token_prompts(1, 33, seed=7)
+    wants = {"return_hidden_states": True}
+
+    def join(step, eng):
+        if step == 2:
+            eng.add_request(StageRequest("a", {"prompt_token_ids": mid, **wants}, GREEDY))
+            eng.add_request(StageRequest("b", {"prompt_token_ids": long}, GREEDY))
+
+    outputs = run(engine, [StageRequest("s", {"prompt_token_ids": short, **wants}, GREEDY)], on_step=join)
+    assert calls[2] == (True, 1, 2)  # s's decode, a's whole prompt and b's first chunk: one forward
+    for name, prompt in (("s", short), ("a", mid)):
+        payload = final(outputs, name)
+        fed = prompt + payload.token_ids[:-1]  # the last token is never fed back
+        with torch.inference_mode():
+            want = hf_model(torch.tensor([fed]), output_hidden_states=True).hidden_states[-1][0]
+        got = torch.cat([o.payload.extras["delta_hidden_states"] for o in outputs[name]])
+        assert torch.allclose(got, want, atol=1e-5) and torch.equal(payload.hidden_states, got)
+        assert payload.token_ids == generate(hf_model, prompt, 10)
+    assert final(outputs, "b").token_ids == generate(hf_model, long, 10)
+    engine.close()
+
+
+@pytest.fixture(scope="module")
+def sliding_llm(llm_path, tmp_path_factory):
+    """The tiny qwen2-llm with its first layer on an 8-token sliding window (random weights)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(llm_path)
+    config.layer_types = ["sliding_attention"] + ["full_attention"] * (config.num_hidden_layers - 1)
+    config.sliding_window, config.use_sliding_window, config.max_window_layers = 8, True, 1
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").eval()
+    path = tmp_path_factory.mktemp("sliding-llm")
+    model.save_pretrained(path)
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        src = f"{llm_path}/{f}"
+        if shutil.os.path.exists(src):
+            shutil.copy(src, path / f)
+    return str(path), model
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_sliding_window_layers_equal_generate(sliding_llm, packed):
+    path, model = sliding_llm
+    engine = make_engine(path, max_num_seqs=4, max_num_batched_tokens=16, enable_prefix_caching=False)
+    if not packed:  # every step in the padded layouts, as a model without packing runs
+        engine.scheduler.packed = engine.model.supports_packed_batch = False
+    calls = record_forwards(engine)
+    short, *longs = token_prompts(1, 5, seed=7) + token_prompts(2, 30, seed=8)
+    outputs = join_two_long_prompts(engine, short, longs)
+    assert any(c[0] for c in calls) == packed
+    assert final(outputs, "s").token_ids == generate(model, short, 24)
+    for name, p in zip("ab", longs):
+        assert final(outputs, name).token_ids == generate(model, p, 10)
+    engine.close()
