@@ -22,9 +22,9 @@
 #      The files come back from $OUT: env.txt, setup.log, gpu_tests.log, gpu_metrics.jsonl,
 #      parity.log, bench.log, RESULTS.md (7 of the 8 files the tool returns).
 #
-# Time budget (each step has its own `timeout`; about 10.5 minutes at most):
+# Time budget (each step has its own `timeout`; about 11 minutes at most, far less in practice):
 #   setup 60 s, GPU tests 180 s, CPU parity tests 90 s, benchmarks 4 x 45 s, memory options 60 s,
-#   step caches 60 s.
+#   step caches 60 s, AR CUDA graphs 45 s.
 # Without $OUT (a run by hand) the files go to ./device-out.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -84,6 +84,8 @@ cat "$OUT/env.txt"
 # -- 2. GPU tests (zoo checkpoints build on first use into .omnistage-cache) ---------------
 # tests/gpu/test_parallel_cuda.py holds the parallel-diffusion equality checks over nccl
 # (Ulysses, ring, CFG + VAE patch parallel); nccl takes one GPU per rank, so it needs two.
+# tests/gpu/test_ar_cuda_graphs.py: AR `compile: true` (CUDA graphs of the decode step) gives the
+# eager engine's greedy tokens.
 export OMNISTAGE_GPU_REPORT="$OUT/gpu_metrics.jsonl"
 step "pytest -m gpu tests/gpu" 180 "$OUT/gpu_tests.log" $PY -m pytest -m gpu tests/gpu -q -rA -p no:cacheprovider
 
@@ -102,6 +104,10 @@ for dtype in float32 bfloat16; do
 done
 # Memory and kernel options (issue 15): speed, weight bytes, peak CUDA memory and PSNR vs plain.
 step "bench_memory cuda bfloat16" 60 "$OUT/bench.log" $PY bench_memory.py --models z-image --size small \
+  --repeats 2 --no-write --device cuda --dtype bfloat16
+# AR `compile: true`: decode steps replayed from CUDA graphs vs the same engine eager, bf16
+# (tests/gpu/test_ar_cuda_graphs.py checks their tokens in fp32).
+step "bench_ar_cuda_graphs cuda bfloat16" 45 "$OUT/bench.log" $PY bench_ar_cuda_graphs.py --sizes tiny small \
   --repeats 2 --no-write --device cuda --dtype bfloat16
 # Step caches: ours and cache-dit on diffusers at two thresholds, small Qwen-Image and
 # Z-Image, 50 steps, bf16 (benchmarks/bench_cache.py measures the same on CPU).

@@ -13,6 +13,7 @@ KV cache: paged (block_manager.py, kv_cache.py). Its size is the stage's
 `max_num_seqs` sequences of `max_model_len` tokens; `enable_prefix_caching` (default on)
 reuses cached blocks of a prompt's prefix; `max_num_batched_tokens` bounds the tokens
 one step feeds, longer prompts being prefilled in chunks next to the running decodes.
+`compile: true` (CUDA only) replays decode-only steps from CUDA graphs (cuda_graphs.py).
 
 Inputs (`StageRequest.inputs`) for the generic causal LM: a str, or a dict with one of
 "prompt", "prompt_token_ids", "messages" (see `ARModel.build_prompt`). A dict may also
@@ -67,6 +68,27 @@ def device_memory_bytes(device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def check_cuda_graphs(model_class: type, device, stage: StageSpec | None) -> None:
+    """`compile: true` captures the decode step in CUDA graphs (cuda_graphs.py); refuse it, naming
+    the stage, where that cannot happen.
+
+    NOTE: refused rather than run eagerly with a warning, as every deploy field nothing
+    implements is (engine/factory.py): a logged warning is easy to miss, and the user would
+    believe the stage runs graphs. On CPU there are no graphs, and `torch.compile` of the
+    decode forward is not offered: it would compile per shape for minutes on a small CPU
+    for a step whose cost is the kernels, not their launches."""
+    import torch
+
+    label = f"stage {stage.label}" if stage is not None else "AR stage"
+    if torch.device(device).type != "cuda":
+        raise ValueError(f"{label}: compile: true captures the AR decode step in CUDA graphs, which needs a "
+                         f"CUDA device; this stage runs on {device}. Remove compile from its deploy config "
+                         "(the native AR engine has no torch.compile path on CPU)")
+    if not model_class.supports_cuda_graphs:
+        raise ValueError(f"{label}: compile: true: {model_class.__name__} cannot be captured in CUDA graphs "
+                         "(ARModel.supports_cuda_graphs is False); remove compile from this stage's deploy config")
+
+
 class AREngine:
     def __init__(self, model_path: str, stage: StageSpec | None = None,
                  config: StageDeployConfig = StageDeployConfig(), *,
@@ -74,8 +96,10 @@ class AREngine:
         self.stage = stage
         self.config = config
         device = resolve_device(config)
-        self.model = get_ar_model_class(stage.model if stage else None).load(
-            model_path, stage, device, resolve_dtype(config, device))
+        model_class = get_ar_model_class(stage.model if stage else None)
+        if config.compile:
+            check_cuda_graphs(model_class, device, stage)
+        self.model = model_class.load(model_path, stage, device, resolve_dtype(config, device))
         limit = self.model.max_position_embeddings
         self.max_model_len = config.max_model_len or limit
         if self.max_model_len > limit:
@@ -96,6 +120,8 @@ class AREngine:
                                    enable_chunked_prefill=self.model.supports_chunked_prefill,
                                    packed=self.model.supports_packed_batch)
         self.runner = ModelRunner(self.model, self.block_size, num_blocks + 1, self.max_model_len, device)
+        if config.compile:
+            self.runner.enable_static_decode(config.max_num_seqs, capture=True)
         self._seqs: dict[str, Sequence] = {}
         self._aborted: list[Sequence] = []
         self._closed = False

@@ -23,6 +23,7 @@ class HFCausalLM(ARModel):
     supports_chunked_prefill = True  # token ids in, plain positions: any span can be fed
     supports_packed_batch = True  # and the layers see only ids, positions and the mask (a subclass
     # with its own forward says False unless that forward takes the packed layout too)
+    supports_cuda_graphs = True  # its forward reads only ModelInput's tensors
 
     def __init__(self, model, tokenizer, eos_token_ids: tuple[int, ...], device: torch.device) -> None:
         text_config = model.config.get_text_config()

@@ -128,6 +128,11 @@ class ARModel(ABC):
     `packed_attention.packed_sdpa`: a step with prompt chunks beside decodes or other chunks
     then runs as one forward, and the token budget counts real tokens. Else such a step is
     two forwards (decodes, then padded prompt chunks)."""
+    supports_cuda_graphs: bool = False
+    """`forward` can be replayed from a CUDA graph at static shapes (`compile: true`, see
+    cuda_graphs.py): in a decode it reads only the tensors of `ModelInput` (never `seqs`,
+    `query_lens`, `context_lens` or `seq.model_state`), returns no `extras`, and never syncs
+    with the host. A stage whose model says False refuses `compile: true` at start-up."""
     device: Any = None
 
     @classmethod

@@ -12,7 +12,9 @@ one or two forwards:
   forwards: families with their own forward keep their two code paths (prefill reads
   prompt embeddings, decode the last token).
 
-The per-step work outside the forwards is a handful of small tensors built from Python lists.
+With `compile: true` (CUDA) a decode-only step instead runs at static shapes, replayed
+from a CUDA graph (cuda_graphs.py, `enable_static_decode`). The per-step work outside the
+forwards is a handful of small tensors built from Python lists.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from typing import Any
 
 import torch
 
+from omnistage.ar.cuda_graphs import StaticDecode
 from omnistage.ar.kv_cache import PagedKVCache
-from omnistage.ar.model import ARModel, ModelInput
+from omnistage.ar.model import ARModel, ModelInput, ModelOutput
 from omnistage.ar.packed_attention import PackedAttention, PromptRow
 from omnistage.ar.sampler import Sampler
 from omnistage.ar.scheduler import ScheduledSeq, SchedulerOutput
@@ -74,12 +77,22 @@ class ModelRunner:
         self._arange = torch.arange(max(max_model_len, block_size) + 1, device=device)
         self.hidden: dict[str, _StateRows] = {}
         self.embeds: dict[str, _StateRows] = {}
+        self.static_decode: StaticDecode | None = None  # compile: true (cuda_graphs.py)
+
+    def enable_static_decode(self, max_num_seqs: int, *, capture: bool) -> None:
+        """Run decode-only steps at static shapes, replayed from CUDA graphs when `capture`."""
+        self.static_decode = StaticDecode(self.model, self.cache, self.block_size, max_num_seqs,
+                                          self.max_model_len, self.device, capture=capture)
 
     @torch.inference_mode()
     def execute(self, batch: SchedulerOutput, num_blocks: int) -> RunnerOutput:
         """Run the step (one packed forward, or its decodes, then its prefills); `num_blocks`: the largest
         block id in use + 1. Returns the sampled token of every sequence the step caught up."""
         out = RunnerOutput({}, {})
+        if self.static_decode is not None and not batch.prefills and self.static_decode.fits(batch.decodes):
+            inp, output = self.static_decode.run(batch.decodes, num_blocks)  # static shapes, a CUDA graph
+            self._run_group(batch.decodes, inp, out, output)
+            return out
         if self.model.supports_packed_batch and batch.prefills and (batch.decodes or len(batch.prefills) > 1):
             inp = self._prepare_packed(batch.decodes, batch.prefills, num_blocks)
             self._run_group(batch.decodes + batch.prefills, inp, out)
@@ -89,8 +102,10 @@ class ModelRunner:
                 self._run_group(items, self._prepare(items, is_prefill, num_blocks), out)
         return out
 
-    def _run_group(self, items: list[ScheduledSeq], inp: ModelInput, result: RunnerOutput) -> None:
-        out = self.model.forward(inp, self.cache)
+    def _run_group(self, items: list[ScheduledSeq], inp: ModelInput, result: RunnerOutput,
+                   output: ModelOutput | None = None) -> None:
+        """Run `inp` (unless `output` is given: its forward already ran), sample, keep states."""
+        out = output if output is not None else self.model.forward(inp, self.cache)
         rows = [i for i, item in enumerate(items) if item.samples]
         if rows:
             if len(rows) == len(items):
@@ -217,6 +232,7 @@ class ModelRunner:
 
     def close(self) -> None:
         self.cache = None
+        self.static_decode = None  # its graphs hold their memory pool and the KV pools
         self.hidden.clear()
         self.embeds.clear()
 

@@ -57,6 +57,8 @@ class StageDeployConfig:
     lora_adapters: dict[str, str] = field(default_factory=dict)
     """Diffusion: LoRA files loaded side by side, by name; a request picks one with `lora: {name, scale}`."""
     compile: bool = False
+    """Diffusion: regional torch.compile of the transformer's blocks. AR (native, CUDA only): decode
+    steps replayed from CUDA graphs. AR (vllm): False = vLLM's enforce_eager."""
     attention_backend: str = "sdpa"
     max_model_len: int | None = None
     """AR: longest prompt + output in tokens; None = the model's max_position_embeddings."""

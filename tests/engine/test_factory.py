@@ -8,6 +8,7 @@ from omnistage.engine.factory import check_implemented, create_engine
 
 DIFFUSION = StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True)
 LLM = StageSpec(id=0, name="llm", kind="ar", output="text", final_output=True)
+VOCODER = StageSpec(id=0, name="vocoder", kind="generation", output="audio", final_output=True)
 
 
 @pytest.mark.parametrize("fields", [
@@ -25,20 +26,20 @@ def test_an_unknown_cache_backend_is_refused_before_loading():
         create_engine("/does/not/exist", DIFFUSION, StageDeployConfig(cache_backend="tea"))
 
 
-def test_defaults_pass_and_vllm_implements_its_own_fields():
+def test_defaults_pass_and_ar_backends_implement_their_own_fields():
     check_implemented(DIFFUSION, StageDeployConfig())
     check_implemented(LLM, StageDeployConfig(ar_backend="vllm", compile=True))
+    check_implemented(LLM, StageDeployConfig(compile=True))  # native: CUDA graphs (ar/cuda_graphs.py)
     with pytest.raises(ValueError, match="compile=True"):
-        check_implemented(LLM, StageDeployConfig(compile=True))
+        check_implemented(VOCODER, StageDeployConfig(compile=True))
 
 
 @pytest.mark.parametrize("fields, named", [
     ({"quantization": "int8"}, "quantization='int8'"),
-    ({"compile": True}, "compile=True"),
     ({"quantization": "int8", "ignored_layers": ["lm_head"]}, "ignored_layers=('lm_head',)"),
     ({"lora_adapters": {"a": "/x.safetensors"}}, "lora_adapters="),
 ])
-def test_ar_stages_refuse_quantization_and_compile_by_name(fields, named):
+def test_ar_stages_refuse_quantization_and_lora_by_name(fields, named):
     with pytest.raises(ValueError, match=r"stage 0 \(llm\): .*is not implemented by the native AR engine") as info:
         create_engine("/does/not/exist", LLM, StageDeployConfig(**fields))
     assert named in str(info.value)
