@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from omnistage.testing import build, get_model, list_models
-from omnistage.testing.flux2_models import DEFAULT_CALL_KWARGS
+from omnistage.testing import call_kwargs as zoo_call_kwargs
 
 MODELS = {"flux2": "Flux2Pipeline", "flux2-klein": "Flux2KleinPipeline"}
 
@@ -35,7 +35,7 @@ def load(name: str, path):
 
 def test_both_are_registered_with_both_sizes():
     names = {m.name for m in list_models() if m.builder.__module__ == "omnistage.testing.flux2_models"}
-    assert names == set(MODELS) == set(DEFAULT_CALL_KWARGS)
+    assert names == set(MODELS) == {name for name in names if get_model(name).call_kwargs}
     for name in names:
         assert get_model(name).sizes == ("tiny", "small")
         assert get_model(name).reference_class == f"diffusers.{MODELS[name]}"
@@ -46,7 +46,7 @@ def test_both_are_registered_with_both_sizes():
 def test_generates_real_pixels(zoo, name, size):
     pipe = load(name, zoo(name, size=size))
     side = 64 if size == "tiny" else 128  # small's default is 256; 128 keeps the test short
-    out = pipe(**dict(DEFAULT_CALL_KWARGS[name], height=side, width=side, num_inference_steps=2),
+    out = pipe(**dict(zoo_call_kwargs(name), height=side, width=side, num_inference_steps=2),
                generator=torch.Generator("cpu").manual_seed(0), output_type="np").images
     assert out.shape == (1, side, side, 3) and np.isfinite(out).all() and out.std() > 0
     num_params = sum(p.numel() for p in pipe.transformer.parameters())
