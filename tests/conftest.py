@@ -13,6 +13,11 @@ import pytest
 
 ZOO_CACHE = Path(__file__).resolve().parent.parent / ".omnistage-cache" / "zoo"
 
+# Every model is a local zoo folder: a path the Hub is asked about anyway (a made-up model_path,
+# a missing folder) must fail at once, not after huggingface_hub's ~25 s of retries offline.
+# Set at import, before any test module imports huggingface_hub (it reads this once).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 
 def pytest_configure(config):
     # OMP_NUM_THREADS reaches every process the tests start (servers, ranks, Ray nodes) through
