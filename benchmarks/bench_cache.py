@@ -41,13 +41,11 @@ BATCHED_BRANCHES = {"z-image"}  # cond and uncond in one transformer call
 
 
 def call_kwargs(model: str, steps: int) -> dict:
-    from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, IMAGE_SIDE, VIDEO_SIDE
+    from omnistage.testing import call_kwargs as zoo_call_kwargs
 
-    kwargs = dict(DEFAULT_CALL_KWARGS[model], num_inference_steps=steps)
+    kwargs = dict(zoo_call_kwargs(model, "small"), num_inference_steps=steps)
     if model == "wan-t2v":
-        kwargs.update(height=VIDEO_SIDE["small"], width=VIDEO_SIDE["small"], num_frames=5, guidance_scale=4.0)
-    else:
-        kwargs["height"] = kwargs["width"] = IMAGE_SIDE["small"]
+        kwargs.update(num_frames=5, guidance_scale=4.0)
     return kwargs
 
 

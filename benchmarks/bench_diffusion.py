@@ -74,27 +74,15 @@ OMNI_MODELS = ("glm-image",)
 
 
 def call_kwargs(model: str, size: str) -> dict:
-    from omnistage.testing import glm_image_models, qwen_image21_models, qwen_image_edit_plus_models
-    from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, IMAGE_SIDE, VIDEO_SIDE, default_input_image
-    from omnistage.testing.flux2_models import DEFAULT_CALL_KWARGS as FLUX2_CALL_KWARGS
-    from omnistage.testing.ltx2_models import LTX2_CALL_KWARGS
+    """The zoo's call for `model` at `size` (omnistage.testing.call_kwargs), less the prompt."""
+    from omnistage.testing import call_kwargs as zoo_call_kwargs
+    from omnistage.testing.diffusion_models import default_input_image
 
-    if model in AUDIO_MODELS:
-        from omnistage.testing.stable_audio_models import DEFAULT_CALL_KWARGS as AUDIO_CALL_KWARGS
-
-        kwargs = dict(AUDIO_CALL_KWARGS[model])
-        kwargs.pop("audio_end_in_s")  # the model's whole window
-        kwargs.pop("prompt")
-        return kwargs
-    if model == "ltx2":  # video with audio: 9 frames at 64x64 tiny, 128x128 small; compared as uint8 frames
-        kwargs = dict(LTX2_CALL_KWARGS, output_type="np")
-        kwargs["height"] = kwargs["width"] = VIDEO_SIDE[size]
-    else:
-        family_calls = {m.NAME: m.DEFAULT_CALL_KWARGS for m in (qwen_image21_models, qwen_image_edit_plus_models)}
-        family_calls["glm-image"] = glm_image_models.DEFAULT_CALL_KWARGS
-        kwargs = dict({**DEFAULT_CALL_KWARGS, **FLUX2_CALL_KWARGS, **family_calls}[model])
-        kwargs["height"] = kwargs["width"] = IMAGE_SIDE[size]
+    kwargs = zoo_call_kwargs(model, size)
     kwargs.pop("prompt")
+    kwargs.pop("audio_end_in_s", None)  # audio: the model's whole window
+    if "num_frames" in kwargs:  # video: compared as uint8 frames
+        kwargs["output_type"] = "np"
     if model in INPUT_IMAGES:
         from PIL import ImageOps
 
@@ -341,15 +329,6 @@ VIDEO_MODELS = ("hunyuan-video",)
 NUM_VIDEO_REQUESTS = 4
 
 
-def video_call_kwargs(model: str, size: str) -> dict:
-    from omnistage.testing.hunyuan_video_models import CALL_KWARGS, VIDEO_SIDE
-
-    kwargs = dict(CALL_KWARGS[model])
-    kwargs["height"] = kwargs["width"] = VIDEO_SIDE[size]
-    kwargs.pop("prompt")
-    return kwargs
-
-
 def run_ours_video(engine, kwargs: dict) -> list:
     for request in stage_requests(kwargs)[:NUM_VIDEO_REQUESTS]:
         engine.add_request(request)
@@ -372,7 +351,7 @@ def bench_video(model: str, size: str, repeats: int, device: str = "cpu", dtype:
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.diffusion.engine import DiffusionEngine
 
-    kwargs = video_call_kwargs(model, size)
+    kwargs = call_kwargs(model, size)
     built = build(model, size, ("ours", "sequential"), device, dtype)
     # The bundled deploy file's max_num_seqs: 1 (one video at a time) next to a batch of all.
     one = DiffusionEngine(built["path"], config=StageDeployConfig(max_num_seqs=1, dtype=dtype, devices=(device,)))

@@ -45,10 +45,9 @@ OPTIONS = {
 
 
 def call_kwargs(model: str, size: str) -> dict:
-    from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, IMAGE_SIDE
+    from omnistage.testing import call_kwargs as zoo_call_kwargs
 
-    kwargs = dict(DEFAULT_CALL_KWARGS[model])
-    kwargs["height"] = kwargs["width"] = IMAGE_SIDE[size]
+    kwargs = zoo_call_kwargs(model, size)
     kwargs.pop("prompt")
     return kwargs
 

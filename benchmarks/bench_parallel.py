@@ -53,9 +53,9 @@ def zoo_path(model: str) -> str:
 def request(model: str, steps: int, rid: str):
     from omnistage.diffusion.params import DiffusionParams
     from omnistage.engine.types import StageRequest
-    from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS
+    from omnistage.testing import call_kwargs as zoo_call_kwargs
 
-    kwargs = dict(DEFAULT_CALL_KWARGS[model], num_inference_steps=steps, height=MODELS[model], width=MODELS[model])
+    kwargs = dict(zoo_call_kwargs(model), num_inference_steps=steps, height=MODELS[model], width=MODELS[model])
     prompt = kwargs.pop("prompt")
     fields = {k: v for k, v in kwargs.items() if k in DiffusionParams.model_fields}
     extras = {k: v for k, v in kwargs.items() if k not in DiffusionParams.model_fields}

@@ -15,8 +15,8 @@ Facts a pipeline needs at run time (scheduler settings, tokenizer special tokens
 latent statistics) are written into the checkpoint, copied from the real checkpoints
 where it matters, so no caller has to re-declare them.
 
-`DEFAULT_CALL_KWARGS[name]` holds reasonable kwargs for calling the reference diffusers
-pipeline on the `tiny` size; families that edit or animate an image also need an
+Each family registers reasonable kwargs for calling its reference diffusers pipeline on
+the `tiny` size (`omnistage.testing.call_kwargs(name)`); families that edit or animate an image also need an
 `image=` argument, for which `default_input_image()` gives a deterministic one.
 """
 
@@ -488,7 +488,7 @@ _T2V_DEFAULTS = dict(
     max_sequence_length=32,
 )
 
-DEFAULT_CALL_KWARGS: dict[str, dict] = {
+_CALL_KWARGS: dict[str, dict] = {
     "z-image": dict(_T2I_DEFAULTS, **_CFG, guidance_scale=3.0, max_sequence_length=64),
     "qwen-image": dict(_T2I_DEFAULTS, **_CFG, true_cfg_scale=2.0, max_sequence_length=64),
     # Also needs image=: default_input_image() gives one.
@@ -523,6 +523,8 @@ def _register(name: str, reference_class: str, builder, description: str) -> Non
             builder=builder,
             sizes=SIZES,
             description=description,
+            call_kwargs=_CALL_KWARGS[name],
+            sides=VIDEO_SIDE if "num_frames" in _CALL_KWARGS[name] else IMAGE_SIDE,
         )
     )
 

@@ -231,7 +231,7 @@ def build_flux2_klein(out_dir: Path, size: str, seed: int) -> None:
 
 PROMPT = "a photo of a cat sitting on a red chair"
 
-DEFAULT_CALL_KWARGS: dict[str, dict] = {
+_CALL_KWARGS: dict[str, dict] = {
     # FLUX.2-dev is guidance-distilled: guidance_scale feeds its guidance embedding.
     # FLUX.2's system message takes about 120 of the tiny tokenizer's tokens: 192 leaves room
     # for the prompt.
@@ -245,7 +245,8 @@ DEFAULT_CALL_KWARGS: dict[str, dict] = {
 
 def _register(name: str, reference_class: str, builder, description: str) -> None:
     register_zoo_model(ZooModel(name=name, kind="diffusion", reference_class=reference_class, builder=builder,
-                                sizes=SIZES, description=description))
+                                sizes=SIZES, description=description, call_kwargs=_CALL_KWARGS[name],
+                                sides=IMAGE_SIDE))
 
 
 _register("flux2", "diffusers.Flux2Pipeline", build_flux2,

@@ -58,8 +58,8 @@ _SCHEDULER = dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True
                   base_image_seq_len=256, time_shift_type="linear")
 
 PROMPT = "a photo of a cat sitting on a red chair"
-DEFAULT_CALL_KWARGS = dict(prompt=PROMPT, height=IMAGE_SIDE["tiny"], width=IMAGE_SIDE["tiny"],
-                           num_inference_steps=4, guidance_scale=1.5)
+_CALL_KWARGS = dict(prompt=PROMPT, height=IMAGE_SIDE["tiny"], width=IMAGE_SIDE["tiny"],
+                    num_inference_steps=4, guidance_scale=1.5)
 """Reference-pipeline kwargs for the tiny size (64x64: a 2x2 token grid, 4x4 DiT patches)."""
 
 
@@ -170,4 +170,5 @@ register_zoo_model(ZooModel(
     name="glm-image", kind="diffusion", reference_class="diffusers.GlmImagePipeline", builder=build_glm_image,
     sizes=("tiny", "small"),
     description="GLM-Image: AR vision-language model writes image tokens, a DiT draws them (two stages)",
+    call_kwargs=_CALL_KWARGS, sides=IMAGE_SIDE,
 ))

@@ -13,8 +13,8 @@ always attends over 729 image-embedding slots (zeroed and masked for text-to-vid
 transformer call carries about 2000 text tokens next to the video's. The ByT5 projection has a
 fixed 2048-wide hidden layer.
 
-`CALL_KWARGS[name]` holds the reference call for `tiny` (no guidance_scale: diffusers reads it
-from the guider).
+Each registers its reference call for `tiny` (`omnistage.testing.call_kwargs`; no
+guidance_scale: diffusers reads it from the guider).
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ def build_hunyuan_video_i2v(out_dir: Path, size: str, seed: int) -> None:
     save_pipeline(pipe, out_dir)
 
 
-CALL_KWARGS: dict[str, dict] = {
+_CALL_KWARGS: dict[str, dict] = {
     "hunyuan-video": dict(
         prompt=PROMPT,
         negative_prompt=NEGATIVE_PROMPT,
@@ -180,6 +180,8 @@ register_zoo_model(
         builder=build_hunyuan_video,
         sizes=SIZES,
         description="HunyuanVideo-1.5 text-to-video: Qwen2.5-VL text model + ByT5, dual-stream 3D DiT, 16x VAE",
+        call_kwargs=_CALL_KWARGS["hunyuan-video"],
+        sides=VIDEO_SIDE,
     )
 )
 register_zoo_model(
@@ -191,5 +193,6 @@ register_zoo_model(
         sizes=SIZES,
         description="HunyuanVideo-1.5 image-to-video: HunyuanVideo-1.5 plus a SigLIP vision tower and the "
                     "VAE-encoded first frame",
+        call_kwargs=_CALL_KWARGS["hunyuan-video-i2v"],
     )
 )

@@ -16,7 +16,6 @@ from pathlib import Path
 
 from omnistage.testing.diffusion_components import padded_vocab_size, save_pipeline, seed_everything
 from omnistage.testing.diffusion_models import (
-    DEFAULT_CALL_KWARGS,
     NEGATIVE_PROMPT,
     NUM_FRAMES,
     PROMPT,
@@ -218,7 +217,7 @@ def build_ltx2(out_dir: Path, size: str, seed: int) -> None:
 
 # The reference call on `tiny`: diffusers' own guidance defaults (CFG, STG on block 1 of 2,
 # modality isolation, rescale) except a shorter prompt window and 4 steps.
-LTX2_CALL_KWARGS = dict(
+_CALL_KWARGS = dict(
     prompt=PROMPT,
     negative_prompt=NEGATIVE_PROMPT,
     height=VIDEO_SIDE["tiny"],
@@ -230,9 +229,6 @@ LTX2_CALL_KWARGS = dict(
     max_sequence_length=32,
 )
 
-# Registered beside the other families' calls, as this module's model is beside theirs in the zoo.
-DEFAULT_CALL_KWARGS["ltx2"] = LTX2_CALL_KWARGS
-
 register_zoo_model(
     ZooModel(
         name="ltx2",
@@ -242,5 +238,7 @@ register_zoo_model(
         sizes=SIZES,
         description="LTX-2 text-to-video with audio: Gemma 3 encoder + connectors, audio-video DiT, video and "
                     "audio VAEs, vocoder",
+        call_kwargs=_CALL_KWARGS,
+        sides=VIDEO_SIDE,
     )
 )

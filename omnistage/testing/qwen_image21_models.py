@@ -36,8 +36,8 @@ NAME = "qwen-image-2.1"
 
 # Kwargs for the reference pipeline on `tiny`. 2.1 is sampled without guidance by default
 # (true_cfg_scale 1.0); the zoo call turns true CFG on so both branches run.
-DEFAULT_CALL_KWARGS = dict(prompt=PROMPT, negative_prompt=NEGATIVE_PROMPT, height=IMAGE_SIDE["tiny"],
-                           width=IMAGE_SIDE["tiny"], num_inference_steps=4, true_cfg_scale=2.0)
+_CALL_KWARGS = dict(prompt=PROMPT, negative_prompt=NEGATIVE_PROMPT, height=IMAGE_SIDE["tiny"],
+                    width=IMAGE_SIDE["tiny"], num_inference_steps=4, true_cfg_scale=2.0)
 
 _DIMS = {
     # head_dim = sum(axes): the RoPE splits it over (frame, height, width).
@@ -165,5 +165,7 @@ register_zoo_model(
         builder=build_qwen_image21,
         sizes=("tiny", "small"),
         description="Qwen-Image 2.1: Qwen3-VL encoder + block-causal single-stream DiT (text prefix KV-cached)",
+        call_kwargs=_CALL_KWARGS,
+        sides=IMAGE_SIDE,
     )
 )

@@ -29,8 +29,8 @@ from omnistage.testing.zoo import ZooModel, register_zoo_model
 NAME = "qwen-image-edit-plus"
 
 # Kwargs for the reference pipeline on `tiny`; it also needs image= (1-3 images).
-DEFAULT_CALL_KWARGS = dict(prompt=PROMPT, negative_prompt=NEGATIVE_PROMPT, height=IMAGE_SIDE["tiny"],
-                           width=IMAGE_SIDE["tiny"], num_inference_steps=4, true_cfg_scale=2.0)
+_CALL_KWARGS = dict(prompt=PROMPT, negative_prompt=NEGATIVE_PROMPT, height=IMAGE_SIDE["tiny"],
+                    width=IMAGE_SIDE["tiny"], num_inference_steps=4, true_cfg_scale=2.0)
 
 
 def build_qwen_image_edit_plus(out_dir: Path, size: str, seed: int) -> None:
@@ -56,5 +56,7 @@ register_zoo_model(
         builder=build_qwen_image_edit_plus,
         sizes=("tiny", "small"),
         description="Qwen-Image-Edit-Plus (2509): Qwen-Image-Edit from 1-3 input images",
+        call_kwargs=_CALL_KWARGS,
+        sides=IMAGE_SIDE,
     )
 )

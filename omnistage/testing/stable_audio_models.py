@@ -11,7 +11,7 @@ The scheduler is the class the pipeline declares, `EDMDPMSolverMultistepSchedule
 stochastic `sde-dpmsolver++` form with the real checkpoint's sigmas (0.3 to 500, exponential,
 v-prediction), so each step draws noise from the request's generator as the real
 `CosineDPMSolverMultistepScheduler` does (that one needs the optional `torchsde`).
-`DEFAULT_CALL_KWARGS` holds kwargs for calling the reference pipeline on `tiny`.
+It registers the kwargs for calling the reference pipeline on `tiny` (`omnistage.testing.call_kwargs`).
 """
 
 from __future__ import annotations
@@ -86,15 +86,13 @@ def build_stable_audio(out_dir: Path, size: str, seed: int) -> None:
     save_pipeline(pipe, out_dir)
 
 
-DEFAULT_CALL_KWARGS: dict[str, dict] = {
-    "stable-audio": dict(
-        prompt="the sound of a hammer hitting a wooden surface",
-        negative_prompt="low quality",
-        audio_end_in_s=0.5,
-        num_inference_steps=4,
-        guidance_scale=7.0,
-    ),
-}
+_CALL_KWARGS = dict(
+    prompt="the sound of a hammer hitting a wooden surface",
+    negative_prompt="low quality",
+    audio_end_in_s=0.5,
+    num_inference_steps=4,
+    guidance_scale=7.0,
+)
 
 register_zoo_model(
     ZooModel(
@@ -104,5 +102,6 @@ register_zoo_model(
         builder=build_stable_audio,
         sizes=("tiny", "small"),
         description="Stable Audio: T5 + seconds conditioning, 1D DiT, stereo Oobleck VAE (text -> audio)",
+        call_kwargs=_CALL_KWARGS,
     )
 )

@@ -6,10 +6,13 @@ Each entry knows how to write one model family at a given size. Builders live in
 
 `build(name, out_dir)` writes a checkpoint; `ensure(name)` builds it once into a cache
 directory and returns the path, which is what tests and the demo server use.
+`call_kwargs(name, size)` is the one place tests and benchmarks get the kwargs that call a
+diffusion family's reference pipeline (each builder registers them with its model).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -34,6 +37,10 @@ class ZooModel:
     description: str = ""
     extras: dict = field(default_factory=dict)
     revision: int = 0  # bumped when this builder's output changes; in the cache folder name from 1 on
+    # The reference pipeline's call on `tiny` (diffusion families; read it through `call_kwargs`).
+    # Families that edit or animate an image also need `image=` (diffusion_models.default_input_image).
+    call_kwargs: dict = field(default_factory=dict)
+    sides: dict[str, int] = field(default_factory=dict)  # output height = width per size, where the call sets them
 
 
 _ZOO: dict[str, ZooModel] = {}
@@ -66,6 +73,20 @@ def get_model(name: str) -> ZooModel:
     if name not in _ZOO:
         raise KeyError(f"unknown zoo model {name!r}; available: {', '.join(sorted(_ZOO))}")
     return _ZOO[name]
+
+
+def call_kwargs(name: str, size: str = "tiny") -> dict:
+    """A fresh copy of the kwargs that call zoo model `name`'s reference pipeline at `size`: the
+    registered `tiny` call with height and width set to the family's side at `size`."""
+    model = get_model(name)
+    if not model.call_kwargs:
+        raise KeyError(f"zoo model {name!r} registers no call kwargs")
+    if size not in model.sizes:
+        raise ValueError(f"zoo model {name!r} has sizes {list(model.sizes)}, not {size!r}")
+    kwargs = copy.deepcopy(model.call_kwargs)
+    if "height" in kwargs:
+        kwargs["height"] = kwargs["width"] = model.sides[size]
+    return kwargs
 
 
 def build(name: str, out_dir: str | os.PathLike, size: str = "tiny", seed: int = 0) -> Path:

@@ -8,7 +8,7 @@ import numpy as np
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.pipeline import DiffusionPipelineBase
 from omnistage.diffusion.registry import pipeline_class
-from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS
+from omnistage.testing import call_kwargs as zoo_call_kwargs
 
 from parity import request_for
 
@@ -26,7 +26,7 @@ def load(name: str, path, **deploy_fields) -> DiffusionPipelineBase:
 
 
 def call_kwargs(name: str, **overrides) -> dict:
-    return dict(DEFAULT_CALL_KWARGS[name], num_inference_steps=2, **overrides)
+    return dict(zoo_call_kwargs(name), num_inference_steps=2, **overrides)
 
 
 def run(pipeline: DiffusionPipelineBase, name: str, seed: int = 3, **overrides) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Helpers for parity tests: our pipelines against the diffusers pipeline's own output.
 
 Requests are built from the same keyword arguments the reference `__call__` gets
-(`DEFAULT_CALL_KWARGS[name]` plus overrides), so both sides always see the same inputs.
+(`omnistage.testing.call_kwargs(name)` plus overrides), so both sides always see the same inputs.
 Outputs are compared as float arrays in [0, 1]: `decode_arrays` against `output_type="np"`.
 
 `ParityTests` holds the tests every family shares; a family's test class configures it with
@@ -22,7 +22,8 @@ from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest
 from omnistage.engine.types import ImagePayload, VideoPayload
-from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, default_input_image
+from omnistage.testing import call_kwargs as zoo_call_kwargs
+from omnistage.testing.diffusion_models import default_input_image
 
 TOLERANCE = 1e-3
 
@@ -143,7 +144,7 @@ class ReferenceFixtures:
     @classmethod
     def call(cls) -> dict[str, Any]:
         """The reference call: the zoo's defaults."""
-        return DEFAULT_CALL_KWARGS[cls.zoo_name]
+        return zoo_call_kwargs(cls.zoo_name)
 
     @pytest.fixture(scope="class")
     @classmethod

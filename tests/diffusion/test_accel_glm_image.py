@@ -10,13 +10,13 @@ import pytest
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.models.glm_image.pipeline import GlmImage
-from omnistage.testing.glm_image_models import DEFAULT_CALL_KWARGS
+from omnistage.testing import call_kwargs as zoo_call_kwargs
 
 from parity import run_staggered
 from test_parity_glm_image import dit_request as request
 from test_parity_glm_image import prior_tokens
 
-CALL = dict(DEFAULT_CALL_KWARGS, num_inference_steps=6, prior_token_ids=prior_tokens(0))
+CALL = dict(zoo_call_kwargs("glm-image"), num_inference_steps=6, prior_token_ids=prior_tokens(0))
 
 
 def load(path, **deploy) -> GlmImage:

@@ -18,10 +18,9 @@ import torch
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.models.qwen_image.edit_plus_pipeline import QwenImageEditPlus
 from omnistage.models.qwen_image.v21_pipeline import QwenImage21
+from omnistage.testing import call_kwargs as zoo_call_kwargs
 from omnistage.testing.diffusion_models import default_input_image
-from omnistage.testing.qwen_image21_models import DEFAULT_CALL_KWARGS as V21_CALL
 from omnistage.testing.qwen_image21_models import NAME as V21
-from omnistage.testing.qwen_image_edit_plus_models import DEFAULT_CALL_KWARGS as PLUS_CALL
 from omnistage.testing.qwen_image_edit_plus_models import NAME as PLUS
 
 from parity import request_for
@@ -39,7 +38,7 @@ def run(pipeline, call: dict, seed: int = 3):
 
 def test_edit_plus_first_block_cache(zoo):
     path = str(zoo(PLUS))
-    call = dict(PLUS_CALL, num_inference_steps=5, image=[default_input_image()])
+    call = dict(zoo_call_kwargs(PLUS), num_inference_steps=5, image=[default_input_image()])
     base, base_metrics = run(QwenImageEditPlus.from_pretrained(path), call)
 
     def cached(threshold: float):
@@ -55,7 +54,7 @@ def test_edit_plus_first_block_cache(zoo):
     assert metrics["num_forwards_computed"] + metrics["num_forwards_skipped"] == base_metrics["num_forwards_computed"]
 
 
-V21_STEPS = dict(V21_CALL, num_inference_steps=3)
+V21_STEPS = dict(zoo_call_kwargs(V21), num_inference_steps=3)
 
 
 def _cfg_rank_main(rank: int, port: int, path: str, out_dir: str) -> None:

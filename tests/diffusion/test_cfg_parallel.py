@@ -13,14 +13,11 @@ import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.registry import pipeline_class
-from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS as DIFFUSION_CALL_KWARGS
-from omnistage.testing.flux2_models import DEFAULT_CALL_KWARGS as FLUX2_CALL_KWARGS
-from omnistage.testing.hunyuan_video_models import CALL_KWARGS as HUNYUAN_VIDEO_CALL_KWARGS
+from omnistage.testing import call_kwargs as zoo_call_kwargs
 
 from two_ranks import run_two_ranks
 from parity import request_for
 
-DEFAULT_CALL_KWARGS = {**DIFFUSION_CALL_KWARGS, **FLUX2_CALL_KWARGS, **HUNYUAN_VIDEO_CALL_KWARGS}
 FAMILIES = {  # zoo name -> diffusers class name
     "qwen-image": "QwenImagePipeline",
     "wan-t2v": "WanPipeline",
@@ -33,7 +30,7 @@ TOLERANCE = 1e-4
 
 
 def call_kwargs(name: str) -> dict:
-    call = dict(DEFAULT_CALL_KWARGS[name], num_inference_steps=3)
+    call = dict(zoo_call_kwargs(name), num_inference_steps=3)
     if name == "wan-t2v":
         call.update(guidance_scale=4.0)
     return call

@@ -12,7 +12,7 @@ import pytest
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.models.flux2.klein_pipeline import Flux2Klein
 from omnistage.models.flux2.pipeline import Flux2
-from omnistage.testing.flux2_models import DEFAULT_CALL_KWARGS
+from omnistage.testing import call_kwargs as zoo_call_kwargs
 
 from parity import BATCH_PROMPTS, BATCH_SEEDS, request_for
 
@@ -30,7 +30,7 @@ def cached(path, name: str, backend: str, threshold: float):
 
 
 def request(name: str, seed: int = 3, request_id: str = "req", **overrides):
-    return request_for({**DEFAULT_CALL_KWARGS[name], "num_inference_steps": STEPS, **overrides}, seed, request_id)
+    return request_for({**zoo_call_kwargs(name), "num_inference_steps": STEPS, **overrides}, seed, request_id)
 
 
 def run(pipeline, name: str, **overrides):

@@ -10,7 +10,7 @@ import pytest
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.models.hunyuan_video.pipeline import HunyuanVideo15T2V
-from omnistage.testing.hunyuan_video_models import CALL_KWARGS
+from omnistage.testing import call_kwargs as zoo_call_kwargs
 
 from parity import BATCH_PROMPTS, BATCH_SEEDS, request_for
 
@@ -19,7 +19,7 @@ THRESHOLD = {"first_block_cache": "threshold", "tea_cache": "rel_l1_thresh"}
 
 
 def call_kwargs(**overrides) -> dict:
-    return {**CALL_KWARGS[NAME], "num_inference_steps": 4, **overrides}
+    return {**zoo_call_kwargs(NAME), "num_inference_steps": 4, **overrides}
 
 
 def load(path, **deploy_fields) -> HunyuanVideo15T2V:

@@ -12,7 +12,7 @@ from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.models.flux2.klein_pipeline import Flux2Klein
 from omnistage.models.flux2.pipeline import Flux2
 from omnistage.testing.diffusion_models import default_input_image
-from omnistage.testing.flux2_models import DEFAULT_CALL_KWARGS
+from omnistage.testing import call_kwargs as zoo_call_kwargs
 
 
 def reference_images():
@@ -26,7 +26,7 @@ class Flux2Cases(ParityTests):
     @pytest.fixture(scope="class")
     @classmethod
     def call(cls):
-        return DEFAULT_CALL_KWARGS[cls.zoo_name]
+        return zoo_call_kwargs(cls.zoo_name)
 
     def test_input_images_are_checked(self, ours):
         # Reference images are optional; a too small one is refused by name.

@@ -18,7 +18,8 @@ from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.models.glm_image.grid import prior_grid
 from omnistage.models.glm_image.pipeline import GlmImage
-from omnistage.testing.glm_image_models import DEFAULT_CALL_KWARGS, NUM_CODES
+from omnistage.testing import call_kwargs as zoo_call_kwargs
+from omnistage.testing.glm_image_models import NUM_CODES
 
 # A prompt with quoted text: the glyph encoder reads it, so its embeddings are longer.
 GLYPH_PROMPT = 'a shop sign that says "open all night"'
@@ -48,7 +49,7 @@ class TestGlmImageDiT(ParityTests):
     @pytest.fixture(scope="class")
     @classmethod
     def call(cls) -> dict[str, Any]:
-        return dict(DEFAULT_CALL_KWARGS, prior_token_ids=prior_tokens(0))
+        return dict(zoo_call_kwargs("glm-image"), prior_token_ids=prior_tokens(0))
 
     def request(self, call_kwargs: dict[str, Any], seed: int, request_id: str = "req") -> DiffusionRequest:
         return dit_request(call_kwargs, seed, request_id)

@@ -20,9 +20,9 @@ from parity import (
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.models.hunyuan_video.pipeline import HunyuanVideo15I2V, HunyuanVideo15T2V
 from omnistage.testing.diffusion_models import default_input_image
-from omnistage.testing.hunyuan_video_models import CALL_KWARGS
+from omnistage.testing import call_kwargs as zoo_call_kwargs
 
-CALL = CALL_KWARGS["hunyuan-video"]
+CALL = zoo_call_kwargs("hunyuan-video")
 
 
 def small(**fields) -> DiffusionParams:
@@ -122,7 +122,7 @@ class TestHunyuanVideo15T2V(ParityTests):
 
 
 def i2v_call(**overrides) -> dict:
-    return dict(CALL_KWARGS["hunyuan-video-i2v"], image=default_input_image(), **overrides)
+    return dict(zoo_call_kwargs("hunyuan-video-i2v"), image=default_input_image(), **overrides)
 
 
 class TestHunyuanVideo15I2V(ParityTests):

@@ -22,7 +22,7 @@ from parity import (
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.engine.types import VideoPayload
 from omnistage.models.ltx2.pipeline import LTX2T2V
-from omnistage.testing.ltx2_models import LTX2_CALL_KWARGS
+from omnistage.testing import call_kwargs as zoo_call_kwargs
 
 
 def small(**fields) -> DiffusionParams:
@@ -37,7 +37,7 @@ class TestLTX2(ParityTests):
     @pytest.fixture(scope="class")
     @classmethod
     def call(cls):
-        return LTX2_CALL_KWARGS
+        return zoo_call_kwargs("ltx2")
 
     @pytest.fixture(scope="class")
     @classmethod

@@ -18,7 +18,8 @@ from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.models.qwen_image.v21_pipeline import QwenImage21
-from omnistage.testing.qwen_image21_models import DEFAULT_CALL_KWARGS, NAME
+from omnistage.testing import call_kwargs as zoo_call_kwargs
+from omnistage.testing.qwen_image21_models import NAME
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +42,7 @@ class TestQwenImage21(ParityTests):
     @pytest.fixture(scope="class")
     @classmethod
     def call(cls):
-        return dict(DEFAULT_CALL_KWARGS)
+        return zoo_call_kwargs(NAME)
 
     @pytest.fixture(scope="class")
     @classmethod

@@ -15,7 +15,8 @@ from parity import BATCH_PROMPTS, BATCH_SEEDS, ParityTests, assert_rejected, loa
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.models.qwen_image.edit_pipeline import QwenImageEdit, condition_size
-from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, default_input_image
+from omnistage.testing import call_kwargs as zoo_call_kwargs
+from omnistage.testing.diffusion_models import default_input_image
 
 pytestmark = pytest.mark.slow
 
@@ -43,7 +44,7 @@ class TestQwenImageEdit(ParityTests):
     @classmethod
     def call(cls):
         """The reference call: the zoo's defaults with the zoo's input image."""
-        return dict(DEFAULT_CALL_KWARGS[cls.zoo_name], image=default_input_image())
+        return dict(zoo_call_kwargs(cls.zoo_name), image=default_input_image())
 
     @pytest.fixture(scope="class")
     @classmethod

@@ -19,7 +19,8 @@ from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.models.qwen_image.edit_pipeline import condition_size
 from omnistage.models.qwen_image.edit_plus_pipeline import QwenImageEditPlus
 from omnistage.testing.diffusion_models import default_input_image
-from omnistage.testing.qwen_image_edit_plus_models import DEFAULT_CALL_KWARGS, NAME
+from omnistage.testing import call_kwargs as zoo_call_kwargs
+from omnistage.testing.qwen_image_edit_plus_models import NAME
 
 pytestmark = pytest.mark.slow
 
@@ -48,7 +49,7 @@ class TestQwenImageEditPlus(ParityTests):
     @classmethod
     def call(cls):
         """The reference call: the zoo's defaults with one input image."""
-        return dict(DEFAULT_CALL_KWARGS, image=[default_input_image()])
+        return dict(zoo_call_kwargs(NAME), image=[default_input_image()])
 
     @pytest.fixture(scope="class")
     @classmethod

@@ -14,7 +14,7 @@ from parity import BATCH_PROMPTS, ParityTests, assert_rejected
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.engine.types import AudioPayload
 from omnistage.models.stable_audio.pipeline import StableAudio
-from omnistage.testing.stable_audio_models import DEFAULT_CALL_KWARGS
+from omnistage.testing import call_kwargs as zoo_call_kwargs
 
 
 def audio_params(**fields) -> DiffusionParams:
@@ -32,7 +32,7 @@ class StableAudioParity(ParityTests):
     @pytest.fixture(scope="class")
     @classmethod
     def call(cls):
-        return DEFAULT_CALL_KWARGS["stable-audio"]
+        return zoo_call_kwargs("stable-audio")
 
     @pytest.fixture(scope="class")
     @classmethod

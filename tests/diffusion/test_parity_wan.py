@@ -12,13 +12,14 @@ from parity import BATCH_PROMPTS, BATCH_SEEDS, ParityTests, assert_rejected, loa
 
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.models.wan.pipeline import WanI2V, WanT2V
-from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, default_input_image
+from omnistage.testing import call_kwargs as zoo_call_kwargs
+from omnistage.testing.diffusion_models import default_input_image
 
 # Wan 2.2 A14B's T2V value; with the zoo's 4-step schedule (999, 900, 750, 500) the
 # first two steps run on `transformer`, the last two on `transformer_2`.
 BOUNDARY_RATIO = 0.875
 # The zoo's I2V defaults with an input image of the video's size.
-I2V_CALL = dict(DEFAULT_CALL_KWARGS["wan-i2v"], image=default_input_image(DEFAULT_CALL_KWARGS["wan-i2v"]["height"]))
+I2V_CALL = dict(zoo_call_kwargs("wan-i2v"), image=default_input_image(zoo_call_kwargs("wan-i2v")["height"]))
 
 
 def small(**fields) -> DiffusionParams:

@@ -14,13 +14,11 @@ import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.registry import pipeline_class
-from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS as DIFFUSION_CALL_KWARGS
-from omnistage.testing.flux2_models import DEFAULT_CALL_KWARGS as FLUX2_CALL_KWARGS
+from omnistage.testing import call_kwargs as zoo_call_kwargs
 
 from two_ranks import run_two_ranks
 from parity import request_for
 
-DEFAULT_CALL_KWARGS = {**DIFFUSION_CALL_KWARGS, **FLUX2_CALL_KWARGS}
 FAMILIES = {  # zoo name -> diffusers class name
     "z-image": "ZImagePipeline",
     "wan-t2v": "WanPipeline",
@@ -35,7 +33,7 @@ RING_FAMILIES = ("z-image", "wan-t2v")
 
 
 def call_kwargs(name: str, **overrides) -> dict:
-    return {**DEFAULT_CALL_KWARGS[name], "num_inference_steps": 2, **overrides}
+    return {**zoo_call_kwargs(name), "num_inference_steps": 2, **overrides}
 
 
 def load(name: str, path: str, deploy: StageDeployConfig | None = None):

@@ -16,7 +16,7 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.accel import attention_backend, lora, sequence_parallel, vae_patch_parallel
 from omnistage.diffusion.accel import compile as regional_compile
 from omnistage.models.stable_audio.pipeline import StableAudio
-from omnistage.testing.stable_audio_models import DEFAULT_CALL_KWARGS
+from omnistage.testing import call_kwargs as zoo_call_kwargs
 
 from parity import BATCH_PROMPTS, request_for
 from two_ranks import run_two_ranks
@@ -30,7 +30,7 @@ def load(path, **deploy_fields) -> StableAudio:
 
 
 def call(**overrides) -> dict:
-    return {**DEFAULT_CALL_KWARGS["stable-audio"], "num_inference_steps": STEPS, **overrides}
+    return {**zoo_call_kwargs("stable-audio"), "num_inference_steps": STEPS, **overrides}
 
 
 def run(pipeline: StableAudio, seed: int = 3, **overrides) -> tuple[np.ndarray, dict]:

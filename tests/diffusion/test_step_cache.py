@@ -11,7 +11,8 @@ import pytest
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.accel import check_supported
 from omnistage.diffusion.registry import pipeline_class
-from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, default_input_image
+from omnistage.testing import call_kwargs as zoo_call_kwargs
+from omnistage.testing.diffusion_models import default_input_image
 
 from parity import BATCH_PROMPTS, BATCH_SEEDS, request_for
 
@@ -28,7 +29,7 @@ STEPS = 6
 
 
 def call_kwargs(name: str, **overrides) -> dict:
-    call = {**DEFAULT_CALL_KWARGS[name], "num_inference_steps": STEPS, **overrides}
+    call = {**zoo_call_kwargs(name), "num_inference_steps": STEPS, **overrides}
     if name == "qwen-image-edit":
         call.pop("max_sequence_length")
         call["image"] = default_input_image()

@@ -10,7 +10,8 @@ import pytest
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.registry import pipeline_class
-from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS, default_input_image
+from omnistage.testing import call_kwargs as zoo_call_kwargs
+from omnistage.testing.diffusion_models import default_input_image
 
 from parity import request_for
 
@@ -60,7 +61,7 @@ def tiled_pipeline(name: str, cls: str, path: str):
 
 
 def request(name: str):
-    call = {**DEFAULT_CALL_KWARGS[name], "num_inference_steps": 2, "height": SIDE, "width": SIDE}
+    call = {**zoo_call_kwargs(name), "num_inference_steps": 2, "height": SIDE, "width": SIDE}
     if name == "qwen-image-edit":  # diffusers' edit pipeline ignores max_sequence_length; ours refuses it
         call.pop("max_sequence_length")
     if name in WITH_IMAGE:

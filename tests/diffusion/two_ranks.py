@@ -1,12 +1,22 @@
 """Two spawned gloo ranks on loopback, for the parallel-degree tests: each rank runs
 `rank_main(rank, port, *args)`, joins the group at `tcp://127.0.0.1:port`, and writes what
-the test checks to files; the parent only starts, waits and checks the exit codes."""
+the test checks to files; the parent only starts, waits and checks that both ranks returned.
+
+The two rank processes are spawned once per session and run every test's `rank_main` in
+turn (each on a new port, so a new process group): a spawn re-imports torch, diffusers and
+the test module, ~10 s a pair on a loaded 2-core machine, paid once instead of per test.
+A `rank_main` must destroy its process group before it returns (all of them do); after a
+failure or a timeout the pair is killed and the next call spawns a fresh one."""
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import socket
+import time
+import traceback
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any
 
 
@@ -16,14 +26,96 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _serve(rank: int, conn: Connection) -> None:
+    """A rank process: run each (rank_main, port, args) it is sent; answer None or the traceback."""
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:  # the test process is gone
+            return
+        if job is None:
+            return
+        rank_main, port, args = job
+        try:
+            rank_main(rank, port, *args)
+            conn.send(None)
+        except BaseException:  # noqa: BLE001 - reported to the test, which fails with it
+            conn.send(traceback.format_exc())
+
+
+class _Pair:
+    def __init__(self) -> None:
+        ctx = mp.get_context("spawn")
+        self.conns: list[Connection] = []
+        self.procs = []
+        for rank in range(2):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_serve, args=(rank, child))
+            proc.start()
+            child.close()
+            self.conns.append(parent)
+            self.procs.append(proc)
+
+    def alive(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
+    def run(self, rank_main: Callable[..., None], args: tuple, timeout: float) -> list[str]:
+        """Both ranks run `rank_main`; the problems seen (empty when both returned)."""
+        port = free_port()
+        for conn in self.conns:
+            conn.send((rank_main, port, args))
+        problems = []
+        deadline = time.monotonic() + timeout
+        for rank, (conn, proc) in enumerate(zip(self.conns, self.procs)):
+            # After one rank failed its peer may wait in a collective until gloo's timeout: give it 10 s.
+            wait = max(0.0, deadline - time.monotonic()) if not problems else 10.0
+            if not conn.poll(wait):
+                problems.append(f"rank {rank} did not return within {timeout} s")
+                continue
+            try:
+                error = conn.recv()
+            except EOFError:
+                proc.join(5)
+                problems.append(f"rank {rank} process exited with {proc.exitcode}")
+                continue
+            if error is not None:
+                problems.append(f"rank {rank} raised:\n{error}")
+        return problems
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+_pair: _Pair | None = None
+
+
+def _close_pair() -> None:
+    global _pair
+    if _pair is not None:
+        _pair.close()
+        _pair = None
+
+
+atexit.register(_close_pair)
+
+
 def run_two_ranks(rank_main: Callable[..., None], *args: Any, timeout: float = 400) -> None:
-    port = free_port()
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=rank_main, args=(rank, port, *args)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=timeout)
-        if p.is_alive():
-            p.kill()
-        assert p.exitcode == 0, f"rank process exited with {p.exitcode}"
+    global _pair
+    if _pair is None or not _pair.alive():
+        _close_pair()
+        _pair = _Pair()
+    problems = _pair.run(rank_main, args, timeout)
+    if problems:  # a rank may be stuck in a collective or hold its group: never reuse the pair
+        for proc in _pair.procs:
+            proc.kill()
+        _close_pair()
+        raise AssertionError("\n".join(problems))

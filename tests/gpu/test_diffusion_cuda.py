@@ -17,7 +17,7 @@ from parity import BATCH_PROMPTS, BATCH_SEEDS, TOLERANCE, load_reference, max_ab
 from omnistage.models.flux.pipeline import Flux
 from omnistage.models.qwen_image.pipeline import QwenImage
 from omnistage.models.z_image.pipeline import ZImage
-from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS
+from omnistage.testing import call_kwargs as zoo_call_kwargs
 
 pytestmark = pytest.mark.gpu
 
@@ -60,7 +60,7 @@ def family(request, zoo):
 
 def test_fp32_alone_matches_diffusers_on_cuda(family, report):
     name, _, reference, ours = family
-    call = DEFAULT_CALL_KWARGS[name]
+    call = zoo_call_kwargs(name)
     (got,) = run_arrays(ours, [request_for(call, SEED)])
     want = reference_arrays(reference, call, SEED)
     diff = max_abs_diff(got, want)
@@ -70,7 +70,7 @@ def test_fp32_alone_matches_diffusers_on_cuda(family, report):
 
 def test_fp32_batch_of_three_matches_diffusers_on_cuda(family, report):
     name, _, reference, ours = family
-    calls = [dict(DEFAULT_CALL_KWARGS[name], prompt=p) for p in BATCH_PROMPTS]
+    calls = [dict(zoo_call_kwargs(name), prompt=p) for p in BATCH_PROMPTS]
     got = run_arrays(ours, [request_for(c, s, f"r{i}") for i, (c, s) in enumerate(zip(calls, BATCH_SEEDS))])
     diffs = [max_abs_diff(g, reference_arrays(reference, c, s)) for g, c, s in zip(got, calls, BATCH_SEEDS)]
     report(f"diffusion_fp32_batch3[{name}]", max_abs_diff=max(diffs))
@@ -82,7 +82,7 @@ def test_bf16_is_finite_and_close_to_fp32(family, report):
     _, ours_class = FAMILIES[name]
     ours_bf16 = ours_class.from_pretrained(path, device="cuda", dtype=torch.bfloat16)
     assert next(ours_bf16.transformer.parameters()).dtype == torch.bfloat16
-    call = DEFAULT_CALL_KWARGS[name]
+    call = zoo_call_kwargs(name)
     (bf16,) = run_arrays(ours_bf16, [request_for(call, SEED)])
     (fp32,) = run_arrays(ours_fp32, [request_for(call, SEED)])
     assert bf16.shape == fp32.shape

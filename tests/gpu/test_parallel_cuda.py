@@ -34,11 +34,11 @@ def generate(name: str, cls: str, path: str, device: str, degrees: dict | None) 
 
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.diffusion.registry import pipeline_class
-    from omnistage.testing.diffusion_models import DEFAULT_CALL_KWARGS
+    from omnistage.testing import call_kwargs as zoo_call_kwargs
 
     deploy = StageDeployConfig(executor="mp", num_devices=2, **degrees) if degrees else None
     pipeline = pipeline_class(cls).from_pretrained(path, device=device, deploy=deploy)
-    call = {**DEFAULT_CALL_KWARGS[name], "num_inference_steps": 2}
+    call = {**zoo_call_kwargs(name), "num_inference_steps": 2}
     (arr,) = pipeline.decode_arrays(pipeline.denoise([request_for(call, seed=4)]))
     return arr
 

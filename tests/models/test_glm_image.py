@@ -27,10 +27,12 @@ from omnistage.engine.types import StageRequest
 from omnistage.models.glm_image import prior_sampling
 from omnistage.models.glm_image.grid import prior_grid
 from omnistage.models.glm_image.prior import decode_positions
-from omnistage.testing.glm_image_models import DEFAULT_CALL_KWARGS
+from omnistage.testing import call_kwargs as zoo_call_kwargs
+
+GLM_CALL = zoo_call_kwargs("glm-image")
 
 PROMPTS = ["a cat", "a photo of a small dog on a long red chair", 'a sign that says "hi"']
-SIDE = DEFAULT_CALL_KWARGS["height"]
+SIDE = GLM_CALL["height"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -65,7 +67,7 @@ def reference_tokens(reference, prompt: str, seed: int, height: int = SIDE, widt
 
 
 def reference_image(reference, prompt: str, seed: int, **kwargs) -> np.ndarray:
-    call = dict(DEFAULT_CALL_KWARGS, prompt=prompt, **kwargs)
+    call = dict(GLM_CALL, prompt=prompt, **kwargs)
     return reference(**call, generator=torch.Generator().manual_seed(seed), output_type="np").images[0]
 
 
@@ -126,7 +128,7 @@ def omni(path):
 
 
 def _params(seed: int, **kwargs) -> DiffusionParams:
-    call = {k: DEFAULT_CALL_KWARGS[k] for k in ("height", "width", "num_inference_steps", "guidance_scale")}
+    call = {k: GLM_CALL[k] for k in ("height", "width", "num_inference_steps", "guidance_scale")}
     return DiffusionParams(seed=seed, **{**call, **kwargs})
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from omnistage.testing.ltx2_models import LTX2_CALL_KWARGS, build_gemma_tokenizer
+from omnistage.testing import call_kwargs as zoo_call_kwargs
+from omnistage.testing.ltx2_models import build_gemma_tokenizer
 
 
 def test_gemma_tokenizer_is_deterministic_and_left_padded():
@@ -28,7 +29,7 @@ def test_small_builds_loads_and_makes_audio(zoo):
     num_params = sum(p.numel() for p in pipe.transformer.parameters())
     assert 1_000_000 < num_params < 10_000_000
     assert pipe.vae_spatial_compression_ratio == 16 and pipe.vae_temporal_compression_ratio == 4
-    out = pipe(**dict(LTX2_CALL_KWARGS, height=128, width=128, num_inference_steps=2),
+    out = pipe(**dict(zoo_call_kwargs("ltx2", size="small"), num_inference_steps=2),
                generator=torch.Generator("cpu").manual_seed(0), output_type="np")
     assert out.frames.shape == (1, 9, 128, 128, 3) and np.isfinite(out.frames).all()
     assert out.audio.shape[:2] == (1, 2) and torch.isfinite(out.audio).all()

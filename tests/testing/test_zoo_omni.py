@@ -17,7 +17,8 @@ SAMPLES_PER_FRAME = QWEN3_OMNI_SAMPLE_RATE * 2 // 25  # code2wav at 12.5 frames/
 
 
 def _digests(folder: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+    # `.complete` is the cache's own marker (zoo.ensure), not part of a build.
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.name != ".complete"}
 
 
 def test_qwen3_omni_generates_text_and_audio(zoo):
@@ -37,13 +38,14 @@ def test_qwen3_omni_generates_text_and_audio(zoo):
     assert 0 < wav.numel() <= frames * SAMPLES_PER_FRAME and wav.abs().max() > 0
 
 
-def test_qwen3_omni_build_is_byte_deterministic_and_small(tmp_path):
-    build("qwen3-omni", tmp_path / "s0", seed=0)
+def test_qwen3_omni_build_is_byte_deterministic_and_small(zoo, tmp_path):
+    # The seed-0 build the session's cache holds (zoo.ensure ran `build`) against one in a fresh
+    # process: its own hash seed and torch.save state, as a build on another machine would have.
     build("qwen3-omni", tmp_path / "s1", seed=1)
     script = "import sys; from omnistage.testing import build; build('qwen3-omni', sys.argv[1], seed=0)"
     subprocess.run([sys.executable, "-c", script, str(tmp_path / "again")], check=True, capture_output=True)
-    first = _digests(tmp_path / "s0")
+    first = _digests(zoo("qwen3-omni"))
     assert first == _digests(tmp_path / "again")
     other = _digests(tmp_path / "s1")
     assert {f for f in first if first[f] != other[f]} == {"model.safetensors"}
-    assert sum(p.stat().st_size for p in (tmp_path / "s0").iterdir()) < 10_000_000
+    assert sum(p.stat().st_size for p in (tmp_path / "again").iterdir()) < 10_000_000

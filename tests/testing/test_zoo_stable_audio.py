@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from omnistage.testing import build, get_model
-from omnistage.testing.stable_audio_models import DEFAULT_CALL_KWARGS
+from omnistage.testing import call_kwargs as zoo_call_kwargs
 
 
 def load(path):
@@ -24,12 +24,12 @@ def test_registered_in_both_sizes_with_call_defaults():
     model = get_model("stable-audio")
     assert (model.kind, model.reference_class, model.sizes) == ("diffusion", "diffusers.StableAudioPipeline",
                                                                 ("tiny", "small"))
-    assert set(DEFAULT_CALL_KWARGS) == {"stable-audio"}
+    assert zoo_call_kwargs("stable-audio")["audio_end_in_s"] == 0.5
 
 
 def test_tiny_generates_stereo_audio(zoo):
     pipe = load(zoo("stable-audio"))
-    call = DEFAULT_CALL_KWARGS["stable-audio"]
+    call = zoo_call_kwargs("stable-audio")
     audio = pipe(**call, generator=torch.Generator("cpu").manual_seed(0), output_type="np").audios
     assert audio.shape == (1, 2, int(call["audio_end_in_s"] * pipe.vae.config.sampling_rate))
     assert np.isfinite(audio).all() and audio.std() > 0
@@ -43,9 +43,10 @@ def test_small_loads_with_millions_of_parameters(zoo):
     assert window == 4.096
 
 
-def test_build_is_deterministic(tmp_path):
-    def digests(folder):
+def test_build_is_deterministic(zoo, tmp_path):
+    def digests(folder):  # `.complete` is the cache's own marker (zoo.ensure), not part of a build
         return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-                for p in sorted(folder.rglob("*")) if p.is_file()}
+                for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".complete"}
 
-    assert digests(build("stable-audio", tmp_path / "a")) == digests(build("stable-audio", tmp_path / "b"))
+    # The seed-0 build the session's cache holds (zoo.ensure ran `build`) against a fresh one.
+    assert digests(zoo("stable-audio")) == digests(build("stable-audio", tmp_path / "b"))
