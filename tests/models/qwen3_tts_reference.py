@@ -203,6 +203,10 @@ def reference_model(cache: Path, model_path: str):
     processor = processing.Qwen3TTSProcessor(tokenizer=AutoTokenizer.from_pretrained(model_path))
     _load_mimi_encoder(model.speech_tokenizer.model.encoder, model_path)
     _init_rotary(model)
+    # The speech tokenizer is a plain attribute (a wrapper, not a submodule), so `model.modules()`
+    # does not reach its decoder's rotary embeddings: they were left uninitialized memory, which
+    # now and then made the reference's decoded audio all NaN.
+    _init_rotary(model.speech_tokenizer.model)
     return wrapper.Qwen3TTSModel(model.eval(), processor, model.generate_config)
 
 
