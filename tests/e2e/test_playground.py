@@ -249,7 +249,8 @@ def test_speech_tab_plays_while_the_stream_runs(zoo, playground):
     page.click("#speech-speak")
     status = page.locator("#speech-status")
     page.wait_for_function("document.getElementById('speech-status').dataset.playedAtEndS !== undefined")
-    assert int(status.get_attribute("data-chunks")) > 2
+    # The browser's reads may merge the server's later chunks (timing), never the first with the rest.
+    assert int(status.get_attribute("data-chunks")) >= 2
     # When the last byte arrived the audio clock was already past the first chunk's start.
     assert float(status.get_attribute("data-played-at-end-s")) > 0, status.inner_text()
     assert "streamed" in status.inner_text()
