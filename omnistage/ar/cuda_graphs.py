@@ -141,7 +141,7 @@ class StaticDecode:
             raise ValueError(f"max_graph_keys={max_graph_keys} is below one row of {self.kv_lens[0]} keys")
         keys = max(b * k for b, k in self.shapes)
         self.meta = torch.zeros(3, self.batch_sizes[-1], dtype=torch.long, device=device)  # ids, positions, writes
-        self.read = torch.zeros(keys, dtype=torch.long, device=device)
+        self.read = torch.zeros(keys // block_size, dtype=torch.long, device=device)  # block ids, per row
         self.mask = torch.zeros(keys, dtype=torch.bool, device=device)
         self.arange = torch.arange(self.kv_lens[-1], device=device)
         self.graphs: dict[tuple[int, int], _Graph] = {}
@@ -191,12 +191,12 @@ class StaticDecode:
         tables = [seq.block_table[:width] + [0] * (width - min(width, len(seq.block_table))) for seq in seqs]
         tables += [[0] * width] * pad  # padding rows: the scratch block
         table = torch.tensor(tables).to(self.device, non_blocking=True)
-        torch.add((table * size)[:, :, None], self.arange[:size], out=self.read[:b * k].view(b, width, size))
+        self.read[:b * width].view(b, width).copy_(table)
         # a row attends to keys 0 .. its position (a padding row: key 0 only, so no row is all-masked)
         torch.le(self.arange[:k], self.meta[1, :b, None], out=self.mask[:b * k].view(b, k))
 
     def _begin(self, b: int, k: int, num_blocks: int) -> None:
-        self.cache.begin(num_blocks, self.meta[2, :b], self.read[:b * k], k)
+        self.cache.begin(num_blocks, self.meta[2, :b], self.read[:b * k // self.block_size], k)
 
     # --- capture and run --------------------------------------------------------------------
 

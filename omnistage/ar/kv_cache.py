@@ -4,12 +4,13 @@
 head_dim]` keys and values, `num_slots = (num_blocks + 1) * block_size`, where the
 `BlockManager` decides which blocks hold which sequence's tokens. Before each forward
 the runner hands it, for the `[B, T]` batch, the slot each new token writes to
-(`write_slots`, padding -> the scratch block 0) and, for each row, the slots of the
-`kv_len` keys it attends to in position order (`read_slots`, flat). `update()`, called by
-every attention layer, writes the new keys and values, then returns either the fresh
-ones (a prefill with nothing cached before it: no gather) or the gathered
-`[B, kv_heads, kv_len, head_dim]` rows; the runner's mask hides what each row must not
-see. The pools grow (doubling) up to the block manager's largest block id, so a small
+(`write_slots`, padding -> the scratch block 0) and, for each row, the blocks it attends
+to in position order (`read_blocks`, flat, the same number per row). `update()`,
+called by every attention layer, writes the new keys and values, then returns either the
+fresh ones (a prefill with nothing cached before it: no gather) or the gathered
+`[B, kv_heads, kv_len, head_dim]` rows, gathered as whole blocks (a block is one contiguous
+copy: twice as fast on CPU as gathering its slots one by one) and cut to `kv_len`; the
+runner's mask hides what each row must not see. The pools grow (doubling) up to the block manager's largest block id, so a small
 workload does not pay for the whole budget up front.
 
 `SlotKVCache` (the streaming codec decoder's, generation/mimi.py): each layer holds
@@ -49,7 +50,7 @@ class _PagedView:
         self.block_size = block_size
         self.num_blocks = 1  # physical blocks the pools hold now (block 0 = scratch)
         self.write_slots: torch.Tensor | None = None  # [B * T]
-        self.read_slots: torch.Tensor | None = None  # [B * kv_len], or None: attend to the fresh keys
+        self.read_blocks: torch.Tensor | None = None  # [B * kv_len / block_size], or None: the fresh keys
         self.kv_len = 0
 
 
@@ -86,11 +87,13 @@ class PagedLayer(CacheLayerMixin):
         # advanced-index assignment and gathering, which is most of a tiny model's decode step.
         self.keys.index_copy_(0, v.write_slots, key_states.transpose(1, 2).reshape(b * t, h, d))
         self.values.index_copy_(0, v.write_slots, value_states.transpose(1, 2).reshape(b * t, h, -1))
-        if v.read_slots is None:
+        if v.read_blocks is None:
             return key_states, value_states
-        n = v.kv_len
-        keys = self.keys.index_select(0, v.read_slots).view(b, n, h, d)
-        values = self.values.index_select(0, v.read_slots).view(b, n, h, -1)
+        size = v.block_size
+        per_row = v.read_blocks.shape[0] // b * size  # whole blocks; a row attends to its first kv_len keys
+        keys = self.keys.view(-1, size, h, d).index_select(0, v.read_blocks).view(b, per_row, h, d)
+        values = self.values.view(-1, size, h, self.values.shape[-1]).index_select(0, v.read_blocks)
+        keys, values = keys[:, :v.kv_len], values.view(b, per_row, h, -1)[:, :v.kv_len]
         return keys.transpose(1, 2), values.transpose(1, 2)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -111,13 +114,14 @@ class PagedKVCache(Cache):
         self.max_num_blocks = max_num_blocks  # the block manager's blocks + the scratch block
         super().__init__(layers=[PagedLayer(self.view) for _ in range(num_layers)])
 
-    def begin(self, num_blocks: int, write_slots: torch.Tensor, read_slots: torch.Tensor | None,
+    def begin(self, num_blocks: int, write_slots: torch.Tensor, read_blocks: torch.Tensor | None,
               kv_len: int) -> None:
-        """The next forward: storage for blocks 0..num_blocks-1, where its tokens go, what each row reads."""
+        """The next forward: storage for blocks 0..num_blocks-1, where its tokens go, which blocks
+        each row reads, and how many of their keys it attends to (`kv_len`)."""
         v = self.view
         if num_blocks > v.num_blocks:
             v.num_blocks = min(max(num_blocks, 2 * v.num_blocks), self.max_num_blocks)
-        v.write_slots, v.read_slots, v.kv_len = write_slots, read_slots, kv_len
+        v.write_slots, v.read_blocks, v.kv_len = write_slots, read_blocks, kv_len
 
     @property
     def num_slots(self) -> int:

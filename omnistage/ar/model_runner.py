@@ -133,7 +133,9 @@ class ModelRunner:
         """Padded `[B, T]` ids and positions, each row's KV slots, and the attention mask.
 
         Row i feeds positions start_i .. start_i + n_i - 1 and attends to keys 0 .. its own
-        position (causal) of its `start_i + n_i` in the cache: all but the padding.
+        position (causal) of its `start_i + n_i` in the cache: all but the padding. The cache
+        reads each row's first `width` blocks (a prefill from position 0 reads none: it attends
+        to its fresh keys).
         """
         seqs = [item.seq for item in items]
         starts = [item.start for item in items]
@@ -147,6 +149,7 @@ class ModelRunner:
         # every slot of each row's blocks in position order (past a row's blocks: the scratch block)
         slots = (table_t[:, :, None] * size + self._arange[:size]).view(b, width * size)
         keys = self._arange[:kv_len]
+        read = table_t.flatten() if not is_prefill or any(starts) else None
         if is_prefill:
             ids = torch.tensor([seq.all_token_ids[s:s + n] + [0] * (t - n) for seq, s, n in zip(seqs, starts, lens)],
                                device=dev)
@@ -157,14 +160,12 @@ class ModelRunner:
             ctx = (meta[0] + meta[1])[:, None, None]
             # causal, and keys past the row's context are padding
             mask = (keys <= positions[:, :, None]) & (keys < ctx)
-            read = None if not any(starts) else slots[:, :kv_len].reshape(-1)
             last = meta[1] - 1
         else:
             writes = [seq.block_table[p // size] * size + p % size for seq, p in zip(seqs, starts)]
             meta = torch.tensor([[seq.last_token_id for seq in seqs], starts, writes], device=dev)
             ids, positions, write = meta[0].view(b, 1), meta[1].view(b, 1), meta[2]
             mask = (keys <= positions).view(b, 1, kv_len)  # keys after a row's position are padding
-            read = slots[:, :kv_len].reshape(-1)
             last = None
         self.cache.begin(num_blocks, write, read, kv_len)
         want_hidden, want_embeds = _wants(seqs)
@@ -178,28 +179,33 @@ class ModelRunner:
     def _prepare_packed(self, decodes: list[ScheduledSeq], prompts: list[ScheduledSeq],
                         num_blocks: int) -> ModelInput:
         """The packed layout of packed_attention.py: decode tokens, then prompt chunks; decode
-        contexts padded to the longest, then each prompt row's context."""
+        contexts padded to the longest, then each prompt row's context, all in whole blocks."""
         dev, size = self.device, self.block_size
         items = decodes + prompts
-        tables = _block_slots(items, size, self._arange, dev)  # [rows, width * size]
+        width = -(-max(item.start + item.num_new for item in items) // size)
+        blocks = torch.tensor([item.seq.block_table[:width] + [0] * (width - len(item.seq.block_table))
+                               for item in items], device=dev)  # past a row's blocks: the scratch block
+        slots = (blocks[:, :, None] * size + self._arange[:size]).view(len(items), width * size)
         d = len(decodes)
         positions = torch.tensor([item.start for item in decodes], dtype=torch.long, device=dev)
-        m = max((item.start + 1 for item in decodes), default=0)
-        keys = self._arange[:m]
-        write, read = [tables[:d].gather(1, positions[:, None])[:, 0]], [tables[:d, :m].reshape(-1)]
+        decode_blocks = -(-max((item.start + 1 for item in decodes), default=0) // size)
+        m = decode_blocks * size
+        write, read = [slots[:d].gather(1, positions[:, None])[:, 0]], [blocks[:d, :decode_blocks].reshape(-1)]
         fed = [[item.seq.last_token_id] for item in decodes]
         rows, first_token, first_key = [], d, d * m
         for i, item in enumerate(prompts, start=d):
             start, n = item.start, item.num_new
             ctx = start + n
+            row_blocks = -(-ctx // size)
             mask = None
             if start:  # cached keys before the chunk: causal from `start`, not square
-                mask = (self._arange[None, :ctx] <= self._arange[start:ctx, None])[None, None]
-            rows.append(PromptRow(first_token, start, n, first_key, mask))
-            write.append(tables[i, start:ctx])
-            read.append(tables[i, :ctx])
+                mask = (self._arange[None, :row_blocks * size] <= self._arange[start:ctx, None])[None, None]
+            rows.append(PromptRow(first_token, start, n, first_key, row_blocks * size, mask))
+            write.append(slots[i, start:ctx])
+            read.append(blocks[i, :row_blocks])
             fed.append(item.seq.all_token_ids[start:ctx])
-            first_token, first_key = first_token + n, first_key + ctx
+            first_token, first_key = first_token + n, first_key + row_blocks * size
+        keys = self._arange[:m]
         layout = PackedAttention(d, m, positions, (keys <= positions[:, None]).view(d, 1, 1, m) if d else None, rows)
         token_positions = torch.cat([positions] + [self._arange[r.start:r.start + r.num_tokens] for r in rows])
         self.cache.begin(num_blocks, torch.cat(write), torch.cat(read), first_key)
@@ -241,14 +247,6 @@ class ModelRunner:
         self.hidden.pop(seq.request_id, None)
         self.embeds.pop(seq.request_id, None)
         self.model.release(seq)
-
-
-def _block_slots(items: list[ScheduledSeq], size: int, arange: torch.Tensor, device) -> torch.Tensor:
-    """[rows, width * size]: every KV slot of each row's blocks in position order, for the
-    blocks its step reaches (past a row's own blocks: the scratch block 0)."""
-    width = -(-max(item.start + item.num_new for item in items) // size)
-    tables = [item.seq.block_table[:width] + [0] * (width - len(item.seq.block_table)) for item in items]
-    return (torch.tensor(tables, device=device)[:, :, None] * size + arange[:size]).view(len(items), width * size)
 
 
 def _wants(seqs: list[Sequence]) -> tuple[bool, bool]:

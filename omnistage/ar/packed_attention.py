@@ -33,16 +33,19 @@ class PromptRow:
     """Position of the chunk's first token (its keys before it are cached)."""
     num_tokens: int
     first_key: int
-    """Where the row's context starts in the packed keys (`start + num_tokens` of them)."""
+    """Where the row's context starts in the packed keys."""
+    num_keys: int
+    """Its keys: `start + num_tokens` rounded up to whole blocks (the tail is the last block's rest)."""
     mask: torch.Tensor | None
-    """[1, 1, n, start + n] bool; None: plain causal (a chunk from position 0, SDPA's is_causal path)."""
+    """[1, 1, n, num_keys] bool; None: plain causal (a chunk from position 0: SDPA's is_causal path,
+    which reads the first n keys only)."""
 
 
 @dataclass
 class PackedAttention:
     num_decodes: int
     decode_len: int
-    """M: the longest decode context; each decode row's keys are padded to it."""
+    """M: the longest decode context in whole blocks; each decode row's keys are padded to it."""
     decode_positions: torch.Tensor
     """[B_d] each decode token's position."""
     decode_mask: torch.Tensor | None
@@ -59,7 +62,7 @@ class PackedAttention:
         prompts = []
         for row in self.prompts:
             queries = torch.arange(row.start, row.start + row.num_tokens, device=keys.device)[:, None]
-            context = torch.arange(row.start + row.num_tokens, device=keys.device)
+            context = torch.arange(row.num_keys, device=keys.device)
             mask = (context <= queries) & (context > queries - window)
             prompts.append(replace(row, mask=mask[None, None]))
         return replace(self, decode_mask=decode_mask, prompts=prompts)
@@ -79,7 +82,7 @@ def packed_sdpa(module, query, key, value, attention_mask, **kwargs):
         outputs.append(out.transpose(0, 1))
     for row in layout.prompts:
         tokens = slice(row.first_token, row.first_token + row.num_tokens)
-        context = slice(row.first_key, row.first_key + row.start + row.num_tokens)
+        context = slice(row.first_key, row.first_key + row.num_keys)
         out, _ = sdpa(module, query[:, :, tokens], key[:, :, context], value[:, :, context], row.mask, **kwargs)
         outputs.append(out)
     return torch.cat(outputs, dim=1), None
