@@ -227,9 +227,10 @@ def test_video_tab_plays_a_job_and_cancels_one(zoo, playground):
 
 
 def test_speech_tab_plays_while_the_stream_runs(zoo, playground):
-    # Random weights never say EOS: the talker stops at 24 frames (1.92 s of audio, sent in
-    # chunks of 2, 8, 8 and 6 frames).
-    overrides = '{"0": {"default_sampling_params": {"max_tokens": 24}}}'
+    # Random weights never say EOS: the talker stops at 64 frames (5.12 s of audio, sent in
+    # chunks of 2, then 8). Long enough that the stream outlasts the browser's audio start,
+    # which at 24 frames it did not always (played-at-end was 0 in CI).
+    overrides = '{"0": {"default_sampling_params": {"max_tokens": 64}}}'
     server, page = playground(zoo("csm"), "--served-model-name", "csm", "--stage-overrides", overrides)
     page.locator("#tabbtn-speech").wait_for()
     page.wait_for_function("document.getElementById('speech-voice').options.length > 1")
@@ -257,7 +258,7 @@ def test_speech_tab_plays_while_the_stream_runs(zoo, playground):
     duration = page.evaluate("""async () => { const a = document.getElementById('speech-audio');
         if (!(a.duration > 0)) await new Promise(r => a.addEventListener('loadedmetadata', r, {once: true}));
         return a.duration; }""")
-    assert 1.9 < duration < 1.95  # 24 Mimi frames at 12.5 Hz, replayable as one WAV
+    assert 5.1 < duration < 5.15  # 64 Mimi frames at 12.5 Hz, replayable as one WAV
 
 
 def test_chat_tab_streams_a_reply(zoo, playground):
