@@ -121,6 +121,7 @@ def throughput(path: str, model, pad_id: int, vllm_python: str | None) -> dict:
         if vllm_python:
             secs["vllm"], tokens["vllm"] = time_vllm(
                 vllm_python, path, prompts, new, max_model_len=MAX_MODEL_LEN, threads=torch.get_num_threads(),
+                max_num_batched_tokens=engine.scheduler.max_num_batched_tokens,
                 clock="cpu" if CLOCK[0] is time.process_time else "wall")
         result[name] = {"tok_s": {k: 8 * new / v for k, v in secs.items()},
                         "same": {k: sum(a == b for a, b in zip(tokens["ours"], v)) for k, v in tokens.items()

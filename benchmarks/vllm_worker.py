@@ -4,7 +4,7 @@ vLLM pins its own torch and transformers, so it lives in its own virtual environ
 (benchmarks/README.md says how to make one); the benchmarks start this script with that
 environment's python (`--vllm-python`) in the same run as ours. Reads JSON on stdin:
 {"model": path, "prompts": [[ids]], "new_tokens": n, "max_model_len": m, "clock": "cpu"|"wall",
-"threads": t}; writes JSON on stdout: {"seconds": best of two timed runs after a warm-up,
+"threads": t, "max_num_batched_tokens": b}; writes JSON on stdout: {"seconds": best of two timed runs after a warm-up,
 "tokens": [[ids]]}.
 
 The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so process CPU
@@ -28,9 +28,11 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     torch.set_num_threads(job["threads"])
-    # no prefix caching: the timed runs repeat the warm-up's prompts, which would all be cache hits
+    # no prefix caching: the timed runs repeat the warm-up's prompts, which would all be cache hits;
+    # ours' token budget (vLLM's offline default on CPU is 4096, its server's 2048, as ours)
     llm = LLM(job["model"], max_model_len=job["max_model_len"], dtype="float32", enforce_eager=True,
-              max_num_seqs=len(job["prompts"]), enable_prefix_caching=False)
+              max_num_seqs=len(job["prompts"]), enable_prefix_caching=False,
+              max_num_batched_tokens=job["max_num_batched_tokens"])
     params = SamplingParams(temperature=0, max_tokens=job["new_tokens"], min_tokens=job["new_tokens"])
     prompts = [{"prompt_token_ids": p} for p in job["prompts"]]
     clock = time.process_time if job["clock"] == "cpu" else time.perf_counter

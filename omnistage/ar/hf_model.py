@@ -5,7 +5,8 @@ door `generate` uses), so transformers builds no masks of its own, and the paged
 goes in through the public `cache=` argument. The model loads with packed_attention's
 attention function (registered through transformers' `AttentionInterface`), which is
 transformers' SDPA for padded batches and per-row SDPA for packed ones. Nothing in
-transformers is patched.
+transformers is patched. On CPU its linear layers run through oneDNN with prepacked weights
+(engine/cpu_linear.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput
 from omnistage.ar.packed_attention import ATTN_IMPLEMENTATION
+from omnistage.engine.cpu_linear import prepack_linears
 
 
 class HFCausalLM(ARModel):
@@ -47,6 +49,8 @@ class HFCausalLM(ARModel):
 
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
         model = model.to(device).eval()
+        if device.type == "cpu":
+            prepack_linears(model)
         return cls(model, load_tokenizer(model_path), eos_token_ids(model_path, model.config), device)
 
     def forward(self, batch: ModelInput, cache) -> ModelOutput:

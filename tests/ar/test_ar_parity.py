@@ -91,3 +91,28 @@ def test_hidden_states_match_a_full_forward(engine, hf_model, tokenizer):
         assert deltas[0].shape[0] == len(prompt_ids) and all(d.shape[0] == 1 for d in deltas[1:])
         torch.testing.assert_close(torch.cat(deltas), payload.hidden_states)
     assert all(o.payload.hidden_states is None for o in outputs["h0"][:-1])  # all rows come once, at the end
+
+
+def test_small_model_with_prepacked_linears(zoo):
+    """On CPU the generic LLM's linears run through oneDNN with prepacked weights
+    (engine/cpu_linear.py); the tiny model's are all below the packing threshold, so this is
+    the small one (4 layers of 512)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from omnistage.engine.cpu_linear import PrepackedLinear
+
+    path = str(zoo("qwen2-llm", size="small"))
+    engine = make_engine(path, max_num_seqs=4)
+    try:
+        packed = [m for m in engine.model.model.modules() if isinstance(m, PrepackedLinear)]
+        assert len(packed) == 4 * 5 + 1  # per layer q, o, gate, up, down; and the tied LM head
+        outputs = run(engine, [StageRequest(f"p{i}", p, GREEDY) for i, p in enumerate(PROMPTS)])
+    finally:
+        engine.close()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    for i, p in enumerate(PROMPTS):
+        ids = tokenizer(p, return_tensors="pt").input_ids
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False)
+        assert final(outputs, f"p{i}").token_ids == out[0, ids.shape[1]:].tolist(), p

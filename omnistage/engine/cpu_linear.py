@@ -1,0 +1,67 @@
+"""Linear layers on CPU through oneDNN with prepacked weights.
+
+torch's `F.linear` on CPU calls MKL's sgemm, which re-reads the weight in its row-major
+layout on every call. oneDNN can keep the weight in its own blocked layout, packed once
+at load, and its kernels then stream it about twice as fast for the few-row matmuls of a
+decode step (8 rows x 512 -> 768, fp32, one thread: 135 against 229 us; bf16: 64 against
+126 us) and still faster for a 1000-row prefill (7.3 against 8.3 ms). vLLM's CPU backend
+packs its linear weights the same way. The packed ops are the ones torch's own compiler
+uses when it freezes a CPU model (`torch.ops.mkldnn._reorder_linear_weight` and
+`_linear_pointwise`); where this torch build lacks them, the model is left as it was.
+
+Results differ from `F.linear` by rounding only (sums taken in another order: about 1e-5
+relative in fp32).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+PACKED_FOR_ROWS = 8
+"""oneDNN picks the packed layout for this many rows; measured the same or better than
+sgemm from 1 to 2048 rows, so one layout serves decodes and prefills."""
+MIN_PACKED_WEIGHT = 1 << 18
+"""oneDNN costs about 12 us more per call than sgemm, so below this many weight elements
+(1 MiB in fp32: 512 x 512) sgemm stays faster at decode sizes (measured, 1 and 8 rows)."""
+
+
+def _can_pack() -> bool:
+    ops = torch.ops.mkldnn
+    return torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight") \
+        and hasattr(ops, "_linear_pointwise")
+
+
+class PrepackedLinear(nn.Module):
+    """`nn.Linear`'s forward over a weight packed once in oneDNN's layout (inference only)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach()
+        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_FOR_ROWS),
+                             persistent=False)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach(), persistent=False)
+        self.dtype = weight.dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def prepack_linears(module: nn.Module) -> int:
+    """Replace every plain `nn.Linear` under `module` that is on CPU, in fp32 or bf16, and
+    holds at least `MIN_PACKED_WEIGHT` elements by a `PrepackedLinear`; returns how many.
+    A weight shared with another module (a tied LM head) gets its own packed copy, as in
+    vLLM: that costs one more embedding-sized matrix of memory, for the largest matmul of
+    a decode step."""
+    if not _can_pack():
+        return 0
+    swaps = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
+             if type(child) is nn.Linear and child.weight.device.type == "cpu"
+             and child.weight.dtype in (torch.float32, torch.bfloat16) and child.weight.numel() >= MIN_PACKED_WEIGHT]
+    for parent, name, child in swaps:
+        setattr(parent, name, PrepackedLinear(child))
+    return len(swaps)

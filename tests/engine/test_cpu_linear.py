@@ -1,0 +1,56 @@
+"""oneDNN prepacked linear layers on CPU (engine/cpu_linear.py): same results as `nn.Linear`
+up to rounding, and only large plain linears swapped. The AR engine running them with
+`generate`'s tokens is tests/ar/test_ar_parity.py's small-model test."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from omnistage.engine.cpu_linear import MIN_PACKED_WEIGHT, PrepackedLinear, prepack_linears
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 512), (8, 512), (3, 70, 512)])
+def test_prepacked_linear_matches_nn_linear(dtype, tol, bias, shape):
+    torch.manual_seed(0)
+    linear = nn.Linear(512, 768, bias=bias).to(dtype)
+    x = torch.randn(*shape, dtype=dtype)
+    want = linear(x)
+    got = PrepackedLinear(linear)(x)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max()
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(1024, 512)
+        self.big = nn.Linear(512, 768)
+        self.small = nn.Linear(512, 128)  # 64 Ki elements: sgemm is faster at decode sizes
+        self.head = nn.Linear(512, 1024, bias=False)
+        self.head.weight = self.embed.weight  # tied: packed as its own copy, the embedding untouched
+        self.inner = nn.Sequential(nn.Linear(768, 512), nn.SiLU())
+
+
+def test_prepack_swaps_large_plain_linears_only():
+    block = _Block()
+    x = torch.randn(4, 512)
+    want = (block.big(x), block.small(x), block.head(x), block.inner(torch.randn(4, 768)))
+    assert prepack_linears(block) == 3
+    assert isinstance(block.big, PrepackedLinear) and isinstance(block.head, PrepackedLinear)
+    assert isinstance(block.inner[0], PrepackedLinear)
+    assert type(block.small) is nn.Linear and block.small.weight.numel() < MIN_PACKED_WEIGHT
+    assert isinstance(block.embed, nn.Embedding) and block.embed.weight.shape == (1024, 512)
+    torch.testing.assert_close(block.big(x), want[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(block.head(x), want[2], rtol=1e-5, atol=1e-4)  # N(0, 1) weights: |y| ~ 20
+    assert prepack_linears(block) == 0  # already packed: nothing left to swap
+
+
+def test_prepack_leaves_other_devices_and_dtypes():
+    layers = nn.Sequential(nn.Linear(512, 768).half())
+    assert prepack_linears(layers) == 0 and type(layers[0]) is nn.Linear
