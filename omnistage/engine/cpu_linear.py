@@ -42,7 +42,6 @@ class PrepackedLinear(nn.Module):
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_FOR_ROWS),
                              persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach(), persistent=False)
-        self.dtype = weight.dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
@@ -59,9 +58,9 @@ def prepack_linears(module: nn.Module) -> int:
     a decode step."""
     if not _can_pack():
         return 0
-    swaps = [(parent, name, child) for parent in module.modules() for name, child in parent.named_children()
+    swaps = [(parent, name) for parent in module.modules() for name, child in parent.named_children()
              if type(child) is nn.Linear and child.weight.device.type == "cpu"
              and child.weight.dtype in (torch.float32, torch.bfloat16) and child.weight.numel() >= MIN_PACKED_WEIGHT]
-    for parent, name, child in swaps:
-        setattr(parent, name, PrepackedLinear(child))
+    for parent, name in swaps:  # one layer at a time: the unpacked weight is freed as its copy lands
+        setattr(parent, name, PrepackedLinear(getattr(parent, name)))
     return len(swaps)

@@ -54,3 +54,17 @@ def test_prepack_swaps_large_plain_linears_only():
 def test_prepack_leaves_other_devices_and_dtypes():
     layers = nn.Sequential(nn.Linear(512, 768).half())
     assert prepack_linears(layers) == 0 and type(layers[0]) is nn.Linear
+
+
+def test_prepack_frees_the_unpacked_weights():
+    """Layers are swapped one at a time and keep no dense copy: a model's weights never sit in
+    memory twice (a tied head's, shared with the embedding, stays with the embedding)."""
+    import gc
+    import weakref
+
+    block = _Block()
+    dense = [weakref.ref(block.big.weight), weakref.ref(block.inner[0].weight)]
+    prepack_linears(block)
+    gc.collect()
+    assert all(ref() is None for ref in dense)
+    assert not any(p.shape == (768, 512) for p in block.parameters())
