@@ -57,8 +57,8 @@ def test_prepack_leaves_other_devices_and_dtypes():
 
 
 def test_prepack_frees_the_unpacked_weights():
-    """Layers are swapped one at a time and keep no dense copy: a model's weights never sit in
-    memory twice (a tied head's, shared with the embedding, stays with the embedding)."""
+    """A packed layer keeps no dense copy of its weight (a tied head's, shared with the
+    embedding, stays with the embedding)."""
     import gc
     import weakref
 
