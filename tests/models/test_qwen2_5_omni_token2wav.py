@@ -48,3 +48,26 @@ def test_dit_velocity_equals_the_reference_forward(token2wav, guidance_scale):
         ref = dit.sample(voice["cond"].float()[None], ref_mel, codes, num_steps=4, guidance_scale=guidance_scale)
         ours = token2wav._sample(codes, noise, "Ethan", Token2WavParams(num_steps=4, guidance_scale=guidance_scale))
     assert torch.equal(ours, ref)
+
+
+def test_time_terms_cached_across_windows_keep_the_reference_numbers(token2wav):
+    """The time embedding and AdaLN terms are cached per ODE time for every window and request:
+    a window decoded after others filled the cache (other lengths, guided and not) still gives
+    `dit.sample`'s mel bit for bit, and the cache holds one entry per distinct time and batch."""
+    from omnistage.models.qwen2_5_omni.dit_velocity import TimeCache
+
+    dit, voice = token2wav.dit, token2wav.speakers["Chelsie"]
+    token2wav.time_terms = TimeCache(dit)  # start empty (the module's other tests filled it)
+    generator = torch.Generator().manual_seed(1)
+    ref_mel = voice["ref_mel"].float()
+    with torch.inference_mode():
+        for num_codes, guidance_scale in ((12, 0.5), (36, 0.5), (24, 0.0), (24, 0.5)):
+            codes = torch.randint(0, token2wav.num_codes, (1, num_codes), generator=generator)
+            torch.manual_seed(num_codes)
+            noise = torch.randn(1, 2 * num_codes, dit.mel_dim)
+            torch.manual_seed(num_codes)
+            ref = dit.sample(voice["cond"].float()[None], ref_mel, codes, num_steps=5, guidance_scale=guidance_scale)
+            params = Token2WavParams(num_steps=5, guidance_scale=guidance_scale)
+            assert torch.equal(token2wav._sample(codes, noise, "Chelsie", params), ref), (num_codes, guidance_scale)
+    # 5 time points: 4 intervals x 4 evaluations, 13 distinct times; batch 2 (guided) and 1.
+    assert len(token2wav.time_terms._entries) == 2 * 13

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from omnistage.generation.decoder import Decoder
-from omnistage.models.qwen2_5_omni.dit_velocity import GUIDANCE_OFF, DiTVelocity, SpeakerCache
+from omnistage.models.qwen2_5_omni.dit_velocity import GUIDANCE_OFF, DiTVelocity, SpeakerCache, TimeCache
 from omnistage.models.qwen2_5_omni.params import Token2WavParams
 from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE, ChunkOptions
 from omnistage.models.qwen2_5_omni.weights import check_voice, load_speakers, load_token2wav
@@ -52,6 +52,7 @@ class Token2Wav(Decoder):
         self.vocoder = model.code2wav_bigvgan_model
         self.speakers = speakers
         self.encoded_mels = SpeakerCache(self.dit)
+        self.time_terms = TimeCache(self.dit)
         self.device = device
         dit_config = self.dit.config
         self.repeats = dit_config.repeats
@@ -125,7 +126,7 @@ class Token2Wav(Decoder):
         ref_mel = speaker["ref_mel"].to(self.device).float()
         guided = p.guidance_scale >= GUIDANCE_OFF
         velocity = DiTVelocity(self.dit, codes, cond, self.encoded_mels.encoded(voice, ref_mel, guided),
-                               p.guidance_scale)
+                               p.guidance_scale, self.time_terms)
         times = torch.linspace(0, 1, p.num_steps, device=self.device, dtype=cond.dtype)
         times += p.sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
         trajectory = RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(times)
@@ -149,4 +150,4 @@ class Token2Wav(Decoder):
         return halo if halo < middle else probe_frames * 16  # reaches the probe's edge: voice whole windows
 
     def close(self) -> None:
-        self.model = self.dit = self.vocoder = self.encoded_mels = None
+        self.model = self.dit = self.vocoder = self.encoded_mels = self.time_terms = None
