@@ -4,7 +4,8 @@ One `step()` reads like vLLM's `EngineCore.step`:
 
     _collect_inputs()    new requests and aborts from the inbox; entry stages get the prompt
     _dispatch()          hand the queued stage inputs to their stage handles
-    _collect_outputs()   step every stage (inline: one engine step; process: read its pipe)
+    _collect_outputs()   step every stage, downstream first (inline: one engine step; process:
+                         read its pipe)
     _route(outputs)      chunks down streamed edges, whole payloads to stages whose inputs
                          are all in, deltas of final stages to the user
     _finish()            deliver this step's `OmniOutput`s to their requests' sinks
@@ -383,7 +384,13 @@ class Orchestrator:
     # --- 3. collect outputs ----------------------------------------------------------------
 
     def _collect_outputs(self) -> list[tuple[int, StageOutput]]:
-        return [(stage_id, out) for stage_id, handle in self.handles.items() for out in handle.step()]
+        # Downstream stages step first: a chunk routed to the last stage is voiced before the stages
+        # upstream of it take another step (inline stages share one thread), so a first audio chunk
+        # waits for no more thinker and talker steps. The upstream stages' cadence is the same either
+        # way (an output reaches its downstream stage only when routed, after every stage stepped),
+        # and outputs are routed in pipeline order as before.
+        stepped = {stage_id: handle.step() for stage_id, handle in reversed(self.handles.items())}
+        return [(stage_id, out) for stage_id in self.handles for out in stepped[stage_id]]
 
     # --- 4. route ----------------------------------------------------------------------------
 
