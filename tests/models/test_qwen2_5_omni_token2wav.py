@@ -71,3 +71,14 @@ def test_time_terms_cached_across_windows_keep_the_reference_numbers(token2wav):
             assert torch.equal(token2wav._sample(codes, noise, "Chelsie", params), ref), (num_codes, guidance_scale)
     # 5 time points: 4 intervals x 4 evaluations, 13 distinct times; batch 2 (guided) and 1.
     assert len(token2wav.time_terms._entries) == 2 * 13
+
+
+@pytest.mark.parametrize("frames", [1, 34, 97])
+def test_vocoder_pass_equals_the_reference_bigvgan(token2wav, frames):
+    """`BigVGANPass` (SnakeBeta's exp terms once at load) gives BigVGAN's waveform bit for bit."""
+    mel = torch.randn(1, token2wav.dit.mel_dim, frames, generator=torch.Generator().manual_seed(frames))
+    with torch.inference_mode():
+        ours = token2wav.vocoder(mel)
+        ref = token2wav.model.code2wav_bigvgan_model(mel)
+    assert ours.shape == ref.shape == (frames * token2wav.hop,)
+    assert torch.equal(ours, ref)

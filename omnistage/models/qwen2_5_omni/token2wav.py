@@ -37,6 +37,7 @@ from omnistage.generation.decoder import Decoder
 from omnistage.models.qwen2_5_omni.dit_velocity import GUIDANCE_OFF, DiTVelocity, SpeakerCache, TimeCache
 from omnistage.models.qwen2_5_omni.params import Token2WavParams
 from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE, ChunkOptions
+from omnistage.models.qwen2_5_omni.vocoder import BigVGANPass
 from omnistage.models.qwen2_5_omni.weights import check_voice, load_speakers, load_token2wav
 
 SAMPLE_RATE = 24000  # a fact of the released model that its config does not store
@@ -49,7 +50,7 @@ class Token2Wav(Decoder):
     def __init__(self, model, speakers: dict, device: torch.device) -> None:
         self.model = model
         self.dit = model.code2wav_dit_model
-        self.vocoder = model.code2wav_bigvgan_model
+        self.vocoder = BigVGANPass(model.code2wav_bigvgan_model)  # the model's forward, its constants once
         self.speakers = speakers
         self.encoded_mels = SpeakerCache(self.dit)
         self.time_terms = TimeCache(self.dit)
