@@ -82,3 +82,17 @@ def test_vocoder_pass_equals_the_reference_bigvgan(token2wav, frames):
         ref = token2wav.model.code2wav_bigvgan_model(mel)
     assert ours.shape == ref.shape == (frames * token2wav.hop,)
     assert torch.equal(ours, ref)
+
+
+def test_the_default_schedule_is_cached_at_load(token2wav):
+    """A freshly loaded decoder already holds the default ODE schedule's time terms (28 times,
+    guided), so the first request's first chunk computes none of them."""
+    from omnistage.models.qwen2_5_omni.token2wav import Token2Wav
+
+    fresh = Token2Wav(token2wav.model, token2wav.speakers, token2wav.device)
+    assert len(fresh.time_terms._entries) == 28
+    before = dict(fresh.time_terms._entries)
+    codes = torch.randint(0, fresh.num_codes, (1, 24), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        fresh._sample(codes, torch.randn(1, 48, fresh.dit.mel_dim), "Chelsie", Token2WavParams())
+    assert fresh.time_terms._entries == before

@@ -62,6 +62,17 @@ class Token2Wav(Decoder):
         self.max_window = dit_config.max_position_embeddings // self.repeats
         self.hop = math.prod(model.config.bigvgan_config.upsample_rates)
         self.vocoder_halo = self._measure_vocoder_halo()
+        self._warm_time_terms(Token2WavParams())
+
+    def _warm_time_terms(self, params: Token2WavParams) -> None:
+        """Fill the time cache for `params`' ODE schedule with one small window at load, so the first
+        request's first chunk does not pay for it (later windows and requests read it)."""
+        if not self.speakers:
+            return
+        codes = torch.zeros(1, max(1, self.block_size // self.repeats), dtype=torch.long, device=self.device)
+        noise = torch.zeros(1, self.repeats * codes.shape[1], self.dit.mel_dim, device=self.device)
+        with torch.inference_mode():
+            self._sample(codes, noise, next(iter(self.speakers)), params)
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype, max_streams: int) -> Token2Wav:
