@@ -71,8 +71,7 @@ class Token2Wav(Decoder):
             return
         codes = torch.zeros(1, max(1, self.block_size // self.repeats), dtype=torch.long, device=self.device)
         noise = torch.zeros(1, self.repeats * codes.shape[1], self.dit.mel_dim, device=self.device)
-        with torch.inference_mode():
-            self._sample(codes, noise, next(iter(self.speakers)), params)
+        self._sample(codes, noise, next(iter(self.speakers)), params)
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype, max_streams: int) -> Token2Wav:
@@ -128,6 +127,7 @@ class Token2Wav(Decoder):
         noise = torch.randn(1, frames, self.dit.mel_dim, generator=generator)
         return noise[:, self.repeats * offset:].to(self.device)
 
+    @torch.inference_mode()  # the time cache holds inference tensors
     def _sample(self, codes: torch.Tensor, noise: torch.Tensor, voice: str, p: Token2WavParams) -> torch.Tensor:
         """`Qwen2_5OmniToken2WavDiTModel.sample` with the initial noise given: [1, mel_dim, frames]
         (its ODE function as `DiTVelocity`: the same numbers, the step-invariant parts once)."""

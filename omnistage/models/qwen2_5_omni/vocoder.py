@@ -48,6 +48,7 @@ class BigVGANPass:
             self.block_activations = [[_Activation(a) for a in block.activations] for block in vocoder.resblocks]
             self.activation_post = _Activation(vocoder.activation_post)
 
+    @torch.inference_mode()  # the precomputed terms are inference tensors
     def __call__(self, mel: torch.Tensor) -> torch.Tensor:
         v = self.vocoder
         hidden = v.conv_pre(self._normalized(mel))
