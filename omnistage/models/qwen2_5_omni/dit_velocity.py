@@ -94,6 +94,9 @@ class DiTVelocity:
 
     def __init__(self, dit, codes: torch.Tensor, cond: torch.Tensor, encoded_mel: torch.Tensor,
                  guidance_scale: float, times: TimeCache | None = None) -> None:
+        if dit.config._attn_implementation != "sdpa":  # the layers are restated with sdpa's attention
+            raise ValueError(f"DiTVelocity restates the DiT's sdpa attention, not "
+                             f"{dit.config._attn_implementation!r}: load token2wav with attn_implementation='sdpa'")
         self.dit = dit
         self.times = times or TimeCache(dit)
         self.guidance_scale = guidance_scale
