@@ -4,10 +4,11 @@ One `step()` reads like vLLM's `EngineCore.step`:
 
     _collect_inputs()    new requests and aborts from the inbox; entry stages get the prompt
     _dispatch()          hand the queued stage inputs to their stage handles
-    _collect_outputs()   step every stage (inline: one engine step; process: read its pipe)
+    then per stage, downstream first:
+    _collect_outputs()   step it (inline: one engine step; process: read its pipe)
     _route(outputs)      chunks down streamed edges, whole payloads to stages whose inputs
                          are all in, deltas of final stages to the user
-    _finish()            deliver this step's `OmniOutput`s to their requests' sinks
+    _finish()            deliver the `OmniOutput`s so far to their requests' sinks
 
 Hand-off per edge (both ends agree; `PipelineSpec` validates it):
 
@@ -260,8 +261,16 @@ class Orchestrator:
     def step(self) -> list[OmniOutput]:
         self._collect_inputs()
         self._dispatch()
-        self._route(self._collect_outputs())
-        return self._finish()
+        delivered: list[OmniOutput] = []
+        # Downstream stages first, each one's outputs routed and delivered before the next one steps:
+        # inline stages share one thread, so a chunk routed to the last stage is voiced and its audio
+        # sent before the stages upstream take another step (first audio waits for no more thinker
+        # and talker steps). The stages' cadence is the same either way: what a stage sends reaches
+        # its downstream stage at the next dispatch.
+        for stage_id, handle in reversed(self.handles.items()):
+            self._route(self._collect_outputs(stage_id, handle))
+            delivered += self._finish()
+        return delivered
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
@@ -382,8 +391,8 @@ class Orchestrator:
 
     # --- 3. collect outputs ----------------------------------------------------------------
 
-    def _collect_outputs(self) -> list[tuple[int, StageOutput]]:
-        return [(stage_id, out) for stage_id, handle in self.handles.items() for out in handle.step()]
+    def _collect_outputs(self, stage_id: int, handle: StageHandle) -> list[tuple[int, StageOutput]]:
+        return [(stage_id, out) for out in handle.step()]
 
     # --- 4. route ----------------------------------------------------------------------------
 

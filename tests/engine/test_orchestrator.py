@@ -105,6 +105,28 @@ def test_streamed_downstream_starts_before_upstream_ends():
     orch.close()
 
 
+def test_downstream_stages_step_first_so_a_chunk_waits_for_no_upstream_step():
+    """Inline stages share one thread: a chunk the talker made is voiced, and its audio delivered,
+    before the talker's next step (first audio pays for one talker step, not two)."""
+    log: list[str] = []
+
+    class Logged(FakeEngine):
+        def step(self):
+            if self.running:
+                log.append(self.stage.name)
+            return super().step()
+
+    orch = Orchestrator(streamed_tts(), "fake-model", engine_factory=lambda m, s, c: Logged(m, s, c))
+    outs = run(orch, OmniRequest("r", "hello world"))["r"]
+    assert log[:3] == ["talker", "vocoder", "talker"]
+    assert log.count("vocoder") == 4
+    # each text piece's audio leaves before the next piece (upstream-first stepping sent the second
+    # piece of text first: text, text, audio, ...)
+    kinds = [("text" if o.text_delta else "audio") for o in outs if o.text_delta or o.audio_chunk is not None]
+    assert kinds == ["text", "audio"] * 4
+    orch.close()
+
+
 def test_streamed_parts_finishing_out_of_order_are_reordered():
     class Reversed(FakeEngine):
         """Holds audio requests and answers them in reverse order once it has three."""

@@ -34,9 +34,10 @@ import numpy as np
 import torch
 
 from omnistage.generation.decoder import Decoder
-from omnistage.models.qwen2_5_omni.dit_velocity import GUIDANCE_OFF, DiTVelocity, SpeakerCache
+from omnistage.models.qwen2_5_omni.dit_velocity import GUIDANCE_OFF, DiTVelocity, SpeakerCache, TimeCache
 from omnistage.models.qwen2_5_omni.params import Token2WavParams
 from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE, ChunkOptions
+from omnistage.models.qwen2_5_omni.vocoder import BigVGANPass
 from omnistage.models.qwen2_5_omni.weights import check_voice, load_speakers, load_token2wav
 
 SAMPLE_RATE = 24000  # a fact of the released model that its config does not store
@@ -49,9 +50,10 @@ class Token2Wav(Decoder):
     def __init__(self, model, speakers: dict, device: torch.device) -> None:
         self.model = model
         self.dit = model.code2wav_dit_model
-        self.vocoder = model.code2wav_bigvgan_model
+        self.vocoder = BigVGANPass(model.code2wav_bigvgan_model)  # the model's forward, its constants once
         self.speakers = speakers
         self.encoded_mels = SpeakerCache(self.dit)
+        self.time_terms = TimeCache(self.dit)
         self.device = device
         dit_config = self.dit.config
         self.repeats = dit_config.repeats
@@ -60,6 +62,16 @@ class Token2Wav(Decoder):
         self.max_window = dit_config.max_position_embeddings // self.repeats
         self.hop = math.prod(model.config.bigvgan_config.upsample_rates)
         self.vocoder_halo = self._measure_vocoder_halo()
+        self._warm_time_terms(Token2WavParams())
+
+    def _warm_time_terms(self, params: Token2WavParams) -> None:
+        """Fill the time cache for `params`' ODE schedule with one small window at load, so the first
+        request's first chunk does not pay for it (later windows and requests read it)."""
+        if not self.speakers:
+            return
+        codes = torch.zeros(1, max(1, self.block_size // self.repeats), dtype=torch.long, device=self.device)
+        noise = torch.zeros(1, self.repeats * codes.shape[1], self.dit.mel_dim, device=self.device)
+        self._sample(codes, noise, next(iter(self.speakers)), params)
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype, max_streams: int) -> Token2Wav:
@@ -115,6 +127,7 @@ class Token2Wav(Decoder):
         noise = torch.randn(1, frames, self.dit.mel_dim, generator=generator)
         return noise[:, self.repeats * offset:].to(self.device)
 
+    @torch.inference_mode()  # the time cache holds inference tensors
     def _sample(self, codes: torch.Tensor, noise: torch.Tensor, voice: str, p: Token2WavParams) -> torch.Tensor:
         """`Qwen2_5OmniToken2WavDiTModel.sample` with the initial noise given: [1, mel_dim, frames]
         (its ODE function as `DiTVelocity`: the same numbers, the step-invariant parts once)."""
@@ -125,7 +138,7 @@ class Token2Wav(Decoder):
         ref_mel = speaker["ref_mel"].to(self.device).float()
         guided = p.guidance_scale >= GUIDANCE_OFF
         velocity = DiTVelocity(self.dit, codes, cond, self.encoded_mels.encoded(voice, ref_mel, guided),
-                               p.guidance_scale)
+                               p.guidance_scale, self.time_terms)
         times = torch.linspace(0, 1, p.num_steps, device=self.device, dtype=cond.dtype)
         times += p.sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
         trajectory = RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(times)
@@ -149,4 +162,4 @@ class Token2Wav(Decoder):
         return halo if halo < middle else probe_frames * 16  # reaches the probe's edge: voice whole windows
 
     def close(self) -> None:
-        self.model = self.dit = self.vocoder = self.encoded_mels = None
+        self.model = self.dit = self.vocoder = self.encoded_mels = self.time_terms = None
