@@ -39,6 +39,7 @@ from typing import Any
 
 from omnistage.ar.block_manager import BlockManager
 from omnistage.ar.detokenizer import IncrementalDetokenizer
+from omnistage.engine.cpu_linear import prepack_linears
 from omnistage.engine.device import resolve_device, resolve_dtype
 from omnistage.ar.model import get_ar_model_class
 from omnistage.ar.model_runner import ModelRunner
@@ -100,6 +101,8 @@ class AREngine:
         if config.compile:
             check_cuda_graphs(model_class, device, stage)
         self.model = model_class.load(model_path, stage, device, resolve_dtype(config, device))
+        if device.type == "cpu" and self.model.supports_prepacked_linears:
+            prepack_linears(self.model.model)
         limit = self.model.max_position_embeddings
         self.max_model_len = config.max_model_len or limit
         if self.max_model_len > limit:

@@ -5,8 +5,7 @@ door `generate` uses), so transformers builds no masks of its own, and the paged
 goes in through the public `cache=` argument. The model loads with packed_attention's
 attention function (registered through transformers' `AttentionInterface`), which is
 transformers' SDPA for padded batches and per-row SDPA for packed ones. Nothing in
-transformers is patched. On CPU its linear layers run through oneDNN with prepacked weights
-(engine/cpu_linear.py).
+transformers is patched.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import torch
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput
 from omnistage.ar.packed_attention import ATTN_IMPLEMENTATION
-from omnistage.engine.cpu_linear import prepack_linears
 
 
 class HFCausalLM(ARModel):
@@ -26,6 +24,7 @@ class HFCausalLM(ARModel):
     supports_packed_batch = True  # and the layers see only ids, positions and the mask (a subclass
     # with its own forward says False unless that forward takes the packed layout too)
     supports_cuda_graphs = True  # its forward reads only ModelInput's tensors
+    supports_prepacked_linears = True  # transformers' layers only call their linears
 
     def __init__(self, model, tokenizer, eos_token_ids: tuple[int, ...], device: torch.device) -> None:
         text_config = model.config.get_text_config()
@@ -49,8 +48,6 @@ class HFCausalLM(ARModel):
 
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
         model = model.to(device).eval()
-        if device.type == "cpu":
-            prepack_linears(model)
         return cls(model, load_tokenizer(model_path), eos_token_ids(model_path, model.config), device)
 
     def forward(self, batch: ModelInput, cache) -> ModelOutput:

@@ -133,6 +133,11 @@ class ARModel(ABC):
     cuda_graphs.py): in a decode it reads only the tensors of `ModelInput` (never `seqs`,
     `query_lens`, `context_lens` or `seq.model_state`), returns no `extras`, and never syncs
     with the host. A stage whose model says False refuses `compile: true` at start-up."""
+    supports_prepacked_linears: bool = False
+    """`model`'s forward only calls its linear layers (never reads their `.weight`), so on CPU the
+    engine may swap them for oneDNN ones with prepacked weights (engine/cpu_linear.py)."""
+    model: Any = None
+    """The family's torch module (None once closed)."""
     device: Any = None
 
     @classmethod

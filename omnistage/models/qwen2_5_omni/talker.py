@@ -61,6 +61,7 @@ class TalkerState:
 
 class OmniTalker(ARModel):
     tokenizer = None  # emits codec ids, not text
+    supports_prepacked_linears = True  # its code reads the embedding's weight only
 
     def __init__(self, model, device: torch.device) -> None:
         config = model.config

@@ -60,6 +60,7 @@ class OmniThinker(OmniMedia, ARModel):
     # Text prompts are token ids with M-RoPE positions known per position, so they chunk,
     # hit the prefix cache and recompute; prompts with audio are prefilled whole (below).
     supports_chunked_prefill = True
+    supports_prepacked_linears = True  # transformers' towers and layers only call their linears
 
     def __init__(self, model, tokenizer, feature_extractor, speakers: dict, talker_text_ids: tuple[int, int],
                  eos: tuple[int, ...], device: torch.device, image_processor=None) -> None:
