@@ -174,3 +174,18 @@ def test_bad_prompt_fails_only_its_request(omni):
     with pytest.raises(Exception, match="voice: unknown voice"):
         omni.generate({"prompt": "hi", "voice": "nobody"}, {"talker": GREEDY}, use_tqdm=False)
     assert omni.generate("hi", {"talker": GREEDY}, use_tqdm=False)[0].audio.size == NUM_FRAMES * 1920
+
+
+def test_prepacked_linears_keep_the_codes(csm, reference, monkeypatch):
+    """On CPU the backbone's and depth decoder's linear layers run through oneDNN with prepacked
+    weights (engine/cpu_linear.py); the zoo model's are all below the size where that pays, so
+    this packs every one of them: the same frames as transformers."""
+    from omnistage.engine import cpu_linear
+
+    monkeypatch.setattr(cpu_linear, "MIN_PACKED_WEIGHT", 1)
+    engine = AREngine(csm, CSM.stages[0], StageDeployConfig(max_num_seqs=1))
+    assert not any(type(m) is torch.nn.Linear for m in engine.model.model.modules())
+    engine.close()
+    [codes], _ = _talker_codes(csm, [TEXT])
+    ref_codes, _ = reference([{"role": "0", "content": [{"type": "text", "text": TEXT}]}])
+    assert torch.equal(codes, ref_codes)

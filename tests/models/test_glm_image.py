@@ -176,3 +176,26 @@ def test_bad_inputs_are_refused_naming_the_field(omni, prompt, params, field):
         omni.generate(prompt, params)
     out = failed.value.output
     assert (out.stage, out.error_kind, out.error_param) == ("prior", "invalid_request", field)
+
+
+def test_prepacked_linears_keep_the_prior_tokens(path, reference, monkeypatch):
+    """On CPU the prior's linear layers run through oneDNN with prepacked weights
+    (engine/cpu_linear.py); the zoo model's are all below the size where that pays, so this
+    packs every one of them: a seeded request still writes the reference's tokens."""
+    from omnistage.engine import cpu_linear
+
+    monkeypatch.setattr(cpu_linear, "MIN_PACKED_WEIGHT", 1)
+    spec = resolve(path)
+    rules = dict(spec.stages[0].defaults["default_sampling_params"])
+    engine = AREngine(path, spec.stages[0], StageDeployConfig(max_num_seqs=1))
+    assert not any(type(m) is torch.nn.Linear for m in engine.model.model.modules())
+    engine.add_request(StageRequest("0", {"prompt": PROMPTS[0], "height": SIDE, "width": SIDE},
+                                    SamplingParams(seed=3, **rules)))
+    tokens = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                tokens = out.payload.token_ids
+    engine.close()
+    want = reference_tokens(reference, PROMPTS[0], 3)
+    assert tokens[:-1] == want[:-1]  # the last one is the image end, where the reference samples on

@@ -402,3 +402,23 @@ def test_a_thinker_that_stops_at_once_still_speaks(omni):
     [out] = omni.generate({"messages": MESSAGES}, params, use_tqdm=False)
     assert out.error is None and len(out.token_ids) == 1
     assert out.audio.shape[0] > 7 * SAMPLES_PER_FRAME
+
+
+def test_prepacked_linears_keep_the_reply(reference, path, monkeypatch):
+    """On CPU the thinker's and talker's linear layers run through oneDNN with prepacked weights
+    (engine/cpu_linear.py); the zoo model's are all below the size where that pays, so this
+    packs every one of them: the same text and codec frames as transformers, and the waveform
+    up to rounding."""
+    from omnistage.engine import cpu_linear
+    from omnistage.models.qwen3_omni import TALKER_STAGE, THINKER_STAGE
+
+    monkeypatch.setattr(cpu_linear, "MIN_PACKED_WEIGHT", 1)
+    ref_ids, ref_codes, ref_wav = reference(MESSAGES)
+    with Omni(path) as packed:
+        for stage in (THINKER_STAGE, TALKER_STAGE):
+            engine = packed.engine.orchestrator.handles[stage.id].handle.engine.engine  # inside the restarter
+            assert not any(type(m) is torch.nn.Linear for m in engine.model.model.modules()), stage.name
+        [out] = packed.generate({"messages": MESSAGES, "voice": "Ethan"}, greedy_params(), use_tqdm=False)
+    assert out.token_ids == ref_ids
+    assert out.audio.shape == ref_wav.shape
+    np.testing.assert_allclose(out.audio, ref_wav, rtol=0, atol=1e-4 * np.abs(ref_wav).max())

@@ -345,3 +345,18 @@ def test_speech_route_clones_an_inline_reference_clip(base):
         assert len(resp.content) == 2 * 6 * 1920
         missing = http.post("/v1/audio/speech", json=body)  # no clip: nothing to clone
         assert missing.status_code == 400 and missing.json()["error"]["param"] == "ref_audio"
+
+
+def test_prepacked_linears_keep_the_codes(custom_voice, monkeypatch):
+    """On CPU the talker's and code predictor's linear layers run through oneDNN with prepacked
+    weights (engine/cpu_linear.py); the zoo model's are all below the size where that pays, so
+    this packs every one of them: the same frames as the reference."""
+    from omnistage.engine import cpu_linear
+
+    monkeypatch.setattr(cpu_linear, "MIN_PACKED_WEIGHT", 1)
+    engine = AREngine(custom_voice, STAGES[0], StageDeployConfig(max_num_seqs=1))
+    assert not any(type(m) is torch.nn.Linear for m in engine.model.model.modules())
+    engine.close()
+    prompt = {"prompt": TEXT, "voice": "vivian"}
+    [codes], _ = _talker_codes(custom_voice, [prompt])
+    _assert_same_codes(codes, _reference_codes(reference_model(REFERENCE_CACHE, custom_voice), prompt))

@@ -85,6 +85,7 @@ class TalkerState:
 
 class CsmTalker(ARModel):
     tokenizer = None  # emits codec frames, not text
+    supports_prepacked_linears = True  # transformers' layers only call their linears (the codebook heads are no nn.Linear)
 
     def __init__(self, model, processor, device: torch.device) -> None:
         config = model.config

@@ -48,6 +48,7 @@ class GlmImagePrior(ARModel):
     # Prompts are token ids with positions known for every index: they chunk, share cached
     # prefixes and recompute after a preemption.
     supports_chunked_prefill = True
+    supports_prepacked_linears = True  # transformers' layers only call their linears
 
     def __init__(self, model, processor, eos: tuple[int, ...], device: torch.device) -> None:
         text_config = model.config.text_config

@@ -110,6 +110,7 @@ class TalkerState:
 
 class Qwen3OmniTalker(ARModel):
     tokenizer = None  # emits codec frames, not text
+    supports_prepacked_linears = True  # its code reads the embeddings' weights only
     predictor_top_k, predictor_top_p = CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P
 
     def __init__(self, model, omni_config, device: torch.device) -> None:

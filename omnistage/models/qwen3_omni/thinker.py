@@ -65,6 +65,7 @@ class ThinkerState:
 class Qwen3OmniThinker(OmniMedia, ARModel):
     # Qwen3OmniMoeProcessor's audio settings: a request's clips padded to the longest of them.
     audio_feature_kwargs = {"padding": True, "truncation": False}
+    supports_prepacked_linears = True  # transformers' towers and layers only call their linears (experts are no nn.Linear)
 
     def __init__(self, model, tokenizer, feature_extractor, speakers: dict[str, int], tts_ids: tuple[int, int, int],
                  accept_hidden_layer: int, eos: tuple[int, ...], device: torch.device, image_processor=None) -> None:
