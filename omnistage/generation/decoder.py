@@ -34,6 +34,11 @@ class Decoder(ABC):
     """Frames one stream decodes per step (a whole request is streamed out in pieces of this); None = all pending."""
     max_frames: int | None = None
     """Most frames one stream may hold in total (e.g. a KV cache's length); None = unbounded."""
+    supports_prepacked_linears: bool = False
+    """`model`'s code only calls its linear layers (never reads their `.weight`), so on CPU the
+    engine may swap them for oneDNN ones with prepacked weights (engine/cpu_linear.py)."""
+    model: Any = None
+    """The decoder's torch module (None once closed)."""
 
     @classmethod
     @abstractmethod

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from omnistage.engine.cpu_linear import prepack_linears
 from omnistage.engine.device import resolve_device, resolve_dtype
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
@@ -83,6 +84,8 @@ class GenerationEngine:
         device = resolve_device(config)
         self.decoder = get_decoder_class(stage.model if stage else None).load(
             model_path, stage, device, resolve_dtype(config, device), config.max_num_seqs)
+        if device.type == "cpu" and self.decoder.supports_prepacked_linears:
+            prepack_linears(self.decoder.model)
         self.max_num_seqs = config.max_num_seqs
         self.chunk_frames = chunk_frames or self.decoder.chunk_frames
         self._streams: dict[str, _Stream] = {}  # by stream id, in arrival order

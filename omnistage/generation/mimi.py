@@ -40,6 +40,8 @@ class _Stream:
 
 
 class MimiDecoder(Decoder):
+    supports_prepacked_linears = True  # Mimi's code only calls its linears (it reads conv biases)
+
     def __init__(self, model, max_streams: int, device: torch.device) -> None:
         from transformers.models.mimi.modeling_mimi import MimiConv1d, MimiConvTranspose1d, MimiResnetBlock
 

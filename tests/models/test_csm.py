@@ -176,16 +176,19 @@ def test_bad_prompt_fails_only_its_request(omni):
     assert omni.generate("hi", {"talker": GREEDY}, use_tqdm=False)[0].audio.size == NUM_FRAMES * 1920
 
 
-def test_prepacked_linears_keep_the_codes(csm, reference, monkeypatch):
-    """On CPU the backbone's and depth decoder's linear layers run through oneDNN with prepacked
-    weights (engine/cpu_linear.py); the zoo model's are all below the size where that pays, so
-    this packs every one of them: the same frames as transformers."""
-    from omnistage.engine import cpu_linear
+def test_prepacked_linears_keep_the_codes_and_waveform(csm, reference, monkeypatch):
+    """On CPU the backbone's, depth decoder's and Mimi's linear layers run through oneDNN with
+    prepacked weights (engine/cpu_linear.py); the zoo model's are all below the size where that
+    pays, so this packs every one of them: the same frames as transformers, and its waveform up
+    to rounding."""
+    from packed_linears import assert_every_stage_packed, pack_every_linear
 
-    monkeypatch.setattr(cpu_linear, "MIN_PACKED_WEIGHT", 1)
-    engine = AREngine(csm, CSM.stages[0], StageDeployConfig(max_num_seqs=1))
-    assert not any(type(m) is torch.nn.Linear for m in engine.model.model.modules())
-    engine.close()
+    pack_every_linear(monkeypatch)
+    ref_codes, ref_audio = reference([{"role": "0", "content": [{"type": "text", "text": TEXT}]}])
+    with Omni(csm) as packed:
+        assert_every_stage_packed(packed)
+        [out] = packed.generate({"prompt": TEXT, "voice": "alloy"}, {"talker": GREEDY}, use_tqdm=False)
     [codes], _ = _talker_codes(csm, [TEXT])
-    ref_codes, _ = reference([{"role": "0", "content": [{"type": "text", "text": TEXT}]}])
     assert torch.equal(codes, ref_codes)
+    assert out.audio.shape == ref_audio.shape
+    np.testing.assert_allclose(out.audio, ref_audio, atol=1e-4 * np.abs(ref_audio).max())

@@ -182,9 +182,9 @@ def test_prepacked_linears_keep_the_prior_tokens(path, reference, monkeypatch):
     """On CPU the prior's linear layers run through oneDNN with prepacked weights
     (engine/cpu_linear.py); the zoo model's are all below the size where that pays, so this
     packs every one of them: a seeded request still writes the reference's tokens."""
-    from omnistage.engine import cpu_linear
+    from packed_linears import pack_every_linear
 
-    monkeypatch.setattr(cpu_linear, "MIN_PACKED_WEIGHT", 1)
+    pack_every_linear(monkeypatch)
     spec = resolve(path)
     rules = dict(spec.stages[0].defaults["default_sampling_params"])
     engine = AREngine(path, spec.stages[0], StageDeployConfig(max_num_seqs=1))

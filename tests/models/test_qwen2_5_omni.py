@@ -516,20 +516,16 @@ def test_default_first_chunk_is_one_dit_block_with_its_look_ahead():
 
 
 def test_prepacked_linears_keep_the_reply(reference, path, monkeypatch):
-    """On CPU the thinker's and talker's linear layers run through oneDNN with prepacked weights
-    (engine/cpu_linear.py); the zoo model's are all below the size where that pays, so this
-    packs every one of them: the same text and codec codes as transformers, and the waveform
-    up to rounding."""
-    from omnistage.engine import cpu_linear
-    from omnistage.models.qwen2_5_omni import TALKER_STAGE, THINKER_STAGE
+    """On CPU every stage's linear layers (thinker, talker, token2wav) run through oneDNN with
+    prepacked weights (engine/cpu_linear.py); the zoo model's are all below the size where
+    that pays, so this packs every one of them: the same text as transformers, and its
+    waveform up to rounding."""
+    from packed_linears import assert_every_stage_packed, pack_every_linear
 
-    monkeypatch.setattr(cpu_linear, "MIN_PACKED_WEIGHT", 1)
+    pack_every_linear(monkeypatch)
     ref_ids, ref_wav = reference(MESSAGES)
     with Omni(path) as packed:
-        for stage in (THINKER_STAGE, TALKER_STAGE):
-            engine = packed.engine.orchestrator.handles[stage.id].handle.engine.engine  # inside the restarter
-            layers = list(engine.model.model.modules())
-            assert not any(type(m) is torch.nn.Linear for m in layers), stage.name
+        assert_every_stage_packed(packed)
         [out] = packed.generate({"messages": MESSAGES}, greedy_params(), use_tqdm=False)
     assert out.token_ids == ref_ids
     assert out.audio.shape == ref_wav.shape

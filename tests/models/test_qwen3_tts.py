@@ -347,16 +347,20 @@ def test_speech_route_clones_an_inline_reference_clip(base):
         assert missing.status_code == 400 and missing.json()["error"]["param"] == "ref_audio"
 
 
-def test_prepacked_linears_keep_the_codes(custom_voice, monkeypatch):
-    """On CPU the talker's and code predictor's linear layers run through oneDNN with prepacked
-    weights (engine/cpu_linear.py); the zoo model's are all below the size where that pays, so
-    this packs every one of them: the same frames as the reference."""
-    from omnistage.engine import cpu_linear
+def test_prepacked_linears_keep_the_codes_and_audio(custom_voice, omni, monkeypatch):
+    """On CPU the talker's, code predictor's and codec decoder's linear layers run through oneDNN
+    with prepacked weights (engine/cpu_linear.py); the zoo model's are all below the size where
+    that pays, so this packs every one of them: the same frames as the reference, and the
+    unpacked pipeline's audio up to rounding."""
+    from packed_linears import assert_every_stage_packed, pack_every_linear
 
-    monkeypatch.setattr(cpu_linear, "MIN_PACKED_WEIGHT", 1)
-    engine = AREngine(custom_voice, STAGES[0], StageDeployConfig(max_num_seqs=1))
-    assert not any(type(m) is torch.nn.Linear for m in engine.model.model.modules())
-    engine.close()
-    prompt = {"prompt": TEXT, "voice": "vivian"}
+    prompt, params = {"prompt": TEXT, "voice": "vivian"}, {"talker": GREEDY}
+    [plain] = omni.generate(prompt, params, use_tqdm=False)
+    pack_every_linear(monkeypatch)
     [codes], _ = _talker_codes(custom_voice, [prompt])
     _assert_same_codes(codes, _reference_codes(reference_model(REFERENCE_CACHE, custom_voice), prompt))
+    with Omni(custom_voice) as packed:
+        assert_every_stage_packed(packed)
+        [out] = packed.generate(prompt, params, use_tqdm=False)
+    assert out.audio.shape == plain.audio.shape
+    np.testing.assert_allclose(out.audio, plain.audio, atol=1e-4 * np.abs(plain.audio).max())

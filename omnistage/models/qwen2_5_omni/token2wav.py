@@ -44,6 +44,7 @@ SAMPLE_RATE = 24000  # a fact of the released model that its config does not sto
 
 
 class Token2Wav(Decoder):
+    supports_prepacked_linears = True  # the DiT's and BigVGAN's code only calls their linears
     sample_rate = SAMPLE_RATE
     chunk_frames = None  # a request is one window: decoded in one pass
 

@@ -40,6 +40,7 @@ class _Stream:
 
 
 class Code2Wav(Decoder):
+    supports_prepacked_linears = True  # the decoder's code only calls its linears
     sample_rate = SAMPLE_RATE
     chunk_frames = None  # all pending frames of a stream in one pass
 
