@@ -22,8 +22,8 @@ from torch import nn
 PACKED_FOR_ROWS = 8
 """oneDNN picks the packed layout for this many rows. One layout serves every batch, and 8
 is the batched case's: on a 2048 x 11008 weight (one thread) it is 2.9x faster than sgemm at
-8 rows, 1.9x at 64 and 1.5x at 2, but about 6% slower at 1 row, where sgemm only streams the
-weight. Packed for 1 row, it would be 1.25x faster than sgemm at 1 row but 1.35x slower than
+8 rows, 1.9x at 64 and 1.5x at 2, but 6-18% slower at 1 row (three measurements), where
+sgemm only streams the weight. Packed for 1 row, it would be 1.25x faster than sgemm at 1 row but 1.35x slower than
 this layout at 8. On the zoo's small LLM one stream decodes at the same speed either way."""
 MIN_PACKED_WEIGHT = 1 << 18
 """oneDNN costs about 12 us more per call than sgemm, so below this many weight elements
