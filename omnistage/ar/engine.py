@@ -102,7 +102,7 @@ class AREngine:
             check_cuda_graphs(model_class, device, stage)
         self.model = model_class.load(model_path, stage, device, resolve_dtype(config, device))
         if device.type == "cpu" and self.model.supports_prepacked_linears:
-            prepack_linears(self.model.model)
+            prepack_linears(self.model.model, max_batch=config.max_num_seqs)
         limit = self.model.max_position_embeddings
         self.max_model_len = config.max_model_len or limit
         if self.max_model_len > limit:

@@ -20,11 +20,12 @@ import torch
 from torch import nn
 
 PACKED_FOR_ROWS = 8
-"""oneDNN picks the packed layout for this many rows. One layout serves every batch, and 8
-is the batched case's: on a 2048 x 11008 weight (one thread) it is 2.9x faster than sgemm at
-8 rows, 1.9x at 64 and 1.5x at 2, but 6-18% slower at 1 row (three measurements), where
-sgemm only streams the weight. Packed for 1 row, it would be 1.25x faster than sgemm at 1 row but 1.35x slower than
-this layout at 8. On the zoo's small LLM one stream decodes at the same speed either way."""
+"""oneDNN picks the packed layout for a number of rows, and one layout serves every batch. On a
+2048 x 11008 weight (one thread), packed for 8 rows it is 2.9x faster than sgemm at 8 rows,
+1.9x at 64 and 1.5x at 2, but 6-18% slower at 1 row (three measurements), where sgemm only
+streams the weight; packed for 1 row it is 1.25x faster than sgemm at 1 row, and still 1.7x
+at 64, but 1.35x slower than the 8-row layout at 8 rows. So a stage that never batches
+(`max_num_seqs: 1`) packs for one row, any other for 8."""
 MIN_PACKED_WEIGHT = 1 << 18
 """oneDNN costs about 12 us more per call than sgemm, so below this many weight elements
 (1 MiB in fp32: 512 x 512) sgemm stays faster at decode sizes (measured, 1 and 8 rows)."""
@@ -39,24 +40,26 @@ def _can_pack() -> bool:
 class PrepackedLinear(nn.Module):
     """`nn.Linear`'s forward over a weight packed once in oneDNN's layout (inference only)."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, rows: int = PACKED_FOR_ROWS) -> None:
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.in_features, self.out_features, self.rows = linear.in_features, linear.out_features, rows
         weight = linear.weight.detach()
-        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, PACKED_FOR_ROWS),
-                             persistent=False)
+        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, rows), persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"packed for {self.rows} row(s)")
 
 
-def prepack_linears(module: nn.Module) -> int:
+def prepack_linears(module: nn.Module, max_batch: int = PACKED_FOR_ROWS) -> int:
     """Replace every plain `nn.Linear` under `module` that is on CPU, in fp32 or bf16, and
     holds at least `MIN_PACKED_WEIGHT` elements by a `PrepackedLinear`; returns how many.
+    `max_batch`: the most rows a step feeds the layers (an AR stage's `max_num_seqs`); 1
+    packs them for one row, more for `PACKED_FOR_ROWS`.
     A weight shared with another module (a tied LM head) gets its own packed copy, as in
     vLLM: that costs one more embedding-sized matrix of memory, for the largest matmul of
     a decode step."""
@@ -65,6 +68,7 @@ def prepack_linears(module: nn.Module) -> int:
     swaps = [(parent, name) for parent in module.modules() for name, child in parent.named_children()
              if type(child) is nn.Linear and child.weight.device.type == "cpu"
              and child.weight.dtype in (torch.float32, torch.bfloat16) and child.weight.numel() >= MIN_PACKED_WEIGHT]
+    rows = 1 if max_batch == 1 else PACKED_FOR_ROWS
     for parent, name in swaps:  # one layer at a time: the unpacked weight is freed as its copy lands
-        setattr(parent, name, PrepackedLinear(getattr(parent, name)))
+        setattr(parent, name, PrepackedLinear(getattr(parent, name), rows))
     return len(swaps)

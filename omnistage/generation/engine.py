@@ -85,7 +85,7 @@ class GenerationEngine:
         self.decoder = get_decoder_class(stage.model if stage else None).load(
             model_path, stage, device, resolve_dtype(config, device), config.max_num_seqs)
         if device.type == "cpu" and self.decoder.supports_prepacked_linears:
-            prepack_linears(self.decoder.model)
+            prepack_linears(self.decoder.model)  # a decode feeds many frames: packed for the batched case
         self.max_num_seqs = config.max_num_seqs
         self.chunk_frames = chunk_frames or self.decoder.chunk_frames
         self._streams: dict[str, _Stream] = {}  # by stream id, in arrival order

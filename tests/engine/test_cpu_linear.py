@@ -16,12 +16,13 @@ pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("shape", [(1, 512), (8, 512), (3, 70, 512)])
-def test_prepacked_linear_matches_nn_linear(dtype, tol, bias, shape):
+@pytest.mark.parametrize("rows", [1, 8])
+def test_prepacked_linear_matches_nn_linear(dtype, tol, bias, shape, rows):
     torch.manual_seed(0)
     linear = nn.Linear(512, 768, bias=bias).to(dtype)
     x = torch.randn(*shape, dtype=dtype)
     want = linear(x)
-    got = PrepackedLinear(linear)(x)
+    got = PrepackedLinear(linear, rows)(x)
     assert got.shape == want.shape and got.dtype == want.dtype
     assert (got.float() - want.float()).abs().max() <= tol * want.float().abs().max()
 
@@ -49,6 +50,13 @@ def test_prepack_swaps_large_plain_linears_only():
     torch.testing.assert_close(block.big(x), want[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(block.head(x), want[2], rtol=1e-5, atol=1e-4)  # N(0, 1) weights: |y| ~ 20
     assert prepack_linears(block) == 0  # already packed: nothing left to swap
+    assert block.big.rows == 8
+
+
+def test_a_stage_that_never_batches_packs_for_one_row():
+    block = _Block()
+    prepack_linears(block, max_batch=1)
+    assert block.big.rows == block.head.rows == 1
 
 
 def test_prepack_leaves_other_devices_and_dtypes():
