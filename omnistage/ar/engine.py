@@ -150,8 +150,7 @@ class AREngine:
         return num_blocks
 
     def _kv_itemsize(self) -> int:
-        weights = getattr(self.model, "model", None)
-        dtype = getattr(weights, "dtype", None)
+        dtype = getattr(self.model.model, "dtype", None)  # ARModel.model: the family's torch module
         return dtype.itemsize if dtype is not None else 4
 
     # --- Engine protocol ---------------------------------------------------------------------
