@@ -197,8 +197,8 @@ class ModelRunner:
             start, n = item.start, item.num_new
             ctx = start + n
             row_blocks = -(-ctx // size)
-            mask = None
-            if start:  # cached keys before the chunk: causal from `start`, not square
+            mask = None  # causal; after fewer cached keys than the chunk has, as the causal square's last rows
+            if start >= n:  # many cached keys before a short chunk: causal from `start`, masked
                 mask = (self._arange[None, :row_blocks * size] <= self._arange[start:ctx, None])[None, None]
             rows.append(PromptRow(first_token, start, n, first_key, row_blocks * size, mask))
             write.append(slots[i, start:ctx])

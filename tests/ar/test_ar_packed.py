@@ -94,6 +94,34 @@ def test_packed_hidden_states_equal_the_models(llm_path, hf_model):
     engine.close()
 
 
+def test_a_chunk_after_fewer_cached_keys_than_its_own_equals_generate(llm_path, hf_model):
+    # budget 32: s's decode, "a" (20 tokens) and b's first 11 in one step; then b's other 29 after its
+    # 11 cached keys, which attention runs as the last rows of a causal square (packed_attention._causal_rows)
+    engine = make_engine(llm_path, max_num_seqs=4, max_num_batched_tokens=32, enable_prefix_caching=False)
+    chunks, forward = [], engine.model.forward
+
+    def spy(batch, cache):
+        if batch.packed:
+            chunks.extend((s, n) for s, n in zip(batch.context_lens, batch.query_lens) if n > 1)
+        return forward(batch, cache)
+
+    engine.model.forward = spy
+    short, a, b = token_prompts(1, 5, seed=9) + token_prompts(1, 20, seed=10) + token_prompts(1, 40, seed=11)
+    params = SamplingParams(max_tokens=10, temperature=0.0, logprobs=0)
+    outputs = join_two_long_prompts(engine, short, [a, b], params=params)
+    assert (11, 29) in chunks
+    assert final(outputs, "s").token_ids == generate(hf_model, short, 24)
+    for name, p in (("a", a), ("b", b)):
+        payload = final(outputs, name)
+        assert payload.token_ids == generate(hf_model, p, 10)
+        with torch.inference_mode():  # the tokens alone hardly move on the tiny model: their logprobs do
+            logits = hf_model(torch.tensor([p + payload.token_ids[:-1]])).logits[0, len(p) - 1:]
+        want = logits.log_softmax(-1).gather(1, torch.tensor(payload.token_ids)[:, None])[:, 0]
+        assert [lp.logprob for lp in payload.logprobs] == pytest.approx(want.tolist(), abs=1e-4)
+    assert_no_leak(engine)
+    engine.close()
+
+
 @pytest.fixture(scope="module")
 def sliding_llm(llm_path, tmp_path_factory):
     """The tiny qwen2-llm with its first layer on an 8-token sliding window (random weights)."""
