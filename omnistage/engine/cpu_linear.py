@@ -31,10 +31,16 @@ MIN_PACKED_WEIGHT = 1 << 18
 (1 MiB in fp32: 512 x 512) sgemm stays faster at decode sizes (measured, 1 and 8 rows)."""
 
 
-def _can_pack() -> bool:
+def packable_dtypes() -> tuple[torch.dtype, ...]:
+    """The weight dtypes this machine's oneDNN packs: fp32 wherever torch has the packed ops,
+    bf16 only where the processor has bf16 instructions for it (AVX-512 BW/VL/DQ or AVX-NE-CONVERT:
+    on an AVX2-only CPU the bf16 reorder raises), and none on a torch without them."""
     ops = torch.ops.mkldnn
-    return torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight") \
-        and hasattr(ops, "_linear_pointwise")
+    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise")):
+        return ()
+    bf16 = hasattr(ops, "_is_mkldnn_bf16_supported") and ops._is_mkldnn_bf16_supported()
+    return (torch.float32, torch.bfloat16) if bf16 else (torch.float32,)
 
 
 class PrepackedLinear(nn.Module):
@@ -56,18 +62,18 @@ class PrepackedLinear(nn.Module):
 
 
 def prepack_linears(module: nn.Module, max_batch: int = PACKED_FOR_ROWS) -> int:
-    """Replace every plain `nn.Linear` under `module` that is on CPU, in fp32 or bf16, and
-    holds at least `MIN_PACKED_WEIGHT` elements by a `PrepackedLinear`; returns how many.
+    """Replace every plain `nn.Linear` under `module` that is on CPU, in a dtype this machine
+    packs (`packable_dtypes`: fp32, and bf16 where the CPU supports it), and holds at least
+    `MIN_PACKED_WEIGHT` elements by a `PrepackedLinear`; returns how many.
     `max_batch`: the most rows a step feeds the layers (an AR stage's `max_num_seqs`); 1
     packs them for one row, more for `PACKED_FOR_ROWS`.
     A weight shared with another module (a tied LM head) gets its own packed copy, as in
     vLLM: that costs one more embedding-sized matrix of memory, for the largest matmul of
     a decode step."""
-    if not _can_pack():
-        return 0
+    dtypes = packable_dtypes()
     swaps = [(parent, name) for parent in module.modules() for name, child in parent.named_children()
              if type(child) is nn.Linear and child.weight.device.type == "cpu"
-             and child.weight.dtype in (torch.float32, torch.bfloat16) and child.weight.numel() >= MIN_PACKED_WEIGHT]
+             and child.weight.dtype in dtypes and child.weight.numel() >= MIN_PACKED_WEIGHT]
     rows = 1 if max_batch == 1 else PACKED_FOR_ROWS
     for parent, name in swaps:  # one layer at a time: the unpacked weight is freed as its copy lands
         setattr(parent, name, PrepackedLinear(getattr(parent, name), rows))

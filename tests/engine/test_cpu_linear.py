@@ -8,12 +8,14 @@ import pytest
 import torch
 from torch import nn
 
-from omnistage.engine.cpu_linear import MIN_PACKED_WEIGHT, PrepackedLinear, prepack_linears
+from omnistage.engine.cpu_linear import MIN_PACKED_WEIGHT, PrepackedLinear, packable_dtypes, prepack_linears
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+BF16 = pytest.param(torch.bfloat16, 2e-2, marks=pytest.mark.skipif(
+    torch.bfloat16 not in packable_dtypes(), reason="this CPU's oneDNN has no bf16 (needs AVX-512 or AVX-NE-CONVERT)"))
 
 
-@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), BF16])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("shape", [(1, 512), (8, 512), (3, 70, 512)])
 @pytest.mark.parametrize("rows", [1, 8])
@@ -62,6 +64,17 @@ def test_a_stage_that_never_batches_packs_for_one_row():
 def test_prepack_leaves_other_devices_and_dtypes():
     layers = nn.Sequential(nn.Linear(512, 768).half())
     assert prepack_linears(layers) == 0 and type(layers[0]) is nn.Linear
+
+
+def test_bf16_is_packed_exactly_where_this_cpu_supports_it():
+    """On a CPU without oneDNN bf16 (AVX2 only) the bf16 reorder raises, so such layers stay
+    on torch's matmul and the model still loads."""
+    layers = nn.Sequential(nn.Linear(512, 768).to(torch.bfloat16))
+    supported = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert prepack_linears(layers) == int(supported)
+    assert isinstance(layers[0], PrepackedLinear) == supported
+    x = torch.randn(2, 512, dtype=torch.bfloat16)
+    assert layers(x).shape == (2, 768)
 
 
 def test_prepack_frees_the_unpacked_weights():
