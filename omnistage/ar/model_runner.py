@@ -7,7 +7,8 @@ one or two forwards:
   other chunks as ONE packed forward (every row's tokens end to end, `[1, N]`, as vLLM's
   flattened batch; attention per row, packed_attention.py): a newcomer's prefill costs
   the running streams one forward, not two, and ragged prompts pay for no padding. A
-  decode-only step, or one prompt alone, is the padded layout (it has no padding);
+  decode-only step, or one prompt alone, is the padded layout (it has no padding), except
+  a lone chunk after fewer cached keys than its own length, which attends faster packed;
 - otherwise its decodes (`[B, 1]`) and its prompt chunks (`[B, T]`, padded) are two
   forwards: families with their own forward keep their two code paths (prefill reads
   prompt embeddings, decode the last token).
@@ -93,7 +94,8 @@ class ModelRunner:
             inp, output = self.static_decode.run(batch.decodes, num_blocks)  # static shapes, a CUDA graph
             self._run_group(batch.decodes, inp, out, output)
             return out
-        if self.model.supports_packed_batch and batch.prefills and (batch.decodes or len(batch.prefills) > 1):
+        if self.model.supports_packed_batch and batch.prefills and (batch.decodes or len(batch.prefills) > 1
+                                                                    or _after_fewer_cached_keys(batch.prefills[0])):
             inp = self._prepare_packed(batch.decodes, batch.prefills, num_blocks)
             self._run_group(batch.decodes + batch.prefills, inp, out)
             return out
@@ -247,6 +249,13 @@ class ModelRunner:
         self.hidden.pop(seq.request_id, None)
         self.embeds.pop(seq.request_id, None)
         self.model.release(seq)
+
+
+def _after_fewer_cached_keys(item: ScheduledSeq) -> bool:
+    """A chunk after fewer cached keys than its own length (a short prefix-cache hit before a long
+    prompt, a prompt's second chunk): the packed layout runs it as the last rows of a causal
+    square, where the padded one masks the whole chunk x context."""
+    return 0 < item.start < item.num_new
 
 
 def _wants(seqs: list[Sequence]) -> tuple[bool, bool]:

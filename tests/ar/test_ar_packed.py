@@ -107,19 +107,42 @@ def test_a_chunk_after_fewer_cached_keys_than_its_own_equals_generate(llm_path, 
 
     engine.model.forward = spy
     short, a, b = token_prompts(1, 5, seed=9) + token_prompts(1, 20, seed=10) + token_prompts(1, 40, seed=11)
-    params = SamplingParams(max_tokens=10, temperature=0.0, logprobs=0)
-    outputs = join_two_long_prompts(engine, short, [a, b], params=params)
+    outputs = join_two_long_prompts(engine, short, [a, b], params=LOGPROBS)
     assert (11, 29) in chunks
     assert final(outputs, "s").token_ids == generate(hf_model, short, 24)
     for name, p in (("a", a), ("b", b)):
-        payload = final(outputs, name)
-        assert payload.token_ids == generate(hf_model, p, 10)
-        with torch.inference_mode():  # the tokens alone hardly move on the tiny model: their logprobs do
-            logits = hf_model(torch.tensor([p + payload.token_ids[:-1]])).logits[0, len(p) - 1:]
-        want = logits.log_softmax(-1).gather(1, torch.tensor(payload.token_ids)[:, None])[:, 0]
-        assert [lp.logprob for lp in payload.logprobs] == pytest.approx(want.tolist(), abs=1e-4)
+        assert_transformers_logprobs(hf_model, p, final(outputs, name))
     assert_no_leak(engine)
     engine.close()
+
+
+def test_a_lone_prompt_after_a_short_prefix_hit_is_packed_and_equals_generate(llm_path, hf_model):
+    # 16 cached keys (one block of the shared prefix), then a 30-token rest alone in its step
+    engine = make_engine(llm_path, max_num_seqs=4, enable_prefix_caching=True)
+    calls = record_forwards(engine)
+    prefix = token_prompts(1, 20, seed=12)[0]
+    warm, hit = token_prompts(1, 4, seed=13, prefix=prefix) + token_prompts(1, 26, seed=14, prefix=prefix)
+    run(engine, [StageRequest("warm", {"prompt_token_ids": warm}, GREEDY)])
+    calls.clear()
+    outputs = run(engine, [StageRequest("hit", {"prompt_token_ids": hit}, LOGPROBS)])
+    assert outputs["hit"][-1].metrics["num_cached_tokens"] == 16
+    assert calls[0] == (True, 0, 1)  # the lone prompt row, packed
+    assert_transformers_logprobs(hf_model, hit, final(outputs, "hit"))
+    assert_no_leak(engine)
+    engine.close()
+
+
+LOGPROBS = SamplingParams(max_tokens=10, temperature=0.0, logprobs=0)
+
+
+def assert_transformers_logprobs(hf_model, prompt, payload) -> None:
+    """`generate`'s greedy tokens, and each one's logprob within 1e-4 of transformers' (the tokens
+    alone hardly move on the tiny model when attention goes wrong; their logprobs do)."""
+    assert payload.token_ids == generate(hf_model, prompt, 10)
+    with torch.inference_mode():
+        logits = hf_model(torch.tensor([prompt + payload.token_ids[:-1]])).logits[0, len(prompt) - 1:]
+    want = logits.log_softmax(-1).gather(1, torch.tensor(payload.token_ids)[:, None])[:, 0]
+    assert [lp.logprob for lp in payload.logprobs] == pytest.approx(want.tolist(), abs=1e-4)
 
 
 @pytest.fixture(scope="module")
