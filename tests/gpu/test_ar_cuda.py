@@ -1,6 +1,7 @@
 """The AR engine on CUDA: greedy tokens equal transformers `generate` in fp32 on the same
-device (alone and in a batch of four), and bf16 gives finite hidden states and full-length
-outputs. The zoo's tiny qwen2-llm."""
+device (alone, in a batch of four, and with a prompt chunk after fewer cached keys than its
+own length), and bf16 gives finite hidden states and full-length outputs. The zoo's tiny
+qwen2-llm."""
 
 from __future__ import annotations
 
@@ -86,3 +87,45 @@ def test_bf16_hidden_states_are_finite(llm_path, report):
         assert torch.isfinite(hidden.float()).all()
     report("ar_bf16_hidden_absmax", value=max(float(final(outputs, f"h{i}").hidden_states.float().abs().max())
                                                for i in range(len(PROMPTS))))
+
+
+def test_fp32_chunk_after_fewer_cached_keys_matches_generate(llm_path):
+    """A packed step's prompt chunk after fewer cached keys than its own length runs as the last
+    rows of a causal square (packed_attention._causal_rows); on CUDA it gives `generate`'s tokens."""
+    import random
+
+    from transformers import AutoModelForCausalLM
+
+    from omnistage.ar.engine import AREngine
+    from omnistage.config.deploy_fields import StageDeployConfig
+
+    rng = random.Random(11)
+    short, a, b = ([rng.randrange(3, 1000) for _ in range(n)] for n in (5, 20, 40))
+    engine = AREngine(llm_path, config=StageDeployConfig(devices=("cuda:0",), dtype="float32", max_num_seqs=4,
+                                                         max_num_batched_tokens=32, enable_prefix_caching=False))
+    chunks, forward = [], engine.model.forward
+
+    def spy(batch, cache):
+        if batch.packed:
+            chunks.extend((s, n) for s, n in zip(batch.context_lens, batch.query_lens) if n > 1)
+        return forward(batch, cache)
+
+    engine.model.forward = spy
+
+    def join(step, eng):
+        if step == 2:
+            for name, p in (("a", a), ("b", b)):
+                eng.add_request(StageRequest(name, {"prompt_token_ids": p}, GREEDY))
+
+    try:
+        outputs = run(engine, [StageRequest("s", {"prompt_token_ids": short}, GREEDY)], on_step=join)
+    finally:
+        engine.close()
+    assert (11, 29) in chunks
+    model = AutoModelForCausalLM.from_pretrained(llm_path, dtype=torch.float32, attn_implementation="sdpa")
+    model = model.to("cuda").eval()
+    for name, p in (("s", short), ("a", a), ("b", b)):
+        ids = torch.tensor([p], device="cuda")
+        with torch.inference_mode():
+            want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False)
+        assert final(outputs, name).token_ids == want[0, len(p):].tolist(), name
