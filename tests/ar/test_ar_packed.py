@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from ar_helpers import final, make_engine, run
+from ar_helpers import final, join_two_long_prompts, make_engine, record_packed_chunks, run
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.engine.types import StageRequest
 from test_ar_paged import assert_no_leak, token_prompts
@@ -38,25 +38,12 @@ def generate(model, ids: list[int], max_new: int) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-def join_two_long_prompts(engine, short, longs, params=GREEDY, steps=None, **inputs) -> dict:
-    """A short stream decodes; two long prompts join at its third step."""
-    def join(step, eng):
-        if steps is not None and eng.has_unfinished_requests():
-            steps.append(step)
-        if step == 2:
-            for name, p in zip("ab", longs):
-                eng.add_request(StageRequest(name, {"prompt_token_ids": p, **inputs}, params))
-
-    return run(engine, [StageRequest("s", {"prompt_token_ids": short, **inputs}, SamplingParams(
-        max_tokens=24, temperature=0.0))], on_step=join)
-
-
 def test_a_mixed_step_is_one_packed_forward_with_the_same_tokens(llm_path, hf_model):
     engine = make_engine(llm_path, max_num_seqs=4, max_num_batched_tokens=16, enable_prefix_caching=False)
     calls = record_forwards(engine)
     short, *longs = token_prompts(1, 5, seed=3) + token_prompts(2, 40, seed=4)
     steps: list[int] = []
-    outputs = join_two_long_prompts(engine, short, longs, steps=steps)
+    outputs = join_two_long_prompts(engine, short, longs, GREEDY, steps=steps)
     assert len(calls) == len(steps)  # one forward per step
     mixed = [packed for packed, decodes, prompts in calls if decodes and prompts]
     assert len(mixed) >= 5 and all(mixed)  # 80 prompt tokens in chunks beside the stream
@@ -98,16 +85,9 @@ def test_a_chunk_after_fewer_cached_keys_than_its_own_equals_generate(llm_path, 
     # budget 32: s's decode, "a" (20 tokens) and b's first 11 in one step; then b's other 29 after its
     # 11 cached keys, which attention runs as the last rows of a causal square (packed_attention._causal_rows)
     engine = make_engine(llm_path, max_num_seqs=4, max_num_batched_tokens=32, enable_prefix_caching=False)
-    chunks, forward = [], engine.model.forward
-
-    def spy(batch, cache):
-        if batch.packed:
-            chunks.extend((s, n) for s, n in zip(batch.context_lens, batch.query_lens) if n > 1)
-        return forward(batch, cache)
-
-    engine.model.forward = spy
+    chunks = record_packed_chunks(engine)
     short, a, b = token_prompts(1, 5, seed=9) + token_prompts(1, 20, seed=10) + token_prompts(1, 40, seed=11)
-    outputs = join_two_long_prompts(engine, short, [a, b], params=LOGPROBS)
+    outputs = join_two_long_prompts(engine, short, [a, b], LOGPROBS)
     assert (11, 29) in chunks
     assert final(outputs, "s").token_ids == generate(hf_model, short, 24)
     for name, p in (("a", a), ("b", b)):
@@ -172,7 +152,7 @@ def test_sliding_window_layers_equal_generate(sliding_llm, packed):
         engine.scheduler.packed = engine.model.supports_packed_batch = False
     calls = record_forwards(engine)
     short, *longs = token_prompts(1, 5, seed=7) + token_prompts(2, 30, seed=8)
-    outputs = join_two_long_prompts(engine, short, longs)
+    outputs = join_two_long_prompts(engine, short, longs, GREEDY)
     assert any(c[0] for c in calls) == packed
     assert final(outputs, "s").token_ids == generate(model, short, 24)
     for name, p in zip("ab", longs):

@@ -94,6 +94,7 @@ def test_fp32_chunk_after_fewer_cached_keys_matches_generate(llm_path):
     rows of a causal square (packed_attention._causal_rows); on CUDA it gives `generate`'s tokens."""
     import random
 
+    from ar_helpers import join_two_long_prompts, record_packed_chunks
     from transformers import AutoModelForCausalLM
 
     from omnistage.ar.engine import AREngine
@@ -103,29 +104,16 @@ def test_fp32_chunk_after_fewer_cached_keys_matches_generate(llm_path):
     short, a, b = ([rng.randrange(3, 1000) for _ in range(n)] for n in (5, 20, 40))
     engine = AREngine(llm_path, config=StageDeployConfig(devices=("cuda:0",), dtype="float32", max_num_seqs=4,
                                                          max_num_batched_tokens=32, enable_prefix_caching=False))
-    chunks, forward = [], engine.model.forward
-
-    def spy(batch, cache):
-        if batch.packed:
-            chunks.extend((s, n) for s, n in zip(batch.context_lens, batch.query_lens) if n > 1)
-        return forward(batch, cache)
-
-    engine.model.forward = spy
-
-    def join(step, eng):
-        if step == 2:
-            for name, p in (("a", a), ("b", b)):
-                eng.add_request(StageRequest(name, {"prompt_token_ids": p}, GREEDY))
-
+    chunks = record_packed_chunks(engine)
     try:
-        outputs = run(engine, [StageRequest("s", {"prompt_token_ids": short}, GREEDY)], on_step=join)
+        outputs = join_two_long_prompts(engine, short, [a, b], GREEDY)
     finally:
         engine.close()
     assert (11, 29) in chunks
     model = AutoModelForCausalLM.from_pretrained(llm_path, dtype=torch.float32, attn_implementation="sdpa")
     model = model.to("cuda").eval()
-    for name, p in (("s", short), ("a", a), ("b", b)):
+    for name, p, new in (("s", short, 24), ("a", a, MAX_NEW), ("b", b, MAX_NEW)):
         ids = torch.tensor([p], device="cuda")
         with torch.inference_mode():
-            want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False)
+            want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)
         assert final(outputs, name).token_ids == want[0, len(p):].tolist(), name
