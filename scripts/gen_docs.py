@@ -109,16 +109,101 @@ A stage also checks its fields together: the parallel degrees must multiply to `
 """
 
 
+# ---------------------------------------------------------------- OpenAPI
+
+# Multipart routes parse their form themselves, so the document has no body schema for them yet;
+# their fields are on the route group's page.
+FORM_PAGES = {"/v1/images/edits": "../serving/images.md", "/v1/videos": "../serving/videos.md",
+              "/v1/videos/sync": "../serving/videos.md", "/v1/audio/voices": "../serving/audio.md"}
+
+
+def openapi_document() -> dict:
+    from omnistage.entrypoints.openai.api_server import create_app
+    from omnistage.entrypoints.openai.settings import ServerSettings
+
+    return create_app(ServerSettings(served_model_name="MODEL", model_path="MODEL")).openapi()
+
+
+def _type(prop: dict) -> str:
+    if "$ref" in prop:
+        name = prop["$ref"].rsplit("/", 1)[-1]
+        return f"[{name}](#{name.lower()})"
+    if "anyOf" in prop:
+        return " or ".join(_type(p) for p in prop["anyOf"])
+    if "enum" in prop:
+        return " \\| ".join(f"`{v}`" for v in prop["enum"])
+    if prop.get("type") == "array" and "items" in prop:
+        return f"array of {_type(prop['items'])}"
+    return f"`{prop.get('type', 'any')}`"
+
+
+def _cell(value) -> str:
+    import json
+
+    if value is None:
+        return ""
+    text = json.dumps(value)
+    return f"`{text}`".replace("|", "\\|") if len(text) <= 60 else f"`{text[:57]}...`"
+
+
+def _fields(schema: dict) -> str:
+    required = set(schema.get("required", ()))
+    rows = ["| field | type | default | description | example |", "|---|---|---|---|---|"]
+    for name, prop in schema.get("properties", {}).items():
+        default = "required" if name in required else _cell(prop.get("default"))
+        example = _cell(prop["examples"][0]) if prop.get("examples") else ""
+        description = prop.get("description", "").replace("|", "\\|")
+        rows.append(f"| `{name}` | {_type(prop)} | {default} | {description} | {example} |")
+    return "\n".join(rows)
+
+
+def openapi_reference() -> str:
+    from omnistage.entrypoints.openai.openapi_fields import REQUEST_SCHEMAS
+
+    doc = openapi_document()
+    schemas = doc["components"]["schemas"]
+    out = [GENERATED, "", "# OpenAPI reference", "",
+           "Every route of the server, rendered from its OpenAPI document, the one it serves at",
+           "`/openapi.json` (and as pages at `/docs` and `/redoc`). Request bodies list each field with",
+           "its description and an example; \"extension fields\" are the fields beyond OpenAI's that a",
+           "route reads (the `openai` client sends them through `extra_body`). Every error answer has",
+           "OpenAI's body, `{\"error\": {\"message\", \"type\", \"param\", \"code\"}}`.", ""]
+    top = set()
+    for path, operations in doc["paths"].items():
+        for method, op in operations.items():
+            out += [f"## {method.upper()} {path}", ""]
+            if op.get("summary"):
+                out += [op["summary"] + ".", ""]
+            content = op.get("requestBody", {}).get("content", {})
+            for media_type, media in content.items():
+                name = media.get("schema", {}).get("$ref", "").rsplit("/", 1)[-1]
+                top.add(name)
+                out += [f"Request body (`{media_type}`, {name}):", "", _fields(schemas[name]), ""]
+            if method == "post" and path in FORM_PAGES:
+                out += [f"Request body: `multipart/form-data`; its fields are listed on [the route group's page]"
+                        f"({FORM_PAGES[path]}) (the document does not describe form bodies yet).", ""]
+            extras = op.get("x-extra-body")
+            if extras:
+                out += ["Extension fields (`extra_body`):", "", "| field | type | description |", "|---|---|---|"]
+                out += [f"| `{k}` | `{v['type']}` | {v['description']} |" for k, v in extras.items()]
+                out += [""]
+            answers = []
+            for status, response in op.get("responses", {}).items():
+                kinds = ", ".join(f"`{m}`" for m in response.get("content", {}))
+                answers.append(f"- {status}: {response.get('description', '')}" + (f" ({kinds})" if kinds else ""))
+            out += ["Answers:", "", *answers, ""]
+    out += ["## Request schemas", "", "The objects request bodies contain.", ""]
+    for name in sorted(REQUEST_SCHEMAS - top):
+        if name in schemas:
+            out += [f"### {name}", "", _fields(schemas[name]), ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
 # ---------------------------------------------------------------- generation
 
 def pages() -> dict[Path, str]:
-    out = {ROOT / "docs" / "deploy" / "reference.md": deploy_reference()}
-    try:
-        from openapi_reference import openapi_reference
-    except ModuleNotFoundError:
-        return out
-    out[ROOT / "docs" / "reference" / "openapi.md"] = openapi_reference()
-    return out
+    return {ROOT / "docs" / "deploy" / "reference.md": deploy_reference(),
+            ROOT / "docs" / "reference" / "openapi.md": openapi_reference()}
 
 
 def main() -> int:
