@@ -115,6 +115,34 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
                              "(47.55 s for Stable Audio Open).", 10.0),
         "response_format": ("The audio encoding (stereo); `pcm` is interleaved int16.", "wav"),
     },
+    "ImageEditRequest": {
+        "prompt": ("The edit to make.", "make it blue"),
+        "response_format": ("`b64_json` or `url` (a `/files/...` link that expires after `--file-ttl`).", "b64_json"),
+        "output_format": ("The image encoding.", "png"),
+        "quality": ("Accepted and ignored: a diffusion model has no such switch.", None),
+        "style": ("Accepted and ignored: a diffusion model has no such switch.", None),
+        "partial_images": ("With `stream`: previews sent as `image_edit.partial_image` events (0-3).", 2),
+        "image": ("The input image(s), one file per part (also sent as `image[]`).", None),
+        "mask": ("OpenAI's mask: an RGBA image the size of the first image, transparent where it may "
+                 "change.", None),
+    },
+    "VideoCreateRequest": {
+        "prompt": ("What the video shows.", "waves on a beach"),
+        "size": ("`WIDTHxHEIGHT` of the frames (or width and height).", "480x320"),
+        "width": ("Frame width, instead of size.", 480),
+        "height": ("Frame height, instead of size.", 320),
+        "num_frames": ("Frames to make (the model's rule applies, e.g. Wan's 4k+1).", 33),
+        "seconds": ("Length with fps, instead of num_frames: seconds * fps + 1 frames.", 2),
+        "fps": ("Frames per second of the MP4.", 16),
+        "guidance_scale_2": ("Wan 2.2: the guidance scale of the low-noise expert.", 3.0),
+        "extra_params": ("The model's request extras as a JSON object.", {"max_sequence_length": 64}),
+        "input_reference": ("Image-to-video models: the first frame, a file (or an allowed URL).", None),
+    },
+    "VoiceUpload": {
+        "name": ("The voice's name, used as `voice` in speech requests.", "my-voice"),
+        "audio_sample": ("A clip of the voice, any audio soundfile reads (resampled and mixed to mono).", None),
+        "ref_text": ("The clip's transcript (Qwen3-TTS Base: its codes then join the prompt).", None),
+    },
     "ChatMessage": {
         "role": ("Who speaks.", "user"),
         "content": ("A string, or a list of content parts.", "Hello!"),
@@ -178,6 +206,43 @@ EXTENSIONS: dict[tuple[str, str], dict[str, tuple[str, str]]] = {
 }
 
 
+# Multipart routes read their form themselves; the document gets their body from the pydantic
+# model of the text fields plus the file fields: path -> (model, file fields).
+_IMAGE_EDIT = ("omnistage.entrypoints.openai.images.protocol:ImageEditRequest", ("image", "mask"))
+_VIDEO = ("omnistage.entrypoints.openai.videos.protocol:VideoCreateRequest", ("input_reference",))
+FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "/v1/images/edits": _IMAGE_EDIT, "/v1/videos": _VIDEO, "/v1/videos/sync": _VIDEO,
+}
+VOICE_UPLOAD: dict[str, Any] = {
+    "title": "VoiceUpload", "type": "object", "required": ["name", "audio_sample"],
+    "properties": {"name": {"type": "string"}, "audio_sample": {"type": "string", "format": "binary"},
+                   "ref_text": {"type": "string"}},
+}
+
+
+def add_form_bodies(document: dict[str, Any]) -> None:
+    """Give each multipart route its `multipart/form-data` body schema."""
+    import importlib
+
+    schemas = document["components"]["schemas"]
+    bodies = {"/v1/audio/voices": "VoiceUpload"}
+    schemas["VoiceUpload"] = VOICE_UPLOAD
+    for path, (target, files) in FORMS.items():
+        module, name = target.split(":")
+        schema = getattr(importlib.import_module(module), name).model_json_schema(
+            ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        for field in files:
+            schema["properties"][field] = {"type": "string", "format": "binary"}
+        schemas[name] = schema
+        bodies[path] = name
+    for path, name in bodies.items():
+        operation = document["paths"].get(path, {}).get("post")
+        if operation is not None:
+            operation["requestBody"] = {"required": True, "content": {
+                "multipart/form-data": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}
+
+
 def describe(schemas: dict[str, Any]) -> None:
     """Fill in the description and example of every request-schema property we document."""
     for name, schema in schemas.items():
@@ -202,7 +267,7 @@ def _is_request(schema_name: str) -> bool:
     return schema_name in FIELDS or schema_name in REQUEST_SCHEMAS
 
 
-REQUEST_SCHEMAS = {"ImageGenerationRequest", "ChatCompletionRequest", "CompletionRequest", "SpeechRequest",
+REQUEST_SCHEMAS = {"ImageGenerationRequest", "ImageEditRequest", "VideoCreateRequest", "VoiceUpload", "ChatCompletionRequest", "CompletionRequest", "SpeechRequest",
                    "AudioGenerateRequest", "ChatMessage", "TextPart", "ImagePart", "ImageURL", "InputAudioPart",
                    "InputAudio", "AudioURLPart", "AudioURL", "VideoURLPart", "VideoURL", "ToolCallItem",
                    "FunctionCall", "StreamOptions", "AudioOptions", "MMProcessorKwargs", "ResponseFormat",
