@@ -30,7 +30,8 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Predict, guided_predictions
 from omnistage.diffusion.params import DiffusionParams, ExtraSpec, validate_extras
-from omnistage.engine.types import ImagePayload, RequestError, VideoPayload
+from omnistage.core.errors import RequestError
+from omnistage.core.types import ImagePayload, VideoPayload
 
 
 @dataclass
@@ -189,16 +190,15 @@ class DiffusionPipelineBase(ABC):
         params = params.with_defaults(self.default_params)
         if params.lora is not None and params.lora.name not in self.lora_adapters:
             served = ", ".join(self.lora_adapters) or "none (no lora_adapters in the deploy config)"
-            raise RequestError(f"lora.name: unknown adapter {params.lora.name!r}; this model serves: {served}",
-                               "lora.name")
+            raise RequestError("lora.name", f"lora.name: unknown adapter {params.lora.name!r}; this model serves: {served}")
         return params.model_copy(update={"extras": validate_extras(params.extras, self.extras)})
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         """Raise ValueError naming the offending field. Override to add family rules."""
         if self.needs_image and not request.images:
-            raise RequestError("image: this model needs an input image", "image")
+            raise RequestError("image", "image: this model needs an input image")
         if not (self.needs_image or self.takes_image) and request.images:
-            raise RequestError("image: this model does not take an input image", "image")
+            raise RequestError("image", "image: this model does not take an input image")
 
     def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:
         """The request with defaults filled and extras validated, after `check_inputs`.
@@ -319,7 +319,7 @@ def check_divisible(params: DiffusionParams, **multiples: int) -> None:
     for name, multiple in multiples.items():
         value = getattr(params, name)
         if value is not None and value % multiple != 0:
-            raise RequestError(f"{name} must be divisible by {multiple}, got {value}", name)
+            raise RequestError(name, f"{name} must be divisible by {multiple}, got {value}")
 
 
 def encode_prompts_by_length(requests: list[DiffusionRequest], uses_cfg: Callable[[DiffusionRequest], bool],

@@ -19,7 +19,7 @@ import torch
 
 from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
-from omnistage.engine.types import ImagePayload, ProgressPayload
+from omnistage.core.types import ImagePayload, ProgressPayload
 
 ProgressSink = Callable[[list[tuple[str, ProgressPayload]]], None]
 

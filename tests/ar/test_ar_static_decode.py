@@ -20,7 +20,7 @@ from omnistage.ar.sampling_params import SamplingParams
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.engine.factory import create_engine
-from omnistage.engine.types import StageRequest
+from omnistage.core.types import StageRequest
 from ar_helpers import PROMPTS, final, make_engine, run
 
 MAX_NEW = 16

@@ -21,7 +21,7 @@ import torch
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest
-from omnistage.engine.types import ImagePayload, VideoPayload
+from omnistage.core.types import ImagePayload, VideoPayload
 from omnistage.testing import call_kwargs as zoo_call_kwargs
 from omnistage.testing.diffusion_models import default_input_image
 

@@ -10,7 +10,7 @@ from fake_diffusion import FakePipeline, FakeRequestOnlyPipeline, make_fake_mode
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.engine import DiffusionEngine
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.engine.types import Engine, ImagePayload, ProgressPayload, StageRequest
+from omnistage.core.types import Engine, ImagePayload, ProgressPayload, StageRequest
 
 
 def make_engine(tmp_path, pipeline_cls=FakePipeline, **config) -> DiffusionEngine:

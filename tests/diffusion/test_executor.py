@@ -19,7 +19,7 @@ from omnistage.diffusion.engine import DiffusionEngine
 from omnistage.diffusion.executor import WorkerDiedError
 from omnistage.diffusion.executor.shm import SHM_DIR, ShmWriter, unlink_all, unpack
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.engine.types import ImagePayload, StageRequest
+from omnistage.core.types import ImagePayload, StageRequest
 
 
 def run(engine: DiffusionEngine) -> dict[str, list]:

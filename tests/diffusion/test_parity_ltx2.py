@@ -20,7 +20,7 @@ from parity import (
 )
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.engine.types import VideoPayload
+from omnistage.core.types import VideoPayload
 from omnistage.models.ltx2.pipeline import LTX2T2V
 from omnistage.testing import call_kwargs as zoo_call_kwargs
 

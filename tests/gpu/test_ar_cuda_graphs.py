@@ -16,7 +16,7 @@ from omnistage.ar.sampling_params import SamplingParams
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.engine.factory import create_engine
-from omnistage.engine.types import StageRequest
+from omnistage.core.types import StageRequest
 
 pytestmark = pytest.mark.gpu
 

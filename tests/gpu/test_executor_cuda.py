@@ -14,7 +14,7 @@ import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.engine.types import StageRequest
+from omnistage.core.types import StageRequest
 
 pytestmark = pytest.mark.gpu
 

@@ -19,7 +19,7 @@ from ray_nodes import node_names
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.engine import DiffusionEngine
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.engine.types import StageRequest
+from omnistage.core.types import StageRequest
 
 pytestmark = pytest.mark.slow  # each rank is a fresh process that imports torch and loads the model
 

@@ -18,7 +18,7 @@ import yaml
 
 from omnistage import Omni, SamplingParams
 from omnistage.engine.connectors import RayConnector, RayEnvelope
-from omnistage.engine.types import AudioPayload, StageOutput
+from omnistage.core.types import AudioPayload, StageOutput
 from omnistage.models.qwen2_5_omni import Token2WavParams
 from omnistage.testing.speech_models import DEFAULT_GENERATE_KWARGS
 from ray_nodes import node_names

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnistage.diffusion.pipeline import DiffusionRequest
-from omnistage.engine.types import ProgressPayload
+from omnistage.core.types import ProgressPayload
 
 @dataclass
 class SchedulerOutput:

@@ -40,7 +40,7 @@ from omnistage.diffusion.pipeline import (
     map_groups,
     split_per_state,
 )
-from omnistage.engine.types import RequestError
+from omnistage.core.errors import RequestError
 
 # Flux2Pipeline's limits on a reference image (Flux2ImageProcessor.check_image_input) and the
 # area it is scaled down to beyond that.
@@ -96,14 +96,13 @@ class Flux2(DiffusionPipelineBase):
         for image in request.images:  # any number of reference images, or none
             width, height = image.size
             if min(width, height) < MIN_IMAGE_SIDE:
-                raise RequestError(f"image: each input image must be at least {MIN_IMAGE_SIDE}px on both sides, "
-                                   f"got {width}x{height}", "image")
+                raise RequestError("image", f"image: each input image must be at least {MIN_IMAGE_SIDE}px on both sides, "
+                                   f"got {width}x{height}")
             if max(width / height, height / width) > MAX_ASPECT_RATIO:
-                raise RequestError(f"image: aspect ratio of {width}x{height} is beyond {MAX_ASPECT_RATIO}:1", "image")
+                raise RequestError("image", f"image: aspect ratio of {width}x{height} is beyond {MAX_ASPECT_RATIO}:1")
         check_divisible(request.params, height=self.multiple_of, width=self.multiple_of)
         if request.params.negative_prompt is not None and not self.takes_negative_prompt:
-            raise RequestError("negative_prompt: this model is guidance-distilled and runs no negative-prompt pass",
-                               "negative_prompt")
+            raise RequestError("negative_prompt", "negative_prompt: this model is guidance-distilled and runs no negative-prompt pass")
 
     def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:
         request = super().prepare_request(request)

@@ -33,7 +33,7 @@ from omnistage.diffusion.pipeline import (
     map_groups,
     split_per_state,
 )
-from omnistage.engine.types import RequestError
+from omnistage.core.errors import RequestError
 from omnistage.models.glm_image.grid import DEFAULT_SIZE, PIXELS_PER_TOKEN, prior_grid
 
 
@@ -79,20 +79,19 @@ class GlmImage(DiffusionPipelineBase):
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         if request.images:
-            raise RequestError("image: GLM-Image image-to-image is not supported; send a prompt only", "image")
+            raise RequestError("image", "image: GLM-Image image-to-image is not supported; send a prompt only")
         params = request.params.with_defaults(self.default_params)
         check_divisible(params, height=self.multiple_of, width=self.multiple_of)
         ids = request.condition.get("prior_token_ids")
         if ids is None:
-            raise RequestError("prior_token_ids: GLM-Image draws the image tokens its AR prior stage writes; "
-                               "this request has none", "prior_token_ids")
+            raise RequestError("prior_token_ids", "prior_token_ids: GLM-Image draws the image tokens its AR prior stage writes; "
+                               "this request has none")
         want = prior_grid(params.height, params.width).num_dit_tokens
         if len(ids) != want:
-            raise RequestError(f"prior_token_ids: {len(ids)} tokens do not fit a {params.height}x{params.width} "
-                               f"image, which takes {want}", "prior_token_ids")
+            raise RequestError("prior_token_ids", f"prior_token_ids: {len(ids)} tokens do not fit a {params.height}x{params.width} "
+                               f"image, which takes {want}")
         if min(ids) < 0 or max(ids) >= self.codebook_size:
-            raise RequestError(f"prior_token_ids must be image codes in [0, {self.codebook_size})",
-                               "prior_token_ids")
+            raise RequestError("prior_token_ids", f"prior_token_ids must be image codes in [0, {self.codebook_size})")
 
     # -- 2. encode: glyph embeddings, prior tokens, initial noise, timesteps --------------
 

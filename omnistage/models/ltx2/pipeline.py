@@ -42,7 +42,8 @@ from omnistage.diffusion.pipeline import (
     group_by,
     map_groups,
 )
-from omnistage.engine.types import RequestError, VideoPayload
+from omnistage.core.errors import RequestError
+from omnistage.core.types import VideoPayload
 
 # diffusers' default STG block (LTX-2.3's recommendation; LTX-2.0's is 29). As in diffusers, a
 # default past the transformer's last block perturbs nothing.
@@ -121,18 +122,17 @@ class LTX2T2V(DiffusionPipelineBase):
         check_divisible(params, height=self.size_multiple_of, width=self.size_multiple_of)
         # diffusers rounds the frame count down to the VAE's temporal grid; we refuse.
         if (params.num_frames - 1) % self.vae_temporal_ratio != 0:
-            raise RequestError(f"num_frames - 1 must be divisible by {self.vae_temporal_ratio}, "
-                               f"got num_frames={params.num_frames}", "num_frames")
+            raise RequestError("num_frames", f"num_frames - 1 must be divisible by {self.vae_temporal_ratio}, "
+                               f"got num_frames={params.num_frames}")
         if params.num_outputs_per_prompt != 1:
-            raise RequestError(f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}",
-                               "num_outputs_per_prompt")
+            raise RequestError("num_outputs_per_prompt", f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}")
         for name in ("true_cfg_scale", "guidance_scale_2"):
             if getattr(params, name) is not None:
-                raise RequestError(f"{name}: LTX-2 does not take it (its guidance knobs are extras)", name)
+                raise RequestError(name, f"{name}: LTX-2 does not take it (its guidance knobs are extras)")
         block = params.extras.get("stg_block")
         if block is not None and block >= self.num_blocks:
-            raise RequestError(f"extras.stg_block must be < {self.num_blocks} (the transformer's blocks), "
-                               f"got {block}", "stg_block")
+            raise RequestError("stg_block", f"extras.stg_block must be < {self.num_blocks} (the transformer's blocks), "
+                               f"got {block}")
 
     # -- 2. encode: prompts, noise, schedulers, positions ---------------------------------
 

@@ -24,7 +24,7 @@ from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, rescaled_true_cfg
 from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.engine.types import RequestError
+from omnistage.core.errors import RequestError
 from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
@@ -91,10 +91,10 @@ class QwenImage(DiffusionPipelineBase):
         params = request.params
         check_divisible(params, height=self.multiple_of, width=self.multiple_of)
         if self.guidance_embeds and params.guidance_scale is None:
-            raise RequestError("guidance_scale is required: this model is guidance-distilled", "guidance_scale")
+            raise RequestError("guidance_scale", "guidance_scale is required: this model is guidance-distilled")
         if not self.guidance_embeds and params.guidance_scale is not None:
-            raise RequestError("guidance_scale: this model is not guidance-distilled; use true_cfg_scale "
-                               "with a negative_prompt for classifier-free guidance", "guidance_scale")
+            raise RequestError("guidance_scale", "guidance_scale: this model is not guidance-distilled; use true_cfg_scale "
+                               "with a negative_prompt for classifier-free guidance")
 
     # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
 

@@ -43,7 +43,7 @@ from omnistage.diffusion.pipeline import (
     set_flow_match_timesteps,
     split_per_state,
 )
-from omnistage.engine.types import RequestError
+from omnistage.core.errors import RequestError
 from omnistage.models.qwen_image.pipeline import QwenImage
 
 SYSTEM_PROMPT = "Comprehend and analyze the provided prompt."
@@ -114,8 +114,8 @@ class QwenImage21(QwenImage):
         super().check_inputs(request)
         steps = request.params.num_inference_steps
         if self.sample_sigmas and steps != len(self.sample_sigmas):
-            raise RequestError(f"num_inference_steps: this checkpoint samples on its own {len(self.sample_sigmas)}-"
-                               f"step schedule (model_index.json sample_sigmas), got {steps}", "num_inference_steps")
+            raise RequestError("num_inference_steps", f"num_inference_steps: this checkpoint samples on its own {len(self.sample_sigmas)}-"
+                               f"step schedule (model_index.json sample_sigmas), got {steps}")
 
     # -- 2. encode --------------------------------------------------------------------------
 

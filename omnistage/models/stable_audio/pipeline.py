@@ -38,7 +38,8 @@ from omnistage.diffusion.pipeline import (
     group_by,
     split_per_state,
 )
-from omnistage.engine.types import AudioPayload, RequestError
+from omnistage.core.errors import RequestError
+from omnistage.core.types import AudioPayload
 
 # DiffusionParams fields an audio request has no use for: refused rather than ignored.
 _IMAGE_FIELDS = ("height", "width", "num_frames", "fps", "true_cfg_scale", "guidance_scale_2")
@@ -87,19 +88,17 @@ class StableAudio(DiffusionPipelineBase):
         params = request.params
         for name in _IMAGE_FIELDS:
             if getattr(params, name) is not None:
-                raise RequestError(f"{name}: not a parameter of an audio model", name)
+                raise RequestError(name, f"{name}: not a parameter of an audio model")
         if params.num_outputs_per_prompt != 1:
-            raise RequestError(f"num_outputs_per_prompt must be 1 for audio, got {params.num_outputs_per_prompt}",
-                               "num_outputs_per_prompt")
+            raise RequestError("num_outputs_per_prompt", f"num_outputs_per_prompt must be 1 for audio, got {params.num_outputs_per_prompt}")
         if params.partial_images:
-            raise RequestError("partial_images: an audio model has no previews", "partial_images")
+            raise RequestError("partial_images", "partial_images: an audio model has no previews")
         start, end = params.extras["audio_start_in_s"], params.extras["audio_end_in_s"]
         if end <= start:
-            raise RequestError(f"audio_end_in_s must be greater than audio_start_in_s ({start:g}), got {end:g}",
-                               "audio_end_in_s")
+            raise RequestError("audio_end_in_s", f"audio_end_in_s must be greater than audio_start_in_s ({start:g}), got {end:g}")
         if end - start > self.max_audio_seconds:
-            raise RequestError(f"audio_end_in_s - audio_start_in_s must be at most {self.max_audio_seconds:g} s "
-                               f"(this model's window), got {end - start:g}", "audio_end_in_s")
+            raise RequestError("audio_end_in_s", f"audio_end_in_s - audio_start_in_s must be at most {self.max_audio_seconds:g} s "
+                               f"(this model's window), got {end - start:g}")
 
     def batch_key(self, params: DiffusionParams) -> tuple:
         # Every request has the same latent length: durations and prompts mix freely.

@@ -25,7 +25,7 @@ from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.engine.types import RequestError
+from omnistage.core.errors import RequestError
 from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
@@ -89,14 +89,12 @@ class _Wan(DiffusionPipelineBase):
         params = request.params.with_defaults(self.default_params)
         check_divisible(params, height=self.height_multiple_of, width=self.width_multiple_of)
         if (params.num_frames - 1) % self.vae_scale_factor_temporal != 0:
-            raise RequestError(f"num_frames - 1 must be divisible by {self.vae_scale_factor_temporal}, "
-                               f"got num_frames={params.num_frames}", "num_frames")
+            raise RequestError("num_frames", f"num_frames - 1 must be divisible by {self.vae_scale_factor_temporal}, "
+                               f"got num_frames={params.num_frames}")
         if params.num_outputs_per_prompt != 1:
-            raise RequestError(f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}",
-                               "num_outputs_per_prompt")
+            raise RequestError("num_outputs_per_prompt", f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}")
         if params.guidance_scale_2 is not None and self.boundary_ratio is None:
-            raise RequestError("guidance_scale_2 needs a two-expert checkpoint (boundary_ratio in model_index.json)",
-                               "guidance_scale_2")
+            raise RequestError("guidance_scale_2", "guidance_scale_2 needs a two-expert checkpoint (boundary_ratio in model_index.json)")
 
     # -- 2. encode: prompts, conditioning, initial noise, timesteps -------------------------
 
@@ -284,9 +282,9 @@ class WanI2V(_Wan):
 
         super().check_inputs(request)
         if len(request.images) != 1:
-            raise RequestError(f"image: expected exactly one input image, got {len(request.images)}", "image")
+            raise RequestError("image", f"image: expected exactly one input image, got {len(request.images)}")
         if not isinstance(request.images[0], PIL.Image.Image):
-            raise RequestError(f"image: must be a PIL image, got {type(request.images[0]).__name__}", "image")
+            raise RequestError("image", f"image: must be a PIL image, got {type(request.images[0]).__name__}")
 
     @property
     def num_channels_latents(self) -> int:
