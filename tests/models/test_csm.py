@@ -151,7 +151,7 @@ def test_audio_metrics_are_exported(omni):
     from prometheus_client import generate_latest
 
     omni.generate(TEXT, {"talker": GREEDY}, use_tqdm=False)
-    text = generate_latest(omni.engine.metrics_registry).decode()
+    text = generate_latest(omni.async_omni.metrics_registry).decode()
     assert 'omnistage_request_time_to_first_audio_seconds_count{pipeline="csm"}' in text
     assert 'omnistage_request_real_time_factor_count{pipeline="csm"}' in text
 

@@ -259,7 +259,7 @@ def test_audio_streams_before_the_talker_finishes(omni):
 
     async def collect():
         chunks, text, last = [], "", None
-        async for out in omni.engine.generate({"messages": MESSAGES}, params):
+        async for out in omni.async_omni.generate({"messages": MESSAGES}, params):
             if out.audio_chunk is not None:
                 chunks.append((time.monotonic(), out.audio_chunk))
             text += out.text_delta or ""

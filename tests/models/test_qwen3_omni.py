@@ -189,7 +189,7 @@ def test_audio_streams_and_chunks_approximate_the_one_shot_decode(omni):
 
     async def collect():
         chunks, last = [], None
-        async for out in omni.engine.generate({"messages": MESSAGES}, params):
+        async for out in omni.async_omni.generate({"messages": MESSAGES}, params):
             if out.audio_chunk is not None:
                 chunks.append((time.monotonic(), out.audio_chunk))
             last = out
