@@ -208,7 +208,7 @@ class GenericDiffusersPipeline(DiffusionPipelineBase):
         num_steps = request.params.num_inference_steps or 1
         call = SteppedCall(lambda callback: self.generate_array(request, callback), num_steps,
                            steppable="callback_on_step_end" in self.call_params)
-        return [DenoiseState(request=request, latents=None, scheduler=None, timesteps=torch.zeros(num_steps),
+        return [DenoiseState(request=request, latents=None, noise_scheduler=None, timesteps=torch.zeros(num_steps),
                              cond={"call": call})]
 
     def denoise_step(self, states: list[DenoiseState]) -> None:

@@ -123,4 +123,4 @@ class TestStableAudioCosineScheduler(StableAudioParity):
         return path
 
     def test_uses_the_cosine_scheduler(self, ours):
-        assert type(ours.scheduler).__name__ == "CosineDPMSolverMultistepScheduler"
+        assert type(ours.noise_scheduler).__name__ == "CosineDPMSolverMultistepScheduler"

@@ -134,16 +134,16 @@ class GlmImage(DiffusionPipelineBase):
 
         # diffusers' schedule: integer timesteps from 1000 down, sigmas = t / 1000, shifted by
         # mu of the image's patch count.
-        scheduler = self.scheduler_copy()
+        noise_scheduler = self.noise_scheduler_copy()
         steps = params.num_inference_steps
-        timesteps = np.linspace(scheduler.config.num_train_timesteps, 1.0, steps + 1)[:-1]
+        timesteps = np.linspace(noise_scheduler.config.num_train_timesteps, 1.0, steps + 1)[:-1]
         timesteps = timesteps.astype(np.int64).astype(np.float32)
         patch = self.transformer.config.patch_size
         image_seq_len = (shape[2] * shape[3]) // patch**2
-        mu = calculate_shift(image_seq_len, scheduler.config.get("base_image_seq_len", 256),
-                             scheduler.config.get("base_shift", 0.25), scheduler.config.get("max_shift", 0.75))
-        timesteps, _ = retrieve_timesteps(scheduler, steps, self.device, timesteps,
-                                          timesteps / scheduler.config.num_train_timesteps, mu=mu)
+        mu = calculate_shift(image_seq_len, noise_scheduler.config.get("base_image_seq_len", 256),
+                             noise_scheduler.config.get("base_shift", 0.25), noise_scheduler.config.get("max_shift", 0.75))
+        timesteps, _ = retrieve_timesteps(noise_scheduler, steps, self.device, timesteps,
+                                          timesteps / noise_scheduler.config.num_train_timesteps, mu=mu)
 
         prior = torch.tensor(request.condition["prior_token_ids"], device=self.device, dtype=torch.long)
         cond: dict[str, Any] = {
@@ -155,7 +155,7 @@ class GlmImage(DiffusionPipelineBase):
             "crop_coords": torch.zeros(n, 2, dtype=embeds.dtype, device=self.device),
             "guidance_scale": params.guidance_scale,
         }
-        return DenoiseState(request=request, latents=latents, scheduler=scheduler, timesteps=timesteps, cond=cond)
+        return DenoiseState(request=request, latents=latents, noise_scheduler=noise_scheduler, timesteps=timesteps, cond=cond)
 
     # -- 3. denoise -----------------------------------------------------------------------
 
@@ -177,7 +177,7 @@ class GlmImage(DiffusionPipelineBase):
 
         for group in group_by(states, key):
             for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self.scheduler_step(state, pred)
+                self.noise_scheduler_step(state, pred)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """One branch's transformer call over its rows; the uncond branch drops the prior tokens."""

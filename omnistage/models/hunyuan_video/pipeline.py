@@ -184,9 +184,9 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
                                dtype=self.transformer.dtype)
 
         steps = params.num_inference_steps
-        scheduler = self.scheduler_copy()
-        timesteps, _ = retrieve_timesteps(scheduler, steps, self.device, sigmas=np.linspace(1.0, 0.0, steps + 1)[:-1])
-        scheduler.set_begin_index(0)
+        noise_scheduler = self.noise_scheduler_copy()
+        timesteps, _ = retrieve_timesteps(noise_scheduler, steps, self.device, sigmas=np.linspace(1.0, 0.0, steps + 1)[:-1])
+        noise_scheduler.set_begin_index(0)
 
         names = ("prompt_embeds", "prompt_embeds_mask", "prompt_embeds_2", "prompt_embeds_mask_2")
         cond: dict[str, Any] = dict(zip(names, prompt))
@@ -199,7 +199,7 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
             guidance_rescale=self.guidance_rescale,
             original_formulation=self.original_formulation,
         )
-        return DenoiseState(request=request, latents=latents, scheduler=scheduler, timesteps=timesteps, cond=cond)
+        return DenoiseState(request=request, latents=latents, noise_scheduler=noise_scheduler, timesteps=timesteps, cond=cond)
 
     def _video_size(self, request: DiffusionRequest) -> tuple[int, int]:
         """(height, width) in pixels of the request's video."""
@@ -219,7 +219,7 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
         # Prompt lengths are fixed, so one transformer call needs only equal latent shapes.
         for group in group_by(states, lambda s: tuple(s.latents.shape[1:])):
             for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self.scheduler_step(state, pred)
+                self.noise_scheduler_step(state, pred)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """The transformer over one branch's rows: the noise next to the condition latents and

@@ -169,13 +169,13 @@ class QwenImage(DiffusionPipelineBase):
         latents = pack_latents(noise)
 
         num_steps = params.num_inference_steps
-        scheduler = self.scheduler_copy()
+        noise_scheduler = self.noise_scheduler_copy()
         sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
-        timesteps = set_flow_match_timesteps(scheduler, sigmas, latents.shape[1], self.device)
+        timesteps = set_flow_match_timesteps(noise_scheduler, sigmas, latents.shape[1], self.device)
         return DenoiseState(
             request=request,
             latents=latents,
-            scheduler=scheduler,
+            noise_scheduler=noise_scheduler,
             timesteps=timesteps,
             cond={
                 "prompt_embeds": self._truncate(prompt_embeds, request),
@@ -211,7 +211,7 @@ class QwenImage(DiffusionPipelineBase):
         # One transformer call per token-grid layout (RoPE is computed for the batch's first).
         for group in group_by(states, lambda s: s.cond["img_shapes"]):
             for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self.scheduler_step(state, pred)
+                self.noise_scheduler_step(state, pred)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """One batched transformer pass over one branch's rows; each state's noise prediction."""

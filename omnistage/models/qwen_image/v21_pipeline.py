@@ -2,7 +2,7 @@
 
 Reproduces `diffusers.QwenImage21Pipeline` (pipelines/qwenimage21/pipeline_qwenimage21.py)
 for text-to-image, on `QwenImage`'s seams (one text-encoder call for every prompt, true
-CFG as a second transformer pass per branch, per-request schedulers). What 2.1 changes:
+CFG as a second transformer pass per branch, per-request noise schedulers). What 2.1 changes:
 
 - the encoder is Qwen3-VL, read before its final norm (diffusers hooks the norm away, as
   transformers 5 ties `hidden_states[-1]` to the normed output), with the system prompt's
@@ -157,14 +157,14 @@ class QwenImage21(QwenImage):
                              device=self.device, dtype=prompt_embeds.dtype)
         latents = noise.view(n, channels, latent_h * latent_w).transpose(1, 2)
 
-        scheduler = self.scheduler_copy()
+        noise_scheduler = self.noise_scheduler_copy()
         num_steps = params.num_inference_steps
         sigmas = self.sample_sigmas or np.linspace(1.0, 1 / num_steps, num_steps)
-        timesteps = set_flow_match_timesteps(scheduler, sigmas, latents.shape[1], self.device)
+        timesteps = set_flow_match_timesteps(noise_scheduler, sigmas, latents.shape[1], self.device)
         return DenoiseState(
             request=request,
             latents=latents,
-            scheduler=scheduler,
+            noise_scheduler=noise_scheduler,
             timesteps=timesteps,
             cond={
                 "prompt_embeds": prompt_embeds,

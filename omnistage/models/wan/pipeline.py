@@ -140,19 +140,19 @@ class _Wan(DiffusionPipelineBase):
         num_latent_frames = (params.num_frames - 1) // self.vae_scale_factor_temporal + 1
         shape = (1, self.num_channels_latents, num_latent_frames, params.height // self.vae_scale_factor_spatial,
                  params.width // self.vae_scale_factor_spatial)
-        # Wan keeps latents (and the scheduler's arithmetic) in float32 whatever the model dtype.
+        # Wan keeps latents (and the noise scheduler's arithmetic) in float32 whatever the model dtype.
         latents = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=torch.float32)
 
-        scheduler = self.scheduler_copy()
-        scheduler.set_timesteps(params.num_inference_steps, device=self.device)
+        noise_scheduler = self.noise_scheduler_copy()
+        noise_scheduler.set_timesteps(params.num_inference_steps, device=self.device)
         # Start at index 0 rather than looking the first timestep up (diffusers' T2V does the same).
-        scheduler.set_begin_index(0)
+        noise_scheduler.set_begin_index(0)
         cond.update(self._condition(request, latents))
         cond["guidance_scale"] = params.guidance_scale
         cond["guidance_scale_2"] = (params.guidance_scale_2 if params.guidance_scale_2 is not None
                                     else params.guidance_scale)
-        return DenoiseState(request=request, latents=latents, scheduler=scheduler,
-                            timesteps=scheduler.timesteps, cond=cond)
+        return DenoiseState(request=request, latents=latents, noise_scheduler=noise_scheduler,
+                            timesteps=noise_scheduler.timesteps, cond=cond)
 
     @property
     def num_channels_latents(self) -> int:
@@ -216,7 +216,7 @@ class _Wan(DiffusionPipelineBase):
         model = self.transformer if expert == 0 else self.transformer_2
         predict = lambda rows: self._predict(model, rows)  # noqa: E731
         for state, pred in zip(states, self.guided_predictions(states, predict)):
-            self.scheduler_step(state, pred)
+            self.noise_scheduler_step(state, pred)
 
     def _predict(self, model: Any, rows: Rows) -> list[torch.Tensor]:
         states = [s for s, _ in rows]
