@@ -38,9 +38,8 @@ import time
 from typing import Any
 
 from omnistage.ar.block_manager import BlockManager
-from omnistage.ar.detokenizer import IncrementalDetokenizer
 from omnistage.ar.cpu_linear import prepack_linears
-from omnistage.core.device import resolve_device, resolve_dtype
+from omnistage.ar.detokenizer import IncrementalDetokenizer
 from omnistage.ar.model import get_ar_model_class
 from omnistage.ar.model_runner import ModelRunner
 from omnistage.ar.sampling_params import SamplingParams, admit
@@ -49,6 +48,7 @@ from omnistage.ar.sequence import Sequence
 from omnistage.ar.structured_outputs import GrammarCompiler
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
+from omnistage.core.device import resolve_device, resolve_dtype
 from omnistage.core.types import InputChunk, StageOutput, StageRequest, TextPayload, TokenLogprob
 
 logger = logging.getLogger(__name__)

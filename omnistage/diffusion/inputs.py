@@ -15,10 +15,10 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.core.errors import RequestError
 from omnistage.core.types import StageRequest
+from omnistage.diffusion.params import DiffusionParams
+from omnistage.diffusion.pipeline import DiffusionRequest
 
 INPUT_KEYS = ("prompt", "image", "condition")
 

@@ -27,11 +27,11 @@ import numpy as np
 import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.core.errors import RequestError
+from omnistage.core.types import ImagePayload, VideoPayload
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Predict, guided_predictions
 from omnistage.diffusion.params import DiffusionParams, ExtraSpec, validate_extras
-from omnistage.core.errors import RequestError
-from omnistage.core.types import ImagePayload, VideoPayload
 
 
 @dataclass

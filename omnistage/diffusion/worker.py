@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from omnistage.core.device import resolve_dtype
 from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.core.device import resolve_dtype
 from omnistage.diffusion.runner import DiffusionRunner, ProgressSink
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
 

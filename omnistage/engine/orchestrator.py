@@ -50,14 +50,14 @@ from typing import Any
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import PipelineSpec, StageSpec
+from omnistage.core.errors import EngineUnavailableError, ErrorKind, RequestError
+from omnistage.core.types import InputChunk, ProgressPayload, StageOutput, StageInputs, StageRequest
 from omnistage.engine.connectors import DEFAULT_SHM_THRESHOLD_BYTES
 from omnistage.engine.factory import EngineFactory, create_engine, stage_model_paths
 from omnistage.engine.metrics import PrometheusMetrics, StageMetrics
 from omnistage.engine.outputs import Delta, OmniOutput, StageStream, fill_media
 from omnistage.engine.restart import RestartPolicy
 from omnistage.engine.stage_handle import StageHandle, make_stage_handle
-from omnistage.core.errors import EngineUnavailableError, ErrorKind, RequestError
-from omnistage.core.types import InputChunk, ProgressPayload, StageOutput, StageInputs, StageRequest
 
 logger = logging.getLogger(__name__)
 

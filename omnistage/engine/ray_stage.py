@@ -29,11 +29,11 @@ import socket
 import threading
 from typing import TYPE_CHECKING, Any
 
+from omnistage.core.errors import ErrorKind
+from omnistage.core.types import StageOutput, StageRequest
 from omnistage.engine import ray_utils
 from omnistage.engine.connectors import Connector
 from omnistage.engine.stage_handle import CLOSE_TIMEOUT_S, GuardedEngine, StageHandle, error_output
-from omnistage.core.errors import ErrorKind
-from omnistage.core.types import StageOutput, StageRequest
 
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig

@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from omnistage.engine.stage_handle import CLOSE_TIMEOUT_S, StageHandle, error_output
 from omnistage.core.errors import ErrorKind
 from omnistage.core.types import StageOutput, StageRequest
+from omnistage.engine.stage_handle import CLOSE_TIMEOUT_S, StageHandle, error_output
 
 logger = logging.getLogger(__name__)
 

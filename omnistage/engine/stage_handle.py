@@ -32,16 +32,16 @@ import weakref
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
-from omnistage.engine.connectors import Connector, make_connector
 from omnistage.core.errors import ErrorKind
 from omnistage.core.types import StageOutput, StageRequest
+from omnistage.engine.connectors import Connector, make_connector
 
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.config.spec import StageSpec
+    from omnistage.core.types import Engine
     from omnistage.engine.factory import EngineFactory
     from omnistage.engine.restart import RestartPolicy
-    from omnistage.core.types import Engine
 
 logger = logging.getLogger(__name__)
 

@@ -37,9 +37,9 @@ import numpy as np
 import torch
 
 from omnistage.ar.cpu_linear import prepack_linears
-from omnistage.core.device import resolve_device, resolve_dtype
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
+from omnistage.core.device import resolve_device, resolve_dtype
 from omnistage.core.types import AudioPayload, StageOutput, StageRequest
 from omnistage.generation.decoder import get_decoder_class
 

@@ -11,8 +11,8 @@ import torch
 
 from parity import BATCH_PROMPTS, ParityTests, assert_rejected
 
-from omnistage.diffusion.params import DiffusionParams
 from omnistage.core.types import AudioPayload
+from omnistage.diffusion.params import DiffusionParams
 from omnistage.models.stable_audio.pipeline import StableAudio
 from omnistage.testing import call_kwargs as zoo_call_kwargs
 

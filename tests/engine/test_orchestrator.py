@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from fake_engines import FakeEngine, every_token, expand_to_image, streamed_tts, text_to_image
 
-from omnistage.core.errors import ErrorKind
 from omnistage.config import PipelineSpec, StageDeployConfig, StageSpec
+from omnistage.core.errors import ErrorKind
 from omnistage.engine.orchestrator import OmniRequest, Orchestrator
 
 

@@ -11,8 +11,8 @@ import time
 from fake_engines import FakeEngine
 from test_process_stages import SPEC, Collector
 
-from omnistage.core.errors import ErrorKind
 from omnistage.config import StageDeployConfig
+from omnistage.core.errors import ErrorKind
 from omnistage.engine.orchestrator import OmniRequest, Orchestrator
 from omnistage.engine.restart import NO_RESTART, RestartPolicy
 

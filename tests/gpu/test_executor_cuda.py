@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
-from omnistage.diffusion.params import DiffusionParams
 from omnistage.core.types import StageRequest
+from omnistage.diffusion.params import DiffusionParams
 
 pytestmark = pytest.mark.gpu
 

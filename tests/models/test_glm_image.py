@@ -23,8 +23,8 @@ from omnistage.ar import SamplingParams
 from omnistage.ar.engine import AREngine
 from omnistage.config import resolve
 from omnistage.config.deploy_fields import StageDeployConfig
-from omnistage.diffusion.params import DiffusionParams
 from omnistage.core.types import StageRequest
+from omnistage.diffusion.params import DiffusionParams
 from omnistage.models.glm_image import prior_sampling
 from omnistage.models.glm_image.grid import prior_grid
 from omnistage.models.glm_image.prior import decode_positions

@@ -17,8 +17,8 @@ import torch
 import yaml
 
 from omnistage import Omni, SamplingParams
-from omnistage.engine.connectors import RayConnector, RayEnvelope
 from omnistage.core.types import AudioPayload, StageOutput
+from omnistage.engine.connectors import RayConnector, RayEnvelope
 from omnistage.models.qwen2_5_omni import Token2WavParams
 from omnistage.testing.speech_models import DEFAULT_GENERATE_KWARGS
 from ray_nodes import node_names

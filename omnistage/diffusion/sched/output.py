@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.core.types import ProgressPayload
+from omnistage.diffusion.pipeline import DiffusionRequest
 
 @dataclass
 class SchedulerOutput:

@@ -34,10 +34,10 @@ from typing import Any
 import torch
 
 from omnistage.ar.kv_cache import kv_dims
-from omnistage.core.errors import RequestError
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
 from omnistage.ar.sampler import Sampler
 from omnistage.ar.sampling_params import SamplingParams
+from omnistage.core.errors import RequestError
 from omnistage.media.audio import resample
 from omnistage.models.csm.prompt import parse_prompt
 

@@ -13,10 +13,10 @@ from typing import Any, ClassVar
 
 import torch
 
+from omnistage.core.errors import RequestError
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, plain_cfg
 from omnistage.diffusion.pipeline import DiffusionRequest
-from omnistage.core.errors import RequestError
 from omnistage.models.flux2.pipeline import Flux2
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from omnistage.models.ar_to_dit import diffusion_params, dit_inputs, generated_tokens, seeded_ar_inputs, user_prompt
 from omnistage.core.errors import RequestError
+from omnistage.models.ar_to_dit import diffusion_params, dit_inputs, generated_tokens, seeded_ar_inputs, user_prompt
 from omnistage.models.glm_image.grid import DEFAULT_SIZE, PIXELS_PER_TOKEN, prior_grid
 
 PRIOR, DIT = 0, 1

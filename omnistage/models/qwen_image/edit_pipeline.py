@@ -19,10 +19,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.checkpoint import CheckpointConfigs
-from omnistage.diffusion.pipeline import DenoiseState, DiffusionRequest, pack_latents
 from omnistage.core.errors import RequestError
+from omnistage.diffusion.checkpoint import CheckpointConfigs
+from omnistage.diffusion.params import ExtraSpec
+from omnistage.diffusion.pipeline import DenoiseState, DiffusionRequest, pack_latents
 from omnistage.models.qwen_image.pipeline import QwenImage
 
 # QwenImageEditPipeline resizes the input image to about this many pixels (keeping its aspect

@@ -12,12 +12,12 @@ import numpy as np
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from omnistage.core.errors import ErrorKind
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.config.spec import PipelineSpec, StageSpec
+from omnistage.core.errors import ErrorKind
+from omnistage.core.types import ProgressPayload
 from omnistage.diffusion.params import DiffusionParams, ExtraSpec, validate_extras
 from omnistage.engine.outputs import OmniOutput
-from omnistage.core.types import ProgressPayload
 from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
 
 EXTRAS = {"max_sequence_length": ExtraSpec(int, default=64, min=1, max=512)}

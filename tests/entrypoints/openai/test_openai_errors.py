@@ -10,8 +10,8 @@ import logging
 
 from fake_engine import FakeEngine
 
-from omnistage.engine.outputs import OmniOutput
 from omnistage.core.errors import EngineUnavailableError, ErrorKind
+from omnistage.engine.outputs import OmniOutput
 from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
 
 ERROR_FIELDS = {"message", "type", "param", "code"}
