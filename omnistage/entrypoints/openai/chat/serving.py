@@ -263,7 +263,7 @@ class ChatServing:
                 message = AssistantMessage(content=parts)
             elif wants_audio and out.audio is not None:
                 fmt = body.audio.format if body.audio else "wav"
-                data = await asyncio.to_thread(_encode_answer_audio, out.audio, out.sample_rate, fmt)
+                data = await asyncio.to_thread(encode_answer_audio, out.audio, out.sample_rate, fmt)
                 message = AssistantMessage(audio=AudioAnswer(
                     id=f"audio_{uuid.uuid4().hex}", data=base64.b64encode(data).decode(),
                     expires_at=int(time.time() + self.settings.file_ttl_s), transcript=out.text or ""))
@@ -449,7 +449,7 @@ def _message(message: ChatMessage, index: int, media: InputMedia) -> dict[str, A
     return out
 
 
-def _encode_answer_audio(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:
+def encode_answer_audio(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     if fmt == "pcm16":
         return to_pcm16(resample(audio, sample_rate, PCM16_RATE))
     return encode_audio(audio, sample_rate, _AUDIO_FORMATS[fmt])
