@@ -63,7 +63,7 @@ def response_usage(out: Any, entry_stage: str) -> dict[str, Any]:
     counts = usage([out])
     stages = (getattr(out, "metrics", None) or {}).get("stages", {})
     cached = int((stages.get(entry_stage) or {}).get("num_cached_tokens") or 0)
-    return {"input_tokens": counts["prompt_tokens"], "input_tokens_details": {"cached_tokens": cached},
+    return {"input_tokens": counts["prompt_tokens"], "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
             "output_tokens": counts["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": counts["total_tokens"]}
 

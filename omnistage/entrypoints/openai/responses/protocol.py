@@ -14,7 +14,7 @@ audio), `size` and the diffusion fields for image models, and vLLM's sampling fi
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
@@ -70,14 +70,35 @@ class Refusal(_Strict):
     refusal: str
 
 
-ContentPart = Annotated[InputText | OutputText | InputImage | InputAudio | InputFile | Refusal,
-                        Field(discriminator="type")]
+def _by_type(*models: type[BaseModel], default: str | None = None) -> Any:
+    """A union picked by `type` (absent: `default`). Each branch's tag ends in "[]", a name
+    the error path leaves out, so an error names `input[0].content[1].image_url`, not the
+    branch it tried."""
+
+    def pick(value: Any) -> str | None:
+        kind = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", default)
+        return f"{kind}[]" if isinstance(kind, str) else None
+
+    names = [m.model_fields["type"].annotation.__args__[0] for m in models]
+    branches = tuple(Annotated[m, Tag(f"{name}[]")] for m, name in zip(models, names))
+    return Annotated[Union[branches], Discriminator(  # noqa: UP007 (a tuple of branches)
+        pick, custom_error_type="invalid_type",
+        custom_error_message=f"type must be one of {', '.join(names)}")]
+
+
+def _text_or(items: Any) -> Any:
+    """A string or a list (a str | list union would report both branches' errors)."""
+    return Annotated[Union[Annotated[str, Tag("text[]")], Annotated[items, Tag("items[]")]],  # noqa: UP007
+                     Discriminator(lambda v: "text[]" if isinstance(v, str) else "items[]")]
+
+
+ContentPart = _by_type(InputText, OutputText, InputImage, InputAudio, InputFile, Refusal)
 
 
 class MessageItem(_Strict):
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[ContentPart]
+    content: _text_or(list[ContentPart])
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
     phase: Literal["commentary", "final_answer"] | None = None
@@ -95,23 +116,12 @@ class FunctionCallItem(_Strict):
 class FunctionCallOutputItem(_Strict):
     type: Literal["function_call_output"]
     call_id: str
-    output: str | list[InputText]
+    output: _text_or(list[InputText])
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
 
-def _item_type(value: Any) -> str:
-    # OpenAI's "easy" messages leave `type` out.
-    if isinstance(value, dict):
-        return value.get("type", "message")
-    return getattr(value, "type", "message")
-
-
-InputItem = Annotated[
-    Annotated[MessageItem, Tag("message")] | Annotated[FunctionCallItem, Tag("function_call")]
-    | Annotated[FunctionCallOutputItem, Tag("function_call_output")],
-    Discriminator(_item_type),
-]
+InputItem = _by_type(MessageItem, FunctionCallItem, FunctionCallOutputItem, default="message")  # "easy" messages
 
 
 class FunctionTool(_Strict):
@@ -167,7 +177,7 @@ class StreamOptions(_Strict):
 
 class ResponsesRequest(DiffusionFields):
     model: str | None = None
-    input: str | list[InputItem]
+    input: _text_or(list[InputItem])
     instructions: str | None = None
     """A system message put first; not carried over by `previous_response_id` (as OpenAI)."""
     previous_response_id: str | None = None
