@@ -8,7 +8,7 @@ bash "$ROOT/scripts/setup_env.sh"
 PY="$ROOT/.venv/bin/python"
 cd "$ROOT/benchmarks"
 for script in bench_diffusion.py bench_stepwise.py bench_ar.py bench_ar_paged.py bench_omni.py bench_qwen3_omni.py \
-              bench_tts.py bench_http.py bench_cache.py bench_memory.py bench_parallel.py bench_ray.py; do
+              bench_tts.py bench_http.py bench_responses.py bench_cache.py bench_memory.py bench_parallel.py bench_ray.py; do
   [ -f "$script" ] || continue
   echo "== $script"
   start=$(date +%s)
