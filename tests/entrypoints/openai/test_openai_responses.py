@@ -274,3 +274,14 @@ def test_engine_failure_in_a_stream_is_an_error_then_response_failed(app_client)
     assert "engine step raised" in events[-1].response.error.message
     assert _client(http).responses.retrieve(events[-1].response.id).status == "failed"
     assert http.app.state.gateway.num_admitted == 0
+
+
+def test_shutdown_fails_a_running_background_response(tmp_path):
+    http, engine = make_client("text", files_dir=str(tmp_path), step_delay=5)
+    with http:
+        running = _client(http).responses.create(input="x", background=True)
+        time.sleep(0.2)
+    http, _ = make_client("text", files_dir=str(tmp_path))
+    with http:
+        again = _client(http).responses.retrieve(running.id)
+    assert again.status == "failed" and "server stopped" in again.error.message

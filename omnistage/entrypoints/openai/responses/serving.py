@@ -27,7 +27,7 @@ from omnistage.entrypoints.openai.errors import APIError, bad_request
 from omnistage.entrypoints.openai.responses.conversation import chat_messages, history_items
 from omnistage.entrypoints.openai.responses.output import new_id, output_items, response_object, response_usage
 from omnistage.entrypoints.openai.responses.protocol import InputItem, ResponsesRequest
-from omnistage.entrypoints.openai.responses.store import UNFINISHED, ResponseStore
+from omnistage.entrypoints.openai.responses.store import INTERRUPTED, UNFINISHED, ResponseStore
 from omnistage.entrypoints.openai.responses.stream import stream_events
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.entrypoints.openai.text_generation import collect_all, open_streams
@@ -113,7 +113,7 @@ class ResponsesServing:
 
         async def go() -> dict[str, Any]:
             out = await self._run(job, response_id)
-            output, status = output_items(out, job, self.chat, audio_format)
+            output, status = await _output(out, job, self.chat, audio_format)
             response = respond(status, output, out)
             finish(response)
             return response
@@ -129,7 +129,7 @@ class ResponsesServing:
         try:
             self.store.update(respond("in_progress"))
             out = await self._run(job, response_id)
-            output, status = output_items(out, job, self.chat, audio_format)
+            output, status = await _output(out, job, self.chat, audio_format)
             self.store.update(respond(status, output, out))
         except asyncio.CancelledError:
             self.store.update(respond("cancelled"))
@@ -168,12 +168,19 @@ class ResponsesServing:
                               param="response_id")
         return response
 
-    async def _stop(self, response_id: str) -> None:
+    async def _stop(self, response_id: str, error: dict[str, Any] | None = None) -> None:
+        """Stop a background response: `cancelled`, or `failed` with `error`."""
         task = self._background.get(response_id)
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if task is None:
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        # A task cancelled before its first step never ran its own handler.
+        record = self.store.get(response_id)
+        if record is not None and (record["response"]["status"] in UNFINISHED or error is not None):
+            record["response"].update(status="failed" if error else "cancelled", error=error)
+            self.store.update(record["response"])
 
     def input_items(self, response_id: str, limit: int, order: str, after: str | None) -> dict[str, Any]:
         items = list(self._record(response_id)["input_items"])
@@ -190,9 +197,16 @@ class ResponsesServing:
 
     async def shutdown(self) -> None:
         for response_id in list(self._background):
-            await self._stop(response_id)
+            await self._stop(response_id, INTERRUPTED)
         if self._store is not None:
             self._store.close()
+
+
+async def _output(out: Any, job: ChatJob, chat: ChatServing, audio_format: str) -> tuple[list[dict[str, Any]], str]:
+    """`output_items`; images and audio are encoded in a thread, off the event loop."""
+    if out.images or (job.wants_audio and out.audio is not None):
+        return await asyncio.to_thread(output_items, out, job, chat, audio_format)
+    return output_items(out, job, chat, audio_format)
 
 
 def _input_items(body: ResponsesRequest) -> list[dict[str, Any]]:

@@ -17,7 +17,9 @@ what the store keeps.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import functools
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -69,7 +71,8 @@ async def stream_events(streams: list[RequestStream], job: ChatJob, chat: ChatSe
                 yield event("response.audio.delta", delta=base64.b64encode(pcm).decode())
             if out.finished:
                 final = out
-        items, status = output_items(final, job, chat, None, message_id=message_id, audio=False)
+        build = functools.partial(output_items, final, job, chat, None, message_id=message_id, audio=False)
+        items, status = await asyncio.to_thread(build) if final.images else build()  # PNGs: off the loop
         if is_open and items[0]["type"] != "message":  # text went out before the calls: it stays an item
             items.insert(0, message_item(message_id, [text_part(gate.sent)], status))
         if job.wants_audio:
