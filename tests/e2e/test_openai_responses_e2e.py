@@ -88,6 +88,8 @@ def test_function_call_round_trip(client):
                                                                   "call_id": call.call_id, "output": "sunny"}])
     assert answer.status in ("completed", "incomplete") and answer.output[0].type == "message"
     assert answer.usage.input_tokens > call_reply.usage.input_tokens  # the call and its result are in the prompt
+    # The first turn's prompt (template and tools, user message) came from the prefix cache.
+    assert 0 < answer.usage.input_tokens_details.cached_tokens <= call_reply.usage.input_tokens
 
 
 def test_previous_response_id_across_a_server_restart(zoo, server, client, output_dir):

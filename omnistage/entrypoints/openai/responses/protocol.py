@@ -81,14 +81,14 @@ def _by_type(*models: type[BaseModel], default: str | None = None) -> Any:
 
     names = [m.model_fields["type"].annotation.__args__[0] for m in models]
     branches = tuple(Annotated[m, Tag(f"{name}[]")] for m, name in zip(models, names))
-    return Annotated[Union[branches], Discriminator(  # noqa: UP007 (a tuple of branches)
+    return Annotated[Union[branches], Discriminator(
         pick, custom_error_type="invalid_type",
         custom_error_message=f"type must be one of {', '.join(names)}")]
 
 
 def _text_or(items: Any) -> Any:
     """A string or a list (a str | list union would report both branches' errors)."""
-    return Annotated[Union[Annotated[str, Tag("text[]")], Annotated[items, Tag("items[]")]],  # noqa: UP007
+    return Annotated[Union[Annotated[str, Tag("text[]")], Annotated[items, Tag("items[]")]],
                      Discriminator(lambda v: "text[]" if isinstance(v, str) else "items[]")]
 
 
