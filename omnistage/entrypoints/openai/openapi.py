@@ -51,11 +51,15 @@ _BY_ROUTE: dict[tuple[str, str], tuple[int, ...]] = {
     ("delete", "/v1/videos/{video_id}"): (401, 404, 500),
     ("get", "/v1/videos"): (400, 401, 500),  # `after` naming no job
     ("get", "/v1/videos/{video_id}/content"): (401, 404, 409, 500),  # 409: not completed yet
+    ("delete", "/v1/responses/{response_id}"): (401, 404, 500),
+    ("post", "/v1/responses/{response_id}/cancel"): (400, 401, 404, 500),  # 400: not a running background one
+    ("get", "/v1/responses/{response_id}/input_items"): (400, 401, 404, 500),  # `after` naming no item
 }
 
 _STREAMED_200: dict[tuple[str, str], tuple[str, ...]] = {
     ("post", "/v1/chat/completions"): ("text/event-stream",),
     ("post", "/v1/completions"): ("text/event-stream",),
+    ("post", "/v1/responses"): ("text/event-stream",),
     ("post", "/v1/audio/speech"): ("audio/mpeg", "audio/wav", "audio/pcm", "audio/flac", "audio/ogg", "audio/aac",
                                    "text/event-stream"),
     ("post", "/v1/audio/generate"): ("audio/wav", "audio/mpeg", "audio/pcm", "audio/flac", "audio/ogg", "audio/aac"),
