@@ -152,7 +152,7 @@ def _fields(schema: dict) -> str:
 
 
 def openapi_reference() -> str:
-    from omnistage.entrypoints.openai.openapi_fields import REQUEST_SCHEMAS
+    from omnistage.entrypoints.openai.openapi_fields import REQUEST_SCHEMAS, short_name
 
     doc = openapi_document()
     schemas = doc["components"]["schemas"]
@@ -184,8 +184,8 @@ def openapi_reference() -> str:
                 answers.append(f"- {status}: {response.get('description', '')}" + (f" ({kinds})" if kinds else ""))
             out += ["Answers:", "", *answers, ""]
     out += ["## Request schemas", "", "The objects request bodies contain.", ""]
-    for name in sorted(REQUEST_SCHEMAS - top):
-        if name in schemas:
+    for name in sorted(schemas, key=lambda n: (short_name(n), n)):
+        if short_name(name) in REQUEST_SCHEMAS and name not in top:
             out += [f"### {name}", "", _fields(schemas[name]), ""]
     return "\n".join(out).rstrip() + "\n"
 

@@ -143,6 +143,61 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
         "audio_sample": ("A clip of the voice, any audio soundfile reads (resampled and mixed to mono).", None),
         "ref_text": ("The clip's transcript (Qwen3-TTS Base: its codes then join the prompt).", None),
     },
+    "ResponsesRequest": {
+        "input": ("A string (one user message) or a list of items: messages, `function_call` and "
+                  "`function_call_output`.", "Hello!"),
+        "instructions": ("A system message put first; not carried over by previous_response_id.",
+                         "Answer briefly."),
+        "previous_response_id": ("Continue from an earlier response's id.", None),
+        "store": ("OpenAI's store flag.", True),
+        "background": ("OpenAI's background flag.", False),
+        "max_output_tokens": ("Most tokens to generate.", 64),
+        "text": ("The text's format (text, json_object, json_schema) and verbosity.", None),
+        "tools": ("Functions the model may call.", None),
+        "tool_choice": ("`none`, `auto`, `required`, or a named function.", "auto"),
+        "parallel_tool_calls": ("false allows at most one call.", True),
+        "max_tool_calls": ("OpenAI's cap on tool calls.", None),
+        "reasoning": ("Accepted and ignored: the served models take no reasoning budget.", None),
+        "metadata": ("Up to 16 string pairs kept with the response.", {"ticket": "42"}),
+        "safety_identifier": ("Accepted for OpenAI compatibility.", None),
+        "prompt_cache_key": ("Accepted and echoed: the engine's prefix cache finds shared prefixes by "
+                             "their tokens.", None),
+        "truncation": ("Only `disabled`: an input over the context length is a 400, never cut.", "disabled"),
+        "include": ("OpenAI's list of extra outputs to include.", None),
+        "service_tier": ("`auto` or `default`.", None),
+        "modalities": ("Outputs to make (omni models answer with audio too).", ["text"]),
+        "audio": ("With audio in `modalities`: the voice and the encoding.", None),
+        "size": ("Image models: `WIDTHxHEIGHT` of the answer image.", "256x256"),
+    },
+    "MessageItem": {"role": ("Who speaks.", "user"), "content": ("A string, or a list of content parts.", "Hello!"),
+                    "id": ("The item's id, when sent back from an earlier response.", None),
+                    "status": ("The item's status, when sent back.", None),
+                    "phase": ("An assistant message's phase, when sent back.", None)},
+    "FunctionCallItem": {"call_id": ("The call's id.", "call_0"), "arguments": ("The arguments as a JSON string.", "{}"),
+                         "id": ("The item's id.", None), "status": ("The item's status.", None)},
+    "FunctionCallOutputItem": {"call_id": ("The id of the call this answers.", "call_0"),
+                               "output": ("The function's result: a string or input_text parts.", "18 C"),
+                               "id": ("The item's id.", None), "status": ("The item's status.", None)},
+    "OutputText": {"text": ("An earlier answer's text, sent back as history.", None),
+                   "annotations": ("As the earlier answer had them.", None),
+                   "logprobs": ("As the earlier answer had them.", None)},
+    "InputImage": {"image_url": ("A data URL, or a URL the server may fetch.", "data:image/png;base64,..."),
+                   "file_id": ("OpenAI's file id.", None), "detail": ("OpenAI's detail hint.", None)},
+    "InputAudioData": {"data": ("Base64 audio.", "UklGR..."), "format": ("Its encoding.", "wav")},
+    "InputFile": {"file_data": ("A file's data (audio, for models that hear).", None),
+                  "file_url": ("A file's URL (audio, for models that hear).", None),
+                  "file_id": ("OpenAI's file id.", None), "filename": ("The file's name.", None)},
+    "Refusal": {"refusal": ("An earlier refusal, sent back as history.", None)},
+    "FunctionTool": {"description": ("What the function does, for the model.", None),
+                     "parameters": ("The arguments' JSON Schema.", {"type": "object", "properties": {}}),
+                     "strict": ("OpenAI's strict flag.", None)},
+    "TextOptions": {"format": ("`text`, `json_object`, or `json_schema` with a schema.", {"type": "json_object"}),
+                    "verbosity": ("OpenAI's verbosity hint.", None)},
+    "TextFormatJSONSchema": {"description": ("What the schema is for.", None),
+                             "schema": ("The JSON Schema the answer must follow.", {"type": "object"}),
+                             "strict": ("OpenAI's strict flag.", None)},
+    "Reasoning": {"effort": ("Accepted and ignored.", None), "summary": ("Accepted and ignored.", None),
+                  "generate_summary": ("Accepted and ignored.", None)},
     "ChatMessage": {
         "role": ("Who speaks.", "user"),
         "content": ("A string, or a list of content parts.", "Hello!"),
@@ -154,14 +209,17 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
     "ImagePart": {"image_url": ("The image: `url`, and `detail` (ignored).", {"url": "data:image/png;base64,..."})},
     "ImageURL": {"detail": ("OpenAI's detail hint: auto, low or high.", None)},
     "InputAudioPart": {"input_audio": ("Audio: base64 `data` and its `format`.", {"data": "UklGR...", "format": "wav"})},
-    "InputAudio": {"data": ("Base64 audio (or an allowed URL).", "UklGR..."),
+    "InputText": {"text": ("The text.", "What is in this picture?")},
+    "InputAudio": {"input_audio": ("Responses: the audio, base64 `data` and its `format`.", None),
+                   "data": ("Chat: base64 audio (or an allowed URL).", "UklGR..."),
                    "format": ("The encoding: wav, mp3, flac, ...", "wav")},
     "AudioURLPart": {"audio_url": ("Audio by `url`.", {"url": "data:audio/wav;base64,..."})},
     "VideoURLPart": {"video_url": ("An encoded video by `url` (omni models sample its frames).",
                                    {"url": "data:video/mp4;base64,..."})},
     "ToolCallItem": {"id": ("The call's id.", "call_0"), "function": ("The function's name and JSON arguments.", None)},
     "FunctionCall": {"arguments": ("The arguments as a JSON string.", "{\"city\": \"Paris\"}")},
-    "StreamOptions": {"include_usage": ("Add a final chunk with `usage`.", True)},
+    "StreamOptions": {"include_usage": ("Chat and completions: add a final chunk with `usage`.", True),
+                      "include_obfuscation": ("Responses: accepted; no obfuscation padding is added.", None)},
     "AudioOptions": {"voice": ("The voice of the spoken reply.", "Chelsie"),
                      "format": ("The encoding of `message.audio.data`; streamed audio is 24 kHz pcm16.", "wav")},
     "MMProcessorKwargs": {"use_audio_in_video": ("Hear a video part's own audio track, interleaved with its "
@@ -201,6 +259,7 @@ _MODEL_EXTRAS = ("object", "The model's declared request extras, each a top-leve
 EXTENSIONS: dict[tuple[str, str], dict[str, tuple[str, str]]] = {
     ("post", "/v1/chat/completions"): {**_SAMPLING_EXTRAS, "<model extras>": _MODEL_EXTRAS},
     ("post", "/v1/completions"): dict(_SAMPLING_EXTRAS),
+    ("post", "/v1/responses"): dict(_SAMPLING_EXTRAS),
     ("post", "/v1/images/generations"): {"<model extras>": _MODEL_EXTRAS},
     ("post", "/v1/audio/generate"): {"<model extras>": _MODEL_EXTRAS},
 }
@@ -243,9 +302,16 @@ def add_form_bodies(document: dict[str, Any]) -> None:
                 "multipart/form-data": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}
 
 
+def short_name(schema_name: str) -> str:
+    """pydantic names a schema by its module too when two models share a name
+    (`omnistage__..__chat__protocol__InputAudio`); the entries here use the model's name."""
+    return schema_name.rsplit("__", 1)[-1]
+
+
 def describe(schemas: dict[str, Any]) -> None:
     """Fill in the description and example of every request-schema property we document."""
-    for name, schema in schemas.items():
+    for full_name, schema in schemas.items():
+        name = short_name(full_name)
         for field, prop in schema.get("properties", {}).items():
             entry = FIELDS.get(name, {}).get(field) or (COMMON.get(field) if _is_request(name) else None)
             if entry is None:
@@ -271,5 +337,8 @@ REQUEST_SCHEMAS = {"ImageGenerationRequest", "ImageEditRequest", "VideoCreateReq
                    "AudioGenerateRequest", "ChatMessage", "TextPart", "ImagePart", "ImageURL", "InputAudioPart",
                    "InputAudio", "AudioURLPart", "AudioURL", "VideoURLPart", "VideoURL", "ToolCallItem",
                    "FunctionCall", "StreamOptions", "AudioOptions", "MMProcessorKwargs", "ResponseFormat",
-                   "JSONSchemaFormat", "Tool", "FunctionDefinition", "NamedToolChoice", "NamedFunction", "LoraRequest"}
+                   "JSONSchemaFormat", "Tool", "FunctionDefinition", "NamedToolChoice", "NamedFunction", "LoraRequest",
+                   "ResponsesRequest", "MessageItem", "FunctionCallItem", "FunctionCallOutputItem", "InputText",
+                   "OutputText", "InputImage", "InputAudioData", "InputFile", "Refusal", "FunctionTool",
+                   "TextOptions", "TextFormatText", "TextFormatJSONObject", "TextFormatJSONSchema", "Reasoning"}
 """The schemas a request body may contain (the others describe answers)."""
