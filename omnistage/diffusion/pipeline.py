@@ -127,7 +127,11 @@ class DiffusionPipelineBase(ABC):
         them by adapter (accel/lora.py)."""
         self.lora_adapters: tuple[str, ...] = ()
         """Names of the LoRA adapters a request may choose (`lora_adapters` deploy field)."""
-        self.configure(configs or CheckpointConfigs({}, {}))
+        configs = configs or CheckpointConfigs({}, {})
+        self.configure(configs)
+        # Extras that name their text components are capped by the checkpoint's token limits.
+        self.extras = {name: spec.bounded_by(configs.max_text_tokens(spec.max_from)) if spec.max_from else spec
+                       for name, spec in self.extras.items()}
 
     def configure(self, configs: CheckpointConfigs) -> None:
         """Read the checkpoint facts that requests are checked against (size multiples, default

@@ -1,0 +1,54 @@
+"""Every request field is bounded before it reaches a tokenizer, a sampler or a model: the
+hostile requests that once took a stage down (a `max_sequence_length` of 2**63 panicked the
+tokenizer) answer a 400 naming the field, and the server serves the next request.
+
+Real tiny zoo models behind the real app, one server per model for the module."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from omnistage import AsyncOmni
+from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+CHEAP_IMAGE = {"prompt": "a cat", "size": "32x32", "num_inference_steps": 1}
+
+
+def serve(path, overrides=None):
+    engine = AsyncOmni(path, stage_overrides=overrides or {})
+    app = create_app(ServerSettings(served_model_name="m", model_path=str(path)), engine)
+    return TestClient(app)
+
+
+@pytest.fixture(scope="module")
+def image_http(zoo):
+    with serve(zoo("z-image")) as http:
+        yield http
+
+
+def assert_refused(resp, param):
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == param, resp.json()
+
+
+@pytest.mark.parametrize("value", [2**63, 10**30, 4096, 2**63 - 1])
+def test_max_sequence_length_beyond_the_checkpoint_is_a_400_and_the_server_stays_up(image_http, value):
+    resp = image_http.post("/v1/images/generations", json={**CHEAP_IMAGE, "max_sequence_length": value})
+    assert_refused(resp, "max_sequence_length")
+    assert "1024" in resp.json()["error"]["message"]  # the zoo tokenizer's model_max_length
+    assert image_http.get("/health").status_code == 200
+    assert image_http.post("/v1/images/generations", json=CHEAP_IMAGE).status_code == 200
+
+
+def test_the_checkpoint_limit_lowers_the_declared_cap_and_is_listed(zoo):
+    from omnistage.diffusion.checkpoint import CheckpointConfigs
+    from omnistage.models.z_image.pipeline import ZImage
+
+    configs = CheckpointConfigs.read(str(zoo("z-image")))
+    assert configs.max_text_tokens(("tokenizer", "text_encoder")) == 1024
+    checker = ZImage.for_requests(configs)
+    assert checker.extras["max_sequence_length"].max == 1024
+    assert ZImage.extras["max_sequence_length"].max is None  # the class declares no cap of its own
