@@ -59,6 +59,15 @@ class EngineError(APIError):
         super().__init__(500, f"the engine failed the request: {message}", type="server_error", code="engine_error")
 
 
+class RequestBodyError(StarletteHTTPException):
+    """An `APIError` raised while FastAPI parses a body: FastAPI passes HTTPExceptions
+    through unchanged (anything else becomes a bare "error parsing the body")."""
+
+    def __init__(self, error: APIError):
+        super().__init__(error.status, error.message)
+        self.error = error
+
+
 RETRY_AFTER_S = 5
 """What `Retry-After` tells a client when a stage is down, restarting or stopping."""
 
@@ -129,6 +138,8 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if isinstance(exc, RequestBodyError):
+        return exc.error.response()
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 404 and message == "Not Found":
         message = f"no route {request.method} {request.url.path}"

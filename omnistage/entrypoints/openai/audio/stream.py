@@ -33,6 +33,7 @@ import numpy as np
 from pydantic import TypeAdapter, ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from omnistage.entrypoints.openai import json_body
 from omnistage.entrypoints.openai.audio.protocol import (
     ClientMessage,
     InputDone,
@@ -136,9 +137,10 @@ class SpeechStreamSession:
                     raise bad_request("binary messages are not accepted; send JSON text messages",
                                       code="invalid_message")
                 try:
-                    return _MESSAGE.validate_python(json.loads(event["text"]))
-                except json.JSONDecodeError as e:
-                    raise bad_request(f"the message is not valid JSON ({e})", code="invalid_message") from None
+                    return _MESSAGE.validate_python(json_body.loads(event["text"]))
+                except json_body.BadJSON as e:
+                    raise bad_request(e.message.replace("the request body", "the message"), param=e.param,
+                                      code="invalid_message") from None
                 except ValidationError as e:
                     raise from_validation_errors(e.errors()) from None
             except APIError as e:
