@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from omnistage.config.components import ComponentRegistry, import_target
+from omnistage.engine.types import RequestError
 
 if TYPE_CHECKING:
     import torch
@@ -149,6 +150,15 @@ class ARModel(ABC):
     def forward(self, batch: ModelInput, cache: Any) -> ModelOutput:
         """Run one forward over `batch`, reading and writing `cache` (a transformers `Cache`)."""
 
+    @property
+    def vocab_size(self) -> int | None:
+        """How many token ids the model embeds (its input embedding's rows); None when it
+        has no single embedding table. A prompt id past it would index out of range."""
+        get = getattr(self.model, "get_input_embeddings", None)
+        embedding = get() if callable(get) else None
+        rows = getattr(embedding, "num_embeddings", None)
+        return rows if isinstance(rows, int) else None
+
     def build_prompt(self, inputs: Any) -> PromptInputs:
         """`StageRequest.inputs` -> prompt ids. The default accepts a str, or a dict with exactly one
         of "prompt" (str), "prompt_token_ids" (list[int]) or "messages" (chat messages; the
@@ -166,8 +176,11 @@ class ARModel(ABC):
             raise ValueError(f"AR inputs need exactly one of prompt, prompt_token_ids, messages; got {given or 'none'}")
         if "prompt_token_ids" in inputs:
             ids = inputs["prompt_token_ids"]
-            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-                raise ValueError("prompt_token_ids must be a list of non-negative integers")
+            vocab = self.vocab_size or 2**63
+            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                    and 0 <= t < vocab for t in ids):
+                raise RequestError(message=f"prompt token ids must be integers in [0, {vocab}) (the model's "
+                                           "vocabulary)", param="prompt")
             return PromptInputs(list(ids))
         if self.tokenizer is None:
             raise ValueError(f"this model has no tokenizer; pass prompt_token_ids instead of {given[0]}")

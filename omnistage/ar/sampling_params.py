@@ -13,6 +13,9 @@ from omnistage.ar.structured_outputs import StructuredOutputsParams
 
 _GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
+MIN_PENALTY, MAX_PENALTY = 0.01, 100.0
+"""repetition_penalty's range: past it a logit scaled by the penalty overflows a half-precision
+float (inf, then NaN probabilities), and no useful setting lies there (vLLM's examples stay in 1-2)."""
 
 
 @dataclass
@@ -77,8 +80,11 @@ class SamplingParams:
             self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = list(self.stop)
-        self.stop_token_ids = list(self.stop_token_ids)
+        # Anything but a list stays as given, for `_problems` to name (list(5) would raise TypeError).
+        if isinstance(self.stop, (list, tuple)):
+            self.stop = list(self.stop)
+        if isinstance(self.stop_token_ids, (list, tuple)):
+            self.stop_token_ids = list(self.stop_token_ids)
         if self.top_k == -1:
             self.top_k = 0
         problems = self._problems()
@@ -101,14 +107,15 @@ class SamplingParams:
             p.append(f"top_k must be an integer >= 0 (0 or -1 = disabled), got {self.top_k!r}")
         if not _is_num(self.min_p) or not 0 <= self.min_p <= 1:
             p.append(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if not _is_num(self.repetition_penalty) or self.repetition_penalty <= 0:
-            p.append(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
-        if not all(isinstance(s, str) and s for s in self.stop):
+        if not _is_num(self.repetition_penalty) or not MIN_PENALTY <= self.repetition_penalty <= MAX_PENALTY:
+            p.append(f"repetition_penalty must be in [{MIN_PENALTY}, {MAX_PENALTY}], got {self.repetition_penalty!r}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             p.append(f"stop must be a list of non-empty strings, got {self.stop!r}")
-        if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
-            p.append(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            p.append(f"seed must be an integer or None, got {self.seed!r}")
+        if not isinstance(self.stop_token_ids, list) or not all(_is_int(t) and 0 <= t < 2**63
+                                                                for t in self.stop_token_ids):
+            p.append(f"stop_token_ids must be a list of non-negative integers, got {self.stop_token_ids!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not -2**63 <= self.seed < 2**63):
+            p.append(f"seed must be a 64-bit integer or None, got {self.seed!r}")
         if not isinstance(self.ignore_eos, bool):
             p.append(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):

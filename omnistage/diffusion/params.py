@@ -88,9 +88,9 @@ class ExtraSpec:
         if self.max is not None and value > self.max:
             raise RequestError(f"extras.{name} must be <= {self.max}, got {value}", name)
         if self.type is int and not -2**63 <= value < 2**63:
-            raise RequestError(f"extras.{name} must fit a 64-bit integer, got {value}", name)
+            raise RequestError(message=f"extras.{name} must fit a 64-bit integer, got {value}", param=name)
         if self.type is float and not math.isfinite(value):
-            raise RequestError(f"extras.{name} must be a finite number, got {value}", name)
+            raise RequestError(message=f"extras.{name} must be a finite number, got {value}", param=name)
         if self.choices is not None and value not in self.choices:
             raise RequestError(f"extras.{name} must be one of {list(self.choices)}, got {value!r}", name)
         return value

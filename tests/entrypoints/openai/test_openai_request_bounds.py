@@ -52,3 +52,24 @@ def test_the_checkpoint_limit_lowers_the_declared_cap_and_is_listed(zoo):
     checker = ZImage.for_requests(configs)
     assert checker.extras["max_sequence_length"].max == 1024
     assert ZImage.extras["max_sequence_length"].max is None  # the class declares no cap of its own
+
+
+@pytest.fixture(scope="module")
+def llm_http(zoo):
+    with serve(zoo("qwen2-llm")) as http:
+        yield http
+
+
+@pytest.mark.parametrize("route, body, param", [
+    ("/v1/completions", {"prompt": "hi", "stop_token_ids": 5}, "stop_token_ids"),
+    ("/v1/completions", {"prompt": [1, 2, 10**9]}, "prompt"),
+    ("/v1/completions", {"prompt": [1, 2, 2**63 - 1]}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "repetition_penalty": 1e30},
+     "repetition_penalty"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "seed": -2**63 - 1}, "seed"),
+])
+def test_sampling_fields_and_token_ids_out_of_range_are_400s(llm_http, route, body, param):
+    resp = llm_http.post(route, json={**body, "max_tokens": 2})
+    assert_refused(resp, param)
+    assert llm_http.get("/health").status_code == 200
+    assert llm_http.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2}).status_code == 200
