@@ -26,6 +26,7 @@ Families register a subclass under the key their `StageSpec.model` names, from t
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -159,6 +160,32 @@ class ARModel(ABC):
         rows = getattr(embedding, "num_embeddings", None)
         return rows if isinstance(rows, int) else None
 
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for: the longest entry of the tokenizer's
+        vocabulary (byte-level entries count bytes, never fewer than the text's characters)."""
+        vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
+        return max(map(len, vocab), default=1) or 1
+
+    def check_prompt_size(self, inputs: Any, max_model_len: int) -> None:
+        """Refuse a prompt that cannot fit `max_model_len` tokens from its length alone, before
+        the tokenizer spends seconds and gigabytes on it: `max_token_chars` characters per token
+        is the most text `max_model_len` tokens can hold."""
+        limit = max_model_len * self.max_token_chars
+        if isinstance(inputs, str):
+            inputs = {"prompt": inputs}
+        if not isinstance(inputs, dict):
+            return
+        ids = inputs.get("prompt_token_ids")
+        if isinstance(ids, list) and len(ids) > max_model_len:
+            raise RequestError(message=f"the prompt has {len(ids)} tokens, more than max_model_len={max_model_len}",
+                               param="prompt")
+        num_chars = _text_chars(inputs.get("prompt")) + _text_chars(inputs.get("messages"))
+        if num_chars > limit:
+            raise RequestError(message=f"the prompt has {num_chars} characters, more than max_model_len="
+                                       f"{max_model_len} tokens can hold (at most {self.max_token_chars} "
+                                       "characters per token)", param="messages" if "messages" in inputs else "prompt")
+
     def build_prompt(self, inputs: Any) -> PromptInputs:
         """`StageRequest.inputs` -> prompt ids. The default accepts a str, or a dict with exactly one
         of "prompt" (str), "prompt_token_ids" (list[int]) or "messages" (chat messages; the
@@ -236,3 +263,18 @@ def get_ar_model_class(key: str | None) -> type[ARModel]:
     if key is None:
         return import_target("omnistage.ar.hf_model:HFCausalLM")
     return _AR_MODELS.get(key)
+
+
+def _text_chars(value: Any) -> int:
+    """Characters of text in a prompt or in chat messages (strings in any nesting: contents,
+    text parts, tool arguments), without copying them."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total

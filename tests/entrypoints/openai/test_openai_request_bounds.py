@@ -73,3 +73,14 @@ def test_sampling_fields_and_token_ids_out_of_range_are_400s(llm_http, route, bo
     assert_refused(resp, param)
     assert llm_http.get("/health").status_code == 200
     assert llm_http.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 2}).status_code == 200
+
+
+def test_a_prompt_too_long_for_max_model_len_is_refused_by_its_length_before_tokenizing(llm_http):
+    [model] = llm_http.get("/v1/models").json()["data"]
+    prompt = "a" * (model["max_model_len"] * 64 + 1)  # more than any tiny-vocabulary token spells
+    for body, route, param in (({"prompt": prompt}, "/v1/completions", "prompt"),
+                               ({"messages": [{"role": "user", "content": prompt}]}, "/v1/chat/completions",
+                                "messages")):
+        resp = llm_http.post(route, json={**body, "max_tokens": 2})
+        assert_refused(resp, param)
+        assert "characters" in resp.json()["error"]["message"]  # the length bound, not the token count
