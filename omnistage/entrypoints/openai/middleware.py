@@ -151,8 +151,12 @@ class AuthMiddleware:
         settings = _settings(scope) if scope["type"] == "http" else None
         key = settings.api_key if settings is not None else None
         if key and scope["method"] != "OPTIONS" and needs_key(scope["path"], settings):
-            headers = dict(scope["headers"])
-            scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+            given = [value for name, value in scope["headers"] if name == b"authorization"]
+            if len(given) > 1:  # proxies disagree on which one counts: refuse rather than pick
+                return await _send_error(send, APIError(400, "send one Authorization header, got "
+                                                             f"{len(given)}", param="authorization",
+                                                        code="invalid_api_key"))
+            scheme, _, token = (given[0] if given else b"").decode("latin-1").partition(" ")
             if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
                 message = ("missing API key: send 'Authorization: Bearer <key>'" if not token
                            else "invalid API key")

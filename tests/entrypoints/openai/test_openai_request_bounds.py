@@ -84,3 +84,13 @@ def test_a_prompt_too_long_for_max_model_len_is_refused_by_its_length_before_tok
         resp = llm_http.post(route, json={**body, "max_tokens": 2})
         assert_refused(resp, param)
         assert "characters" in resp.json()["error"]["message"]  # the length bound, not the token count
+
+
+def test_a_text_only_model_refuses_media_parts_naming_them(llm_http):
+    url = "data:image/png;base64,iVBORw0KGgo="
+    for part, kind in (({"type": "image_url", "image_url": {"url": url}}, "image"),
+                       ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "audio")):
+        resp = llm_http.post("/v1/chat/completions", json={"max_tokens": 2, "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "what is this?"}, part]}]})
+        assert_refused(resp, "messages[0].content[1]")
+        assert resp.json()["error"]["code"] == "unsupported_modality" and kind in resp.json()["error"]["message"]
