@@ -34,6 +34,10 @@ from omnistage.media.video import probe_video
 
 DECODE_THREADS = 4
 """At most this many inputs are decoded at once: it also bounds their memory."""
+MIN_IMAGE_SIDE = 8
+"""Narrower images are refused: resized to a model's grid they become 0 pixels wide."""
+MAX_ASPECT_RATIO = 200
+"""Longer-than-wide (or wider) images are refused: vision processors (Qwen2-VL's) raise past it."""
 
 T = TypeVar("T")
 
@@ -68,6 +72,11 @@ class InputMedia:
             raise bad_request(str(e), param=field, code="image_too_large") from None
         except ValueError as e:
             raise bad_request(str(e), param=field, code="invalid_image") from None
+        width, height = image.size
+        if min(width, height) < MIN_IMAGE_SIDE or max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+            raise bad_request(f"{field}: a {width}x{height} image; each side must be at least {MIN_IMAGE_SIDE} pixels "
+                              f"and the longer at most {MAX_ASPECT_RATIO} times the shorter", param=field,
+                              code="invalid_image")
         return image.convert(mode) if mode is not None else image
 
     def decode_audio(self, data: bytes, field: str) -> tuple[np.ndarray, int]:

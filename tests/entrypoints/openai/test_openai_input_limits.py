@@ -139,3 +139,16 @@ def test_health_stays_fast_while_four_large_uploads_decode(app_client):
     assert len(during) >= 3, f"only {len(during)} probes overlapped the decoding"
     assert during[len(during) // 2] < 0.05, during
     assert during[-1] < 0.5, during  # on the loop this was over a second (the machine is shared)
+
+
+@pytest.mark.parametrize("width, height", [(1, 100000), (100000, 1), (4, 4), (8, 2000)])
+def test_slivers_and_specks_are_refused_before_any_model_sees_them(app_client, width, height):
+    http, engine = app_client("image")
+    resp = edit(http, png(width, height))
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == "image[0]" and resp.json()["error"]["code"] == "invalid_image"
+    url = "data:image/png;base64," + base64.b64encode(png(width, height)).decode()
+    resp = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": url}}]}]})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "messages[0].content[1]"
+    assert not engine.requests
