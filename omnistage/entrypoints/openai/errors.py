@@ -77,6 +77,11 @@ def unavailable(message: str, code: str = "engine_unavailable") -> APIError:
     return APIError(503, message, code=code, headers={"retry-after": str(RETRY_AFTER_S)})
 
 
+def shutting_down() -> APIError:
+    """What a request still running when the server stops is answered (a 503, or a stream's last event)."""
+    return unavailable("the server is shutting down; retry on another replica or later", code="server_shutting_down")
+
+
 def openai_error(status: int, message: str, type_: str | None = None, param: str | None = None,
                  code: str | None = None) -> JSONResponse:
     """OpenAI's error body as a response."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.exceptions import HTTPException
 
-from omnistage.entrypoints.openai.errors import APIError, unavailable
+from omnistage.entrypoints.openai.errors import APIError, shutting_down
 
 Scope = dict[str, Any]
 
@@ -84,8 +84,7 @@ class ErrorBoundaryMiddleware:
                 raise
             logger.error("%s %s cancelled before it answered, the server is stopping (request %s)",
                          scope["method"], scope["path"], rid)
-            await _send_error(send_wrapper, unavailable("the server is shutting down; retry on another replica or "
-                                                        "later", code="server_shutting_down"))
+            await _send_error(send_wrapper, shutting_down())
         except Exception as e:
             logger.exception("%s %s failed (request %s)", scope["method"], scope["path"], rid)
             if not started:
