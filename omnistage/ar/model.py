@@ -31,8 +31,9 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from omnistage.config.components import ComponentRegistry, import_target
-from omnistage.engine.types import RequestError
+from omnistage.config.registry import REGISTRY
+from omnistage.core.errors import RequestError
+from omnistage.core.registry import ComponentRegistry, import_target
 
 if TYPE_CHECKING:
     import torch
@@ -137,7 +138,7 @@ class ARModel(ABC):
     with the host. A stage whose model says False refuses `compile: true` at start-up."""
     supports_prepacked_linears: bool = False
     """`model`'s forward only calls its linear layers (never reads their `.weight`), so on CPU the
-    engine may swap them for oneDNN ones with prepacked weights (engine/cpu_linear.py)."""
+    engine may swap them for oneDNN ones with prepacked weights (ar/cpu_linear.py)."""
     model: Any = None
     """The family's torch module (None once closed)."""
     device: Any = None
@@ -178,13 +179,12 @@ class ARModel(ABC):
             return
         ids = inputs.get("prompt_token_ids")
         if isinstance(ids, list) and len(ids) > max_model_len:
-            raise RequestError(message=f"the prompt has {len(ids)} tokens, more than max_model_len={max_model_len}",
-                               param="prompt")
+            raise RequestError("prompt", f"the prompt has {len(ids)} tokens, more than max_model_len={max_model_len}")
         num_chars = _text_chars(inputs.get("prompt")) + _text_chars(inputs.get("messages"))
         if num_chars > limit:
-            raise RequestError(message=f"the prompt has {num_chars} characters, more than max_model_len="
-                                       f"{max_model_len} tokens can hold (at most {self.max_token_chars} "
-                                       "characters per token)", param="messages" if "messages" in inputs else "prompt")
+            raise RequestError("messages" if "messages" in inputs else "prompt",
+                               f"the prompt has {num_chars} characters, more than max_model_len={max_model_len} "
+                               f"tokens can hold (at most {self.max_token_chars} characters per token)")
 
     def build_prompt(self, inputs: Any) -> PromptInputs:
         """`StageRequest.inputs` -> prompt ids. The default accepts a str, or a dict with exactly one
@@ -206,8 +206,8 @@ class ARModel(ABC):
             vocab = self.vocab_size or 2**63
             if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
                                                     and 0 <= t < vocab for t in ids):
-                raise RequestError(message=f"prompt token ids must be integers in [0, {vocab}) (the model's "
-                                           "vocabulary)", param="prompt")
+                raise RequestError("prompt", f"prompt token ids must be integers in [0, {vocab}) (the model's "
+                                             "vocabulary)")
             return PromptInputs(list(ids))
         if self.tokenizer is None:
             raise ValueError(f"this model has no tokenizer; pass prompt_token_ids instead of {given[0]}")
@@ -249,7 +249,7 @@ class ARModel(ABC):
 
 # --- registry --------------------------------------------------------------------------
 
-_AR_MODELS = ComponentRegistry("AR model")
+_AR_MODELS = ComponentRegistry("AR model", REGISTRY.discover)
 
 
 def register_ar_model(key: str, target: str | type[ARModel]) -> None:

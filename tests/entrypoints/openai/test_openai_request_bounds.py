@@ -38,7 +38,8 @@ def assert_refused(resp, param):
 def test_max_sequence_length_beyond_the_checkpoint_is_a_400_and_the_server_stays_up(image_http, value):
     resp = image_http.post("/v1/images/generations", json={**CHEAP_IMAGE, "max_sequence_length": value})
     assert_refused(resp, "max_sequence_length")
-    assert "1024" in resp.json()["error"]["message"]  # the zoo tokenizer's model_max_length
+    if value < 2**63:  # past int64 the JSON bound answers first; within it, the checkpoint's limit
+        assert "1024" in resp.json()["error"]["message"]  # the zoo tokenizer's model_max_length
     assert image_http.get("/health").status_code == 200
     assert image_http.post("/v1/images/generations", json=CHEAP_IMAGE).status_code == 200
 
