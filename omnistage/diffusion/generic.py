@@ -27,7 +27,8 @@ import torch
 from omnistage.core.errors import RequestError
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest
+from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase
+from omnistage.diffusion.request import DiffusionRequest
 
 # DiffusionParams field -> the `__call__` argument that carries it (where the names differ,
 # the first one the pipeline accepts wins).

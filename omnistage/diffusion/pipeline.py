@@ -32,19 +32,7 @@ from omnistage.core.types import ImagePayload, VideoPayload
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Predict, guided_predictions
 from omnistage.diffusion.params import DiffusionParams, ExtraSpec, validate_extras
-
-
-@dataclass
-class DiffusionRequest:
-    """One request as a pipeline sees it: the prompt, its input media and its params."""
-
-    request_id: str
-    prompt: str
-    params: DiffusionParams
-    images: list[Any] = field(default_factory=list)  # input PIL images (edit, I2V)
-    condition: dict[str, Any] = field(default_factory=dict)
-    """What an upstream stage conditions this request on (an AR -> DiT hand-off, e.g. GLM-Image's
-    prior image tokens); the family's pipeline checks and reads it. Empty for a one-stage model."""
+from omnistage.diffusion.request import DiffusionRequest
 
 
 @dataclass
