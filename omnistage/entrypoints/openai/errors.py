@@ -19,6 +19,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from omnistage.core.errors import RequestErrors
+
 logger = logging.getLogger(__name__)
 
 _TYPES_BY_STATUS = {
@@ -131,6 +133,8 @@ def from_value_error(e: ValueError) -> APIError:
     """An engine or params rejection as a 400; a `RequestError` names its field (`param`)."""
     if isinstance(e, ValidationError):
         return from_validation_errors(e.errors())
+    if isinstance(e, RequestErrors):  # every problem in the message, the first one's field as `param`
+        return bad_request(str(e), param=e.errors[0].param)
     return bad_request(str(e) or "invalid request", param=getattr(e, "param", None))
 
 

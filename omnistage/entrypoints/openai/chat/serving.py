@@ -30,6 +30,7 @@ import numpy as np
 
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.ar.structured_outputs import StructuredOutputsParams
+from omnistage.core.errors import RequestError
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.entrypoints.openai.capabilities import Capabilities, media_inputs
 from omnistage.entrypoints.openai.chat.protocol import (
@@ -381,9 +382,8 @@ def _check_grammar(structured: dict[str, Any], param: str) -> None:
     """A schema from `response_format` or the tools that no grammar can follow is a 400 naming it."""
     try:
         StructuredOutputsParams.from_dict(structured).validate()
-    except ValueError as e:
-        message = str(e).split(": ", 1)[-1]
-        raise bad_request(f"{param}: {message}", param=param) from None
+    except RequestError as e:  # named after structured_outputs; the client sent it as `param`
+        raise bad_request(f"{param}: no grammar can follow it ({e.message})", param=param) from None
 
 
 def _tool_mode(body: ChatCompletionRequest) -> str | None:
