@@ -95,3 +95,32 @@ def test_a_text_only_model_refuses_media_parts_naming_them(llm_http):
             {"role": "user", "content": [{"type": "text", "text": "what is this?"}, part]}]})
         assert_refused(resp, "messages[0].content[1]")
         assert resp.json()["error"]["code"] == "unsupported_modality" and kind in resp.json()["error"]["message"]
+
+
+@pytest.fixture(scope="module")
+def video_http(zoo):
+    with serve(zoo("wan-t2v")) as http:
+        yield http
+
+
+@pytest.mark.parametrize("value", [9223372036854775808, 10**30, 10**12, 513])
+def test_the_panic_request_through_wans_extra_params_is_a_400(video_http, value):
+    form = {"prompt": "a cat", "size": "32x32", "num_frames": "5", "num_inference_steps": "1",
+            "extra_params": '{"max_sequence_length": %d}' % value}
+    for route in ("/v1/videos", "/v1/videos/sync"):
+        if route == "/v1/videos" and value < 2**63:
+            continue  # a queued job reports the engine's refusal on the job (the form itself is valid JSON)
+        resp = video_http.post(route, data=form)
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["error"]["param"] in ("extra_params", "max_sequence_length")
+    assert video_http.get("/health").status_code == 200
+    ok = video_http.post("/v1/videos/sync", data={**form, "extra_params": '{"max_sequence_length": 16}'})
+    assert ok.status_code == 200, ok.text
+
+
+def test_the_panic_request_on_a_process_stage_is_a_400_and_the_stage_stays_up(zoo):
+    with serve(zoo("z-image"), {"0": {"runtime": "process"}}) as http:
+        resp = http.post("/v1/images/generations", json={**CHEAP_IMAGE, "max_sequence_length": 2**62})
+        assert_refused(resp, "max_sequence_length")
+        assert http.get("/health").status_code == 200
+        assert http.post("/v1/images/generations", json=CHEAP_IMAGE).status_code == 200
