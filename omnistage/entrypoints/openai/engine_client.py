@@ -97,6 +97,7 @@ class RequestStream:
         self._started = False
         self._finished = False
         self._closed = False
+        self._pulling: asyncio.Future | None = None
 
     async def start(self) -> Any:
         """Wait for the first output (it stays the next one `next()` returns)."""
@@ -148,7 +149,7 @@ class RequestStream:
         drained = self.gateway.drained
         if drained.done():
             raise shutting_down()
-        pull = asyncio.ensure_future(self._outputs.__anext__())
+        pull = self._pulling = asyncio.ensure_future(self._outputs.__anext__())
         await asyncio.wait({pull, drained}, return_when=asyncio.FIRST_COMPLETED)
         if pull.done():
             return pull.result()
@@ -177,8 +178,11 @@ class RequestStream:
         try:
             if not self._finished:
                 await maybe_await(self.gateway.engine.abort(self.request_id))
-            aclose = getattr(self._outputs, "aclose", None)
-            if aclose is not None:
+            if self._pulling is not None and not self._pulling.done():
+                # Cancelled while a pull was in flight: cancelling it ends the generator (its
+                # own cleanup runs); aclose() would fail on a generator that is still running.
+                self._pulling.cancel()
+            elif (aclose := getattr(self._outputs, "aclose", None)) is not None:
                 await aclose()
         finally:
             self.gateway.release(self.request_id)
