@@ -18,6 +18,7 @@ from typing import Any
 from starlette.exceptions import HTTPException
 
 from omnistage.entrypoints.openai.errors import APIError, shutting_down
+from omnistage.entrypoints.openai.media_inputs import CLIENT
 
 Scope = dict[str, Any]
 
@@ -62,6 +63,8 @@ class ErrorBoundaryMiddleware:
         given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
         rid = given if _CLIENT_REQUEST_ID.match(given) else f"req_{uuid.uuid4().hex}"
         scope.setdefault("state", {})["request_id"] = rid
+        client = scope.get("client")
+        CLIENT.set(client[0] if client else "")  # whose share of the media pools this request uses
         started = False
         status = 0
         logged = False

@@ -152,3 +152,40 @@ def test_slivers_and_specks_are_refused_before_any_model_sees_them(app_client, w
         {"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": url}}]}]})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "messages[0].content[1]"
     assert not engine.requests
+
+
+def test_one_client_holds_at_most_half_the_media_pool_and_fetches_run_in_their_own():
+    import asyncio
+
+    from omnistage.entrypoints.openai.media_inputs import CLIENT, DECODE_THREADS, InputMedia
+    from omnistage.entrypoints.openai.settings import ServerSettings
+
+    media = InputMedia(ServerSettings(served_model_name="m", model_path="p"))
+    gate, running, threads = threading.Event(), [], []
+
+    def slow(name):
+        running.append(name)
+        gate.wait(10)
+        return name
+
+    async def main():
+        CLIENT.set("greedy")
+        greedy = [asyncio.ensure_future(media.run(slow, f"g{i}")) for i in range(DECODE_THREADS)]
+        await asyncio.sleep(0.3)
+        assert len(running) == DECODE_THREADS // 2  # the rest wait for the client's own slots
+
+        async def other():
+            CLIENT.set("other")
+            return await media.run(lambda: "done")
+
+        assert await asyncio.wait_for(other(), 5) == "done"  # not stuck behind the greedy client
+        media.fetcher.fetch = lambda ref, field: threads.append(threading.current_thread().name) or b"x"
+        assert await media.run(media.load, "https://example.com/a.png", "image_url") == b"x"
+        gate.set()
+        assert sorted(await asyncio.gather(*greedy)) == [f"g{i}" for i in range(DECODE_THREADS)]
+
+    try:
+        asyncio.run(main())
+    finally:
+        media.close()
+    assert threads[0].startswith("omnistage-fetch")
