@@ -168,6 +168,7 @@ class AREngine:
         if isinstance(inputs, dict) and any(k in inputs for k in _OUTPUT_FLAGS):
             inputs = dict(inputs)
             flags.update({k: bool(inputs.pop(k)) for k in _OUTPUT_FLAGS if k in inputs})
+        self.model.check_prompt_size(inputs, self.max_model_len)
         prompt = self.model.build_prompt(inputs)
         params = admit(rid, request.params, self.default_params, len(prompt.token_ids), self.max_model_len)
         tok = self.model.tokenizer
