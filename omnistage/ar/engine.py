@@ -40,7 +40,7 @@ from typing import Any
 from omnistage.ar.block_manager import BlockManager
 from omnistage.ar.detokenizer import IncrementalDetokenizer
 from omnistage.engine.cpu_linear import prepack_linears
-from omnistage.engine.device import resolve_device, resolve_dtype
+from omnistage.engine.device import device_scope, resolve_device, resolve_dtype
 from omnistage.ar.model import get_ar_model_class
 from omnistage.ar.model_runner import ModelRunner
 from omnistage.ar.sampling_params import SamplingParams, admit
@@ -96,7 +96,15 @@ class AREngine:
                  return_hidden_states: bool = False, return_input_embeds: bool = False) -> None:
         self.stage = stage
         self.config = config
-        device = resolve_device(config)
+        self.device = device = resolve_device(config)
+        with device_scope(device):  # loading, KV buffers and CUDA graphs on this stage's GPU
+            self._load(model_path, stage, config, device)
+        self._seqs: dict[str, Sequence] = {}
+        self._aborted: list[Sequence] = []
+        self._closed = False
+        self._grammars: GrammarCompiler | None = None  # built on the first structured-output request
+
+    def _load(self, model_path: str, stage: StageSpec | None, config: StageDeployConfig, device) -> None:
         model_class = get_ar_model_class(stage.model if stage else None)
         if config.compile:
             check_cuda_graphs(model_class, device, stage)
@@ -125,10 +133,6 @@ class AREngine:
         self.runner = ModelRunner(self.model, self.block_size, num_blocks + 1, self.max_model_len, device)
         if config.compile:
             self.runner.enable_static_decode(config.max_num_seqs, capture=True)
-        self._seqs: dict[str, Sequence] = {}
-        self._aborted: list[Sequence] = []
-        self._closed = False
-        self._grammars: GrammarCompiler | None = None  # built on the first structured-output request
 
     def _num_blocks(self, config: StageDeployConfig, device) -> int:
         """KV blocks in the `kv_cache_memory` budget; by default room for max_num_seqs x max_model_len."""
@@ -157,6 +161,10 @@ class AREngine:
 
     def add_request(self, request: StageRequest) -> None:
         """Validate and queue a request. Raises ValueError (naming the limit) when it cannot run."""
+        with device_scope(self.device):  # a prompt may run encoders on the device
+            self._add(request)
+
+    def _add(self, request: StageRequest) -> None:
         rid = request.request_id
         if isinstance(request.inputs, InputChunk):
             self._extend(rid, request.inputs.inputs)
@@ -224,7 +232,8 @@ class AREngine:
             if item.seq.first_scheduled_time is None:
                 item.seq.first_scheduled_time = now
         try:
-            result = self.runner.execute(batch, self.block_manager.max_block_id + 1)
+            with device_scope(self.device):
+                result = self.runner.execute(batch, self.block_manager.max_block_id + 1)
         except Exception as exc:  # a failed forward ends its batch, not the engine
             logger.exception("AR forward failed for %d request(s)", batch.num_seqs)
             seqs = batch.seqs
