@@ -97,6 +97,8 @@ class AREngine:
         self.stage = stage
         self.config = config
         self.device = device = resolve_device(config)
+        self.return_hidden_states = return_hidden_states
+        self.return_input_embeds = return_input_embeds
         with device_scope(device):  # loading, KV buffers and CUDA graphs on this stage's GPU
             self._load(model_path, stage, config, device)
         self._seqs: dict[str, Sequence] = {}
@@ -105,6 +107,7 @@ class AREngine:
         self._grammars: GrammarCompiler | None = None  # built on the first structured-output request
 
     def _load(self, model_path: str, stage: StageSpec | None, config: StageDeployConfig, device) -> None:
+        """The model, its KV cache, scheduler and runner (and CUDA graphs with compile: true)."""
         model_class = get_ar_model_class(stage.model if stage else None)
         if config.compile:
             check_cuda_graphs(model_class, device, stage)
@@ -117,8 +120,6 @@ class AREngine:
             raise ValueError(f"max_model_len={self.max_model_len} is larger than the model's "
                              f"max_position_embeddings={limit}")
         self.default_params = SamplingParams.from_dict(dict(config.default_sampling_params))
-        self.return_hidden_states = return_hidden_states
-        self.return_input_embeds = return_input_embeds
         self.block_size = BLOCK_SIZE
         num_blocks = self._num_blocks(config, device)
         self.block_manager = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
