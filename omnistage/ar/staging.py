@@ -11,12 +11,12 @@ from itertools import chain
 import torch
 
 
-def to_device(rows: Sequence[Sequence[int | float]], device: torch.device,
+def to_device(rows: Sequence[Sequence[int | float]], device: torch.device | str,
               dtype: torch.dtype = torch.long) -> list[torch.Tensor]:
     """Each list of `rows` as a 1-D `dtype` tensor on `device`, all from one host-to-device copy.
     (Pinned blocks come from torch's caching host allocator, which keeps one alive until its copy
     has finished.)"""
     host = torch.tensor(list(chain.from_iterable(rows)), dtype=dtype)
-    if device.type == "cuda":
+    if torch.device(device).type == "cuda":
         host = host.pin_memory().to(device, non_blocking=True)
     return list(host.split([len(row) for row in rows]))
