@@ -22,8 +22,8 @@
 # scratch target, and every step runs with the device swapped to cpu under the same limits.
 # The GPU tests are collected there and skip (no CUDA).
 #
-# Time limits (seconds, 420 in all; most informative first): install 30, imports 20,
-# GPU tests 150, parity tests 50, bench_diffusion 35, bench_ar 35, bench_memory 70,
+# Time limits (seconds, 420 in all; most informative first): install 45, imports 25,
+# GPU tests 140, parity tests 50, bench_diffusion 30, bench_ar 30, bench_memory 70,
 # bench_ar_cuda_graphs 30.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -138,10 +138,10 @@ if ! ls "$WHL"/*.whl >/dev/null 2>&1; then
   status=1
   exit
 fi
-step "install carried wheels" 30 "$OUT/setup.log" "$PY" -m pip install -q --no-index --no-deps --no-compile \
+step "install carried wheels" 45 "$OUT/setup.log" "$PY" -m pip install -q --no-index --no-deps --no-compile \
   --no-cache-dir --upgrade --target "$SITE" "$WHL"/*.whl || exit
 export PYTHONPATH="$SITE:$ROOT" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OMNISTAGE_GPU_REPORT="$OUT/gpu_metrics.jsonl"
-step "imports" 20 "$OUT/setup.log" "$PY" -c "
+step "imports" 25 "$OUT/setup.log" "$PY" -c "
 import torch, diffusers, transformers, huggingface_hub, pydantic, torchao, peft, cache_dit, soundfile
 import omnistage, omnistage.diffusion.engine, omnistage.ar.engine, omnistage.entrypoints.omni
 print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available())
@@ -152,17 +152,18 @@ grep -E '^(torch|diffusers) ' "$OUT/setup.log" >>"$OUT/env.txt"
 
 # -- 2. GPU tests (zoo checkpoints build on first use into .omnistage-cache) ---------------
 # tests/gpu/test_parallel_cuda.py needs two GPUs (nccl takes one per rank) and skips on one.
-step "GPU tests" 150 "$OUT/gpu_tests.log" "$PY" -m pytest -m gpu tests/gpu -q -rA -p no:cacheprovider
+step "GPU tests" 140 "$OUT/gpu_tests.log" "$PY" -m pytest -m gpu tests/gpu -q -rA -p no:cacheprovider
 
-# -- 3. parity tests under the image's torch (test_offload places weights on CUDA there) ---
-step "parity tests" 50 "$OUT/parity.log" "$PY" -m pytest -q -x -p no:cacheprovider \
+# -- 3. parity tests under the image's torch (test_offload places weights on CUDA there, and
+# test_ring_kernel checks ring attention's CUDA kernel) -------------------------------------
+step "parity tests" 50 "$OUT/parity.log" "$PY" -m pytest -q -x -p no:cacheprovider tests/diffusion/test_ring_kernel.py \
   tests/ar/test_ar_parity.py tests/diffusion/test_parity_z_image.py tests/diffusion/test_offload.py
 
 # -- 4. benchmarks, ours and the baseline on the same device, bf16 -------------------------
 cd "$ROOT/benchmarks"
-step "bench_diffusion" 35 "$OUT/bench.log" "$PY" bench_diffusion.py --models z-image --sizes tiny --repeats 2 \
+step "bench_diffusion" 30 "$OUT/bench.log" "$PY" bench_diffusion.py --models z-image --sizes tiny --repeats 2 \
   --no-memory --no-write --device "$DEVICE" --dtype bfloat16
-step "bench_ar" 35 "$OUT/bench.log" "$PY" bench_ar.py --sizes tiny small --repeats 2 --no-write \
+step "bench_ar" 30 "$OUT/bench.log" "$PY" bench_ar.py --sizes tiny small --repeats 2 --no-write \
   --device "$DEVICE" --dtype bfloat16
 # Offload and quantization, each engine alone on the device (peak memory above what was
 # allocated before it was built), so their savings show.
