@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from omnistage.engine.device import canonical_device, device_scope, resolve_dtype
 from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.core.device import canonical_device, device_scope, resolve_dtype
 from omnistage.diffusion.runner import DiffusionRunner, ProgressSink
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
 
@@ -39,7 +39,7 @@ class DiffusionWorker:
         self.config = config
         self.rank = rank
         self.device = canonical_device(config.devices[rank])
-        self.dtype = resolve_dtype(config.stage, self.device)
+        self.dtype = resolve_dtype(config.stage.dtype, self.device)
         self.runner: DiffusionRunner | None = None
 
     # -- start-up ------------------------------------------------------------------------

@@ -30,10 +30,11 @@ import socket
 import threading
 from typing import TYPE_CHECKING, Any
 
+from omnistage.core.errors import ErrorKind
+from omnistage.core.types import StageOutput, StageRequest
 from omnistage.engine import ray_utils
 from omnistage.engine.connectors import Connector
 from omnistage.engine.stage_handle import CLOSE_TIMEOUT_S, GuardedEngine, StageHandle, error_output
-from omnistage.engine.types import UNAVAILABLE, StageOutput, StageRequest
 
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
@@ -148,7 +149,7 @@ class StageActor:
         if not healthy:  # what it failed may be retried once the stage is rebuilt
             for out in outputs:
                 if out.error is not None and out.error_kind is None:
-                    out.error_kind = UNAVAILABLE
+                    out.error_kind = ErrorKind.UNAVAILABLE
         with self._cond:
             self._outputs += outputs
             if not healthy:

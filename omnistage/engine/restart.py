@@ -16,8 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from omnistage.core.errors import ErrorKind
+from omnistage.core.types import StageOutput, StageRequest
 from omnistage.engine.stage_handle import CLOSE_TIMEOUT_S, StageHandle, error_output
-from omnistage.engine.types import UNAVAILABLE, StageOutput, StageRequest
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class RestartingStageHandle(StageHandle):
 
     def add_request(self, request: StageRequest) -> None:
         if self.handle is None:
-            self._failed.append(error_output(request.request_id, self._unavailable_message(), UNAVAILABLE))
+            self._failed.append(error_output(request.request_id, self._unavailable_message(), ErrorKind.UNAVAILABLE))
             return
         self.live.add(request.request_id)
         self.handle.add_request(request)
@@ -95,8 +96,8 @@ class RestartingStageHandle(StageHandle):
             # What the dead engine failed in this step failed because it died: retry later.
             for out in stepped:
                 if out.error is not None and out.error_kind is None:
-                    out.error_kind = UNAVAILABLE
-            stepped += [error_output(rid, f"{reason}; request not completed", UNAVAILABLE) for rid in sorted(self.live)]
+                    out.error_kind = ErrorKind.UNAVAILABLE
+            stepped += [error_output(rid, f"{reason}; request not completed", ErrorKind.UNAVAILABLE) for rid in sorted(self.live)]
             self.live.clear()
             self._on_death(reason)
         return outputs + stepped

@@ -32,15 +32,16 @@ import weakref
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
+from omnistage.core.errors import ErrorKind
+from omnistage.core.types import StageOutput, StageRequest
 from omnistage.engine.connectors import Connector, make_connector
-from omnistage.engine.types import UNAVAILABLE, StageOutput, StageRequest
 
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.config.spec import StageSpec
+    from omnistage.core.types import Engine
     from omnistage.engine.factory import EngineFactory
     from omnistage.engine.restart import RestartPolicy
-    from omnistage.engine.types import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class GuardedEngine:
             self.engine.add_request(request)
         except ValueError as e:  # the engine refused the request's inputs or params: the caller's mistake
             logger.info("request %s refused: %s", request.request_id, e)
-            self._errors.append(error_output(request.request_id, str(e), "invalid_request", getattr(e, "param", None)))
+            self._errors.append(error_output(request.request_id, str(e), ErrorKind.INVALID_REQUEST, getattr(e, "param", None)))
             return
         except Exception as e:
             logger.exception("add_request(%s) failed", request.request_id)
@@ -334,7 +335,7 @@ def run_stage_process(factory: EngineFactory, engine_args: tuple, connector: Con
         if not healthy:  # e.g. a worker process of its engine died: what it failed may be retried
             for out in outputs:
                 if out.error is not None and out.error_kind is None:
-                    out.error_kind = UNAVAILABLE
+                    out.error_kind = ErrorKind.UNAVAILABLE
         try:
             if not healthy:  # said first, so the parent is unhealthy before it sees the failures
                 errors = [out.error for out in outputs if out.error]

@@ -28,7 +28,7 @@ import numpy as np
 from PIL import Image
 
 from omnistage.config import PipelineSpec, StageSpec
-from omnistage.engine.types import AudioPayload, ImagePayload, ProgressPayload, StageOutput, StageRequest, TextPayload
+from omnistage.core.types import AudioPayload, ImagePayload, ProgressPayload, StageOutput, StageRequest, TextPayload
 
 
 def input_text(inputs: Any) -> str:

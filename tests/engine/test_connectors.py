@@ -11,8 +11,8 @@ import pytest
 import torch
 from PIL import Image
 
+from omnistage.core.types import AudioPayload, StageOutput, TextPayload
 from omnistage.engine.connectors import Connector, ShmConnector, ShmEnvelope, make_connector, sweep_segments
-from omnistage.engine.types import AudioPayload, StageOutput, TextPayload
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="lists segments in /dev/shm (Linux)")
 

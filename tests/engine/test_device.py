@@ -10,7 +10,7 @@ import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.engine import ray_utils
-from omnistage.engine.device import canonical_device, device_scope, resolve_device, resolve_devices, resolve_dtype
+from omnistage.core.device import canonical_device, device_scope, resolve_device, resolve_devices, resolve_dtype
 
 
 @pytest.fixture
@@ -29,23 +29,23 @@ def test_bare_cuda_is_the_current_device(fake_cuda):
 
 
 def test_stage_devices_resolve_with_indices(fake_cuda):
-    assert resolve_devices(StageDeployConfig(devices=("cuda",))) == (torch.device("cuda", 2),)
-    assert resolve_devices(StageDeployConfig(devices=("cuda:0", "cuda:3"), num_devices=2, cfg_parallel_size=2, executor="mp")) == (
+    assert resolve_devices(("cuda",)) == (torch.device("cuda", 2),)
+    assert resolve_devices(("cuda:0", "cuda:3"), 2) == (
         torch.device("cuda", 0), torch.device("cuda", 3))
     # No devices listed: from the current device on.
-    assert resolve_devices(StageDeployConfig(num_devices=2, cfg_parallel_size=2, executor="mp")) == (
+    assert resolve_devices((), 2) == (
         torch.device("cuda", 2), torch.device("cuda", 3))
     with pytest.raises(ValueError, match="num_devices=3 from cuda:2 but only 4 CUDA devices"):
-        resolve_devices(StageDeployConfig(num_devices=3, ulysses_degree=3, executor="mp"))
-    assert resolve_device(StageDeployConfig()) == torch.device("cuda", 2)
-    assert resolve_dtype(StageDeployConfig(), torch.device("cuda", 2)) == torch.bfloat16
+        resolve_devices((), 3)
+    assert resolve_device(()) == torch.device("cuda", 2)
+    assert resolve_dtype("auto", torch.device("cuda", 2)) == torch.bfloat16
 
 
 def test_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("checks a machine without CUDA")
-    assert resolve_device(StageDeployConfig()) == torch.device("cpu")
-    assert resolve_dtype(StageDeployConfig(), torch.device("cpu")) == torch.float32
+    assert resolve_device(()) == torch.device("cpu")
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
     # A Ray head without CUDA leaves a bare "cuda" for the actor that runs on it.
     assert canonical_device("cuda") == torch.device("cuda")
 

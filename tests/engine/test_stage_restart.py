@@ -12,6 +12,7 @@ from fake_engines import FakeEngine
 from test_process_stages import SPEC, Collector
 
 from omnistage.config import StageDeployConfig
+from omnistage.core.errors import ErrorKind
 from omnistage.engine.orchestrator import OmniRequest, Orchestrator
 from omnistage.engine.restart import NO_RESTART, RestartPolicy
 
@@ -40,11 +41,11 @@ def test_a_dead_stage_process_fails_as_unavailable_restarts_and_serves_again():
         orch.submit(OmniRequest("boom", "crash:drawer"), got.sink("boom"))
         boom, slow = got.wait("boom"), got.wait("slow")
         for out in (boom, slow):  # the crash took the request beside it down too
-            assert out.error_kind == "unavailable" and "stage process died" in out.error, out.error
+            assert out.error_kind == ErrorKind.UNAVAILABLE and "stage process died" in out.error, out.error
         assert not orch.check_health()
         orch.submit(OmniRequest("during", "x"), got.sink("during"))
         during = got.wait("during")
-        assert during.error_kind == "unavailable" and "restarting" in during.error
+        assert during.error_kind == ErrorKind.UNAVAILABLE and "restarting" in during.error
         wait_until(orch.check_health)
         assert orch.handles[1].num_restarts == 1
         orch.submit(OmniRequest("after", "x"), got.sink("after"))
@@ -67,7 +68,7 @@ def test_an_inline_engine_that_turns_unhealthy_is_rebuilt():
     try:
         orch.submit(OmniRequest("boom", "die:drawer"), got.sink("boom"))
         boom = got.wait("boom")
-        assert boom.error_kind == "unavailable" and "a worker died" in boom.error
+        assert boom.error_kind == ErrorKind.UNAVAILABLE and "a worker died" in boom.error
         wait_until(orch.check_health)
         first, second = [engine for stage_id, engine in built if stage_id == 1]
         assert first.closed and not second.closed
@@ -84,7 +85,7 @@ def test_a_process_stage_whose_engine_turns_unhealthy_exits_and_is_rebuilt():
     try:
         orch.submit(OmniRequest("boom", "die:drawer"), got.sink("boom"))
         boom = got.wait("boom")
-        assert boom.error_kind == "unavailable" and "a worker died" in boom.error
+        assert boom.error_kind == ErrorKind.UNAVAILABLE and "a worker died" in boom.error
         wait_until(orch.check_health)
         orch.submit(OmniRequest("after", "x"), got.sink("after"))
         assert got.wait("after").error is None
@@ -115,7 +116,7 @@ def test_restarts_are_bounded_and_off_with_no_restart():
         assert not orch.check_health()
         orch.submit(OmniRequest("later", "x"), got.sink("later"))
         later = got.wait("later")
-        assert later.error_kind == "unavailable" and "could not be restarted" in later.error
+        assert later.error_kind == ErrorKind.UNAVAILABLE and "could not be restarted" in later.error
     finally:
         orch.close()
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
-from omnistage.engine.device import canonical_device, device_scope, resolve_device
+from omnistage.core.device import canonical_device, device_scope, resolve_device
 
 from accel_common import load
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.gpu
 
 def test_bare_cuda_resolves_to_the_current_device():
     assert canonical_device("cuda") == torch.device("cuda", torch.cuda.current_device())
-    assert resolve_device(StageDeployConfig(devices=("cuda",))).index == torch.cuda.current_device()
+    assert resolve_device(("cuda",)).index == torch.cuda.current_device()
 
 
 def test_from_pretrained_honours_the_deploy_device_and_dtype(zoo):
@@ -30,7 +30,7 @@ def test_from_pretrained_honours_the_deploy_device_and_dtype(zoo):
 def test_a_stage_on_bare_cuda_runs_and_keeps_the_current_device(zoo):
     from omnistage.diffusion.engine import DiffusionEngine
     from omnistage.diffusion.params import DiffusionParams
-    from omnistage.engine.types import StageRequest
+    from omnistage.core.types import StageRequest
 
     before = torch.cuda.current_device()
     config = StageDeployConfig(devices=("cuda",), dtype="bfloat16")

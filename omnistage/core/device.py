@@ -1,4 +1,4 @@
-"""Device and dtype for a stage engine, from its `StageDeployConfig` (shared by every engine kind).
+"""Device and dtype for a stage engine, from its deploy fields (shared by every engine kind).
 
 One rule for CUDA everywhere: a bare "cuda" is the current CUDA device, resolved here to its
 index, so nothing downstream (set_device, nccl, memory stats) ever sees an index-less device.
@@ -9,11 +9,9 @@ work inside `device_scope(its device)` rather than calling `torch.cuda.set_devic
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
-
-from omnistage.config.deploy_fields import StageDeployConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -28,32 +26,33 @@ def canonical_device(device: str | torch.device) -> torch.device:
     return device
 
 
-def resolve_devices(config: StageDeployConfig) -> tuple[torch.device, ...]:
-    """One device per rank: `devices` when set, else the current CUDA device onwards on a CUDA
-    machine, else cpu. (StageDeployConfig already checked that `devices` and `num_devices` agree.)"""
-    if config.devices:
-        return tuple(canonical_device(d) for d in config.devices)
+def resolve_devices(devices: Sequence[str], num_devices: int = 1) -> tuple[torch.device, ...]:
+    """One device per rank (`StageDeployConfig.devices` / `num_devices`, which it checked agree):
+    `devices` when set, else the current CUDA device onwards on a CUDA machine, else cpu."""
+    if devices:
+        return tuple(canonical_device(d) for d in devices)
     if torch.cuda.is_available():
         first = torch.cuda.current_device()
-        if first + config.num_devices > torch.cuda.device_count():
-            raise ValueError(f"num_devices={config.num_devices} from cuda:{first} but only "
+        if first + num_devices > torch.cuda.device_count():
+            raise ValueError(f"num_devices={num_devices} from cuda:{first} but only "
                              f"{torch.cuda.device_count()} CUDA devices")
-        return tuple(torch.device("cuda", first + i) for i in range(config.num_devices))
-    return (torch.device("cpu"),) * config.num_devices
+        return tuple(torch.device("cuda", first + i) for i in range(num_devices))
+    return (torch.device("cpu"),) * num_devices
 
 
-def resolve_device(config: StageDeployConfig) -> torch.device:
+def resolve_device(devices: Sequence[str]) -> torch.device:
     """The stage's first device (see resolve_devices)."""
-    return resolve_devices(config)[0]
+    return resolve_devices(devices)[0]
 
 
-def resolve_dtype(config: StageDeployConfig, device: torch.device) -> torch.dtype:
-    """"auto" is bfloat16 on an accelerator and float32 on CPU."""
-    if config.dtype == "auto":
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """`StageDeployConfig.dtype` as a torch dtype: "auto" is bfloat16 on an accelerator and
+    float32 on CPU."""
+    if dtype == "auto":
         return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
-    if config.dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {['auto', *_DTYPES]}, got {config.dtype!r}")
-    return _DTYPES[config.dtype]
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {['auto', *_DTYPES]}, got {dtype!r}")
+    return _DTYPES[dtype]
 
 
 @contextlib.contextmanager
