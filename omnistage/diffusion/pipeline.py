@@ -155,16 +155,20 @@ class DiffusionPipelineBase(ABC):
         return dict(cls.loader_overrides)
 
     @classmethod
-    def from_pretrained(cls, path: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+    def from_pretrained(cls, path: str, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                         deploy: StageDeployConfig | None = None) -> "DiffusionPipelineBase":
         """The one load path: diffusers' own classes load the folder (or hub id) as its
         model_index.json names them, `from_diffusers` builds the pipeline from them, and the
-        stage's accelerations (`deploy`) are applied to it, all in one place."""
+        stage's accelerations (`deploy`) are applied to it, all in one place. `device` and
+        `dtype` default to the deploy config's (`devices[0]`, `dtype`), as the engine resolves them."""
         from diffusers import DiffusionPipeline
 
         from omnistage.diffusion.accel import apply_accelerations
+        from omnistage.core.device import canonical_device, resolve_device, resolve_dtype
 
         deploy = deploy or StageDeployConfig()
+        device = resolve_device(deploy.devices) if device is None else canonical_device(device)
+        dtype = resolve_dtype(deploy.dtype, device) if dtype is None else dtype
         pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **cls.loader_kwargs(str(path)))
         if deploy.offload is None:  # offloaded weights wait on the CPU (accel/offload.py)
             pipe = pipe.to(device)

@@ -22,6 +22,7 @@ Ray stage takes `connector: shm` as `inline` (Ray's own transport).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -181,9 +182,12 @@ class RayStageHandle(StageHandle):
         self._closing = threading.Event()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
-        cuda = any(device.startswith("cuda") for device in config.devices)
-        resources = ray_utils.actor_resources(config, cuda)
+        gpu = ray_utils.wants_gpu(config.devices, ray.cluster_resources().get("GPU", 0))
+        resources = ray_utils.actor_resources(config, gpu)
         ray_utils.check_placeable(ray_utils.bundle(resources), f"stage {label}")
+        model_path, stage_fields, config = engine_args
+        config = dataclasses.replace(config, devices=ray_utils.devices_in_actor(config.devices, config.num_devices, gpu))
+        engine_args = (model_path, stage_fields, config)
         self.actor = ray.remote(StageActor).options(
             **resources, max_concurrency=4, max_restarts=0,
             **ray_utils.runtime_env(config.env),
