@@ -100,4 +100,4 @@ def join_two_long_prompts(engine, short, longs, params, steps=None, **inputs) ->
                 eng.add_request(StageRequest(name, {"prompt_token_ids": p, **inputs}, params))
 
     return run(engine, [StageRequest("s", {"prompt_token_ids": short, **inputs}, SamplingParams(
-        max_tokens=24, temperature=0.0))], on_step=join)
+        max_tokens=24, temperature=0.0, logprobs=0))], on_step=join)
