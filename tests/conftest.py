@@ -7,12 +7,11 @@ slower (its spinning fights every other process for the cores).
 Parallel runs (`-n 2`, pytest-xdist): each worker runs whole files (`--dist loadfile`, so a
 module's server or engine fixture starts once), and the workers take the longest files first
 (`pytest_collection_modifyitems`), so the two finish together rather than one waiting on a
-long file picked up last. File times come from the last run on this machine (pytest's cache),
-else from `module_durations.json` (one full run's, committed)."""
+long file picked up last. File times come from earlier runs on this machine (pytest's cache; a
+file never timed counts as long)."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -20,7 +19,6 @@ from pathlib import Path
 import pytest
 
 ZOO_CACHE = Path(__file__).resolve().parent.parent / ".omnistage-cache" / "zoo"
-DURATIONS_FILE = Path(__file__).resolve().parent / "module_durations.json"
 DURATIONS_KEY = "omnistage/module_durations"
 
 # Every model is a local zoo folder: a path the Hub is asked about anyway (a made-up model_path,
@@ -68,11 +66,7 @@ def pytest_collection_modifyitems(config, items):
     # files in their usual order.
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return
-    known = {}
-    if DURATIONS_FILE.exists():
-        known.update(json.loads(DURATIONS_FILE.read_text()))
-    if getattr(config, "cache", None) is not None:
-        known.update(config.cache.get(DURATIONS_KEY, {}))
+    known = config.cache.get(DURATIONS_KEY, {}) if getattr(config, "cache", None) is not None else {}
     first_seen: dict[str, int] = {}
     for i, item in enumerate(items):
         first_seen.setdefault(_module(item.nodeid), i)
