@@ -2,16 +2,24 @@
 
 The whole run uses one intra-op thread (`pytest_configure`): tiny models are bound by per-op
 overhead, and on a shared 2-core machine a second OpenMP thread made a tiny model's step 10-15x
-slower (its spinning fights every other process for the cores)."""
+slower (its spinning fights every other process for the cores).
+
+Parallel runs (`-n 2`, pytest-xdist): each worker runs whole files (`--dist loadfile`, so a
+module's server or engine fixture starts once), and the workers take the longest files first
+(`pytest_collection_modifyitems`), so the two finish together rather than one waiting on a
+long file picked up last. File times come from earlier runs on this machine (pytest's cache; a
+file never timed counts as long)."""
 
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
 ZOO_CACHE = Path(__file__).resolve().parent.parent / ".omnistage-cache" / "zoo"
+DURATIONS_KEY = "omnistage/module_durations"
 
 # Every model is a local zoo folder: a path the Hub is asked about anyway (a made-up model_path,
 # a missing folder) must fail at once, not after huggingface_hub's ~25 s of retries offline.
@@ -27,6 +35,44 @@ def pytest_configure(config):
     import torch
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if getattr(config, "cache", None) is not None and "PYTEST_XDIST_WORKER" not in os.environ:
+        config.pluginmanager.register(_FileTimes(config), "omnistage-file-times")
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+class _FileTimes:
+    """Sums each test file's setup + call + teardown time over the run (in an xdist run, the
+    controller receives every worker's reports) and saves it in pytest's cache at the end."""
+
+    def __init__(self, config) -> None:
+        self.config = config
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.seconds[_module(report.nodeid)] += report.duration
+
+    def pytest_sessionfinish(self, session) -> None:
+        if self.seconds:
+            known = self.config.cache.get(DURATIONS_KEY, {})
+            known.update({m: round(s, 2) for m, s in self.seconds.items()})
+            self.config.cache.set(DURATIONS_KEY, known)
+
+
+def pytest_collection_modifyitems(config, items):
+    # Only in xdist workers (all of them sort alike, as xdist requires): a serial run keeps the
+    # files in their usual order.
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return
+    known = config.cache.get(DURATIONS_KEY, {}) if getattr(config, "cache", None) is not None else {}
+    first_seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        first_seen.setdefault(_module(item.nodeid), i)
+    # longest first; a file with no record counts as long (it may be new and slow); items keep
+    # their order within a file (module fixtures, and tests written to run in file order)
+    items.sort(key=lambda item: (-known.get(_module(item.nodeid), float("inf")), first_seen[_module(item.nodeid)]))
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from omnistage.testing.decoder_init import init_varied_decoder
 from omnistage.testing.tokenizers import CHATML_TEMPLATE, QWEN_SPECIAL_TOKENS, QWEN_TOOLS_TEMPLATE, build_bpe_tokenizer
 from omnistage.testing.zoo import ZooModel, register_zoo_model
 
@@ -66,6 +67,7 @@ def build_qwen2_llm(out_dir: Path, size: str, seed: int) -> None:
                          **_QWEN2_SIZES[size])
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config).float().eval()
+    init_varied_decoder(model, seed)  # greedy output varies, so token parity discriminates
     gen = GenerationConfig(bos_token_id=endoftext, eos_token_id=[im_end, endoftext], pad_token_id=endoftext)
     _save(out_dir, model, tok, gen)
 
@@ -77,7 +79,7 @@ register_zoo_model(ZooModel(
     builder=build_qwen2_llm,
     sizes=("tiny", "small"),
     description="Qwen2 causal LM (head_dim 64, vocab 1024), Qwen2.5's ChatML template with tools, fp32.",
-    revision=1,  # 1: the chat template renders tools
+    revision=2,  # 1: the chat template renders tools; 2: varied greedy output (decoder_init.py)
 ))
 
 

@@ -17,7 +17,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,7 +112,8 @@ def ensure(name: str, size: str = "tiny", seed: int = 0, cache_dir: str | os.Pat
     """Return the cached checkpoint for (name, size, seed), building it first if needed.
 
     The build goes to a temporary folder that is renamed into place, so a crash or a
-    concurrent build never leaves a half-written model behind.
+    concurrent build never leaves a half-written model behind; a lock file per target makes
+    concurrent callers (parallel test workers) wait for one build instead of each running it.
     """
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     revision = get_model(name).revision
@@ -119,6 +121,31 @@ def ensure(name: str, size: str = "tiny", seed: int = 0, cache_dir: str | os.Pat
     if (target / ".complete").exists():
         return target
     root.mkdir(parents=True, exist_ok=True)
+    with _exclusive(root / f".{target.name}.lock"):
+        if (target / ".complete").exists():  # built by whoever held the lock before us
+            return target
+        _build_into(name, size, seed, root, target)
+    return target
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `lock_path` (POSIX flock; released if the holder dies). Without
+    fcntl the build is unlocked: still safe (the rename), only possibly done twice."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _build_into(name: str, size: str, seed: int, root: Path, target: Path) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
     try:
         build(name, tmp / "m", size=size, seed=seed)
@@ -131,4 +158,3 @@ def ensure(name: str, size: str = "tiny", seed: int = 0, cache_dir: str | os.Pat
                 os.rename(tmp / "m", target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target

@@ -10,6 +10,37 @@ PROMPTS = [
 ]
 
 
+# Per-token logprobs of ours against `generate`'s: fp32 on both sides, so only summation order
+# differs; a wrong KV entry moves them by far more (tests/ar/test_mutations.py).
+LOGPROB_ATOL = 1e-4
+
+
+def reference_generate(hf_model, ids: list[int], max_new: int) -> tuple[list[int], list[float]]:
+    """Greedy `generate` from `ids` with the checkpoint's generation config: (new token ids, the
+    log-probability of each under the raw logits)."""
+    import torch
+
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        out = hf_model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
+                                output_logits=True, return_dict_in_generate=True)
+    tokens = out.sequences[0, len(ids):].tolist()
+    logprobs = [torch.log_softmax(step[0].float(), -1)[t].item() for step, t in zip(out.logits, tokens)]
+    return tokens, logprobs
+
+
+def assert_matches_reference(payload, reference: tuple[list[int], list[float]], msg="") -> None:
+    """Same tokens as `generate`, and (where the request asked for logprobs) each token's logprob
+    within LOGPROB_ATOL of the reference's."""
+    tokens, logprobs = reference
+    assert payload.token_ids == tokens, msg
+    if payload.logprobs is not None:
+        ours = [lp.logprob for lp in payload.logprobs]
+        assert len(ours) == len(logprobs), msg
+        worst = max((abs(a - b) for a, b in zip(ours, logprobs)), default=0.0)
+        assert worst <= LOGPROB_ATOL, f"{msg}: logprobs differ from generate's by up to {worst:.2e}"
+
+
 def make_engine(path: str, **config):
     from omnistage.ar.engine import AREngine
     from omnistage.config.deploy_fields import StageDeployConfig
@@ -69,4 +100,4 @@ def join_two_long_prompts(engine, short, longs, params, steps=None, **inputs) ->
                 eng.add_request(StageRequest(name, {"prompt_token_ids": p, **inputs}, params))
 
     return run(engine, [StageRequest("s", {"prompt_token_ids": short, **inputs}, SamplingParams(
-        max_tokens=24, temperature=0.0))], on_step=join)
+        max_tokens=24, temperature=0.0, logprobs=0))], on_step=join)

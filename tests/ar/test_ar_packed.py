@@ -9,12 +9,13 @@ import shutil
 import pytest
 import torch
 
-from ar_helpers import final, join_two_long_prompts, make_engine, record_packed_chunks, run
+from ar_helpers import (assert_matches_reference, final, join_two_long_prompts, make_engine, record_packed_chunks,
+                        reference_generate, run)
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.core.types import StageRequest
 from test_ar_paged import assert_no_leak, token_prompts
 
-GREEDY = SamplingParams(max_tokens=10, temperature=0.0)
+GREEDY = SamplingParams(max_tokens=10, temperature=0.0, logprobs=0)
 
 
 def record_forwards(engine) -> list[tuple[bool, int, int]]:
@@ -48,9 +49,9 @@ def test_a_mixed_step_is_one_packed_forward_with_the_same_tokens(llm_path, hf_mo
     mixed = [packed for packed, decodes, prompts in calls if decodes and prompts]
     assert len(mixed) >= 5 and all(mixed)  # 80 prompt tokens in chunks beside the stream
     assert not any(packed for packed, d, p in calls if not p or (p == 1 and not d))  # decodes / one prompt: padded
-    assert final(outputs, "s").token_ids == generate(hf_model, short, 24)
+    assert_matches_reference(final(outputs, "s"), reference_generate(hf_model, short, 24))
     for name, p in zip("ab", longs):
-        assert final(outputs, name).token_ids == generate(hf_model, p, 10)
+        assert_matches_reference(final(outputs, name), reference_generate(hf_model, p, 10))
     assert_no_leak(engine)
     engine.close()
 
@@ -76,8 +77,8 @@ def test_packed_hidden_states_equal_the_models(llm_path, hf_model):
             want = hf_model(torch.tensor([fed]), output_hidden_states=True).hidden_states[-1][0]
         got = torch.cat([o.payload.extras["delta_hidden_states"] for o in outputs[name]])
         assert torch.allclose(got, want, atol=1e-5) and torch.equal(payload.hidden_states, got)
-        assert payload.token_ids == generate(hf_model, prompt, 10)
-    assert final(outputs, "b").token_ids == generate(hf_model, long, 10)
+        assert_matches_reference(payload, reference_generate(hf_model, prompt, 10))
+    assert_matches_reference(final(outputs, "b"), reference_generate(hf_model, long, 10))
     engine.close()
 
 
@@ -89,7 +90,7 @@ def test_a_chunk_after_fewer_cached_keys_than_its_own_equals_generate(llm_path, 
     short, a, b = token_prompts(1, 5, seed=9) + token_prompts(1, 20, seed=10) + token_prompts(1, 40, seed=11)
     outputs = join_two_long_prompts(engine, short, [a, b], LOGPROBS)
     assert (11, 29) in chunks
-    assert final(outputs, "s").token_ids == generate(hf_model, short, 24)
+    assert_matches_reference(final(outputs, "s"), reference_generate(hf_model, short, 24))
     for name, p in (("a", a), ("b", b)):
         assert_transformers_logprobs(hf_model, p, final(outputs, name))
     assert_no_leak(engine)
@@ -154,7 +155,7 @@ def test_sliding_window_layers_equal_generate(sliding_llm, packed):
     short, *longs = token_prompts(1, 5, seed=7) + token_prompts(2, 30, seed=8)
     outputs = join_two_long_prompts(engine, short, longs, GREEDY)
     assert any(c[0] for c in calls) == packed
-    assert final(outputs, "s").token_ids == generate(model, short, 24)
+    assert_matches_reference(final(outputs, "s"), reference_generate(model, short, 24))
     for name, p in zip("ab", longs):
-        assert final(outputs, name).token_ids == generate(model, p, 10)
+        assert_matches_reference(final(outputs, name), reference_generate(model, p, 10))
     engine.close()

@@ -9,12 +9,12 @@ import random
 import pytest
 import torch
 
-from ar_helpers import final, make_engine, run
+from ar_helpers import assert_matches_reference, final, make_engine, reference_generate, run
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.core.types import StageRequest
 
 MAX_NEW = 12
-GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
+GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, logprobs=0)
 
 
 def token_prompts(n: int, length: int, seed: int, prefix: list[int] = ()) -> list[list[int]]:
@@ -24,15 +24,13 @@ def token_prompts(n: int, length: int, seed: int, prefix: list[int] = ()) -> lis
 
 @pytest.fixture(scope="module")
 def reference(hf_model):
-    cache: dict[tuple, list[int]] = {}
+    """`ref(ids, max_new)` -> `generate`'s (tokens, their logprobs), computed once per prompt."""
+    cache: dict[tuple, tuple[list[int], list[float]]] = {}
 
-    def ref(ids: list[int], max_new: int = MAX_NEW) -> list[int]:
+    def ref(ids: list[int], max_new: int = MAX_NEW) -> tuple[list[int], list[float]]:
         key = (tuple(ids), max_new)
         if key not in cache:
-            x = torch.tensor([ids])
-            with torch.inference_mode():
-                out = hf_model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False)
-            cache[key] = out[0, len(ids):].tolist()
+            cache[key] = reference_generate(hf_model, ids, max_new)
         return cache[key]
 
     return ref
@@ -56,7 +54,7 @@ def test_prefix_hits_compute_only_the_rest_and_keep_the_tokens(llm_path, referen
     assert out["warm0"][-1].metrics["num_cached_tokens"] == 0
     outputs = run(engine, requests(others, "hit"))
     for i, p in enumerate(others):
-        assert final(outputs, f"hit{i}").token_ids == reference(p)
+        assert_matches_reference(final(outputs, f"hit{i}"), reference(p))
         assert outputs[f"hit{i}"][-1].metrics["num_cached_tokens"] == 32
     assert_no_leak(engine)
     engine.close()
@@ -67,7 +65,8 @@ def test_prefix_caching_off_computes_everything(llm_path, reference):
     p = token_prompts(1, 40, seed=1)[0]
     run(engine, requests([p], "a"))
     out = run(engine, requests([p], "b"))
-    assert out["b0"][-1].metrics["num_cached_tokens"] == 0 and final(out, "b0").token_ids == reference(p)
+    assert out["b0"][-1].metrics["num_cached_tokens"] == 0
+    assert_matches_reference(final(out, "b0"), reference(p))
     engine.close()
 
 
@@ -82,7 +81,7 @@ def test_chunked_prefill_keeps_the_tokens_and_the_running_stream_going(llm_path,
             eng.add_request(StageRequest("b", {"prompt_token_ids": long_b}, GREEDY))
 
     outputs: dict = {}
-    engine.add_request(StageRequest("s", {"prompt_token_ids": short}, SamplingParams(max_tokens=20, temperature=0)))
+    engine.add_request(StageRequest("s", {"prompt_token_ids": short}, SamplingParams(max_tokens=20, temperature=0, logprobs=0)))
     step = 0
     while engine.has_unfinished_requests():
         join(step, engine)
@@ -91,9 +90,9 @@ def test_chunked_prefill_keeps_the_tokens_and_the_running_stream_going(llm_path,
             if o.request_id == "s":
                 steps_with_a_token.append(step)
         step += 1
-    assert final(outputs, "a").token_ids == reference(long_a)
-    assert final(outputs, "b").token_ids == reference(long_b)
-    assert final(outputs, "s").token_ids == reference(short, 20)
+    assert_matches_reference(final(outputs, "a"), reference(long_a))
+    assert_matches_reference(final(outputs, "b"), reference(long_b))
+    assert_matches_reference(final(outputs, "s"), reference(short, 20))
     # 60 prompt tokens in chunks of <= 7 beside the stream: the stream emitted at every step
     assert steps_with_a_token == list(range(20))
     assert_no_leak(engine)
@@ -110,7 +109,7 @@ def test_preemption_recomputes_and_keeps_the_tokens(llm_path, reference):
     assert engine.scheduler.num_preemptions > 0
     assert sum(outputs[f"r{i}"][-1].metrics["num_preemptions"] for i in range(4)) == engine.scheduler.num_preemptions
     for i, p in enumerate(prompts):
-        assert final(outputs, f"r{i}").token_ids == reference(p)
+        assert_matches_reference(final(outputs, f"r{i}"), reference(p))
         assert len(outputs[f"r{i}"]) == MAX_NEW  # one output per token, none repeated by the recompute
     assert_no_leak(engine)
     engine.close()

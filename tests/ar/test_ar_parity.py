@@ -1,5 +1,5 @@
-"""Greedy parity with transformers `generate` on the zoo's qwen2-llm, fp32: exact tokens,
-alone, inside a batch of 4 ragged prompts, and when joining mid-decode."""
+"""Greedy parity with transformers `generate` on the zoo's qwen2-llm, fp32: exact tokens and
+per-token logprobs, alone, inside a batch of 4 ragged prompts, and when joining mid-decode."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import torch
 
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.core.types import StageRequest
-from ar_helpers import PROMPTS, final, make_engine, run
+from ar_helpers import PROMPTS, assert_matches_reference, final, make_engine, reference_generate, run
 
 MAX_NEW = 16
-GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)
+GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, logprobs=0)
 
 
 @pytest.fixture(scope="module")
@@ -22,26 +22,22 @@ def engine(llm_path):
 
 
 @pytest.fixture(scope="module")
-def reference(hf_model, tokenizer) -> list[list[int]]:
-    """`generate` for each prompt alone, with the checkpoint's generation config (eos ids included)."""
-    outs = []
-    for p in PROMPTS:
-        ids = tokenizer(p, return_tensors="pt").input_ids
-        with torch.inference_mode():
-            out = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False)
-        outs.append(out[0, ids.shape[1]:].tolist())
-    return outs
+def reference(hf_model, tokenizer) -> list[tuple[list[int], list[float]]]:
+    """`generate` for each prompt alone, with the checkpoint's generation config (eos ids included):
+    (tokens, their logprobs)."""
+    return [reference_generate(hf_model, tokenizer(p)["input_ids"], MAX_NEW) for p in PROMPTS]
 
 
 def test_alone(engine, reference):
     for i, p in enumerate(PROMPTS):
         outputs = run(engine, [StageRequest(f"alone{i}", p, GREEDY)])
-        assert final(outputs, f"alone{i}").token_ids == reference[i], p
+        assert_matches_reference(final(outputs, f"alone{i}"), reference[i], p)
 
 
 def test_batch_of_four_submitted_together(engine, reference):
     outputs = run(engine, [StageRequest(f"b{i}", p, GREEDY) for i, p in enumerate(PROMPTS)])
-    assert [final(outputs, f"b{i}").token_ids for i in range(4)] == reference
+    for i in range(4):
+        assert_matches_reference(final(outputs, f"b{i}"), reference[i], PROMPTS[i])
 
 
 def test_one_joins_mid_decode(engine, reference):
@@ -50,8 +46,9 @@ def test_one_joins_mid_decode(engine, reference):
             eng.add_request(StageRequest("late", PROMPTS[3], GREEDY))
 
     outputs = run(engine, [StageRequest(f"j{i}", p, GREEDY) for i, p in enumerate(PROMPTS[:3])], on_step=join)
-    assert [final(outputs, f"j{i}").token_ids for i in range(3)] == reference[:3]
-    assert final(outputs, "late").token_ids == reference[3]
+    for i in range(3):
+        assert_matches_reference(final(outputs, f"j{i}"), reference[i], PROMPTS[i])
+    assert_matches_reference(final(outputs, "late"), reference[3], PROMPTS[3])
     # it really joined a running batch: its first token came while the others were mid-way
     assert len(outputs["late"]) < len(outputs["j0"]) + 2
 
@@ -60,11 +57,9 @@ def test_chat_messages_use_the_chat_template(engine, hf_model, tokenizer):
     messages = [{"role": "user", "content": "Please describe the image in one sentence."}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
                                         return_dict=True)["input_ids"]
-    with torch.inference_mode():
-        ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False)
     outputs = run(engine, [StageRequest("chat", {"messages": messages}, GREEDY)])
     payload = final(outputs, "chat")
-    assert payload.token_ids == ref[0, ids.shape[1]:].tolist()
+    assert_matches_reference(payload, reference_generate(hf_model, ids[0].tolist(), MAX_NEW))
     assert payload.text == tokenizer.decode(payload.token_ids, skip_special_tokens=True)
 
 
@@ -113,7 +108,4 @@ def test_small_model_with_prepacked_linears(zoo):
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     for i, p in enumerate(PROMPTS):
-        ids = tokenizer(p, return_tensors="pt").input_ids
-        with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False)
-        assert final(outputs, f"p{i}").token_ids == out[0, ids.shape[1]:].tolist(), p
+        assert_matches_reference(final(outputs, f"p{i}"), reference_generate(model, tokenizer(p)["input_ids"], MAX_NEW), p)
