@@ -185,6 +185,13 @@ class EngineGateway:
         self._admitted.discard(request_id)
         self.metrics.queue_depth.set(len(self._admitted))
 
+    async def require_healthy(self, what: str) -> None:
+        """503 with Retry-After while a stage is down or restarting: for work that is accepted
+        now and runs later (a video job), which would otherwise only fail once it starts."""
+        if self.engine is None or not await maybe_await(self.engine.check_health()):
+            raise unavailable(f"{what}: the engine or one of its stages is down or restarting; retry later",
+                              code="stage_unavailable")
+
     def submit(self, prompt: Any, params: Any, request_id: str,
                modalities: Sequence[str] | None = None) -> RequestStream:
         """Admit the request and hand it to the engine (429 when full, 400 when the engine
