@@ -19,7 +19,6 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
-import queue
 import socket
 import traceback
 import weakref
@@ -28,7 +27,7 @@ from typing import Any, Protocol
 
 from omnistage.runtime import process
 from omnistage.runtime.channel import Channel
-from omnistage.runtime.loop import EngineServer, Event, LoopStopped, describe, serve
+from omnistage.runtime.loop import EngineServer, Event, LoopStopped, describe, drain, serve
 
 logger = logging.getLogger(__name__)
 
@@ -225,18 +224,9 @@ def stage_main(build: EngineBuilder, channel: Channel, commands: Any, results: A
     parent = mp.parent_process()
 
     def receive(timeout: float) -> list[tuple[str, Any]]:
-        messages = []
-        if timeout > 0:
-            try:
-                messages.append(commands.get(timeout=timeout))
-            except queue.Empty:
-                if parent is not None and not parent.is_alive():
-                    raise LoopStopped() from None
-        while True:
-            try:
-                messages.append(commands.get_nowait())
-            except queue.Empty:
-                break
+        messages = drain(commands, timeout)
+        if not messages and timeout > 0 and parent is not None and not parent.is_alive():
+            raise LoopStopped()
         return [(kind, None if kind == "close" else channel.get(pickle.loads(body)) if kind == "add"
                  else pickle.loads(body)) for kind, body in messages]
 

@@ -20,6 +20,7 @@ that drives one in a stage process or a Ray actor, sending a heartbeat at least 
 from __future__ import annotations
 
 import logging
+import queue
 import time
 from collections.abc import Callable
 from typing import Any
@@ -172,6 +173,21 @@ def serve(engine: Any, receive: Callable[[float], list[Command]], send: Callable
     finally:
         if not server.dead:
             server.close()
+
+
+def drain(commands: Any, timeout: float) -> list[Command]:
+    """Every command waiting in `commands` (a queue), waiting up to `timeout` for the first."""
+    taken = []
+    if timeout > 0:
+        try:
+            taken.append(commands.get(timeout=timeout))
+        except queue.Empty:
+            return taken
+    while True:
+        try:
+            taken.append(commands.get_nowait())
+        except queue.Empty:
+            return taken
 
 
 def describe(e: BaseException) -> str:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from omnistage.runtime.channel import Channel
 from omnistage.runtime.endpoint import EngineBuilder, Waker, pack_events
-from omnistage.runtime.loop import Event, describe, serve
+from omnistage.runtime.loop import Event, describe, drain, serve
 
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
@@ -227,18 +227,8 @@ class StageActor:
                 self._cond.notify_all()
 
     def _receive(self, timeout: float) -> list[tuple[str, Any]]:
-        commands = []
-        if timeout > 0:
-            try:
-                commands.append(self._commands.get(timeout=timeout))
-            except queue.Empty:
-                pass
-        while True:
-            try:
-                commands.append(self._commands.get_nowait())
-            except queue.Empty:
-                break
-        return [(kind, self.channel.get(body) if kind == "add" else body) for kind, body in commands]
+        return [(kind, self.channel.get(body) if kind == "add" else body)
+                for kind, body in drain(self._commands, timeout)]
 
     def _send(self, events: list[Event]) -> None:
         with self._cond:
