@@ -19,7 +19,8 @@ liveness. The supervisor
   admission, so no client can keep a stage down by repeating one request.
 
 Threads: everything runs on the orchestrator's thread except the restart thread (which
-builds the new endpoint and hands it over) and `is_healthy`, which any thread may call.
+builds the new endpoint and hands it over), and `is_healthy` and `call` (a control call:
+request/reply, e.g. sleep/wake), which any thread may call.
 """
 
 from __future__ import annotations
@@ -127,17 +128,19 @@ class Supervisor:
             self.endpoint.send("abort", request_id)
 
     def call(self, method: str, *args: Any) -> Any:
-        """Call `method(*args)` on the engine; a Future that the reply resolves (on the
-        orchestrator's thread), or fails when the stage dies first."""
+        """Call `method(*args)` on the engine, from any thread; a Future that the reply resolves
+        (on the orchestrator's thread), or that fails when the stage dies first."""
         from concurrent.futures import Future
 
         future: Future = Future()
-        if self.endpoint is None:
+        endpoint = self.endpoint
+        if endpoint is None:
             future.set_exception(RuntimeError(self._unavailable_message()))
             return future
-        call_id, self._next_call = self._next_call, self._next_call + 1
-        self._calls[call_id] = future
-        self.endpoint.send("call", (call_id, method, args))
+        with self._lock:
+            call_id, self._next_call = self._next_call, self._next_call + 1
+            self._calls[call_id] = future
+        endpoint.send("call", (call_id, method, args))
         return future
 
     # -- the orchestrator's step ---------------------------------------------------------

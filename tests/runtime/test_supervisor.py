@@ -216,3 +216,18 @@ def test_restarts_are_bounded_and_off_with_max_restarts_0():
         assert not orch.check_health() and orch.handles[1].num_restarts == 0 and orch.handles[1].gave_up
     finally:
         orch.close()
+
+
+def test_control_calls_reach_the_engine_in_its_process_and_fail_when_it_dies():
+    orch = start({0: INLINE, 1: PROCESS})
+    try:
+        replied = orch.handles[1].call("has_unfinished_requests")  # answered on the loop's thread
+        assert replied.result(timeout=30) is False
+        failed = orch.handles[1].call("no_such_method")
+        assert "AttributeError" in str(failed.exception(timeout=30))
+        os.kill(orch.handles[1].endpoint.pid, signal.SIGSTOP)  # a reply that never comes...
+        pending = orch.handles[1].call("has_unfinished_requests")
+        os.kill(orch.handles[1].endpoint.pid, signal.SIGKILL)  # ...fails when the stage dies
+        assert "stage process died" in str(pending.exception(timeout=30))
+    finally:
+        orch.close()
