@@ -19,6 +19,7 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
+import queue
 import socket
 import traceback
 import weakref
@@ -92,19 +93,25 @@ class InlineEndpoint:
 
     def __init__(self, build: EngineBuilder):
         self.server = EngineServer(build())
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()  # control calls may come from any thread
 
     def wait_ready(self, timeout: float) -> None:
         pass
 
     def send(self, kind: str, body: Any) -> str | None:
-        self.server.handle(kind, body)
+        if kind == "call":  # run on the stepping thread, never beside a step
+            self._calls.put(body)
+        else:
+            self.server.handle(kind, body)
         return None
 
     def step(self) -> list[Event]:
+        for body in drain(self._calls, 0.0):
+            self.server.handle("call", body)
         return self.server.step()
 
     def has_local_work(self) -> bool:
-        return self.server.has_work()
+        return self.server.has_work() or not self._calls.empty()
 
     def wait_objects(self) -> list[Any]:
         return []

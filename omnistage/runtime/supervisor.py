@@ -141,6 +141,7 @@ class Supervisor:
             call_id, self._next_call = self._next_call, self._next_call + 1
             self._calls[call_id] = future
         endpoint.send("call", (call_id, method, args))
+        self._waker.wake()  # an idle orchestrator steps an inline stage (and reads its reply) at once
         return future
 
     # -- the orchestrator's step ---------------------------------------------------------

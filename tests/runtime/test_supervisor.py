@@ -218,6 +218,19 @@ def test_restarts_are_bounded_and_off_with_max_restarts_0():
         orch.close()
 
 
+class ThreadEngine(FakeEngine):
+    def thread_name(self) -> str:
+        return threading.current_thread().name
+
+
+def test_control_calls_reach_an_inline_engine_on_the_loops_thread():
+    orch = start({0: INLINE, 1: INLINE}, ThreadEngine)
+    try:  # never on the caller's thread, beside a step
+        assert orch.handles[1].call("thread_name").result(timeout=10) == "omnistage-orchestrator"
+    finally:
+        orch.close()
+
+
 def test_control_calls_reach_the_engine_in_its_process_and_fail_when_it_dies():
     orch = start({0: INLINE, 1: PROCESS})
     try:
