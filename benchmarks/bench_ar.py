@@ -47,7 +47,7 @@ def peak_rss_mb() -> float:
 
 
 def run_ours(engine, prompt_ids, params) -> list[list[int]]:
-    from omnistage.engine.types import StageRequest
+    from omnistage.core.types import StageRequest
 
     for i, ids in enumerate(prompt_ids):
         engine.add_request(StageRequest(f"r{i}", {"prompt_token_ids": ids}, params))

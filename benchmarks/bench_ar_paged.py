@@ -78,7 +78,7 @@ def drive(engine, requests, on_step=None) -> dict:
 
 def req(rid, ids, **params):
     from omnistage.ar.sampling_params import SamplingParams
-    from omnistage.engine.types import StageRequest
+    from omnistage.core.types import StageRequest
 
     return StageRequest(rid, {"prompt_token_ids": ids}, SamplingParams(temperature=0.0, **params))
 

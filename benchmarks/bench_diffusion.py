@@ -114,8 +114,8 @@ def reference_loader_kwargs(model: str, path: str) -> dict:
 
 def stage_requests(kwargs: dict, prefix: str = "r") -> list:
     """The same inputs as `kwargs` + PROMPTS + seeds, as engine requests."""
+    from omnistage.core.types import StageRequest
     from omnistage.diffusion.params import DiffusionParams
-    from omnistage.engine.types import StageRequest
 
     renamed = {RENAMED[k][0]: RENAMED[k][1](v) for k, v in kwargs.items() if k in RENAMED and RENAMED[k][0]}
     kwargs = {**{k: v for k, v in kwargs.items() if k not in RENAMED}, **renamed}

@@ -53,8 +53,8 @@ def call_kwargs(model: str, size: str) -> dict:
 
 
 def stage_requests(kwargs: dict, lora: dict | None = None, prefix: str = "r") -> list:
+    from omnistage.core.types import StageRequest
     from omnistage.diffusion.params import DiffusionParams
-    from omnistage.engine.types import StageRequest
 
     fields = {k: v for k, v in kwargs.items() if k in DiffusionParams.model_fields}
     extras = {k: v for k, v in kwargs.items() if k not in DiffusionParams.model_fields}

@@ -51,8 +51,8 @@ def zoo_path(model: str) -> str:
 
 
 def request(model: str, steps: int, rid: str):
+    from omnistage.core.types import StageRequest
     from omnistage.diffusion.params import DiffusionParams
-    from omnistage.engine.types import StageRequest
     from omnistage.testing import call_kwargs as zoo_call_kwargs
 
     kwargs = dict(zoo_call_kwargs(model), num_inference_steps=steps, height=MODELS[model], width=MODELS[model])

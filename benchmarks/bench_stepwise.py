@@ -68,8 +68,8 @@ def run_omni(omni, kwargs: dict) -> None:
 
 def progress_and_abort(engine, kwargs: dict) -> dict:
     """First progress event / whole run for a 50-step request; abort -> idle after 5 steps."""
+    from omnistage.core.types import StageRequest
     from omnistage.diffusion.params import DiffusionParams
-    from omnistage.engine.types import StageRequest
 
     fields = {k: v for k, v in kwargs.items() if k in DiffusionParams.model_fields}
     extras = {k: v for k, v in kwargs.items() if k not in DiffusionParams.model_fields}

@@ -115,7 +115,7 @@ def chunked_vs_whole(path: str, frames: int) -> dict:
     from omnistage.ar import SamplingParams
     from omnistage.ar.engine import AREngine
     from omnistage.config.deploy_fields import StageDeployConfig
-    from omnistage.engine.types import StageRequest
+    from omnistage.core.types import StageRequest
     from omnistage.models.csm import CSM
 
     greedy = SamplingParams(temperature=0, max_tokens=frames)

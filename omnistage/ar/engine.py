@@ -38,9 +38,8 @@ import time
 from typing import Any
 
 from omnistage.ar.block_manager import BlockManager
+from omnistage.ar.cpu_linear import prepack_linears
 from omnistage.ar.detokenizer import IncrementalDetokenizer
-from omnistage.engine.cpu_linear import prepack_linears
-from omnistage.engine.device import resolve_device, resolve_dtype
 from omnistage.ar.model import get_ar_model_class
 from omnistage.ar.model_runner import ModelRunner
 from omnistage.ar.sampling_params import SamplingParams, admit
@@ -49,7 +48,8 @@ from omnistage.ar.sequence import Sequence
 from omnistage.ar.structured_outputs import GrammarCompiler
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.engine.types import InputChunk, StageOutput, StageRequest, TextPayload, TokenLogprob
+from omnistage.core.device import resolve_device, resolve_dtype
+from omnistage.core.types import InputChunk, StageOutput, StageRequest, TextPayload, TokenLogprob
 
 logger = logging.getLogger(__name__)
 
@@ -96,11 +96,11 @@ class AREngine:
                  return_hidden_states: bool = False, return_input_embeds: bool = False) -> None:
         self.stage = stage
         self.config = config
-        device = resolve_device(config)
+        device = resolve_device(config.devices)
         model_class = get_ar_model_class(stage.model if stage else None)
         if config.compile:
             check_cuda_graphs(model_class, device, stage)
-        self.model = model_class.load(model_path, stage, device, resolve_dtype(config, device))
+        self.model = model_class.load(model_path, stage, device, resolve_dtype(config.dtype, device))
         if device.type == "cpu" and self.model.supports_prepacked_linears:
             prepack_linears(self.model.model, max_batch=config.max_num_seqs)
         limit = self.model.max_position_embeddings

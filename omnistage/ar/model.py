@@ -30,7 +30,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from omnistage.config.components import ComponentRegistry, import_target
+from omnistage.config.registry import REGISTRY
+from omnistage.core.registry import ComponentRegistry, import_target
 
 if TYPE_CHECKING:
     import torch
@@ -135,7 +136,7 @@ class ARModel(ABC):
     with the host. A stage whose model says False refuses `compile: true` at start-up."""
     supports_prepacked_linears: bool = False
     """`model`'s forward only calls its linear layers (never reads their `.weight`), so on CPU the
-    engine may swap them for oneDNN ones with prepacked weights (engine/cpu_linear.py)."""
+    engine may swap them for oneDNN ones with prepacked weights (ar/cpu_linear.py)."""
     model: Any = None
     """The family's torch module (None once closed)."""
     device: Any = None
@@ -209,7 +210,7 @@ class ARModel(ABC):
 
 # --- registry --------------------------------------------------------------------------
 
-_AR_MODELS = ComponentRegistry("AR model")
+_AR_MODELS = ComponentRegistry("AR model", REGISTRY.discover)
 
 
 def register_ar_model(key: str, target: str | type[ARModel]) -> None:

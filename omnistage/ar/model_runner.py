@@ -1,4 +1,4 @@
-"""Turns a `SchedulerOutput` into tensors, runs the model, samples one token per caught-up row.
+"""Turns a `ARSchedulerOutput` into tensors, runs the model, samples one token per caught-up row.
 
 The only torch-facing part of the AR engine besides the model and the cache. A step is
 one or two forwards:
@@ -30,12 +30,12 @@ from omnistage.ar.kv_cache import PagedKVCache
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput
 from omnistage.ar.packed_attention import PackedAttention, PromptRow
 from omnistage.ar.sampler import Sampler
-from omnistage.ar.scheduler import ScheduledSeq, SchedulerOutput
+from omnistage.ar.scheduler import ScheduledSeq, ARSchedulerOutput
 from omnistage.ar.sequence import Sequence
 
 
 @dataclass
-class RunnerOutput:
+class ARRunnerOutput:
     token_ids: dict[str, int]
     """request id -> the token sampled for it (sequences whose prompt is still mid-way have none)."""
     extras: dict[str, dict[str, Any]]
@@ -86,10 +86,10 @@ class ModelRunner:
                                           self.max_model_len, self.device, capture=capture)
 
     @torch.inference_mode()
-    def execute(self, batch: SchedulerOutput, num_blocks: int) -> RunnerOutput:
+    def execute(self, batch: ARSchedulerOutput, num_blocks: int) -> ARRunnerOutput:
         """Run the step (one packed forward, or its decodes, then its prefills); `num_blocks`: the largest
         block id in use + 1. Returns the sampled token of every sequence the step caught up."""
-        out = RunnerOutput({}, {})
+        out = ARRunnerOutput({}, {})
         if self.static_decode is not None and not batch.prefills and self.static_decode.fits(batch.decodes):
             inp, output = self.static_decode.run(batch.decodes, num_blocks)  # static shapes, a CUDA graph
             self._run_group(batch.decodes, inp, out, output)
@@ -104,7 +104,7 @@ class ModelRunner:
                 self._run_group(items, self._prepare(items, is_prefill, num_blocks), out)
         return out
 
-    def _run_group(self, items: list[ScheduledSeq], inp: ModelInput, result: RunnerOutput,
+    def _run_group(self, items: list[ScheduledSeq], inp: ModelInput, result: ARRunnerOutput,
                    output: ModelOutput | None = None) -> None:
         """Run `inp` (unless `output` is given: its forward already ran), sample, keep states."""
         out = output if output is not None else self.model.forward(inp, self.cache)

@@ -27,7 +27,7 @@ class ScheduledSeq:
 
 
 @dataclass
-class SchedulerOutput:
+class ARSchedulerOutput:
     """One step's work: prompt chunks (prefills) and one-token decodes, run as two groups.
 
     `preempted` were pushed back to the waiting queue by this step (their blocks freed;
@@ -105,7 +105,7 @@ class Scheduler:
 
     # --- the step ----------------------------------------------------------------------------
 
-    def schedule(self) -> SchedulerOutput | None:
+    def schedule(self) -> ARSchedulerOutput | None:
         """The next step, or None when there is nothing to run.
 
         NOTE: running sequences first, as vLLM v1: every decoding one gets its one token,
@@ -121,7 +121,7 @@ class Scheduler:
         group padded to its longest row (rows x longest chunk), so ragged prompts do not
         pay for padding beyond it; with a packed forward, each row's real tokens.
         """
-        out = SchedulerOutput()
+        out = ARSchedulerOutput()
         scheduled: set[int] = set()
         for decoding in (True, False):
             i = 0
@@ -165,7 +165,7 @@ class Scheduler:
             self._add(out, seq, num_new)
         return out if out.items else None
 
-    def _num_new(self, seq: Sequence, out: SchedulerOutput) -> int:
+    def _num_new(self, seq: Sequence, out: ARSchedulerOutput) -> int:
         """Tokens `seq` feeds this step: all it lacks, or a chunk of it; 0 if it must wait."""
         if self.packed:
             room = self.max_num_batched_tokens - out.num_tokens
@@ -199,7 +199,7 @@ class Scheduler:
                 return seq
         raise RuntimeError("the KV cache cannot hold the running sequences and none can be preempted")
 
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+    def _preempt(self, seq: Sequence, out: ARSchedulerOutput) -> None:
         self.running.remove(seq)
         self.blocks.free(seq)
         seq.status = SequenceStatus.WAITING
@@ -209,12 +209,12 @@ class Scheduler:
         out.preempted.append(seq)
 
     @staticmethod
-    def _add(out: SchedulerOutput, seq: Sequence, num_new: int) -> None:
+    def _add(out: ARSchedulerOutput, seq: Sequence, num_new: int) -> None:
         start = seq.num_computed_tokens
         item = ScheduledSeq(seq, start, num_new, start + num_new == seq.num_tokens)
         (out.prefills if seq.is_prefilling else out.decodes).append(item)
 
-    def update(self, batch: SchedulerOutput, token_ids: dict[str, int]) -> list[Sequence]:
+    def update(self, batch: ARSchedulerOutput, token_ids: dict[str, int]) -> list[Sequence]:
         """After the forward: count the fed tokens as computed, publish full blocks to the prefix
         cache, append the sampled token of every sequence that caught up (`token_ids` by request
         id); free and return the ones that finished. Sequences aborted meanwhile are skipped."""

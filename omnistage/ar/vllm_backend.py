@@ -39,8 +39,8 @@ from omnistage.ar.model import ARModel
 from omnistage.ar.sampling_params import SamplingParams, admit
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.engine.device import resolve_device, resolve_dtype
-from omnistage.engine.types import StageOutput, StageRequest, TextPayload
+from omnistage.core.device import resolve_device, resolve_dtype
+from omnistage.core.types import StageOutput, StageRequest, TextPayload
 
 logger = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def import_vllm() -> Any:
 def engine_args(vllm: Any, model_path: str, config: StageDeployConfig) -> Any:
     """`vllm.EngineArgs` from our deploy fields, with a KV cache sized like the native engine's
     (`kv_cache_memory` bytes when set, else max_num_seqs sequences of max_model_len tokens)."""
-    device = resolve_device(config)
+    device = resolve_device(config.devices)
     expected = [f"{device.type}:{i}" if device.type != "cpu" else "cpu" for i in range(config.tensor_parallel_size)]
     if config.devices and [_device_name(d) for d in config.devices] != expected:
         raise ValueError(f"ar_backend 'vllm': devices={list(config.devices)}, but vLLM places its workers on the "
@@ -240,7 +240,7 @@ def engine_args(vllm: Any, model_path: str, config: StageDeployConfig) -> Any:
                          "CUDA_VISIBLE_DEVICES")
     args = vllm.EngineArgs(
         model=model_path,
-        dtype=str(resolve_dtype(config, device)).removeprefix("torch."),
+        dtype=str(resolve_dtype(config.dtype, device)).removeprefix("torch."),
         max_model_len=config.max_model_len,
         max_num_seqs=config.max_num_seqs,
         tensor_parallel_size=config.tensor_parallel_size,

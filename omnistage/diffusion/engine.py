@@ -24,16 +24,17 @@ from collections.abc import Callable
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
+from omnistage.core.errors import RequestError
+from omnistage.core.types import StageOutput, StageRequest
 from omnistage.diffusion.accel import check_supported
-from omnistage.diffusion.executor import Executor, WorkerDiedError, get_executor_class
 from omnistage.diffusion.checkpoint import CheckpointConfigs
+from omnistage.diffusion.executor import Executor, WorkerDiedError, get_executor_class
 from omnistage.diffusion.inputs import check_default_params, freeze, to_diffusion_request
-from omnistage.diffusion.registry import pipeline_class
 from omnistage.diffusion.progress import ProgressBar
+from omnistage.diffusion.registry import pipeline_class
 from omnistage.diffusion.runner import error_message
 from omnistage.diffusion.sched import EngineRequest, RequestScheduler, RequestStatus, RunnerOutput, StepScheduler
 from omnistage.diffusion.worker import WorkerConfig, resolve_devices
-from omnistage.engine.types import RequestError, StageOutput, StageRequest
 
 # Longest nap in step() while a not-full batch waits for a burst, so new requests and
 # aborts are still picked up promptly.
@@ -81,7 +82,7 @@ class DiffusionEngine:
         key = self.checker.batch_key(diffusion_request.params)
         with self._lock:
             if self.scheduler.get_request(request.request_id) is not None:
-                raise RequestError(f"request_id: {request.request_id!r} is already running", "request_id")
+                raise RequestError("request_id", f"request_id: {request.request_id!r} is already running")
             self.scheduler.add_request(EngineRequest(diffusion_request, freeze(key), arrival_time=self.clock(),
                                                      num_steps=diffusion_request.params.num_inference_steps))
 

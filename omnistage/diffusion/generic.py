@@ -24,10 +24,10 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.core.errors import RequestError
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest
-from omnistage.engine.types import RequestError
 
 # DiffusionParams field -> the `__call__` argument that carries it (where the names differ,
 # the first one the pipeline accepts wins).
@@ -177,11 +177,10 @@ class GenericDiffusersPipeline(DiffusionPipelineBase):
         params = request.params
         for field, arg in self.field_args.items():
             if arg is None and field != "num_outputs_per_prompt" and getattr(params, field) is not None:
-                raise RequestError(f"{field}: {self.reference_class} does not take this parameter", field)
+                raise RequestError(field, f"{field}: {self.reference_class} does not take this parameter")
         if params.num_outputs_per_prompt > 1 and (self.field_args["num_outputs_per_prompt"] is None
                                                   or self.output_modality == "video"):
-            raise RequestError(f"num_outputs_per_prompt: {self.reference_class} returns one output per request",
-                               "num_outputs_per_prompt")
+            raise RequestError("num_outputs_per_prompt", f"num_outputs_per_prompt: {self.reference_class} returns one output per request")
 
     def call_kwargs(self, request: DiffusionRequest) -> dict[str, Any]:
         """The `__call__` keyword arguments for a prepared request: its fields, image, extras
@@ -209,7 +208,7 @@ class GenericDiffusersPipeline(DiffusionPipelineBase):
         num_steps = request.params.num_inference_steps or 1
         call = SteppedCall(lambda callback: self.generate_array(request, callback), num_steps,
                            steppable="callback_on_step_end" in self.call_params)
-        return [DenoiseState(request=request, latents=None, scheduler=None, timesteps=torch.zeros(num_steps),
+        return [DenoiseState(request=request, latents=None, noise_scheduler=None, timesteps=torch.zeros(num_steps),
                              cond={"call": call})]
 
     def denoise_step(self, states: list[DenoiseState]) -> None:

@@ -15,9 +15,10 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from omnistage.core.errors import RequestError
+from omnistage.core.types import StageRequest
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.pipeline import DiffusionRequest
-from omnistage.engine.types import RequestError, StageRequest
 
 INPUT_KEYS = ("prompt", "image", "condition")
 
@@ -28,14 +29,14 @@ def parse_prompt(inputs: Any) -> tuple[str, list[Any]]:
     if isinstance(inputs, str):
         return inputs, []
     if not isinstance(inputs, Mapping):
-        raise RequestError(f"inputs must be a prompt string or a dict with keys {list(INPUT_KEYS)}, "
-                           f"got {type(inputs).__name__}", "prompt")
+        raise RequestError("prompt", f"inputs must be a prompt string or a dict with keys {list(INPUT_KEYS)}, "
+                           f"got {type(inputs).__name__}")
     unknown = sorted(set(inputs) - set(INPUT_KEYS))
     if unknown:
-        raise RequestError(f"inputs: unknown keys {unknown}; allowed: {list(INPUT_KEYS)}", unknown[0])
+        raise RequestError(unknown[0], f"inputs: unknown keys {unknown}; allowed: {list(INPUT_KEYS)}")
     prompt = inputs.get("prompt")
     if not isinstance(prompt, str):
-        raise RequestError(f"prompt must be a string, got {type(prompt).__name__}", "prompt")
+        raise RequestError("prompt", f"prompt must be a string, got {type(prompt).__name__}")
     images = inputs.get("image")
     if images is None:
         images = []
@@ -43,7 +44,7 @@ def parse_prompt(inputs: Any) -> tuple[str, list[Any]]:
         images = [images]
     for i, image in enumerate(images):
         if not isinstance(image, Image.Image):
-            raise RequestError(f"image[{i}] must be a PIL image, got {type(image).__name__}", "image")
+            raise RequestError("image", f"image[{i}] must be a PIL image, got {type(image).__name__}")
     return prompt, list(images)
 
 
@@ -55,7 +56,7 @@ def parse_params(params: Any, defaults: Mapping[str, Any]) -> DiffusionParams:
     elif isinstance(params, Mapping):
         params = DiffusionParams(**params)  # pydantic's ValidationError is a ValueError naming the field
     elif not isinstance(params, DiffusionParams):
-        raise RequestError(f"params must be DiffusionParams, got {type(params).__name__}")
+        raise RequestError(None, f"params must be DiffusionParams, got {type(params).__name__}")
     params = params.with_defaults(dict(defaults))
     if params.seed is None:
         params = params.model_copy(update={"seed": random.randrange(2**63)})
@@ -74,13 +75,13 @@ def parse_condition(inputs: Any) -> dict[str, Any]:
     if condition is None:
         return {}
     if not isinstance(condition, Mapping):
-        raise RequestError(f"condition must be a dict, got {type(condition).__name__}", "condition")
+        raise RequestError("condition", f"condition must be a dict, got {type(condition).__name__}")
     return dict(condition)
 
 
 def to_diffusion_request(request: StageRequest, defaults: Mapping[str, Any]) -> DiffusionRequest:
     if not isinstance(request.request_id, str) or not request.request_id:
-        raise RequestError("request_id must be a non-empty string")
+        raise RequestError(None, "request_id must be a non-empty string")
     prompt, images = parse_prompt(request.inputs)
     return DiffusionRequest(request.request_id, prompt, parse_params(request.params, defaults), images,
                             condition=parse_condition(request.inputs))

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from omnistage.engine.types import RequestError
+from omnistage.core.errors import RequestError
 
 
 class LoraRequest(BaseModel):
@@ -69,13 +69,13 @@ class ExtraSpec:
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
-            raise RequestError(f"extras.{name} must be {self.type.__name__}, got {type(value).__name__}", name)
+            raise RequestError(name, f"extras.{name} must be {self.type.__name__}, got {type(value).__name__}")
         if self.min is not None and value < self.min:
-            raise RequestError(f"extras.{name} must be >= {self.min}, got {value}", name)
+            raise RequestError(name, f"extras.{name} must be >= {self.min}, got {value}")
         if self.max is not None and value > self.max:
-            raise RequestError(f"extras.{name} must be <= {self.max}, got {value}", name)
+            raise RequestError(name, f"extras.{name} must be <= {self.max}, got {value}")
         if self.choices is not None and value not in self.choices:
-            raise RequestError(f"extras.{name} must be one of {list(self.choices)}, got {value!r}", name)
+            raise RequestError(name, f"extras.{name} must be one of {list(self.choices)}, got {value!r}")
         return value
 
 
@@ -84,7 +84,7 @@ def validate_extras(extras: dict[str, Any], schema: dict[str, ExtraSpec]) -> dic
     unknown = sorted(set(extras) - set(schema))
     if unknown:
         known = ", ".join(sorted(schema)) or "none"
-        raise RequestError(f"unknown extras {unknown}; this model accepts: {known}", unknown[0])
+        raise RequestError(unknown[0], f"unknown extras {unknown}; this model accepts: {known}")
     out = {name: spec.default for name, spec in schema.items() if spec.default is not None}
     for name, value in extras.items():
         out[name] = schema[name].check(name, value)

@@ -4,7 +4,7 @@ A native pipeline is built from diffusers components (transformer, VAE, text enc
 scheduler) and splits generation the way diffusers' modular pipelines do:
 
     encode(requests)      -> one DenoiseState per request (text/image conditioning,
-                             initial latents, its own scheduler with timesteps set)
+                             initial latents, its own noise scheduler with timesteps set)
     denoise_step(states)  -> advance every state by one step, in batched transformer calls
     decode(states)        -> one ImagePayload / VideoPayload per request
 
@@ -27,10 +27,11 @@ import numpy as np
 import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.core.errors import RequestError
+from omnistage.core.types import ImagePayload, VideoPayload
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Predict, guided_predictions
 from omnistage.diffusion.params import DiffusionParams, ExtraSpec, validate_extras
-from omnistage.engine.types import ImagePayload, RequestError, VideoPayload
 
 
 @dataclass
@@ -52,7 +53,7 @@ class DenoiseState:
 
     request: DiffusionRequest
     latents: torch.Tensor  # [num_outputs_per_prompt, ...]
-    scheduler: Any  # this request's own scheduler copy, timesteps already set
+    noise_scheduler: Any  # this request's own copy of the diffusers noise scheduler, timesteps already set
     timesteps: torch.Tensor
     cond: dict[str, Any] = field(default_factory=dict)  # prompt embeds, masks, image latents, ...
     step_index: int = 0
@@ -77,6 +78,10 @@ class DenoiseState:
 
 ProgressCallback = Callable[[list[DenoiseState]], None]
 StepRunner = Callable[[list[DenoiseState], Callable[[list[DenoiseState]], None]], None]
+
+_ATTRIBUTES = {"scheduler": "noise_scheduler"}
+"""Components held under another attribute name than their diffusers one: here `scheduler`
+is the engine's batch scheduler, so the diffusers noise scheduler is `noise_scheduler`."""
 
 
 def run_step(states: list[DenoiseState], denoise_step: Callable[[list[DenoiseState]], None]) -> None:
@@ -112,7 +117,7 @@ class DiffusionPipelineBase(ABC):
         self.device = torch.device(device)
         self.dtype = dtype
         for name, module in components.items():
-            setattr(self, name, module)
+            setattr(self, _ATTRIBUTES.get(name, name), module)
         self.accelerations: list[str] = []
         """What `from_pretrained` applied from the deploy config (e.g. ["vae_tiling"])."""
         self.guidance_runner = guided_predictions
@@ -189,16 +194,15 @@ class DiffusionPipelineBase(ABC):
         params = params.with_defaults(self.default_params)
         if params.lora is not None and params.lora.name not in self.lora_adapters:
             served = ", ".join(self.lora_adapters) or "none (no lora_adapters in the deploy config)"
-            raise RequestError(f"lora.name: unknown adapter {params.lora.name!r}; this model serves: {served}",
-                               "lora.name")
+            raise RequestError("lora.name", f"lora.name: unknown adapter {params.lora.name!r}; this model serves: {served}")
         return params.model_copy(update={"extras": validate_extras(params.extras, self.extras)})
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         """Raise ValueError naming the offending field. Override to add family rules."""
         if self.needs_image and not request.images:
-            raise RequestError("image: this model needs an input image", "image")
+            raise RequestError("image", "image: this model needs an input image")
         if not (self.needs_image or self.takes_image) and request.images:
-            raise RequestError("image: this model does not take an input image", "image")
+            raise RequestError("image", "image: this model does not take an input image")
 
     def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:
         """The request with defaults filled and extras validated, after `check_inputs`.
@@ -297,15 +301,15 @@ class DiffusionPipelineBase(ABC):
         seed = request.params.seed if request.params.seed is not None else torch.seed() % 2**63
         return torch.Generator("cpu").manual_seed(seed)
 
-    def scheduler_copy(self) -> Any:
-        """A private scheduler per request: diffusers schedulers keep the step index inside."""
-        return copy.deepcopy(self.components["scheduler"])
+    def noise_scheduler_copy(self) -> Any:
+        """A private noise scheduler per request: diffusers schedulers keep the step index inside."""
+        return copy.deepcopy(self.noise_scheduler)
 
     @staticmethod
-    def scheduler_step(state: DenoiseState, noise_pred: torch.Tensor) -> None:
-        """Advance `state` one step with its own scheduler (x_t -> x_t-1) given its noise prediction."""
+    def noise_scheduler_step(state: DenoiseState, noise_pred: torch.Tensor) -> None:
+        """Advance `state` one step with its own noise scheduler (x_t -> x_t-1) given its noise prediction."""
         t = state.timesteps[state.step_index]
-        state.latents = state.scheduler.step(noise_pred, t, state.latents, return_dict=False)[0]
+        state.latents = state.noise_scheduler.step(noise_pred, t, state.latents, return_dict=False)[0]
         state.step_index += 1
 
 
@@ -319,7 +323,7 @@ def check_divisible(params: DiffusionParams, **multiples: int) -> None:
     for name, multiple in multiples.items():
         value = getattr(params, name)
         if value is not None and value % multiple != 0:
-            raise RequestError(f"{name} must be divisible by {multiple}, got {value}", name)
+            raise RequestError(name, f"{name} must be divisible by {multiple}, got {value}")
 
 
 def encode_prompts_by_length(requests: list[DiffusionRequest], uses_cfg: Callable[[DiffusionRequest], bool],
@@ -400,25 +404,25 @@ def split_per_state(batch: Any, states: list[DenoiseState]) -> list[Any]:
     return pieces
 
 
-def set_flow_match_timesteps(scheduler: Any, sigmas: Any, image_seq_len: int,
+def set_flow_match_timesteps(noise_scheduler: Any, sigmas: Any, image_seq_len: int,
                              device: torch.device | str | None = None, num_steps: int | None = None) -> torch.Tensor:
-    """Set a flow-matching scheduler to `sigmas` with the resolution-dependent shift `mu`
+    """Set a flow-matching noise scheduler to `sigmas` with the resolution-dependent shift `mu`
     (Flux, Qwen-Image, Z-Image), read from the checkpoint's scheduler config like diffusers does.
-    `sigmas=None` gives a scheduler that builds its own flow sigmas (e.g. UniPC with
+    `sigmas=None` gives a noise scheduler that builds its own flow sigmas (e.g. UniPC with
     use_flow_sigmas) only the step count, `num_steps`.
     Returns the timesteps; the step index starts at 0 (no timestep lookup per step)."""
     from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
 
     mu = calculate_shift(
         image_seq_len,
-        scheduler.config.get("base_image_seq_len", 256),
-        scheduler.config.get("max_image_seq_len", 4096),
-        scheduler.config.get("base_shift", 0.5),
-        scheduler.config.get("max_shift", 1.15),
+        noise_scheduler.config.get("base_image_seq_len", 256),
+        noise_scheduler.config.get("max_image_seq_len", 4096),
+        noise_scheduler.config.get("base_shift", 0.5),
+        noise_scheduler.config.get("max_shift", 1.15),
     )
     num_steps = len(sigmas) if sigmas is not None else num_steps
-    timesteps, _ = retrieve_timesteps(scheduler, num_steps, device, sigmas=sigmas, mu=mu)
-    scheduler.set_begin_index(0)
+    timesteps, _ = retrieve_timesteps(noise_scheduler, num_steps, device, sigmas=sigmas, mu=mu)
+    noise_scheduler.set_begin_index(0)
     return timesteps
 
 

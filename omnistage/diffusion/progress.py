@@ -8,7 +8,7 @@ engine goes idle.
 
 from __future__ import annotations
 
-from omnistage.engine.types import ProgressPayload
+from omnistage.core.types import ProgressPayload
 
 
 class ProgressBar:

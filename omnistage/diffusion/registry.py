@@ -8,11 +8,12 @@ Families register their pipeline from their torch-free `__init__.py`, next to th
 
 from __future__ import annotations
 
-from omnistage.config.components import ComponentRegistry, import_target
+from omnistage.config.registry import REGISTRY
+from omnistage.core.registry import ComponentRegistry, import_target
 
 GENERIC_PIPELINE = "omnistage.diffusion.generic:GenericDiffusersPipeline"
 
-_PIPELINES = ComponentRegistry("diffusion pipeline")
+_PIPELINES = ComponentRegistry("diffusion pipeline", REGISTRY.discover)
 
 
 def register_diffusion_pipeline(key: str, target: str | type) -> None:

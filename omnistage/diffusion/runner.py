@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import torch
 
+from omnistage.core.types import ImagePayload, ProgressPayload
 from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
-from omnistage.engine.types import ImagePayload, ProgressPayload
 
 ProgressSink = Callable[[list[tuple[str, ProgressPayload]]], None]
 

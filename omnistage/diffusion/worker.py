@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from omnistage.engine.device import resolve_dtype
 from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.core.device import resolve_dtype
 from omnistage.diffusion.runner import DiffusionRunner, ProgressSink
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
 
@@ -51,7 +51,7 @@ class DiffusionWorker:
         self.config = config
         self.rank = rank
         self.device = torch.device(config.devices[rank])
-        self.dtype = resolve_dtype(config.stage, self.device)
+        self.dtype = resolve_dtype(config.stage.dtype, self.device)
         self.runner: DiffusionRunner | None = None
 
     # -- start-up ------------------------------------------------------------------------

@@ -9,16 +9,17 @@ A factory for process stages must be picklable (a module-level function or class
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from omnistage.core.registry import import_target
+
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.config.spec import PipelineSpec, StageSpec
-    from omnistage.engine.types import Engine
+    from omnistage.core.types import Engine
 
 EngineFactory = Callable[[str, "StageSpec", "StageDeployConfig"], "Engine"]
 
@@ -41,8 +42,7 @@ def get_engine_class(kind: str, ar_backend: str = "native") -> type:
         raise ValueError(f"no engine for stage kind {kind!r}; known kinds: {', '.join(ENGINE_CLASSES)}")
     if kind == "ar" and ar_backend not in AR_BACKENDS:
         raise ValueError(f"no AR backend {ar_backend!r}; known backends: {', '.join(AR_BACKENDS)}")
-    module_name, class_name = (AR_BACKENDS[ar_backend] if kind == "ar" else ENGINE_CLASSES[kind]).split(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    return import_target(AR_BACKENDS[ar_backend] if kind == "ar" else ENGINE_CLASSES[kind])
 
 
 NOT_YET_IMPLEMENTED = {

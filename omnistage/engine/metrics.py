@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnistage.engine.types import ProgressPayload, TextPayload
+from omnistage.core.types import ProgressPayload, TextPayload
 
 
 # From a token (ms) to a video (minutes).

@@ -49,21 +49,12 @@ from typing import Any
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import PipelineSpec, StageSpec
+from omnistage.core.errors import EngineUnavailableError, ErrorKind, RequestError
+from omnistage.core.types import InputChunk, ProgressPayload, StageOutput, StageInputs, StageRequest
 from omnistage.engine.factory import EngineFactory, create_engine, stage_model_paths
 from omnistage.engine.metrics import PrometheusMetrics, StageMetrics
 from omnistage.engine.outputs import Delta, OmniOutput, StageStream, fill_media
 from omnistage.engine.stage_handle import StageHandle, make_stage_handle
-from omnistage.engine.types import (
-    INVALID_REQUEST,
-    UNAVAILABLE,
-    EngineUnavailableError,
-    InputChunk,
-    ProgressPayload,
-    RequestError,
-    StageOutput,
-    StageInputs,
-    StageRequest,
-)
 from omnistage.runtime.channel import DEFAULT_THRESHOLD_BYTES
 from omnistage.runtime.endpoint import Waker
 
@@ -498,14 +489,14 @@ class Orchestrator:
         try:
             return True, fn(*args)
         except RequestError as e:  # the request's inputs, not the processor: a 400 naming the field
-            self._fail(state, stage, f"{what}: {e.message}", INVALID_REQUEST, e.param)
+            self._fail(state, stage, f"{what}: {e.message}", ErrorKind.INVALID_REQUEST, e.param)
             return False, None
         except Exception as e:
             logger.exception("stage %s: %s failed for request %s", stage.label, what, state.request.request_id)
             self._fail(state, stage, f"{what} raised {type(e).__name__}: {e}")
             return False, None
 
-    def _fail(self, state: _RequestState, stage: StageSpec, message: str, kind: str | None = None,
+    def _fail(self, state: _RequestState, stage: StageSpec, message: str, kind: ErrorKind | None = None,
               param: str | None = None) -> None:
         self.metrics.observe_stage_error(stage.name)
         self._outputs.append(OmniOutput(
@@ -523,10 +514,10 @@ class Orchestrator:
                 break
             if kind == "add":
                 _deliver(sink, OmniOutput(body.request_id, finished=True, finish_reason="error", error=reason,
-                                          error_kind=UNAVAILABLE))
+                                          error_kind=ErrorKind.UNAVAILABLE))
         for state in list(self._requests.values()):
             self._outputs.append(OmniOutput(state.request.request_id, finished=True, finish_reason="error",
-                                            error=reason, error_kind=UNAVAILABLE, metrics=self._request_metrics(state)))
+                                            error=reason, error_kind=ErrorKind.UNAVAILABLE, metrics=self._request_metrics(state)))
             try:
                 self._retire(state, "error")
             except Exception:  # after a crashed loop the bookkeeping may be broken; answer anyway

@@ -15,14 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnistage.engine.types import (
-    AudioPayload,
-    ImagePayload,
-    LatentPayload,
-    ProgressPayload,
-    TextPayload,
-    VideoPayload,
-)
+from omnistage.core.errors import ErrorKind
+from omnistage.core.types import AudioPayload, ImagePayload, LatentPayload, ProgressPayload, TextPayload, VideoPayload
 
 
 @dataclass
@@ -49,11 +43,11 @@ class OmniOutput:
     """"stop" | "length" from a text stage; "abort" when aborted; "error" with `error`."""
     error: str | None = None
     """Why the request failed, naming the stage."""
-    error_kind: str | None = None
-    """"invalid_request" when a stage refused the request's inputs or params; "unavailable"
+    error_kind: ErrorKind | None = None
+    """INVALID_REQUEST when a stage refused the request's inputs or params; UNAVAILABLE
     when a stage is down or restarting, or the engine is stopping (retry later); else None."""
     error_param: str | None = None
-    """With "invalid_request": the request field at fault, when the stage named it."""
+    """With INVALID_REQUEST: the request field at fault, when the stage named it."""
     # --- what is new in a streamed output ---
     stage: str | None = None
     """Name of the stage this update came from."""

@@ -174,12 +174,12 @@ class Omni:
         metrics_registry: Any = None,
         **overrides: Any,
     ):
-        self.engine = AsyncOmni(model, deploy_config, stage_overrides, pipeline=pipeline,
-                                engine_factory=engine_factory, metrics_registry=metrics_registry, **overrides)
+        self.async_omni = AsyncOmni(model, deploy_config, stage_overrides, pipeline=pipeline,
+                                    engine_factory=engine_factory, metrics_registry=metrics_registry, **overrides)
 
     @property
     def spec(self) -> PipelineSpec:
-        return self.engine.spec
+        return self.async_omni.spec
 
     def generate(self, prompts: Any, params: Any = None, *, modalities: Sequence[str] | None = None,
                  use_tqdm: bool = True) -> list[OmniOutput]:
@@ -196,10 +196,10 @@ class Omni:
 
         prompt_list = _prompt_list(prompts)
         per_prompt = params_per_prompt(self.spec, params, len(prompt_list) if _is_prompt_list(prompts) else None)
-        requests = [self.engine.make_request(p, q, modalities=modalities) for p, q in zip(prompt_list, per_prompt)]
+        requests = [self.async_omni.make_request(p, q, modalities=modalities) for p, q in zip(prompt_list, per_prompt)]
         done: queue.Queue[OmniOutput] = queue.Queue()
         for request in requests:
-            self.engine.orchestrator.submit(request, sink=done.put)
+            self.async_omni.orchestrator.submit(request, sink=done.put)
         results: dict[str, OmniOutput] = {}
         steps: dict[str, tuple[int, int]] = {}  # denoising progress per request: (step, num_steps)
         try:
@@ -216,7 +216,7 @@ class Omni:
         except BaseException:  # e.g. KeyboardInterrupt: leave nothing running
             for request in requests:
                 if request.request_id not in results:
-                    self.engine.orchestrator.abort(request.request_id)
+                    self.async_omni.orchestrator.abort(request.request_id)
             raise
         outputs = [results[r.request_id] for r in requests]
         failed = [out for out in outputs if out.error is not None]
@@ -225,7 +225,7 @@ class Omni:
         return outputs
 
     def close(self) -> None:
-        self.engine.close()
+        self.async_omni.close()
 
     def __enter__(self) -> Omni:
         return self

@@ -19,7 +19,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
-from omnistage.config.components import ComponentRegistry
+from omnistage.config.registry import REGISTRY
+from omnistage.core.registry import ComponentRegistry
 
 if TYPE_CHECKING:
     import numpy as np
@@ -36,7 +37,7 @@ class Decoder(ABC):
     """Most frames one stream may hold in total (e.g. a KV cache's length); None = unbounded."""
     supports_prepacked_linears: bool = False
     """`model`'s code only calls its linear layers (never reads their `.weight`), so on CPU the
-    engine may swap them for oneDNN ones with prepacked weights (engine/cpu_linear.py)."""
+    engine may swap them for oneDNN ones with prepacked weights (ar/cpu_linear.py)."""
     model: Any = None
     """The decoder's torch module (None once closed)."""
 
@@ -70,7 +71,7 @@ class Decoder(ABC):
 
 # --- registry --------------------------------------------------------------------------
 
-_DECODERS = ComponentRegistry("decoder", builtins={"mimi": "omnistage.generation.mimi:MimiDecoder"})
+_DECODERS = ComponentRegistry("decoder", REGISTRY.discover, builtins={"mimi": "omnistage.generation.mimi:MimiDecoder"})
 
 
 def register_decoder(key: str, target: str | type[Decoder]) -> None:

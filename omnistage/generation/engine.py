@@ -36,11 +36,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnistage.engine.cpu_linear import prepack_linears
-from omnistage.engine.device import resolve_device, resolve_dtype
+from omnistage.ar.cpu_linear import prepack_linears
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.engine.types import AudioPayload, StageOutput, StageRequest
+from omnistage.core.device import resolve_device, resolve_dtype
+from omnistage.core.types import AudioPayload, StageOutput, StageRequest
 from omnistage.generation.decoder import get_decoder_class
 
 logger = logging.getLogger(__name__)
@@ -81,9 +81,9 @@ class _Stream:
 class GenerationEngine:
     def __init__(self, model_path: str, stage: StageSpec | None = None,
                  config: StageDeployConfig = StageDeployConfig(), *, chunk_frames: int | None = None) -> None:
-        device = resolve_device(config)
+        device = resolve_device(config.devices)
         self.decoder = get_decoder_class(stage.model if stage else None).load(
-            model_path, stage, device, resolve_dtype(config, device), config.max_num_seqs)
+            model_path, stage, device, resolve_dtype(config.dtype, device), config.max_num_seqs)
         if device.type == "cpu" and self.decoder.supports_prepacked_linears:
             prepack_linears(self.decoder.model)  # a decode feeds many frames: packed for the batched case
         self.max_num_seqs = config.max_num_seqs

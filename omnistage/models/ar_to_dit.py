@@ -13,17 +13,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from omnistage.engine.types import RequestError, StageInputs, TextPayload
+from omnistage.core.errors import RequestError
+from omnistage.core.types import StageInputs, TextPayload
 
 
 def user_prompt(request: Any) -> str:
     """The prompt of an image request: a str, or {"prompt": str}."""
     prompt = request.prompt.get("prompt") if isinstance(request.prompt, Mapping) else request.prompt
     if isinstance(request.prompt, Mapping) and request.prompt.get("image") is not None:
-        raise RequestError("image: this model takes a text prompt only", "image")
+        raise RequestError("image", "image: this model takes a text prompt only")
     if not isinstance(prompt, str) or not prompt:
-        raise RequestError(f"prompt must be a non-empty string (or {{'prompt': str}}), got {request.prompt!r}",
-                           "prompt")
+        raise RequestError("prompt", f"prompt must be a non-empty string (or {{'prompt': str}}), got {request.prompt!r}")
     return prompt
 
 

@@ -26,6 +26,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from omnistage.core.types import StageOutput
 from omnistage.runtime import process
 from omnistage.runtime.channel import Channel
 from omnistage.runtime.loop import EngineServer, Event, LoopStopped, describe, drain, serve
@@ -258,8 +259,6 @@ def pack_events(channel: Channel, events: list[Event]) -> bytes:
     return pickle.dumps(packed, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def unsendable(outputs: list[Any], e: BaseException) -> list[Any]:
-    from omnistage.engine.types import StageOutput
-
+def unsendable(outputs: list[StageOutput], e: BaseException) -> list[StageOutput]:
     return [StageOutput(out.request_id, None, finished=True, error=f"the stage output cannot be sent: {describe(e)}")
             for out in outputs]

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from omnistage.core.errors import ErrorKind
+from omnistage.core.types import StageOutput
 from omnistage.runtime.process import WorkerDiedError
 
 logger = logging.getLogger(__name__)
@@ -63,22 +65,18 @@ class EngineServer:
                 self._events.append(("reply", call_id, False, describe(e)))
 
     def _add(self, request: Any) -> None:
-        from omnistage.engine.types import INVALID_REQUEST
-
         try:
             self.engine.add_request(request)
         except ValueError as e:  # the engine refused the request's inputs or params: the caller's mistake
             logger.info("request %s refused: %s", request.request_id, e)
-            self._fail(request.request_id, str(e), INVALID_REQUEST, getattr(e, "param", None))
+            self._fail(request.request_id, str(e), ErrorKind.INVALID_REQUEST, getattr(e, "param", None))
         except Exception as e:
             logger.exception("add_request(%s) failed", request.request_id)
             self._fail(request.request_id, f"add_request raised {describe(e)}")
         except BaseException as e:  # a panic (e.g. pyo3's PanicException) leaves the engine unusable
             self._die(e)
 
-    def _fail(self, request_id: str, message: str, kind: str | None = None, param: str | None = None) -> None:
-        from omnistage.engine.types import StageOutput
-
+    def _fail(self, request_id: str, message: str, kind: ErrorKind | None = None, param: str | None = None) -> None:
         self._events.append(("outputs", [StageOutput(request_id, None, finished=True, error=message,
                                                      error_kind=kind, error_param=param)]))
 

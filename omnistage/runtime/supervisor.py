@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from omnistage.core.errors import ErrorKind
+from omnistage.core.types import StageOutput, StageRequest
 from omnistage.runtime.channel import serialize
 from omnistage.runtime.endpoint import Endpoint, Waker
 
@@ -61,7 +63,7 @@ class RestartPolicy:
 
 @dataclass
 class _Held:
-    request: Any
+    request: StageRequest
     fingerprint: str | None = None
 
 
@@ -84,7 +86,7 @@ class Supervisor:
         self.crashes: dict[str, int] = {}
         """Fingerprint -> how many times a request with it was running when the stage crashed."""
         self._build = build
-        self._outputs: list[Any] = []  # answered here, handed out by the next step()
+        self._outputs: list[StageOutput] = []  # answered here, handed out by the next step()
         self._calls: dict[int, Any] = {}
         self._next_call = 0
         self._last_event = time.monotonic()
@@ -105,17 +107,15 @@ class Supervisor:
 
     # -- requests ------------------------------------------------------------------------
 
-    def add_request(self, request: Any) -> None:
-        from omnistage.engine.types import INVALID_REQUEST, UNAVAILABLE
-
+    def add_request(self, request: StageRequest) -> None:
         rid = request.request_id
         fingerprint = self._fingerprint(request) if self.crashes else None
         if fingerprint is not None and self.crashes.get(fingerprint, 0) >= MAX_CRASHES_PER_REQUEST:
             self._outputs.append(_error(rid, f"refused: a request with these inputs and params crashed the stage "
-                                             f"{self.crashes[fingerprint]} times", INVALID_REQUEST))
+                                             f"{self.crashes[fingerprint]} times", ErrorKind.INVALID_REQUEST))
             return
         if self.endpoint is None:
-            self._outputs.append(_error(rid, self._unavailable_message(), UNAVAILABLE))
+            self._outputs.append(_error(rid, self._unavailable_message(), ErrorKind.UNAVAILABLE))
             return
         self.held[rid] = _Held(request, fingerprint)
         problem = self.endpoint.send("add", request)
@@ -146,7 +146,7 @@ class Supervisor:
 
     # -- the orchestrator's step ---------------------------------------------------------
 
-    def step(self) -> list[Any]:
+    def step(self) -> list[StageOutput]:
         """Outputs since the last call. Inline: runs one engine step. Never blocks."""
         outputs, self._outputs = self._outputs, []
         self._waker.drain()
@@ -177,7 +177,7 @@ class Supervisor:
                                       hung=True)
         return outputs
 
-    def _keep_held(self, outputs: list[Any]) -> list[Any]:
+    def _keep_held(self, outputs: list[StageOutput]) -> list[StageOutput]:
         kept = []
         for out in outputs:
             if out.request_id in self.held:
@@ -186,7 +186,7 @@ class Supervisor:
                 kept.append(out)
         return kept
 
-    def _fail_held(self, message: str) -> list[Any]:
+    def _fail_held(self, message: str) -> list[StageOutput]:
         """A step raised: the engine cannot say which request broke the batch, so all fail."""
         failed = []
         for rid in sorted(self.held):
@@ -195,22 +195,20 @@ class Supervisor:
         self.held.clear()
         return failed
 
-    def _on_death(self, reason: str, crashed: bool, stepped: list[Any], hung: bool = False) -> list[Any]:
-        from omnistage.engine.types import UNAVAILABLE
-
+    def _on_death(self, reason: str, crashed: bool, stepped: list[StageOutput], hung: bool = False) -> list[StageOutput]:
         dead, self.endpoint = self.endpoint, None
         self.down_reason = reason
         logger.error("stage %s is down: %s", self.label, reason)
         # What failed in this step failed because the stage died: it may be retried.
         for out in stepped:
             if out.error is not None and out.error_kind is None:
-                out.error_kind = UNAVAILABLE
+                out.error_kind = ErrorKind.UNAVAILABLE
         if crashed:
             for held in self.held.values():
                 held.fingerprint = held.fingerprint or self._fingerprint(held.request)
                 self.crashes[held.fingerprint] = self.crashes.get(held.fingerprint, 0) + 1
         message = f"{reason}, while running this request" if crashed else reason
-        failed = [_error(rid, message, UNAVAILABLE) for rid in sorted(self.held)]
+        failed = [_error(rid, message, ErrorKind.UNAVAILABLE) for rid in sorted(self.held)]
         self.held.clear()
         for future in self._calls.values():
             future.set_exception(RuntimeError(reason))
@@ -311,7 +309,7 @@ class Supervisor:
         self._waker.close()
 
     @staticmethod
-    def _fingerprint(request: Any) -> str:
+    def _fingerprint(request: StageRequest) -> str:
         """A digest of what the request asks (inputs and params, not its id)."""
         try:
             header, buffers = serialize((request.inputs, request.params))
@@ -323,9 +321,7 @@ class Supervisor:
         return digest.hexdigest()
 
 
-def _error(request_id: str, message: str, kind: str | None = None) -> Any:
-    from omnistage.engine.types import StageOutput
-
+def _error(request_id: str, message: str, kind: ErrorKind | None = None) -> StageOutput:
     return StageOutput(request_id, None, finished=True, error=message, error_kind=kind)
 
 

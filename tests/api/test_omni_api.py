@@ -13,7 +13,7 @@ from omnistage import AsyncOmni, DiffusionParams, Omni, OmniRequestError, Sampli
 
 
 def engine(omni, stage_id: int) -> FakeEngine:
-    orchestrator = omni.engine.orchestrator if isinstance(omni, Omni) else omni.orchestrator
+    orchestrator = omni.async_omni.orchestrator if isinstance(omni, Omni) else omni.orchestrator
     return orchestrator.handles[stage_id].endpoint.server.engine  # the supervisor's inline endpoint
 
 
@@ -179,7 +179,7 @@ def test_metrics_are_exported_to_the_given_registry():
     registry = CollectorRegistry()
     with Omni("m", pipeline=text_to_image(), engine_factory=FakeEngine, metrics_registry=registry) as omni:
         omni.generate(["a", "b"], use_tqdm=False)
-        assert omni.engine.metrics_registry is registry
+        assert omni.async_omni.metrics_registry is registry
     assert 'omnistage_requests_total{pipeline="t2i",status="finished"} 2.0' in generate_latest(registry).decode()
 
 

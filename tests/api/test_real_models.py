@@ -35,7 +35,7 @@ def expand(zoo, tmp_path_factory):
 
 
 def test_z_image_single_stage(zimage):
-    assert zimage.engine.config.pipeline_key == "ZImagePipeline"
+    assert zimage.async_omni.config.pipeline_key == "ZImagePipeline"
     outs = zimage.generate(["a cat", "a dog"], DRAW, use_tqdm=False)
     assert [o.images[0].size for o in outs] == [(32, 32), (32, 32)]
     assert all(o.text is None and o.audio is None and o.video is None for o in outs)
@@ -43,7 +43,7 @@ def test_z_image_single_stage(zimage):
     assert stage["num_steps"] == 2 and stage["seed"] == 3 and stage["run_time"] > 0
     from prometheus_client import generate_latest
 
-    exported = generate_latest(zimage.engine.metrics_registry).decode()
+    exported = generate_latest(zimage.async_omni.metrics_registry).decode()
     assert 'omnistage_stage_batch_size_count{pipeline=' in exported
 
 
@@ -54,7 +54,7 @@ def test_offline_progress_bar_follows_denoising_steps(zimage, capsys):
 
 
 def test_expanded_text_is_what_z_image_draws(expand, zimage):
-    config = expand.engine.config
+    config = expand.async_omni.config
     assert (config.pipeline_key, config.resolved_by) == ("prompt_expand_image", "config.json model_type")
     params = {"expander": SamplingParams(max_tokens=8, ignore_eos=True, seed=0), "drawer": DRAW}
     [out] = expand.generate("a cat", params, use_tqdm=False)
@@ -69,13 +69,13 @@ def test_expanded_text_is_what_z_image_draws(expand, zimage):
 def test_stream_then_abort_mid_request(expand):
     async def main():
         short = {"expander": SamplingParams(max_tokens=6, ignore_eos=True, seed=1), "drawer": DRAW}
-        streamed = [out async for out in expand.engine.generate({"prompt": "a boat"}, short)]
+        streamed = [out async for out in expand.async_omni.generate({"prompt": "a boat"}, short)]
         long = {"expander": SamplingParams(max_tokens=500, ignore_eos=True), "drawer": DRAW}
         aborted = []
-        async for out in expand.engine.generate("a tree", long, request_id="long"):
+        async for out in expand.async_omni.generate("a tree", long, request_id="long"):
             aborted.append(out)
             if len(aborted) == 2:
-                await expand.engine.abort("long")
+                await expand.async_omni.abort("long")
         return streamed, aborted
 
     streamed, aborted = asyncio.run(main())
@@ -84,7 +84,7 @@ def test_stream_then_abort_mid_request(expand):
     assert "".join(o.text_delta or "" for o in streamed) == streamed[-1].text
     assert aborted[-1].finished and aborted[-1].finish_reason == "abort"
     assert "drawer" not in aborted[-1].metrics["stages"]
-    assert asyncio.run(expand.engine.check_health())
+    assert asyncio.run(expand.async_omni.check_health())
 
 
 def test_a_failing_input_processor_fails_only_its_request(expand):

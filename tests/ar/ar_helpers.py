@@ -59,7 +59,7 @@ def record_packed_chunks(engine) -> list[tuple[int, int]]:
 def join_two_long_prompts(engine, short, longs, params, steps=None, **inputs) -> dict:
     """A short stream decodes; two long prompts ("a", "b") join at its third step."""
     from omnistage.ar.sampling_params import SamplingParams
-    from omnistage.engine.types import StageRequest
+    from omnistage.core.types import StageRequest
 
     def join(step, eng):
         if steps is not None and eng.has_unfinished_requests():

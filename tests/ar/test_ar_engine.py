@@ -7,7 +7,7 @@ import torch
 
 from ar_helpers import PROMPTS, final, make_engine, run
 from omnistage.ar.sampling_params import SamplingParams
-from omnistage.engine.types import Engine, StageRequest, TextPayload
+from omnistage.core.types import Engine, StageRequest, TextPayload
 
 GREEDY = dict(max_tokens=16, temperature=0.0)
 

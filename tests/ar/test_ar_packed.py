@@ -11,7 +11,7 @@ import torch
 
 from ar_helpers import final, join_two_long_prompts, make_engine, record_packed_chunks, run
 from omnistage.ar.sampling_params import SamplingParams
-from omnistage.engine.types import StageRequest
+from omnistage.core.types import StageRequest
 from test_ar_paged import assert_no_leak, token_prompts
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0)

@@ -11,7 +11,7 @@ import torch
 
 from ar_helpers import final, make_engine, run
 from omnistage.ar.sampling_params import SamplingParams
-from omnistage.engine.types import StageRequest
+from omnistage.core.types import StageRequest
 
 MAX_NEW = 12
 GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from omnistage.ar.sampling_params import SamplingParams
-from omnistage.engine.types import StageRequest
+from omnistage.core.types import StageRequest
 from ar_helpers import PROMPTS, final, make_engine, run
 
 MAX_NEW = 16
@@ -95,11 +95,11 @@ def test_hidden_states_match_a_full_forward(engine, hf_model, tokenizer):
 
 def test_small_model_with_prepacked_linears(zoo):
     """On CPU the generic LLM's linears run through oneDNN with prepacked weights
-    (engine/cpu_linear.py); the tiny model's are all below the packing threshold, so this is
+    (ar/cpu_linear.py); the tiny model's are all below the packing threshold, so this is
     the small one (4 layers of 512)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from omnistage.engine.cpu_linear import PrepackedLinear
+    from omnistage.ar.cpu_linear import PrepackedLinear
 
     path = str(zoo("qwen2-llm", size="small"))
     engine = make_engine(path, max_num_seqs=4)

@@ -19,8 +19,8 @@ from omnistage.ar.model import get_ar_model_class
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
+from omnistage.core.types import StageRequest
 from omnistage.engine.factory import create_engine
-from omnistage.engine.types import StageRequest
 from ar_helpers import PROMPTS, final, make_engine, run
 
 MAX_NEW = 16

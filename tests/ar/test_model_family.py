@@ -11,7 +11,7 @@ from omnistage.ar.model import ModelOutput, PromptInputs, get_ar_model_class, re
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.engine.types import StageRequest
+from omnistage.core.types import StageRequest
 
 
 class EmbedsFamily(HFCausalLM):

@@ -12,7 +12,7 @@ import torch
 from ar_helpers import PROMPTS, final, make_engine, run
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.ar.structured_outputs import StructuredOutputsParams
-from omnistage.engine.types import StageRequest
+from omnistage.core.types import StageRequest
 
 SCHEMA = {
     "type": "object",

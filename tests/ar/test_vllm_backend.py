@@ -15,8 +15,8 @@ from ar_helpers import PROMPTS, final, make_engine, run
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
+from omnistage.core.types import StageRequest
 from omnistage.engine.factory import create_engine
-from omnistage.engine.types import StageRequest
 
 LLM_STAGE = StageSpec(id=0, name="llm", kind="ar", output="text", final_output=True)
 CONFIG = dict(devices=("cpu",), dtype="float32", max_num_seqs=2, max_model_len=256)

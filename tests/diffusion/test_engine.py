@@ -8,9 +8,9 @@ from PIL import Image
 
 from fake_diffusion import FakePipeline, FakeRequestOnlyPipeline, make_fake_model
 from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.core.types import Engine, ImagePayload, ProgressPayload, StageRequest
 from omnistage.diffusion.engine import DiffusionEngine
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.engine.types import Engine, ImagePayload, ProgressPayload, StageRequest
 
 
 def make_engine(tmp_path, pipeline_cls=FakePipeline, **config) -> DiffusionEngine:

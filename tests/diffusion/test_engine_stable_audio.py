@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.core.types import AudioPayload, StageRequest
 from omnistage.diffusion.engine import DiffusionEngine
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.engine.types import AudioPayload, StageRequest
 from omnistage.models.stable_audio.pipeline import StableAudio
 
 PROMPTS = ["rain on a roof", "a dog barking twice in a large empty hall", "wind"]

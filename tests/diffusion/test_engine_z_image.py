@@ -14,10 +14,10 @@ import pytest
 from fake_diffusion import child_pids
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
+from omnistage.core.types import StageRequest
 from omnistage.diffusion.engine import DiffusionEngine
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.models.z_image.pipeline import ZImage
-from omnistage.engine.types import StageRequest
 
 PROMPTS = ["a cat", "a photo of a small dog on a long red wooden chair", "a tree in the snow"]
 EXTRAS = {"max_sequence_length": 32}

@@ -15,13 +15,13 @@ import pytest
 
 from fake_diffusion import FakePipeline, child_pids, make_fake_model
 from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.core.types import ImagePayload, StageRequest
 from omnistage.diffusion.engine import DiffusionEngine
 from omnistage.diffusion.executor import WorkerDiedError
 from omnistage.runtime.channel import Channel, sweep_shm
 
 SHM_DIR = "/dev/shm"
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.engine.types import ImagePayload, StageRequest
 
 
 def run(engine: DiffusionEngine) -> dict[str, list]:

@@ -105,8 +105,8 @@ def test_refused_by_name_at_load(path, fields, message):
 def test_engine_step_mode_joins_and_returns_video_with_audio(path, plain):
     # Through DiffusionEngine in step mode: a second request joins after the first one's first
     # step; each comes back as the VideoPayload (frames and soundtrack) it gives alone.
+    from omnistage.core.types import StageRequest
     from omnistage.diffusion.engine import DiffusionEngine
-    from omnistage.engine.types import StageRequest
 
     engine = DiffusionEngine(str(path), config=StageDeployConfig(step_execution=True, max_num_seqs=2))
     try:

@@ -19,8 +19,8 @@ from parity import (
     run_staggered,
 )
 
+from omnistage.core.types import VideoPayload
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.engine.types import VideoPayload
 from omnistage.models.ltx2.pipeline import LTX2T2V
 from omnistage.testing import call_kwargs as zoo_call_kwargs
 

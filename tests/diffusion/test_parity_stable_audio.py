@@ -11,8 +11,8 @@ import torch
 
 from parity import BATCH_PROMPTS, ParityTests, assert_rejected
 
+from omnistage.core.types import AudioPayload
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.engine.types import AudioPayload
 from omnistage.models.stable_audio.pipeline import StableAudio
 from omnistage.testing import call_kwargs as zoo_call_kwargs
 
@@ -123,4 +123,4 @@ class TestStableAudioCosineScheduler(StableAudioParity):
         return path
 
     def test_uses_the_cosine_scheduler(self, ours):
-        assert type(ours.scheduler).__name__ == "CosineDPMSolverMultistepScheduler"
+        assert type(ours.noise_scheduler).__name__ == "CosineDPMSolverMultistepScheduler"

@@ -14,7 +14,7 @@ from omnistage.diffusion.sched import (
     SchedulerOutput,
     StepScheduler,
 )
-from omnistage.engine.types import ImagePayload, ProgressPayload
+from omnistage.core.types import ImagePayload, ProgressPayload
 
 
 class Clock:

@@ -137,7 +137,7 @@ def test_omni_cache_backend_reports_forwards_in_metrics_and_prometheus(zoo):
     with Omni(zoo("z-image"), cache_backend="tea_cache", cache_config={"rel_l1_thresh": 0.8},
               step_execution=True) as omni:
         outs = omni.generate(["a cat", "a dog"], params, use_tqdm=False)
-        exported = generate_latest(omni.engine.metrics_registry).decode()
+        exported = generate_latest(omni.async_omni.metrics_registry).decode()
     stages = [o.metrics["stages"]["diffusion"] for o in outs]
     for stage in stages:
         assert stage["num_forwards_computed"] + stage["num_forwards_skipped"] == 16  # 8 steps x 2 branches

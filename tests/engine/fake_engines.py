@@ -31,7 +31,7 @@ import numpy as np
 from PIL import Image
 
 from omnistage.config import PipelineSpec, StageSpec
-from omnistage.engine.types import AudioPayload, ImagePayload, ProgressPayload, StageOutput, StageRequest, TextPayload
+from omnistage.core.types import AudioPayload, ImagePayload, ProgressPayload, StageOutput, StageRequest, TextPayload
 from omnistage.runtime.process import WorkerDiedError
 
 

@@ -7,6 +7,7 @@ import pytest
 from fake_engines import FakeEngine, every_token, expand_to_image, streamed_tts, text_to_image
 
 from omnistage.config import PipelineSpec, StageDeployConfig, StageSpec
+from omnistage.core.errors import ErrorKind
 from omnistage.engine.orchestrator import OmniRequest, Orchestrator
 
 
@@ -266,7 +267,7 @@ def test_failing_input_processor_fails_only_its_request():
 
 
 @pytest.mark.parametrize("trigger, message, kind", [
-    ("poison", "poisoned input", "invalid_request"),  # the engine refused it: the caller's mistake
+    ("poison", "poisoned input", ErrorKind.INVALID_REQUEST),  # the engine refused it: the caller's mistake
     ("fail", "the fake engine failed", None),
 ])
 def test_engine_error_names_the_stage_and_spares_other_requests(trigger, message, kind):

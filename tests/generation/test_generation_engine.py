@@ -13,7 +13,7 @@ import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.engine.types import Engine, StageRequest
+from omnistage.core.types import Engine, StageRequest
 from omnistage.generation.decoder import Decoder, register_decoder
 from omnistage.generation.engine import GenerationEngine
 

@@ -8,7 +8,7 @@ import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.engine.types import StageRequest
+from omnistage.core.types import StageRequest
 from omnistage.generation.engine import GenerationEngine
 from omnistage.generation.mimi import MimiDecoder
 

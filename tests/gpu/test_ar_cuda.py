@@ -10,7 +10,7 @@ import torch
 from ar_helpers import PROMPTS, final, run
 
 from omnistage.ar.sampling_params import SamplingParams
-from omnistage.engine.types import StageRequest
+from omnistage.core.types import StageRequest
 
 pytestmark = pytest.mark.gpu
 

@@ -15,8 +15,8 @@ from ar_helpers import PROMPTS, final, run
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
+from omnistage.core.types import StageRequest
 from omnistage.engine.factory import create_engine
-from omnistage.engine.types import StageRequest
 
 pytestmark = pytest.mark.gpu
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.core.types import StageRequest
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.engine.types import StageRequest
 
 pytestmark = pytest.mark.gpu
 

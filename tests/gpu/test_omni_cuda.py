@@ -10,16 +10,16 @@ import torch
 
 from omnistage import DiffusionParams, Omni, SamplingParams
 from omnistage.config.deploy_fields import StageDeployConfig
-from omnistage.engine.device import resolve_device, resolve_dtype
+from omnistage.core.device import resolve_device, resolve_dtype
 
 pytestmark = pytest.mark.gpu
 
 
 def test_auto_resolves_to_bf16_on_cuda():
     config = StageDeployConfig()  # devices: [], dtype: auto
-    device = resolve_device(config)
+    device = resolve_device(config.devices)
     assert device.type == "cuda"
-    assert resolve_dtype(config, device) == torch.bfloat16
+    assert resolve_dtype(config.dtype, device) == torch.bfloat16
 
 
 def test_z_image_bf16(zoo):

@@ -14,7 +14,7 @@ from omnistage import AsyncOmni, Omni
 from omnistage.ar import SamplingParams
 from omnistage.ar.engine import AREngine
 from omnistage.config.deploy_fields import StageDeployConfig
-from omnistage.engine.types import StageRequest
+from omnistage.core.types import StageRequest
 from omnistage.media.audio import resample
 from omnistage.models.csm import CSM, CsmCodecParams
 from omnistage.models.csm.prompt import parse_prompt
@@ -151,7 +151,7 @@ def test_audio_metrics_are_exported(omni):
     from prometheus_client import generate_latest
 
     omni.generate(TEXT, {"talker": GREEDY}, use_tqdm=False)
-    text = generate_latest(omni.engine.metrics_registry).decode()
+    text = generate_latest(omni.async_omni.metrics_registry).decode()
     assert 'omnistage_request_time_to_first_audio_seconds_count{pipeline="csm"}' in text
     assert 'omnistage_request_real_time_factor_count{pipeline="csm"}' in text
 
@@ -178,7 +178,7 @@ def test_bad_prompt_fails_only_its_request(omni):
 
 def test_prepacked_linears_keep_the_codes_and_waveform(csm, reference, monkeypatch):
     """On CPU the backbone's, depth decoder's and Mimi's linear layers run through oneDNN with
-    prepacked weights (engine/cpu_linear.py); the zoo model's are all below the size where that
+    prepacked weights (ar/cpu_linear.py); the zoo model's are all below the size where that
     pays, so this packs every one of them: the same frames as transformers, and its waveform up
     to rounding."""
     from packed_linears import assert_every_stage_packed, pack_every_linear

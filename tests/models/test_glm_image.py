@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 import torch
 
+from omnistage.core.errors import ErrorKind
 from omnistage import Omni
 from omnistage.ar import SamplingParams
 from omnistage.ar.engine import AREngine
 from omnistage.config import resolve
 from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.core.types import StageRequest
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.engine.types import StageRequest
 from omnistage.models.glm_image import prior_sampling
 from omnistage.models.glm_image.grid import prior_grid
 from omnistage.models.glm_image.prior import decode_positions
@@ -175,12 +176,12 @@ def test_bad_inputs_are_refused_naming_the_field(omni, prompt, params, field):
     with pytest.raises(OmniRequestError) as failed:
         omni.generate(prompt, params)
     out = failed.value.output
-    assert (out.stage, out.error_kind, out.error_param) == ("prior", "invalid_request", field)
+    assert (out.stage, out.error_kind, out.error_param) == ("prior", ErrorKind.INVALID_REQUEST, field)
 
 
 def test_prepacked_linears_keep_the_prior_tokens(path, reference, monkeypatch):
     """On CPU the prior's linear layers run through oneDNN with prepacked weights
-    (engine/cpu_linear.py); the zoo model's are all below the size where that pays, so this
+    (ar/cpu_linear.py); the zoo model's are all below the size where that pays, so this
     packs every one of them: a seeded request still writes the reference's tokens."""
     from packed_linears import pack_every_linear
 

@@ -259,7 +259,7 @@ def test_audio_streams_before_the_talker_finishes(omni):
 
     async def collect():
         chunks, text, last = [], "", None
-        async for out in omni.engine.generate({"messages": MESSAGES}, params):
+        async for out in omni.async_omni.generate({"messages": MESSAGES}, params):
             if out.audio_chunk is not None:
                 chunks.append((time.monotonic(), out.audio_chunk))
             text += out.text_delta or ""
@@ -286,7 +286,7 @@ def test_talker_follows_the_streaming_thinker(omni, path):
     # codes while the thinker is still writing; its codes equal the whole hand-off's.
     from omnistage.ar.engine import AREngine
     from omnistage.config.deploy_fields import StageDeployConfig
-    from omnistage.engine.types import InputChunk, StageRequest
+    from omnistage.core.types import InputChunk, StageRequest
     from omnistage.models.qwen2_5_omni import TALKER_STAGE, THINKER_STAGE
     from omnistage.models.qwen2_5_omni.processors import THINKER, talker_inputs, thinker_chunks, thinker_inputs
 
@@ -353,7 +353,7 @@ def test_thinker_text_prompts_chunk_and_hit_the_prefix_cache(path, reference):
     # reuses the first one's cached blocks; the greedy text stays the reference's.
     from omnistage.ar.engine import AREngine
     from omnistage.config.deploy_fields import StageDeployConfig
-    from omnistage.engine.types import StageRequest
+    from omnistage.core.types import StageRequest
     from omnistage.models.qwen2_5_omni import THINKER_STAGE
 
     ref_ids, _ = reference(OTHER, generation_mode="text")
@@ -473,7 +473,7 @@ def test_chat_video_url_is_seen_and_heard(path, omni):
     dict(chunk_size=24, first_chunk_size=0, left_context=0, right_context=0), dict(chunk_size=0),
     dict(first_right_context=0), dict(first_right_context=6), dict(first_chunk_size=0, first_right_context=0)])
 def test_talker_chunks_cover_the_utterance_once(num_codes, finish_reason, chunking):
-    from omnistage.engine.types import TextPayload
+    from omnistage.core.types import TextPayload
     from omnistage.models.qwen2_5_omni.processors import TOKEN2WAV, talker_chunks
 
     params = Token2WavParams(**chunking)
@@ -517,7 +517,7 @@ def test_default_first_chunk_is_one_dit_block_with_its_look_ahead():
 
 def test_prepacked_linears_keep_the_reply(reference, path, monkeypatch):
     """On CPU every stage's linear layers (thinker, talker, token2wav) run through oneDNN with
-    prepacked weights (engine/cpu_linear.py); the zoo model's are all below the size where
+    prepacked weights (ar/cpu_linear.py); the zoo model's are all below the size where
     that pays, so this packs every one of them: the same text as transformers, and its
     waveform up to rounding."""
     from packed_linears import assert_every_stage_packed, pack_every_linear

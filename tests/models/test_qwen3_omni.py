@@ -189,7 +189,7 @@ def test_audio_streams_and_chunks_approximate_the_one_shot_decode(omni):
 
     async def collect():
         chunks, last = [], None
-        async for out in omni.engine.generate({"messages": MESSAGES}, params):
+        async for out in omni.async_omni.generate({"messages": MESSAGES}, params):
             if out.audio_chunk is not None:
                 chunks.append((time.monotonic(), out.audio_chunk))
             last = out
@@ -294,7 +294,7 @@ def test_talker_follows_the_streaming_thinker(omni, path):
     # while the thinker is still writing; its frames equal the whole hand-off's.
     from omnistage.ar.engine import AREngine
     from omnistage.config.deploy_fields import StageDeployConfig
-    from omnistage.engine.types import InputChunk, StageRequest
+    from omnistage.core.types import InputChunk, StageRequest
     from omnistage.models.qwen3_omni import TALKER_STAGE, THINKER_STAGE
     from omnistage.models.qwen3_omni.processors import THINKER, talker_inputs, thinker_chunks, thinker_inputs
 
@@ -375,7 +375,7 @@ def test_chat_completions_route_streams_audio_for_an_image(path):
 @pytest.mark.parametrize("chunking", [Code2WavParams(), Code2WavParams(first_chunk_frames=1, chunk_frames=1),
                                       Code2WavParams(chunk_frames=0)])
 def test_talker_chunks_cover_the_utterance_once(num_frames, chunking):
-    from omnistage.engine.types import TextPayload
+    from omnistage.core.types import TextPayload
     from omnistage.models.qwen3_omni.processors import CODE2WAV, talker_chunks
 
     request = SimpleNamespace(request_id="r", params={CODE2WAV: chunking})
@@ -406,7 +406,7 @@ def test_a_thinker_that_stops_at_once_still_speaks(omni):
 
 def test_prepacked_linears_keep_the_reply(reference, path, monkeypatch):
     """On CPU every stage's linear layers (thinker, talker with its code predictor, code2wav)
-    run through oneDNN with prepacked weights (engine/cpu_linear.py); the zoo model's are all
+    run through oneDNN with prepacked weights (ar/cpu_linear.py); the zoo model's are all
     below the size where that pays, so this packs every one of them: the same text as
     transformers, and its waveform up to rounding."""
     from packed_linears import assert_every_stage_packed, pack_every_linear

@@ -21,7 +21,8 @@ from omnistage import Omni
 from omnistage.ar import SamplingParams
 from omnistage.ar.engine import AREngine
 from omnistage.config.deploy_fields import StageDeployConfig
-from omnistage.engine.types import RequestError, StageRequest
+from omnistage.core.errors import RequestError
+from omnistage.core.types import StageRequest
 from omnistage.models.qwen3_tts import STAGES, Code2WavParams
 from omnistage.models.qwen3_tts.prompt import parse_prompt
 from qwen3_tts_reference import reference_model as _load_reference
@@ -349,7 +350,7 @@ def test_speech_route_clones_an_inline_reference_clip(base):
 
 def test_prepacked_linears_keep_the_codes_and_audio(custom_voice, omni, monkeypatch):
     """On CPU the talker's, code predictor's and codec decoder's linear layers run through oneDNN
-    with prepacked weights (engine/cpu_linear.py); the zoo model's are all below the size where
+    with prepacked weights (ar/cpu_linear.py); the zoo model's are all below the size where
     that pays, so this packs every one of them: the same frames as the reference, and the
     unpacked pipeline's audio up to rounding."""
     from packed_linears import assert_every_stage_packed, pack_every_linear

@@ -17,9 +17,9 @@ import pytest
 
 from ray_nodes import node_names
 from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.core.types import StageRequest
 from omnistage.diffusion.engine import DiffusionEngine
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.engine.types import StageRequest
 
 pytestmark = pytest.mark.slow  # each rank is a fresh process that imports torch and loads the model
 

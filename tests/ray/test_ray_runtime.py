@@ -17,8 +17,8 @@ import torch
 import yaml
 
 from omnistage import Omni, SamplingParams
+from omnistage.core.types import AudioPayload, StageOutput
 from omnistage.runtime.channel import Channel
-from omnistage.engine.types import AudioPayload, StageOutput
 from omnistage.models.qwen2_5_omni import Token2WavParams
 from omnistage.testing.speech_models import DEFAULT_GENERATE_KWARGS
 from ray_nodes import node_names
@@ -50,7 +50,7 @@ def close(a: np.ndarray, b: np.ndarray) -> bool:
 def streamed(omni: Omni) -> tuple[list[np.ndarray], object]:
     async def collect():
         chunks, last = [], None
-        async for out in omni.engine.generate({"messages": MESSAGES}, params()):
+        async for out in omni.async_omni.generate({"messages": MESSAGES}, params()):
             if out.audio_chunk is not None:
                 chunks.append(out.audio_chunk)
             last = out
@@ -89,7 +89,7 @@ def test_omni_spread_over_two_nodes_matches_inline_and_a_killed_stage_comes_back
         "stages": [{"id": i, "runtime": "ray", "ray_resources": {node: 1}} for i, node in PLACEMENT.items()],
     }))
     with Omni(path, deploy) as omni:
-        handles = omni.engine.orchestrator.handles
+        handles = omni.async_omni.orchestrator.handles
         names = node_names()
         assert {i: names[handles[i].endpoint.node_id] for i in PLACEMENT} == PLACEMENT
         assert os.getpid() not in {handles[i].endpoint.pid for i in PLACEMENT}
@@ -103,10 +103,10 @@ def test_omni_spread_over_two_nodes_matches_inline_and_a_killed_stage_comes_back
         vocoder = handles[2]
         os.kill(vocoder.endpoint.pid, signal.SIGKILL)
         started = time.monotonic()
-        while omni.engine.orchestrator.check_health():
+        while omni.async_omni.orchestrator.check_health():
             assert time.monotonic() < started + 10, "the killed stage still looks healthy"
             time.sleep(0.05)
-        while not omni.engine.orchestrator.check_health():
+        while not omni.async_omni.orchestrator.check_health():
             assert time.monotonic() < started + 120, "the stage did not come back"
             time.sleep(0.1)
         assert vocoder.num_restarts == 1

@@ -12,8 +12,8 @@ import pytest
 import torch
 from PIL import Image
 
+from omnistage.core.types import AudioPayload, StageOutput, TextPayload
 from omnistage.runtime.channel import Channel, Packed, sweep_shm
-from omnistage.engine.types import AudioPayload, StageOutput, TextPayload
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="lists segments in /dev/shm (Linux)")
 

@@ -14,6 +14,7 @@ import time
 from engine.fake_engines import SPEC, Collector, FakeEngine
 
 from omnistage.config import StageDeployConfig
+from omnistage.core.errors import ErrorKind
 from omnistage.engine.orchestrator import OmniRequest, Orchestrator
 
 FAST = {"max_restarts": 3, "restart_backoff_s": 0.05}
@@ -42,11 +43,11 @@ def test_a_dead_stage_process_fails_as_unavailable_restarts_and_serves_again():
         orch.submit(OmniRequest("boom", "crash:drawer"), got.sink("boom"))
         boom, slow = got.wait("boom"), got.wait("slow")
         for out in (boom, slow):  # the crash took the request beside it down too
-            assert out.error_kind == "unavailable" and "stage process died (exit code 3)" in out.error, out.error
+            assert out.error_kind == ErrorKind.UNAVAILABLE and "stage process died (exit code 3)" in out.error, out.error
         assert not orch.check_health()
         orch.submit(OmniRequest("during", "x"), got.sink("during"))
         during = got.wait("during")
-        assert during.error_kind == "unavailable" and "restarting" in during.error
+        assert during.error_kind == ErrorKind.UNAVAILABLE and "restarting" in during.error
         wait_until(orch.check_health)
         assert orch.handles[1].num_restarts == 1
         orch.submit(OmniRequest("after", "x"), got.sink("after"))
@@ -76,8 +77,8 @@ def test_a_stage_killed_three_times_in_a_row_comes_back_and_no_queued_request_is
         assert orch.handles[1].num_restarts == 3
         assert len(answered) == 15
         for rid, out in answered.items():  # each one answered: served, or unavailable (a 503 with Retry-After)
-            assert out.finished and (out.error is None and out.images or out.error_kind == "unavailable"), (rid, out)
-        assert any(out.error_kind == "unavailable" for out in answered.values())
+            assert out.finished and (out.error is None and out.images or out.error_kind == ErrorKind.UNAVAILABLE), (rid, out)
+        assert any(out.error_kind == ErrorKind.UNAVAILABLE for out in answered.values())
         orch.submit(OmniRequest("after", "x"), got.sink("after"))
         assert got.wait("after").images
     finally:
@@ -97,7 +98,7 @@ def test_a_stopped_stage_process_is_detected_as_hung_and_restarted():
         wait_until(lambda: not orch.check_health(), timeout=10)
         assert time.monotonic() - stopped >= 1.4
         slow = got.wait("slow", timeout=10)
-        assert slow.error_kind == "unavailable" and "hung" in slow.error
+        assert slow.error_kind == ErrorKind.UNAVAILABLE and "hung" in slow.error
         wait_until(orch.check_health)
         assert orch.handles[1].endpoint.pid != victim
         orch.submit(OmniRequest("after", "x"), got.sink("after"))
@@ -121,7 +122,7 @@ def test_an_inline_engine_that_turns_unhealthy_is_rebuilt():
     try:
         orch.submit(OmniRequest("boom", "die:drawer"), got.sink("boom"))
         boom = got.wait("boom")
-        assert boom.error_kind == "unavailable" and "a worker died" in boom.error
+        assert boom.error_kind == ErrorKind.UNAVAILABLE and "a worker died" in boom.error
         wait_until(orch.check_health)
         first, second = [engine for stage_id, engine in built if stage_id == 1]
         assert first.closed and not second.closed
@@ -137,7 +138,7 @@ def test_an_inline_engine_that_panics_fails_that_request_and_is_rebuilt():
     try:
         orch.submit(OmniRequest("boom", "panic:drawer"), got.sink("boom"))
         boom = got.wait("boom")
-        assert boom.error_kind == "unavailable"
+        assert boom.error_kind == ErrorKind.UNAVAILABLE
         assert "the engine panicked: PanicException: capacity overflow, while running this request" in boom.error
         wait_until(orch.check_health)
         assert orch.fatal_error is None  # the orchestrator's loop lives on
@@ -154,11 +155,11 @@ def test_a_request_that_crashed_the_stage_twice_is_refused():
         for attempt in range(2):
             rid = f"poison{attempt}"
             orch.submit(OmniRequest(rid, "panic:drawer"), got.sink(rid))
-            assert got.wait(rid).error_kind == "unavailable"
+            assert got.wait(rid).error_kind == ErrorKind.UNAVAILABLE
             wait_until(orch.check_health)
         orch.submit(OmniRequest("again", "panic:drawer"), got.sink("again"))
         again = got.wait("again")
-        assert again.error_kind == "invalid_request" and "crashed the stage 2 times" in again.error
+        assert again.error_kind == ErrorKind.INVALID_REQUEST and "crashed the stage 2 times" in again.error
         assert orch.handles[1].num_restarts == 2 and orch.check_health()  # refused, not run: no third crash
         orch.submit(OmniRequest("other", "x"), got.sink("other"))
         assert got.wait("other").images
@@ -173,7 +174,7 @@ def test_a_process_stage_whose_engine_turns_unhealthy_exits_and_is_rebuilt():
     try:
         orch.submit(OmniRequest("boom", "die:drawer"), got.sink("boom"))
         boom = got.wait("boom")
-        assert boom.error_kind == "unavailable" and "a worker died" in boom.error
+        assert boom.error_kind == ErrorKind.UNAVAILABLE and "a worker died" in boom.error
         wait_until(orch.check_health)
         orch.submit(OmniRequest("after", "x"), got.sink("after"))
         assert got.wait("after").error is None
@@ -204,7 +205,7 @@ def test_restarts_are_bounded_and_off_with_max_restarts_0():
         assert not orch.check_health()
         orch.submit(OmniRequest("later", "x"), got.sink("later"))
         later = got.wait("later")
-        assert later.error_kind == "unavailable" and "could not be restarted" in later.error
+        assert later.error_kind == ErrorKind.UNAVAILABLE and "could not be restarted" in later.error
     finally:
         orch.close()
 

@@ -4,10 +4,10 @@ through one `collective_rpc(method, *args)`."""
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from typing import Any
 
+from omnistage.core.registry import import_target
 from omnistage.diffusion.runner import ProgressSink
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
 from omnistage.diffusion.worker import WorkerConfig
@@ -23,8 +23,7 @@ EXECUTORS = {
 def get_executor_class(name: str) -> type["Executor"]:
     if name not in EXECUTORS:
         raise ValueError(f"executor must be one of {list(EXECUTORS)}, got {name!r}")
-    module, attr = EXECUTORS[name].split(":")
-    return getattr(importlib.import_module(module), attr)
+    return import_target(EXECUTORS[name])
 
 
 class Executor(ABC):

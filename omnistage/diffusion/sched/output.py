@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from omnistage.core.types import ProgressPayload
 from omnistage.diffusion.pipeline import DiffusionRequest
-from omnistage.engine.types import ProgressPayload
 
 @dataclass
 class SchedulerOutput:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from starlette.requests import Request
 
-from omnistage.engine.types import INVALID_REQUEST, UNAVAILABLE, EngineUnavailableError
+from omnistage.core.errors import EngineUnavailableError, ErrorKind
 from omnistage.entrypoints.openai.errors import APIError, EngineError, bad_request, from_value_error, unavailable
 from omnistage.entrypoints.openai.metrics import ServerMetrics
 
@@ -60,7 +60,7 @@ def stage_default_params(engine: Any, stage_id: int) -> dict[str, Any]:
 def rejection(out: Any) -> APIError | None:
     """The 400 for an output in which a stage refused the request's inputs or params (a typed
     `RequestError` in the engine: its message and field travel as they are), else None."""
-    if getattr(out, "error_kind", None) != INVALID_REQUEST:
+    if getattr(out, "error_kind", None) != ErrorKind.INVALID_REQUEST:
         return None
     return bad_request(out.error, param=getattr(out, "error_param", None))
 
@@ -131,7 +131,7 @@ class RequestStream:
         if out.error:
             self._finished = True  # the engine has already dropped it
             await self.close()
-            if getattr(out, "error_kind", None) == UNAVAILABLE:
+            if getattr(out, "error_kind", None) == ErrorKind.UNAVAILABLE:
                 raise unavailable(f"{out.error}; retry later", code="stage_unavailable")
             raise rejection(out) or EngineError(out.error)
         return out

@@ -15,7 +15,7 @@ Torch-free: the server and the family registration import it.
 
 from __future__ import annotations
 
-from omnistage.engine.types import RequestError
+from omnistage.core.errors import RequestError
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,20 +45,20 @@ def parse_prompt(inputs: Any) -> CsmPrompt:
     if isinstance(inputs, str):
         inputs = {"prompt": inputs}
     if not isinstance(inputs, Mapping):
-        raise RequestError(f"prompt: CSM takes a str or a dict with keys {list(PROMPT_KEYS)}, "
-                         f"got {type(inputs).__name__}", "prompt")
+        raise RequestError("prompt", f"prompt: CSM takes a str or a dict with keys {list(PROMPT_KEYS)}, "
+                         f"got {type(inputs).__name__}")
     if "instructions" in inputs:
-        raise RequestError("instructions: CSM does not follow instructions; choose a voice, or clone one", "instructions")
+        raise RequestError("instructions", "instructions: CSM does not follow instructions; choose a voice, or clone one")
     unknown = sorted(set(inputs) - set(PROMPT_KEYS))
     if unknown:
         raise ValueError(f"{unknown[0]}: unknown CSM prompt key; expected {list(PROMPT_KEYS)}")
     text = inputs.get("prompt")
     if not isinstance(text, str) or not text.strip():
-        raise RequestError("prompt: the text to speak must be a non-empty string", "prompt")
+        raise RequestError("prompt", "prompt: the text to speak must be a non-empty string")
     voice = inputs.get("voice")
     voice = DEFAULT_VOICE if voice is None else voice
     if voice not in BUILTIN_VOICES:
-        raise RequestError(f"voice: unknown voice {voice!r}; built-in voices: {', '.join(BUILTIN_VOICES)}", "voice")
+        raise RequestError("voice", f"voice: unknown voice {voice!r}; built-in voices: {', '.join(BUILTIN_VOICES)}")
     prompt = CsmPrompt(text=text, speaker=BUILTIN_VOICES[voice])
     ref = inputs.get("ref_audio")
     if ref is None:
@@ -68,17 +68,17 @@ def parse_prompt(inputs: Any) -> CsmPrompt:
         return prompt
     audio = np.asarray(ref)
     if audio.ndim != 1 or audio.size == 0 or not np.issubdtype(audio.dtype, np.floating):
-        raise RequestError(f"ref_audio: expected a non-empty 1-D float array (mono), got {audio.dtype} "
-                         f"with shape {list(audio.shape)}", "ref_audio")
+        raise RequestError("ref_audio", f"ref_audio: expected a non-empty 1-D float array (mono), got {audio.dtype} "
+                         f"with shape {list(audio.shape)}")
     if not np.isfinite(audio).all():
-        raise RequestError("ref_audio: contains NaN or infinite samples", "ref_audio")
+        raise RequestError("ref_audio", "ref_audio: contains NaN or infinite samples")
     rate = inputs.get("ref_sample_rate")
     if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1000:
-        raise RequestError(f"ref_sample_rate: the reference clip's sample rate (Hz, >= 1000) is required, got {rate!r}", "ref_sample_rate")
+        raise RequestError("ref_sample_rate", f"ref_sample_rate: the reference clip's sample rate (Hz, >= 1000) is required, got {rate!r}")
     if audio.size / rate > MAX_REF_SECONDS:
-        raise RequestError(f"ref_audio: {audio.size / rate:.1f} s is longer than {MAX_REF_SECONDS:.0f} s", "ref_audio")
+        raise RequestError("ref_audio", f"ref_audio: {audio.size / rate:.1f} s is longer than {MAX_REF_SECONDS:.0f} s")
     ref_text = inputs.get("ref_text") or ""
     if not isinstance(ref_text, str):
-        raise RequestError(f"ref_text: expected a string, got {type(ref_text).__name__}", "ref_text")
+        raise RequestError("ref_text", f"ref_text: expected a string, got {type(ref_text).__name__}")
     prompt.ref_audio, prompt.ref_sample_rate, prompt.ref_text = audio.astype(np.float32), rate, ref_text
     return prompt

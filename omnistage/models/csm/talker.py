@@ -34,10 +34,10 @@ from typing import Any
 import torch
 
 from omnistage.ar.kv_cache import kv_dims
-from omnistage.engine.types import RequestError
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
 from omnistage.ar.sampler import Sampler
 from omnistage.ar.sampling_params import SamplingParams
+from omnistage.core.errors import RequestError
 from omnistage.media.audio import resample
 from omnistage.models.csm.prompt import parse_prompt
 
@@ -140,7 +140,7 @@ class CsmTalker(ARModel):
         audio_positions = ids == self.audio_token_id
         num = int(audio_positions.sum())
         if codes.shape[0] < num:
-            raise RequestError(f"ref_audio: the codec made {codes.shape[0]} frames for {num} audio tokens", "ref_audio")
+            raise RequestError("ref_audio", f"ref_audio: the codec made {codes.shape[0]} frames for {num} audio tokens")
         embed = self.model.backbone_model.embed_tokens
         embeds[audio_positions] = embed(codes[None, :num])[0].to(embeds.dtype)
         eos = torch.full((1, 1, self.num_codebooks), self.codebook_eos, dtype=torch.long, device=self.device)

@@ -119,12 +119,12 @@ class Flux(DiffusionPipelineBase):
         latents = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=embeds.dtype)
         latents = pack_latents(latents)
 
-        scheduler = self.scheduler_copy()
+        noise_scheduler = self.noise_scheduler_copy()
         num_steps = params.num_inference_steps
         sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
-        if scheduler.config.get("use_flow_sigmas", False):
-            sigmas = None  # the scheduler builds its own flow sigmas (e.g. UniPC): only the step count
-        timesteps = set_flow_match_timesteps(scheduler, sigmas, latents.shape[1], self.device, num_steps=num_steps)
+        if noise_scheduler.config.get("use_flow_sigmas", False):
+            sigmas = None  # the noise scheduler builds its own flow sigmas (e.g. UniPC): only the step count
+        timesteps = set_flow_match_timesteps(noise_scheduler, sigmas, latents.shape[1], self.device, num_steps=num_steps)
 
         cond: dict[str, Any] = {
             **pooled_prompt_cond(prompt, negative, n),
@@ -135,7 +135,7 @@ class Flux(DiffusionPipelineBase):
             "guidance_scale": params.guidance_scale,
             "true_cfg_scale": params.true_cfg_scale,
         }
-        return DenoiseState(request=request, latents=latents, scheduler=scheduler, timesteps=timesteps, cond=cond)
+        return DenoiseState(request=request, latents=latents, noise_scheduler=noise_scheduler, timesteps=timesteps, cond=cond)
 
     # -- 3. denoise -----------------------------------------------------------------------
 
@@ -168,7 +168,7 @@ class Flux(DiffusionPipelineBase):
 
     def _denoise_group(self, states: list[DenoiseState]) -> None:
         for state, pred in zip(states, self.guided_predictions(states, self._predict)):
-            self.scheduler_step(state, pred)
+            self.noise_scheduler_step(state, pred)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """The transformer's prediction for one branch's rows, one per state; timesteps and

@@ -13,10 +13,10 @@ from typing import Any, ClassVar
 
 import torch
 
+from omnistage.core.errors import RequestError
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, plain_cfg
 from omnistage.diffusion.pipeline import DiffusionRequest
-from omnistage.engine.types import RequestError
 from omnistage.models.flux2.pipeline import Flux2
 
 
@@ -46,8 +46,8 @@ class Flux2Klein(Flux2):
         scale = request.params.guidance_scale
         if self.is_distilled and scale > 1:
             # diffusers warns and ignores it; we refuse, so the user knows it has no effect.
-            raise RequestError(f"guidance_scale: this checkpoint is step-distilled and runs no CFG; "
-                               f"guidance_scale must be <= 1, got {scale}", "guidance_scale")
+            raise RequestError("guidance_scale", f"guidance_scale: this checkpoint is step-distilled and runs no CFG; "
+                               f"guidance_scale must be <= 1, got {scale}")
 
     def uses_cfg(self, request: DiffusionRequest) -> bool:
         return request.params.guidance_scale > 1 and not self.is_distilled

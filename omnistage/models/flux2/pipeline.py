@@ -40,7 +40,7 @@ from omnistage.diffusion.pipeline import (
     map_groups,
     split_per_state,
 )
-from omnistage.engine.types import RequestError
+from omnistage.core.errors import RequestError
 
 # Flux2Pipeline's limits on a reference image (Flux2ImageProcessor.check_image_input) and the
 # area it is scaled down to beyond that.
@@ -96,14 +96,13 @@ class Flux2(DiffusionPipelineBase):
         for image in request.images:  # any number of reference images, or none
             width, height = image.size
             if min(width, height) < MIN_IMAGE_SIDE:
-                raise RequestError(f"image: each input image must be at least {MIN_IMAGE_SIDE}px on both sides, "
-                                   f"got {width}x{height}", "image")
+                raise RequestError("image", f"image: each input image must be at least {MIN_IMAGE_SIDE}px on both sides, "
+                                   f"got {width}x{height}")
             if max(width / height, height / width) > MAX_ASPECT_RATIO:
-                raise RequestError(f"image: aspect ratio of {width}x{height} is beyond {MAX_ASPECT_RATIO}:1", "image")
+                raise RequestError("image", f"image: aspect ratio of {width}x{height} is beyond {MAX_ASPECT_RATIO}:1")
         check_divisible(request.params, height=self.multiple_of, width=self.multiple_of)
         if request.params.negative_prompt is not None and not self.takes_negative_prompt:
-            raise RequestError("negative_prompt: this model is guidance-distilled and runs no negative-prompt pass",
-                               "negative_prompt")
+            raise RequestError("negative_prompt", "negative_prompt: this model is guidance-distilled and runs no negative-prompt pass")
 
     def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:
         request = super().prepare_request(request)
@@ -180,14 +179,14 @@ class Flux2(DiffusionPipelineBase):
         latent_ids = Flux2Pipeline._prepare_latent_ids(latents).to(self.device)
         latents = latents.flatten(2).transpose(1, 2)  # [n, H/2 * W/2 tokens, C*4]
 
-        scheduler = self.scheduler_copy()
+        noise_scheduler = self.noise_scheduler_copy()
         num_steps = params.num_inference_steps
         sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
-        if scheduler.config.get("use_flow_sigmas", False):
-            sigmas = None  # the scheduler builds its own flow sigmas: only the step count
+        if noise_scheduler.config.get("use_flow_sigmas", False):
+            sigmas = None  # the noise scheduler builds its own flow sigmas: only the step count
         mu = compute_empirical_mu(image_seq_len=latents.shape[1], num_steps=num_steps)
-        timesteps, _ = retrieve_timesteps(scheduler, num_steps, self.device, sigmas=sigmas, mu=mu)
-        scheduler.set_begin_index(0)
+        timesteps, _ = retrieve_timesteps(noise_scheduler, num_steps, self.device, sigmas=sigmas, mu=mu)
+        noise_scheduler.set_begin_index(0)
 
         cond: dict[str, Any] = {
             "prompt_embeds": prompt.unsqueeze(0).expand(n, *prompt.shape),
@@ -199,7 +198,7 @@ class Flux2(DiffusionPipelineBase):
         }
         if request.images:
             cond.update(self._reference_latents(request.images, n, prompt.dtype))
-        return DenoiseState(request=request, latents=latents, scheduler=scheduler, timesteps=timesteps, cond=cond)
+        return DenoiseState(request=request, latents=latents, noise_scheduler=noise_scheduler, timesteps=timesteps, cond=cond)
 
     def _reference_latents(self, images: list[Any], n: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The reference images' normalised, patchified VAE latents as tokens [n, tokens, C*4]
@@ -250,7 +249,7 @@ class Flux2(DiffusionPipelineBase):
 
         for group in group_by(states, key):
             for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self.scheduler_step(state, pred)
+                self.noise_scheduler_step(state, pred)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """The transformer's prediction for one branch's rows, one per state; timesteps and

@@ -33,7 +33,7 @@ from omnistage.diffusion.pipeline import (
     map_groups,
     split_per_state,
 )
-from omnistage.engine.types import RequestError
+from omnistage.core.errors import RequestError
 from omnistage.models.glm_image.grid import DEFAULT_SIZE, PIXELS_PER_TOKEN, prior_grid
 
 
@@ -79,20 +79,19 @@ class GlmImage(DiffusionPipelineBase):
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         if request.images:
-            raise RequestError("image: GLM-Image image-to-image is not supported; send a prompt only", "image")
+            raise RequestError("image", "image: GLM-Image image-to-image is not supported; send a prompt only")
         params = request.params.with_defaults(self.default_params)
         check_divisible(params, height=self.multiple_of, width=self.multiple_of)
         ids = request.condition.get("prior_token_ids")
         if ids is None:
-            raise RequestError("prior_token_ids: GLM-Image draws the image tokens its AR prior stage writes; "
-                               "this request has none", "prior_token_ids")
+            raise RequestError("prior_token_ids", "prior_token_ids: GLM-Image draws the image tokens its AR prior stage writes; "
+                               "this request has none")
         want = prior_grid(params.height, params.width).num_dit_tokens
         if len(ids) != want:
-            raise RequestError(f"prior_token_ids: {len(ids)} tokens do not fit a {params.height}x{params.width} "
-                               f"image, which takes {want}", "prior_token_ids")
+            raise RequestError("prior_token_ids", f"prior_token_ids: {len(ids)} tokens do not fit a {params.height}x{params.width} "
+                               f"image, which takes {want}")
         if min(ids) < 0 or max(ids) >= self.codebook_size:
-            raise RequestError(f"prior_token_ids must be image codes in [0, {self.codebook_size})",
-                               "prior_token_ids")
+            raise RequestError("prior_token_ids", f"prior_token_ids must be image codes in [0, {self.codebook_size})")
 
     # -- 2. encode: glyph embeddings, prior tokens, initial noise, timesteps --------------
 
@@ -135,16 +134,16 @@ class GlmImage(DiffusionPipelineBase):
 
         # diffusers' schedule: integer timesteps from 1000 down, sigmas = t / 1000, shifted by
         # mu of the image's patch count.
-        scheduler = self.scheduler_copy()
+        noise_scheduler = self.noise_scheduler_copy()
         steps = params.num_inference_steps
-        timesteps = np.linspace(scheduler.config.num_train_timesteps, 1.0, steps + 1)[:-1]
+        timesteps = np.linspace(noise_scheduler.config.num_train_timesteps, 1.0, steps + 1)[:-1]
         timesteps = timesteps.astype(np.int64).astype(np.float32)
         patch = self.transformer.config.patch_size
         image_seq_len = (shape[2] * shape[3]) // patch**2
-        mu = calculate_shift(image_seq_len, scheduler.config.get("base_image_seq_len", 256),
-                             scheduler.config.get("base_shift", 0.25), scheduler.config.get("max_shift", 0.75))
-        timesteps, _ = retrieve_timesteps(scheduler, steps, self.device, timesteps,
-                                          timesteps / scheduler.config.num_train_timesteps, mu=mu)
+        mu = calculate_shift(image_seq_len, noise_scheduler.config.get("base_image_seq_len", 256),
+                             noise_scheduler.config.get("base_shift", 0.25), noise_scheduler.config.get("max_shift", 0.75))
+        timesteps, _ = retrieve_timesteps(noise_scheduler, steps, self.device, timesteps,
+                                          timesteps / noise_scheduler.config.num_train_timesteps, mu=mu)
 
         prior = torch.tensor(request.condition["prior_token_ids"], device=self.device, dtype=torch.long)
         cond: dict[str, Any] = {
@@ -156,7 +155,7 @@ class GlmImage(DiffusionPipelineBase):
             "crop_coords": torch.zeros(n, 2, dtype=embeds.dtype, device=self.device),
             "guidance_scale": params.guidance_scale,
         }
-        return DenoiseState(request=request, latents=latents, scheduler=scheduler, timesteps=timesteps, cond=cond)
+        return DenoiseState(request=request, latents=latents, noise_scheduler=noise_scheduler, timesteps=timesteps, cond=cond)
 
     # -- 3. denoise -----------------------------------------------------------------------
 
@@ -178,7 +177,7 @@ class GlmImage(DiffusionPipelineBase):
 
         for group in group_by(states, key):
             for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self.scheduler_step(state, pred)
+                self.noise_scheduler_step(state, pred)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """One branch's transformer call over its rows; the uncond branch drops the prior tokens."""

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from omnistage.core.errors import RequestError
 from omnistage.models.ar_to_dit import diffusion_params, dit_inputs, generated_tokens, seeded_ar_inputs, user_prompt
-from omnistage.engine.types import RequestError
 from omnistage.models.glm_image.grid import DEFAULT_SIZE, PIXELS_PER_TOKEN, prior_grid
 
 PRIOR, DIT = 0, 1
@@ -23,7 +23,7 @@ def _size(request: Any) -> tuple[int, int]:
     size = {"height": params.height or DEFAULT_SIZE, "width": params.width or DEFAULT_SIZE}
     for name, value in size.items():  # checked before the prior runs (the DiT checks it again)
         if value % PIXELS_PER_TOKEN:
-            raise RequestError(f"{name} must be divisible by {PIXELS_PER_TOKEN}, got {value}", name)
+            raise RequestError(name, f"{name} must be divisible by {PIXELS_PER_TOKEN}, got {value}")
     return size["height"], size["width"]
 
 

@@ -36,7 +36,7 @@ from omnistage.diffusion.pipeline import (
     group_by,
     split_per_state,
 )
-from omnistage.engine.types import RequestError
+from omnistage.core.errors import RequestError
 
 # HunyuanVideo15Pipeline's fixed prompt lengths and image-embedding slots (set in its __init__).
 TOKENIZER_MAX_LENGTH = 1000
@@ -127,18 +127,17 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
         params = request.params
         check_divisible(params, height=self.multiple_of, width=self.multiple_of)
         if (params.num_frames - 1) % self.vae_scale_factor_temporal != 0:
-            raise RequestError(f"num_frames - 1 must be divisible by {self.vae_scale_factor_temporal}, "
-                               f"got num_frames={params.num_frames}", "num_frames")
+            raise RequestError("num_frames", f"num_frames - 1 must be divisible by {self.vae_scale_factor_temporal}, "
+                               f"got num_frames={params.num_frames}")
         num_latent_frames = (params.num_frames - 1) // self.vae_scale_factor_temporal + 1
         if num_latent_frames % self.patch_size_t != 0:
-            raise RequestError(f"num_frames gives {num_latent_frames} latent frames, not a multiple of the "
-                               f"transformer's temporal patch {self.patch_size_t}", "num_frames")
+            raise RequestError("num_frames", f"num_frames gives {num_latent_frames} latent frames, not a multiple of the "
+                               f"transformer's temporal patch {self.patch_size_t}")
         if params.num_outputs_per_prompt != 1:
-            raise RequestError(f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}",
-                               "num_outputs_per_prompt")
+            raise RequestError("num_outputs_per_prompt", f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}")
         for name in ("true_cfg_scale", "guidance_scale_2"):
             if getattr(params, name) is not None:
-                raise RequestError(f"{name}: not used by HunyuanVideo-1.5 (its CFG scale is guidance_scale)", name)
+                raise RequestError(name, f"{name}: not used by HunyuanVideo-1.5 (its CFG scale is guidance_scale)")
 
     def _uses_cfg(self, request: DiffusionRequest) -> bool:
         """ClassifierFreeGuidance skips the uncond branch at scale 1 (0 in the original formulation)."""
@@ -185,9 +184,9 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
                                dtype=self.transformer.dtype)
 
         steps = params.num_inference_steps
-        scheduler = self.scheduler_copy()
-        timesteps, _ = retrieve_timesteps(scheduler, steps, self.device, sigmas=np.linspace(1.0, 0.0, steps + 1)[:-1])
-        scheduler.set_begin_index(0)
+        noise_scheduler = self.noise_scheduler_copy()
+        timesteps, _ = retrieve_timesteps(noise_scheduler, steps, self.device, sigmas=np.linspace(1.0, 0.0, steps + 1)[:-1])
+        noise_scheduler.set_begin_index(0)
 
         names = ("prompt_embeds", "prompt_embeds_mask", "prompt_embeds_2", "prompt_embeds_mask_2")
         cond: dict[str, Any] = dict(zip(names, prompt))
@@ -200,7 +199,7 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
             guidance_rescale=self.guidance_rescale,
             original_formulation=self.original_formulation,
         )
-        return DenoiseState(request=request, latents=latents, scheduler=scheduler, timesteps=timesteps, cond=cond)
+        return DenoiseState(request=request, latents=latents, noise_scheduler=noise_scheduler, timesteps=timesteps, cond=cond)
 
     def _video_size(self, request: DiffusionRequest) -> tuple[int, int]:
         """(height, width) in pixels of the request's video."""
@@ -220,7 +219,7 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
         # Prompt lengths are fixed, so one transformer call needs only equal latent shapes.
         for group in group_by(states, lambda s: tuple(s.latents.shape[1:])):
             for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self.scheduler_step(state, pred)
+                self.noise_scheduler_step(state, pred)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """The transformer over one branch's rows: the noise next to the condition latents and
@@ -307,13 +306,13 @@ class HunyuanVideo15I2V(HunyuanVideo15T2V):
 
         super().check_inputs(request)
         if len(request.images) != 1:
-            raise RequestError(f"image: expected exactly one input image, got {len(request.images)}", "image")
+            raise RequestError("image", f"image: expected exactly one input image, got {len(request.images)}")
         if not isinstance(request.images[0], PIL.Image.Image):
-            raise RequestError(f"image: must be a PIL image, got {type(request.images[0]).__name__}", "image")
+            raise RequestError("image", f"image: must be a PIL image, got {type(request.images[0]).__name__}")
         for name in ("height", "width"):
             if getattr(request.params, name) is not None:
-                raise RequestError(f"{name}: the video takes the input image's aspect ratio at the model's target "
-                                   f"size ({self.target_size}); leave height and width unset", name)
+                raise RequestError(name, f"{name}: the video takes the input image's aspect ratio at the model's target "
+                                   f"size ({self.target_size}); leave height and width unset")
 
     def _video_size(self, request: DiffusionRequest) -> tuple[int, int]:
         """HunyuanVideo15ImageProcessor.calculate_default_height_width for the image's aspect ratio."""

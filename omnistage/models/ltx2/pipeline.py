@@ -5,7 +5,7 @@ denoise_step / decode seams:
 
 - encode: Gemma 3's stacked hidden states (left-padded prompts) go through the text
   connectors into a video and an audio context; each request draws its video noise, then
-  its audio noise, from its own generator, and gets its own video and audio schedulers
+  its audio noise, from its own generator, and gets its own video and audio noise schedulers
   (flow matching, shifted by the video's token count).
 - denoise_step: the transformer predicts a velocity for the video tokens and for the audio
   tokens together. LTX-2's guidance is several terms added in x0 space, per modality:
@@ -42,7 +42,8 @@ from omnistage.diffusion.pipeline import (
     group_by,
     map_groups,
 )
-from omnistage.engine.types import RequestError, VideoPayload
+from omnistage.core.errors import RequestError
+from omnistage.core.types import VideoPayload
 
 # diffusers' default STG block (LTX-2.3's recommendation; LTX-2.0's is 29). As in diffusers, a
 # default past the transformer's last block perturbs nothing.
@@ -121,20 +122,19 @@ class LTX2T2V(DiffusionPipelineBase):
         check_divisible(params, height=self.size_multiple_of, width=self.size_multiple_of)
         # diffusers rounds the frame count down to the VAE's temporal grid; we refuse.
         if (params.num_frames - 1) % self.vae_temporal_ratio != 0:
-            raise RequestError(f"num_frames - 1 must be divisible by {self.vae_temporal_ratio}, "
-                               f"got num_frames={params.num_frames}", "num_frames")
+            raise RequestError("num_frames", f"num_frames - 1 must be divisible by {self.vae_temporal_ratio}, "
+                               f"got num_frames={params.num_frames}")
         if params.num_outputs_per_prompt != 1:
-            raise RequestError(f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}",
-                               "num_outputs_per_prompt")
+            raise RequestError("num_outputs_per_prompt", f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}")
         for name in ("true_cfg_scale", "guidance_scale_2"):
             if getattr(params, name) is not None:
-                raise RequestError(f"{name}: LTX-2 does not take it (its guidance knobs are extras)", name)
+                raise RequestError(name, f"{name}: LTX-2 does not take it (its guidance knobs are extras)")
         block = params.extras.get("stg_block")
         if block is not None and block >= self.num_blocks:
-            raise RequestError(f"extras.stg_block must be < {self.num_blocks} (the transformer's blocks), "
-                               f"got {block}", "stg_block")
+            raise RequestError("stg_block", f"extras.stg_block must be < {self.num_blocks} (the transformer's blocks), "
+                               f"got {block}")
 
-    # -- 2. encode: prompts, noise, schedulers, positions ---------------------------------
+    # -- 2. encode: prompts, noise, noise schedulers, positions ---------------------------
 
     def _encode_prompts(self, prompts: list[str], max_sequence_length: int) -> list[dict[str, torch.Tensor]]:
         """Per prompt, the connectors' video and audio contexts [1, L, D] and mask [1, L]
@@ -195,17 +195,17 @@ class LTX2T2V(DiffusionPipelineBase):
 
         # 2. Flow-matching sigmas shifted by the video token count; audio has its own copy.
         steps = params.num_inference_steps
-        config = self.scheduler.config
+        config = self.noise_scheduler.config
         mu = calculate_shift(latents.shape[1], config.get("base_image_seq_len", 1024),
                              config.get("max_image_seq_len", 4096), config.get("base_shift", 0.95),
                              config.get("max_shift", 2.05))
         sigmas = np.linspace(1.0, 1 / steps, steps)
-        schedulers = []
+        noise_schedulers = []
         for _ in range(2):
-            scheduler = self.scheduler_copy()
-            timesteps, _ = retrieve_timesteps(scheduler, steps, self.device, sigmas=sigmas, mu=mu)
-            scheduler.set_begin_index(0)
-            schedulers.append(scheduler)
+            noise_scheduler = self.noise_scheduler_copy()
+            timesteps, _ = retrieve_timesteps(noise_scheduler, steps, self.device, sigmas=sigmas, mu=mu)
+            noise_scheduler.set_begin_index(0)
+            noise_schedulers.append(noise_scheduler)
 
         # 3. RoPE positions, fixed for the whole run.
         fps = conditioning_frame_rate(params.fps, extras["motion_speed"])
@@ -214,14 +214,14 @@ class LTX2T2V(DiffusionPipelineBase):
         audio_coords = self.transformer.audio_rope.prepare_audio_coords(1, audio_frames, self.device)
         cond = {
             "prompt": prompt, "negative": negative, "scales": self._scales(request),
-            "audio_latents": audio_latents, "audio_scheduler": schedulers[1],
+            "audio_latents": audio_latents, "audio_noise_scheduler": noise_schedulers[1],
             "video_coords": video_coords, "audio_coords": audio_coords,
             "video_shape": (num_latent_frames, latent_h, latent_w), "audio_shape": (audio_frames, mel_bins),
             "stg_block": DEFAULT_STG_BLOCK if extras.get("stg_block") is None else extras["stg_block"],
             "use_cross_timestep": extras["use_cross_timestep"],
             "generator": generator,  # a timestep-conditioned VAE draws its decode noise from it
         }
-        return DenoiseState(request=request, latents=latents, scheduler=schedulers[0], timesteps=timesteps, cond=cond)
+        return DenoiseState(request=request, latents=latents, noise_scheduler=noise_schedulers[0], timesteps=timesteps, cond=cond)
 
     def _pack_video(self, latents: torch.Tensor) -> torch.Tensor:
         return _pack_latents(latents, self.patch_size, self.patch_size_t)
@@ -240,7 +240,7 @@ class LTX2T2V(DiffusionPipelineBase):
 
     def _denoise_group(self, states: list[DenoiseState]) -> None:
         """One step of LTX2Pipeline's loop for `states`: the passes each needs, batched over
-        the states, then the x0-space guidance and both schedulers' steps."""
+        the states, then the x0-space guidance and both noise schedulers' steps."""
         guided = [s for s in states if s.cond["scales"]["cfg"]]
         preds = self._run_pass([(s, "uncond") for s in guided] + [(s, "cond") for s in states])
         uncond = dict(zip(map(id, guided), preds[: len(guided)]))
@@ -256,9 +256,9 @@ class LTX2T2V(DiffusionPipelineBase):
             video_v, audio_v = self._guided_velocity(s, cond[id(s)], uncond.get(id(s)),
                                                      extra["stg"].get(id(s)), extra["modality"].get(id(s)))
             t = s.timesteps[s.step_index]
-            s.latents = s.scheduler.step(video_v, t, s.latents, return_dict=False)[0]
+            s.latents = s.noise_scheduler.step(video_v, t, s.latents, return_dict=False)[0]
             audio = s.cond["audio_latents"]
-            s.cond["audio_latents"] = s.cond["audio_scheduler"].step(audio_v, t, audio, return_dict=False)[0]
+            s.cond["audio_latents"] = s.cond["audio_noise_scheduler"].step(audio_v, t, audio, return_dict=False)[0]
             s.step_index += 1
 
     def _run_pass(self, rows: list[tuple[DenoiseState, Pass]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -291,8 +291,8 @@ class LTX2T2V(DiffusionPipelineBase):
             s.num_forwards += 1
         out = []
         for i, s in enumerate(states):
-            video_sigma = s.scheduler.sigmas[s.step_index]
-            audio_sigma = s.cond["audio_scheduler"].sigmas[s.step_index]
+            video_sigma = s.noise_scheduler.sigmas[s.step_index]
+            audio_sigma = s.cond["audio_noise_scheduler"].sigmas[s.step_index]
             out.append((s.latents - video[i: i + 1].float() * video_sigma,
                         s.cond["audio_latents"] - audio[i: i + 1].float() * audio_sigma))
         return out
@@ -300,13 +300,13 @@ class LTX2T2V(DiffusionPipelineBase):
     def _guided_velocity(self, state: DenoiseState, cond: tuple, uncond: tuple | None, stg: tuple | None,
                          modality: tuple | None) -> tuple[torch.Tensor, torch.Tensor]:
         """diffusers' guidance, per modality: x0_cond + CFG + STG + modality deltas, rescaled,
-        back to a velocity for the scheduler."""
+        back to a velocity for the noise scheduler."""
         from diffusers.pipelines.ltx2.pipeline_ltx2 import rescale_noise_cfg
 
         scales = state.cond["scales"]
         out = []
         samples = (state.latents, state.cond["audio_latents"])
-        sigmas = (state.scheduler.sigmas[state.step_index], state.cond["audio_scheduler"].sigmas[state.step_index])
+        sigmas = (state.noise_scheduler.sigmas[state.step_index], state.cond["audio_noise_scheduler"].sigmas[state.step_index])
         for i, name in enumerate(("video", "audio")):
             x0 = cond[i]
             cfg_delta = (scales[f"{name}_cfg"] - 1) * (x0 - uncond[i]) if uncond is not None else 0

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from omnistage.engine.types import RequestError
+from omnistage.core.errors import RequestError
 
 PROMPT_KEYS = ("prompt", "voice", "instructions", "language", "task_type", "non_streaming_mode", "ref_audio",
                "ref_sample_rate", "ref_text")
@@ -66,43 +66,43 @@ def parse_prompt(inputs: Any, config: Mapping[str, Any]) -> TtsPrompt:
     if isinstance(inputs, str):
         inputs = {"prompt": inputs}
     if not isinstance(inputs, Mapping):
-        raise RequestError(f"prompt: Qwen3-TTS takes a str or a dict with keys {list(PROMPT_KEYS)}, "
-                           f"got {type(inputs).__name__}", "prompt")
+        raise RequestError("prompt", f"prompt: Qwen3-TTS takes a str or a dict with keys {list(PROMPT_KEYS)}, "
+                           f"got {type(inputs).__name__}")
     unknown = sorted(set(inputs) - set(PROMPT_KEYS))
     if unknown:
-        raise RequestError(f"{unknown[0]}: unknown Qwen3-TTS prompt key; expected {list(PROMPT_KEYS)}", unknown[0])
+        raise RequestError(unknown[0], f"{unknown[0]}: unknown Qwen3-TTS prompt key; expected {list(PROMPT_KEYS)}")
     text = inputs.get("prompt")
     if not isinstance(text, str) or not text.strip():
-        raise RequestError("prompt: the text to speak must be a non-empty string", "prompt")
+        raise RequestError("prompt", "prompt: the text to speak must be a non-empty string")
     task = task_type(config)
     asked = inputs.get("task_type")
     if asked is not None and asked != task:
-        raise RequestError(f"task_type: this checkpoint does {task}, not {asked!r}", "task_type")
+        raise RequestError("task_type", f"task_type: this checkpoint does {task}, not {asked!r}")
     talker = config["talker_config"]
     ref = _reference(inputs, task)
     instructions = inputs.get("instructions") or None
     if instructions is not None and not isinstance(instructions, str):
-        raise RequestError(f"instructions: expected a string, got {type(instructions).__name__}", "instructions")
+        raise RequestError("instructions", f"instructions: expected a string, got {type(instructions).__name__}")
     voice = inputs.get("voice")
     known = speakers(config)
     if task == "CustomVoice":
         voice = known[0] if voice is None else voice
         if not isinstance(voice, str) or voice.lower() not in known:
-            raise RequestError(f"voice: unknown voice {voice!r}; this checkpoint's voices: {', '.join(known)}", "voice")
+            raise RequestError("voice", f"voice: unknown voice {voice!r}; this checkpoint's voices: {', '.join(known)}")
         voice = voice.lower()
         if instructions is not None and config.get("tts_model_size") == "0b6":
-            raise RequestError("instructions: the 0.6B CustomVoice models do not follow instructions", "instructions")
+            raise RequestError("instructions", "instructions: the 0.6B CustomVoice models do not follow instructions")
     else:
         voice = None  # no built-in voices (OpenAI clients always send a voice)
         if task == "Base" and instructions is not None:
-            raise RequestError("instructions: a Base checkpoint clones the voice of ref_audio; it takes no "
-                               "instructions", "instructions")
+            raise RequestError("instructions", "instructions: a Base checkpoint clones the voice of ref_audio; it takes no "
+                               "instructions")
     language = inputs.get("language") or "auto"
     languages = {k.lower(): v for k, v in (talker.get("codec_language_id") or {}).items()}
     if not isinstance(language, str) or (language.lower() != "auto" and
                                          (language.lower() not in languages or "dialect" in language.lower())):
         names = ["auto", *(k for k in languages if "dialect" not in k)]
-        raise RequestError(f"language: unknown language {language!r}; expected one of {names}", "language")
+        raise RequestError("language", f"language: unknown language {language!r}; expected one of {names}")
     language = language.lower()
     language_id = None if language == "auto" else int(languages[language])
     dialect = (talker.get("spk_is_dialect") or {}).get(voice) if voice is not None else None
@@ -110,7 +110,7 @@ def parse_prompt(inputs: Any, config: Mapping[str, Any]) -> TtsPrompt:
         language_id = int(languages[dialect])  # the authors' rule: a dialect speaker speaks Chinese in dialect
     non_streaming = inputs.get("non_streaming_mode", task != "Base")
     if not isinstance(non_streaming, bool):
-        raise RequestError(f"non_streaming_mode: expected a bool, got {non_streaming!r}", "non_streaming_mode")
+        raise RequestError("non_streaming_mode", f"non_streaming_mode: expected a bool, got {non_streaming!r}")
     return TtsPrompt(text, voice, instructions, language_id, non_streaming, *ref)
 
 
@@ -123,27 +123,26 @@ def _reference(inputs: Mapping[str, Any], task: str) -> tuple:
     if task != "Base":
         for key in ("ref_audio", "ref_sample_rate", "ref_text"):
             if inputs.get(key) is not None:
-                raise RequestError(f"{key}: this {task} checkpoint does not clone voices (Base checkpoints do)", key)
+                raise RequestError(key, f"{key}: this {task} checkpoint does not clone voices (Base checkpoints do)")
         return None, None, None
     if audio is None:
         for key in ("ref_sample_rate", "ref_text"):
             if inputs.get(key) is not None:
-                raise RequestError(f"{key}: goes with ref_audio", key)
-        raise RequestError("ref_audio: a Base checkpoint clones a voice: give ref_audio (or a registered voice)",
-                           "ref_audio")
+                raise RequestError(key, f"{key}: goes with ref_audio")
+        raise RequestError("ref_audio", "ref_audio: a Base checkpoint clones a voice: give ref_audio (or a registered voice)")
     audio = np.asarray(audio)
     if audio.ndim != 1 or audio.size == 0 or not np.issubdtype(audio.dtype, np.floating):
-        raise RequestError(f"ref_audio: expected a non-empty 1-D float array (mono), got {audio.dtype} "
-                           f"with shape {list(audio.shape)}", "ref_audio")
+        raise RequestError("ref_audio", f"ref_audio: expected a non-empty 1-D float array (mono), got {audio.dtype} "
+                           f"with shape {list(audio.shape)}")
     if not np.isfinite(audio).all():
-        raise RequestError("ref_audio: contains NaN or infinite samples", "ref_audio")
+        raise RequestError("ref_audio", "ref_audio: contains NaN or infinite samples")
     rate = inputs.get("ref_sample_rate")
     if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1000:
-        raise RequestError(f"ref_sample_rate: the reference clip's sample rate (Hz, >= 1000) is required, "
-                           f"got {rate!r}", "ref_sample_rate")
+        raise RequestError("ref_sample_rate", f"ref_sample_rate: the reference clip's sample rate (Hz, >= 1000) is required, "
+                           f"got {rate!r}")
     if audio.size / rate > MAX_REF_SECONDS:
-        raise RequestError(f"ref_audio: {audio.size / rate:.1f} s is longer than {MAX_REF_SECONDS:.0f} s", "ref_audio")
+        raise RequestError("ref_audio", f"ref_audio: {audio.size / rate:.1f} s is longer than {MAX_REF_SECONDS:.0f} s")
     text = inputs.get("ref_text") or None
     if text is not None and not isinstance(text, str):
-        raise RequestError(f"ref_text: expected a string, got {type(text).__name__}", "ref_text")
+        raise RequestError("ref_text", f"ref_text: expected a string, got {type(text).__name__}")
     return audio.astype(np.float32), rate, text

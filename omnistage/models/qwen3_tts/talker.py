@@ -32,7 +32,7 @@ import torch
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import PromptInputs
 from omnistage.ar.sampler import Sampler
-from omnistage.engine.types import RequestError
+from omnistage.core.errors import RequestError
 from omnistage.models.qwen3_omni.talker import NUM_SUPPRESSED, Qwen3OmniTalker, TalkerState
 from omnistage.models.qwen3_tts.modeling import load_talker
 from omnistage.models.qwen3_tts.prompt import parse_prompt
@@ -94,7 +94,7 @@ class Qwen3TTSTalker(Qwen3OmniTalker):
         embed_text = self.model.embed_text
         ids = self._ids(f"<|im_start|>assistant\n{prompt.text}<|im_end|>\n<|im_start|>assistant\n")
         if ids.shape[0] < 9:
-            raise RequestError("prompt: the text tokenized to nothing between the chat markers", "prompt")
+            raise RequestError("prompt", "prompt: the text tokenized to nothing between the chat markers")
         tts_bos, tts_eos, tts_pad = embed_text(torch.tensor(self.tts_ids, device=self.device)).unbind(0)
         if prompt.language_id is None:
             tags = [talker["codec_nothink_id"], talker["codec_think_bos_id"], talker["codec_think_eos_id"]]
@@ -136,7 +136,7 @@ class Qwen3TTSTalker(Qwen3OmniTalker):
         if prompt.ref_audio is None:
             return None
         if self.cloner is None:
-            raise RequestError("ref_audio: this checkpoint has no speaker encoder (not a Base checkpoint)", "ref_audio")
+            raise RequestError("ref_audio", "ref_audio: this checkpoint has no speaker encoder (not a Base checkpoint)")
         from omnistage.models.qwen3_tts.cloning import clone_inputs
 
         return clone_inputs(self.cloner, prompt.ref_audio, prompt.ref_sample_rate, prompt.ref_text is not None)

@@ -19,10 +19,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from omnistage.diffusion.params import ExtraSpec
+from omnistage.core.errors import RequestError
 from omnistage.diffusion.checkpoint import CheckpointConfigs
+from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import DenoiseState, DiffusionRequest, pack_latents
-from omnistage.engine.types import RequestError
 from omnistage.models.qwen_image.pipeline import QwenImage
 
 # QwenImageEditPipeline resizes the input image to about this many pixels (keeping its aspect
@@ -108,7 +108,7 @@ class QwenImageEdit(QwenImage):
         super().check_inputs(request)
         if len(request.images) > self.max_images:
             allowed = "one input image" if self.max_images == 1 else f"1 to {self.max_images} input images"
-            raise RequestError(f"image: this model edits {allowed}, got {len(request.images)}", "image")
+            raise RequestError("image", f"image: this model edits {allowed}, got {len(request.images)}")
 
     def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:
         request = super().prepare_request(request)

@@ -20,11 +20,11 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.core.errors import RequestError
+from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, rescaled_true_cfg
-from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.engine.types import RequestError
 from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
@@ -91,10 +91,10 @@ class QwenImage(DiffusionPipelineBase):
         params = request.params
         check_divisible(params, height=self.multiple_of, width=self.multiple_of)
         if self.guidance_embeds and params.guidance_scale is None:
-            raise RequestError("guidance_scale is required: this model is guidance-distilled", "guidance_scale")
+            raise RequestError("guidance_scale", "guidance_scale is required: this model is guidance-distilled")
         if not self.guidance_embeds and params.guidance_scale is not None:
-            raise RequestError("guidance_scale: this model is not guidance-distilled; use true_cfg_scale "
-                               "with a negative_prompt for classifier-free guidance", "guidance_scale")
+            raise RequestError("guidance_scale", "guidance_scale: this model is not guidance-distilled; use true_cfg_scale "
+                               "with a negative_prompt for classifier-free guidance")
 
     # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
 
@@ -169,13 +169,13 @@ class QwenImage(DiffusionPipelineBase):
         latents = pack_latents(noise)
 
         num_steps = params.num_inference_steps
-        scheduler = self.scheduler_copy()
+        noise_scheduler = self.noise_scheduler_copy()
         sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
-        timesteps = set_flow_match_timesteps(scheduler, sigmas, latents.shape[1], self.device)
+        timesteps = set_flow_match_timesteps(noise_scheduler, sigmas, latents.shape[1], self.device)
         return DenoiseState(
             request=request,
             latents=latents,
-            scheduler=scheduler,
+            noise_scheduler=noise_scheduler,
             timesteps=timesteps,
             cond={
                 "prompt_embeds": self._truncate(prompt_embeds, request),
@@ -211,7 +211,7 @@ class QwenImage(DiffusionPipelineBase):
         # One transformer call per token-grid layout (RoPE is computed for the batch's first).
         for group in group_by(states, lambda s: s.cond["img_shapes"]):
             for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self.scheduler_step(state, pred)
+                self.noise_scheduler_step(state, pred)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """One batched transformer pass over one branch's rows; each state's noise prediction."""

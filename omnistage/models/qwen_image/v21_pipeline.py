@@ -2,7 +2,7 @@
 
 Reproduces `diffusers.QwenImage21Pipeline` (pipelines/qwenimage21/pipeline_qwenimage21.py)
 for text-to-image, on `QwenImage`'s seams (one text-encoder call for every prompt, true
-CFG as a second transformer pass per branch, per-request schedulers). What 2.1 changes:
+CFG as a second transformer pass per branch, per-request noise schedulers). What 2.1 changes:
 
 - the encoder is Qwen3-VL, read before its final norm (diffusers hooks the norm away, as
   transformers 5 ties `hidden_states[-1]` to the normed output), with the system prompt's
@@ -43,7 +43,7 @@ from omnistage.diffusion.pipeline import (
     set_flow_match_timesteps,
     split_per_state,
 )
-from omnistage.engine.types import RequestError
+from omnistage.core.errors import RequestError
 from omnistage.models.qwen_image.pipeline import QwenImage
 
 SYSTEM_PROMPT = "Comprehend and analyze the provided prompt."
@@ -114,8 +114,8 @@ class QwenImage21(QwenImage):
         super().check_inputs(request)
         steps = request.params.num_inference_steps
         if self.sample_sigmas and steps != len(self.sample_sigmas):
-            raise RequestError(f"num_inference_steps: this checkpoint samples on its own {len(self.sample_sigmas)}-"
-                               f"step schedule (model_index.json sample_sigmas), got {steps}", "num_inference_steps")
+            raise RequestError("num_inference_steps", f"num_inference_steps: this checkpoint samples on its own {len(self.sample_sigmas)}-"
+                               f"step schedule (model_index.json sample_sigmas), got {steps}")
 
     # -- 2. encode --------------------------------------------------------------------------
 
@@ -157,14 +157,14 @@ class QwenImage21(QwenImage):
                              device=self.device, dtype=prompt_embeds.dtype)
         latents = noise.view(n, channels, latent_h * latent_w).transpose(1, 2)
 
-        scheduler = self.scheduler_copy()
+        noise_scheduler = self.noise_scheduler_copy()
         num_steps = params.num_inference_steps
         sigmas = self.sample_sigmas or np.linspace(1.0, 1 / num_steps, num_steps)
-        timesteps = set_flow_match_timesteps(scheduler, sigmas, latents.shape[1], self.device)
+        timesteps = set_flow_match_timesteps(noise_scheduler, sigmas, latents.shape[1], self.device)
         return DenoiseState(
             request=request,
             latents=latents,
-            scheduler=scheduler,
+            noise_scheduler=noise_scheduler,
             timesteps=timesteps,
             cond={
                 "prompt_embeds": prompt_embeds,

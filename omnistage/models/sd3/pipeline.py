@@ -130,24 +130,24 @@ class StableDiffusion3(DiffusionPipelineBase):
                  params.width // self.vae_scale_factor)
         latents = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=embeds.dtype)
 
-        scheduler = self.scheduler_copy()
+        noise_scheduler = self.noise_scheduler_copy()
         kwargs = {}
         # SD3.5 checkpoints may shift the schedule by resolution (dynamic shifting); SD3 uses
-        # a fixed shift from the scheduler config.
-        if scheduler.config.get("use_dynamic_shifting", None):
+        # a fixed shift from the noise scheduler's config.
+        if noise_scheduler.config.get("use_dynamic_shifting", None):
             image_seq_len = (shape[2] // self.patch_size) * (shape[3] // self.patch_size)
             kwargs["mu"] = calculate_shift(
                 image_seq_len,
-                scheduler.config.get("base_image_seq_len", 256),
-                scheduler.config.get("max_image_seq_len", 4096),
-                scheduler.config.get("base_shift", 0.5),
-                scheduler.config.get("max_shift", 1.16),
+                noise_scheduler.config.get("base_image_seq_len", 256),
+                noise_scheduler.config.get("max_image_seq_len", 4096),
+                noise_scheduler.config.get("base_shift", 0.5),
+                noise_scheduler.config.get("max_shift", 1.16),
             )
-        timesteps, _ = retrieve_timesteps(scheduler, params.num_inference_steps, self.device, **kwargs)
-        scheduler.set_begin_index(0)
+        timesteps, _ = retrieve_timesteps(noise_scheduler, params.num_inference_steps, self.device, **kwargs)
+        noise_scheduler.set_begin_index(0)
 
         cond: dict[str, Any] = {**pooled_prompt_cond(prompt, negative, n), "guidance_scale": params.guidance_scale}
-        return DenoiseState(request=request, latents=latents, scheduler=scheduler, timesteps=timesteps, cond=cond)
+        return DenoiseState(request=request, latents=latents, noise_scheduler=noise_scheduler, timesteps=timesteps, cond=cond)
 
     # -- 3. denoise -----------------------------------------------------------------------
 
@@ -174,7 +174,7 @@ class StableDiffusion3(DiffusionPipelineBase):
 
     def _denoise_group(self, states: list[DenoiseState]) -> None:
         for state, pred in zip(states, self.guided_predictions(states, self._predict)):
-            self.scheduler_step(state, pred)
+            self.noise_scheduler_step(state, pred)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """One transformer call over every row (cond and uncond together); one prediction per row."""

@@ -9,7 +9,7 @@ split at the encode / denoise_step / decode seams:
   [start, end] side by side as its global state.
 - denoise_step: every request has the same latent length (the transformer's sample_size,
   whatever the duration), so one transformer call takes all of them, cond and uncond rows
-  together as diffusers batches them. The scheduler (EDM DPM-Solver, stochastic in the
+  together as diffusers batches them. The noise scheduler (EDM DPM-Solver, stochastic in the
   real checkpoint) draws its noise from the request's own generator.
 - decode: the VAE decodes the whole window; each request keeps [start, end) of it.
 
@@ -38,7 +38,8 @@ from omnistage.diffusion.pipeline import (
     group_by,
     split_per_state,
 )
-from omnistage.engine.types import AudioPayload, RequestError
+from omnistage.core.errors import RequestError
+from omnistage.core.types import AudioPayload
 
 # DiffusionParams fields an audio request has no use for: refused rather than ignored.
 _IMAGE_FIELDS = ("height", "width", "num_frames", "fps", "true_cfg_scale", "guidance_scale_2")
@@ -60,8 +61,8 @@ class StableAudio(DiffusionPipelineBase):
         super().__init__(components, device, dtype, configs)
         self.rotary_embed_dim = self.transformer.config.attention_head_dim // 2
         self._rotary: tuple[torch.Tensor, torch.Tensor] | None = None
-        # A stochastic scheduler (the real checkpoint's) draws noise from the generator it is given.
-        self._step_takes_generator = "generator" in inspect.signature(self.scheduler.step).parameters
+        # A stochastic noise scheduler (the real checkpoint's) draws noise from the generator it is given.
+        self._step_takes_generator = "generator" in inspect.signature(self.noise_scheduler.step).parameters
 
     def configure(self, configs: CheckpointConfigs) -> None:
         # The VAE's hop length and rate and the transformer's window fix the longest audio.
@@ -87,19 +88,17 @@ class StableAudio(DiffusionPipelineBase):
         params = request.params
         for name in _IMAGE_FIELDS:
             if getattr(params, name) is not None:
-                raise RequestError(f"{name}: not a parameter of an audio model", name)
+                raise RequestError(name, f"{name}: not a parameter of an audio model")
         if params.num_outputs_per_prompt != 1:
-            raise RequestError(f"num_outputs_per_prompt must be 1 for audio, got {params.num_outputs_per_prompt}",
-                               "num_outputs_per_prompt")
+            raise RequestError("num_outputs_per_prompt", f"num_outputs_per_prompt must be 1 for audio, got {params.num_outputs_per_prompt}")
         if params.partial_images:
-            raise RequestError("partial_images: an audio model has no previews", "partial_images")
+            raise RequestError("partial_images", "partial_images: an audio model has no previews")
         start, end = params.extras["audio_start_in_s"], params.extras["audio_end_in_s"]
         if end <= start:
-            raise RequestError(f"audio_end_in_s must be greater than audio_start_in_s ({start:g}), got {end:g}",
-                               "audio_end_in_s")
+            raise RequestError("audio_end_in_s", f"audio_end_in_s must be greater than audio_start_in_s ({start:g}), got {end:g}")
         if end - start > self.max_audio_seconds:
-            raise RequestError(f"audio_end_in_s - audio_start_in_s must be at most {self.max_audio_seconds:g} s "
-                               f"(this model's window), got {end - start:g}", "audio_end_in_s")
+            raise RequestError("audio_end_in_s", f"audio_end_in_s - audio_start_in_s must be at most {self.max_audio_seconds:g} s "
+                               f"(this model's window), got {end - start:g}")
 
     def batch_key(self, params: DiffusionParams) -> tuple:
         # Every request has the same latent length: durations and prompts mix freely.
@@ -154,21 +153,21 @@ class StableAudio(DiffusionPipelineBase):
         else:  # no negative prompt: diffusers' uncond conditioning is zeros, seconds included
             negative_text_duration = torch.zeros_like(text_duration)
 
-        scheduler = self.scheduler_copy()
-        scheduler.set_timesteps(params.num_inference_steps, device=self.device)
+        noise_scheduler = self.noise_scheduler_copy()
+        noise_scheduler.set_timesteps(params.num_inference_steps, device=self.device)
         generator = self.generator_for(request)
         shape = (1, self.transformer.config.in_channels, self.sample_size)
         latents = randn_tensor(shape, generator=generator, device=self.device, dtype=text_duration.dtype)
-        latents = latents * scheduler.init_noise_sigma
+        latents = latents * noise_scheduler.init_noise_sigma
         cond = {
             "text_duration_embeds": text_duration,
             "negative_text_duration_embeds": negative_text_duration,
             "duration_embeds": torch.cat([start, end], dim=2),  # [1, 1, 2D], the same for both branches
             "guidance_scale": params.guidance_scale,
-            # The generator goes on drawing the scheduler's noise at every step, as in diffusers.
+            # The generator goes on drawing the noise scheduler's noise at every step, as in diffusers.
             "generator": generator,
         }
-        return DenoiseState(request=request, latents=latents, scheduler=scheduler, timesteps=scheduler.timesteps,
+        return DenoiseState(request=request, latents=latents, noise_scheduler=noise_scheduler, timesteps=noise_scheduler.timesteps,
                             cond=cond)
 
     # -- 3. denoise -----------------------------------------------------------------------
@@ -194,7 +193,7 @@ class StableAudio(DiffusionPipelineBase):
         # One transformer call needs equal latent and prompt lengths (equal for one checkpoint).
         for group in group_by(states, lambda s: (tuple(s.latents.shape[1:]), s.cond["text_duration_embeds"].shape[1])):
             for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self._scheduler_step(state, pred)
+                self._noise_scheduler_step(state, pred)
 
     def _rotary_embedding(self) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE over [global state, latent frames]: one table for every request."""
@@ -209,8 +208,8 @@ class StableAudio(DiffusionPipelineBase):
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """One transformer call over every (state, branch) row; one prediction per row."""
         row_states = [s for s, _ in rows]
-        # The scheduler scales its input by the state's current sigma (EDM preconditioning).
-        scaled = {id(s): s.scheduler.scale_model_input(s.latents, s.timesteps[s.step_index]) for s in row_states}
+        # The noise scheduler scales its input by the state's current sigma (EDM preconditioning).
+        scaled = {id(s): s.noise_scheduler.scale_model_input(s.latents, s.timesteps[s.step_index]) for s in row_states}
         noise_pred = self.transformer(
             torch.cat([scaled[id(s)] for s in row_states]),
             torch.cat([s.timesteps[s.step_index].expand(s.latents.shape[0]) for s in row_states]),
@@ -224,11 +223,11 @@ class StableAudio(DiffusionPipelineBase):
         )[0]
         return split_per_state(noise_pred, row_states)
 
-    def _scheduler_step(self, state: DenoiseState, noise_pred: torch.Tensor) -> None:
-        """x_t -> x_t-1 with the state's scheduler; a stochastic one draws from its generator."""
+    def _noise_scheduler_step(self, state: DenoiseState, noise_pred: torch.Tensor) -> None:
+        """x_t -> x_t-1 with the state's noise scheduler; a stochastic one draws from its generator."""
         kwargs = {"generator": state.cond["generator"]} if self._step_takes_generator else {}
         t = state.timesteps[state.step_index]
-        state.latents = state.scheduler.step(noise_pred, t, state.latents, return_dict=False, **kwargs)[0]
+        state.latents = state.noise_scheduler.step(noise_pred, t, state.latents, return_dict=False, **kwargs)[0]
         state.step_index += 1
 
     # -- 4. decode ------------------------------------------------------------------------

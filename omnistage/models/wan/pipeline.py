@@ -21,11 +21,11 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.core.errors import RequestError
+from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
-from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.engine.types import RequestError
 from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
@@ -89,14 +89,12 @@ class _Wan(DiffusionPipelineBase):
         params = request.params.with_defaults(self.default_params)
         check_divisible(params, height=self.height_multiple_of, width=self.width_multiple_of)
         if (params.num_frames - 1) % self.vae_scale_factor_temporal != 0:
-            raise RequestError(f"num_frames - 1 must be divisible by {self.vae_scale_factor_temporal}, "
-                               f"got num_frames={params.num_frames}", "num_frames")
+            raise RequestError("num_frames", f"num_frames - 1 must be divisible by {self.vae_scale_factor_temporal}, "
+                               f"got num_frames={params.num_frames}")
         if params.num_outputs_per_prompt != 1:
-            raise RequestError(f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}",
-                               "num_outputs_per_prompt")
+            raise RequestError("num_outputs_per_prompt", f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}")
         if params.guidance_scale_2 is not None and self.boundary_ratio is None:
-            raise RequestError("guidance_scale_2 needs a two-expert checkpoint (boundary_ratio in model_index.json)",
-                               "guidance_scale_2")
+            raise RequestError("guidance_scale_2", "guidance_scale_2 needs a two-expert checkpoint (boundary_ratio in model_index.json)")
 
     # -- 2. encode: prompts, conditioning, initial noise, timesteps -------------------------
 
@@ -142,19 +140,19 @@ class _Wan(DiffusionPipelineBase):
         num_latent_frames = (params.num_frames - 1) // self.vae_scale_factor_temporal + 1
         shape = (1, self.num_channels_latents, num_latent_frames, params.height // self.vae_scale_factor_spatial,
                  params.width // self.vae_scale_factor_spatial)
-        # Wan keeps latents (and the scheduler's arithmetic) in float32 whatever the model dtype.
+        # Wan keeps latents (and the noise scheduler's arithmetic) in float32 whatever the model dtype.
         latents = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=torch.float32)
 
-        scheduler = self.scheduler_copy()
-        scheduler.set_timesteps(params.num_inference_steps, device=self.device)
+        noise_scheduler = self.noise_scheduler_copy()
+        noise_scheduler.set_timesteps(params.num_inference_steps, device=self.device)
         # Start at index 0 rather than looking the first timestep up (diffusers' T2V does the same).
-        scheduler.set_begin_index(0)
+        noise_scheduler.set_begin_index(0)
         cond.update(self._condition(request, latents))
         cond["guidance_scale"] = params.guidance_scale
         cond["guidance_scale_2"] = (params.guidance_scale_2 if params.guidance_scale_2 is not None
                                     else params.guidance_scale)
-        return DenoiseState(request=request, latents=latents, scheduler=scheduler,
-                            timesteps=scheduler.timesteps, cond=cond)
+        return DenoiseState(request=request, latents=latents, noise_scheduler=noise_scheduler,
+                            timesteps=noise_scheduler.timesteps, cond=cond)
 
     @property
     def num_channels_latents(self) -> int:
@@ -218,7 +216,7 @@ class _Wan(DiffusionPipelineBase):
         model = self.transformer if expert == 0 else self.transformer_2
         predict = lambda rows: self._predict(model, rows)  # noqa: E731
         for state, pred in zip(states, self.guided_predictions(states, predict)):
-            self.scheduler_step(state, pred)
+            self.noise_scheduler_step(state, pred)
 
     def _predict(self, model: Any, rows: Rows) -> list[torch.Tensor]:
         states = [s for s, _ in rows]
@@ -284,9 +282,9 @@ class WanI2V(_Wan):
 
         super().check_inputs(request)
         if len(request.images) != 1:
-            raise RequestError(f"image: expected exactly one input image, got {len(request.images)}", "image")
+            raise RequestError("image", f"image: expected exactly one input image, got {len(request.images)}")
         if not isinstance(request.images[0], PIL.Image.Image):
-            raise RequestError(f"image: must be a PIL image, got {type(request.images[0]).__name__}", "image")
+            raise RequestError("image", f"image: must be a PIL image, got {type(request.images[0]).__name__}")
 
     @property
     def num_channels_latents(self) -> int:

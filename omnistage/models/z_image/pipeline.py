@@ -108,11 +108,11 @@ class ZImage(DiffusionPipelineBase):
         shape = (params.num_outputs_per_prompt, self.transformer.config.in_channels, latent_h, latent_w)
         latents = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=torch.float32)
 
-        # Z-Image's own sigmas, shifted by the scheduler config's rules.
+        # Z-Image's own sigmas, shifted by the noise scheduler config's rules.
         num_steps = params.num_inference_steps
-        scheduler = self.scheduler_copy()
+        noise_scheduler = self.noise_scheduler_copy()
         sigmas = torch.linspace(1.0, 1 / num_steps, num_steps).tolist()
-        timesteps = set_flow_match_timesteps(scheduler, sigmas, (latent_h // 2) * (latent_w // 2), self.device)
+        timesteps = set_flow_match_timesteps(noise_scheduler, sigmas, (latent_h // 2) * (latent_w // 2), self.device)
         # The CFG scale of every step, decided up front (no device sync per step): none without
         # a negative branch, and none once (1000 - t) / 1000 passes cfg_truncation.
         t_norms = ((1000 - timesteps.float()) / 1000).tolist()
@@ -122,7 +122,7 @@ class ZImage(DiffusionPipelineBase):
         return DenoiseState(
             request=request,
             latents=latents,
-            scheduler=scheduler,
+            noise_scheduler=noise_scheduler,
             timesteps=timesteps,
             cond={
                 "prompt_embeds": prompt_embeds,
@@ -155,9 +155,9 @@ class ZImage(DiffusionPipelineBase):
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         for state, pred in zip(states, self.guided_predictions(states, self._predict)):
-            # The transformer predicts the flow towards the data; the scheduler steps along its negation.
+            # The transformer predicts the flow towards the data; the noise scheduler steps along its negation.
             noise_pred = -pred.squeeze(2)
-            self.scheduler_step(state, noise_pred.to(torch.float32))
+            self.noise_scheduler_step(state, noise_pred.to(torch.float32))
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """One transformer call over every latent of every row (the transformer takes lists and

@@ -14,9 +14,10 @@ from PIL import Image
 
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.config.spec import PipelineSpec, StageSpec
+from omnistage.core.errors import ErrorKind
+from omnistage.core.types import ProgressPayload
 from omnistage.diffusion.params import DiffusionParams, ExtraSpec, validate_extras
 from omnistage.engine.outputs import OmniOutput
-from omnistage.engine.types import ProgressPayload
 from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
 
 EXTRAS = {"max_sequence_length": ExtraSpec(int, default=64, min=1, max=512)}
@@ -79,7 +80,7 @@ class FakeEngine:
             except ValueError as e:
                 yield OmniOutput(request_id, finished=True, finish_reason="error",
                                  error=f"stage 0 (diffusion): add_request raised ValueError: {e}",
-                                 error_kind="invalid_request")
+                                 error_kind=ErrorKind.INVALID_REQUEST)
                 return
         self.requests.append((prompt, params, request_id))
         if self.kind in ("image", "video"):

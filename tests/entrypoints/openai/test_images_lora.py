@@ -27,7 +27,7 @@ def client(zoo, tmp_path_factory):
     adapters = {name: str(build_lora(path, out / f"{name}.safetensors", seed=seed))
                 for name, seed in (("style", 1), ("other", 2))}
     with Omni(path, stage_overrides={"0": {"lora_adapters": adapters}}) as omni:
-        app = create_app(ServerSettings(served_model_name="z-image", model_path=str(path)), omni.engine)
+        app = create_app(ServerSettings(served_model_name="z-image", model_path=str(path)), omni.async_omni)
         with TestClient(app) as http:
             yield openai.OpenAI(base_url=str(http.base_url) + "/v1", api_key="none", http_client=http,
                                 max_retries=0)

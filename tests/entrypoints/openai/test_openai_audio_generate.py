@@ -33,7 +33,7 @@ RATE = 8000  # the tiny zoo model's VAE rate
 def http(zoo):
     path = zoo("stable-audio")
     with Omni(path) as omni:
-        app = create_app(ServerSettings(served_model_name="stable-audio", model_path=str(path)), omni.engine)
+        app = create_app(ServerSettings(served_model_name="stable-audio", model_path=str(path)), omni.async_omni)
         with TestClient(app) as client:
             yield client
 

@@ -10,8 +10,8 @@ import logging
 
 from fake_engine import FakeEngine
 
+from omnistage.core.errors import EngineUnavailableError, ErrorKind
 from omnistage.engine.outputs import OmniOutput
-from omnistage.engine.types import EngineUnavailableError
 from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
 
 ERROR_FIELDS = {"message", "type", "param", "code"}
@@ -58,7 +58,7 @@ def test_an_unavailable_stage_is_503_with_retry_after_and_logged(app_client, cap
     http, engine = app_client("image")
 
     async def down(prompt, params=None, request_id=None, modalities=None):
-        yield OmniOutput(request_id, finished=True, finish_reason="error", error_kind="unavailable",
+        yield OmniOutput(request_id, finished=True, finish_reason="error", error_kind=ErrorKind.UNAVAILABLE,
                          error="stage 0 (diffusion): the stage is restarting after: a diffusion worker died")
 
     engine.generate = down

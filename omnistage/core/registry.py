@@ -1,4 +1,4 @@
-"""`ComponentRegistry`: the classes stage engines run, found by key.
+"""`import_target` and `ComponentRegistry`: the classes stage engines run, found by key.
 
 Each engine kind has one registry: AR models (ar/model.py), decoders (generation/decoder.py)
 and native diffusion pipelines (diffusion/registry.py). A family registers its classes
@@ -8,13 +8,14 @@ under the key its `StageSpec.model` names, from its torch-free package `__init__
     register_ar_model("qwen2_5_omni.talker", "omnistage.models.qwen2_5_omni.talker:OmniTalker")
 
 An engine asks for a key; a key not registered yet makes the registry load every family and
-plugin once (through the pipeline registry's discovery), so engines find families by key
-and never import `omnistage.models` themselves.
+plugin once (through the `discover` it was given: the pipeline registry's discovery), so
+engines find families by key and never import `omnistage.models` themselves.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 
@@ -29,9 +30,11 @@ def import_target(target: str | type) -> Any:
 
 
 class ComponentRegistry:
-    def __init__(self, kind: str, builtins: dict[str, str | type] | None = None):
+    def __init__(self, kind: str, discover: Callable[[], None], builtins: dict[str, str | type] | None = None):
         self.kind = kind
         """What the registry holds, for messages ("AR model", "decoder", "diffusion pipeline")."""
+        self._discover = discover
+        """Imports the families and plugins, which register on import (a no-op once done)."""
         self._targets: dict[str, str | type] = dict(builtins or {})
 
     def register(self, key: str, target: str | type) -> None:
@@ -45,9 +48,7 @@ class ComponentRegistry:
     def find(self, key: str) -> str | type | None:
         """The registered target (not imported), loading the families first if needed; None if unknown."""
         if key not in self._targets:
-            from omnistage.config.registry import REGISTRY
-
-            REGISTRY.discover()  # families and plugins register on import
+            self._discover()
         return self._targets.get(key)
 
     def get(self, key: str) -> type:

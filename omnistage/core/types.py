@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from omnistage.core.errors import ErrorKind
+
 
 # --- payloads (what a stage produces) -------------------------------------------------
 
@@ -73,21 +75,6 @@ class ProgressPayload:
 # --- requests and outputs -----------------------------------------------------------------
 
 
-class RequestError(ValueError):
-    """A request an engine refuses because of its inputs or params: the caller's mistake (a
-    400), never the engine's. `param` names the field (None: the request as a whole). It
-    travels as a typed value from where it is raised to the HTTP layer: engines put it on
-    the `StageOutput` (`error_kind="invalid_request"`, `error_param`), nobody parses text."""
-
-    def __init__(self, message: str, param: str | None = None):
-        super().__init__(message)
-        self.message = message
-        self.param = param
-
-    def __reduce__(self):  # picklable across stage processes
-        return type(self), (self.message, self.param)
-
-
 @dataclass
 class StageRequest:
     request_id: str
@@ -119,22 +106,13 @@ class StageOutput:
     payload: Any  # one of the payload types above, or None with an error
     finished: bool
     error: str | None = None
-    error_kind: str | None = None
-    """With `error`: "invalid_request" when the engine refused the request's inputs or params
-    (a ValueError at add_request: the caller's mistake); "unavailable" when the stage's
+    error_kind: ErrorKind | None = None
+    """With `error`: INVALID_REQUEST when the engine refused the request's inputs or params
+    (a ValueError at add_request: the caller's mistake); UNAVAILABLE when the stage's
     engine died or is restarting (retry later); else None (the engine failed)."""
     error_param: str | None = None
-    """With "invalid_request": the field at fault (`RequestError.param`), when known."""
+    """With INVALID_REQUEST: the field at fault (`RequestError.param`), when known."""
     metrics: dict[str, float] = field(default_factory=dict)
-
-
-INVALID_REQUEST = "invalid_request"
-UNAVAILABLE = "unavailable"
-"""The `error_kind`s (see StageOutput)."""
-
-
-class EngineUnavailableError(RuntimeError):
-    """The engine takes no requests now (closed, or its loop crashed); a later try may work."""
 
 
 @runtime_checkable
