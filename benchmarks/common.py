@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import platform
 import re
+import shlex
+import sys
 import threading
 import time
 from pathlib import Path
@@ -86,7 +88,9 @@ def machine_line() -> str:
 def write_section(heading: str, script: str, body: str) -> None:
     """Replace (or append) `## heading` in RESULTS.md, keeping every other section."""
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    section = (f"## {heading}\n\n`{script}` ({machine_line()}; {time.strftime('%Y-%m-%d')})\n\n"
+    # The exact command that made the section, so every table names how to remake it.
+    command = shlex.join(["python", script, *sys.argv[1:]])
+    section = (f"## {heading}\n\nCommand: `{command}` ({machine_line()}; {time.strftime('%Y-%m-%d')})\n\n"
                f"{body.strip()}\n")
     pattern = re.compile(rf"^## {re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
     if pattern.search(text):

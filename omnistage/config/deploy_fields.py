@@ -35,14 +35,25 @@ class StageDeployConfig:
     num_devices: int = 1
     """Number of devices (worker ranks) for this stage."""
     cfg_parallel_size: int = 1
+    """Diffusion: 2 runs the cond and uncond branches of classifier-free guidance on two ranks. The
+    parallel degrees multiply to num_devices."""
     ulysses_degree: int = 1
+    """Diffusion: ranks the token sequence is split over, heads exchanged all-to-all (Ulysses); it must
+    divide the attention heads."""
     ring_degree: int = 1
+    """Diffusion: ranks of ring attention over key/value chunks; combines with ulysses_degree."""
     tensor_parallel_size: int = 1
+    """AR (vllm): vLLM's tensor parallel size. Not implemented for diffusion stages: a diffusion stage
+    that sets it is refused at start-up."""
     vae_patch_parallel_size: int = 1
+    """Diffusion: ranks that decode the VAE's tiles in parallel and gather them (at most num_devices)."""
     vae_use_tiling: bool = False
+    """Diffusion: decode and encode through the diffusers VAE's own tiling (less memory, more time)."""
     cache_backend: str | None = None
     """Diffusion step cache: None | "tea_cache" | "first_block_cache" | ..."""
     cache_config: dict[str, Any] = field(default_factory=dict)
+    """Options of cache_backend, e.g. {threshold: 0.05} for first_block_cache; an unknown key or a bad
+    value is refused at start-up naming cache_config.<key>."""
     offload: str | None = None
     """Diffusion: None | "model" (one component on the device at a time) | "layerwise" (transformer
     blocks copied to the device a group at a time, the next prefetched)."""
@@ -60,6 +71,9 @@ class StageDeployConfig:
     """Diffusion: regional torch.compile of the transformer's blocks. AR (native, CUDA only): decode
     steps replayed from CUDA graphs. AR (vllm): False = vLLM's enforce_eager."""
     attention_backend: str = "sdpa"
+    """Diffusion: one of diffusers' attention dispatcher backends ("sdpa", "sdpa_math", "flex",
+    "flash_attn", "sage", "xformers", ...); an unknown or unavailable one is refused, listing those
+    this machine can run."""
     max_model_len: int | None = None
     """AR: longest prompt + output in tokens; None = the model's max_position_embeddings."""
     ar_backend: str = "native"

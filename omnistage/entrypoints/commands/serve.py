@@ -75,8 +75,13 @@ def register(subparsers) -> None:
                         "is restarted; the deploy field stage_timeout_s on every stage (default: 10 times its "
                         "slowest step, at least 120 s)")
     p.add_argument("--output-dir", default=None,
-                   help="where served files and video jobs are kept; with it, finished video jobs survive a "
-                        "restart (default: a temporary folder removed at shutdown)")
+                   help="where served files, video jobs and stored responses are kept; with it, finished video "
+                        "jobs and stored responses survive a restart (default: a temporary folder removed at shutdown)")
+    p.add_argument("--response-ttl", type=float, default=30 * 24 * 3600.0, metavar="SECONDS",
+                   help="how long a stored response (/v1/responses, store: true) stays readable and continuable "
+                        "(default: 30 days)")
+    p.add_argument("--max-stored-responses", type=int, default=10000, metavar="N",
+                   help="most stored responses kept; the oldest go first (default: 10000)")
     p.add_argument("--no-playground", dest="playground", action="store_false",
                    help="do not serve the web playground at /")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
@@ -146,7 +151,8 @@ def run(args: argparse.Namespace) -> int:
             max_queued_requests=args.max_queued_requests, file_ttl_s=args.file_ttl,
             max_input_pixels=args.max_input_pixels, allowed_media_domains=tuple(args.allowed_media_domains),
             allowed_local_media_path=args.allowed_local_media_path, public_docs=args.public_docs,
-            protect_metrics=args.protect_metrics, files_dir=args.output_dir, playground=args.playground)
+            protect_metrics=args.protect_metrics, files_dir=args.output_dir, playground=args.playground,
+            response_ttl_s=args.response_ttl, max_stored_responses=args.max_stored_responses)
         registry = CollectorRegistry()
         print(f"[omnistage] loading {path}", flush=True)
         engine = AsyncOmni(path, deploy_config=demo_deploy_config(args.deploy_config, is_demo),

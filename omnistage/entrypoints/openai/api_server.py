@@ -12,6 +12,8 @@ build an app around any engine client. What a request can reach:
     /v1/images/...          images/       (diffusion models with image output)
     /v1/videos...           videos/       (diffusion models with video output)
     /v1/chat/completions    chat/         (text, omni and image models)
+    /v1/responses...        responses/    (text, omni and image models, over the chat path; stored
+                                           responses: GET / DELETE, cancel, input_items)
     /v1/completions         completions/  (text and omni models: the text of a raw prompt)
     /v1/audio/speech        audio/        (models with audio output; also /v1/audio/voices
                                            and the WebSocket /v1/audio/speech/stream)
@@ -58,6 +60,8 @@ from omnistage.entrypoints.openai.middleware import (
 )
 from omnistage.entrypoints.openai.openapi import install_openapi
 from omnistage.entrypoints.openai.playground import attach_playground
+from omnistage.entrypoints.openai.responses.api_router import attach_router as attach_responses
+from omnistage.entrypoints.openai.responses.serving import ResponsesServing
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.entrypoints.openai.videos.api_router import attach_router as attach_videos
 from omnistage.entrypoints.openai.videos.serving import VideoServing
@@ -77,6 +81,8 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
         capabilities = Capabilities(settings.served_model_name, frozenset())
     gateway = EngineGateway(engine, settings.max_queued_requests, metrics)
     video_serving = VideoServing(gateway, capabilities, settings, files, media)
+    chat_serving = ChatServing(gateway, capabilities, settings)
+    responses_serving = ResponsesServing(chat_serving, settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -84,6 +90,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
             yield
         finally:
             await video_serving.shutdown()
+            await responses_serving.shutdown()
             if engine is not None:
                 await maybe_await(engine.shutdown())
             files.close()
@@ -104,7 +111,8 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.media = media
     app.state.image_serving = ImageServing(gateway, capabilities, settings, files)
     app.state.video_serving = video_serving
-    app.state.chat_serving = ChatServing(gateway, capabilities, settings)
+    app.state.chat_serving = chat_serving
+    app.state.responses_serving = responses_serving
     app.state.completion_serving = CompletionServing(gateway, capabilities, settings)
     app.state.voice_store = VoiceStore.from_spec(engine.spec if engine is not None else None)
     app.state.speech_serving = SpeechServing(gateway, capabilities, settings, app.state.voice_store)
@@ -119,7 +127,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.add_middleware(MetricsMiddleware)
 
     _attach_system_routes(app)
-    for attach in (attach_images, attach_videos, attach_chat, attach_completions, attach_audio):
+    for attach in (attach_images, attach_videos, attach_chat, attach_responses, attach_completions, attach_audio):
         attach(app)
     if settings.playground:
         attach_playground(app)

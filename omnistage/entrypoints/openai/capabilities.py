@@ -18,7 +18,7 @@ from omnistage.entrypoints.openai.errors import bad_request
 
 logger = logging.getLogger(__name__)
 
-Task = Literal["images.generations", "images.edits", "videos", "chat", "chat.audio", "completions", "audio.speech",
+Task = Literal["images.generations", "images.edits", "videos", "chat", "chat.audio", "responses", "completions", "audio.speech",
                "audio.generate"]
 ImageInput = Literal["none", "required", "optional"]
 
@@ -27,6 +27,7 @@ ROUTES: dict[str, str] = {
     "images.edits": "POST /v1/images/edits",
     "videos": "/v1/videos",
     "chat": "POST /v1/chat/completions",
+    "responses": "/v1/responses",
     "completions": "POST /v1/completions",
     "audio.speech": "POST /v1/audio/speech",
     "audio.generate": "POST /v1/audio/generate",
@@ -56,7 +57,7 @@ class Capabilities:
             return "image" in self.outputs and self.image_input != "none"
         if task == "videos":
             return "video" in self.outputs
-        if task == "chat":
+        if task in ("chat", "responses"):  # Responses runs on the chat path
             return bool({"text", "image"} & self.outputs)
         if task == "chat.audio":
             return {"text", "audio"} <= self.outputs

@@ -4,7 +4,9 @@ FastAPI documents a 422 for every route with a body and nothing else. The server
 answers 422 (validation errors are OpenAI's 400), and every route can answer the errors
 of the middleware and the engine gateway. So the document is built once by FastAPI, then:
 - 422 is dropped; each route lists the statuses it can answer, with OpenAI's error body;
-- streaming routes list their other 200 content types (SSE, audio, video).
+- streaming routes list their other 200 content types (SSE, audio, video);
+- request fields get descriptions and examples, and each route its extension fields
+  (`x-extra-body`), from openapi_fields.py.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+
+from omnistage.entrypoints.openai.openapi_fields import describe, describe_extensions
 
 ERROR_SCHEMA: dict[str, Any] = {
     "title": "ErrorResponse", "type": "object", "required": ["error"],
@@ -47,11 +51,15 @@ _BY_ROUTE: dict[tuple[str, str], tuple[int, ...]] = {
     ("delete", "/v1/videos/{video_id}"): (401, 404, 500),
     ("get", "/v1/videos"): (400, 401, 500),  # `after` naming no job
     ("get", "/v1/videos/{video_id}/content"): (401, 404, 409, 500),  # 409: not completed yet
+    ("delete", "/v1/responses/{response_id}"): (401, 404, 500),
+    ("post", "/v1/responses/{response_id}/cancel"): (400, 401, 404, 500),  # 400: not a running background one
+    ("get", "/v1/responses/{response_id}/input_items"): (400, 401, 404, 500),  # `after` naming no item
 }
 
 _STREAMED_200: dict[tuple[str, str], tuple[str, ...]] = {
     ("post", "/v1/chat/completions"): ("text/event-stream",),
     ("post", "/v1/completions"): ("text/event-stream",),
+    ("post", "/v1/responses"): ("text/event-stream",),
     ("post", "/v1/audio/speech"): ("audio/mpeg", "audio/wav", "audio/pcm", "audio/flac", "audio/ogg", "audio/aac",
                                    "text/event-stream"),
     ("post", "/v1/audio/generate"): ("audio/wav", "audio/mpeg", "audio/pcm", "audio/flac", "audio/ogg", "audio/aac"),
@@ -67,6 +75,7 @@ def install_openapi(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
             schema.setdefault("components", {}).setdefault("schemas", {})["ErrorResponse"] = ERROR_SCHEMA
+            describe(schema["components"]["schemas"])
             for path, methods in schema.get("paths", {}).items():
                 for method, operation in methods.items():
                     _fix_operation(method, path, operation)
@@ -85,6 +94,7 @@ def route_statuses(method: str, path: str) -> tuple[int, ...]:
 
 
 def _fix_operation(method: str, path: str, operation: dict[str, Any]) -> None:
+    describe_extensions(method, path, operation)
     responses = operation.setdefault("responses", {})
     responses.pop("422", None)
     ref = {"$ref": "#/components/schemas/ErrorResponse"}

@@ -39,6 +39,10 @@ class ServerSettings:
     """How long `url` images and finished video jobs stay downloadable."""
     files_dir: str | None = None
     """Where served files live (default: a temporary folder removed at shutdown)."""
+    response_ttl_s: float = 30 * 24 * 3600.0
+    """How long a stored response (`store: true`) can be read or continued (as OpenAI: 30 days)."""
+    max_stored_responses: int = 10000
+    """Most responses kept; past it the oldest are dropped first."""
     public_docs: bool = False
     """With an API key: leave /openapi.json, /docs and /redoc open (they need the key otherwise)."""
     protect_metrics: bool = False
@@ -48,13 +52,15 @@ class ServerSettings:
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be >= 1, got {getattr(self, name)}"
-                    for name in ("max_upload_bytes", "max_n", "max_pixels", "max_input_pixels", "max_queued_requests")
+                    for name in ("max_upload_bytes", "max_n", "max_pixels", "max_input_pixels", "max_queued_requests",
+                             "max_stored_responses")
                     if getattr(self, name) < 1]
         for name in ("max_input_audio_seconds", "media_fetch_timeout_s"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
         self.allowed_media_domains = tuple(self.allowed_media_domains)
-        if self.file_ttl_s <= 0:
-            problems.append(f"file_ttl_s must be > 0, got {self.file_ttl_s}")
+        for name in ("file_ttl_s", "response_ttl_s"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be > 0, got {getattr(self, name)}")
         if problems:
             raise ValueError("invalid server settings: " + "; ".join(problems))

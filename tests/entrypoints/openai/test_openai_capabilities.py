@@ -8,15 +8,15 @@ from omnistage.entrypoints.openai.capabilities import Capabilities
 
 
 @pytest.mark.parametrize("module, name, routes, image_input", [
-    ("z_image", "Z_IMAGE", ["POST /v1/images/generations", "POST /v1/chat/completions"], "none"),
-    ("qwen_image", "QWEN_IMAGE_EDIT", ["POST /v1/images/edits", "POST /v1/chat/completions"], "required"),
-    ("flux2", "FLUX2", ["POST /v1/images/generations", "POST /v1/images/edits", "POST /v1/chat/completions"],
+    ("z_image", "Z_IMAGE", ["POST /v1/images/generations", "POST /v1/chat/completions", "/v1/responses"], "none"),
+    ("qwen_image", "QWEN_IMAGE_EDIT", ["POST /v1/images/edits", "POST /v1/chat/completions", "/v1/responses"], "required"),
+    ("flux2", "FLUX2", ["POST /v1/images/generations", "POST /v1/images/edits", "POST /v1/chat/completions", "/v1/responses"],
      "optional"),
     ("wan", "WAN_T2V", ["/v1/videos"], "none"),
     ("wan", "WAN_I2V", ["/v1/videos"], "required"),
     ("hunyuan_video", "HUNYUAN_VIDEO_T2V", ["/v1/videos"], "none"),
     ("hunyuan_video", "HUNYUAN_VIDEO_I2V", ["/v1/videos"], "required"),
-    ("llm", "QWEN2", ["POST /v1/chat/completions", "POST /v1/completions"], "none"),
+    ("llm", "QWEN2", ["POST /v1/chat/completions", "/v1/responses", "POST /v1/completions"], "none"),
 ])
 def test_routes_of_registered_families(module, name, routes, image_input):
     import importlib

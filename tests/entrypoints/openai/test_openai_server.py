@@ -18,7 +18,7 @@ def test_health_models_and_metrics(app_client):
     models = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http).models.list()
     assert [m.id for m in models.data] == ["fake-image"]
     assert http.get("/v1/models").json()["data"][0]["routes"] == [
-        "POST /v1/images/generations", "POST /v1/images/edits", "POST /v1/chat/completions"]
+        "POST /v1/images/generations", "POST /v1/images/edits", "POST /v1/chat/completions", "/v1/responses"]
 
     assert http.post("/v1/images/generations", json={"prompt": "x"}).status_code == 200
     assert http.post("/v1/images/generations", json={"prompt": "x", "size": "no"}).status_code == 400

@@ -12,7 +12,7 @@ What the answer holds follows the model's final stages:
 Text models: `n` choices are n engine requests (text_generation.py); `response_format`
 and forced tool calls become `structured_outputs` (a grammar in the sampler); tool calls
 are parsed per family (tools.py) and streamed once complete, content before a call
-streaming as usual (`_ContentGate`).
+streaming as usual (`ContentGate`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import base64
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,18 @@ _AUDIO_FORMATS = {"wav": "wav", "mp3": "mp3", "flac": "flac", "opus": "opus", "p
 _SAMPLING_FIELDS = ("temperature", "top_p", "stop", "seed")
 
 
+@dataclass
+class ChatJob:
+    """A checked chat body as engine requests: one (prompt, params) per choice."""
+
+    jobs: list[tuple[Any, Any]]
+    wanted: tuple[str, ...] | None
+    """The modalities the answer needs (None: all the model makes)."""
+    wants_audio: bool
+    tool_mode: str | None
+    """None, "auto", "required" or the forced function's name (see `_tool_mode`)."""
+
+
 class ChatServing:
     def __init__(self, gateway: EngineGateway, capabilities: Capabilities, settings: ServerSettings):
         self.gateway = gateway
@@ -85,6 +98,20 @@ class ChatServing:
 
     async def create(self, body: ChatCompletionRequest, request: Any) -> ChatCompletion | AsyncIterator[str]:
         """A `ChatCompletion`, or the SSE lines of a streamed one (`stream: true`)."""
+        job = await self.prepare(body, request.app.state.media)
+        request_id = new_request_id("chatcmpl")
+        if body.stream:
+            streams = await open_streams(self.gateway, job.jobs, request_id, job.wanted)
+            return self._sse(streams, body, request_id, job.wants_audio, job.tool_mode)
+
+        async def go() -> ChatCompletion:
+            streams = await open_streams(self.gateway, job.jobs, request_id, job.wanted)
+            return await self._complete(await collect_all(streams), body, request_id, job.wants_audio, job.tool_mode)
+
+        return await cancel_on_disconnect(request, go())
+
+    async def prepare(self, body: ChatCompletionRequest, media: InputMedia) -> ChatJob:
+        """Check the body and build its engine requests (the Responses route shares this)."""
         self.capabilities.require("chat")
         check_model(body.model, self.settings)
         check_n(body.n, self.settings)
@@ -103,27 +130,15 @@ class ChatServing:
                                   f"{' and '.join(sorted(outputs))}, not {modality}", param="modalities")
         tool_mode = None
         # The builders decode (and may fetch) the messages' media: in the media pool, off the loop.
-        media = request.app.state.media
         if "image" in outputs:
             prompt, params = await media.run(self._diffusion_request, body, media)
-            jobs = [(prompt, params)]
-            wanted = None
-        else:
-            prompt, params, tool_mode = await media.run(self._text_request, body, media)
-            entry = self.gateway.engine.spec.entry_stages[0].name
-            jobs = [(prompt, {entry: p}) for p in choice_params(params, body.n)]
-            # The answer is text (or audio with its transcript): no stage makes more than that.
-            wanted = ("text", "audio") if wants_audio else ("text",)
-        request_id = new_request_id("chatcmpl")
-        if body.stream:
-            streams = await open_streams(self.gateway, jobs, request_id, wanted)
-            return self._sse(streams, body, request_id, wants_audio, tool_mode)
-
-        async def go() -> ChatCompletion:
-            streams = await open_streams(self.gateway, jobs, request_id, wanted)
-            return await self._complete(await collect_all(streams), body, request_id, wants_audio, tool_mode)
-
-        return await cancel_on_disconnect(request, go())
+            return ChatJob([(prompt, params)], None, False, None)
+        prompt, params, tool_mode = await media.run(self._text_request, body, media)
+        entry = self.gateway.engine.spec.entry_stages[0].name
+        jobs = [(prompt, {entry: p}) for p in choice_params(params, body.n)]
+        # The answer is text (or audio with its transcript): no stage makes more than that.
+        wanted = ("text", "audio") if wants_audio else ("text",)
+        return ChatJob(jobs, wanted, wants_audio, tool_mode)
 
     # --- building the engine request -------------------------------------------------------
 
@@ -221,7 +236,7 @@ class ChatServing:
 
     # --- answers -----------------------------------------------------------------------------
 
-    def _tool_answer(self, text: str | None, reason: str, tool_mode: str | None) -> tuple[Any, list | None, str]:
+    def tool_answer(self, text: str | None, reason: str, tool_mode: str | None) -> tuple[Any, list | None, str]:
         """(content, tool calls in OpenAI's shape or None, finish_reason) of one choice's text."""
         if tool_mode is None or text is None:
             return text, None, reason
@@ -240,7 +255,7 @@ class ChatServing:
                         wants_audio: bool, tool_mode: str | None) -> ChatCompletion:
         choices = []
         for index, out in enumerate(outs):
-            content, calls, reason = self._tool_answer(out.text, finish_reason(out), tool_mode)
+            content, calls, reason = self.tool_answer(out.text, finish_reason(out), tool_mode)
             message = AssistantMessage(content=content, tool_calls=calls)
             if out.images:
                 parts = await asyncio.to_thread(
@@ -248,7 +263,7 @@ class ChatServing:
                 message = AssistantMessage(content=parts)
             elif wants_audio and out.audio is not None:
                 fmt = body.audio.format if body.audio else "wav"
-                data = await asyncio.to_thread(_encode_answer_audio, out.audio, out.sample_rate, fmt)
+                data = await asyncio.to_thread(encode_answer_audio, out.audio, out.sample_rate, fmt)
                 message = AssistantMessage(audio=AudioAnswer(
                     id=f"audio_{uuid.uuid4().hex}", data=base64.b64encode(data).decode(),
                     expires_at=int(time.time() + self.settings.file_ttl_s), transcript=out.text or ""))
@@ -269,7 +284,7 @@ class ChatServing:
                                                            "finish_reason": finish_reason}]})
 
         finals: list[Any] = [None] * len(streams)
-        held = [_ContentGate(self.tool_parser.start if tool_mode == "auto" else None, tool_mode is not None)
+        held = [ContentGate(self.tool_parser.start if tool_mode == "auto" else None, tool_mode is not None)
                 for _ in streams]
         try:
             for index in range(len(streams)):
@@ -301,7 +316,7 @@ class ChatServing:
                 if wants_audio:
                     expires_at = int(time.time() + self.settings.file_ttl_s)
                     yield chunk(index, {"audio": {"id": audio_id, "expires_at": expires_at}})
-                content, calls, reason = self._tool_answer(final.text if final else None, finish_reason(final),
+                content, calls, reason = self.tool_answer(final.text if final else None, finish_reason(final),
                                                            tool_mode)
                 if calls:
                     for i, call in enumerate(calls):
@@ -319,7 +334,7 @@ class ChatServing:
         yield "data: [DONE]\n\n"
 
 
-class _ContentGate:
+class ContentGate:
     """Streamed content of one choice when tools may be called: text goes out until the
     parser's start marker (held back while the tail could be its start); after it, the
     rest waits for the parsed answer. A forced call (no marker) streams no content."""
@@ -434,7 +449,7 @@ def _message(message: ChatMessage, index: int, media: InputMedia) -> dict[str, A
     return out
 
 
-def _encode_answer_audio(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:
+def encode_answer_audio(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:
     if fmt == "pcm16":
         return to_pcm16(resample(audio, sample_rate, PCM16_RATE))
     return encode_audio(audio, sample_rate, _AUDIO_FORMATS[fmt])

@@ -1,0 +1,210 @@
+"""Descriptions and examples of the request fields in /openapi.json, and each route's extension
+fields (those beyond OpenAI's, which the `openai` client sends through `extra_body`).
+
+`openapi.py` applies them to the document FastAPI builds from the pydantic request models.
+`tests/entrypoints/openai/test_openapi_fields.py` checks that every property of every request
+schema gets a description here and that no entry names a field the models lack, so a new
+request field cannot reach the document undescribed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# (description, example or None). Fields many request models share: described once.
+COMMON: dict[str, tuple[str, Any]] = {
+    "model": ("The served model's id (`GET /v1/models`); another id is a 404. Optional: the server "
+              "serves one model.", "omnistage-demo-z-image"),
+    "prompt": ("What to generate, in words.", "a lighthouse at dusk"),
+    "negative_prompt": ("Diffusion: what the image, video or audio should not show; runs the "
+                        "unconditional branch of classifier-free guidance with it.", "blurry, low quality"),
+    "num_inference_steps": ("Diffusion: denoising steps. Default: the stage's `defaults` in `/v1/models` "
+                            "(the deploy file's, else the checkpoint's).", 4),
+    "guidance_scale": ("Diffusion: classifier-free guidance scale (or the distilled guidance embedding, "
+                       "on families that have one).", 4.0),
+    "true_cfg_scale": ("Diffusion: true CFG scale on families that separate it from guidance_scale "
+                       "(FLUX, Qwen-Image); > 1 with a negative prompt turns it on.", 4.0),
+    "seed": ("Seeds the sampling (the initial noise, or the AR sampler); with `n` > 1 sample i uses "
+             "seed + i.", 0),
+    "lora": ("Diffusion: a LoRA adapter preloaded by the deploy field `lora_adapters`, by name, and its "
+             "scale; an unknown name is a 400.", {"name": "ink", "scale": 0.5}),
+    "n": ("How many outputs; at most the server's `--max-n`.", 1),
+    "stream": ("Answer as Server-Sent Events.", False),
+    "stream_options": ("With `stream`: `include_usage` adds a final chunk with `usage`.", {"include_usage": True}),
+    "user": ("Accepted for OpenAI compatibility and ignored.", None),
+    "size": ("`WIDTHxHEIGHT` of each image; each side a multiple the model accepts, the area at most "
+             "`--max-pixels`.", "256x256"),
+    "stop": ("A string or up to several strings that end the text when generated (not included).", ["\n\n"]),
+    "temperature": ("Sampling temperature; 0 is greedy.", 0.7),
+    "top_p": ("Nucleus sampling: the smallest set of tokens whose probability reaches top_p.", 0.9),
+    "frequency_penalty": ("Lowers a token's logit by this times its count in the output so far.", 0.0),
+    "presence_penalty": ("Lowers a token's logit by this once it appeared in the output.", 0.0),
+    "max_tokens": ("Most tokens to generate.", 64),
+    "response_format": ("The encoding of the answer.", None),
+    "type": ("The kind of this item.", None),
+    "name": ("A name.", None),
+    "url": ("A `data:` URL (base64), or an http(s) URL on a host the server allows "
+            "(`--allowed-media-domains`; `file://` under `--allowed-local-media-path`).",
+            "data:image/png;base64,iVBORw0KGgo..."),
+}
+
+# Per schema: fields whose meaning differs from COMMON, or that only that schema has.
+FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
+    "ImageGenerationRequest": {
+        "response_format": ("`b64_json` (the PNG/JPEG/WebP inline) or `url` (a `/files/...` link that "
+                            "expires after `--file-ttl`).", "b64_json"),
+        "output_format": ("The image encoding.", "png"),
+        "quality": ("Accepted and ignored: a diffusion model has no such switch.", None),
+        "style": ("Accepted and ignored: a diffusion model has no such switch.", None),
+        "partial_images": ("With `stream`: previews decoded from the latents at evenly spaced steps, "
+                           "sent as `image_generation.partial_image` events (0-3).", 2),
+    },
+    "ChatCompletionRequest": {
+        "messages": ("The conversation: `system`/`developer`, `user`, `assistant` and `tool` messages; user "
+                     "content may mix text, `image_url`, `input_audio`, `audio_url` and `video_url` parts.",
+                     [{"role": "user", "content": "Hello!"}]),
+        "modalities": ("Outputs to make: `[\"text\"]` runs an omni model's thinker alone, "
+                       "`[\"text\", \"audio\"]` every stage.", ["text", "audio"]),
+        "audio": ("With audio in `modalities`: the voice and the encoding of `message.audio`.",
+                  {"voice": "Chelsie", "format": "wav"}),
+        "mm_processor_kwargs": ("Omni models: `use_audio_in_video` makes the model hear a video part's own "
+                                "audio track.", {"use_audio_in_video": True}),
+        "max_tokens": ("Most tokens to generate; without it a reply runs until the model stops.", 64),
+        "max_completion_tokens": ("OpenAI's newer name for max_tokens.", 64),
+        "logprobs": ("Return each sampled token's log probability (from the sampler's processed "
+                     "distribution).", False),
+        "top_logprobs": ("With logprobs: the most likely alternatives per token (0-20).", 2),
+        "response_format": ("Structured output: `json_object`, or `json_schema` with a schema the reply "
+                            "must follow (a grammar mask in the sampler).", {"type": "json_object"}),
+        "tools": ("Functions the model may call (text models); the chat template gets them.",
+                  [{"type": "function", "function": {"name": "get_weather",
+                                                     "parameters": {"type": "object", "properties": {}}}}]),
+        "tool_choice": ("`none`, `auto` (the family's parser finds calls in the text), `required`, or a "
+                        "named function (both written through the grammar, so they always parse).", "auto"),
+        "parallel_tool_calls": ("false allows at most one call.", True),
+        "size": ("Image models: `WIDTHxHEIGHT` of the image the reply carries.", "256x256"),
+    },
+    "CompletionRequest": {
+        "prompt": ("A string, a list of strings, token ids, or lists of token ids.", "Once upon a time"),
+        "suffix": ("Refused (400): no model served here inserts text.", None),
+        "max_tokens": ("Most tokens to generate (default 16).", 16),
+        "best_of": ("Sample best_of completions per prompt and return the n with the highest total log "
+                    "probability (>= n; not with stream).", 1),
+        "logprobs": ("Return the log probabilities of the sampled token and of this many alternatives (0-5).", 1),
+        "echo": ("Put the prompt before the completion (text prompts).", False),
+        "logit_bias": ("Only null: a bias is refused (400).", None),
+    },
+    "SpeechRequest": {
+        "input": ("The text to read aloud.", "Hello there!"),
+        "voice": ("A built-in voice (CSM: alloy, echo, fable, onyx, nova, shimmer; a Qwen3-TTS CustomVoice "
+                  "checkpoint's speakers) or a voice registered at `POST /v1/audio/voices`.", "alloy"),
+        "instructions": ("How to speak; a Qwen3-TTS VoiceDesign checkpoint takes its voice from it.",
+                         "A calm, low voice."),
+        "response_format": ("The audio encoding; `pcm` is raw 16-bit mono at the `x-sample-rate` header's "
+                            "rate.", "wav"),
+        "speed": ("Playback speed, 0.25-4; other than 1 the audio is encoded once complete.", 1.0),
+        "stream_format": ("`audio`: the encoded bytes (pcm and wav at speed 1 stream chunk by chunk); `sse`: "
+                          "`speech.audio.delta` events, then `speech.audio.done` with usage.", "audio"),
+        "ref_audio": ("Inline voice cloning: a reference clip, base64 or a data URL.", None),
+        "ref_text": ("The transcript of ref_audio (or of a registered voice's clip).", None),
+        "task_type": ("Qwen3-TTS: `CustomVoice`, `VoiceDesign` or `Base`; must be the checkpoint's task.",
+                      "CustomVoice"),
+    },
+    "AudioGenerateRequest": {
+        "duration_seconds": ("Length of the audio; default and maximum: the model's whole window "
+                             "(47.55 s for Stable Audio Open).", 10.0),
+        "response_format": ("The audio encoding (stereo); `pcm` is interleaved int16.", "wav"),
+    },
+    "ChatMessage": {
+        "role": ("Who speaks.", "user"),
+        "content": ("A string, or a list of content parts.", "Hello!"),
+        "name": ("An optional name for the participant.", None),
+        "tool_calls": ("An assistant message's calls, as the server returned them.", None),
+        "tool_call_id": ("A tool message: the id of the call it answers.", None),
+    },
+    "TextPart": {"text": ("The text.", "What is in this picture?")},
+    "ImagePart": {"image_url": ("The image: `url`, and `detail` (ignored).", {"url": "data:image/png;base64,..."})},
+    "ImageURL": {"detail": ("OpenAI's detail hint: auto, low or high.", None)},
+    "InputAudioPart": {"input_audio": ("Audio: base64 `data` and its `format`.", {"data": "UklGR...", "format": "wav"})},
+    "InputAudio": {"data": ("Base64 audio (or an allowed URL).", "UklGR..."),
+                   "format": ("The encoding: wav, mp3, flac, ...", "wav")},
+    "AudioURLPart": {"audio_url": ("Audio by `url`.", {"url": "data:audio/wav;base64,..."})},
+    "VideoURLPart": {"video_url": ("An encoded video by `url` (omni models sample its frames).",
+                                   {"url": "data:video/mp4;base64,..."})},
+    "ToolCallItem": {"id": ("The call's id.", "call_0"), "function": ("The function's name and JSON arguments.", None)},
+    "FunctionCall": {"arguments": ("The arguments as a JSON string.", "{\"city\": \"Paris\"}")},
+    "StreamOptions": {"include_usage": ("Add a final chunk with `usage`.", True)},
+    "AudioOptions": {"voice": ("The voice of the spoken reply.", "Chelsie"),
+                     "format": ("The encoding of `message.audio.data`; streamed audio is 24 kHz pcm16.", "wav")},
+    "MMProcessorKwargs": {"use_audio_in_video": ("Hear a video part's own audio track, interleaved with its "
+                                                 "frames in time.", False)},
+    "ResponseFormat": {"json_schema": ("With type json_schema: the schema and its name.", None)},
+    "JSONSchemaFormat": {"description": ("What the schema is for.", None),
+                         "schema": ("The JSON Schema the reply must follow.", {"type": "object"}),
+                         "strict": ("OpenAI's strict flag.", True)},
+    "Tool": {"function": ("The function: name, description and JSON Schema parameters.", None)},
+    "FunctionDefinition": {"description": ("What the function does, for the model.", None),
+                           "parameters": ("The arguments' JSON Schema.", {"type": "object", "properties": {}}),
+                           "strict": ("OpenAI's strict flag.", None)},
+    "NamedToolChoice": {"function": ("The function the model must call.", {"name": "get_weather"})},
+    "LoraRequest": {"name": ("The adapter's name in `lora_adapters`.", "ink"),
+                    "scale": ("The adapter's weight.", 0.5)},
+}
+
+# Extension fields a route reads beyond its request model's own fields (the `openai` client:
+# `extra_body={...}`): name -> (JSON type, description).
+_SAMPLING_EXTRAS: dict[str, tuple[str, str]] = {
+    "top_k": ("integer", "vLLM's: sample among the k most likely tokens."),
+    "min_p": ("number", "vLLM's: drop tokens below min_p times the top token's probability."),
+    "repetition_penalty": ("number", "vLLM's: divides the logits of tokens already in prompt or output."),
+    "min_tokens": ("integer", "vLLM's: no end of sequence before this many tokens."),
+    "stop_token_ids": ("array", "vLLM's: token ids that end the output."),
+    "ignore_eos": ("boolean", "vLLM's: keep generating past the end-of-sequence token."),
+    "structured_outputs": ("object", "vLLM's: one of `json`, `json_object`, `regex`, `choice`, `grammar`; "
+                                     "the output follows it (a grammar mask)."),
+    "guided_json": ("object", "vLLM's older spelling of structured_outputs.json."),
+    "guided_regex": ("string", "vLLM's older spelling of structured_outputs.regex."),
+    "guided_choice": ("array", "vLLM's older spelling of structured_outputs.choice."),
+    "guided_grammar": ("string", "vLLM's older spelling of structured_outputs.grammar."),
+}
+_MODEL_EXTRAS = ("object", "The model's declared request extras, each a top-level field (e.g. "
+                           "`max_sequence_length`; Stable Audio: `audio_start_in_s`). Unknown ones are a 400.")
+
+EXTENSIONS: dict[tuple[str, str], dict[str, tuple[str, str]]] = {
+    ("post", "/v1/chat/completions"): {**_SAMPLING_EXTRAS, "<model extras>": _MODEL_EXTRAS},
+    ("post", "/v1/completions"): dict(_SAMPLING_EXTRAS),
+    ("post", "/v1/images/generations"): {"<model extras>": _MODEL_EXTRAS},
+    ("post", "/v1/audio/generate"): {"<model extras>": _MODEL_EXTRAS},
+}
+
+
+def describe(schemas: dict[str, Any]) -> None:
+    """Fill in the description and example of every request-schema property we document."""
+    for name, schema in schemas.items():
+        for field, prop in schema.get("properties", {}).items():
+            entry = FIELDS.get(name, {}).get(field) or (COMMON.get(field) if _is_request(name) else None)
+            if entry is None:
+                continue
+            description, example = entry
+            prop.setdefault("description", description)
+            if example is not None:
+                prop.setdefault("examples", [example])
+
+
+def describe_extensions(method: str, path: str, operation: dict[str, Any]) -> None:
+    """List the route's extension fields under `x-extra-body` (JSON Schema by field)."""
+    extras = EXTENSIONS.get((method, path))
+    if extras:
+        operation["x-extra-body"] = {name: {"type": tp, "description": text} for name, (tp, text) in extras.items()}
+
+
+def _is_request(schema_name: str) -> bool:
+    return schema_name in FIELDS or schema_name in REQUEST_SCHEMAS
+
+
+REQUEST_SCHEMAS = {"ImageGenerationRequest", "ChatCompletionRequest", "CompletionRequest", "SpeechRequest",
+                   "AudioGenerateRequest", "ChatMessage", "TextPart", "ImagePart", "ImageURL", "InputAudioPart",
+                   "InputAudio", "AudioURLPart", "AudioURL", "VideoURLPart", "VideoURL", "ToolCallItem",
+                   "FunctionCall", "StreamOptions", "AudioOptions", "MMProcessorKwargs", "ResponseFormat",
+                   "JSONSchemaFormat", "Tool", "FunctionDefinition", "NamedToolChoice", "NamedFunction", "LoraRequest"}
+"""The schemas a request body may contain (the others describe answers)."""

@@ -1,0 +1,1 @@
+"""The Responses API: POST /v1/responses and its stored responses."""
