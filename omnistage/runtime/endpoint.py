@@ -223,6 +223,7 @@ def _stop(proc: Any, commands: Any, results: Any, channels: list[Channel], grace
 
 def stage_main(build: EngineBuilder, channel: Channel, commands: Any, results: Any) -> None:
     """Body of a stage process: build the engine, then serve it until closed or orphaned."""
+    process.prepare_child()
     try:
         engine = build()
     except BaseException:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import signal
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,20 @@ def spawn(target: Callable[..., Any], args: tuple, name: str, daemon: bool = Fal
     return proc
 
 
+def prepare_child() -> None:
+    """First thing in a spawned child: leave nothing behind when killed, unwind when terminated."""
+    import threading
+
+    from tqdm import tqdm
+
+    # tqdm's default lock is a named multiprocessing semaphore in /dev/shm; a killed child
+    # would leave it behind. Loading bars in a child need no cross-process lock.
+    tqdm.set_lock(threading.RLock())
+    # terminate() then unwinds like an exit, so process-level cleanups still run; the exit
+    # code says SIGTERM the shell's way, so describe_exit blames no request for it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
 def pipe(duplex: bool = True) -> tuple[Any, Any]:
     return mp.get_context("spawn").Pipe(duplex=duplex)
 
@@ -67,10 +82,11 @@ def describe_exit(proc: mp.Process) -> tuple[str, bool]:
     code = proc.exitcode
     if code is None:
         return "is still running", False
-    if code < 0:
+    signum = -code if code < 0 else code - 128 if code == 128 + signal.SIGTERM else None
+    if signum is not None:
         try:
-            name = signal.Signals(-code).name
+            name = signal.Signals(signum).name
         except ValueError:
-            name = str(-code)
-        return f"killed by signal {-code} ({name})", -code not in _EXTERNAL_SIGNALS
+            name = str(signum)
+        return f"killed by signal {signum} ({name})", signum not in _EXTERNAL_SIGNALS
     return f"exit code {code}", code != 0

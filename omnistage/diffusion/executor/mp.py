@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
-import sys
 import threading
 import weakref
 from multiprocessing.connection import Connection, wait
@@ -35,15 +33,9 @@ STORE_HOST = "127.0.0.1"
 
 def worker_main(config: WorkerConfig, rank: int, store_port: int, conn: Connection, shm_prefix: str) -> None:
     """Body of a worker process: start up, then serve RPCs until shutdown or the pipe closes."""
-    from tqdm import tqdm
-
+    process.prepare_child()
     # The stage's `env` (process plumbing such as NCCL_* settings), before any group starts.
     os.environ.update(config.stage.env)
-    # tqdm's default lock is a named multiprocessing semaphore in /dev/shm; a killed worker
-    # would leave it behind. Loading bars in a worker need no cross-process lock.
-    tqdm.set_lock(threading.RLock())
-    # terminate() then unwinds like an exit, so process-level cleanups still run.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     channel = Channel("shm", f"{shm_prefix}r{rank}_")
     try:
         worker = DiffusionWorker(config, rank)
