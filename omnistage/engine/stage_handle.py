@@ -15,6 +15,7 @@ The restart policy and the hang timeout come from the stage's deploy fields
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
@@ -79,11 +80,16 @@ def make_stage_handle(
             prefix = f"{shm_prefix}r{generation}"
             return ProcessEndpoint(stage.label, build, Channel(connector, f"{prefix}p", threshold_bytes),
                                    Channel(connector, f"{prefix}c", threshold_bytes))
-        from omnistage.runtime.ray import RayEndpoint  # Ray is optional
+        from omnistage.runtime import ray as ray_runtime  # Ray is optional
 
         # Shared memory does not cross machines: a Ray stage takes `shm` as Ray's own transport.
         channel = Channel("ray" if connector == "ray" else "inline", "", threshold_bytes, config.ray_address)
-        return RayEndpoint(stage.label, build, channel, config)
+        cluster = ray_runtime.joined(config.ray_address)
+        gpu = ray_runtime.wants_gpu(config.devices, cluster.cluster_resources().get("GPU", 0))
+        # Ray makes the GPUs it gives the actor visible from cuda:0 on: the engine sees them so.
+        devices = ray_runtime.devices_in_actor(config.devices, config.num_devices, gpu)
+        actor_build = dataclasses.replace(build, config=dataclasses.replace(config, devices=devices))
+        return ray_runtime.RayEndpoint(stage.label, actor_build, channel, config, gpu)
 
     return Supervisor(stage.label, endpoint, restart_policy(config))
 

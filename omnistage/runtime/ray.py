@@ -80,6 +80,27 @@ def use_reserved_cpus(config: StageDeployConfig) -> None:
     torch.set_num_threads(max(1, int(config.ray_resources.get("CPU", 1))))
 
 
+def wants_gpu(devices: tuple[str, ...], cluster_gpus: float) -> bool:
+    """Whether a stage's actor asks Ray for a GPU: it lists a CUDA device, or it lists none (the
+    platform default) and the cluster has GPUs. The driver's own CUDA does not matter: a Ray
+    head often has none."""
+    if devices:
+        return any(device.startswith("cuda") for device in devices)
+    return cluster_gpus > 0
+
+
+def devices_in_actor(devices: tuple[str, ...], num_devices: int, gpu: bool) -> tuple[str, ...]:
+    """The stage's `devices` as its actor sees them: Ray makes the GPUs it assigned visible as
+    cuda:0, cuda:1, ... so CUDA devices are renumbered in order of first mention; with none
+    listed and a GPU wanted, cuda:0 onwards. CPU entries stay."""
+    if not gpu:
+        return tuple(devices)
+    if not devices:
+        return tuple(f"cuda:{i}" for i in range(num_devices))
+    order: dict[str, int] = {}
+    return tuple(f"cuda:{order.setdefault(d, len(order))}" if d.startswith("cuda") else d for d in devices)
+
+
 def actor_resources(config: StageDeployConfig, cuda: bool) -> dict[str, Any]:
     """`num_cpus`, `num_gpus` and custom `resources` of one actor of this stage: `ray_resources`
     with CPU 1 (and GPU 1 on CUDA) by default."""
@@ -237,12 +258,13 @@ class StageActor:
 
 
 class RayEndpoint:
-    """An engine in a Ray actor placed with `config`'s `ray_resources` (see the module docstring)."""
+    """An engine in a Ray actor placed with `config`'s `ray_resources`, and a GPU when `gpu`
+    (see wants_gpu; `build` then expects the devices as the actor sees them, devices_in_actor)."""
 
     beats = True
 
-    def __init__(self, label: str, build: EngineBuilder, channel: Channel, config: StageDeployConfig):
-        ray = joined(config.ray_address)
+    def __init__(self, label: str, build: EngineBuilder, channel: Channel, config: StageDeployConfig, gpu: bool):
+        ray = import_ray()
         self.label = label
         self.channel = channel
         self.pid: int | None = None
@@ -252,8 +274,7 @@ class RayEndpoint:
         self._gone = False
         self._closing = threading.Event()
         self._waker = Waker()
-        cuda = any(device.startswith("cuda") for device in config.devices)
-        resources = actor_resources(config, cuda)
+        resources = actor_resources(config, gpu)
         check_placeable(bundle(resources), f"stage {label}")
         self.actor = ray.remote(StageActor).options(
             **resources, max_concurrency=4, max_restarts=0, **runtime_env(config.env),
