@@ -45,6 +45,13 @@ def bench(size: str, repeats: int, tokens: int) -> list[dict]:
     rows = []
     try:
         with httpx.Client(base_url=url, timeout=300) as client:
+            # The same engine work under both routes, or the ratio means nothing.
+            chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": PROMPTS[0]}],
+                                                             "max_tokens": tokens, **sampling}).json()
+            answer = client.post("/v1/responses", json={"input": PROMPTS[0], "max_output_tokens": tokens,
+                                                        **sampling}).json()
+            assert answer["output_text"] == chat["choices"][0]["message"]["content"], (answer, chat)
+            assert answer["usage"]["output_tokens"] == chat["usage"]["completion_tokens"] == tokens
             for stream in (False, True):
                 times: dict[str, list[float]] = {"chat": [], "responses": []}
                 for i in range(repeats + 1):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from omnistage.entrypoints.openai.chat.serving import _ContentGate
+from omnistage.entrypoints.openai.chat.serving import ContentGate
 from omnistage.entrypoints.openai.chat.tools import HermesToolParser, parser_for, required_calls_schema
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -74,11 +74,11 @@ def test_hermes_parser_finds_calls_and_keeps_the_rest():
 
 
 def test_content_gate_holds_back_a_possible_marker():
-    gate = _ContentGate("<tool_call>", True)
+    gate = ContentGate("<tool_call>", True)
     assert gate.feed("Hi <tool") == "Hi "
     assert gate.feed("_ca") == ""
     assert gate.feed("ll>{") == ""
-    gate = _ContentGate("<tool_call>", True)
+    gate = ContentGate("<tool_call>", True)
     assert gate.feed("a <to") == "a " and gate.feed("day") == "<today"
     assert gate.rest("a <today and more") == " and more"
 
