@@ -111,12 +111,6 @@ A stage also checks its fields together: the parallel degrees must multiply to `
 
 # ---------------------------------------------------------------- OpenAPI
 
-# Multipart routes parse their form themselves, so the document has no body schema for them yet;
-# their fields are on the route group's page.
-FORM_PAGES = {"/v1/images/edits": "../serving/images.md", "/v1/videos": "../serving/videos.md",
-              "/v1/videos/sync": "../serving/videos.md", "/v1/audio/voices": "../serving/audio.md"}
-
-
 def openapi_document() -> dict:
     from omnistage.entrypoints.openai.api_server import create_app
     from omnistage.entrypoints.openai.settings import ServerSettings
@@ -158,7 +152,7 @@ def _fields(schema: dict) -> str:
 
 
 def openapi_reference() -> str:
-    from omnistage.entrypoints.openai.openapi_fields import REQUEST_SCHEMAS
+    from omnistage.entrypoints.openai.openapi_fields import REQUEST_SCHEMAS, short_name
 
     doc = openapi_document()
     schemas = doc["components"]["schemas"]
@@ -179,9 +173,6 @@ def openapi_reference() -> str:
                 name = media.get("schema", {}).get("$ref", "").rsplit("/", 1)[-1]
                 top.add(name)
                 out += [f"Request body (`{media_type}`, {name}):", "", _fields(schemas[name]), ""]
-            if method == "post" and path in FORM_PAGES:
-                out += [f"Request body: `multipart/form-data`; its fields are listed on [the route group's page]"
-                        f"({FORM_PAGES[path]}) (the document does not describe form bodies yet).", ""]
             extras = op.get("x-extra-body")
             if extras:
                 out += ["Extension fields (`extra_body`):", "", "| field | type | description |", "|---|---|---|"]
@@ -193,8 +184,8 @@ def openapi_reference() -> str:
                 answers.append(f"- {status}: {response.get('description', '')}" + (f" ({kinds})" if kinds else ""))
             out += ["Answers:", "", *answers, ""]
     out += ["## Request schemas", "", "The objects request bodies contain.", ""]
-    for name in sorted(REQUEST_SCHEMAS - top):
-        if name in schemas:
+    for name in sorted(schemas, key=lambda n: (short_name(n), n)):
+        if short_name(name) in REQUEST_SCHEMAS and name not in top:
             out += [f"### {name}", "", _fields(schemas[name]), ""]
     return "\n".join(out).rstrip() + "\n"
 

@@ -5,8 +5,8 @@ answers 422 (validation errors are OpenAI's 400), and every route can answer the
 of the middleware and the engine gateway. So the document is built once by FastAPI, then:
 - 422 is dropped; each route lists the statuses it can answer, with OpenAI's error body;
 - streaming routes list their other 200 content types (SSE, audio, video);
-- request fields get descriptions and examples, and each route its extension fields
-  (`x-extra-body`), from openapi_fields.py.
+- multipart routes get their form body; request fields get descriptions and examples, and
+  each route its extension fields (`x-extra-body`), from openapi_fields.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from omnistage.entrypoints.openai.openapi_fields import describe, describe_extensions
+from omnistage.entrypoints.openai.openapi_fields import add_form_bodies, describe, describe_extensions
 
 ERROR_SCHEMA: dict[str, Any] = {
     "title": "ErrorResponse", "type": "object", "required": ["error"],
@@ -75,6 +75,7 @@ def install_openapi(app: FastAPI) -> None:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
             schema.setdefault("components", {}).setdefault("schemas", {})["ErrorResponse"] = ERROR_SCHEMA
+            add_form_bodies(schema)
             describe(schema["components"]["schemas"])
             for path, methods in schema.get("paths", {}).items():
                 for method, operation in methods.items():

@@ -115,6 +115,89 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
                              "(47.55 s for Stable Audio Open).", 10.0),
         "response_format": ("The audio encoding (stereo); `pcm` is interleaved int16.", "wav"),
     },
+    "ImageEditRequest": {
+        "prompt": ("The edit to make.", "make it blue"),
+        "response_format": ("`b64_json` or `url` (a `/files/...` link that expires after `--file-ttl`).", "b64_json"),
+        "output_format": ("The image encoding.", "png"),
+        "quality": ("Accepted and ignored: a diffusion model has no such switch.", None),
+        "style": ("Accepted and ignored: a diffusion model has no such switch.", None),
+        "partial_images": ("With `stream`: previews sent as `image_edit.partial_image` events (0-3).", 2),
+        "image": ("The input image(s), one file per part (also sent as `image[]`).", None),
+        "mask": ("OpenAI's mask: an RGBA image the size of the first image, transparent where it may "
+                 "change.", None),
+    },
+    "VideoCreateRequest": {
+        "prompt": ("What the video shows.", "waves on a beach"),
+        "size": ("`WIDTHxHEIGHT` of the frames (or width and height).", "480x320"),
+        "width": ("Frame width, instead of size.", 480),
+        "height": ("Frame height, instead of size.", 320),
+        "num_frames": ("Frames to make (the model's rule applies, e.g. Wan's 4k+1).", 33),
+        "seconds": ("Length with fps, instead of num_frames: seconds * fps + 1 frames.", 2),
+        "fps": ("Frames per second of the MP4.", 16),
+        "guidance_scale_2": ("Wan 2.2: the guidance scale of the low-noise expert.", 3.0),
+        "extra_params": ("The model's request extras as a JSON object.", {"max_sequence_length": 64}),
+        "input_reference": ("Image-to-video models: the first frame, a file (or an allowed URL).", None),
+    },
+    "VoiceUpload": {
+        "name": ("The voice's name, used as `voice` in speech requests.", "my-voice"),
+        "audio_sample": ("A clip of the voice, any audio soundfile reads (resampled and mixed to mono).", None),
+        "ref_text": ("The clip's transcript (Qwen3-TTS Base: its codes then join the prompt).", None),
+    },
+    "ResponsesRequest": {
+        "input": ("A string (one user message) or a list of items: messages, `function_call` and "
+                  "`function_call_output`.", "Hello!"),
+        "instructions": ("A system message put first; not carried over by previous_response_id.",
+                         "Answer briefly."),
+        "previous_response_id": ("Continue from an earlier response's id.", None),
+        "store": ("OpenAI's store flag.", True),
+        "background": ("OpenAI's background flag.", False),
+        "max_output_tokens": ("Most tokens to generate.", 64),
+        "text": ("The text's format (text, json_object, json_schema) and verbosity.", None),
+        "tools": ("Functions the model may call.", None),
+        "tool_choice": ("`none`, `auto`, `required`, or a named function.", "auto"),
+        "parallel_tool_calls": ("false allows at most one call.", True),
+        "max_tool_calls": ("OpenAI's cap on tool calls.", None),
+        "reasoning": ("Accepted and ignored: the served models take no reasoning budget.", None),
+        "metadata": ("Up to 16 string pairs kept with the response.", {"ticket": "42"}),
+        "safety_identifier": ("Accepted for OpenAI compatibility.", None),
+        "prompt_cache_key": ("Accepted and echoed: the engine's prefix cache finds shared prefixes by "
+                             "their tokens.", None),
+        "truncation": ("Only `disabled`: an input over the context length is a 400, never cut.", "disabled"),
+        "include": ("OpenAI's list of extra outputs to include.", None),
+        "service_tier": ("`auto` or `default`.", None),
+        "modalities": ("Outputs to make (omni models answer with audio too).", ["text"]),
+        "audio": ("With audio in `modalities`: the voice and the encoding.", None),
+        "size": ("Image models: `WIDTHxHEIGHT` of the answer image.", "256x256"),
+    },
+    "MessageItem": {"role": ("Who speaks.", "user"), "content": ("A string, or a list of content parts.", "Hello!"),
+                    "id": ("The item's id, when sent back from an earlier response.", None),
+                    "status": ("The item's status, when sent back.", None),
+                    "phase": ("An assistant message's phase, when sent back.", None)},
+    "FunctionCallItem": {"call_id": ("The call's id.", "call_0"), "arguments": ("The arguments as a JSON string.", "{}"),
+                         "id": ("The item's id.", None), "status": ("The item's status.", None)},
+    "FunctionCallOutputItem": {"call_id": ("The id of the call this answers.", "call_0"),
+                               "output": ("The function's result: a string or input_text parts.", "18 C"),
+                               "id": ("The item's id.", None), "status": ("The item's status.", None)},
+    "OutputText": {"text": ("An earlier answer's text, sent back as history.", None),
+                   "annotations": ("As the earlier answer had them.", None),
+                   "logprobs": ("As the earlier answer had them.", None)},
+    "InputImage": {"image_url": ("A data URL, or a URL the server may fetch.", "data:image/png;base64,..."),
+                   "file_id": ("OpenAI's file id.", None), "detail": ("OpenAI's detail hint.", None)},
+    "InputAudioData": {"data": ("Base64 audio.", "UklGR..."), "format": ("Its encoding.", "wav")},
+    "InputFile": {"file_data": ("A file's data (audio, for models that hear).", None),
+                  "file_url": ("A file's URL (audio, for models that hear).", None),
+                  "file_id": ("OpenAI's file id.", None), "filename": ("The file's name.", None)},
+    "Refusal": {"refusal": ("An earlier refusal, sent back as history.", None)},
+    "FunctionTool": {"description": ("What the function does, for the model.", None),
+                     "parameters": ("The arguments' JSON Schema.", {"type": "object", "properties": {}}),
+                     "strict": ("OpenAI's strict flag.", None)},
+    "TextOptions": {"format": ("`text`, `json_object`, or `json_schema` with a schema.", {"type": "json_object"}),
+                    "verbosity": ("OpenAI's verbosity hint.", None)},
+    "TextFormatJSONSchema": {"description": ("What the schema is for.", None),
+                             "schema": ("The JSON Schema the answer must follow.", {"type": "object"}),
+                             "strict": ("OpenAI's strict flag.", None)},
+    "Reasoning": {"effort": ("Accepted and ignored.", None), "summary": ("Accepted and ignored.", None),
+                  "generate_summary": ("Accepted and ignored.", None)},
     "ChatMessage": {
         "role": ("Who speaks.", "user"),
         "content": ("A string, or a list of content parts.", "Hello!"),
@@ -126,14 +209,17 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
     "ImagePart": {"image_url": ("The image: `url`, and `detail` (ignored).", {"url": "data:image/png;base64,..."})},
     "ImageURL": {"detail": ("OpenAI's detail hint: auto, low or high.", None)},
     "InputAudioPart": {"input_audio": ("Audio: base64 `data` and its `format`.", {"data": "UklGR...", "format": "wav"})},
-    "InputAudio": {"data": ("Base64 audio (or an allowed URL).", "UklGR..."),
+    "InputText": {"text": ("The text.", "What is in this picture?")},
+    "InputAudio": {"input_audio": ("Responses: the audio, base64 `data` and its `format`.", None),
+                   "data": ("Chat: base64 audio (or an allowed URL).", "UklGR..."),
                    "format": ("The encoding: wav, mp3, flac, ...", "wav")},
     "AudioURLPart": {"audio_url": ("Audio by `url`.", {"url": "data:audio/wav;base64,..."})},
     "VideoURLPart": {"video_url": ("An encoded video by `url` (omni models sample its frames).",
                                    {"url": "data:video/mp4;base64,..."})},
     "ToolCallItem": {"id": ("The call's id.", "call_0"), "function": ("The function's name and JSON arguments.", None)},
     "FunctionCall": {"arguments": ("The arguments as a JSON string.", "{\"city\": \"Paris\"}")},
-    "StreamOptions": {"include_usage": ("Add a final chunk with `usage`.", True)},
+    "StreamOptions": {"include_usage": ("Chat and completions: add a final chunk with `usage`.", True),
+                      "include_obfuscation": ("Responses: accepted; no obfuscation padding is added.", None)},
     "AudioOptions": {"voice": ("The voice of the spoken reply.", "Chelsie"),
                      "format": ("The encoding of `message.audio.data`; streamed audio is 24 kHz pcm16.", "wav")},
     "MMProcessorKwargs": {"use_audio_in_video": ("Hear a video part's own audio track, interleaved with its "
@@ -173,14 +259,59 @@ _MODEL_EXTRAS = ("object", "The model's declared request extras, each a top-leve
 EXTENSIONS: dict[tuple[str, str], dict[str, tuple[str, str]]] = {
     ("post", "/v1/chat/completions"): {**_SAMPLING_EXTRAS, "<model extras>": _MODEL_EXTRAS},
     ("post", "/v1/completions"): dict(_SAMPLING_EXTRAS),
+    ("post", "/v1/responses"): dict(_SAMPLING_EXTRAS),
     ("post", "/v1/images/generations"): {"<model extras>": _MODEL_EXTRAS},
     ("post", "/v1/audio/generate"): {"<model extras>": _MODEL_EXTRAS},
 }
 
 
+# Multipart routes read their form themselves; the document gets their body from the pydantic
+# model of the text fields plus the file fields: path -> (model, file fields).
+_IMAGE_EDIT = ("omnistage.entrypoints.openai.images.protocol:ImageEditRequest", ("image", "mask"))
+_VIDEO = ("omnistage.entrypoints.openai.videos.protocol:VideoCreateRequest", ("input_reference",))
+FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "/v1/images/edits": _IMAGE_EDIT, "/v1/videos": _VIDEO, "/v1/videos/sync": _VIDEO,
+}
+VOICE_UPLOAD: dict[str, Any] = {
+    "title": "VoiceUpload", "type": "object", "required": ["name", "audio_sample"],
+    "properties": {"name": {"type": "string"}, "audio_sample": {"type": "string", "format": "binary"},
+                   "ref_text": {"type": "string"}},
+}
+
+
+def add_form_bodies(document: dict[str, Any]) -> None:
+    """Give each multipart route its `multipart/form-data` body schema."""
+    import importlib
+
+    schemas = document["components"]["schemas"]
+    bodies = {"/v1/audio/voices": "VoiceUpload"}
+    schemas["VoiceUpload"] = VOICE_UPLOAD
+    for path, (target, files) in FORMS.items():
+        module, name = target.split(":")
+        schema = getattr(importlib.import_module(module), name).model_json_schema(
+            ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        for field in files:
+            schema["properties"][field] = {"type": "string", "format": "binary"}
+        schemas[name] = schema
+        bodies[path] = name
+    for path, name in bodies.items():
+        operation = document["paths"].get(path, {}).get("post")
+        if operation is not None:
+            operation["requestBody"] = {"required": True, "content": {
+                "multipart/form-data": {"schema": {"$ref": f"#/components/schemas/{name}"}}}}
+
+
+def short_name(schema_name: str) -> str:
+    """pydantic names a schema by its module too when two models share a name
+    (`omnistage__..__chat__protocol__InputAudio`); the entries here use the model's name."""
+    return schema_name.rsplit("__", 1)[-1]
+
+
 def describe(schemas: dict[str, Any]) -> None:
     """Fill in the description and example of every request-schema property we document."""
-    for name, schema in schemas.items():
+    for full_name, schema in schemas.items():
+        name = short_name(full_name)
         for field, prop in schema.get("properties", {}).items():
             entry = FIELDS.get(name, {}).get(field) or (COMMON.get(field) if _is_request(name) else None)
             if entry is None:
@@ -202,9 +333,12 @@ def _is_request(schema_name: str) -> bool:
     return schema_name in FIELDS or schema_name in REQUEST_SCHEMAS
 
 
-REQUEST_SCHEMAS = {"ImageGenerationRequest", "ChatCompletionRequest", "CompletionRequest", "SpeechRequest",
+REQUEST_SCHEMAS = {"ImageGenerationRequest", "ImageEditRequest", "VideoCreateRequest", "VoiceUpload", "ChatCompletionRequest", "CompletionRequest", "SpeechRequest",
                    "AudioGenerateRequest", "ChatMessage", "TextPart", "ImagePart", "ImageURL", "InputAudioPart",
                    "InputAudio", "AudioURLPart", "AudioURL", "VideoURLPart", "VideoURL", "ToolCallItem",
                    "FunctionCall", "StreamOptions", "AudioOptions", "MMProcessorKwargs", "ResponseFormat",
-                   "JSONSchemaFormat", "Tool", "FunctionDefinition", "NamedToolChoice", "NamedFunction", "LoraRequest"}
+                   "JSONSchemaFormat", "Tool", "FunctionDefinition", "NamedToolChoice", "NamedFunction", "LoraRequest",
+                   "ResponsesRequest", "MessageItem", "FunctionCallItem", "FunctionCallOutputItem", "InputText",
+                   "OutputText", "InputImage", "InputAudioData", "InputFile", "Refusal", "FunctionTool",
+                   "TextOptions", "TextFormatText", "TextFormatJSONObject", "TextFormatJSONSchema", "Reasoning"}
 """The schemas a request body may contain (the others describe answers)."""
