@@ -240,14 +240,14 @@ def stage_main(build: EngineBuilder, channel: Channel, commands: Any, results: A
                  else pickle.loads(body)) for kind, body in messages]
 
     def send(events: list[Event]) -> None:
-        results.send_bytes(pack_events(channel, events))
+        results.send_bytes(pickle.dumps(pack_events(channel, events), protocol=pickle.HIGHEST_PROTOCOL))
 
     serve(engine, receive, send)
 
 
-def pack_events(channel: Channel, events: list[Event]) -> bytes:
-    """The pickled events, outputs through the channel; outputs that cannot be sent become
-    error outputs instead of killing the stage."""
+def pack_events(channel: Channel, events: list[Event]) -> list[Event]:
+    """The events with their outputs put through the channel; outputs that cannot be sent
+    become error outputs instead of killing the stage."""
     packed = []
     for event in events:
         if event[0] == "outputs":
@@ -257,7 +257,7 @@ def pack_events(channel: Channel, events: list[Event]) -> bytes:
                 logger.exception("stage outputs cannot be sent")
                 event = ("outputs", channel.put(unsendable(event[1], e)))
         packed.append(event)
-    return pickle.dumps(packed, protocol=pickle.HIGHEST_PROTOCOL)
+    return packed
 
 
 def unsendable(outputs: list[StageOutput], e: BaseException) -> list[StageOutput]:

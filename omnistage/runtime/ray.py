@@ -223,9 +223,10 @@ class StageActor:
                 self._commands.put(self._early.pop(self._next_seq))
                 self._next_seq += 1
 
-    def poll(self, timeout_s: float) -> bytes | None:
-        """The events since the last poll (pickled, outputs through the channel), as soon as
-        there are some or after `timeout_s`."""
+    def poll(self, timeout_s: float) -> list[Event] | None:
+        """The events since the last poll (outputs through the channel), as soon as there are
+        some or after `timeout_s`. Returned as they are, not pickled: Ray's own serializer
+        must see the object refs inside, or it frees their objects before the caller reads them."""
         with self._cond:
             self._cond.wait_for(lambda: self._events or self._stopped, timeout_s)
             events, self._events = self._events, []
@@ -328,20 +329,17 @@ class RayEndpoint:
 
     def _poll_loop(self) -> None:
         """The poller thread: one `poll` in flight at a time; what it brings goes to the inbox."""
-        import pickle
-
         ray = import_ray()
         while not self._closing.is_set():
             try:
-                sent = ray.get(self.actor.poll.remote(POLL_S))
+                events = ray.get(self.actor.poll.remote(POLL_S))
             except Exception as e:  # noqa: BLE001 - the actor is gone (killed, its node lost, closed)
                 if not self._closing.is_set():
                     self._inbox.put(("died", f"Ray stage actor died: {death_reason(e)}", False))
                     self._waker.wake()
                 return
-            if sent is None:
+            if events is None:
                 continue
-            events = pickle.loads(sent)
             for event in events:
                 self._inbox.put(event)
             self._waker.wake()
