@@ -2,8 +2,9 @@
 
 For each option (a deploy field set on an otherwise plain stage) on the zoo's z-image and
 qwen-image: 4 requests (seeds 0-3) through `DiffusionEngine` (request mode, max_num_seqs=4,
-the zoo's default call: 4 steps, CFG on) and the same 4 through the plain engine, timed
-interleaved, best of `--repeats`. Reported per option:
+the zoo's default call: 4 steps, CFG on) and the same 4 through the plain engine, best of
+`--repeats`. Each engine is alone on the device while it is built and measured (the one
+before it is closed and its memory freed), so an option's peak is its own. Reported per option:
 
 - speed: plain time / option time (> 1 is faster);
 - memory: transformer weight bytes (quantization), peak device memory (offload, CUDA only:
@@ -22,6 +23,7 @@ Writes "## Memory and kernel options" in benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import gc
 import tempfile
 import time
 from pathlib import Path
@@ -92,12 +94,43 @@ def engine_for(path: str, device: str, dtype: str, **fields):
 
 
 def timed(fn, device: str) -> tuple[float, object]:
-    if device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     result = fn()
     synchronize(device)
     return time.perf_counter() - t0, result
+
+
+def free(engine, device: str) -> None:
+    """Close an engine and give its device memory back, so the next one is measured alone."""
+    engine.close()
+    del engine
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def measure(path: str, kwargs: dict, repeats: int, device: str, dtype: str, fields: dict,
+            lora: dict | None = None) -> dict:
+    """One engine alone on the device: built, warmed up, timed (best of `repeats`), closed.
+    Its peak device memory counts from what was allocated before it was built, so weights
+    (or their absence, offloaded) and activations are its own, with no other engine's."""
+    from omnistage.diffusion.accel.quantization import weight_bytes
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    engine = engine_for(path, device, dtype, **fields)
+    run(engine, kwargs, lora)  # warm-up
+    best, images = float("inf"), None
+    for _ in range(repeats):
+        t, images = timed(lambda: run(engine, kwargs, lora), device)
+        best = min(best, t)
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.startswith("cuda") else None
+    result = {"seconds": best, "images": images, "bytes": weight_bytes(pipeline_of(engine).transformer),
+              "peak": peak}
+    free(engine, device)
+    return result
 
 
 def diffusers_lora_reference(path: str, kwargs: dict, lora_file: str, scale: float, device: str, dtype: str):
@@ -112,53 +145,35 @@ def diffusers_lora_reference(path: str, kwargs: dict, lora_file: str, scale: flo
             for i in range(NUM_REQUESTS)]
 
 
-def bench(model: str, size: str, repeats: int, device: str, dtype: str) -> list[dict]:
-    from omnistage.diffusion.accel.quantization import weight_bytes
+def bench(model: str, size: str, repeats: int, device: str, dtype: str, options: list[str]) -> list[dict]:
     from omnistage.testing import ensure
     from omnistage.testing.lora import build_lora
 
     path = str(ensure(model, size=size, cache_dir=ROOT / ".omnistage-cache" / "zoo"))
     lora_file = str(build_lora(path, Path(tempfile.mkdtemp()) / "style.safetensors", seed=1))
     kwargs = call_kwargs(model, size)
-    plain = engine_for(path, device, dtype)
-    plain_bytes = weight_bytes(pipeline_of(plain).transformer)
+    rows = []
     with torch.inference_mode():
-        run(plain, kwargs)  # warm-up
-        rows = []
-        for label, fields in OPTIONS.items():
-            lora = None
+        plain = measure(path, kwargs, repeats, device, dtype, {})
+        for label in options:
+            fields, lora = OPTIONS[label], None
             if fields == "lora_static":
                 fields = dict(lora=[{"path": lora_file, "scale": 0.8}])
             elif fields == "lora_request":
                 fields, lora = dict(lora_adapters={"style": lora_file}), {"name": "style", "scale": 0.8}
-            option = engine_for(path, device, dtype, **fields)
-            run(option, kwargs, lora)  # warm-up
-            best_plain = best_option = float("inf")
-            peak_plain = peak_option = None
-            for _ in range(repeats):
-                t, want = timed(lambda: run(plain, kwargs), device)
-                best_plain = min(best_plain, t)
-                if device.startswith("cuda"):
-                    peak_plain = torch.cuda.max_memory_allocated()
-                t, got = timed(lambda: run(option, kwargs, lora), device)
-                best_option = min(best_option, t)
-                if device.startswith("cuda"):
-                    peak_option = torch.cuda.max_memory_allocated()
+            option = measure(path, kwargs, repeats, device, dtype, fields, lora)
             if label.startswith("lora"):
-                quality = psnr(got, diffusers_lora_reference(path, kwargs, lora_file, 0.8, device, dtype))
+                want = diffusers_lora_reference(path, kwargs, lora_file, 0.8, device, dtype)
                 against = "diffusers load_lora_weights"
             else:
-                quality, against = psnr(got, want), "plain run"
+                want, against = plain["images"], "plain run"
             rows.append({
-                "model": f"{model} {size}", "option": label, "speed": best_plain / best_option,
-                "option_s": best_option, "plain_s": best_plain,
-                "bytes": weight_bytes(pipeline_of(option).transformer) / plain_bytes,
-                "peak": None if peak_option is None else (peak_option / 2**20, peak_plain / 2**20),
-                "psnr": quality, "against": against,
+                "model": f"{model} {size}", "option": label, "speed": plain["seconds"] / option["seconds"],
+                "option_s": option["seconds"], "plain_s": plain["seconds"], "bytes": option["bytes"] / plain["bytes"],
+                "peak": None if option["peak"] is None else (option["peak"], plain["peak"]),
+                "psnr": psnr(option["images"], want), "against": against,
             })
-            option.close()
             print(rows[-1], flush=True)
-    plain.close()
     return rows
 
 
@@ -203,8 +218,8 @@ def table(rows: list[dict], compile_rows: list[dict], device: str, dtype: str) -
     lines = [
         f"{NUM_REQUESTS} requests (seeds 0-{NUM_REQUESTS - 1}), the zoo's default call (4 steps, CFG on), request mode "
         f"max_num_seqs={NUM_REQUESTS}, {dtype} on {device}, {torch.get_num_threads()} torch thread(s), best of the "
-        "timed runs, plain and option interleaved. Measured on a shared, loaded machine: speed ratios are noisy "
-        "(about +-10%).",
+        "timed runs, each engine alone on the device (peak memory above what was allocated before it was "
+        "built). Measured on a shared, loaded machine: speed ratios are noisy (about +-10%).",
         "",
         "| model | option | speed vs plain | transformer weight bytes vs plain | peak device memory option / plain "
         "| PSNR | against |",
@@ -231,13 +246,15 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["z-image", "qwen-image"])
     parser.add_argument("--size", default="small", choices=["tiny", "small"])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--options", nargs="+", default=list(OPTIONS), choices=list(OPTIONS),
+                        help="which options to measure (default: all)")
     parser.add_argument("--compile", action="store_true", help="also the torch.compile rows (slow on CPU)")
     parser.add_argument("--compile-models", nargs="+", default=["z-image"])
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     add_device_args(parser)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    rows = [r for m in args.models for r in bench(m, args.size, args.repeats, args.device, args.dtype)]
+    rows = [r for m in args.models for r in bench(m, args.size, args.repeats, args.device, args.dtype, args.options)]
     compile_rows = ([bench_compile(m, args.size, args.device, args.dtype, args.repeats) for m in args.compile_models]
                     if args.compile else [])
     body = table(rows, compile_rows, args.device, args.dtype)

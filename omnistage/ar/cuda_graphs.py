@@ -47,6 +47,7 @@ import torch
 from omnistage.ar.kv_cache import PagedKVCache
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput
 from omnistage.ar.scheduler import ScheduledSeq
+from omnistage.ar.staging import to_device
 
 SMALLEST_KV_LEN = 256
 """Shortest key-length bucket in tokens: attending to 256 padded keys costs a GPU next to
@@ -98,17 +99,18 @@ class CudaGraphRecorder:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.device(device):
+            self.warmup = torch.cuda.Stream()  # one side stream for every graph's warm-up run
 
     def __call__(self, forward: Callable[[], ModelOutput]) -> tuple[Callable[[], None], ModelOutput]:
         # The capture stream belongs to the current device: make it the model's (cuda:1 too).
         with torch.cuda.device(self.device):
             # one eager run on a side stream first, as torch's docs ask: lazy initialization and
             # library workspaces happen outside the capture
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
+            self.warmup.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.warmup):
                 forward()
-            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.current_stream().wait_stream(self.warmup)
             graph = torch.cuda.CUDAGraph()
             # thread_local: another stage of this process (an inline stage stepping, a restart)
             # may allocate on its own thread meanwhile; "global" would fail its calls
@@ -186,12 +188,12 @@ class StaticDecode:
         seqs = [it.seq for it in items]
         starts = [it.start for it in items]
         writes = [seq.block_table[p // size] * size + p % size for seq, p in zip(seqs, starts)]
-        meta = [[seq.last_token_id for seq in seqs], starts, writes]
-        self.meta[:, :b].copy_(torch.tensor([row + [0] * pad for row in meta]), non_blocking=True)
+        meta = [row + [0] * pad for row in ([seq.last_token_id for seq in seqs], starts, writes)]
         tables = [seq.block_table[:width] + [0] * (width - min(width, len(seq.block_table))) for seq in seqs]
         tables += [[0] * width] * pad  # padding rows: the scratch block
-        table = torch.tensor(tables).to(self.device, non_blocking=True)
-        self.read[:b * width].view(b, width).copy_(table)
+        meta_t, table = to_device([[i for row in meta for i in row], [i for row in tables for i in row]], self.device)
+        self.meta[:, :b].copy_(meta_t.view(3, b))
+        self.read[:b * width].view(b, width).copy_(table.view(b, width))
         # a row attends to keys 0 .. its position (a padding row: key 0 only, so no row is all-masked)
         torch.le(self.arange[:k], self.meta[1, :b, None], out=self.mask[:b * k].view(b, k))
 

@@ -48,7 +48,7 @@ from omnistage.ar.sequence import Sequence
 from omnistage.ar.structured_outputs import GrammarCompiler
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.core.device import resolve_device, resolve_dtype
+from omnistage.core.device import device_scope, resolve_device, resolve_dtype
 from omnistage.core.types import InputChunk, StageOutput, StageRequest, TextPayload, TokenLogprob
 
 logger = logging.getLogger(__name__)
@@ -96,7 +96,18 @@ class AREngine:
                  return_hidden_states: bool = False, return_input_embeds: bool = False) -> None:
         self.stage = stage
         self.config = config
-        device = resolve_device(config.devices)
+        self.device = device = resolve_device(config.devices)
+        self.return_hidden_states = return_hidden_states
+        self.return_input_embeds = return_input_embeds
+        with device_scope(device):  # loading, KV buffers and CUDA graphs on this stage's GPU
+            self._load(model_path, stage, config, device)
+        self._seqs: dict[str, Sequence] = {}
+        self._aborted: list[Sequence] = []
+        self._closed = False
+        self._grammars: GrammarCompiler | None = None  # built on the first structured-output request
+
+    def _load(self, model_path: str, stage: StageSpec | None, config: StageDeployConfig, device) -> None:
+        """The model, its KV cache, scheduler and runner (and CUDA graphs with compile: true)."""
         model_class = get_ar_model_class(stage.model if stage else None)
         if config.compile:
             check_cuda_graphs(model_class, device, stage)
@@ -109,8 +120,6 @@ class AREngine:
             raise ValueError(f"max_model_len={self.max_model_len} is larger than the model's "
                              f"max_position_embeddings={limit}")
         self.default_params = SamplingParams.from_dict(dict(config.default_sampling_params))
-        self.return_hidden_states = return_hidden_states
-        self.return_input_embeds = return_input_embeds
         self.block_size = BLOCK_SIZE
         num_blocks = self._num_blocks(config, device)
         self.block_manager = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
@@ -125,10 +134,6 @@ class AREngine:
         self.runner = ModelRunner(self.model, self.block_size, num_blocks + 1, self.max_model_len, device)
         if config.compile:
             self.runner.enable_static_decode(config.max_num_seqs, capture=True)
-        self._seqs: dict[str, Sequence] = {}
-        self._aborted: list[Sequence] = []
-        self._closed = False
-        self._grammars: GrammarCompiler | None = None  # built on the first structured-output request
 
     def _num_blocks(self, config: StageDeployConfig, device) -> int:
         """KV blocks in the `kv_cache_memory` budget; by default room for max_num_seqs x max_model_len."""
@@ -157,6 +162,10 @@ class AREngine:
 
     def add_request(self, request: StageRequest) -> None:
         """Validate and queue a request. Raises ValueError (naming the limit) when it cannot run."""
+        with device_scope(self.device):  # a prompt may run encoders on the device
+            self._add(request)
+
+    def _add(self, request: StageRequest) -> None:
         rid = request.request_id
         if isinstance(request.inputs, InputChunk):
             self._extend(rid, request.inputs.inputs)
@@ -168,6 +177,7 @@ class AREngine:
         if isinstance(inputs, dict) and any(k in inputs for k in _OUTPUT_FLAGS):
             inputs = dict(inputs)
             flags.update({k: bool(inputs.pop(k)) for k in _OUTPUT_FLAGS if k in inputs})
+        self.model.check_prompt_size(inputs, self.max_model_len)
         prompt = self.model.build_prompt(inputs)
         params = admit(rid, request.params, self.default_params, len(prompt.token_ids), self.max_model_len)
         tok = self.model.tokenizer
@@ -224,7 +234,8 @@ class AREngine:
             if item.seq.first_scheduled_time is None:
                 item.seq.first_scheduled_time = now
         try:
-            result = self.runner.execute(batch, self.block_manager.max_block_id + 1)
+            with device_scope(self.device):
+                result = self.runner.execute(batch, self.block_manager.max_block_id + 1)
         except Exception as exc:  # a failed forward ends its batch, not the engine
             logger.exception("AR forward failed for %d request(s)", batch.num_seqs)
             seqs = batch.seqs

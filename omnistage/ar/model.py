@@ -26,11 +26,13 @@ Families register a subclass under the key their `StageSpec.model` names, from t
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from omnistage.config.registry import REGISTRY
+from omnistage.core.errors import RequestError
 from omnistage.core.registry import ComponentRegistry, import_target
 
 if TYPE_CHECKING:
@@ -150,6 +152,40 @@ class ARModel(ABC):
     def forward(self, batch: ModelInput, cache: Any) -> ModelOutput:
         """Run one forward over `batch`, reading and writing `cache` (a transformers `Cache`)."""
 
+    @property
+    def vocab_size(self) -> int | None:
+        """How many token ids the model embeds (its input embedding's rows); None when it
+        has no single embedding table. A prompt id past it would index out of range."""
+        get = getattr(self.model, "get_input_embeddings", None)
+        embedding = get() if callable(get) else None
+        rows = getattr(embedding, "num_embeddings", None)
+        return rows if isinstance(rows, int) else None
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for: the longest entry of the tokenizer's
+        vocabulary (byte-level entries count bytes, never fewer than the text's characters)."""
+        vocab = self.tokenizer.get_vocab() if self.tokenizer is not None else {}
+        return max(map(len, vocab), default=1) or 1
+
+    def check_prompt_size(self, inputs: Any, max_model_len: int) -> None:
+        """Refuse a prompt that cannot fit `max_model_len` tokens from its length alone, before
+        the tokenizer spends seconds and gigabytes on it: `max_token_chars` characters per token
+        is the most text `max_model_len` tokens can hold."""
+        limit = max_model_len * self.max_token_chars
+        if isinstance(inputs, str):
+            inputs = {"prompt": inputs}
+        if not isinstance(inputs, dict):
+            return
+        ids = inputs.get("prompt_token_ids")
+        if isinstance(ids, list) and len(ids) > max_model_len:
+            raise RequestError("prompt", f"the prompt has {len(ids)} tokens, more than max_model_len={max_model_len}")
+        num_chars = _text_chars(inputs.get("prompt")) + _text_chars(inputs.get("messages"))
+        if num_chars > limit:
+            raise RequestError("messages" if "messages" in inputs else "prompt",
+                               f"the prompt has {num_chars} characters, more than max_model_len={max_model_len} "
+                               f"tokens can hold (at most {self.max_token_chars} characters per token)")
+
     def build_prompt(self, inputs: Any) -> PromptInputs:
         """`StageRequest.inputs` -> prompt ids. The default accepts a str, or a dict with exactly one
         of "prompt" (str), "prompt_token_ids" (list[int]) or "messages" (chat messages; the
@@ -167,8 +203,11 @@ class ARModel(ABC):
             raise ValueError(f"AR inputs need exactly one of prompt, prompt_token_ids, messages; got {given or 'none'}")
         if "prompt_token_ids" in inputs:
             ids = inputs["prompt_token_ids"]
-            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
-                raise ValueError("prompt_token_ids must be a list of non-negative integers")
+            vocab = self.vocab_size or 2**63
+            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                    and 0 <= t < vocab for t in ids):
+                raise RequestError("prompt", f"prompt token ids must be integers in [0, {vocab}) (the model's "
+                                             "vocabulary)")
             return PromptInputs(list(ids))
         if self.tokenizer is None:
             raise ValueError(f"this model has no tokenizer; pass prompt_token_ids instead of {given[0]}")
@@ -224,3 +263,18 @@ def get_ar_model_class(key: str | None) -> type[ARModel]:
     if key is None:
         return import_target("omnistage.ar.hf_model:HFCausalLM")
     return _AR_MODELS.get(key)
+
+
+def _text_chars(value: Any) -> int:
+    """Characters of text in a prompt or in chat messages (strings in any nesting: contents,
+    text parts, tool arguments), without copying them."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return total

@@ -15,7 +15,8 @@ one or two forwards:
 
 With `compile: true` (CUDA) a decode-only step instead runs at static shapes, replayed
 from a CUDA graph (cuda_graphs.py, `enable_static_decode`). The per-step work outside the
-forwards is a handful of small tensors built from Python lists.
+forwards is a handful of small tensors built from Python lists, staged in one host-to-device
+copy (staging.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from omnistage.ar.packed_attention import PackedAttention, PromptRow
 from omnistage.ar.sampler import Sampler
 from omnistage.ar.scheduler import ScheduledSeq, ARSchedulerOutput
 from omnistage.ar.sequence import Sequence
+from omnistage.ar.staging import to_device
 
 
 @dataclass
@@ -147,26 +149,30 @@ class ModelRunner:
         dev, size = self.device, self.block_size
         width = -(-kv_len // size)
         tables = [seq.block_table[:width] + [0] * (width - len(seq.block_table)) for seq in seqs]
-        table_t = torch.tensor(tables, device=dev)
+        if is_prefill:
+            fed = [seq.all_token_ids[s:s + n] + [0] * (t - n) for seq, s, n in zip(seqs, starts, lens)]
+            table_t, ids, start_t, len_t = to_device([[i for row in tables for i in row], [i for row in fed for i in row],
+                                                      starts, lens], dev)
+        else:
+            writes = [seq.block_table[p // size] * size + p % size for seq, p in zip(seqs, starts)]
+            table_t, ids, start_t, write = to_device([[i for row in tables for i in row],
+                                                      [seq.last_token_id for seq in seqs], starts, writes], dev)
+        table_t = table_t.view(b, width)
         # every slot of each row's blocks in position order (past a row's blocks: the scratch block)
         slots = (table_t[:, :, None] * size + self._arange[:size]).view(b, width * size)
         keys = self._arange[:kv_len]
         read = table_t.flatten() if not is_prefill or any(starts) else None
         if is_prefill:
-            ids = torch.tensor([seq.all_token_ids[s:s + n] + [0] * (t - n) for seq, s, n in zip(seqs, starts, lens)],
-                               device=dev)
-            meta = torch.tensor([starts, lens], device=dev)
-            positions = meta[0][:, None] + self._arange[:t]  # [B, T]
-            fed = self._arange[:t] < meta[1][:, None]
-            write = torch.where(fed, slots.gather(1, positions.clamp(max=kv_len - 1)), 0).flatten()  # padding -> scratch
-            ctx = (meta[0] + meta[1])[:, None, None]
+            ids = ids.view(b, t)
+            positions = start_t[:, None] + self._arange[:t]  # [B, T]
+            is_fed = self._arange[:t] < len_t[:, None]
+            write = torch.where(is_fed, slots.gather(1, positions.clamp(max=kv_len - 1)), 0).flatten()  # padding -> scratch
+            ctx = (start_t + len_t)[:, None, None]
             # causal, and keys past the row's context are padding
             mask = (keys <= positions[:, :, None]) & (keys < ctx)
-            last = meta[1] - 1
+            last = len_t - 1
         else:
-            writes = [seq.block_table[p // size] * size + p % size for seq, p in zip(seqs, starts)]
-            meta = torch.tensor([[seq.last_token_id for seq in seqs], starts, writes], device=dev)
-            ids, positions, write = meta[0].view(b, 1), meta[1].view(b, 1), meta[2]
+            ids, positions = ids.view(b, 1), start_t.view(b, 1)
             mask = (keys <= positions).view(b, 1, kv_len)  # keys after a row's position are padding
             last = None
         self.cache.begin(num_blocks, write, read, kv_len)
@@ -185,15 +191,20 @@ class ModelRunner:
         dev, size = self.device, self.block_size
         items = decodes + prompts
         width = -(-max(item.start + item.num_new for item in items) // size)
-        blocks = torch.tensor([item.seq.block_table[:width] + [0] * (width - len(item.seq.block_table))
-                               for item in items], device=dev)  # past a row's blocks: the scratch block
-        slots = (blocks[:, :, None] * size + self._arange[:size]).view(len(items), width * size)
         d = len(decodes)
-        positions = torch.tensor([item.start for item in decodes], dtype=torch.long, device=dev)
+        # past a row's blocks: the scratch block
+        tables = [i for item in items for i in item.seq.block_table[:width] + [0] * (width - len(item.seq.block_table))]
+        fed = [item.seq.last_token_id for item in decodes]
+        last = list(range(d))
+        for item in prompts:
+            fed += item.seq.all_token_ids[item.start:item.start + item.num_new]
+            last.append(len(fed) - 1)
+        blocks, positions, last, input_ids = to_device([tables, [item.start for item in decodes], last, fed], dev)
+        blocks = blocks.view(len(items), width)
+        slots = (blocks[:, :, None] * size + self._arange[:size]).view(len(items), width * size)
         decode_blocks = -(-max((item.start + 1 for item in decodes), default=0) // size)
         m = decode_blocks * size
         write, read = [slots[:d].gather(1, positions[:, None])[:, 0]], [blocks[:d, :decode_blocks].reshape(-1)]
-        fed = [[item.seq.last_token_id] for item in decodes]
         rows, first_token, first_key = [], d, d * m
         for i, item in enumerate(prompts, start=d):
             start, n = item.start, item.num_new
@@ -205,7 +216,6 @@ class ModelRunner:
             rows.append(PromptRow(first_token, start, n, first_key, row_blocks * size, mask))
             write.append(slots[i, start:ctx])
             read.append(blocks[i, :row_blocks])
-            fed.append(item.seq.all_token_ids[start:ctx])
             first_token, first_key = first_token + n, first_key + row_blocks * size
         keys = self._arange[:m]
         layout = PackedAttention(d, m, positions, (keys <= positions[:, None]).view(d, 1, 1, m) if d else None, rows)
@@ -213,10 +223,9 @@ class ModelRunner:
         self.cache.begin(num_blocks, torch.cat(write), torch.cat(read), first_key)
         seqs = [item.seq for item in items]
         lens = [item.num_new for item in items]
-        last = torch.tensor([*range(d)] + [r.first_token + r.num_tokens - 1 for r in rows], device=dev)
         want_hidden, want_embeds = _wants(seqs)
         return ModelInput(
-            input_ids=torch.tensor([t for row in fed for t in row], device=dev)[None],
+            input_ids=input_ids[None],
             positions=token_positions[None], attention_mask=layout, last_indices=last,
             query_lens=lens, kv_len=first_key, seqs=seqs, is_prefill=True,
             output_hidden_states=want_hidden, output_input_embeds=want_embeds,

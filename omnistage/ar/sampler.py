@@ -20,10 +20,38 @@ from __future__ import annotations
 import torch
 
 from omnistage.ar.sequence import Sequence
+from omnistage.ar.staging import to_device
 
 
 SampledLogprobs = tuple[float, list[int], list[float]]
 """One row's (sampled token's logprob, top ids, their logprobs), most likely first."""
+
+
+class _BatchParams:
+    """A batch's sampling parameters as device tensors, staged in one copy and kept while the
+    batch's rows stay the same (a decode run; CSM's depth decoder samples 31 times per frame)."""
+
+    def __init__(self, seqs: list[Sequence], device: torch.device) -> None:
+        self.params = [s.params for s in seqs]
+        self.greedy = [p.is_greedy for p in self.params]
+        self.top_k = [p.top_k for p in self.params]
+        self.top_p = [p.top_p for p in self.params]
+        temps = [1.0 if p.is_greedy else p.temperature for p in self.params]
+        self.temps, self.top_p_t, self.min_p, self.is_greedy = to_device(
+            [temps, self.top_p, [p.min_p for p in self.params], [float(g) for g in self.greedy]], device, torch.float32)
+        self.is_greedy = self.is_greedy.bool()
+        self._top_k: dict[int, torch.Tensor] = {}
+
+    def top_k_t(self, vocab: int) -> torch.Tensor:
+        """Each row's k, 0 (off) meaning the whole `vocab` (CSM's heads differ in width)."""
+        t = self._top_k.get(vocab)
+        if t is None:
+            (t,) = to_device([[k if 0 < k < vocab else vocab for k in self.top_k]], self.is_greedy.device)
+            self._top_k[vocab] = t
+        return t
+
+    def matches(self, seqs: list[Sequence]) -> bool:
+        return len(seqs) == len(self.params) and all(s.params is p for s, p in zip(seqs, self.params))
 
 
 class Sampler:
@@ -34,6 +62,12 @@ class Sampler:
         self._bit_shifts = torch.arange(32, dtype=torch.int32)
         self.last_logprobs: list[SampledLogprobs | None] | None = None
         """Per row of the last call, for rows whose sequence asked for logprobs (None: no row did)."""
+        self._batch: _BatchParams | None = None
+
+    def _batch_params(self, seqs: list[Sequence]) -> _BatchParams:
+        if self._batch is None or not self._batch.matches(seqs):
+            self._batch = _BatchParams(seqs, self.device)
+        return self._batch
 
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
@@ -43,14 +77,13 @@ class Sampler:
         logits = logits.float()
         self._apply_penalties(logits, seqs)
         grammar_rows = self._apply_grammars(logits, seqs)
-        greedy = [s.params.is_greedy for s in seqs]
-        if all(greedy):
+        if all(s.params.is_greedy for s in seqs):
             tokens = logits.argmax(dim=-1)
         else:
-            tokens = self._sample(logits, seqs)
-            if any(greedy):
-                rows = torch.tensor([i for i, g in enumerate(greedy) if g], device=logits.device)
-                tokens[rows] = logits[rows].argmax(dim=-1)
+            batch = self._batch_params(seqs)
+            tokens = self._sample(logits, seqs, batch)
+            if any(batch.greedy):
+                tokens = torch.where(batch.is_greedy, logits.argmax(dim=-1), tokens)
         self.last_logprobs = self._logprobs(logits, seqs, tokens)
         if grammar_rows:
             picked = tokens[grammar_rows].tolist()
@@ -130,20 +163,17 @@ class Sampler:
 
     # --- 4. temperature, top-k, top-p, min-p, draw ------------------------------------------
 
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        dev = logits.device
-        params = [s.params for s in seqs]
-        temps = torch.tensor([p.temperature if not p.is_greedy else 1.0 for p in params], device=dev)
-        x = logits / temps[:, None]
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], batch: _BatchParams) -> torch.Tensor:
+        params = batch.params
+        x = logits / batch.temps[:, None]
         vocab = x.shape[-1]
         if all(p.seed is None and 0 < p.top_k < vocab and p.top_p >= 1.0 and p.min_p == 0 for p in params):
-            return _sample_top_k(x, [p.top_k for p in params])
+            return _sample_top_k(x, max(batch.top_k), batch.top_k_t(vocab))
         if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-            x = _top_k_top_p(x, [p.top_k for p in params], [p.top_p for p in params])
+            x = _top_k_top_p(x, batch)
         probs = x.softmax(dim=-1)
         if any(p.min_p > 0 for p in params):
-            min_p = torch.tensor([p.min_p for p in params], device=dev)
-            probs = probs.masked_fill(probs < min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
+            probs = probs.masked_fill(probs < batch.min_p[:, None] * probs.amax(dim=-1, keepdim=True), 0.0)
         unseeded = [i for i, p in enumerate(params) if p.seed is None]
         if len(unseeded) == len(params):
             q = _exponential(probs)
@@ -169,33 +199,31 @@ def _exponential(like: torch.Tensor) -> torch.Tensor:
     return torch.rand_like(like).log_().neg_()
 
 
-def _sample_top_k(x: torch.Tensor, top_k: list[int]) -> torch.Tensor:
+def _sample_top_k(x: torch.Tensor, max_k: int, top_k: torch.Tensor) -> torch.Tensor:
     """Unseeded top-k rows: the same draw among each row's k best logits only, a fraction of
     the full-vocabulary work (it dominates small models' steps: CSM samples every codebook)."""
-    values, ids = x.topk(max(top_k), dim=-1)
-    beyond = torch.arange(values.shape[1], device=x.device) >= torch.tensor(top_k, device=x.device)[:, None]
+    values, ids = x.topk(max_k, dim=-1)
+    beyond = torch.arange(values.shape[1], device=x.device) >= top_k[:, None]
     probs = values.masked_fill(beyond, -float("inf")).softmax(dim=-1)
     pick = (probs / _exponential(probs)).argmax(dim=-1)
     return ids.gather(-1, pick[:, None])[:, 0]
 
 
-def _top_k_top_p(x: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+def _top_k_top_p(x: torch.Tensor, batch: _BatchParams) -> torch.Tensor:
     """Mask logits outside each row's top-k and nucleus (0 / 1.0 = off for that row)."""
     vocab = x.shape[-1]
-    if all(p >= 1.0 for p in top_p):
+    k = batch.top_k_t(vocab)
+    if all(p >= 1.0 for p in batch.top_p):
         # Top-k alone needs each row's k-th largest value, not a full sort (which dominates
         # a small model's step, e.g. CSM's depth decoder samples 31 codebooks per frame).
-        k = [k if 0 < k < vocab else vocab for k in top_k]
-        largest = x.topk(max(k), dim=-1).values
-        kth = largest.gather(-1, torch.tensor(k, device=x.device)[:, None] - 1)
+        largest = x.topk(max(k if 0 < k < vocab else vocab for k in batch.top_k), dim=-1).values
+        kth = largest.gather(-1, k[:, None] - 1)
         return x.masked_fill(x < kth, -float("inf"))
     sorted_x, order = x.sort(dim=-1, descending=False)
-    k = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], device=x.device)
     kth = sorted_x.gather(-1, (vocab - k)[:, None])  # the k-th largest value per row
     sorted_x = sorted_x.masked_fill(sorted_x < kth, -float("inf"))
-    p = torch.tensor(top_p, device=x.device)
     cum = sorted_x.softmax(dim=-1).cumsum(dim=-1)
-    drop = cum <= (1 - p)[:, None]
+    drop = cum <= (1 - batch.top_p_t)[:, None]
     drop[:, -1] = False  # always keep the most likely token
     sorted_x = sorted_x.masked_fill(drop, -float("inf"))
     return torch.empty_like(x).scatter_(-1, order, sorted_x)
@@ -203,7 +231,7 @@ def _top_k_top_p(x: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch
 
 def _repetition_penalty(row: torch.Tensor, token_ids: list[int], penalty: float) -> None:
     """In place on one row of logits: divide positive logits of seen tokens by `penalty`, multiply negative ones."""
-    ids = torch.tensor(token_ids, device=row.device)
-    ids = ids[ids < row.shape[0]]
+    # ids past the logits' width are dropped on the host: a boolean index would wait on the device
+    (ids,) = to_device([[t for t in token_ids if t < row.shape[0]]], row.device)
     seen = row[ids]
     row[ids] = torch.where(seen < 0, seen * penalty, seen / penalty)

@@ -10,9 +10,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from omnistage.ar.structured_outputs import StructuredOutputsParams
+from omnistage.core.errors import RequestError, RequestErrors
 
 _GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
+MIN_PENALTY, MAX_PENALTY = 0.01, 100.0
+"""repetition_penalty's range: past it a logit scaled by the penalty overflows a half-precision
+float (inf, then NaN probabilities), and no useful setting lies there (vLLM's examples stay in 1-2)."""
 
 
 @dataclass
@@ -77,48 +81,60 @@ class SamplingParams:
             self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
-        self.stop = list(self.stop)
-        self.stop_token_ids = list(self.stop_token_ids)
+        # Anything but a list stays as given, for `_problems` to name (list(5) would raise TypeError).
+        if isinstance(self.stop, (list, tuple)):
+            self.stop = list(self.stop)
+        if isinstance(self.stop_token_ids, (list, tuple)):
+            self.stop_token_ids = list(self.stop_token_ids)
         if self.top_k == -1:
             self.top_k = 0
         problems = self._problems()
         if problems:
-            raise ValueError("invalid SamplingParams: " + "; ".join(problems))
+            raise RequestErrors(problems)
 
-    def _problems(self) -> list[str]:
-        p: list[str] = []
+    def _problems(self) -> list[RequestError]:
+        p: list[RequestError] = []
+
+        def bad(field: str, message: str) -> None:
+            p.append(RequestError(field, message))
+
         if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
-            p.append(f"max_tokens must be an integer >= 1 or None, got {self.max_tokens!r}")
+            bad("max_tokens", f"max_tokens must be an integer >= 1 or None, got {self.max_tokens!r}")
         if not _is_int(self.min_tokens) or self.min_tokens < 0:
-            p.append(f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
+            bad("min_tokens", f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         elif self.max_tokens is not None and _is_int(self.max_tokens) and self.min_tokens > self.max_tokens:
-            p.append(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+            bad("min_tokens", f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
         if not _is_num(self.temperature) or self.temperature < 0:
-            p.append(f"temperature must be >= 0, got {self.temperature!r}")
+            bad("temperature", f"temperature must be >= 0, got {self.temperature!r}")
         if not _is_num(self.top_p) or not 0 < self.top_p <= 1:
-            p.append(f"top_p must be in (0, 1], got {self.top_p!r}")
+            bad("top_p", f"top_p must be in (0, 1], got {self.top_p!r}")
         if not _is_int(self.top_k) or self.top_k < 0:
-            p.append(f"top_k must be an integer >= 0 (0 or -1 = disabled), got {self.top_k!r}")
+            bad("top_k", f"top_k must be an integer >= 0 (0 or -1 = disabled), got {self.top_k!r}")
         if not _is_num(self.min_p) or not 0 <= self.min_p <= 1:
-            p.append(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if not _is_num(self.repetition_penalty) or self.repetition_penalty <= 0:
-            p.append(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
-        if not all(isinstance(s, str) and s for s in self.stop):
-            p.append(f"stop must be a list of non-empty strings, got {self.stop!r}")
-        if not all(_is_int(t) and t >= 0 for t in self.stop_token_ids):
-            p.append(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
-        if self.seed is not None and not _is_int(self.seed):
-            p.append(f"seed must be an integer or None, got {self.seed!r}")
+            bad("min_p", f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not _is_num(self.repetition_penalty) or not MIN_PENALTY <= self.repetition_penalty <= MAX_PENALTY:
+            bad("repetition_penalty", f"repetition_penalty must be in [{MIN_PENALTY}, {MAX_PENALTY}], "
+                                      f"got {self.repetition_penalty!r}")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            bad("stop", f"stop must be a list of non-empty strings, got {self.stop!r}")
+        if not isinstance(self.stop_token_ids, list) or not all(_is_int(t) and 0 <= t < 2**63
+                                                                for t in self.stop_token_ids):
+            bad("stop_token_ids", f"stop_token_ids must be a list of non-negative integers, "
+                                  f"got {self.stop_token_ids!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not -2**63 <= self.seed < 2**63):
+            bad("seed", f"seed must be a 64-bit integer or None, got {self.seed!r}")
         if not isinstance(self.ignore_eos, bool):
-            p.append(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+            bad("ignore_eos", f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            p.append(f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
+            bad("logprobs", f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, "
+                            f"got {self.logprobs!r}")
         if self.structured_outputs is not None:
             if not isinstance(self.structured_outputs, StructuredOutputsParams):
-                p.append(f"structured_outputs must be StructuredOutputsParams, a dict or None, "
-                         f"got {type(self.structured_outputs).__name__}")
+                bad("structured_outputs", "structured_outputs must be StructuredOutputsParams, a dict or None, "
+                                          f"got {type(self.structured_outputs).__name__}")
             elif _is_int(self.min_tokens) and self.min_tokens > 0:
-                p.append("min_tokens cannot be combined with structured_outputs (the grammar decides where EOS may come)")
+                bad("min_tokens", "min_tokens cannot be combined with structured_outputs (the grammar decides "
+                                  "where EOS may come)")
         return p
 
     @property
@@ -131,7 +147,8 @@ class SamplingParams:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"unknown SamplingParams field(s) {unknown}; valid fields: {sorted(known)}")
+            raise RequestError(unknown[0], f"unknown SamplingParams field(s) {unknown}; "
+                                           f"valid fields: {sorted(known)}")
         return cls(**values)
 
 

@@ -21,6 +21,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from omnistage.core.errors import RequestError
+
 _KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
 
@@ -42,24 +44,29 @@ class StructuredOutputsParams:
     def __post_init__(self) -> None:
         given = [k for k in _KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
-            raise ValueError(f"structured_outputs: needs exactly one of {', '.join(_KINDS)}; got {given or 'none'}")
+            raise RequestError("structured_outputs",
+                               f"structured_outputs: needs exactly one of {', '.join(_KINDS)}; got {given or 'none'}")
         if isinstance(self.json, str):
             try:
                 self.json = json.loads(self.json)
             except ValueError as e:
-                raise ValueError(f"structured_outputs.json: not valid JSON ({e})") from None
+                raise RequestError("structured_outputs.json",
+                                   f"structured_outputs.json: not valid JSON ({e})") from None
         if self.json is not None and not isinstance(self.json, dict):
-            raise ValueError(f"structured_outputs.json must be a JSON schema object, got {type(self.json).__name__}")
+            raise RequestError("structured_outputs.json",
+                               f"structured_outputs.json must be a JSON schema object, got {type(self.json).__name__}")
         if self.json_object not in (None, True, False):
-            raise ValueError(f"structured_outputs.json_object must be a bool, got {self.json_object!r}")
+            raise RequestError("structured_outputs.json_object",
+                               f"structured_outputs.json_object must be a bool, got {self.json_object!r}")
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"structured_outputs.{name} must be a non-empty string, got {value!r}")
+                raise RequestError(f"structured_outputs.{name}",
+                                   f"structured_outputs.{name} must be a non-empty string, got {value!r}")
         if self.choice is not None and (not isinstance(self.choice, list) or not self.choice
                                         or not all(isinstance(c, str) and c for c in self.choice)):
-            raise ValueError(f"structured_outputs.choice must be a non-empty list of non-empty strings, "
-                             f"got {self.choice!r}")
+            raise RequestError("structured_outputs.choice", "structured_outputs.choice must be a non-empty list of "
+                                                            f"non-empty strings, got {self.choice!r}")
 
     @property
     def kind(self) -> str:
@@ -69,7 +76,8 @@ class StructuredOutputsParams:
     def from_dict(cls, values: dict[str, Any]) -> StructuredOutputsParams:
         unknown = sorted(set(values) - set(_KINDS))
         if unknown:
-            raise ValueError(f"structured_outputs: unknown field(s) {unknown}; valid fields: {list(_KINDS)}")
+            raise RequestError("structured_outputs",
+                               f"structured_outputs: unknown field(s) {unknown}; valid fields: {list(_KINDS)}")
         return cls(**values)
 
     def validate(self) -> None:
@@ -80,10 +88,11 @@ class StructuredOutputsParams:
         try:
             grammar = self.to_llguidance()
         except ValueError as e:
-            raise ValueError(f"structured_outputs.{self.kind}: {e}") from None
+            raise RequestError(f"structured_outputs.{self.kind}", f"structured_outputs.{self.kind}: {e}") from None
         is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None)
         if is_error:
-            raise ValueError(f"structured_outputs.{self.kind}: invalid grammar: {messages[0]}")
+            raise RequestError(f"structured_outputs.{self.kind}",
+                               f"structured_outputs.{self.kind}: invalid grammar: {messages[0]}")
 
     def to_llguidance(self) -> str:
         """The grammar in llguidance's serialized form."""
@@ -124,13 +133,15 @@ class GrammarCompiler:
         try:
             grammar = params.to_llguidance()
         except ValueError as e:
-            raise ValueError(f"structured_outputs.{params.kind}: {e}") from None
+            raise RequestError(f"structured_outputs.{params.kind}", f"structured_outputs.{params.kind}: {e}") from None
         is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self.ll_tokenizer)
         if is_error:
-            raise ValueError(f"structured_outputs.{params.kind}: invalid grammar: {messages[0]}")
+            raise RequestError(f"structured_outputs.{params.kind}",
+                               f"structured_outputs.{params.kind}: invalid grammar: {messages[0]}")
         matcher = LLMatcher(self.ll_tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise ValueError(f"structured_outputs.{params.kind}: invalid grammar: {matcher.get_error()}")
+            raise RequestError(f"structured_outputs.{params.kind}",
+                               f"structured_outputs.{params.kind}: invalid grammar: {matcher.get_error()}")
         return Grammar(matcher, len(self._hf_tokenizer))
 
 

@@ -64,6 +64,21 @@ class CheckpointConfigs:
     def component(self, name: str) -> ConfigView:
         return self._components.get(name, ConfigView())
 
+    def max_text_tokens(self, names: tuple[str, ...]) -> int | None:
+        """The fewest tokens any of the components `names` takes: a tokenizer's
+        `model_max_length` (transformers' "no limit" placeholder, 1e30, is none), a text
+        encoder's `max_position_embeddings` / `n_positions` (its `text_config`'s for a
+        multimodal encoder). None when none of them states a limit."""
+        limits = []
+        for name in names:
+            config = self.component(name)
+            for source in (config, config.get("text_config") or {}):
+                for key in ("model_max_length", "max_position_embeddings", "n_positions"):
+                    value = source.get(key)
+                    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < 2**31:
+                        limits.append(value)
+        return min(limits) if limits else None
+
     def __getattr__(self, name: str) -> ConfigView:
         """`configs.vae`, `configs.transformer`, ...: a component's config."""
         if name.startswith("_"):

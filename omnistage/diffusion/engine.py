@@ -34,7 +34,8 @@ from omnistage.diffusion.progress import ProgressBar
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.diffusion.runner import error_message
 from omnistage.diffusion.sched import EngineRequest, RequestScheduler, RequestStatus, RunnerOutput, StepScheduler
-from omnistage.diffusion.worker import WorkerConfig, resolve_devices
+from omnistage.core.device import resolve_devices
+from omnistage.diffusion.worker import WorkerConfig
 
 # Longest nap in step() while a not-full batch waits for a burst, so new requests and
 # aborts are still picked up promptly.
@@ -56,7 +57,7 @@ class DiffusionEngine:
         # Requests are checked here, against the checkpoint's config files: no round trip to a worker.
         self.checker = self.pipeline_cls.for_requests(configs, config)
         check_default_params(config.default_sampling_params)
-        devices = resolve_devices(config)
+        devices = tuple(str(device) for device in resolve_devices(config.devices, config.num_devices))
         self.scheduler = self._make_scheduler(config, clock)
         self.clock = clock
         self.progress = ProgressBar(show_progress)

@@ -27,7 +27,8 @@ import torch
 from omnistage.core.errors import RequestError
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest
+from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase
+from omnistage.diffusion.request import DiffusionRequest
 
 # DiffusionParams field -> the `__call__` argument that carries it (where the names differ,
 # the first one the pipeline accepts wins).
@@ -139,7 +140,7 @@ class GenericDiffusersPipeline(DiffusionPipelineBase):
         # A pipeline that takes `image` (img2img, edit, I2V) is served as one that needs it.
         self.needs_image = "image" in self.call_params
         self.default_params = self._signature_defaults()
-        self.extras = self._signature_extras()
+        self.extras = self._signature_extras(configs)
 
     @classmethod
     def from_diffusers(cls, pipe: Any, path: str, configs: CheckpointConfigs, device: torch.device | str,
@@ -157,9 +158,10 @@ class GenericDiffusersPipeline(DiffusionPipelineBase):
                 defaults[field] = default
         return defaults
 
-    def _signature_extras(self) -> dict[str, ExtraSpec]:
+    def _signature_extras(self, configs: CheckpointConfigs) -> dict[str, ExtraSpec]:
         """Every other scalar keyword of `__call__` (e.g. max_sequence_length, strength) as an extra.
-        No default is declared, so only what a request sets is passed and diffusers fills the rest."""
+        No default is declared, so only what a request sets is passed and diffusers fills the rest.
+        `max_sequence_length` is capped by the roomiest tokenizer (the one it pads to)."""
         taken = _RESERVED_ARGS | {a for a in self.field_args.values() if a}
         extras = {}
         for name, param in self.call_params.items():
@@ -167,7 +169,8 @@ class GenericDiffusersPipeline(DiffusionPipelineBase):
             if name in taken or not isinstance(default, _EXTRA_TYPES):
                 continue
             kind = float if param.annotation in (float, "float") else type(default)
-            extras[name] = ExtraSpec(kind, help=f"{self.reference_class} argument (diffusers default {default!r})")
+            extras[name] = ExtraSpec(kind, help=f"{self.reference_class} argument (diffusers default {default!r})",
+                                     max_from=_longest_tokenizer(configs) if name == "max_sequence_length" else ())
         return extras
 
     # -- 1. check inputs ----------------------------------------------------------------
@@ -238,3 +241,10 @@ class GenericDiffusersPipeline(DiffusionPipelineBase):
         if self.output_modality == "video":
             return np.asarray(output.frames[0])
         return np.asarray(output.images)
+
+
+def _longest_tokenizer(configs: CheckpointConfigs) -> tuple[str, ...]:
+    """The tokenizer component with the highest token limit, as `ExtraSpec.max_from` (none: ())."""
+    names = [n for n in configs.pipeline if n.startswith("tokenizer") and configs.has(n)
+             and configs.max_text_tokens((n,)) is not None]
+    return (max(names, key=lambda n: configs.max_text_tokens((n,))),) if names else ()

@@ -18,7 +18,7 @@ from typing import Any
 from omnistage.core.errors import RequestError
 from omnistage.core.types import StageRequest
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.diffusion.request import DiffusionRequest
 
 INPUT_KEYS = ("prompt", "image", "condition")
 

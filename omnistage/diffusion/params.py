@@ -7,6 +7,8 @@ and are checked against the extras the pipeline declares (`ExtraSpec`).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,16 +66,31 @@ class ExtraSpec:
     max: float | None = None
     choices: tuple[Any, ...] | None = None
     help: str = ""
+    max_from: tuple[str, ...] = ()
+    """Checkpoint components whose token limit also caps the value (a tokenizer's
+    `model_max_length`, a text encoder's positions): `max_sequence_length` beyond what the
+    text encoder was built for costs memory quadratically and can panic the tokenizer."""
+
+    def bounded_by(self, limit: int | None) -> "ExtraSpec":
+        """This spec with `max` (and a default above it) lowered to `limit` (None: unchanged)."""
+        if limit is None or (self.max is not None and self.max <= limit):
+            return self
+        default = min(self.default, limit) if isinstance(self.default, (int, float)) else self.default
+        return dataclasses.replace(self, max=limit, default=default)
 
     def check(self, name: str, value: Any) -> Any:
         if self.type is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
+            value = float(value) if abs(value) < 2**63 else math.inf  # 10**400 would raise OverflowError
         if not isinstance(value, self.type) or (self.type is int and isinstance(value, bool)):
             raise RequestError(name, f"extras.{name} must be {self.type.__name__}, got {type(value).__name__}")
         if self.min is not None and value < self.min:
             raise RequestError(name, f"extras.{name} must be >= {self.min}, got {value}")
         if self.max is not None and value > self.max:
             raise RequestError(name, f"extras.{name} must be <= {self.max}, got {value}")
+        if self.type is int and not -2**63 <= value < 2**63:
+            raise RequestError(name, f"extras.{name} must fit a 64-bit integer, got {value}")
+        if self.type is float and not math.isfinite(value):
+            raise RequestError(name, f"extras.{name} must be a finite number, got {value}")
         if self.choices is not None and value not in self.choices:
             raise RequestError(name, f"extras.{name} must be one of {list(self.choices)}, got {value!r}")
         return value

@@ -32,19 +32,7 @@ from omnistage.core.types import ImagePayload, VideoPayload
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Predict, guided_predictions
 from omnistage.diffusion.params import DiffusionParams, ExtraSpec, validate_extras
-
-
-@dataclass
-class DiffusionRequest:
-    """One request as a pipeline sees it: the prompt, its input media and its params."""
-
-    request_id: str
-    prompt: str
-    params: DiffusionParams
-    images: list[Any] = field(default_factory=list)  # input PIL images (edit, I2V)
-    condition: dict[str, Any] = field(default_factory=dict)
-    """What an upstream stage conditions this request on (an AR -> DiT hand-off, e.g. GLM-Image's
-    prior image tokens); the family's pipeline checks and reads it. Empty for a one-stage model."""
+from omnistage.diffusion.request import DiffusionRequest
 
 
 @dataclass
@@ -132,7 +120,11 @@ class DiffusionPipelineBase(ABC):
         them by adapter (accel/lora.py)."""
         self.lora_adapters: tuple[str, ...] = ()
         """Names of the LoRA adapters a request may choose (`lora_adapters` deploy field)."""
-        self.configure(configs or CheckpointConfigs({}, {}))
+        configs = configs or CheckpointConfigs({}, {})
+        self.configure(configs)
+        # Extras that name their text components are capped by the checkpoint's token limits.
+        self.extras = {name: spec.bounded_by(configs.max_text_tokens(spec.max_from)) if spec.max_from else spec
+                       for name, spec in self.extras.items()}
 
     def configure(self, configs: CheckpointConfigs) -> None:
         """Read the checkpoint facts that requests are checked against (size multiples, default
@@ -163,16 +155,20 @@ class DiffusionPipelineBase(ABC):
         return dict(cls.loader_overrides)
 
     @classmethod
-    def from_pretrained(cls, path: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+    def from_pretrained(cls, path: str, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
                         deploy: StageDeployConfig | None = None) -> "DiffusionPipelineBase":
         """The one load path: diffusers' own classes load the folder (or hub id) as its
         model_index.json names them, `from_diffusers` builds the pipeline from them, and the
-        stage's accelerations (`deploy`) are applied to it, all in one place."""
+        stage's accelerations (`deploy`) are applied to it, all in one place. `device` and
+        `dtype` default to the deploy config's (`devices[0]`, `dtype`), as the engine resolves them."""
         from diffusers import DiffusionPipeline
 
         from omnistage.diffusion.accel import apply_accelerations
+        from omnistage.core.device import canonical_device, resolve_device, resolve_dtype
 
         deploy = deploy or StageDeployConfig()
+        device = resolve_device(deploy.devices) if device is None else canonical_device(device)
+        dtype = resolve_dtype(deploy.dtype, device) if dtype is None else dtype
         pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **cls.loader_kwargs(str(path)))
         if deploy.offload is None:  # offloaded weights wait on the CPU (accel/offload.py)
             pipe = pipe.to(device)

@@ -18,7 +18,8 @@ from collections.abc import Callable
 import torch
 
 from omnistage.core.types import ImagePayload, ProgressPayload
-from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest
+from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase
+from omnistage.diffusion.request import DiffusionRequest
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
 
 ProgressSink = Callable[[list[tuple[str, ProgressPayload]]], None]

@@ -16,21 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
-from omnistage.core.device import resolve_dtype
+from omnistage.core.device import canonical_device, device_scope, resolve_dtype
 from omnistage.diffusion.runner import DiffusionRunner, ProgressSink
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
-
-def resolve_devices(config: StageDeployConfig) -> tuple[str, ...]:
-    """One device per rank: `devices` when set, else cuda:0..n-1 on a CUDA machine, else cpu.
-    (StageDeployConfig already checked that `devices` and `num_devices` agree.)"""
-    if config.devices:
-        return tuple(config.devices)
-    if torch.cuda.is_available():
-        if config.num_devices > torch.cuda.device_count():
-            raise ValueError(f"num_devices={config.num_devices} but only {torch.cuda.device_count()} CUDA devices")
-        return tuple(f"cuda:{i}" for i in range(config.num_devices))
-    return ("cpu",) * config.num_devices
-
 
 @dataclass(frozen=True)
 class WorkerConfig:
@@ -50,16 +38,16 @@ class DiffusionWorker:
     def __init__(self, config: WorkerConfig, rank: int = 0):
         self.config = config
         self.rank = rank
-        self.device = torch.device(config.devices[rank])
+        self.device = canonical_device(config.devices[rank])
         self.dtype = resolve_dtype(config.stage.dtype, self.device)
         self.runner: DiffusionRunner | None = None
 
     # -- start-up ------------------------------------------------------------------------
 
     def init_device(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
-        elif self.config.world_size > 1:
+        """No `torch.cuda.set_device`: an in-process worker shares its process with other stages'
+        devices, so every call that touches the device runs in `device_scope(self.device)`."""
+        if self.device.type != "cuda" and self.config.world_size > 1:
             # CPU ranks share the machine's cores; without a split each would claim them all.
             num_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
             torch.set_num_threads(max(1, num_cpus // self.config.world_size))
@@ -72,22 +60,25 @@ class DiffusionWorker:
         world_size = self.config.world_size
         store = dist.TCPStore(store_host, store_port, None, is_master=False)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, store=store, rank=self.rank, world_size=world_size,
-                                device_id=self.device if backend == "nccl" else None)
-        check = torch.ones(1, device=self.device)
-        dist.all_reduce(check)
+        with device_scope(self.device):
+            dist.init_process_group(backend, store=store, rank=self.rank, world_size=world_size,
+                                    device_id=self.device if backend == "nccl" else None)
+            check = torch.ones(1, device=self.device)
+            dist.all_reduce(check)
         if int(check.item()) != world_size:
             raise RuntimeError(f"all_reduce check gave {check.item()}, expected {world_size}")
 
     def load_model(self) -> None:
-        pipeline = self.config.pipeline_cls.from_pretrained(self.config.model_path, device=self.device,
-                                                            dtype=self.dtype, deploy=self.config.stage)
+        with device_scope(self.device):
+            pipeline = self.config.pipeline_cls.from_pretrained(self.config.model_path, device=self.device,
+                                                                dtype=self.dtype, deploy=self.config.stage)
         self.runner = DiffusionRunner(pipeline)
 
     # -- RPCs ----------------------------------------------------------------------------
 
     def execute_model(self, batch: SchedulerOutput, on_progress: ProgressSink | None = None) -> RunnerOutput | None:
-        output = self.runner.execute(batch, on_progress)
+        with device_scope(self.device):
+            output = self.runner.execute(batch, on_progress)
         return output if self.rank == 0 else None
 
     def get_pid(self) -> int:

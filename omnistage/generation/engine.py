@@ -39,7 +39,7 @@ import torch
 from omnistage.ar.cpu_linear import prepack_linears
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.core.device import resolve_device, resolve_dtype
+from omnistage.core.device import device_scope, resolve_device, resolve_dtype
 from omnistage.core.types import AudioPayload, StageOutput, StageRequest
 from omnistage.generation.decoder import get_decoder_class
 
@@ -81,9 +81,10 @@ class _Stream:
 class GenerationEngine:
     def __init__(self, model_path: str, stage: StageSpec | None = None,
                  config: StageDeployConfig = StageDeployConfig(), *, chunk_frames: int | None = None) -> None:
-        device = resolve_device(config.devices)
-        self.decoder = get_decoder_class(stage.model if stage else None).load(
-            model_path, stage, device, resolve_dtype(config.dtype, device), config.max_num_seqs)
+        self.device = device = resolve_device(config.devices)
+        with device_scope(device):
+            self.decoder = get_decoder_class(stage.model if stage else None).load(
+                model_path, stage, device, resolve_dtype(config.dtype, device), config.max_num_seqs)
         if device.type == "cpu" and self.decoder.supports_prepacked_linears:
             prepack_linears(self.decoder.model)  # a decode feeds many frames: packed for the batched case
         self.max_num_seqs = config.max_num_seqs
@@ -156,6 +157,10 @@ class GenerationEngine:
     # --- the step --------------------------------------------------------------------------------
 
     def step(self) -> list[StageOutput]:
+        with device_scope(self.device):  # streams open and decode on this stage's GPU
+            return self._step()
+
+    def _step(self) -> list[StageOutput]:
         outputs: list[StageOutput] = []
         batch = self._schedule(outputs)
         if not batch:

@@ -66,3 +66,12 @@ def test_deploy_defaults_fill_the_fields_a_request_leaves_out():
     merged = admit("r", SamplingParams(max_tokens=8, temperature=1.0), deploy, num_prompt=3, max_model_len=128)
     assert (merged.max_tokens, merged.temperature, merged.top_k) == (8, 1.0, 5)
     assert admit("r", None, deploy, num_prompt=3, max_model_len=128).temperature == 0.7
+
+
+def test_problems_are_typed_errors_naming_their_fields():
+    from omnistage.core.errors import RequestErrors
+
+    with pytest.raises(RequestErrors) as e:
+        SamplingParams(top_p=0, stop_token_ids=5)
+    assert [err.param for err in e.value.errors] == ["top_p", "stop_token_ids"]
+    assert "top_p" in str(e.value) and "stop_token_ids" in str(e.value)

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest
+from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase
+from omnistage.diffusion.request import DiffusionRequest
 
 
 class FakePipeline(DiffusionPipelineBase):

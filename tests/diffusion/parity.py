@@ -20,7 +20,8 @@ import torch
 
 from omnistage.core.types import ImagePayload, VideoPayload
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase, DiffusionRequest
+from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase
+from omnistage.diffusion.request import DiffusionRequest
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.testing import call_kwargs as zoo_call_kwargs
 from omnistage.testing.diffusion_models import default_input_image

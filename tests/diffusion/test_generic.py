@@ -12,7 +12,7 @@ from parity import TOLERANCE, ReferenceFixtures, max_abs_diff, request_for
 
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.registry import pipeline_class
-from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.diffusion.request import DiffusionRequest
 from omnistage.diffusion.generic import GenericDiffusersPipeline
 from omnistage.models.z_image.pipeline import ZImage
 from omnistage.testing.diffusion_models import default_input_image

@@ -6,7 +6,8 @@ import torch
 
 from omnistage.diffusion.guidance import Guidance, guided_predictions, norm_clamped_cfg, plain_cfg, rescaled_true_cfg
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipeline import DenoiseState, DiffusionRequest
+from omnistage.diffusion.pipeline import DenoiseState
+from omnistage.diffusion.request import DiffusionRequest
 
 
 def state(rid: str, scale: float | None) -> DenoiseState:

@@ -12,7 +12,7 @@ from parity import TOLERANCE, load_reference, max_abs_diff
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.diffusion.request import DiffusionRequest
 from omnistage.models.ltx2.pipeline import LTX2T2V
 
 # A short run with every guidance pass on (STG on the zoo transformer's last block).

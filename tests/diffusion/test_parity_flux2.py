@@ -8,7 +8,7 @@ import pytest
 from parity import BATCH_PROMPTS, BATCH_SEEDS, ParityTests, assert_rejected
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.diffusion.request import DiffusionRequest
 from omnistage.models.flux2.klein_pipeline import Flux2Klein
 from omnistage.models.flux2.pipeline import Flux2
 from omnistage.testing.diffusion_models import default_input_image

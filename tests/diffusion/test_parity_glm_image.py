@@ -15,7 +15,7 @@ import torch
 from parity import BATCH_PROMPTS, ParityTests, assert_rejected, request_for
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.diffusion.request import DiffusionRequest
 from omnistage.models.glm_image.grid import prior_grid
 from omnistage.models.glm_image.pipeline import GlmImage
 from omnistage.testing import call_kwargs as zoo_call_kwargs

@@ -16,7 +16,7 @@ from parity import (BATCH_PROMPTS, BATCH_SEEDS, ParityTests, assert_all_close, a
 
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.diffusion.request import DiffusionRequest
 from omnistage.models.qwen_image.v21_pipeline import QwenImage21
 from omnistage.testing import call_kwargs as zoo_call_kwargs
 from omnistage.testing.qwen_image21_models import NAME

@@ -15,7 +15,7 @@ from parity import BATCH_PROMPTS, BATCH_SEEDS, ParityTests, assert_rejected, loa
 from test_parity_qwen_image_edit import qwen2_vl_processor
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.diffusion.request import DiffusionRequest
 from omnistage.models.qwen_image.edit_pipeline import condition_size
 from omnistage.models.qwen_image.edit_plus_pipeline import QwenImageEditPlus
 from omnistage.testing.diffusion_models import default_input_image

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.diffusion.request import DiffusionRequest
 from omnistage.diffusion.sched import (
     EngineRequest,
     RequestScheduler,
@@ -272,3 +272,12 @@ def test_step_mode_records_mean_batch_size_and_fail_all():
     failed = s.fail_all()
     assert {r.request_id for r in failed} == {"b", "c"} and not s.has_unfinished_requests()
     assert s.schedule().req_ids == []
+
+
+def test_the_batch_schedulers_import_no_torch():
+    """`sched/` is plain Python over request objects (DiffusionRequest lives in request.py)."""
+    import subprocess
+    import sys
+
+    code = "import sys, omnistage.diffusion.sched; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -16,7 +16,7 @@ from PIL import Image
 from remote_server import RemoteServer
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.diffusion.request import DiffusionRequest
 from omnistage.testing.qwen_image21_models import NAME
 
 pytestmark = pytest.mark.e2e

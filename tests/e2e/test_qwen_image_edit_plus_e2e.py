@@ -17,7 +17,7 @@ from PIL import Image, ImageOps
 from remote_server import RemoteServer
 
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.diffusion.request import DiffusionRequest
 from omnistage.testing.diffusion_models import default_input_image
 from omnistage.testing.qwen_image_edit_plus_models import NAME
 

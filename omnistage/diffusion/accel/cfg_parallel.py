@@ -4,10 +4,9 @@ guidance run on two ranks at once, then every rank combines them by the family's
 It replaces the one guidance function (`guided_predictions`) on the pipeline: rank 0 of the
 CFG group (the "cfg" dimension of the stage mesh, parallel_groups.py) runs
 the cond rows, rank 1 the uncond rows of the states guided at this step, and the ranks
-swap their predictions (the shapes as a small object, the values as one flat broadcast per
-rank), so both hold identical states step after step and rank 0's output is the one
-returned. A family without a CFG branch (the generic adapter runs diffusers' own loop) is
-refused by name.
+swap their predictions (all_gathers of tensors: the sizes, the shapes, the values), so
+both hold identical states step after step and rank 0's output is the one returned. A
+family without a CFG branch (the generic adapter runs diffusers' own loop) is refused by name.
 """
 
 from __future__ import annotations
@@ -67,24 +66,43 @@ def cfg_parallel_predictions(states: list[DenoiseState], predict: Predict, guida
             for s, c, scale in zip(states, cond, scales)]
 
 
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+"""The dtypes a prediction may have, by the code its header sends."""
+
+
 def _exchange(mine: list[torch.Tensor], group: Any, device: torch.device) -> list[list[torch.Tensor]]:
-    """Every rank's list of tensors, on every rank."""
+    """Every rank's list of tensors, on every rank: three all_gathers of tensors (sizes, headers
+    of dtype and shapes, values), nothing pickled."""
     import torch.distributed as dist
 
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
-    metas: list[Any] = [None] * world
-    dist.all_gather_object(metas, [(tuple(t.shape), t.dtype) for t in mine], group=group)
+    world = dist.get_world_size(group)
+    header = [_DTYPES.index(mine[0].dtype) if mine else 0, len(mine)]
+    for t in mine:
+        header += [t.dim(), *t.shape]
+    flat = torch.cat([t.reshape(-1).to(mine[0].dtype) for t in mine]) if mine else torch.empty(0, device=device)
+    sizes = _all_gather(torch.tensor([len(header), flat.numel()], device=device), group, world)
+    sizes = torch.stack(sizes).tolist()  # the one host sync: how much each rank sends
+    max_header, max_values = max(h for h, _ in sizes), max(n for _, n in sizes)
+    headers = _all_gather(torch.tensor(header + [0] * (max_header - len(header)), device=device), group, world)
+    headers = torch.stack(headers).tolist()
+    # one dtype on the wire: the first sender's (the ranks run one model); each piece keeps its own
+    dtype = next((_DTYPES[h[0]] for h, (_, n) in zip(headers, sizes) if n), torch.float32)
+    values = _all_gather(torch.cat([flat.to(dtype), flat.new_zeros(max_values - flat.numel(), dtype=dtype)]),
+                         group, world)
     out = []
-    for src, meta in enumerate(metas):
-        if not meta:
-            out.append([])
-            continue
-        sizes = [math.prod(shape) for shape, _ in meta]
-        dtype = meta[0][1]
-        if src == rank:
-            flat = torch.cat([t.reshape(-1).to(dtype) for t in mine]).contiguous()
-        else:
-            flat = torch.empty(sum(sizes), dtype=dtype, device=device)
-        dist.broadcast(flat, src=dist.get_global_rank(group, src), group=group)
-        out.append([piece.view(shape).to(d) for piece, (shape, d) in zip(flat.split(sizes), meta)])
+    for header, (_, size), data in zip(headers, sizes, values):
+        shapes, at = [], 2
+        for _ in range(header[1]):
+            shapes.append(tuple(header[at + 1:at + 1 + header[at]]))
+            at += 1 + header[at]
+        pieces = data[:size].split([math.prod(shape) for shape in shapes]) if shapes else []
+        out.append([piece.view(shape).to(_DTYPES[header[0]]) for piece, shape in zip(pieces, shapes)])
     return out
+
+
+def _all_gather(t: torch.Tensor, group: Any, world: int) -> list[torch.Tensor]:
+    import torch.distributed as dist
+
+    gathered = [torch.empty_like(t) for _ in range(world)]
+    dist.all_gather(gathered, t.contiguous(), group=group)
+    return gathered

@@ -11,7 +11,8 @@ after.
 
 diffusers' own ring attention needs an attention op that returns the log-sum-exp, which
 no CPU (or fp32) backend of its dispatcher has, so the families whose processors we
-replace here (Z-Image, Wan: `RING_PROCESSORS`) compute it themselves; the others are
+replace here (Z-Image, Wan: `RING_PROCESSORS`) call torch's fused kernels that return it
+(`attention_with_lse`: flash on CPU, memory-efficient on CUDA, any dtype); the others are
 refused by name in sequence_parallel.py.
 """
 
@@ -51,8 +52,7 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     ranks = dist.get_process_group_ranks(group)
     seq = key.shape[1]
-    q = query.transpose(1, 2).float()  # [B, H, S, D]
-    scale = q.shape[-1] ** -0.5
+    q = query.transpose(1, 2)  # [B, H, S, D]
     kv = torch.stack([key, value]).contiguous()
     out = lse = None
     source = rank  # whose chunk `kv` is
@@ -64,14 +64,9 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
                 dist.P2POp(dist.isend, kv, ranks[(rank + 1) % world], group),
                 dist.P2POp(dist.irecv, incoming, ranks[(rank - 1) % world], group),
             ])
-        k, v = (t.transpose(1, 2).float() for t in kv)
-        scores = (q @ k.transpose(-1, -2)) * scale
-        if key_mask is not None:
-            chunk_mask = key_mask[:, source * seq:(source + 1) * seq]
-            scores = scores.masked_fill(~chunk_mask[:, None, None, :], float("-inf"))
-        chunk_lse = torch.logsumexp(scores, dim=-1, keepdim=True)
-        # A chunk of padding only contributes nothing (its softmax would be NaN).
-        chunk_out = torch.where(torch.isinf(chunk_lse), 0.0, torch.softmax(scores, dim=-1) @ v)
+        k, v = (t.transpose(1, 2) for t in kv)
+        chunk_mask = None if key_mask is None else key_mask[:, source * seq:(source + 1) * seq]
+        chunk_out, chunk_lse = attention_with_lse(q, k, v, chunk_mask)
         if out is None:
             out, lse = chunk_out, chunk_lse
         else:
@@ -83,6 +78,36 @@ def ring_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         if pending:
             kv, source = incoming, (source - 1) % world
     return out.transpose(1, 2).to(query.dtype)
+
+
+def attention_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       key_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(q k^T / sqrt(d)) v and its log-sum-exp, from a fused attention kernel that returns
+    both (no [B, H, S, S] scores in memory): q/k/v [B, H, S, D] in their own dtype; key_mask None
+    or bool [B, S_kv] (False = padding). Returns the output in fp32 [B, H, S, D] and the lse
+    [B, H, S, 1]; a row whose keys are all padding gets output 0 and lse -inf (it adds nothing)."""
+    scale = q.shape[-1] ** -0.5
+    bias = None
+    if key_mask is not None:
+        # An additive bias over keys, broadcast over heads and queries. The CUDA kernel reads it
+        # in rows padded to 16 keys (as F.scaled_dot_product_attention lays it out).
+        s_kv = key_mask.shape[-1]
+        padded = q.new_zeros(key_mask.shape[0], 1, 1, -(-s_kv // 16) * 16)[..., :s_kv]
+        bias = padded.masked_fill_(~key_mask[:, None, None, :], float("-inf"))
+        bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], s_kv)
+    if q.is_cuda:
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q, k, v, bias, compute_log_sumexp=True, scale=scale)[:2]
+        lse = lse[..., :q.shape[2]]  # the kernel pads the query rows of its lse
+    else:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=bias, scale=scale)
+    lse = lse.float()[..., None]
+    out = out.float()
+    if key_mask is not None:  # the kernels give an all-padding row a finite lse: it must add nothing
+        empty = ~key_mask.any(dim=-1)[:, None, None, None]
+        lse = lse.masked_fill(empty, float("-inf"))
+        out = out.masked_fill(empty, 0.0)
+    return out, lse
 
 
 def sequence_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

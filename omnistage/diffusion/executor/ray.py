@@ -84,9 +84,10 @@ class RayExecutor(Executor):
 
         stage = config.stage
         ray_utils.ensure_ray(stage.ray_address)
-        cuda = any(device.startswith("cuda") for device in config.devices)
-        if cuda:  # Ray gives each actor its own GPU, which it sees as cuda:0
-            config = WorkerConfig(config.model_path, config.pipeline_cls, ("cuda:0",) * config.world_size, stage)
+        # Ray gives each rank's actor its own GPU, which it sees as cuda:0.
+        cuda = ray_utils.wants_gpu(stage.devices, ray.cluster_resources().get("GPU", 0))
+        config = WorkerConfig(config.model_path, config.pipeline_cls,
+                              ("cuda:0" if cuda else "cpu",) * config.world_size, stage)
         resources = ray_utils.actor_resources(stage, cuda)
         self._dead: str | None = None
         self._closed = False

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnistage.core.types import ProgressPayload
-from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.diffusion.request import DiffusionRequest
 
 @dataclass
 class SchedulerOutput:

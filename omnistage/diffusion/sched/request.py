@@ -11,7 +11,7 @@ import enum
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.diffusion.request import DiffusionRequest
 
 
 class RequestStatus(enum.Enum):

@@ -5,7 +5,8 @@ user cache dir. Its weights are random, so its images are noise; it exists so th
 fresh machine can try every route without downloading anything.
 
 SIGINT and SIGTERM stop it gracefully: no new connections, in-flight requests get
-`--graceful-timeout` seconds to finish (then they are cancelled and their engine
+`--graceful-timeout` seconds to finish (streams still open a moment before it ends get a
+closing error event: SSE `error`, WebSocket close 1001; then they are cancelled and their engine
 requests aborted), video jobs are cancelled, the engine and its stage processes stop,
 and the process exits 0.
 """
@@ -138,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
 
     from omnistage.entrypoints.omni import AsyncOmni
     from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
+    from omnistage.entrypoints.openai.draining_server import DrainingServer
 
     # uvicorn re-raises the signal it stopped on once it has shut down; SIGTERM's default
     # action would kill the process before the engine is closed.
@@ -168,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"[omnistage] try: {example_curl(url, app.state.capabilities, bool(args.api_key))}", flush=True)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                 timeout_graceful_shutdown=args.graceful_timeout)
-        uvicorn.Server(config).run()
+        DrainingServer(config, app.state.gateway).run()
     except (KeyboardInterrupt, _Terminated):
         pass
     except ValueError as e:  # bad deploy config, stage overrides, model or flags

@@ -125,6 +125,14 @@ def model_facts(model_path: str, engine: Any, capabilities: Capabilities) -> dic
             "modalities": {"input": sorted(inputs), "output": sorted(capabilities.outputs)}}
 
 
+def media_inputs(model_path: str) -> frozenset[str] | None:
+    """The media a text model's checkpoint has encoders for ("image", "audio"; a video is
+    read by the vision encoder), or None when the path holds no transformers config (a
+    request's media parts are then left to the engine)."""
+    checkpoint = _checkpoint_config(model_path)
+    return None if checkpoint is None else frozenset(_encoder_modalities(checkpoint))
+
+
 def _checkpoint_config(model_path: str) -> Any:
     try:
         from transformers import AutoConfig

@@ -6,7 +6,6 @@ list of checks followed by one engine call.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -15,6 +14,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
 from omnistage.diffusion.params import LoraRequest
+from omnistage.entrypoints.openai import json_body
 from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors
 from omnistage.entrypoints.openai.settings import ServerSettings
 
@@ -45,17 +45,19 @@ class DiffusionFields(BaseModel):
         arrive as strings, so with `decode_strings` a value that parses as JSON is decoded."""
         out = dict(self.model_extra or {})
         if decode_strings:
-            out = {k: _json_or_str(v) for k, v in out.items()}
+            out = {k: _json_or_str(v, k) for k, v in out.items()}
         return out
 
 
-def _json_or_str(value: Any) -> Any:
+def _json_or_str(value: Any, param: str) -> Any:
     if not isinstance(value, str):
         return value
     try:
-        return json.loads(value)
-    except ValueError:
-        return value
+        return json_body.loads(value, param)
+    except json_body.BadJSON as e:
+        if e.is_syntax:
+            return value
+        raise bad_request(e.message, param=param) from None
 
 
 def check_model(requested: str | None, settings: ServerSettings) -> None:

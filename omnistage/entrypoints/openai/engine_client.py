@@ -7,7 +7,9 @@ object with the same surface. `EngineGateway` wraps it with the server's rules:
 2. the first output is awaited before any answer starts, so a `ValueError` the engine
    raises while checking params (before queueing) becomes a 400, not a broken stream;
 3. a request that ends early (client gone, server stopping, error) is aborted in the
-   engine, and its admission slot is freed exactly once (by `RequestStream.close`).
+   engine, and its admission slot is freed exactly once (by `RequestStream.close`);
+4. when the server stops (`drain_after`), open streams end with a 503 the route sends in its
+   own error shape (SSE `error` event, WebSocket close) before the connection is cut.
 
 It counts admitted requests and tracks none: which requests a stage holds, and what
 happens to them when it dies, is the stage supervisor's (runtime/supervisor.py).
@@ -24,7 +26,14 @@ from typing import Any, Protocol
 from starlette.requests import Request
 
 from omnistage.core.errors import EngineUnavailableError, ErrorKind
-from omnistage.entrypoints.openai.errors import APIError, EngineError, bad_request, from_value_error, unavailable
+from omnistage.entrypoints.openai.errors import (
+    APIError,
+    EngineError,
+    bad_request,
+    from_value_error,
+    shutting_down,
+    unavailable,
+)
 from omnistage.entrypoints.openai.metrics import ServerMetrics
 
 
@@ -91,6 +100,7 @@ class RequestStream:
         self._started = False
         self._finished = False
         self._closed = False
+        self._pulling: asyncio.Future | None = None
 
     async def start(self) -> Any:
         """Wait for the first output (it stays the next one `next()` returns)."""
@@ -115,7 +125,7 @@ class RequestStream:
         first = not self._started
         self._started = True
         try:
-            out = await self._outputs.__anext__()
+            out = await self._next_or_drained()
         except ValueError as e:
             await self.close()
             raise (from_value_error(e) if first else EngineError(str(e))) from None
@@ -135,6 +145,20 @@ class RequestStream:
                 raise unavailable(f"{out.error}; retry later", code="stage_unavailable")
             raise rejection(out) or EngineError(out.error)
         return out
+
+    async def _next_or_drained(self) -> Any:
+        """The engine's next output, unless the server's drain deadline comes first (then a 503
+        the route's stream ends with, in its own error shape, instead of a cut connection)."""
+        drained = self.gateway.drained
+        if drained.done():
+            raise shutting_down()
+        pull = self._pulling = asyncio.ensure_future(self._outputs.__anext__())
+        await asyncio.wait({pull, drained}, return_when=asyncio.FIRST_COMPLETED)
+        if pull.done():
+            return pull.result()
+        pull.cancel()
+        await asyncio.gather(pull, return_exceptions=True)
+        raise shutting_down()
 
     async def __aiter__(self) -> AsyncIterator[Any]:
         try:
@@ -157,8 +181,11 @@ class RequestStream:
         try:
             if not self._finished:
                 await maybe_await(self.gateway.engine.abort(self.request_id))
-            aclose = getattr(self._outputs, "aclose", None)
-            if aclose is not None:
+            if self._pulling is not None and not self._pulling.done():
+                # Cancelled while a pull was in flight: cancelling it ends the generator (its
+                # own cleanup runs); aclose() would fail on a generator that is still running.
+                self._pulling.cancel()
+            elif (aclose := getattr(self._outputs, "aclose", None)) is not None:
                 await aclose()
         finally:
             self.gateway.release()
@@ -170,6 +197,24 @@ class EngineGateway:
         self.max_queued_requests = max_queued_requests
         self.metrics = metrics
         self.num_admitted = 0
+        self._drained: asyncio.Future | None = None
+
+    @property
+    def drained(self) -> asyncio.Future:
+        """Done once the server stops and its grace period is nearly over (`drain_after`)."""
+        loop = asyncio.get_running_loop()
+        if self._drained is None or self._drained.get_loop() is not loop:  # tests may run an app on new loops
+            self._drained = loop.create_future()
+        return self._drained
+
+    def drain_after(self, seconds: float) -> None:
+        """The server is stopping: in `seconds` every open stream ends with a 503 error event
+        (call on the event loop, `seconds` before the server cancels what still runs)."""
+        asyncio.get_running_loop().call_later(max(0.0, seconds), self._drain)
+
+    def _drain(self) -> None:
+        if not self.drained.done():
+            self.drained.set_result(None)
 
     def admit(self) -> None:
         if self.num_admitted >= self.max_queued_requests:

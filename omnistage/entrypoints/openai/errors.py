@@ -19,6 +19,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from omnistage.core.errors import RequestErrors
+
 logger = logging.getLogger(__name__)
 
 _TYPES_BY_STATUS = {
@@ -59,6 +61,15 @@ class EngineError(APIError):
         super().__init__(500, f"the engine failed the request: {message}", type="server_error", code="engine_error")
 
 
+class RequestBodyError(StarletteHTTPException):
+    """An `APIError` raised while FastAPI parses a body: FastAPI passes HTTPExceptions
+    through unchanged (anything else becomes a bare "error parsing the body")."""
+
+    def __init__(self, error: APIError):
+        super().__init__(error.status, error.message)
+        self.error = error
+
+
 RETRY_AFTER_S = 5
 """What `Retry-After` tells a client when a stage is down, restarting or stopping."""
 
@@ -66,6 +77,11 @@ RETRY_AFTER_S = 5
 def unavailable(message: str, code: str = "engine_unavailable") -> APIError:
     """503 with `Retry-After`: the engine or one of its stages cannot serve now, but may soon."""
     return APIError(503, message, code=code, headers={"retry-after": str(RETRY_AFTER_S)})
+
+
+def shutting_down() -> APIError:
+    """What a request still running when the server stops is answered (a 503, or a stream's last event)."""
+    return unavailable("the server is shutting down; retry on another replica or later", code="server_shutting_down")
 
 
 def openai_error(status: int, message: str, type_: str | None = None, param: str | None = None,
@@ -117,6 +133,8 @@ def from_value_error(e: ValueError) -> APIError:
     """An engine or params rejection as a 400; a `RequestError` names its field (`param`)."""
     if isinstance(e, ValidationError):
         return from_validation_errors(e.errors())
+    if isinstance(e, RequestErrors):  # every problem in the message, the first one's field as `param`
+        return bad_request(str(e), param=e.errors[0].param)
     return bad_request(str(e) or "invalid request", param=getattr(e, "param", None))
 
 
@@ -129,6 +147,8 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if isinstance(exc, RequestBodyError):
+        return exc.error.response()
     message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     if exc.status_code == 404 and message == "Not Found":
         message = f"no route {request.method} {request.url.path}"

@@ -2,7 +2,10 @@
 
 Names are 32 random URL-safe bytes plus an extension, so a URL is its own capability
 (browsers fetch it without the API key); each file expires `ttl_s` after it was
-written and is deleted at the next write or read past that time, or at shutdown.
+written and is deleted at the next write or read past that time. In the default
+temporary folder files end with the server; in a given folder (`--output-dir`) they
+outlive it: a restarted server serves the ones a previous run wrote until they expire,
+as it does its video jobs.
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ class FileStore:
         self._given = None if directory is None else Path(directory)
         self._directory: Path | None = None
         self._expiry: dict[str, float] = {}
+        if self._given is not None and self._given.is_dir():  # what a previous run handed out
+            for path in self._given.iterdir():
+                if _NAME.match(path.name) and path.is_file():
+                    self._expiry[path.name] = path.stat().st_mtime + ttl_s
+            self.purge_expired()
 
     @property
     def directory(self) -> Path:
@@ -64,8 +72,12 @@ class FileStore:
             self.delete(name)
 
     def close(self) -> None:
-        for name in list(self._expiry):
-            self.delete(name)
-        if self._directory is not None and self._given is None:
-            shutil.rmtree(self._directory, ignore_errors=True)
+        """Remove the temporary folder; a given folder keeps its unexpired files for the next run."""
+        if self._given is None:
+            for name in list(self._expiry):
+                self.delete(name)
+            if self._directory is not None:
+                shutil.rmtree(self._directory, ignore_errors=True)
+        else:
+            self.purge_expired()
         self._directory = None

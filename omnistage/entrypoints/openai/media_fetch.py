@@ -70,10 +70,31 @@ def _parse_rule(entry: str) -> _Rule:
     return _Rule(host, allow_http)
 
 
+_EMBEDS_IPV4 = (ipaddress.ip_network("::/96"), ipaddress.ip_network("64:ff9b::/96"),
+                ipaddress.ip_network("64:ff9b:1::/48"))
+"""IPv6 ranges whose last 32 bits are an IPv4 address a packet may end up at: IPv4-compatible
+(`::127.0.0.1`), NAT64 (RFC 6052's well-known prefix and RFC 8215's local one)."""
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]
+    if any(ip in net for net in _EMBEDS_IPV4):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
 def _is_public(address: str) -> bool:
-    ip = ipaddress.ip_address(address)
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    """Global unicast, and so is any IPv4 address the IPv6 form carries (a private IPv4 address
+    written as IPv6 reaches the private host through a mapping or translation)."""
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    inner = _embedded_ipv4(ip) if isinstance(ip, ipaddress.IPv6Address) else None
+    if inner is not None and int(inner) != 0:
+        ip = inner
     return ip.is_global and not ip.is_multicast
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from starlette.exceptions import HTTPException
 
-from omnistage.entrypoints.openai.errors import APIError, unavailable
+from omnistage.entrypoints.openai.errors import APIError, shutting_down
+from omnistage.entrypoints.openai.media_inputs import CLIENT
 
 Scope = dict[str, Any]
 
@@ -62,6 +63,8 @@ class ErrorBoundaryMiddleware:
         given = dict(scope["headers"]).get(b"x-request-id", b"").decode("latin-1")
         rid = given if _CLIENT_REQUEST_ID.match(given) else f"req_{uuid.uuid4().hex}"
         scope.setdefault("state", {})["request_id"] = rid
+        client = scope.get("client")
+        CLIENT.set(client[0] if client else "")  # whose share of the media pools this request uses
         started = False
         status = 0
         logged = False
@@ -84,8 +87,7 @@ class ErrorBoundaryMiddleware:
                 raise
             logger.error("%s %s cancelled before it answered, the server is stopping (request %s)",
                          scope["method"], scope["path"], rid)
-            await _send_error(send_wrapper, unavailable("the server is shutting down; retry on another replica or "
-                                                        "later", code="server_shutting_down"))
+            await _send_error(send_wrapper, shutting_down())
         except Exception as e:
             logger.exception("%s %s failed (request %s)", scope["method"], scope["path"], rid)
             if not started:
@@ -151,8 +153,12 @@ class AuthMiddleware:
         settings = _settings(scope) if scope["type"] == "http" else None
         key = settings.api_key if settings is not None else None
         if key and scope["method"] != "OPTIONS" and needs_key(scope["path"], settings):
-            headers = dict(scope["headers"])
-            scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+            given = [value for name, value in scope["headers"] if name == b"authorization"]
+            if len(given) > 1:  # proxies disagree on which one counts: refuse rather than pick
+                return await _send_error(send, APIError(400, "send one Authorization header, got "
+                                                             f"{len(given)}", param="authorization",
+                                                        code="invalid_api_key"))
+            scheme, _, token = (given[0] if given else b"").decode("latin-1").partition(" ")
             if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
                 message = ("missing API key: send 'Authorization: Bearer <key>'" if not token
                            else "invalid API key")

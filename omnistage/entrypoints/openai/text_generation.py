@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -43,21 +42,9 @@ def entry_sampling_params(gateway: EngineGateway, values: dict[str, Any], extras
         params = SamplingParams.from_dict(merged)
         if params.structured_outputs is not None:  # a grammar no engine can compile is a 400 before queueing
             params.structured_outputs.validate()
-    except ValueError as e:
-        param = _named_field(str(e))
-        raise (bad_request(str(e), param=param) if param else from_value_error(e)) from None
+    except ValueError as e:  # RequestError(s) from SamplingParams and the grammar check, naming the field
+        raise from_value_error(e) from None
     return params
-
-
-def _named_field(message: str) -> str | None:
-    """The field a SamplingParams error is about: the one it starts with ("invalid
-    SamplingParams: top_k must ..." -> "top_k"), or the first unknown one."""
-    unknown = re.match(r"unknown SamplingParams field\(s\) \['([^']+)'", message)
-    if unknown:
-        return unknown.group(1)
-    word = re.split(r"[\s:]", message.removeprefix("invalid SamplingParams: "), maxsplit=1)[0]
-    known = {f.name for f in dataclasses.fields(SamplingParams)}
-    return word if word.split(".")[0] in known else None
 
 
 def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:

@@ -19,8 +19,10 @@ from omnistage.models.csm.prompt import BUILTIN_VOICES, DEFAULT_VOICE
 
 __all__ = ["CSM", "CsmCodecParams"]
 
-# The sampling the CSM model card uses; max_tokens None = until EOS or max_model_len.
-TALKER_SAMPLING = {"temperature": 0.9, "top_k": 50, "max_tokens": None}
+# The sampling the CSM model card uses. The checkpoint sets no length, and random or unlucky
+# sampling may never reach EOS: a bare request speaks at most 750 frames (60 s at 12.5 frames/s),
+# not max_model_len's minutes; a deploy file's default_sampling_params may raise it.
+TALKER_SAMPLING = {"temperature": 0.9, "top_k": 50, "max_tokens": 750}
 
 CSM = PipelineSpec(
     name="csm",

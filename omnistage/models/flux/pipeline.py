@@ -49,7 +49,7 @@ class Flux(DiffusionPipelineBase):
         "true_cfg_scale": 1.0,
     }
     extras: ClassVar[dict[str, ExtraSpec]] = {
-        "max_sequence_length": ExtraSpec(int, default=512, min=1, max=512,
+        "max_sequence_length": ExtraSpec(int, max_from=("tokenizer_2",), default=512, min=1, max=512,
                                          help="T5 prompt tokens (the prompt is padded to this length)."),
     }
     default_sample_size: ClassVar[int] = 128  # FluxPipeline.default_sample_size, in latent pixels

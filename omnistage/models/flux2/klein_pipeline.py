@@ -16,7 +16,7 @@ import torch
 from omnistage.core.errors import RequestError
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, plain_cfg
-from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.diffusion.request import DiffusionRequest
 from omnistage.models.flux2.pipeline import Flux2
 
 

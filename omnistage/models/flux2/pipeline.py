@@ -56,7 +56,7 @@ class Flux2(DiffusionPipelineBase):
     # the first reference image's size) are filled in per request.
     default_params: ClassVar[dict[str, Any]] = {"num_inference_steps": 50, "guidance_scale": 4.0}
     extras: ClassVar[dict[str, ExtraSpec]] = {
-        "max_sequence_length": ExtraSpec(int, default=512, min=1, max=512,
+        "max_sequence_length": ExtraSpec(int, max_from=("tokenizer", "text_encoder"), default=512, min=1, max=512,
                                          help="Text tokens (the chat-formatted prompt is padded to this length)."),
     }
     default_sample_size: ClassVar[int] = 128  # Flux2Pipeline.default_sample_size, in latent pixels

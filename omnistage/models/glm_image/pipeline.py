@@ -51,7 +51,7 @@ class GlmImage(DiffusionPipelineBase):
         "width": DEFAULT_SIZE,
     }
     extras: ClassVar[dict[str, ExtraSpec]] = {
-        "max_sequence_length": ExtraSpec(int, default=2048, min=1, max=2048,
+        "max_sequence_length": ExtraSpec(int, max_from=("tokenizer",), default=2048, min=1, max=2048,
                                          help="Glyph-encoder tokens per quoted text (longer ones are truncated)."),
     }
 

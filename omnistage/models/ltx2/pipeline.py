@@ -69,7 +69,9 @@ class LTX2T2V(DiffusionPipelineBase):
         "guidance_scale": 3.0,
     }
     extras: ClassVar[dict[str, ExtraSpec]] = {
-        "max_sequence_length": ExtraSpec(int, default=1024, min=1, help="Gemma prompt tokens (left-padded to this)."),
+        "max_sequence_length": ExtraSpec(int, default=1024, min=1,
+                                         max_from=("tokenizer", "text_encoder"),
+                                         help="Gemma prompt tokens (left-padded to this)."),
         "guidance_rescale": ExtraSpec(float, default=0.7, min=0, max=1,
                                       help="Rescale of the guided video x0 towards the cond prediction's std."),
         "stg_scale": ExtraSpec(float, default=1.0, min=0, help="Video spatio-temporal guidance; 0 = off."),

@@ -20,10 +20,11 @@ from omnistage.models.qwen3_tts.processors import CODEC, TALKER, talker_chunks
 
 __all__ = ["Code2WavParams", "resolve_qwen3_tts"]
 
-# The authors' generation_config.json defaults (and `min_new_tokens=2` of their generate);
-# max_tokens None = up to max_model_len.
+# The authors' generation_config.json defaults (and `min_new_tokens=2` of their generate); a
+# bare request speaks at most 750 frames (60 s at 12.5 frames/s), not max_model_len's minutes;
+# a deploy file's default_sampling_params may raise it.
 TALKER_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05, "min_tokens": 2,
-                   "max_tokens": None}
+                   "max_tokens": 750}
 
 STAGES = (
     StageSpec(id=TALKER, name="talker", kind="ar", output="tokens", model="qwen3_tts.talker",

@@ -22,7 +22,8 @@ import torch
 from omnistage.core.errors import RequestError
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipeline import DenoiseState, DiffusionRequest, pack_latents
+from omnistage.diffusion.pipeline import DenoiseState, pack_latents
+from omnistage.diffusion.request import DiffusionRequest
 from omnistage.models.qwen_image.pipeline import QwenImage
 
 # QwenImageEditPipeline resizes the input image to about this many pixels (keeping its aspect

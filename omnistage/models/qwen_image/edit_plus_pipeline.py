@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from omnistage.diffusion.pipeline import DiffusionRequest
+from omnistage.diffusion.request import DiffusionRequest
 from omnistage.models.qwen_image.edit_pipeline import CONDITION_IMAGE_AREA, ConditionImages, QwenImageEdit
 
 # QwenImageEditPlusPipeline's CONDITION_IMAGE_SIZE: the vision tower's view of each image.

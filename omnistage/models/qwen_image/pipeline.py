@@ -51,7 +51,8 @@ class QwenImage(DiffusionPipelineBase):
         "true_cfg_scale": 4.0,
     }
     extras: ClassVar[dict[str, ExtraSpec]] = {
-        "max_sequence_length": ExtraSpec(int, default=512, min=1, max=1024, help="Prompt tokens kept."),
+        "max_sequence_length": ExtraSpec(int, default=512, min=1, max=1024,
+                                         max_from=("tokenizer", "text_encoder"), help="Prompt tokens kept."),
     }
 
     # QwenImagePipeline's prompt template; the encoder's hidden states of the first

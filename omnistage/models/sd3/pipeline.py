@@ -47,7 +47,7 @@ class StableDiffusion3(DiffusionPipelineBase):
         "guidance_scale": 7.0,
     }
     extras: ClassVar[dict[str, ExtraSpec]] = {
-        "max_sequence_length": ExtraSpec(int, default=256, min=1, max=512,
+        "max_sequence_length": ExtraSpec(int, max_from=("tokenizer_3",), default=256, min=1, max=512,
                                          help="T5 prompt tokens (the prompt is padded to this length)."),
     }
 

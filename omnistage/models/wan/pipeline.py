@@ -52,7 +52,7 @@ class _Wan(DiffusionPipelineBase):
         "guidance_scale": 5.0,
     }
     extras: ClassVar[dict[str, ExtraSpec]] = {
-        "max_sequence_length": ExtraSpec(int, default=512, min=1,
+        "max_sequence_length": ExtraSpec(int, max_from=("tokenizer",), default=512, min=1,
                                          help="UMT5 prompt tokens (embeddings are zero-padded to this length)."),
     }
 

@@ -41,7 +41,9 @@ class ZImage(DiffusionPipelineBase):
         "guidance_scale": 5.0,
     }
     extras: ClassVar[dict[str, ExtraSpec]] = {
-        "max_sequence_length": ExtraSpec(int, default=512, min=1, help="Prompt tokens kept (padded to this length)."),
+        "max_sequence_length": ExtraSpec(int, default=512, min=1,
+                                         max_from=("tokenizer", "text_encoder"),
+                                         help="Prompt tokens kept (padded to this length)."),
         # diffusers types it as a bool but uses it as a factor: the guided prediction's norm
         # is capped at cfg_normalization * |cond prediction| (True there = 1.0 here; 0 = off).
         "cfg_normalization": ExtraSpec(float, default=0.0, min=0.0,

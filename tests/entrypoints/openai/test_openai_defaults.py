@@ -42,3 +42,9 @@ def test_v1_models_lists_each_stages_defaults(zoo):
         [model] = http.get("/v1/models").json()["data"]
     [stage] = llm.spec.stages
     assert model["defaults"][stage.name]["temperature"] == 1.0 and "max_tokens" in model["defaults"][stage.name]
+
+
+def test_speech_families_have_a_default_length(zoo):
+    """A bare speech request is bounded (CSM's spoke 162 s, to max_model_len), and a deploy file can lift it."""
+    talker = effective_defaults(engine_view(zoo("csm")))["talker"]
+    assert talker["max_tokens"] == 750  # 60 s at 12.5 frames/s

@@ -158,3 +158,16 @@ def test_route_the_model_cannot_serve(app_client):
     assert resp.status_code == 400
     error = resp.json()["error"]
     assert error["code"] == "unsupported_route" and "/v1/chat/completions" in error["message"]
+
+
+def test_image_urls_outlive_a_restart_with_an_output_dir(app_client, tmp_path):
+    first, _ = app_client("image", files_dir=str(tmp_path))
+    url = first.post("/v1/images/generations", json={"prompt": "x", "response_format": "url"}).json()["data"][0]["url"]
+    path = url.split("testserver", 1)[1]
+    first.__exit__(None, None, None)  # the server stops
+    assert list(tmp_path.glob("*.png"))
+    second, _ = app_client("image", files_dir=str(tmp_path))
+    resp = second.get(path)
+    assert resp.status_code == 200 and resp.content.startswith(b"\x89PNG")
+    expired, _ = app_client("image", files_dir=str(tmp_path), file_ttl_s=1e-9)
+    assert expired.get(path).status_code == 404 and not list(tmp_path.glob("*.png"))

@@ -139,3 +139,53 @@ def test_health_stays_fast_while_four_large_uploads_decode(app_client):
     assert len(during) >= 3, f"only {len(during)} probes overlapped the decoding"
     assert during[len(during) // 2] < 0.05, during
     assert during[-1] < 0.5, during  # on the loop this was over a second (the machine is shared)
+
+
+@pytest.mark.parametrize("width, height", [(1, 100000), (100000, 1), (4, 4), (8, 2000)])
+def test_slivers_and_specks_are_refused_before_any_model_sees_them(app_client, width, height):
+    http, engine = app_client("image")
+    resp = edit(http, png(width, height))
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == "image[0]" and resp.json()["error"]["code"] == "invalid_image"
+    url = "data:image/png;base64," + base64.b64encode(png(width, height)).decode()
+    resp = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "x"}, {"type": "image_url", "image_url": {"url": url}}]}]})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "messages[0].content[1]"
+    assert not engine.requests
+
+
+def test_one_client_holds_at_most_half_the_media_pool_and_fetches_run_in_their_own():
+    import asyncio
+
+    from omnistage.entrypoints.openai.media_inputs import CLIENT, DECODE_THREADS, InputMedia
+    from omnistage.entrypoints.openai.settings import ServerSettings
+
+    media = InputMedia(ServerSettings(served_model_name="m", model_path="p"))
+    gate, running, threads = threading.Event(), [], []
+
+    def slow(name):
+        running.append(name)
+        gate.wait(10)
+        return name
+
+    async def main():
+        CLIENT.set("greedy")
+        greedy = [asyncio.ensure_future(media.run(slow, f"g{i}")) for i in range(DECODE_THREADS)]
+        await asyncio.sleep(0.3)
+        assert len(running) == DECODE_THREADS // 2  # the rest wait for the client's own slots
+
+        async def other():
+            CLIENT.set("other")
+            return await media.run(lambda: "done")
+
+        assert await asyncio.wait_for(other(), 5) == "done"  # not stuck behind the greedy client
+        media.fetcher.fetch = lambda ref, field: threads.append(threading.current_thread().name) or b"x"
+        assert await media.run(media.load, "https://example.com/a.png", "image_url") == b"x"
+        gate.set()
+        assert sorted(await asyncio.gather(*greedy)) == [f"g{i}" for i in range(DECODE_THREADS)]
+
+    try:
+        asyncio.run(main())
+    finally:
+        media.close()
+    assert threads[0].startswith("omnistage-fetch")

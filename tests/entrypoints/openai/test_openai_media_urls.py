@@ -169,3 +169,14 @@ def test_a_video_input_reference_may_be_an_allowed_url(app_client, host):
     assert engine.requests[-1][0]["image"].size == (24, 16)
     resp = http.post("/v1/videos/sync", data={**form, "input_reference": "http://10.0.0.1/a.png"})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "input_reference"
+
+
+@pytest.mark.parametrize("address", ["::127.0.0.1", "::ffff:127.0.0.1", "64:ff9b::127.0.0.1", "64:ff9b::a00:1",
+                                     "64:ff9b:1::7f00:1", "2002:7f00:1::1", "::1"])
+def test_ipv6_forms_of_private_ipv4_addresses_are_not_public(address):
+    f = fetcher("http://*")
+    with pytest.raises(MediaFetchError, match="not a public address"):
+        f.fetch(f"http://[{address}]:8080/a.png", "image_url")
+    resolved = fetcher("http://media.example.com", resolver=lambda host, port: [address])
+    with pytest.raises(MediaFetchError, match="non-public address"):
+        resolved.fetch("http://media.example.com/a.png", "image_url")

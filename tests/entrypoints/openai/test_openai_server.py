@@ -41,6 +41,9 @@ def test_api_key_guards_every_v1_route(app_client):
         openai.OpenAI(base_url="http://testserver/v1", api_key="nope", http_client=http, max_retries=0).models.list()
     good = openai.OpenAI(base_url="http://testserver/v1", api_key="s3cret", http_client=http)
     assert good.images.generate(prompt="x").data[0].b64_json
+    # Two Authorization headers (the good key among them) are refused, not one of them picked.
+    twice = http.get("/v1/models", headers=[("authorization", "Bearer s3cret"), ("authorization", "Bearer x")])
+    assert twice.status_code == 400 and twice.json()["error"]["param"] == "authorization"
 
 
 def test_unknown_routes_and_methods_use_openai_errors(app_client):

@@ -15,8 +15,9 @@ from omnistage.entrypoints.openai.audio.stream import SpeechStreamSession
 from omnistage.entrypoints.openai.audio.voices import VoiceStore
 from omnistage.entrypoints.openai.common import require_json
 from omnistage.entrypoints.openai.errors import bad_request
+from omnistage.entrypoints.openai.json_body import JSONBodyRoute
 
-router = APIRouter()
+router = APIRouter(route_class=JSONBodyRoute)
 
 
 def serving(request: Request) -> SpeechServing:

@@ -33,6 +33,7 @@ import numpy as np
 from pydantic import TypeAdapter, ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from omnistage.entrypoints.openai import json_body
 from omnistage.entrypoints.openai.audio.protocol import (
     ClientMessage,
     InputDone,
@@ -42,11 +43,13 @@ from omnistage.entrypoints.openai.audio.protocol import (
 )
 from omnistage.entrypoints.openai.audio.serving import SpeechServing, audio_chunks
 from omnistage.entrypoints.openai.common import check_model
-from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors
+from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors, shutting_down
 from omnistage.media.audio import StreamingAudioEncoder, change_speed
 
 MAX_SENTENCE_CHARS = 4096  # SpeechRequest.input's limit
 MAX_AHEAD = 2
+GOING_AWAY = 1001
+"""The close code a session gets when the server stops (RFC 6455: the endpoint is going away)."""
 _MESSAGE = TypeAdapter(ClientMessage)
 # A sentence ends at . ! ? or an ellipsis (then optional closing quotes/brackets) before
 # whitespace, or at CJK full stops, which take no space after them.
@@ -95,6 +98,18 @@ class SpeechStreamSession:
 
     async def run(self) -> None:
         await self.ws.accept()
+        session = asyncio.create_task(self._session())
+        drained = self.handler.gateway.drained
+        await asyncio.wait({session, drained}, return_when=asyncio.FIRST_COMPLETED)
+        if not session.done():  # the server is stopping: say so with the close, not a cut connection
+            session.cancel()
+            await asyncio.gather(session, return_exceptions=True)
+            try:
+                await self.ws.close(code=GOING_AWAY, reason=shutting_down().message[:120])
+            except RuntimeError:  # already closed
+                pass
+
+    async def _session(self) -> None:
         sender = asyncio.create_task(self._send_sentences())
         try:
             await self._receive_text()
@@ -136,9 +151,10 @@ class SpeechStreamSession:
                     raise bad_request("binary messages are not accepted; send JSON text messages",
                                       code="invalid_message")
                 try:
-                    return _MESSAGE.validate_python(json.loads(event["text"]))
-                except json.JSONDecodeError as e:
-                    raise bad_request(f"the message is not valid JSON ({e})", code="invalid_message") from None
+                    return _MESSAGE.validate_python(json_body.loads(event["text"]))
+                except json_body.BadJSON as e:
+                    raise bad_request(e.message.replace("the request body", "the message"), param=e.param,
+                                      code="invalid_message") from None
                 except ValidationError as e:
                     raise from_validation_errors(e.errors()) from None
             except APIError as e:

@@ -31,8 +31,9 @@ import numpy as np
 
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.ar.structured_outputs import StructuredOutputsParams
+from omnistage.core.errors import RequestError
 from omnistage.diffusion.params import DiffusionParams
-from omnistage.entrypoints.openai.capabilities import Capabilities
+from omnistage.entrypoints.openai.capabilities import Capabilities, media_inputs
 from omnistage.entrypoints.openai.chat.protocol import (
     AssistantMessage,
     AudioAnswer,
@@ -69,6 +70,9 @@ from omnistage.media.image import image_to_data_url
 PCM16_RATE = 24000  # OpenAI's pcm16 is 24 kHz mono little-endian
 _AUDIO_FORMATS = {"wav": "wav", "mp3": "mp3", "flac": "flac", "opus": "opus", "pcm16": "pcm"}
 _SAMPLING_FIELDS = ("temperature", "top_p", "stop", "seed")
+_PART_MEDIA = {"image_url": "image", "video_url": "image", "input_audio": "audio", "audio_url": "audio"}
+"""The encoder each media part needs (a video's frames go through the vision encoder)."""
+_UNREAD = object()
 
 
 @dataclass
@@ -89,6 +93,7 @@ class ChatServing:
         self.capabilities = capabilities
         self.settings = settings
         self._tool_parser: Any = None
+        self._media_inputs: Any = _UNREAD
 
     @property
     def tool_parser(self) -> Any:
@@ -167,6 +172,7 @@ class ChatServing:
         values["max_tokens"] = body.max_completion_tokens or body.max_tokens
         values["logprobs"] = (body.top_logprobs or 0) if body.logprobs else None
         params = entry_sampling_params(self.gateway, values, extras)
+        self._check_media_parts(body)
         prompt: dict[str, Any] = {"messages": [_message(m, i, media) for i, m in enumerate(body.messages)]}
         if body.tools and tool_mode is not None:
             prompt["tools"] = [t.model_dump(exclude_none=True) for t in body.tools]
@@ -177,6 +183,21 @@ class ChatServing:
         if body.mm_processor_kwargs is not None and body.mm_processor_kwargs.use_audio_in_video:
             prompt["use_audio_in_video"] = True
         return prompt, params, tool_mode
+
+    def _check_media_parts(self, body: ChatCompletionRequest) -> None:
+        """A media part the model has no encoder for is a 400 naming it (it was dropped silently)."""
+        if self._media_inputs is _UNREAD:  # read from the checkpoint once, in the media pool
+            self._media_inputs = media_inputs(self.settings.model_path)
+        accepted = self._media_inputs
+        if accepted is None:
+            return
+        for i, message in enumerate(body.messages):
+            for j, part in enumerate(message.content if isinstance(message.content, list) else ()):
+                needs = _PART_MEDIA.get(part.type)
+                if needs is not None and needs not in accepted:
+                    raise bad_request(f"messages[{i}].content[{j}]: model {self.capabilities.model!r} takes no "
+                                      f"{needs} input (it reads {', '.join(['text', *sorted(accepted)])})",
+                                      param=f"messages[{i}].content[{j}]", code="unsupported_modality")
 
     @staticmethod
     def _structured_outputs(body: ChatCompletionRequest, tool_mode: str | None) -> dict[str, Any] | None:
@@ -376,9 +397,8 @@ def _check_grammar(structured: dict[str, Any], param: str) -> None:
     """A schema from `response_format` or the tools that no grammar can follow is a 400 naming it."""
     try:
         StructuredOutputsParams.from_dict(structured).validate()
-    except ValueError as e:
-        message = str(e).split(": ", 1)[-1]
-        raise bad_request(f"{param}: {message}", param=param) from None
+    except RequestError as e:  # named after structured_outputs; the client sent it as `param`
+        raise bad_request(f"{param}: no grammar can follow it ({e.message})", param=param) from None
 
 
 def _tool_mode(body: ChatCompletionRequest) -> str | None:

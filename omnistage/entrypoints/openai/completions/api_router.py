@@ -8,8 +8,9 @@ from fastapi.responses import StreamingResponse
 from omnistage.entrypoints.openai.common import require_json
 from omnistage.entrypoints.openai.completions.protocol import Completion, CompletionRequest
 from omnistage.entrypoints.openai.completions.serving import CompletionServing
+from omnistage.entrypoints.openai.json_body import JSONBodyRoute
 
-router = APIRouter()
+router = APIRouter(route_class=JSONBodyRoute)
 
 
 def serving(request: Request) -> CompletionServing:

@@ -8,8 +8,9 @@ from fastapi.responses import StreamingResponse
 from omnistage.entrypoints.openai.common import read_form, require_json
 from omnistage.entrypoints.openai.images.protocol import ImageGenerationRequest, ImagesResponse
 from omnistage.entrypoints.openai.images.serving import ImageServing
+from omnistage.entrypoints.openai.json_body import JSONBodyRoute
 
-router = APIRouter()
+router = APIRouter(route_class=JSONBodyRoute)
 
 
 def serving(request: Request) -> ImageServing:

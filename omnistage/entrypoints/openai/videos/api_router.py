@@ -8,10 +8,11 @@ from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import FileResponse, Response
 
 from omnistage.entrypoints.openai.common import read_form
+from omnistage.entrypoints.openai.json_body import JSONBodyRoute
 from omnistage.entrypoints.openai.videos.protocol import VideoDeleted, VideoJob, VideoList
 from omnistage.entrypoints.openai.videos.serving import FILE_FIELDS, VideoServing
 
-router = APIRouter()
+router = APIRouter(route_class=JSONBodyRoute)
 
 
 def serving(request: Request) -> VideoServing:

@@ -7,11 +7,11 @@ or give `num_frames` directly.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from omnistage.entrypoints.openai import json_body
 from omnistage.entrypoints.openai.common import DiffusionFields
 
 VideoStatus = Literal["queued", "in_progress", "completed", "failed"]
@@ -36,10 +36,9 @@ class VideoCreateRequest(DiffusionFields):
     @classmethod
     def _parse_json(cls, value: Any) -> Any:
         if isinstance(value, str):
-            try:
-                value = json.loads(value) if value.strip() else {}
-            except ValueError as e:
-                raise ValueError(f"not valid JSON ({e})") from None
+            value = json_body.loads(value) if value.strip() else {}  # BadJSON is a ValueError: a 400 on the field
+        else:
+            json_body.check(value)
         if not isinstance(value, dict):
             raise ValueError("must be a JSON object")
         return value

@@ -1,0 +1,88 @@
+"""scripts/device_check.sh runs once on a GPU machine lent for a few minutes: a misspelt test
+path or benchmark flag would waste that run. Every test file and benchmark it names must
+exist, the tests must collect, every benchmark must accept the flags (and choices) it is
+given, and the steps' time limits must fit the 420 s the run is sized for. Nothing here runs
+a test or a benchmark: collection and `--help` only."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "device_check.sh"
+BUDGET_S = 420
+
+
+def commands() -> list[str]:
+    """The script's lines with backslash continuations joined, comments dropped."""
+    text = SCRIPT.read_text().replace("\\\n", " ")
+    return [line.split(" #", 1)[0].strip() for line in text.splitlines() if not line.lstrip().startswith("#")]
+
+
+def steps() -> list[tuple[str, int, list[str]]]:
+    """(name, limit in s, command words) of each `step NAME SECONDS LOG CMD...` line."""
+    out = []
+    for line in commands():
+        if line.startswith("step "):
+            head = line.split("||")[0]
+            try:
+                words = shlex.split(head)
+            except ValueError:  # a `python -c "` whose program spans lines: its words up to the quote
+                words = shlex.split(head + '"')
+            out.append((words[1], int(words[2]), words[4:]))
+    return out
+
+
+def test_the_steps_limits_fit_the_budget():
+    limits = [secs for _, secs, _ in steps()]
+    # The two bench_ar_cuda_graphs steps are alternatives (CUDA or not): count one.
+    names = [name for name, _, _ in steps()]
+    assert "imports" in names and names.index("imports") < names.index("GPU tests") < names.index("parity tests")
+    alternatives = [secs for name, secs, _ in steps() if name.startswith("bench_ar_cuda_graphs")]
+    assert sum(limits) - sum(alternatives) + max(alternatives) <= BUDGET_S
+
+
+def test_named_tests_exist_and_collect():
+    paths = sorted({word for _, _, cmd in steps() for word in cmd if word.startswith("tests/")})
+    assert paths, "the script names no tests"
+    for path in paths:
+        assert (ROOT / path).exists(), path
+    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *paths],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for path in paths:  # each named path contributes tests
+        assert path in proc.stdout, path
+
+
+def benchmark_calls() -> list[tuple[str, list[str]]]:
+    calls = []
+    for _, _, cmd in steps():
+        scripts = [i for i, word in enumerate(cmd) if re.fullmatch(r"bench_\w+\.py", word)]
+        if scripts:
+            calls.append((cmd[scripts[0]], cmd[scripts[0] + 1:]))
+    return calls
+
+
+@pytest.mark.parametrize("script, args", benchmark_calls(), ids=lambda v: v if isinstance(v, str) else "")
+def test_named_benchmark_accepts_its_flags(script, args):
+    path = ROOT / "benchmarks" / script
+    assert path.exists(), script
+    proc = subprocess.run([sys.executable, str(path), "--help"], cwd=path.parent, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    usage = " ".join(proc.stdout.split())  # argparse wraps long choice lists
+    flag = None
+    for word in args:
+        if word.startswith("--"):
+            assert word in usage, f"{script} has no {word}"
+            flag = word
+            continue
+        choices = re.search(re.escape(flag) + r" \{([^}]*)\}", usage) if flag else None
+        if choices and not word.startswith("$"):  # a value of a flag with choices: one of them
+            assert word in [c.strip() for c in choices.group(1).split(",")], f"{script} {flag}: no choice {word!r}"
