@@ -40,7 +40,7 @@ def bench(model: str, size: str, repeats: int) -> dict:
 
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.diffusion.engine import DiffusionEngine
-    from omnistage.engine import ray_utils
+    from omnistage.runtime import ray as ray_utils
     from omnistage.testing import ensure
 
     torch.set_num_threads(1)

@@ -97,6 +97,15 @@ class StageDeployConfig:
     """Ray resources for each actor of this stage (the stage actor with `runtime: ray`, each worker
     with `executor: ray`), e.g. {CPU: 2, GPU: 1, node_b: 1}; a custom resource pins the stage to the
     nodes started with it. Defaults: CPU 1, GPU 1 per rank on CUDA devices."""
+    max_restarts: int = 5
+    """Rebuild attempts after the stage dies, hangs or its engine panics, before it stays down
+    (0: never restart; `serve --no-restart`)."""
+    restart_backoff_s: float = 0.5
+    """Wait before the first rebuild attempt; doubled after each failed one (at most 30 s)."""
+    stage_timeout_s: float | None = None
+    """A `runtime: process` or `ray` stage whose loop sends no heartbeat for this long is hung: /health
+    turns 503, its requests fail with 503, and it is rebuilt (`serve --stage-timeout`). None: 10 times
+    its slowest step so far, at least 120 s."""
     ray_placement_strategy: str = "PACK"
     """`executor: ray`: how the placement group spreads the ranks over nodes: "PACK" | "SPREAD" |
     "STRICT_PACK" | "STRICT_SPREAD"."""
@@ -144,6 +153,9 @@ STAGE_CONSTRAINTS = {
     "max_num_batched_tokens": at_least(1),
     "lora": _check_lora_entries,
     "ray_resources": lambda v: next((f"{k}: must be >= 0, got {n!r}" for k, n in v.items() if n < 0), None),
+    "max_restarts": at_least(0),
+    "restart_backoff_s": at_least(0),
+    "stage_timeout_s": lambda v: None if v > 0 else f"must be > 0 seconds, got {v!r}",
     "ray_placement_strategy": one_of("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
     # cache_backend, quantization and attention_backend are open sets: the registries
     # that implement them (diffusion/cache, quant.py, attention.py) own the valid names.

@@ -11,8 +11,9 @@ Every `step()` is one denoising step of the running batch, in both modes: reques
 `step_execution: true`) lets requests join and leave between steps. So progress leaves as
 each step finishes, an abort stops a request's compute before the next step, and an
 inline stage never holds its caller for a whole generation. A failing batch fails its own
-requests; a dead worker fails every unfinished request, and the engine then reports
-unhealthy and refuses new work.
+requests; a dead worker raises `WorkerDiedError` out of `step()` (the stage's supervisor
+fails what the stage held and rebuilds it), and the engine then reports unhealthy and
+refuses new work.
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class DiffusionEngine:
 
     def step(self) -> list[StageOutput]:
         if not self.is_healthy():
-            return self._fail_all(self._dead) if self.has_unfinished_requests() else []
+            raise WorkerDiedError(self._dead)
         with self._lock:
             batch = self.scheduler.schedule()
         if batch.is_empty:
@@ -102,7 +103,9 @@ class DiffusionEngine:
         try:
             output = self.executor.execute(batch, on_progress=on_progress)
         except WorkerDiedError as exc:
-            return self._fail_all(str(exc))
+            self._dead = str(exc)
+            self.progress.close()
+            raise
         except Exception as exc:  # noqa: BLE001 - e.g. a batch that could not be sent: fail it, keep serving
             output = RunnerOutput.failed(batch, error_message(exc))
         with self._lock:
@@ -161,14 +164,6 @@ class DiffusionEngine:
             "batch_size": req.mean_batch_size,
             "seed": req.request.params.seed,
         }
-
-    def _fail_all(self, reason: str) -> list[StageOutput]:
-        self._dead = reason
-        with self._lock:
-            failed = self.scheduler.fail_all()
-        self.progress.close()
-        return [StageOutput(r.request_id, None, finished=True, error=f"{reason}; request not completed",
-                            metrics=self._metrics(r)) for r in failed]
 
     def _idle(self) -> None:
         """Nothing to run: nap while a not-full batch waits for a burst to fill it."""

@@ -41,7 +41,6 @@ import logging
 import multiprocessing.connection
 import queue
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -52,12 +51,12 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import PipelineSpec, StageSpec
 from omnistage.core.errors import EngineUnavailableError, ErrorKind, RequestError
 from omnistage.core.types import InputChunk, ProgressPayload, StageOutput, StageInputs, StageRequest
-from omnistage.engine.connectors import DEFAULT_SHM_THRESHOLD_BYTES
 from omnistage.engine.factory import EngineFactory, create_engine, stage_model_paths
 from omnistage.engine.metrics import PrometheusMetrics, StageMetrics
 from omnistage.engine.outputs import Delta, OmniOutput, StageStream, fill_media
-from omnistage.engine.restart import RestartPolicy
 from omnistage.engine.stage_handle import StageHandle, make_stage_handle
+from omnistage.runtime.channel import DEFAULT_THRESHOLD_BYTES
+from omnistage.runtime.endpoint import Waker
 
 logger = logging.getLogger(__name__)
 
@@ -121,19 +120,18 @@ class Orchestrator:
         stage_configs: Mapping[int, StageDeployConfig] | None = None,
         *,
         connector: str = "shm",
-        shm_threshold_bytes: int = DEFAULT_SHM_THRESHOLD_BYTES,
+        shm_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
         engine_factory: EngineFactory = create_engine,
         metrics_registry: Any = None,
         init_timeout_s: float = 600.0,
-        restart_policy: RestartPolicy | None = RestartPolicy(),
     ):
         """Start every stage's engine (inline, or in its own process) and wait until all are up.
 
         `model_path` is the checkpoint, or a pipeline folder holding one checkpoint per
         stage (see `factory.stage_model_paths`). `connector` carries payloads to and from process
         stages. `metrics_registry` is a prometheus_client `CollectorRegistry` to export
-        into; None gives this orchestrator its own (`self.metrics_registry`).
-        `restart_policy` rebuilds a stage that died (None: a dead stage stays down).
+        into; None gives this orchestrator its own (`self.metrics_registry`). Each stage is
+        supervised (runtime/supervisor.py) with its deploy fields' restart policy.
         """
         from prometheus_client import CollectorRegistry
 
@@ -151,18 +149,15 @@ class Orchestrator:
         self._to_dispatch: list[tuple[int, StageRequest]] = []
         self._outputs: list[OmniOutput] = []
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
+        self._waker = Waker()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # orders submit() against close(): no request slips in after the last drain
         self._closed = False
         self.fatal_error: str | None = None
-        self.handles = self._start_stages(engine_factory, connector, shm_threshold_bytes, init_timeout_s,
-                                          restart_policy)
+        self.handles = self._start_stages(engine_factory, connector, shm_threshold_bytes, init_timeout_s)
 
     def _start_stages(self, factory: EngineFactory, connector: str, shm_threshold_bytes: int,
-                      init_timeout_s: float, restart_policy: RestartPolicy | None) -> dict[int, StageHandle]:
+                      init_timeout_s: float) -> dict[int, StageHandle]:
         # Process and Ray stages first: they load in parallel while inline stages load here.
         token = secrets.token_hex(3)
         model_paths = stage_model_paths(self.model_path, self.pipeline)
@@ -172,7 +167,7 @@ class Orchestrator:
             for stage in order:
                 handles[stage.id] = make_stage_handle(
                     stage, self.stage_configs[stage.id], model_paths[stage.id], factory,
-                    connector, shm_threshold_bytes, shm_prefix=f"os{token}{stage.id}", restart_policy=restart_policy)
+                    connector, shm_threshold_bytes, shm_prefix=f"os{token}{stage.id}")
             for handle in handles.values():
                 handle.wait_ready(init_timeout_s)
         except BaseException:
@@ -244,8 +239,7 @@ class Orchestrator:
         self._fail_all("the orchestrator was closed")
         for handle in self.handles.values():
             handle.close()
-        self._wake_r.close()
-        self._wake_w.close()
+        self._waker.close()
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -282,23 +276,16 @@ class Orchestrator:
         return bool(self._to_dispatch) or any(h.has_local_work() for h in self.handles.values())
 
     def _wait_for_work(self, timeout: float) -> None:
-        objects = [self._wake_r] + [o for h in self.handles.values() for o in h.wait_objects()]
+        objects = [self._waker] + [o for h in self.handles.values() for o in h.wait_objects()]
         multiprocessing.connection.wait(objects, timeout)
 
     def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"\0")
-        except (BlockingIOError, OSError):
-            pass  # the buffer is full (a wake-up is pending anyway) or the socket is closed
+        self._waker.wake()
 
     # --- 1. collect inputs -----------------------------------------------------------------
 
     def _collect_inputs(self) -> None:
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except (BlockingIOError, OSError):
-            pass
+        self._waker.drain()
         while True:
             try:
                 kind, body, sink = self._inbox.get_nowait()

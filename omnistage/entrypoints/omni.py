@@ -63,7 +63,6 @@ from omnistage.config.deploy_fields import KIND_ONLY_FIELDS
 from omnistage.engine.factory import EngineFactory, create_engine
 from omnistage.engine.orchestrator import OmniRequest, Orchestrator
 from omnistage.engine.outputs import OmniOutput
-from omnistage.engine.restart import RestartPolicy
 
 
 class OmniRequestError(RuntimeError):
@@ -86,15 +85,14 @@ class AsyncOmni:
         pipeline: PipelineSpec | None = None,
         engine_factory: EngineFactory = create_engine,
         metrics_registry: Any = None,
-        restart_policy: RestartPolicy | None = RestartPolicy(),
         **overrides: Any,
     ):
         """Resolve the pipeline and deploy config, and start every stage.
 
         `pipeline` skips detection (a spec built by hand). `engine_factory` builds each
         stage's engine (tests pass fakes). `metrics_registry` is the prometheus_client
-        registry to export into (default: one of this instance's own). `restart_policy`
-        rebuilds a stage whose engine or process died (None: it stays down).
+        registry to export into (default: one of this instance's own). A stage whose engine
+        or process dies or hangs is rebuilt as its deploy fields say (`max_restarts`, ...).
         """
         self.config = load_config(model, deploy_config, stage_overrides, overrides, pipeline)
         self.spec = self.config.pipeline
@@ -102,7 +100,7 @@ class AsyncOmni:
             self.spec, str(model), self.config.stage_configs,
             connector=self.config.pipeline_config.connector,
             shm_threshold_bytes=self.config.pipeline_config.shm_threshold_bytes,
-            engine_factory=engine_factory, metrics_registry=metrics_registry, restart_policy=restart_policy,
+            engine_factory=engine_factory, metrics_registry=metrics_registry,
         )
         self.orchestrator.start()
 

@@ -14,7 +14,7 @@ from omnistage import AsyncOmni, DiffusionParams, Omni, OmniRequestError, Sampli
 
 def engine(omni, stage_id: int) -> FakeEngine:
     orchestrator = omni.async_omni.orchestrator if isinstance(omni, Omni) else omni.orchestrator
-    return orchestrator.handles[stage_id].handle.engine.engine  # inside the RestartingStageHandle
+    return orchestrator.handles[stage_id].endpoint.server.engine  # the supervisor's inline endpoint
 
 
 @pytest.fixture

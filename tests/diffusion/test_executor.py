@@ -18,7 +18,9 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.core.types import ImagePayload, StageRequest
 from omnistage.diffusion.engine import DiffusionEngine
 from omnistage.diffusion.executor import WorkerDiedError
-from omnistage.diffusion.executor.shm import SHM_DIR, ShmWriter, unlink_all, unpack
+from omnistage.runtime.channel import Channel, sweep_shm
+
+SHM_DIR = "/dev/shm"
 from omnistage.diffusion.params import DiffusionParams
 
 
@@ -47,16 +49,16 @@ def test_shm_round_trip_and_sweep():
     from PIL import Image
 
     prefix = f"omnistage_test_{os.getpid()}_"
-    writer = ShmWriter(prefix)
+    channel = Channel("shm", prefix, threshold_bytes=100)  # the executor's channel, with a small threshold
     image = Image.fromarray(np.arange(48, dtype=np.uint8).reshape(4, 4, 3))
-    packed = writer.pack({"payload": ImagePayload([image]), "frames": np.ones((2, 3), np.float32)})
+    packed = channel.put({"payload": ImagePayload([image]), "frames": np.ones((2, 3), np.float32)})
     assert packed.segment is not None and os.path.exists(os.path.join(SHM_DIR, packed.segment))
-    value = unpack(packed)
+    value = channel.get(packed)
     np.testing.assert_array_equal(np.asarray(value["payload"].images[0]), np.asarray(image))
     assert value["frames"].dtype == np.float32 and not os.path.exists(os.path.join(SHM_DIR, packed.segment))
-    assert writer.pack({"small": 1}).segment is None  # nothing out-of-band: no segment
-    writer.pack(np.zeros(3))  # a leftover, as from a killed worker
-    assert unlink_all(prefix) == 1 and not [n for n in shm_entries() if n.startswith(prefix)]
+    assert channel.put({"small": 1}).segment is None  # nothing out-of-band: no segment
+    channel.put(np.zeros(3))  # a leftover, as from a killed worker
+    assert sweep_shm(prefix) == 1 and not [n for n in shm_entries() if n.startswith(prefix)]
 
 
 def test_mp_two_ranks_match_uni_and_a_killed_worker_fails_fast(tmp_path):
@@ -90,17 +92,19 @@ def test_mp_two_ranks_match_uni_and_a_killed_worker_fails_fast(tmp_path):
             np.testing.assert_array_equal(pixels(outs[rid][-1]), expected[rid])
         assert not [n for n in shm_entries() if n.startswith(engine.executor.shm_prefix)]
 
-        # Kill rank 1 in the middle of a long batch: the request fails, the engine turns
-        # unhealthy and refuses new work instead of hanging.
+        # Kill rank 1 in the middle of a long batch: step() raises a typed WorkerDiedError (the
+        # stage's supervisor fails what it held), the engine turns unhealthy and refuses new
+        # work instead of hanging.
         engine.add_request(req("long", "slow", num_inference_steps=1000))
         engine.add_request(req("queued", "slow", num_inference_steps=3, height=8))  # other key: waits
         threading.Timer(0.5, os.kill, (pids[1], signal.SIGKILL)).start()
-        deadline, errors = time.monotonic() + 30, {}
-        while not errors and time.monotonic() < deadline:
-            errors = {o.request_id: o.error for o in engine.step() if o.finished}
-        assert set(errors) == {"long", "queued"}
-        assert "rank 1" in errors["long"] and "died" in errors["long"]
-        assert not engine.is_healthy() and not engine.has_unfinished_requests()
+        deadline = time.monotonic() + 30
+        with pytest.raises(WorkerDiedError) as died:
+            while time.monotonic() < deadline:
+                engine.step()
+        assert "rank 1" in str(died.value) and "SIGKILL" in str(died.value)
+        assert not died.value.crashed, "killed from outside: no request is to blame"
+        assert not engine.is_healthy()
         with pytest.raises(RuntimeError, match="unhealthy"):
             engine.add_request(req("after", "x"))
         with pytest.raises(WorkerDiedError):

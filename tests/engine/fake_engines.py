@@ -8,19 +8,22 @@
 
 Inputs whose text contains a trigger word misbehave: "poison" makes `add_request` raise,
 "explode" makes `step` raise, "crash" kills the process, "fail" makes the engine return
-an error output, "die" makes the engine fail everything it holds and turn unhealthy (as
-a diffusion engine whose worker process died); "crash:drawer" only in the stage named drawer. Module-level and picklable, so process stages can run it
+an error output, "die" makes `step` raise WorkerDiedError and the engine turn unhealthy (as
+a diffusion engine whose worker process died), "panic" makes `step` raise a BaseException
+(as a tokenizer's pyo3 PanicException); "crash:drawer" only in the stage named drawer. Module-level and picklable, so process stages can run it
 (`functools.partial(FakeEngine, step_delay=...)` is a factory too).
 
 Two small pipelines to run them in: `text_to_image()` (an AR stage whose text becomes
 a diffusion prompt, whole hand-off) and `streamed_tts()` (an AR stage streaming its text
-in chunks to an audio stage; both final).
+in chunks to an audio stage; both final). `Collector` gathers outputs of a running
+orchestrator per request.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 from typing import Any
 
@@ -29,6 +32,11 @@ from PIL import Image
 
 from omnistage.config import PipelineSpec, StageSpec
 from omnistage.core.types import AudioPayload, ImagePayload, ProgressPayload, StageOutput, StageRequest, TextPayload
+from omnistage.runtime.process import WorkerDiedError
+
+
+class PanicException(BaseException):
+    """What pyo3 raises when Rust code panics (e.g. a tokenizer's "capacity overflow")."""
 
 
 def input_text(inputs: Any) -> str:
@@ -82,10 +90,10 @@ class FakeEngine:
         if any(self._triggered("die", state["text"]) for state in self.running.values()):
             self.dead = True
         if self.dead:
-            failed, self.running = sorted(self.running), {}
-            return [StageOutput(rid, None, finished=True, error="a worker died; request not completed")
-                    for rid in failed]
+            raise WorkerDiedError("a worker died")
         for rid, state in list(self.running.items()):
+            if self._triggered("panic", state["text"]):
+                raise PanicException("capacity overflow")
             if self._triggered("crash", state["text"]):
                 os._exit(3)
             if self._triggered("explode", state["text"]):
@@ -153,3 +161,29 @@ def streamed_tts() -> PipelineSpec:
         StageSpec(0, "talker", "ar", "text", final_output=True, chunk_processor=every_token),
         StageSpec(1, "vocoder", "generation", "audio", inputs=(0,), final_output=True, stream_input=True),
     ))
+
+
+SPEC = text_to_image()
+
+
+class Collector:
+    """A sink per request; `wait(rid)` blocks until that request's last output."""
+
+    def __init__(self):
+        self.outputs: dict[str, list] = {}
+        self._done: dict[str, threading.Event] = {}
+
+    def sink(self, request_id: str):
+        self.outputs[request_id] = []
+        self._done[request_id] = threading.Event()
+
+        def deliver(out):
+            self.outputs[request_id].append(out)
+            if out.finished:
+                self._done[request_id].set()
+
+        return deliver
+
+    def wait(self, request_id: str, timeout: float = 60):
+        assert self._done[request_id].wait(timeout), f"{request_id} did not finish"
+        return self.outputs[request_id][-1]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
-from omnistage.engine import ray_utils
+from omnistage.runtime import ray as ray_utils
 from omnistage.core.device import canonical_device, device_scope, resolve_device, resolve_devices, resolve_dtype
 
 

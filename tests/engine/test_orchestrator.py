@@ -29,7 +29,7 @@ def run(orch: Orchestrator, *requests: OmniRequest, max_steps: int = 200) -> dic
 
 
 def engine(orch: Orchestrator, stage_id: int) -> FakeEngine:
-    return orch.handles[stage_id].handle.engine.engine  # inside the RestartingStageHandle
+    return orch.handles[stage_id].endpoint.server.engine  # the supervisor's inline endpoint
 
 
 def test_whole_handoff_text_becomes_image_prompt():

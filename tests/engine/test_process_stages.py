@@ -8,45 +8,12 @@ import os
 import threading
 
 import pytest
-from fake_engines import FakeEngine
+from fake_engines import SPEC, Collector, FakeEngine, expand_to_image
 
 from omnistage.config import PipelineSpec, StageDeployConfig, StageSpec
 from omnistage.engine.orchestrator import OmniRequest, Orchestrator
 
 PROCESS = StageDeployConfig(runtime="process")
-
-
-def to_prompt(request, upstream):
-    return {"prompt": upstream[0].text}
-
-
-SPEC = PipelineSpec("t2i", (
-    StageSpec(0, "expander", "ar", "text"),
-    StageSpec(1, "drawer", "diffusion", "image", inputs=(0,), final_output=True, input_processor=to_prompt),
-))
-
-
-class Collector:
-    """A sink per request; `wait(rid)` blocks until that request's last output."""
-
-    def __init__(self):
-        self.outputs: dict[str, list] = {}
-        self._done: dict[str, threading.Event] = {}
-
-    def sink(self, request_id: str):
-        self.outputs[request_id] = []
-        self._done[request_id] = threading.Event()
-
-        def deliver(out):
-            self.outputs[request_id].append(out)
-            if out.finished:
-                self._done[request_id].set()
-
-        return deliver
-
-    def wait(self, request_id: str, timeout: float = 60):
-        assert self._done[request_id].wait(timeout), f"{request_id} did not finish"
-        return self.outputs[request_id][-1]
 
 
 def start(factory=FakeEngine, configs=None, **kwargs) -> Orchestrator:
@@ -62,7 +29,7 @@ def shm_left(prefix: str) -> list[str]:
 def test_large_payloads_cross_through_shared_memory_and_are_freed():
     # 256x256 RGB = 192 KiB: above the 64 KiB threshold, so the image comes back via shm
     orch = start(functools.partial(FakeEngine, image_size=256), connector="shm")
-    prefix = orch.handles[1].handle.connector.prefix[:-1]
+    prefix = orch.handles[1].endpoint.channel.prefix[:-1]
     got = Collector()
     orch.submit(OmniRequest("r", "a cat"), got.sink("r"))
     final = got.wait("r")
@@ -77,7 +44,7 @@ def test_large_payloads_cross_through_shared_memory_and_are_freed():
 def test_abort_in_a_process_stage_and_crash_fails_its_requests_without_hanging():
     orch = start(functools.partial(FakeEngine, num_steps=1000, step_delay=0.01), connector="shm",
                  shm_threshold_bytes=0)  # every message through shm: aborts must still free them
-    prefix = orch.handles[1].handle.connector.prefix[:-1]
+    prefix = orch.handles[1].endpoint.channel.prefix[:-1]
     got = Collector()
     orch.submit(OmniRequest("slow", "slow"), got.sink("slow"))
     # wait until the drawer is denoising, then abort
@@ -109,7 +76,7 @@ def test_a_stage_that_cannot_start_fails_start_up_naming_it():
 
 
 def with_callback_for_x(request, upstream):
-    inputs = to_prompt(request, upstream)
+    inputs = expand_to_image(request, upstream)
     return {**inputs, "callback": lambda: None} if request.prompt == "x" else inputs
 
 

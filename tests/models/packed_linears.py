@@ -16,6 +16,6 @@ def pack_every_linear(monkeypatch) -> None:
 def assert_every_stage_packed(omni) -> None:
     """No plain `nn.Linear` is left in any stage's torch module (AR models and decoders)."""
     for stage_id, handle in omni.async_omni.orchestrator.handles.items():
-        engine = handle.handle.engine.engine  # inside the stage's restarter
+        engine = handle.endpoint.server.engine  # the supervisor's inline endpoint
         module = engine.model.model if hasattr(engine, "model") else engine.decoder.model
         assert not any(type(m) is torch.nn.Linear for m in module.modules()), f"stage {stage_id}"

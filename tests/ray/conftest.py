@@ -71,7 +71,7 @@ def ray_cluster():
     """The cluster's address ("127.0.0.1:PORT"); this process has joined it."""
     import ray
 
-    from omnistage.engine import ray_utils
+    from omnistage.runtime import ray as ray_utils
 
     for name, value in RAY_ENV.items():
         os.environ.setdefault(name, value)

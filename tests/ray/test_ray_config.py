@@ -9,7 +9,7 @@ import pytest
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.engine import ray_utils
+from omnistage.runtime import ray as ray_utils
 from omnistage.engine.factory import create_engine
 from omnistage.engine.stage_handle import make_stage_handle
 

@@ -18,7 +18,7 @@ import yaml
 
 from omnistage import Omni, SamplingParams
 from omnistage.core.types import AudioPayload, StageOutput
-from omnistage.engine.connectors import RayConnector, RayEnvelope
+from omnistage.runtime.channel import Channel
 from omnistage.models.qwen2_5_omni import Token2WavParams
 from omnistage.testing.speech_models import DEFAULT_GENERATE_KWARGS
 from ray_nodes import node_names
@@ -59,21 +59,22 @@ def streamed(omni: Omni) -> tuple[list[np.ndarray], object]:
     return asyncio.run(collect())
 
 
-def test_ray_connector_moves_tensors_arrays_and_images_through_the_object_store(ray_cluster):
+def test_ray_channel_moves_tensors_arrays_and_images_through_the_object_store(ray_cluster):
     from PIL import Image
 
-    connector = RayConnector(threshold_bytes=1024)
+    connector = Channel("ray", threshold_bytes=1024)
     image = Image.fromarray(np.arange(48 * 48 * 3, dtype=np.uint8).reshape(48, 48, 3))
     payload = {"t": torch.arange(4096, dtype=torch.float32).reshape(64, 64), "a": np.ones(3000, np.int16),
                "img": image, "out": StageOutput("r", AudioPayload(np.zeros(2048, np.float32), 24000), finished=True)}
     sent = connector.put(payload)
-    assert isinstance(sent, RayEnvelope)
+    assert sent.ref is not None and not sent.buffers
     got = connector.get(sent)
     assert torch.equal(got["t"], payload["t"]) and np.array_equal(got["a"], payload["a"])
     got["t"][0, 0] = -1  # the receiver's copy is its own
     assert np.array_equal(np.asarray(got["img"]), np.asarray(image))
     assert got["out"].payload.audio.shape == (2048,) and got["out"].finished
-    assert connector.put({"small": 1}) == {"small": 1}  # below the threshold: inline
+    small = connector.put({"small": 1})  # below the threshold: inline
+    assert small.ref is None and connector.get(small) == {"small": 1}
 
 
 def test_omni_spread_over_two_nodes_matches_inline_and_a_killed_stage_comes_back(ray_cluster, zoo, tmp_path):
@@ -90,8 +91,8 @@ def test_omni_spread_over_two_nodes_matches_inline_and_a_killed_stage_comes_back
     with Omni(path, deploy) as omni:
         handles = omni.async_omni.orchestrator.handles
         names = node_names()
-        assert {i: names[handles[i].handle.node_id] for i in PLACEMENT} == PLACEMENT
-        assert os.getpid() not in {handles[i].handle.pid for i in PLACEMENT}
+        assert {i: names[handles[i].endpoint.node_id] for i in PLACEMENT} == PLACEMENT
+        assert os.getpid() not in {handles[i].endpoint.pid for i in PLACEMENT}
         chunks, last = streamed(omni)
         assert last.error is None and last.token_ids == want.token_ids and last.text == want.text
         assert [len(c) for c in chunks] == [len(c) for c in want_chunks]
@@ -100,7 +101,7 @@ def test_omni_spread_over_two_nodes_matches_inline_and_a_killed_stage_comes_back
         assert close(last.audio, want.audio)
 
         vocoder = handles[2]
-        os.kill(vocoder.handle.pid, signal.SIGKILL)
+        os.kill(vocoder.endpoint.pid, signal.SIGKILL)
         started = time.monotonic()
         while omni.async_omni.orchestrator.check_health():
             assert time.monotonic() < started + 10, "the killed stage still looks healthy"

@@ -11,16 +11,13 @@ from omnistage.core.registry import import_target
 from omnistage.diffusion.runner import ProgressSink
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
 from omnistage.diffusion.worker import WorkerConfig
+from omnistage.runtime.process import WorkerDiedError
 
 EXECUTORS = {
     "uni": "omnistage.diffusion.executor.uni:UniExecutor",
     "mp": "omnistage.diffusion.executor.mp:MultiprocExecutor",
     "ray": "omnistage.diffusion.executor.ray:RayExecutor",
 }
-
-
-class WorkerDiedError(RuntimeError):
-    """A worker process is gone; the executor cannot serve any more batches."""
 
 
 def get_executor_class(name: str) -> type["Executor"]:

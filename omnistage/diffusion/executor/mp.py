@@ -1,7 +1,8 @@
 """The multiprocess executor: one spawned worker process per device.
 
 Control: one pipe per worker carries `(method, args, kwargs, stream_progress)` down and
-`("progress" | "ok" | "error", ...)` back; results travel over shared memory (shm.py).
+`("progress" | "ok" | "error", ...)` back; results travel through a shm `Channel`
+(runtime/channel.py), processes are spawned and stopped by runtime/process.py.
 The ranks form a torch.distributed group (gloo on CPU, nccl on CUDA) through a TCPStore
 that this process hosts on a free port (bound to port 0).
 
@@ -13,36 +14,29 @@ unlinks any shared-memory segment they left.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import secrets
-import signal
-import sys
 import threading
 import weakref
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from omnistage.diffusion.executor.base import Executor, WorkerDiedError
-from omnistage.diffusion.executor.shm import ShmWriter, unlink_all, unpack
+from omnistage.diffusion.executor.base import Executor
 from omnistage.diffusion.runner import ProgressSink, error_message
 from omnistage.diffusion.worker import DiffusionWorker, WorkerConfig
+from omnistage.runtime import process
+from omnistage.runtime.channel import Channel, sweep_shm, unpack
+from omnistage.runtime.process import WorkerDiedError
 
 STORE_HOST = "127.0.0.1"
 
 
 def worker_main(config: WorkerConfig, rank: int, store_port: int, conn: Connection, shm_prefix: str) -> None:
     """Body of a worker process: start up, then serve RPCs until shutdown or the pipe closes."""
-    from tqdm import tqdm
-
+    process.prepare_child()
     # The stage's `env` (process plumbing such as NCCL_* settings), before any group starts.
     os.environ.update(config.stage.env)
-    # tqdm's default lock is a named multiprocessing semaphore in /dev/shm; a killed worker
-    # would leave it behind. Loading bars in a worker need no cross-process lock.
-    tqdm.set_lock(threading.RLock())
-    # terminate() then unwinds like an exit, so process-level cleanups still run.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    writer = ShmWriter(f"{shm_prefix}r{rank}_")
+    channel = Channel("shm", f"{shm_prefix}r{rank}_")
     try:
         worker = DiffusionWorker(config, rank)
         worker.init_device()
@@ -52,24 +46,24 @@ def worker_main(config: WorkerConfig, rank: int, store_port: int, conn: Connecti
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises it
         conn.send(("error", (type(exc).__name__, error_message(exc))))
         return
-    conn.send(("ok", writer.pack(os.getpid())))
+    conn.send(("ok", channel.put(os.getpid())))
     while True:
         try:
             method, args, kwargs, stream = conn.recv()
         except (EOFError, OSError):  # the parent is gone
             break
         if stream:
-            kwargs["on_progress"] = lambda events: conn.send(("progress", writer.pack(events)))
+            kwargs["on_progress"] = lambda events: conn.send(("progress", channel.put(events)))
         try:
             result = getattr(worker, method)(*args, **kwargs)
-            conn.send(("ok", writer.pack(result)))
+            conn.send(("ok", channel.put(result)))
         except Exception as exc:  # noqa: BLE001
             conn.send(("error", (type(exc).__name__, error_message(exc))))
         if method == "shutdown":
             break
 
 
-def _stop(procs: list[mp.Process], conns: list[Connection], shm_prefix: str, graceful: bool) -> None:
+def _stop(procs: list[Any], conns: list[Connection], shm_prefix: str, graceful: bool) -> None:
     """Stop the workers and remove what they leave. Safe to call twice."""
     if graceful:
         for conn in conns:
@@ -77,17 +71,10 @@ def _stop(procs: list[mp.Process], conns: list[Connection], shm_prefix: str, gra
                 conn.send(("shutdown", (), {}, False))
             except (OSError, ValueError):
                 pass
-    for proc in procs:
-        proc.join(timeout=5 if graceful else 0)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(timeout=2)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+    process.stop(procs, timeout_s=5 if graceful else 0)
     for conn in conns:
         conn.close()
-    unlink_all(shm_prefix)
+    sweep_shm(shm_prefix)
 
 
 class MultiprocExecutor(Executor):
@@ -95,20 +82,19 @@ class MultiprocExecutor(Executor):
         import torch.distributed as dist
 
         super().__init__(config)
-        ctx = mp.get_context("spawn")
         # Workers join the group through this store; port 0 = any free port, no races.
         self._store = dist.TCPStore(STORE_HOST, 0, None, True) if config.world_size > 1 else None
         store_port = self._store.port if self._store is not None else 0
         self.shm_prefix = f"omnistage_{os.getpid()}_{secrets.token_hex(4)}_"
-        self.procs: list[mp.Process] = []
+        self.procs: list[Any] = []
         self.conns: list[Connection] = []
         self._lock = threading.Lock()  # one call in flight on the pipes
         self._dead: str | None = None
+        self._crashed = False
         for rank in range(config.world_size):
-            parent_conn, child_conn = ctx.Pipe()
-            proc = ctx.Process(target=worker_main, args=(config, rank, store_port, child_conn, self.shm_prefix),
-                               name=f"omnistage-diffusion-worker-{rank}", daemon=True)
-            proc.start()
+            parent_conn, child_conn = process.pipe()
+            proc = process.spawn(worker_main, (config, rank, store_port, child_conn, self.shm_prefix),
+                                 name=f"omnistage-diffusion-worker-{rank}", daemon=True)
             child_conn.close()
             self.procs.append(proc)
             self.conns.append(parent_conn)
@@ -171,15 +157,13 @@ class MultiprocExecutor(Executor):
 
     def _raise_dead(self, rank: int) -> None:
         proc = self.procs[rank]
-        proc.join(timeout=1)
-        code = proc.exitcode
-        how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+        how, self._crashed = process.describe_exit(proc)
         self._dead = f"diffusion worker rank {rank} (pid {proc.pid}) died ({how})"
-        raise WorkerDiedError(self._dead)
+        raise WorkerDiedError(self._dead, self._crashed)
 
     def _check_alive(self) -> None:
         if self._dead is not None:
-            raise WorkerDiedError(self._dead)
+            raise WorkerDiedError(self._dead, self._crashed)
         for rank, proc in enumerate(self.procs):
             if not proc.is_alive():
                 self._raise_dead(rank)

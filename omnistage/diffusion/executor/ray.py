@@ -23,10 +23,11 @@ import os
 import time
 from typing import Any
 
-from omnistage.diffusion.executor.base import Executor, WorkerDiedError
+from omnistage.diffusion.executor.base import Executor
 from omnistage.diffusion.runner import ProgressSink, error_message
 from omnistage.diffusion.worker import DiffusionWorker, WorkerConfig
-from omnistage.engine import ray_utils
+from omnistage.runtime import ray as ray_utils
+from omnistage.runtime.process import WorkerDiedError
 
 PING_INTERVAL_S = 1.0
 SHUTDOWN_TIMEOUT_S = 5.0

@@ -69,7 +69,12 @@ def register(subparsers) -> None:
                           help="with --api-key, leave /openapi.json, /docs and /redoc open")
     security.add_argument("--protect-metrics", action="store_true", help="with --api-key, /metrics needs it too")
     p.add_argument("--no-restart", action="store_true",
-                   help="do not restart a stage whose engine or process died (it stays down, /health 503)")
+                   help="do not restart a stage whose engine or process died (it stays down, /health 503); "
+                        "the same as the deploy field max_restarts: 0 on every stage")
+    p.add_argument("--stage-timeout", type=float, default=None, metavar="SECONDS",
+                   help="a process or Ray stage silent this long is hung: /health 503, its requests 503, and it "
+                        "is restarted; the deploy field stage_timeout_s on every stage (default: 10 times its "
+                        "slowest step, at least 120 s)")
     p.add_argument("--output-dir", default=None,
                    help="where served files, video jobs and stored responses are kept; with it, finished video "
                         "jobs and stored responses survive a restart (default: a temporary folder removed at shutdown)")
@@ -105,6 +110,21 @@ def resolve_model(model: str | None) -> tuple[str, str, bool]:
     return str(path), f"omnistage-demo-{DEMO_MODEL}", True
 
 
+def runtime_overrides(args: argparse.Namespace) -> Any:
+    """`--stage-overrides` with `--no-restart` and `--stage-timeout` added for every stage ("*")."""
+    extra = {}
+    if args.no_restart:
+        extra["max_restarts"] = 0
+    if args.stage_timeout is not None:
+        extra["stage_timeout_s"] = args.stage_timeout
+    if not extra:
+        return args.stage_overrides
+    overrides = json.loads(args.stage_overrides) if isinstance(args.stage_overrides, str) else {}
+    if not isinstance(overrides, dict):
+        return args.stage_overrides  # parse_stage_overrides names the problem
+    return {**overrides, "*": {**overrides.get("*", {}), **extra}}
+
+
 class _Terminated(Exception):
     """SIGTERM, turned into an exception so that cleanup runs and the exit code is 0."""
 
@@ -117,7 +137,6 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
     from prometheus_client import CollectorRegistry
 
-    from omnistage.engine.restart import NO_RESTART, RestartPolicy
     from omnistage.entrypoints.omni import AsyncOmni
     from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
     from omnistage.entrypoints.openai.draining_server import DrainingServer
@@ -139,8 +158,7 @@ def run(args: argparse.Namespace) -> int:
         registry = CollectorRegistry()
         print(f"[omnistage] loading {path}", flush=True)
         engine = AsyncOmni(path, deploy_config=demo_deploy_config(args.deploy_config, is_demo),
-                           stage_overrides=args.stage_overrides,
-                           metrics_registry=registry, restart_policy=NO_RESTART if args.no_restart else RestartPolicy())
+                           stage_overrides=runtime_overrides(args), metrics_registry=registry)
         app = create_app(settings, engine, registry)
         url = f"http://{args.host}:{args.port}"
         print(f"[omnistage] serving {settings.served_model_name} at {url}", flush=True)

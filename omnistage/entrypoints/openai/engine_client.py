@@ -7,9 +7,12 @@ object with the same surface. `EngineGateway` wraps it with the server's rules:
 2. the first output is awaited before any answer starts, so a `ValueError` the engine
    raises while checking params (before queueing) becomes a 400, not a broken stream;
 3. a request that ends early (client gone, server stopping, error) is aborted in the
-   engine, and its admission slot is freed exactly once;
+   engine, and its admission slot is freed exactly once (by `RequestStream.close`);
 4. when the server stops (`drain_after`), open streams end with a 503 the route sends in its
    own error shape (SSE `error` event, WebSocket close) before the connection is cut.
+
+It counts admitted requests and tracks none: which requests a stage holds, and what
+happens to them when it dies, is the stage supervisor's (runtime/supervisor.py).
 """
 
 from __future__ import annotations
@@ -185,7 +188,7 @@ class RequestStream:
             elif (aclose := getattr(self._outputs, "aclose", None)) is not None:
                 await aclose()
         finally:
-            self.gateway.release(self.request_id)
+            self.gateway.release()
 
 
 class EngineGateway:
@@ -193,7 +196,7 @@ class EngineGateway:
         self.engine = engine
         self.max_queued_requests = max_queued_requests
         self.metrics = metrics
-        self._admitted: set[str] = set()
+        self.num_admitted = 0
         self._drained: asyncio.Future | None = None
 
     @property
@@ -213,22 +216,25 @@ class EngineGateway:
         if not self.drained.done():
             self.drained.set_result(None)
 
-    @property
-    def num_admitted(self) -> int:
-        return len(self._admitted)
-
-    def admit(self, request_id: str) -> None:
-        if len(self._admitted) >= self.max_queued_requests:
+    def admit(self) -> None:
+        if self.num_admitted >= self.max_queued_requests:
             self.metrics.rejected.labels("queue_full").inc()
-            raise APIError(429, f"the server has {len(self._admitted)} requests queued or running "
+            raise APIError(429, f"the server has {self.num_admitted} requests queued or running "
                                 f"(limit {self.max_queued_requests}); retry later",
                            code="rate_limit_exceeded", headers={"retry-after": "1"})
-        self._admitted.add(request_id)
-        self.metrics.queue_depth.set(len(self._admitted))
+        self.num_admitted += 1
+        self.metrics.queue_depth.set(self.num_admitted)
 
-    def release(self, request_id: str) -> None:
-        self._admitted.discard(request_id)
-        self.metrics.queue_depth.set(len(self._admitted))
+    def release(self) -> None:
+        self.num_admitted -= 1
+        self.metrics.queue_depth.set(self.num_admitted)
+
+    async def require_healthy(self, what: str) -> None:
+        """503 with Retry-After while a stage is down or restarting: for work that is accepted
+        now and runs later (a video job), which would otherwise only fail once it starts."""
+        if self.engine is None or not await maybe_await(self.engine.check_health()):
+            raise unavailable(f"{what}: the engine or one of its stages is down or restarting; retry later",
+                              code="stage_unavailable")
 
     def submit(self, prompt: Any, params: Any, request_id: str,
                modalities: Sequence[str] | None = None) -> RequestStream:
@@ -237,14 +243,14 @@ class EngineGateway:
         `modalities` (None = all) are the outputs the request wants."""
         if self.engine is None:
             raise APIError(503, "no engine is loaded", code="engine_unavailable")
-        self.admit(request_id)
+        self.admit()
         try:
             outputs = self.engine.generate(prompt, params, request_id=request_id, modalities=modalities)
         except ValueError as e:
-            self.release(request_id)
+            self.release()
             raise from_value_error(e) from None
         except BaseException:
-            self.release(request_id)
+            self.release()
             raise
         return RequestStream(self, request_id, outputs)
 

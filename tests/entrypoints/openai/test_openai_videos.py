@@ -58,6 +58,18 @@ def test_job_lifecycle_progress_list_content_delete(app_client):
     assert http.get(f"/v1/videos/{job['id']}").status_code == 404
 
 
+def test_no_job_is_accepted_while_a_stage_is_down(app_client):
+    http, engine = app_client("video")
+    form = {"prompt": "a wave", "size": "32x16", "num_frames": "9", "fps": "8", "num_inference_steps": "2"}
+    engine.healthy = False  # as while the supervisor restarts the stage
+    resp = http.post("/v1/videos", data=form)
+    assert resp.status_code == 503 and resp.headers["retry-after"].isdigit(), resp.text
+    assert resp.json()["error"]["code"] == "stage_unavailable"
+    assert http.get("/v1/videos").json()["data"] == [] and not engine.requests  # nothing queued
+    engine.healthy = True
+    assert http.post("/v1/videos", data=form).status_code == 200
+
+
 def test_delete_cancels_a_running_job(app_client):
     http, engine = app_client("video", step_delay=0.5)
     job = http.post("/v1/videos", data={"prompt": "slow"}).json()

@@ -3,6 +3,7 @@
 A job is one engine request. Its status follows OpenAI's lifecycle: `queued` until the
 first output, `in_progress` with `progress` from the denoising steps, then `completed`
 (the MP4 is kept `file_ttl_s`) or `failed` with an error. DELETE aborts a running job.
+While a stage is down or restarting, no job is accepted (503 with Retry-After).
 
 Jobs are durable (store.py): records in SQLite and MP4s under `files_dir/videos` (the
 `--output-dir`), so finished jobs survive a restart; jobs running when the server stops
@@ -155,6 +156,7 @@ class VideoServing:
 
     async def create(self, form: Form) -> VideoJob:
         body, prompt, params = await self._build(form)
+        await self.gateway.require_healthy("video jobs are not accepted now")
         job_id = f"video_{uuid.uuid4().hex}"
         stream = self.gateway.submit(prompt, params, job_id)
         size = body.size or (f"{body.width}x{body.height}" if body.width else None)

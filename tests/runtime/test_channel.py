@@ -1,5 +1,6 @@
-"""Connector round trips: what goes in comes out equal, large payloads go through shared
-memory and their segments are freed by the reader or by a sweep."""
+"""Channel round trips: what goes in comes out equal, large payloads go through shared
+memory and their segments are freed by the reader or by a sweep, and tensors always
+arrive on the CPU, whatever their size."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ import torch
 from PIL import Image
 
 from omnistage.core.types import AudioPayload, StageOutput, TextPayload
-from omnistage.engine.connectors import Connector, ShmConnector, ShmEnvelope, make_connector, sweep_segments
+from omnistage.runtime.channel import Channel, Packed, sweep_shm
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="lists segments in /dev/shm (Linux)")
 
 
 @pytest.fixture
 def shm():
-    connector = ShmConnector(f"ostest{secrets.token_hex(3)}", threshold_bytes=1024)
+    connector = Channel("shm", f"ostest{secrets.token_hex(3)}", threshold_bytes=1024)
     yield connector
     assert connector.sweep() == 0, "a segment outlived its message"
 
@@ -80,32 +81,35 @@ VALUES["rgba image with info"].info["prompt"] = "a cat"
 def test_shm_round_trip(shm, name):
     value = VALUES[name]
     sent = shm.put(value)
-    assert isinstance(sent, ShmEnvelope), "above the threshold: travels through shared memory"
-    assert segments(shm.prefix) == [sent.name]
+    assert sent.segment is not None, "above the threshold: travels through shared memory"
+    assert segments(shm.prefix) == [sent.segment]
     assert_same(shm.get(sent), value)
     assert segments(shm.prefix) == []  # the reader freed it
 
 
-@pytest.mark.parametrize("name", ["bf16 tensor", "nested dict", "palette image"])
-def test_inline_connector_passes_objects_through(name):
-    connector = make_connector("inline", "unused")
-    assert connector.put(VALUES[name]) is VALUES[name]
-    assert connector.get(VALUES[name]) is VALUES[name]
+@pytest.mark.parametrize("name", ["bf16 tensor", "nested dict", "palette image", "stage outputs"])
+def test_inline_transport_keeps_the_buffers_in_the_packed_form(name):
+    channel = Channel("inline")
+    sent = channel.put(VALUES[name])
+    assert sent.segment is None and sent.ref is None
+    assert_same(channel.get(sent), VALUES[name])
 
 
 def test_small_payloads_travel_inline(shm):
     small = {"tokens": [1, 2, 3], "t": torch.ones(4)}
-    assert shm.put(small) is small and shm.get(small) is small
+    sent = shm.put(small)
+    assert sent.segment is None and segments(shm.prefix) == []
+    assert_same(shm.get(sent), small)
 
 
 def test_default_threshold_is_64_kib():
-    connector = make_connector("shm", f"ostest{secrets.token_hex(3)}")
+    channel = Channel("shm", f"ostest{secrets.token_hex(3)}")
     below = np.zeros(60 * 1024, np.uint8)
     above = np.zeros(64 * 1024, np.uint8)
-    assert connector.put(below) is below
-    sent = connector.put(above)
-    assert isinstance(sent, ShmEnvelope)
-    assert_same(connector.get(sent), above)
+    assert channel.put(below).segment is None
+    sent = channel.put(above)
+    assert sent.segment is not None
+    assert_same(channel.get(sent), above)
 
 
 def test_received_arrays_and_tensors_are_writable_copies(shm):
@@ -124,13 +128,40 @@ def test_tensors_arrive_on_cpu_detached(shm):
 def test_sweep_frees_segments_nobody_read(shm):
     orphans = [shm.put(np.zeros(5000)) for _ in range(3)]
     assert len(segments(shm.prefix)) == 3
-    assert sweep_segments(shm.prefix) == 3
+    assert sweep_shm(shm.prefix) == 3
     assert segments(shm.prefix) == []
     with pytest.raises(FileNotFoundError):
         shm.get(orphans[0])
 
 
-def test_unknown_connector_names_the_valid_ones():
-    with pytest.raises(ValueError, match="unknown connector 'smh'; valid: inline, shm, ray"):
-        make_connector("smh", "p")
-    assert isinstance(make_connector("inline", "p"), Connector)
+def test_unknown_transport_names_the_valid_ones():
+    with pytest.raises(ValueError, match="unknown transport 'smh'; valid: inline, shm, ray"):
+        Channel("smh", "p")
+
+
+class FakeCudaTensor(torch.Tensor):
+    """A CPU tensor that says it lives on CUDA, and records where it is asked to move."""
+
+    moves: list = []
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+    def to(self, *args, **kwargs):
+        FakeCudaTensor.moves.append(args)
+        return torch.Tensor._make_subclass(torch.Tensor, self.as_subclass(torch.Tensor).detach().clone())
+
+
+@pytest.mark.parametrize("transport, size", [("inline", 4), ("shm", 4), ("shm", 100_000)],
+                         ids=["inline", "shm-small", "shm-large"])
+def test_cuda_tensors_cross_on_the_cpu_whatever_their_size(transport, size):
+    FakeCudaTensor.moves = []
+    channel = Channel(transport, f"ostest{secrets.token_hex(3)}", threshold_bytes=1024)
+    values = torch.arange(size, dtype=torch.float32)
+    cuda = torch.Tensor._make_subclass(FakeCudaTensor, values)
+    assert cuda.device.type == "cuda"
+    sent = channel.put(StageOutput("r", TextPayload([1], hidden_states=cuda), False))
+    assert FakeCudaTensor.moves == [("cpu",)], "moved to the CPU once, before it crossed"
+    out = channel.get(sent).payload.hidden_states
+    assert type(out) is torch.Tensor and out.device.type == "cpu" and torch.equal(out, values)
