@@ -15,6 +15,7 @@ import pytest
 from fake_diffusion import child_pids
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.engine import DiffusionEngine
+from omnistage.diffusion.executor import WorkerDiedError
 
 from test_engine_z_image import PROMPTS, assert_same_image, pixels, req, run
 
@@ -47,10 +48,10 @@ def test_step_mode_under_ulysses_matches_one_rank_and_a_killed_worker_fails_fast
         engine.add_request(req("long", PROMPTS[2], seed=2, steps=1000))
         threading.Timer(1.0, os.kill, (engine.executor.pids[1], signal.SIGKILL)).start()
         started = time.monotonic()
-        outs = []
-        while not (outs and outs[-1].finished) and time.monotonic() < started + 60:
-            outs = engine.step() or outs
-        assert outs[-1].request_id == "long" and "died" in outs[-1].error
+        # A dead worker is a typed error out of step(): the stage's supervisor fails "long".
+        with pytest.raises(WorkerDiedError, match="rank 1 .*died"):
+            while time.monotonic() < started + 60:
+                engine.step()
         assert time.monotonic() - started < 15  # seconds, not a collective's timeout
         assert not engine.is_healthy()
     finally:

@@ -16,6 +16,7 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.core.types import StageRequest
 from omnistage.diffusion.engine import DiffusionEngine
+from omnistage.diffusion.executor import WorkerDiedError
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.models.z_image.pipeline import ZImage
 
@@ -117,10 +118,10 @@ def test_mp_two_ranks_match_uni_and_survive_a_killed_worker(path, alone):
         engine.add_request(req("long", PROMPTS[1], seed=1, steps=1000))
         threading.Timer(1.0, os.kill, (engine.executor.pids[0], signal.SIGKILL)).start()
         deadline = time.monotonic() + 60
-        outs = []
-        while not (outs and outs[-1].finished) and time.monotonic() < deadline:
-            outs = engine.step() or outs
-        assert outs[-1].request_id == "long" and "died" in outs[-1].error
+        # A dead worker is a typed error out of step(): the stage's supervisor fails "long".
+        with pytest.raises(WorkerDiedError, match="rank 0 .*died"):
+            while time.monotonic() < deadline:
+                engine.step()
         assert not engine.is_healthy()
         with pytest.raises(RuntimeError, match="unhealthy"):
             engine.add_request(req("after", PROMPTS[0], seed=0))
