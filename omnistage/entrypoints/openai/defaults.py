@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from omnistage.entrypoints.openai.engine_client import stage_default_params
 
 
 def effective_defaults(engine: Any) -> dict[str, dict[str, Any]]:
@@ -22,12 +21,20 @@ def effective_defaults(engine: Any) -> dict[str, dict[str, Any]]:
         return {}
     out = {}
     for stage in engine.spec.stages:
-        own, deploy = _engine_defaults(stage), stage_default_params(engine, stage.id)
+        own, deploy = _engine_defaults(stage), _deploy_defaults(engine, stage.id)
         merged = {**own, **deploy}
         if "extras" in own and "extras" in deploy:
             merged["extras"] = {**own["extras"], **deploy["extras"]}
         out[stage.name] = merged
     return out
+
+
+def _deploy_defaults(engine: Any, stage_id: int) -> dict[str, Any]:
+    """The stage's deploy `default_sampling_params` (AsyncOmni's `config`; {} for clients without one)."""
+    config = getattr(engine, "config", None)
+    if config is None:
+        return {}
+    return dict(config.stage_config(stage_id).default_sampling_params)
 
 
 def _engine_defaults(stage: Any) -> dict[str, Any]:
