@@ -73,7 +73,7 @@ class Flux(DiffusionPipelineBase):
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         super().check_inputs(request)
-        params = request.params.with_defaults(self.default_params)
+        params = request.params  # defaults filled (prepare_request)
         check_divisible(params, height=self.multiple_of, width=self.multiple_of)
 
     # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------

@@ -80,7 +80,7 @@ class GlmImage(DiffusionPipelineBase):
     def check_inputs(self, request: DiffusionRequest) -> None:
         if request.images:
             raise RequestError("image", "image: GLM-Image image-to-image is not supported; send a prompt only")
-        params = request.params.with_defaults(self.default_params)
+        params = request.params  # defaults filled (prepare_request)
         check_divisible(params, height=self.multiple_of, width=self.multiple_of)
         ids = request.condition.get("prior_token_ids")
         if ids is None:

@@ -120,7 +120,7 @@ class LTX2T2V(DiffusionPipelineBase):
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         super().check_inputs(request)
-        params = request.params.with_defaults(self.default_params)
+        params = request.params  # defaults filled (prepare_request)
         check_divisible(params, height=self.size_multiple_of, width=self.size_multiple_of)
         # diffusers rounds the frame count down to the VAE's temporal grid; we refuse.
         if (params.num_frames - 1) % self.vae_temporal_ratio != 0:
