@@ -23,7 +23,6 @@ from collections.abc import Callable
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.core.errors import RequestError
 from omnistage.core.types import StageOutput, StageRequest
 from omnistage.diffusion.accel import check_supported
 from omnistage.diffusion.checkpoint import CheckpointConfigs
@@ -78,9 +77,7 @@ class DiffusionEngine:
             raise RuntimeError(f"diffusion engine is unhealthy and takes no new requests: {self._dead}")
         diffusion_request = seeded(self.checker.prepare_request(to_diffusion_request(request)))
         key = self.checker.batch_key(diffusion_request.params)
-        with self._lock:
-            if self.scheduler.get_request(request.request_id) is not None:
-                raise RequestError("request_id", f"request_id: {request.request_id!r} is already running")
+        with self._lock:  # the scheduler refuses a request_id already running
             self.scheduler.add_request(EngineRequest(diffusion_request, freeze(key), arrival_time=self.clock(),
                                                      num_steps=diffusion_request.params.num_inference_steps))
 

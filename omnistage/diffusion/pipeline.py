@@ -211,8 +211,9 @@ class DiffusionPipelineBase(ABC):
             raise RequestError("image", "image: this model does not take an input image")
 
     def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:
-        """The request with defaults filled and extras validated, after `check_inputs`.
-        The first thing every `encode` does; idempotent, so callers may prepare earlier."""
+        """The request with defaults filled and extras validated, after `check_inputs`. It runs
+        once per request: in the engine, before queueing (so `encode` takes prepared requests),
+        or in `denoise` for the whole-loop path."""
         request = dataclasses.replace(request, params=self.prepare_params(request.params))
         self.check_inputs(request)
         return request
@@ -226,7 +227,9 @@ class DiffusionPipelineBase(ABC):
     # -- the three seams -----------------------------------------------------------------
 
     @abstractmethod
-    def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]: ...
+    def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
+        """Prompt embeddings, initial noise and timesteps of each request, already prepared
+        (`prepare_request`)."""
 
     @abstractmethod
     def denoise_step(self, states: list[DenoiseState]) -> None:
@@ -290,7 +293,7 @@ class DiffusionPipelineBase(ABC):
     def denoise(self, requests: list[DiffusionRequest], on_step: ProgressCallback | None = None) -> list[DenoiseState]:
         """`forward` before decoding: encode, then batched steps until every state is done.
         Parity tests decode its states with `decode_arrays` to compare floats, not uint8."""
-        states = self.encode(requests)
+        states = self.encode([self.prepare_request(r) for r in requests])
         while True:
             running = [s for s in states if not s.is_done]
             if not running:

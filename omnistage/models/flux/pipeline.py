@@ -92,7 +92,6 @@ class Flux(DiffusionPipelineBase):
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        requests = [self.prepare_request(r) for r in requests]
         # Requests with the same max_sequence_length share one call per text encoder; each
         # row is (T5 embeddings, CLIP pooled). True CFG needs both a scale above 1 and a
         # negative prompt (diffusers' rule).

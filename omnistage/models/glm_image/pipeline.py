@@ -117,7 +117,6 @@ class GlmImage(DiffusionPipelineBase):
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        requests = [self.prepare_request(r) for r in requests]
         return [self._initial_state(r) for r in requests]
 
     def _initial_state(self, request: DiffusionRequest) -> DenoiseState:

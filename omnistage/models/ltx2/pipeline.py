@@ -152,7 +152,6 @@ class LTX2T2V(DiffusionPipelineBase):
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        requests = [self.prepare_request(r) for r in requests]
         # Requests with the same max_sequence_length share one Gemma + connectors call.
         embeds = encode_prompts_by_length(requests, uses_cfg=lambda r: self._scales(r)["cfg"],
                                           encode=self._encode_prompts)

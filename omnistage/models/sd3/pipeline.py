@@ -108,7 +108,6 @@ class StableDiffusion3(DiffusionPipelineBase):
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        requests = [self.prepare_request(r) for r in requests]
         # Requests with the same max_sequence_length share one call per text encoder; each
         # row is (joint embeddings, pooled). CFG runs when guidance_scale > 1.
         embeds = encode_prompts_by_length(

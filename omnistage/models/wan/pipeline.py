@@ -115,7 +115,6 @@ class _Wan(DiffusionPipelineBase):
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        requests = [self.prepare_request(r) for r in requests]
         image_embeds = self._encode_images(requests)
         # Requests with the same max_sequence_length share one text-encoder call; each row is
         # [1, max_sequence_length, D]. CFG follows the first expert's scale only, as in diffusers.

@@ -75,7 +75,6 @@ class ZImage(DiffusionPipelineBase):
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        requests = [self.prepare_request(r) for r in requests]
         # One text-encoder call per distinct max_sequence_length. The negative prompt is only
         # encoded when CFG is on (guidance_scale > 0), as in diffusers.
         embeds = encode_prompts_by_length(requests, uses_cfg=lambda r: r.params.guidance_scale > 0,
