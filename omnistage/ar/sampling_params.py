@@ -71,10 +71,24 @@ class SamplingParams:
 
     def with_defaults(self, defaults: "SamplingParams") -> "SamplingParams":
         """These params over `defaults`: a field this request gave wins, every other field takes
-        the value `defaults` gave (the deploy's `default_sampling_params`), else the class default."""
-        values = {name: getattr(defaults, name) for name in defaults.fields_set}
+        the value `defaults` gave (the deploy's `default_sampling_params`), else the value it
+        holds unset (the class default, or a route's `fallback` from `from_dict`)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update({name: getattr(defaults, name) for name in defaults.fields_set})
         values.update({name: getattr(self, name) for name in self.fields_set})
-        return type(self)(**values)
+        return self._built(values, self.fields_set | defaults.fields_set)
+
+    def replace(self, **changes: Any) -> "SamplingParams":
+        """A copy with `changes` given; the fields left unset stay unset, so the stage's deploy
+        defaults still fill them (`dataclasses.replace` would mark every field given)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return self._built({**values, **changes}, self.fields_set | frozenset(changes))
+
+    @classmethod
+    def _built(cls, values: dict[str, Any], fields_set: frozenset[str]) -> "SamplingParams":
+        params = cls(**values)
+        params._fields_set = fields_set
+        return params
 
     def __post_init__(self) -> None:
         if isinstance(self.structured_outputs, dict):
@@ -142,14 +156,20 @@ class SamplingParams:
         return self.temperature < _GREEDY_EPS or self.top_k == 1
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> SamplingParams:
-        """Build from a mapping (deploy `default_sampling_params`, request bodies); unknown keys are an error."""
+    def from_dict(cls, values: dict[str, Any], *, fallback: dict[str, Any] | None = None) -> SamplingParams:
+        """Build from a mapping (deploy `default_sampling_params`, request bodies); unknown keys are an error.
+
+        `fallback` holds values for fields that `values` leaves unset, in place of the class
+        defaults (a route's own default, e.g. chat's unbounded `max_tokens`). They stay unset,
+        so the stage's deploy defaults, filled in the engine, still win over them."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise RequestError(unknown[0], f"unknown SamplingParams field(s) {unknown}; "
                                            f"valid fields: {sorted(known)}")
-        return cls(**values)
+        if not fallback:
+            return cls(**values)
+        return cls._built({**fallback, **values}, frozenset(values))
 
 
 def _is_int(x: Any) -> bool:

@@ -24,12 +24,11 @@ from collections.abc import Callable
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.core.errors import RequestError
 from omnistage.core.types import StageOutput, StageRequest
 from omnistage.diffusion.accel import check_supported
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.executor import Executor, WorkerDiedError, get_executor_class
-from omnistage.diffusion.inputs import check_default_params, freeze, to_diffusion_request
+from omnistage.diffusion.inputs import check_default_params, freeze, seeded, to_diffusion_request
 from omnistage.diffusion.progress import ProgressBar
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.diffusion.runner import error_message
@@ -78,12 +77,9 @@ class DiffusionEngine:
     def add_request(self, request: StageRequest) -> None:
         if not self.is_healthy():
             raise RuntimeError(f"diffusion engine is unhealthy and takes no new requests: {self._dead}")
-        diffusion_request = self.checker.prepare_request(
-            to_diffusion_request(request, self.config.default_sampling_params))
+        diffusion_request = seeded(self.checker.prepare_request(to_diffusion_request(request)))
         key = self.checker.batch_key(diffusion_request.params)
-        with self._lock:
-            if self.scheduler.get_request(request.request_id) is not None:
-                raise RequestError("request_id", f"request_id: {request.request_id!r} is already running")
+        with self._lock:  # the scheduler refuses a request_id already running
             self.scheduler.add_request(EngineRequest(diffusion_request, freeze(key), arrival_time=self.clock(),
                                                      num_steps=diffusion_request.params.num_inference_steps))
 

@@ -207,7 +207,7 @@ class GenericDiffusersPipeline(DiffusionPipelineBase):
         if len(requests) != 1:
             raise ValueError(f"{self.reference_class} through the generic adapter runs one request at a "
                              f"time, got {len(requests)}")
-        request = self.prepare_request(requests[0])
+        request = requests[0]
         num_steps = request.params.num_inference_steps or 1
         call = SteppedCall(lambda callback: self.generate_array(request, callback), num_steps,
                            steppable="callback_on_step_end" in self.call_params)

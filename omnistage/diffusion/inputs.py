@@ -11,6 +11,7 @@ in the engine process, against the checkpoint's config files (`for_requests`).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -48,19 +49,23 @@ def parse_prompt(inputs: Any) -> tuple[str, list[Any]]:
     return prompt, list(images)
 
 
-def parse_params(params: Any, defaults: Mapping[str, Any]) -> DiffusionParams:
-    """The request's params over the stage's `default_sampling_params`, with a seed drawn
-    when none is given so the result can be reproduced (the seed is in the metrics)."""
+def parse_params(params: Any) -> DiffusionParams:
+    """The request's params as given (the pipeline's `prepare_request` fills the defaults)."""
     if params is None:
-        params = DiffusionParams()
+        return DiffusionParams()
     elif isinstance(params, Mapping):
         params = DiffusionParams(**params)  # pydantic's ValidationError is a ValueError naming the field
     elif not isinstance(params, DiffusionParams):
         raise RequestError(None, f"params must be DiffusionParams, got {type(params).__name__}")
-    params = params.with_defaults(dict(defaults))
-    if params.seed is None:
-        params = params.model_copy(update={"seed": random.randrange(2**63)})
     return params
+
+
+def seeded(request: DiffusionRequest) -> DiffusionRequest:
+    """`request` with a seed drawn when neither it nor the defaults gave one, so the result
+    can be reproduced (the seed is in the metrics)."""
+    if request.params.seed is not None:
+        return request
+    return dataclasses.replace(request, params=request.params.model_copy(update={"seed": random.randrange(2**63)}))
 
 
 def check_default_params(defaults: Mapping[str, Any]) -> None:
@@ -79,11 +84,11 @@ def parse_condition(inputs: Any) -> dict[str, Any]:
     return dict(condition)
 
 
-def to_diffusion_request(request: StageRequest, defaults: Mapping[str, Any]) -> DiffusionRequest:
+def to_diffusion_request(request: StageRequest) -> DiffusionRequest:
     if not isinstance(request.request_id, str) or not request.request_id:
         raise RequestError(None, "request_id must be a non-empty string")
     prompt, images = parse_prompt(request.inputs)
-    return DiffusionRequest(request.request_id, prompt, parse_params(request.params, defaults), images,
+    return DiffusionRequest(request.request_id, prompt, parse_params(request.params), images,
                             condition=parse_condition(request.inputs))
 
 

@@ -96,13 +96,19 @@ class ExtraSpec:
         return value
 
 
+def fill_defaults(params: DiffusionParams, *layers: dict[str, Any]) -> DiffusionParams:
+    """`params` with every field it leaves unset (None, or an extra it does not give) taken from
+    the first of `layers` that gives it: the one place a request's defaults are filled. The
+    engine passes the deploy's `default_sampling_params`, then the family's `request_defaults()`."""
+    for layer in layers:
+        params = params.with_defaults(layer)
+    return params
+
+
 def validate_extras(extras: dict[str, Any], schema: dict[str, ExtraSpec]) -> dict[str, Any]:
-    """Check `extras` against `schema`; return them with declared defaults filled in."""
+    """Check `extras` against `schema` (their declared defaults are filled by `fill_defaults`)."""
     unknown = sorted(set(extras) - set(schema))
     if unknown:
         known = ", ".join(sorted(schema)) or "none"
         raise RequestError(unknown[0], f"unknown extras {unknown}; this model accepts: {known}")
-    out = {name: spec.default for name, spec in schema.items() if spec.default is not None}
-    for name, value in extras.items():
-        out[name] = schema[name].check(name, value)
-    return out
+    return {name: schema[name].check(name, value) for name, value in extras.items()}

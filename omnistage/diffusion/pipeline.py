@@ -31,7 +31,7 @@ from omnistage.core.errors import RequestError
 from omnistage.core.types import ImagePayload, VideoPayload
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Predict, guided_predictions
-from omnistage.diffusion.params import DiffusionParams, ExtraSpec, validate_extras
+from omnistage.diffusion.params import DiffusionParams, ExtraSpec, fill_defaults, validate_extras
 from omnistage.diffusion.request import DiffusionRequest
 
 
@@ -84,7 +84,8 @@ class DiffusionPipelineBase(ABC):
     """The diffusers pipeline class this one reproduces (model_index.json `_class_name`)."""
     output_modality: ClassVar[str] = "image"  # "image" | "video"
     default_params: ClassVar[dict[str, Any]] = {}
-    """Defaults for DiffusionParams fields left as None (diffusers' own call defaults)."""
+    """Defaults for DiffusionParams fields left as None (diffusers' own call defaults); a family
+    whose defaults depend on the checkpoint sets them per instance in `configure`."""
     extras: ClassVar[dict[str, ExtraSpec]] = {}
     """Model-declared request extras (e.g. max_sequence_length)."""
     needs_image: ClassVar[bool] = False
@@ -120,6 +121,8 @@ class DiffusionPipelineBase(ABC):
         them by adapter (accel/lora.py)."""
         self.lora_adapters: tuple[str, ...] = ()
         """Names of the LoRA adapters a request may choose (`lora_adapters` deploy field)."""
+        self.deploy_defaults: dict[str, Any] = {}
+        """The stage's deploy `default_sampling_params`: they win over `request_defaults()`."""
         configs = configs or CheckpointConfigs({}, {})
         self.configure(configs)
         # Extras that name their text components are capped by the checkpoint's token limits.
@@ -139,7 +142,9 @@ class DiffusionPipelineBase(ABC):
         checks every request against before queueing it."""
         checker = cls.__new__(cls)
         DiffusionPipelineBase.__init__(checker, {}, "cpu", torch.float32, configs)
-        checker.lora_adapters = tuple(sorted(deploy.lora_adapters)) if deploy is not None else ()
+        if deploy is not None:
+            checker.lora_adapters = tuple(sorted(deploy.lora_adapters))
+            checker.deploy_defaults = dict(deploy.default_sampling_params)
         return checker
 
     # -- loading -------------------------------------------------------------------------
@@ -173,6 +178,7 @@ class DiffusionPipelineBase(ABC):
         if deploy.offload is None:  # offloaded weights wait on the CPU (accel/offload.py)
             pipe = pipe.to(device)
         pipeline = cls.from_diffusers(pipe, str(path), CheckpointConfigs.read(str(path)), device, dtype)
+        pipeline.deploy_defaults = dict(deploy.default_sampling_params)
         pipeline.accelerations = apply_accelerations(pipeline, deploy)
         return pipeline
 
@@ -185,9 +191,17 @@ class DiffusionPipelineBase(ABC):
 
     # -- request checks ------------------------------------------------------------------
 
+    def request_defaults(self) -> dict[str, Any]:
+        """What a field a request leaves unset takes (after the deploy's defaults): the family's
+        call defaults and its declared extras' defaults. `prepare_params` fills them and
+        /v1/models lists them, so the two cannot differ."""
+        extras = {name: spec.default for name, spec in self.extras.items() if spec.default is not None}
+        return {**self.default_params, **({"extras": extras} if extras else {})}
+
     def prepare_params(self, params: DiffusionParams) -> DiffusionParams:
-        """Fill defaults and validate extras; raises ValueError naming the field."""
-        params = params.with_defaults(self.default_params)
+        """Fill defaults (the deploy's, then the family's) and validate extras; raises
+        ValueError naming the field."""
+        params = fill_defaults(params, self.deploy_defaults, self.request_defaults())
         if params.lora is not None and params.lora.name not in self.lora_adapters:
             served = ", ".join(self.lora_adapters) or "none (no lora_adapters in the deploy config)"
             raise RequestError("lora.name", f"lora.name: unknown adapter {params.lora.name!r}; this model serves: {served}")
@@ -201,8 +215,9 @@ class DiffusionPipelineBase(ABC):
             raise RequestError("image", "image: this model does not take an input image")
 
     def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:
-        """The request with defaults filled and extras validated, after `check_inputs`.
-        The first thing every `encode` does; idempotent, so callers may prepare earlier."""
+        """The request with defaults filled and extras validated, after `check_inputs`. It runs
+        once per request: in the engine, before queueing (so `encode` takes prepared requests),
+        or in `denoise` for the whole-loop path."""
         request = dataclasses.replace(request, params=self.prepare_params(request.params))
         self.check_inputs(request)
         return request
@@ -216,7 +231,9 @@ class DiffusionPipelineBase(ABC):
     # -- the three seams -----------------------------------------------------------------
 
     @abstractmethod
-    def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]: ...
+    def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
+        """Prompt embeddings, initial noise and timesteps of each request, already prepared
+        (`prepare_request`)."""
 
     @abstractmethod
     def denoise_step(self, states: list[DenoiseState]) -> None:
@@ -280,7 +297,7 @@ class DiffusionPipelineBase(ABC):
     def denoise(self, requests: list[DiffusionRequest], on_step: ProgressCallback | None = None) -> list[DenoiseState]:
         """`forward` before decoding: encode, then batched steps until every state is done.
         Parity tests decode its states with `decode_arrays` to compare floats, not uint8."""
-        states = self.encode(requests)
+        states = self.encode([self.prepare_request(r) for r in requests])
         while True:
             running = [s for s in states if not s.is_done]
             if not running:

@@ -49,7 +49,6 @@ class FakePipeline(DiffusionPipelineBase):
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
         states = []
         for request in requests:
-            request = self.prepare_request(request)
             if request.prompt.startswith("fail-encode"):
                 raise RuntimeError("fake encode failure")
             p = request.params

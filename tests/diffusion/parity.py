@@ -73,10 +73,10 @@ def run_staggered(pipeline: DiffusionPipelineBase, first: DiffusionRequest, seco
                   join_after: int) -> list[np.ndarray]:
     """Step mode: `first` runs alone for `join_after` steps, then `second` is encoded and the
     two share every denoise_step call until each is done (each leaves when it finishes)."""
-    states: list[DenoiseState] = pipeline.encode([first])
+    states: list[DenoiseState] = pipeline.encode([pipeline.prepare_request(first)])
     for _ in range(join_after):
         pipeline.denoise_step(states)
-    states += pipeline.encode([second])
+    states += pipeline.encode([pipeline.prepare_request(second)])
     while any(not s.is_done for s in states):
         pipeline.denoise_step([s for s in states if not s.is_done])
     return pipeline.decode_arrays(states)
@@ -96,10 +96,11 @@ def assert_all_close(got: list[np.ndarray], expected: list[np.ndarray]) -> None:
 
 def assert_rejected(pipeline: DiffusionPipelineBase, field: str, params: DiffusionParams | None = None,
                     images: list[Any] | None = None, prompt: str = "a cat") -> None:
-    """`encode` refuses the request with a ValueError naming `field`."""
+    """`prepare_request` (what the engine runs before queueing) refuses the request with a
+    ValueError naming `field`."""
     request = DiffusionRequest("r", prompt, params or DiffusionParams(), images=images or [])
     with pytest.raises(ValueError, match=field):
-        pipeline.encode([request])
+        pipeline.prepare_request(request)
 
 
 def _frozen(value: Any) -> Any:

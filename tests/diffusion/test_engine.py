@@ -204,3 +204,29 @@ def test_model_index_picks_the_pipeline_class(tmp_path):
     from omnistage.diffusion.checkpoint import CheckpointConfigs
 
     assert CheckpointConfigs.read(make_fake_model(tmp_path)).class_name == "FakePipeline"
+
+
+class CountingPipeline(FakePipeline):
+    """Counts `prepare_request` over every instance: the engine's checker and the worker's pipeline."""
+
+    num_prepared: list[str] = []
+
+    def prepare_request(self, request):
+        CountingPipeline.num_prepared.append(request.request_id)
+        return super().prepare_request(request)
+
+
+def test_a_request_is_prepared_once_and_its_id_checked_once(tmp_path):
+    """The engine prepares a request before queueing it; the worker's `encode` takes it as is."""
+    CountingPipeline.num_prepared = []
+    engine = make_engine(tmp_path, CountingPipeline, default_sampling_params={"num_inference_steps": 2})
+    engine.add_request(StageRequest("r", "a cat"))
+    final = run(engine)["r"][-1]
+    assert final.error is None and final.metrics["num_steps"] == 2  # the filled defaults reached the worker
+    assert CountingPipeline.num_prepared == ["r"]
+    engine.add_request(StageRequest("s", "a cat"))
+    with pytest.raises(ValueError, match="request_id: 's' is already running") as refused:
+        engine.add_request(StageRequest("s", "a dog"))
+    assert refused.value.param == "request_id"
+    run(engine)
+    engine.close()

@@ -65,9 +65,9 @@ def test_cached_request_alone_equals_batched_at_other_steps(zoo):
         (state,) = pipeline.denoise([r])
         alone.append((pipeline.decode_arrays([state])[0], pipeline.state_metrics(state)))
 
-    states = pipeline.encode([requests[0]])  # the second joins after one step
+    states = pipeline.encode([pipeline.prepare_request(requests[0])])  # the second joins after one step
     pipeline.denoise_step(states)
-    states += pipeline.encode([requests[1]])
+    states += pipeline.encode([pipeline.prepare_request(requests[1])])
     while any(not s.is_done for s in states):
         pipeline.denoise_step([s for s in states if not s.is_done])
     for state, arr, (arr_alone, metrics_alone) in zip(states, pipeline.decode_arrays(states), alone):

@@ -58,7 +58,7 @@ class TestGeneric(ReferenceFixtures):
 
     def test_steps_diffusers_call_one_step_at_a_time(self, ours, expected, call):
         # The call pauses after every step: each denoise_step advances exactly one.
-        (state,) = ours.encode([request_for(dict(call, num_inference_steps=3), seed=3)])
+        (state,) = ours.encode([ours.prepare_request(request_for(dict(call, num_inference_steps=3), seed=3))])
         steps = []
         while not state.is_done:
             ours.denoise_step([state])
@@ -68,7 +68,7 @@ class TestGeneric(ReferenceFixtures):
         assert max_abs_diff(got, expected(dict(call, num_inference_steps=3), 3)) <= TOLERANCE
 
     def test_release_ends_the_call_at_its_next_step(self, ours, call):
-        (state,) = ours.encode([request_for(dict(call, num_inference_steps=50), seed=0)])
+        (state,) = ours.encode([ours.prepare_request(request_for(dict(call, num_inference_steps=50), seed=0))])
         ours.denoise_step([state])
         call_thread = state.cond["call"]._thread
         ours.release(state)  # an abort: the paused call unwinds instead of running 49 more steps

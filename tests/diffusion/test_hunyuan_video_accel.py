@@ -71,9 +71,9 @@ def test_first_block_cache_alone_equals_batched_at_other_steps(path):
     splits_before = pipeline.step_cache.num_split_calls
 
     # The second request joins after one step: later calls mix requests at different steps.
-    states = pipeline.encode([requests[0]])
+    states = pipeline.encode([pipeline.prepare_request(requests[0])])
     pipeline.denoise_step(states)
-    states += pipeline.encode([requests[1]])
+    states += pipeline.encode([pipeline.prepare_request(requests[1])])
     while any(not s.is_done for s in states):
         pipeline.denoise_step([s for s in states if not s.is_done])
     batched = [(arr, pipeline.state_metrics(s)) for s, arr in zip(states, pipeline.decode_arrays(states))]

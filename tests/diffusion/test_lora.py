@@ -81,9 +81,9 @@ def test_per_request_adapters_match_diffusers_in_one_mixed_batch(per_request, re
 
 def test_step_mode_joiner_with_another_adapter(per_request, reference):
     # A "style" request runs 2 steps alone, then an "other" request joins; each step groups them by adapter.
-    states = per_request.encode([lora_request("style", rid="a", seed=5)])
+    states = per_request.encode([per_request.prepare_request(lora_request("style", rid="a", seed=5))])
     per_request.step(states)
-    states += per_request.encode([lora_request("other", 0.5, rid="b", seed=6)])
+    states += per_request.encode([per_request.prepare_request(lora_request("other", 0.5, rid="b", seed=6))])
     while any(not s.is_done for s in states):
         per_request.step([s for s in states if not s.is_done])
     got = per_request.decode_arrays(states)

@@ -78,13 +78,13 @@ class TestGlmImageDiT(ParityTests):
         request = DiffusionRequest("r", "a cat", DiffusionParams(height=64, width=96),
                                    condition={"prior_token_ids": prior_tokens(0)[0].tolist()})
         with pytest.raises(ValueError, match="prior_token_ids: 16 tokens do not fit a 64x96"):
-            ours.encode([request])
+            ours.prepare_request(request)
 
     def test_prior_tokens_must_be_image_codes(self, ours):
         request = DiffusionRequest("r", "a cat", DiffusionParams(height=64, width=64),
                                    condition={"prior_token_ids": [NUM_CODES] * 16})
         with pytest.raises(ValueError, match="prior_token_ids must be image codes"):
-            ours.encode([request])
+            ours.prepare_request(request)
 
     def test_size_not_divisible_is_rejected(self, ours):
         assert_rejected(ours, "width", DiffusionParams(height=64, width=48))

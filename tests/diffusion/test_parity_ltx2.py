@@ -91,10 +91,10 @@ class TestLTX2(ParityTests):
         long_call = dict(call, prompt=BATCH_PROMPTS[0], num_inference_steps=4)
         short_call = dict(call, prompt=BATCH_PROMPTS[1], num_inference_steps=2)
         first, second = self.request(long_call, 1, "long"), self.request(short_call, 2, "short")
-        states = ours.encode([first])
+        states = ours.encode([ours.prepare_request(first)])
         for _ in range(2):
             ours.denoise_step(states)
-        states += ours.encode([second])
+        states += ours.encode([ours.prepare_request(second)])
         while any(not s.is_done for s in states):
             ours.denoise_step([s for s in states if not s.is_done])
         for (_, audio), c, s in zip(ours.decode_av(states), (long_call, short_call), (1, 2)):

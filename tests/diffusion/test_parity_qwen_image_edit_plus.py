@@ -74,7 +74,7 @@ class TestQwenImageEditPlus(ParityTests):
     def test_each_image_joins_both_encoders(self, ours, call):
         # Random weights barely react to an extra image, so check what the transformer is given:
         # each image adds its own token grid after the target's and its vision tokens to the prompt.
-        one, two = ours.encode([self.request(dict(call, image=input_images()[:n]), 5, f"r{n}") for n in (1, 2)])
+        one, two = ours.encode([ours.prepare_request(self.request(dict(call, image=input_images()[:n]), 5, f"r{n}")) for n in (1, 2)])
         assert len(one.cond["img_shapes"]) == 2 and len(two.cond["img_shapes"]) == 3
         grid_tokens = [f * h * w for f, h, w in two.cond["img_shapes"][1:]]
         assert two.cond["image_latents"].shape[1] == sum(grid_tokens) == 2 * one.cond["image_latents"].shape[1]

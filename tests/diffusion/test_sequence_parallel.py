@@ -51,11 +51,12 @@ def attention_lengths(pipeline) -> list[int]:
 
 def staggered(pipeline, name: str) -> list[np.ndarray]:
     """Two requests in one batch, the second joining after the first's first step (step mode)."""
-    first = pipeline.encode([request_for(call_kwargs(name, num_inference_steps=3), seed=1, request_id="a")])
+    first = pipeline.encode([pipeline.prepare_request(
+        request_for(call_kwargs(name, num_inference_steps=3), seed=1, request_id="a"))])
     pipeline.denoise_step(first)
     # A caption past 32 tokens: Z-Image pads the two requests to different lengths (a mask).
     long_prompt = call_kwargs(name, prompt="a small brown dog " * 8)
-    second = pipeline.encode([request_for(long_prompt, seed=2, request_id="b")])
+    second = pipeline.encode([pipeline.prepare_request(request_for(long_prompt, seed=2, request_id="b"))])
     states = first + second
     while running := [s for s in states if not s.is_done]:
         pipeline.denoise_step(running)

@@ -68,10 +68,10 @@ def test_first_block_cache_alone_equals_joined_at_other_steps(path):
     first = request_for(call(prompt=BATCH_PROMPTS[0]), 11, "a")
     second = request_for(call(prompt=BATCH_PROMPTS[1]), 22, "b")
     alone = [pipeline.denoise([r])[0] for r in (first, second)]
-    states = pipeline.encode([first])
+    states = pipeline.encode([pipeline.prepare_request(first)])
     for _ in range(2):
         pipeline.denoise_step(states)
-    states += pipeline.encode([second])
+    states += pipeline.encode([pipeline.prepare_request(second)])
     while any(not s.is_done for s in states):
         pipeline.denoise_step([s for s in states if not s.is_done])
     for got, want in zip(pipeline.decode_arrays(states), pipeline.decode_arrays(alone)):

@@ -18,6 +18,8 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable
 
+from omnistage.core.errors import RequestError
+
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
 from omnistage.diffusion.sched.request import EngineRequest, RequestStatus
 
@@ -43,7 +45,7 @@ class SchedulerBase(ABC):
 
     def add_request(self, req: EngineRequest) -> None:
         if req.request_id in self.requests:
-            raise ValueError(f"request_id: {req.request_id!r} is already running")
+            raise RequestError("request_id", f"request_id: {req.request_id!r} is already running")
         self.requests[req.request_id] = req
         self.waiting.append(req)
 

@@ -118,13 +118,11 @@ def build_request(args: argparse.Namespace, omni: Any) -> tuple[Any, Any]:
         raise ValueError("--image: this model's first stage is not a diffusion stage")
     from omnistage.ar.sampling_params import SamplingParams
 
-    from omnistage.entrypoints.openai.engine_client import stage_default_params
-
     values = {k: v for k, v in (("max_tokens", args.max_tokens), ("temperature", args.temperature),
                                 ("seed", args.seed)) if v is not None}
     params = None  # the stages' deploy defaults
-    if values and entry.kind == "ar":
-        params = {entry.name: SamplingParams.from_dict({**stage_default_params(omni, entry.id), **values})}
+    if values and entry.kind == "ar":  # the engine fills the fields not given from the deploy defaults
+        params = {entry.name: SamplingParams.from_dict(values)}
     makes_text = any("text" in s.modalities for s in spec.final_stages)
     if makes_text:
         return {"messages": [{"role": "user", "content": args.prompt}]}, params

@@ -1,11 +1,12 @@
 """What a bare request gets: the effective request defaults of each stage, for /v1/models.
 
-Per stage, lowest precedence first: the engine's own defaults (a native diffusion
-pipeline's call defaults and its declared extras' defaults, read from the class without
-loading it; `SamplingParams`' defaults for AR stages), then the deploy file's
-`default_sampling_params`. A request's own fields win over all of them. A stage whose
-engine picks its defaults only once loaded (the generic diffusers adapter) lists the
-deploy values alone.
+They are built as the engine builds them, from the same declarations: an AR stage's
+`SamplingParams` from the deploy's `default_sampling_params` (the rest: SamplingParams'
+own defaults); a native diffusion stage's params filled by `fill_defaults` from the deploy
+defaults, then the family's `request_defaults()` read from the checkpoint's config files
+(no weights loaded). A request's own fields win over all of them. A stage whose engine
+picks its defaults only once loaded (the generic diffusers adapter) lists the deploy
+values alone.
 """
 
 from __future__ import annotations
@@ -13,34 +14,46 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from omnistage.entrypoints.openai.engine_client import stage_default_params
-
 
 def effective_defaults(engine: Any) -> dict[str, dict[str, Any]]:
     """{stage name: {field: value}} for every stage of `engine.spec` (None: {})."""
     if engine is None:
         return {}
+    config = getattr(engine, "config", None)  # AsyncOmni's merged deploy config; None for bare clients
+    paths = _model_paths(config, engine.spec)
     out = {}
     for stage in engine.spec.stages:
-        own, deploy = _engine_defaults(stage), stage_default_params(engine, stage.id)
-        merged = {**own, **deploy}
-        if "extras" in own and "extras" in deploy:
-            merged["extras"] = {**own["extras"], **deploy["extras"]}
-        out[stage.name] = merged
+        deploy = dict(config.stage_config(stage.id).default_sampling_params) if config is not None else {}
+        out[stage.name] = _stage_defaults(stage, deploy, paths.get(stage.id))
     return out
 
 
-def _engine_defaults(stage: Any) -> dict[str, Any]:
+def _model_paths(config: Any, spec: Any) -> dict[int, str]:
+    if config is None or config.model is None:
+        return {}
+    from omnistage.engine.factory import stage_model_paths
+
+    return stage_model_paths(config.model, spec)
+
+
+def _stage_defaults(stage: Any, deploy: dict[str, Any], model_path: str | None) -> dict[str, Any]:
     if stage.kind == "ar":
         from omnistage.ar.sampling_params import SamplingParams
 
-        return dataclasses.asdict(SamplingParams())
+        return dataclasses.asdict(SamplingParams.from_dict(deploy))  # the AR engine's `default_params`
     if stage.kind != "diffusion" or stage.model is None:
-        return {}
-    from omnistage.diffusion.registry import is_native, pipeline_class
+        return deploy
+    from omnistage.diffusion.registry import is_native
 
     if not is_native(stage.model):
-        return {}
-    cls = pipeline_class(stage.model)
-    extras = {name: spec.default for name, spec in cls.extras.items() if spec.default is not None}
-    return {**cls.default_params, **({"extras": extras} if extras else {})}
+        return deploy
+    from omnistage.diffusion.checkpoint import CheckpointConfigs
+    from omnistage.diffusion.params import DiffusionParams, fill_defaults
+    from omnistage.diffusion.registry import pipeline_class
+
+    configs = CheckpointConfigs.read(model_path) if model_path is not None else None
+    family = pipeline_class(stage.model).for_requests(configs or CheckpointConfigs({}, {})).request_defaults()
+    filled = fill_defaults(DiffusionParams(), deploy, family).model_dump(exclude_unset=True)
+    if not filled.get("extras"):
+        filled.pop("extras", None)
+    return filled

@@ -56,16 +56,6 @@ class EngineClient(Protocol):
     async def shutdown(self) -> None: ...
 
 
-def stage_default_params(engine: Any, stage_id: int) -> dict[str, Any]:
-    """The stage's deploy `default_sampling_params` (AsyncOmni's `config`; {} for clients
-    without one). The AR engine takes a request's params whole, so the server fills the
-    fields a request leaves out from these."""
-    config = getattr(engine, "config", None)
-    if config is None:
-        return {}
-    return dict(config.stage_config(stage_id).default_sampling_params)
-
-
 def rejection(out: Any) -> APIError | None:
     """The 400 for an output in which a stage refused the request's inputs or params (a typed
     `RequestError` in the engine: its message and field travel as they are), else None."""

@@ -87,7 +87,7 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
     "CompletionRequest": {
         "prompt": ("A string, a list of strings, token ids, or lists of token ids.", "Once upon a time"),
         "suffix": ("Refused (400): no model served here inserts text.", None),
-        "max_tokens": ("Most tokens to generate (default 16).", 16),
+        "max_tokens": ("Most tokens to generate (default: the deploy file's, else 16).", 16),
         "best_of": ("Sample best_of completions per prompt and return the n with the highest total log "
                     "probability (>= n; not with stream).", 1),
         "logprobs": ("Return the log probabilities of the sampled token and of this many alternatives (0-5).", 1),

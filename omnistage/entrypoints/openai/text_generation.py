@@ -9,12 +9,11 @@ The n streams are read concurrently and their outputs interleave in arrival orde
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
 from omnistage.ar.sampling_params import SamplingParams
-from omnistage.entrypoints.openai.engine_client import EngineGateway, RequestStream, stage_default_params
+from omnistage.entrypoints.openai.engine_client import EngineGateway, RequestStream
 from omnistage.entrypoints.openai.errors import bad_request, from_value_error
 
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf: tokens the grammar forbids get vLLM's floor value
@@ -22,24 +21,23 @@ LOGPROB_FLOOR = -9999.0  # JSON has no -inf: tokens the grammar forbids get vLLM
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
 
 
-def entry_sampling_params(gateway: EngineGateway, values: dict[str, Any], extras: dict[str, Any]) -> SamplingParams:
-    """The entry (thinker) stage's params: its deploy defaults, then `values` (the body's
-    OpenAI fields, None = not given), then `extras` (vLLM's extra sampling fields at the
-    top level, and its `guided_*` spellings of `structured_outputs`)."""
-    entry = gateway.engine.spec.entry_stages[0]
-    merged = stage_default_params(gateway.engine, entry.id)
-    merged.update({k: v for k, v in values.items() if v is not None})
-    if values.get("max_tokens") is None:  # OpenAI's default: until the model stops (capped at max_model_len)
-        merged.setdefault("max_tokens", None)
+def entry_sampling_params(values: dict[str, Any], extras: dict[str, Any],
+                          fallback: dict[str, Any] | None = None) -> SamplingParams:
+    """The entry (thinker) stage's params as the body gives them: `values` (its OpenAI fields,
+    None = not given), then `extras` (vLLM's extra sampling fields at the top level, and its
+    `guided_*` spellings of `structured_outputs`). Only the given fields are set: the engine
+    fills the rest from the stage's deploy defaults, then from `fallback` (the route's own
+    defaults), then from SamplingParams'."""
+    given = {k: v for k, v in values.items() if v is not None}
     extras = dict(extras)
     guided = {_GUIDED[k]: extras.pop(k) for k in list(extras) if k in _GUIDED}
     if guided:
-        if "structured_outputs" in extras or "structured_outputs" in merged:
+        if "structured_outputs" in extras:
             raise bad_request("give structured_outputs or guided_*, not both", param="structured_outputs")
         extras["structured_outputs"] = guided
-    merged.update(extras)
+    given.update(extras)
     try:
-        params = SamplingParams.from_dict(merged)
+        params = SamplingParams.from_dict(given, fallback=fallback)
         if params.structured_outputs is not None:  # a grammar no engine can compile is a 400 before queueing
             params.structured_outputs.validate()
     except ValueError as e:  # RequestError(s) from SamplingParams and the grammar check, naming the field
@@ -51,7 +49,7 @@ def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
     """One params per choice: choice i gets seed + i (unseeded stays unseeded)."""
     if n == 1:
         return [params]
-    return [dataclasses.replace(params, seed=None if params.seed is None else params.seed + i) for i in range(n)]
+    return [params.replace(seed=None if params.seed is None else params.seed + i) for i in range(n)]
 
 
 async def open_streams(gateway: EngineGateway, jobs: list[tuple[Any, Any]], request_id: str,

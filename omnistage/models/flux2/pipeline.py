@@ -160,7 +160,6 @@ class Flux2(DiffusionPipelineBase):
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        requests = [self.prepare_request(r) for r in requests]
         embeds = encode_prompts_by_length(requests, uses_cfg=self.uses_cfg, encode=self._encode_prompts)
         return [self._initial_state(r, prompt, negative) for r, (prompt, negative) in zip(requests, embeds)]
 

@@ -80,7 +80,7 @@ class GlmImage(DiffusionPipelineBase):
     def check_inputs(self, request: DiffusionRequest) -> None:
         if request.images:
             raise RequestError("image", "image: GLM-Image image-to-image is not supported; send a prompt only")
-        params = request.params.with_defaults(self.default_params)
+        params = request.params  # defaults filled (prepare_request)
         check_divisible(params, height=self.multiple_of, width=self.multiple_of)
         ids = request.condition.get("prior_token_ids")
         if ids is None:
@@ -117,7 +117,6 @@ class GlmImage(DiffusionPipelineBase):
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        requests = [self.prepare_request(r) for r in requests]
         return [self._initial_state(r) for r in requests]
 
     def _initial_state(self, request: DiffusionRequest) -> DenoiseState:

@@ -163,7 +163,6 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        requests = [self.prepare_request(r) for r in requests]
         guided = [i for i, r in enumerate(requests) if self._uses_cfg(r)]
         rows = self._encode_texts([r.prompt for r in requests]
                                   + [requests[i].params.negative_prompt or "" for i in guided])

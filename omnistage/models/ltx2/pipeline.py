@@ -120,7 +120,7 @@ class LTX2T2V(DiffusionPipelineBase):
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         super().check_inputs(request)
-        params = request.params.with_defaults(self.default_params)
+        params = request.params  # defaults filled (prepare_request)
         check_divisible(params, height=self.size_multiple_of, width=self.size_multiple_of)
         # diffusers rounds the frame count down to the VAE's temporal grid; we refuse.
         if (params.num_frames - 1) % self.vae_temporal_ratio != 0:
@@ -152,7 +152,6 @@ class LTX2T2V(DiffusionPipelineBase):
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        requests = [self.prepare_request(r) for r in requests]
         # Requests with the same max_sequence_length share one Gemma + connectors call.
         embeds = encode_prompts_by_length(requests, uses_cfg=lambda r: self._scales(r)["cfg"],
                                           encode=self._encode_prompts)

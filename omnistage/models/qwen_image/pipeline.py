@@ -101,7 +101,6 @@ class QwenImage(DiffusionPipelineBase):
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        requests = [self.prepare_request(r) for r in requests]
         images = [self._condition_image(r) for r in requests]
         embeds = self._encode_requests(requests, images)
         return [self._initial_state(r, image, *e) for r, image, e in zip(requests, images, embeds)]

@@ -73,7 +73,7 @@ class StableDiffusion3(DiffusionPipelineBase):
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         super().check_inputs(request)
-        params = request.params.with_defaults(self.default_params)
+        params = request.params  # defaults filled (prepare_request)
         check_divisible(params, height=self.multiple_of, width=self.multiple_of)
 
     # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
@@ -108,7 +108,6 @@ class StableDiffusion3(DiffusionPipelineBase):
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        requests = [self.prepare_request(r) for r in requests]
         # Requests with the same max_sequence_length share one call per text encoder; each
         # row is (joint embeddings, pooled). CFG runs when guidance_scale > 1.
         embeds = encode_prompts_by_length(

@@ -130,7 +130,6 @@ class StableAudio(DiffusionPipelineBase):
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        requests = [self.prepare_request(r) for r in requests]
         # One text-encoder call over the prompts, then the negative prompts of guided requests.
         negatives = [i for i, r in enumerate(requests) if _uses_cfg(r) and r.params.negative_prompt is not None]
         texts = [r.prompt for r in requests] + [requests[i].params.negative_prompt for i in negatives]

@@ -86,7 +86,7 @@ class _Wan(DiffusionPipelineBase):
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         super().check_inputs(request)
-        params = request.params.with_defaults(self.default_params)
+        params = request.params  # defaults filled (prepare_request)
         check_divisible(params, height=self.height_multiple_of, width=self.width_multiple_of)
         if (params.num_frames - 1) % self.vae_scale_factor_temporal != 0:
             raise RequestError("num_frames", f"num_frames - 1 must be divisible by {self.vae_scale_factor_temporal}, "
@@ -115,7 +115,6 @@ class _Wan(DiffusionPipelineBase):
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        requests = [self.prepare_request(r) for r in requests]
         image_embeds = self._encode_images(requests)
         # Requests with the same max_sequence_length share one text-encoder call; each row is
         # [1, max_sequence_length, D]. CFG follows the first expert's scale only, as in diffusers.

@@ -68,14 +68,13 @@ class ZImage(DiffusionPipelineBase):
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         super().check_inputs(request)
-        params = request.params.with_defaults(self.default_params)
+        params = request.params  # defaults filled (prepare_request)
         check_divisible(params, height=self.multiple_of, width=self.multiple_of)
 
     # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        requests = [self.prepare_request(r) for r in requests]
         # One text-encoder call per distinct max_sequence_length. The negative prompt is only
         # encoded when CFG is on (guidance_scale > 0), as in diffusers.
         embeds = encode_prompts_by_length(requests, uses_cfg=lambda r: r.params.guidance_scale > 0,

@@ -191,12 +191,10 @@ def test_fields_and_modalities_the_model_does_not_have(app_client):
         assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
 
 
-def test_request_fields_go_over_the_stage_deploy_defaults(app_client):
-    from types import SimpleNamespace
-
+def test_the_server_sends_only_the_fields_the_client_gave(app_client):
+    """The engine fills the rest from the stage's deploy defaults (test_openai_deploy_defaults.py)."""
     http, engine = app_client("text")
-    defaults = {"max_tokens": 7, "temperature": 0.5, "top_k": 20}
-    engine.config = SimpleNamespace(stage_config=lambda stage_id: SimpleNamespace(default_sampling_params=defaults))
     resp = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "temperature": 0})
     assert resp.status_code == 200
-    assert engine.requests[-1][1] == SamplingParams(max_tokens=7, temperature=0, top_k=20)
+    params = engine.requests[-1][1]
+    assert params.fields_set == {"temperature"} and params.max_tokens is None  # chat's own default: unbounded

@@ -48,3 +48,22 @@ def test_speech_families_have_a_default_length(zoo):
     """A bare speech request is bounded (CSM's spoke 162 s, to max_model_len), and a deploy file can lift it."""
     talker = effective_defaults(engine_view(zoo("csm")))["talker"]
     assert talker["max_tokens"] == 750  # 60 s at 12.5 frames/s
+
+
+def test_v1_models_lists_what_a_bare_request_runs_with(zoo):
+    """The engine fills a bare request from the same declarations /v1/models reads: the deploy's
+    defaults, then the family's as its checkpoint sets them (FLUX's size comes from its VAE, its
+    prompt length is capped by its tokenizer), so the two cannot drift apart."""
+    from omnistage.core.types import StageRequest
+    from omnistage.diffusion.engine import DiffusionEngine
+    from omnistage.diffusion.params import DiffusionParams
+
+    path = str(zoo("flux"))
+    config = load_config(path, None, {"0": {"default_sampling_params": {"num_inference_steps": 2}}}, {})
+    [stage] = config.pipeline.stages
+    listed = effective_defaults(SimpleNamespace(spec=config.pipeline, config=config))[stage.name]
+    with DiffusionEngine(path, stage, config.stage_config(stage.id)) as engine:
+        engine.add_request(StageRequest("bare", "a cat"))
+        ran = engine.scheduler.get_request("bare").request.params
+    assert listed["num_inference_steps"] == 2 and listed["height"] == ran.height is not None
+    assert ran.model_dump(exclude={"seed"}) == DiffusionParams(**listed).model_dump(exclude={"seed"})

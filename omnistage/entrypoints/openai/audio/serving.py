@@ -26,7 +26,7 @@ from omnistage.entrypoints.openai.audio.voices import VoiceStore
 from omnistage.entrypoints.openai.capabilities import Capabilities
 from omnistage.entrypoints.openai.common import check_model
 from omnistage.ar.sampling_params import SamplingParams
-from omnistage.entrypoints.openai.engine_client import EngineGateway, RequestStream, new_request_id, stage_default_params
+from omnistage.entrypoints.openai.engine_client import EngineGateway, RequestStream, new_request_id
 from omnistage.entrypoints.openai.errors import APIError, EngineError, bad_request
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.media.audio import MIME_TYPES, StreamingAudioEncoder, change_speed, encode_audio
@@ -91,15 +91,13 @@ class SpeechServing:
         return stream, first
 
     def _params(self, body: SpeechRequest) -> dict[str, SamplingParams] | None:
-        """The seed goes to the entry AR stage (the talker), over its deploy defaults."""
+        """The seed goes to the entry AR stage (the talker); the engine fills the rest from its deploy defaults."""
         if body.seed is None:
             return None
         entry = self.gateway.engine.spec.entry_stages[0]
         if entry.kind != "ar":
             raise bad_request("seed: this model's speech is not sampled", param="seed")
-        values = stage_default_params(self.gateway.engine, entry.id)
-        values["seed"] = body.seed
-        return {entry.name: SamplingParams.from_dict(values)}
+        return {entry.name: SamplingParams(seed=body.seed)}
 
     async def _chunks(self, stream: RequestStream, first: Any, body: SpeechRequest) -> AsyncIterator[bytes]:
         encoder = StreamingAudioEncoder(first.sample_rate, body.response_format)

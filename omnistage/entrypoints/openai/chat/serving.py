@@ -167,11 +167,12 @@ class ChatServing:
                 raise bad_request(f"{clash[0]}: give it or {what}, not both", param=clash[0])
             extras["structured_outputs"] = structured
         # Only the entry (thinker) stage samples the user's text; later AR stages (a talker)
-        # keep their deploy defaults. The request's fields go over the entry stage's.
+        # keep their deploy defaults. The request's fields go over the entry stage's, in the engine.
         values = {k: getattr(body, k) for k in _SAMPLING_FIELDS}
         values["max_tokens"] = body.max_completion_tokens or body.max_tokens
         values["logprobs"] = (body.top_logprobs or 0) if body.logprobs else None
-        params = entry_sampling_params(self.gateway, values, extras)
+        # OpenAI's chat default: until the model stops (capped at max_model_len), unless the deploy sets one.
+        params = entry_sampling_params(values, extras, fallback={"max_tokens": None})
         self._check_media_parts(body)
         prompt: dict[str, Any] = {"messages": [_message(m, i, media) for i, m in enumerate(body.messages)]}
         if body.tools and tool_mode is not None:

@@ -8,7 +8,6 @@ returns the n with the highest total logprob (not streamed, as in vLLM).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -61,9 +60,13 @@ class CompletionServing:
                               param="echo")
         values = {k: getattr(body, k) for k in _SAMPLING_FIELDS}
         values["logprobs"] = body.logprobs
-        params = entry_sampling_params(self.gateway, values, body.extras())
+        # max_tokens left out: the deploy's default, else OpenAI's 16 (SamplingParams'); null: until
+        # the model stops, unless the deploy sets one.
+        given = "max_tokens" in body.model_fields_set
+        values["max_tokens"] = body.max_tokens if given else None
+        params = entry_sampling_params(values, body.extras(), fallback={"max_tokens": None} if given else None)
         if best_of > body.n and params.logprobs is None:  # ranking reads each sample's logprobs
-            params = dataclasses.replace(params, logprobs=0)
+            params = params.replace(logprobs=0)
         entry = self.gateway.engine.spec.entry_stages[0].name
         jobs = [(_inputs(p), {entry: q}) for p in prompts for q in choice_params(params, best_of)]
         echoes = [p if body.echo else "" for p in prompts for _ in range(body.n)]
