@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Install (if needed) and run the test suite. Extra arguments go to pytest, e.g. `-n 2` to run
-# the files on two pytest-xdist workers, longest first (tests/conftest.py says how).
+# Install (if needed) and run the test suite. Extra arguments go to pytest, e.g. `-n 2 --dist loadfile`
+# to run whole files on two pytest-xdist workers, longest first (tests/conftest.py says how).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh"

@@ -4,7 +4,7 @@ The whole run uses one intra-op thread (`pytest_configure`): tiny models are bou
 overhead, and on a shared 2-core machine a second OpenMP thread made a tiny model's step 10-15x
 slower (its spinning fights every other process for the cores).
 
-Parallel runs (`-n 2`, pytest-xdist): each worker runs whole files (`--dist loadfile`, so a
+Parallel runs (`-n 2 --dist loadfile`, pytest-xdist): each worker runs whole files (so a
 module's server or engine fixture starts once), and the workers take the longest files first
 (`pytest_collection_modifyitems`), so the two finish together rather than one waiting on a
 long file picked up last. File times come from earlier runs on this machine (pytest's cache; a
