@@ -85,7 +85,7 @@ register_zoo_model(ZooModel(
 
 # --------------------------------------------------------------------------- qwen2.5-omni
 #
-# Obstacles worked around (measured in /work/shared/reference/tiny-speech-models.md, section 1):
+# Obstacles worked around (measured while building these tiny speech checkpoints):
 # 1. `Qwen2_5OmniForConditionalGeneration.from_pretrained` requires `spk_dict.pt`
 #    ({speaker: {"bos_token", "cond", "ref_mel"}}), and `generate` checks the speaker even in
 #    text-only mode. We write one, byte-deterministically (see `_save_speakers`).
