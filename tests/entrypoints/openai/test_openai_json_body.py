@@ -41,6 +41,24 @@ def test_chat_bodies_out_of_json_bounds_are_400s(app_client, text, param):
     assert http.get("/health").status_code == 200
 
 
+def test_every_route_group_reads_its_body_through_the_bounds(app_client):
+    """A router built without JSONBodyRoute would parse NaN and deep nesting unchecked."""
+    import importlib
+    import pkgutil
+
+    import omnistage.entrypoints.openai as openai_pkg
+
+    groups = [m.name for m in pkgutil.iter_modules(openai_pkg.__path__) if m.ispkg]
+    routers = {g: importlib.import_module(f"{openai_pkg.__name__}.{g}.api_router").router
+               for g in groups if importlib.util.find_spec(f"{openai_pkg.__name__}.{g}.api_router")}
+    assert "responses" in routers and "chat" in routers
+    assert not [g for g, r in routers.items() if r.route_class is not json_body.JSONBodyRoute]
+    http, engine = app_client("text")
+    resp = post_raw(http, "/v1/responses", '{"input": "hi", "temperature": NaN}')
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "invalid_json", resp.text
+    assert not engine.requests
+
+
 def test_completions_prompt_token_ids_beyond_int64_are_a_400(app_client):
     http, _ = app_client("text")
     resp = post_raw(http, "/v1/completions", '{"prompt": [1, 2, 9223372036854775808]}')

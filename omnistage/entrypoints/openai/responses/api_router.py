@@ -15,10 +15,11 @@ from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import StreamingResponse
 
 from omnistage.entrypoints.openai.common import require_json
+from omnistage.entrypoints.openai.json_body import JSONBodyRoute
 from omnistage.entrypoints.openai.responses.protocol import ResponsesRequest
 from omnistage.entrypoints.openai.responses.serving import ResponsesServing
 
-router = APIRouter()
+router = APIRouter(route_class=JSONBodyRoute)
 
 
 def serving(request: Request) -> ResponsesServing:
