@@ -51,8 +51,7 @@ class DiffusionEngine:
         self.model_path = str(model_path)
         self.config = config
         configs = CheckpointConfigs.read(self.model_path)
-        self.pipeline_cls = pipeline_cls or pipeline_class(stage.model if stage is not None and stage.model
-                                                           else configs.class_name)
+        self.pipeline_cls = pipeline_cls or _pipeline_class(stage, configs)
         # Requests are checked here, against the checkpoint's config files: no round trip to a worker.
         self.checker = self.pipeline_cls.for_requests(configs, config)
         check_default_params(config.default_sampling_params)
@@ -72,13 +71,26 @@ class DiffusionEngine:
         scheduler_cls = StepScheduler if config.step_execution else RequestScheduler
         return scheduler_cls(max_num_seqs, config.request_batch_max_wait_ms, clock)
 
+    @classmethod
+    def request_checker(cls, model_path: str, stage: StageSpec | None,
+                        config: StageDeployConfig) -> Callable[[StageRequest], None]:
+        """What `add_request` checks, without the weights (the checkpoint's config files only),
+        so the server can refuse a request before it answers for it (a video job): raises
+        RequestError naming the field."""
+        configs = CheckpointConfigs.read(str(model_path))
+        checker = _pipeline_class(stage, configs).for_requests(configs, config)
+
+        def check(request: StageRequest) -> None:
+            _prepare(checker, request)
+
+        return check
+
     # -- the Engine protocol -------------------------------------------------------------
 
     def add_request(self, request: StageRequest) -> None:
         if not self.is_healthy():
             raise RuntimeError(f"diffusion engine is unhealthy and takes no new requests: {self._dead}")
-        diffusion_request = seeded(self.checker.prepare_request(to_diffusion_request(request)))
-        key = self.checker.batch_key(diffusion_request.params)
+        diffusion_request, key = _prepare(self.checker, request)
         with self._lock:  # the scheduler refuses a request_id already running
             self.scheduler.add_request(EngineRequest(diffusion_request, freeze(key), arrival_time=self.clock(),
                                                      num_steps=diffusion_request.params.num_inference_steps))
@@ -166,3 +178,13 @@ class DiffusionEngine:
         wait = self.scheduler.wait_time()
         if wait > 0:
             time.sleep(min(wait, MAX_IDLE_SLEEP_S))
+
+
+def _pipeline_class(stage: StageSpec | None, configs: CheckpointConfigs) -> type:
+    return pipeline_class(stage.model if stage is not None and stage.model else configs.class_name)
+
+
+def _prepare(checker, request: StageRequest) -> tuple:
+    """(the checked, seeded request, its batch key); RequestError naming the field."""
+    diffusion_request = seeded(checker.prepare_request(to_diffusion_request(request)))
+    return diffusion_request, checker.batch_key(diffusion_request.params)

@@ -19,7 +19,7 @@ from omnistage.core.registry import import_target
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.config.spec import PipelineSpec, StageSpec
-    from omnistage.core.types import Engine
+    from omnistage.core.types import Engine, StageRequest
 
 EngineFactory = Callable[[str, "StageSpec", "StageDeployConfig"], "Engine"]
 
@@ -77,6 +77,17 @@ def create_engine(model_path: str, stage: StageSpec, config: StageDeployConfig) 
     """The default engine factory: the engine class of the stage's kind (and AR backend)."""
     check_implemented(stage, config)
     return get_engine_class(stage.kind, config.ar_backend)(model_path, stage, config)
+
+
+def request_checker(factory: EngineFactory, model_path: str, stage: StageSpec,
+                    config: StageDeployConfig) -> Callable[[StageRequest], None] | None:
+    """The check the factory's engine runs on `add_request`, runnable where the orchestrator is
+    (it raises RequestError), or None when the engine offers none. An engine class offers one
+    with a `request_checker(model_path, stage, config)` classmethod."""
+    if factory is create_engine:
+        factory = get_engine_class(stage.kind, config.ar_backend)
+    make = getattr(getattr(factory, "func", factory), "request_checker", None)  # a partial's class too
+    return make(model_path, stage, config) if make is not None else None
 
 
 def stage_model_paths(model_path: str, pipeline: PipelineSpec) -> dict[int, str]:

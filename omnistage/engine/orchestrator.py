@@ -51,7 +51,7 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import PipelineSpec, StageSpec
 from omnistage.core.errors import EngineUnavailableError, ErrorKind, RequestError
 from omnistage.core.types import InputChunk, ProgressPayload, StageOutput, StageInputs, StageRequest
-from omnistage.engine.factory import EngineFactory, create_engine, stage_model_paths
+from omnistage.engine.factory import EngineFactory, create_engine, request_checker, stage_model_paths
 from omnistage.engine.metrics import PrometheusMetrics, StageMetrics
 from omnistage.engine.outputs import Delta, OmniOutput, StageStream, fill_media
 from omnistage.engine.stage_handle import StageHandle, make_stage_handle
@@ -154,6 +154,8 @@ class Orchestrator:
         self._lock = threading.Lock()  # orders submit() against close(): no request slips in after the last drain
         self._closed = False
         self.fatal_error: str | None = None
+        self._engine_factory = engine_factory
+        self._checkers: dict[int, Callable[[StageRequest], None] | None] = {}  # built on first `check`
         self.handles = self._start_stages(engine_factory, connector, shm_threshold_bytes, init_timeout_s)
 
     def _start_stages(self, factory: EngineFactory, connector: str, shm_threshold_bytes: int,
@@ -217,6 +219,38 @@ class Orchestrator:
                 needed.add(stage_id)
                 todo.extend(self.pipeline.get_stage(stage_id).inputs)
         return tuple(s for s in self.pipeline.stages if s.id in needed)
+
+    def check(self, request: OmniRequest) -> None:
+        """Raise RequestError (a ValueError) naming the stage if an entry stage would refuse
+        `request` on arrival: its engine's own request check, or a poison fingerprint; from
+        any thread, queueing nothing. For work answered before it runs (a video job), so a
+        refusal is a 400 and not a job that fails later. Stages fed by other stages, or by
+        an input processor, are checked when their inputs exist, as before."""
+        for stage in self.needed_stages(request):
+            if stage.inputs or stage.input_processor is not None:
+                continue
+            stage_request = StageRequest(request.request_id, request.prompt, request.params.get(stage.id))
+            refused = self.handles[stage.id].refusal(stage_request)
+            if refused is not None:
+                raise RequestError(None, f"stage {stage.label}: {refused}")
+            checker = self._checker(stage)
+            if checker is None:
+                continue
+            try:
+                checker(stage_request)
+            except ValueError as e:  # as the stage would answer: a 400 naming the stage and the field
+                raise RequestError(getattr(e, "param", None), f"stage {stage.label}: {e}") from None
+
+    def _checker(self, stage: StageSpec) -> Callable[[StageRequest], None] | None:
+        if stage.id not in self._checkers:
+            try:
+                path = stage_model_paths(self.model_path, self.pipeline)[stage.id]
+                checker = request_checker(self._engine_factory, path, stage, self.stage_configs[stage.id])
+            except Exception:  # noqa: BLE001 - no early check then: the stage still checks on arrival
+                logger.warning("stage %s: no request check before queueing", stage.label, exc_info=True)
+                checker = None
+            self._checkers[stage.id] = checker
+        return self._checkers[stage.id]
 
     def check_health(self) -> bool:
         return (not self._closed and self.fatal_error is None

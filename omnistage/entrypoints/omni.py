@@ -139,6 +139,14 @@ class AsyncOmni:
             if not finished:
                 self.orchestrator.abort(request.request_id)
 
+    async def check(self, prompt: Any, params: Any = None, request_id: str | None = None, *,
+                    modalities: Sequence[str] | None = None) -> None:
+        """Raise ValueError naming the stage and field if the pipeline would refuse this request
+        on arrival (its params, or inputs that crashed a stage before), queueing nothing: for
+        work answered before it runs, such as a video job (`Orchestrator.check`)."""
+        request = self.make_request(prompt, params, request_id, modalities)
+        await asyncio.to_thread(self.orchestrator.check, request)
+
     async def abort(self, request_id: str) -> None:
         self.orchestrator.abort(request_id)
 

@@ -110,9 +110,9 @@ class Supervisor:
     def add_request(self, request: StageRequest) -> None:
         rid = request.request_id
         fingerprint = self._fingerprint(request) if self.crashes else None
-        if fingerprint is not None and self.crashes.get(fingerprint, 0) >= MAX_CRASHES_PER_REQUEST:
-            self._outputs.append(_error(rid, f"refused: a request with these inputs and params crashed the stage "
-                                             f"{self.crashes[fingerprint]} times", ErrorKind.INVALID_REQUEST))
+        refused = self._refusal(fingerprint)
+        if refused is not None:
+            self._outputs.append(_error(rid, refused, ErrorKind.INVALID_REQUEST))
             return
         if self.endpoint is None:
             self._outputs.append(_error(rid, self._unavailable_message(), ErrorKind.UNAVAILABLE))
@@ -122,6 +122,17 @@ class Supervisor:
         if problem is not None:
             del self.held[rid]
             self._outputs.append(_error(rid, problem))
+
+    def refusal(self, request: StageRequest) -> str | None:
+        """Why `add_request` would refuse `request` as poison (None: it would not), from any
+        thread: the server asks before it answers for work that runs later (a video job)."""
+        return self._refusal(self._fingerprint(request) if self.crashes else None)
+
+    def _refusal(self, fingerprint: str | None) -> str | None:
+        crashes = self.crashes.get(fingerprint, 0) if fingerprint is not None else 0
+        if crashes < MAX_CRASHES_PER_REQUEST:
+            return None
+        return f"refused: a request with these inputs and params crashed the stage {crashes} times"
 
     def abort_request(self, request_id: str) -> None:
         if self.held.pop(request_id, None) is not None and self.endpoint is not None:

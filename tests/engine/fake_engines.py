@@ -4,11 +4,12 @@
 - "text": the string `"{stage name}({input text})"` in `num_tokens` pieces (TextPayload);
 - "image": `num_steps` ProgressPayloads, then one RGB image of `image_size` whose
   `info["prompt"]` is the input text (ImagePayload);
-- "audio": one AudioPayload of 10 samples per input character.
+- "audio": one AudioPayload of 10 samples per input character;
+- "video": like "image", then a VideoPayload of 3 frames of `image_size` at 8 fps.
 
 Inputs whose text contains a trigger word misbehave: "poison" makes `add_request` raise,
 "explode" makes `step` raise, "crash" kills the process, "fail" makes the engine return
-an error output, "die" makes `step` raise WorkerDiedError and the engine turn unhealthy (as
+an error output (a refusal after it was queued), "die" makes `step` raise WorkerDiedError and the engine turn unhealthy (as
 a diffusion engine whose worker process died), "panic" makes `step` raise a BaseException
 (as a tokenizer's pyo3 PanicException); "crash:drawer" only in the stage named drawer. Module-level and picklable, so process stages can run it
 (`functools.partial(FakeEngine, step_delay=...)` is a factory too).
@@ -31,7 +32,15 @@ import numpy as np
 from PIL import Image
 
 from omnistage.config import PipelineSpec, StageSpec
-from omnistage.core.types import AudioPayload, ImagePayload, ProgressPayload, StageOutput, StageRequest, TextPayload
+from omnistage.core.types import (
+    AudioPayload,
+    ImagePayload,
+    ProgressPayload,
+    StageOutput,
+    StageRequest,
+    TextPayload,
+    VideoPayload,
+)
 from omnistage.runtime.process import WorkerDiedError
 
 
@@ -67,6 +76,15 @@ class FakeEngine:
         self.params: dict[str, Any] = {}
         self.closed = False
         self.dead = False
+
+    @classmethod
+    def request_checker(cls, model_path: str, stage: Any, config: Any):
+        """What `add_request` refuses, checked before queueing (as DiffusionEngine offers)."""
+        def check(request: StageRequest) -> None:
+            if _triggered(stage, "poison", input_text(request.inputs)):
+                raise ValueError(f"poisoned input {input_text(request.inputs)!r}")
+
+        return check
 
     def add_request(self, request: StageRequest) -> None:
         text = input_text(request.inputs)
@@ -110,7 +128,7 @@ class FakeEngine:
         return outputs
 
     def _triggered(self, word: str, text: str) -> bool:
-        return any(stage in ("", self.stage.name) for stage in re.findall(rf"{word}(?::(\w+))?", text))
+        return _triggered(self.stage, word, text)
 
     def _output(self, rid: str, state: dict[str, Any]) -> StageOutput:
         kind, n, text = self.stage.output, state["n"], state["text"]
@@ -129,6 +147,11 @@ class FakeEngine:
             return StageOutput(rid, ImagePayload([image]), True, metrics={"queue_time": 0.0, "num_steps": self.num_steps})
         if kind == "audio":
             return StageOutput(rid, AudioPayload(np.full(10 * len(text), 0.5, np.float32), 16000), True)
+        if kind == "video":
+            if n <= self.num_steps:
+                return StageOutput(rid, ProgressPayload(n, self.num_steps), False)
+            frames = np.full((3, self.image_size, self.image_size, 3), len(text) % 256, np.uint8)
+            return StageOutput(rid, VideoPayload(frames, 8.0), True, metrics={"num_steps": self.num_steps})
         raise ValueError(f"FakeEngine cannot make {kind!r}")
 
     def is_healthy(self) -> bool:
@@ -136,6 +159,10 @@ class FakeEngine:
 
     def close(self) -> None:
         self.closed = True
+
+
+def _triggered(stage: Any, word: str, text: str) -> bool:
+    return any(name in ("", stage.name) for name in re.findall(rf"{word}(?::(\w+))?", text))
 
 
 def expand_to_image(request, upstream):

@@ -226,6 +226,18 @@ class EngineGateway:
             raise unavailable(f"{what}: the engine or one of its stages is down or restarting; retry later",
                               code="stage_unavailable")
 
+    async def check(self, prompt: Any, params: Any, request_id: str) -> None:
+        """400 naming the field if the engine would refuse the request on arrival: for work that
+        is answered before it runs (a video job), which would otherwise only fail later. An
+        engine without `check` (test fakes) is asked nothing."""
+        check = getattr(self.engine, "check", None)
+        if check is None:
+            return
+        try:
+            await maybe_await(check(prompt, params, request_id))
+        except ValueError as e:
+            raise from_value_error(e) from None
+
     def submit(self, prompt: Any, params: Any, request_id: str,
                modalities: Sequence[str] | None = None) -> RequestStream:
         """Admit the request and hand it to the engine (429 when full, 400 when the engine

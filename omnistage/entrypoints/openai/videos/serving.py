@@ -1,8 +1,11 @@
 """Video jobs: validate the form, run the request in the background, keep the MP4.
 
-A job is one engine request. Its status follows OpenAI's lifecycle: `queued` until the
-first output, `in_progress` with `progress` from the denoising steps, then `completed`
-(the MP4 is kept `file_ttl_s`) or `failed` with an error. DELETE aborts a running job.
+A job is one engine request, checked as its stage would check it on arrival before the
+job is answered (bad params, a request that crashed the stage before: 400). Its status
+follows OpenAI's lifecycle: `queued` until the first output, `in_progress` with
+`progress` from the denoising steps, then `completed` (the MP4 is kept `file_ttl_s`) or
+`failed` with an error naming the cause (a stage that refused or crashed on it later).
+DELETE aborts a running job.
 While a stage is down or restarting, no job is accepted (503 with Retry-After).
 
 Jobs are durable (store.py): records in SQLite and MP4s under `files_dir/videos` (the
@@ -158,6 +161,8 @@ class VideoServing:
         body, prompt, params = await self._build(form)
         await self.gateway.require_healthy("video jobs are not accepted now")
         job_id = f"video_{uuid.uuid4().hex}"
+        # What the stage would refuse on arrival is a 400 now, not a `queued` job that fails.
+        await self.gateway.check(prompt, params, job_id)
         stream = self.gateway.submit(prompt, params, job_id)
         size = body.size or (f"{body.width}x{body.height}" if body.width else None)
         job = VideoJob(id=job_id, model=self.settings.served_model_name, created_at=int(time.time()),
