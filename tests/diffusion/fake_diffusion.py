@@ -4,6 +4,8 @@ Latents are [n, 3, H, W] noise from the request's own generator; each step pulls
 toward a colour derived from the prompt, so results depend only on (prompt, seed, steps),
 never on batching. Prompts starting with "fail-encode" / "fail-step" / "fail-decode" raise
 there. `fake.json` in the model folder may set `step_delay` (seconds per denoise_step).
+`PanickingPipeline`'s encode raises a BaseException for prompts starting with "panic", as
+a tokenizer's pyo3 PanicException does: it kills an `executor: mp` worker.
 """
 
 from __future__ import annotations
@@ -79,6 +81,17 @@ class FakePipeline(DiffusionPipelineBase):
 
 class FakeRequestOnlyPipeline(FakePipeline):
     max_batch_size: ClassVar[int | None] = 1
+
+
+class PanicException(BaseException):
+    """What pyo3 raises when Rust code panics (not an Exception: nothing catches it by accident)."""
+
+
+class PanickingPipeline(FakePipeline):
+    def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
+        if any(r.prompt.startswith("panic") for r in requests):
+            raise PanicException("capacity overflow")
+        return super().encode(requests)
 
 
 def make_fake_model(path: Path, step_delay: float = 0.0) -> str:
