@@ -206,9 +206,9 @@ One run on a shared machine: the wall-clock columns swing by tens of percent wit
 other jobs, and even the CPU ratio is only good to a few percent; families within 0.03 of
 the threshold ({near or "none"}) could land on either side in another run. The defaults
 follow this run, declared in each family's `StageSpec.defaults` with the ratio beside
-them. Where a family's bundled deploy file keeps max_num_seqs at 1 (the video families and
-Qwen-Image-Edit, for memory), step mode changes nothing until max_num_seqs is raised: with
-one request per batch, a short request still waits behind a long one.
+them. Where a family's bundled deploy file keeps max_num_seqs at 1 (the video families;
+Qwen-Image-Edit and Edit-Plus off CPU), step mode changes nothing until max_num_seqs is
+raised: with one request per batch, a short request still waits behind a long one.
 """
     print(body)
     if not args.no_write:

@@ -23,6 +23,7 @@ run() {
 run benchmarks/bench_diffusion.py
 run benchmarks/bench_diffusion.py --models hunyuan-video --sizes tiny small --repeats 2 --no-memory
 run benchmarks/bench_stepwise.py
+run benchmarks/bench_step_mode.py
 run benchmarks/bench_ar.py
 if [ -n "${VLLM_PYTHON:-}" ]; then
   run benchmarks/bench_ar_paged.py --vllm-python "$VLLM_PYTHON"
