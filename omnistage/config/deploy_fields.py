@@ -29,7 +29,10 @@ class StageDeployConfig:
     request_batch_max_wait_ms: float = 0.0
     """How long the scheduler waits for more requests to coalesce a burst into one batch."""
     step_execution: bool = False
-    """Diffusion: step-level continuous batching (requests join/leave between denoising steps)."""
+    """Diffusion: step-level continuous batching (requests join/leave between denoising steps, so a
+    short request does not wait behind a long one). The default is per family: each declares it in
+    its StageSpec.defaults, step mode where it measured within 5% of request mode's throughput
+    (benchmarks/RESULTS.md "Step mode vs request mode"); False for pipelines that declare none."""
     executor: str = "uni"
     """Worker executor: "uni" (in-process) | "mp" (one process per device) | "ray"."""
     num_devices: int = 1

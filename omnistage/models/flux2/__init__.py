@@ -7,7 +7,11 @@ from omnistage.diffusion.registry import register_diffusion_pipeline
 FLUX2 = PipelineSpec(
     name="flux2",
     stages=(
-        StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True, model="Flux2Pipeline"),
+        StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True, model="Flux2Pipeline",
+                  # Step mode by default: 0.996x request mode's throughput on the tiny flux2, at least
+                  # the 0.95x of issue 30 (benchmarks/RESULTS.md "Step mode vs request mode").
+                  defaults={"step_execution": True},
+        ),
     ),
 )
 
@@ -15,7 +19,11 @@ FLUX2_KLEIN = PipelineSpec(
     name="flux2_klein",
     stages=(
         StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True,
-                  model="Flux2KleinPipeline"),
+                  model="Flux2KleinPipeline",
+                  # Step mode by default: 1.439x request mode's throughput on the tiny flux2-klein, at least
+                  # the 0.95x of issue 30 (benchmarks/RESULTS.md "Step mode vs request mode").
+                  defaults={"step_execution": True},
+        ),
     ),
 )
 

@@ -35,7 +35,11 @@ def resolve_glm_image(files: ModelFiles, deploy: PipelineDeployConfig) -> Pipeli
         StageSpec(id=PRIOR, name="prior", kind="ar", output="tokens", model="glm_image.prior",
                   input_processor=prior_inputs, defaults={"default_sampling_params": prior_sampling(files)}),
         StageSpec(id=DIT, name="dit", kind="diffusion", output="image", inputs=(PRIOR,), final_output=True,
-                  model="GlmImagePipeline", input_processor=dit_stage_inputs),
+                  model="GlmImagePipeline", input_processor=dit_stage_inputs,
+                  # Step mode by default: 0.993x request mode's throughput on the tiny glm-image, at least
+                  # the 0.95x of issue 30 (benchmarks/RESULTS.md "Step mode vs request mode").
+                  defaults={"step_execution": True},
+        ),
     ))
 
 

@@ -7,7 +7,11 @@ HUNYUAN_VIDEO_T2V = PipelineSpec(
     name="hunyuan_video_t2v",
     stages=(
         StageSpec(id=0, name="diffusion", kind="diffusion", output="video", final_output=True,
-                  model="HunyuanVideo15Pipeline"),
+                  model="HunyuanVideo15Pipeline",
+                  # Step mode by default: 0.993x request mode's throughput on the tiny hunyuan-video, at least
+                  # the 0.95x of issue 30 (benchmarks/RESULTS.md "Step mode vs request mode").
+                  defaults={"step_execution": True},
+        ),
     ),
 )
 
@@ -15,7 +19,11 @@ HUNYUAN_VIDEO_I2V = PipelineSpec(
     name="hunyuan_video_i2v",
     stages=(
         StageSpec(id=0, name="diffusion", kind="diffusion", output="video", final_output=True,
-                  model="HunyuanVideo15ImageToVideoPipeline"),
+                  model="HunyuanVideo15ImageToVideoPipeline",
+                  # Step mode by default: 1.074x request mode's throughput on the tiny hunyuan-video-i2v, at least
+                  # the 0.95x of issue 30 (benchmarks/RESULTS.md "Step mode vs request mode").
+                  defaults={"step_execution": True},
+        ),
     ),
 )
 

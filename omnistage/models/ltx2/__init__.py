@@ -6,7 +6,11 @@ from omnistage.diffusion.registry import register_diffusion_pipeline
 LTX2_T2V = PipelineSpec(
     name="ltx2_t2v",
     stages=(
-        StageSpec(id=0, name="diffusion", kind="diffusion", output="video", final_output=True, model="LTX2Pipeline"),
+        StageSpec(id=0, name="diffusion", kind="diffusion", output="video", final_output=True, model="LTX2Pipeline",
+                  # Step mode by default: 1.000x request mode's throughput on the tiny ltx2, at least
+                  # the 0.95x of issue 30 (benchmarks/RESULTS.md "Step mode vs request mode").
+                  defaults={"step_execution": True},
+        ),
     ),
 )
 

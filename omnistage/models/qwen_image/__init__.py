@@ -12,7 +12,11 @@ QWEN_IMAGE = PipelineSpec(
     name="qwen_image",
     stages=(
         StageSpec(
-            id=0, name="diffusion", kind="diffusion", output="image", final_output=True, model="QwenImagePipeline"
+            id=0, name="diffusion", kind="diffusion", output="image", final_output=True, model="QwenImagePipeline",
+            # Request mode by default: step mode made 0.929x its throughput on the tiny qwen-image,
+            # more than 5% less (benchmarks/RESULTS.md "Step mode vs request mode"; the cause is not profiled).
+            # `step_execution: true` trades that for short requests not waiting behind long ones.
+            defaults={"step_execution": False},
         ),
     ),
 )
@@ -21,7 +25,10 @@ QWEN_IMAGE_EDIT = PipelineSpec(
     name="qwen_image_edit",
     stages=(
         StageSpec(
-            id=0, name="diffusion", kind="diffusion", output="image", final_output=True, model="QwenImageEditPipeline"
+            id=0, name="diffusion", kind="diffusion", output="image", final_output=True, model="QwenImageEditPipeline",
+            # Step mode by default: 0.971x request mode's throughput on the tiny qwen-image-edit, at least
+            # the 0.95x of issue 30 (benchmarks/RESULTS.md "Step mode vs request mode").
+            defaults={"step_execution": True},
         ),
     ),
 )
@@ -32,6 +39,9 @@ QWEN_IMAGE_EDIT_PLUS = PipelineSpec(
         StageSpec(
             id=0, name="diffusion", kind="diffusion", output="image", final_output=True,
             model="QwenImageEditPlusPipeline",
+            # Step mode by default: 0.994x request mode's throughput on the tiny qwen-image-edit-plus, at least
+            # the 0.95x of issue 30 (benchmarks/RESULTS.md "Step mode vs request mode").
+            defaults={"step_execution": True},
         ),
     ),
 )
@@ -40,7 +50,11 @@ QWEN_IMAGE_21 = PipelineSpec(
     name="qwen_image_21",
     stages=(
         StageSpec(
-            id=0, name="diffusion", kind="diffusion", output="image", final_output=True, model="QwenImage21Pipeline"
+            id=0, name="diffusion", kind="diffusion", output="image", final_output=True, model="QwenImage21Pipeline",
+            # Request mode by default: step mode made 0.794x its throughput on the tiny qwen-image-2.1,
+            # more than 5% less (benchmarks/RESULTS.md "Step mode vs request mode"; the cause is not profiled).
+            # `step_execution: true` trades that for short requests not waiting behind long ones.
+            defaults={"step_execution": False},
         ),
     ),
 )

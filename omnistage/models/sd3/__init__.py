@@ -13,6 +13,10 @@ SD3 = PipelineSpec(
             output="image",
             final_output=True,
             model="StableDiffusion3Pipeline",
+            # Request mode by default: step mode made 0.796x its throughput on the tiny sd3,
+            # more than 5% less (benchmarks/RESULTS.md "Step mode vs request mode"; the cause is not profiled).
+            # `step_execution: true` trades that for short requests not waiting behind long ones.
+            defaults={"step_execution": False},
         ),
     ),
 )

@@ -7,7 +7,12 @@ STABLE_AUDIO = PipelineSpec(
     name="stable_audio",
     stages=(
         StageSpec(id=0, name="diffusion", kind="diffusion", output="audio", final_output=True,
-                  model="StableAudioPipeline"),
+                  model="StableAudioPipeline",
+                  # Request mode by default: step mode made 0.896x its throughput on the tiny stable-audio,
+                  # more than 5% less (benchmarks/RESULTS.md "Step mode vs request mode"; the cause is not profiled).
+                  # `step_execution: true` trades that for short requests not waiting behind long ones.
+                  defaults={"step_execution": False},
+        ),
     ),
 )
 

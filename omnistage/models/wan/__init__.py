@@ -6,7 +6,12 @@ from omnistage.diffusion.registry import register_diffusion_pipeline
 WAN_T2V = PipelineSpec(
     name="wan_t2v",
     stages=(
-        StageSpec(id=0, name="diffusion", kind="diffusion", output="video", final_output=True, model="WanPipeline"),
+        StageSpec(id=0, name="diffusion", kind="diffusion", output="video", final_output=True, model="WanPipeline",
+                  # Request mode by default: step mode made 0.929x its throughput on the tiny wan-t2v,
+                  # more than 5% less (benchmarks/RESULTS.md "Step mode vs request mode"; the cause is not profiled).
+                  # `step_execution: true` trades that for short requests not waiting behind long ones.
+                  defaults={"step_execution": False},
+        ),
     ),
 )
 
@@ -20,6 +25,9 @@ WAN_I2V = PipelineSpec(
             output="video",
             final_output=True,
             model="WanImageToVideoPipeline",
+            # Step mode by default: 0.954x request mode's throughput on the tiny wan-i2v, at least
+            # the 0.95x of issue 30 (benchmarks/RESULTS.md "Step mode vs request mode").
+            defaults={"step_execution": True},
         ),
     ),
 )

@@ -6,7 +6,12 @@ from omnistage.diffusion.registry import register_diffusion_pipeline
 Z_IMAGE = PipelineSpec(
     name="z_image",
     stages=(
-        StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True, model="ZImagePipeline"),
+        StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True, model="ZImagePipeline",
+                  # Request mode by default: step mode made 0.887x its throughput on the tiny z-image,
+                  # more than 5% less (benchmarks/RESULTS.md "Step mode vs request mode"; the cause is not profiled).
+                  # `step_execution: true` trades that for short requests not waiting behind long ones.
+                  defaults={"step_execution": False},
+        ),
     ),
 )
 
