@@ -76,6 +76,9 @@ class OmniRequest:
     arrival_time: float = field(default_factory=time.monotonic)
     output_modalities: tuple[str, ...] | None = None
     """Modalities the user wants, e.g. ("text",); only the stages making them run. None = every stage."""
+    session_id: str | None = None
+    """The conversation or session the request belongs to (e.g. chat's `user`): a stage with
+    `routing_policy: affinity` sends a session's requests to the same replica."""
 
 
 @dataclass
@@ -155,6 +158,8 @@ class Orchestrator:
         self._closed = False
         self.fatal_error: str | None = None
         self.handles = self._start_stages(engine_factory, connector, shm_threshold_bytes, init_timeout_s)
+        for stage in pipeline.stages:
+            self.metrics.watch_replicas(stage.name, self.handles[stage.id])
 
     def _start_stages(self, factory: EngineFactory, connector: str, shm_threshold_bytes: int,
                       init_timeout_s: float) -> dict[int, StageHandle]:
@@ -355,7 +360,8 @@ class Orchestrator:
         params = state.request.params.get(run.stage.id)
         if params is None:  # the processor's params stand in for missing user params
             params = fallback_params
-        self._to_dispatch.append((run.stage.id, StageRequest(engine_id, inputs, params)))
+        self._to_dispatch.append((run.stage.id, StageRequest(engine_id, inputs, params,
+                                                             session_id=state.request.session_id)))
 
     def _dispatch(self) -> None:
         pending, self._to_dispatch = self._to_dispatch, []

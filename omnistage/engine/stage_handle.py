@@ -10,16 +10,21 @@ when it dies or hangs) over an endpoint:
 - "ray": `RayEndpoint`; the engine runs in a Ray actor on a node with its `ray_resources`.
 
 The restart policy and the hang timeout come from the stage's deploy fields
-(`max_restarts`, `restart_backoff_s`, `stage_timeout_s`).
+(`max_restarts`, `restart_backoff_s`, `stage_timeout_s`). A stage with `num_replicas` > 1
+is a `ReplicaSet` (replicas.py) of that many supervisors, one endpoint each, routed by its
+`routing_policy`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from omnistage.engine.replicas import ReplicaSet
+from omnistage.engine.routing import make_policy
 from omnistage.runtime.channel import DEFAULT_THRESHOLD_BYTES, Channel
 from omnistage.runtime.endpoint import Endpoint, InlineEndpoint, ProcessEndpoint
 from omnistage.runtime.supervisor import RestartPolicy, Supervisor
@@ -29,7 +34,7 @@ if TYPE_CHECKING:
     from omnistage.config.spec import StageSpec
     from omnistage.engine.factory import EngineFactory
 
-StageHandle = Supervisor
+StageHandle = Supervisor | ReplicaSet
 
 
 @dataclass(frozen=True)
@@ -63,9 +68,10 @@ def make_stage_handle(
     connector: str = "shm",
     threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
     shm_prefix: str = "omni",
-) -> Supervisor:
-    """The supervised stage for `config.runtime`; a process stage's segments are named
-    `{shm_prefix}r{generation}{p|c}N`."""
+) -> StageHandle:
+    """The supervised stage for `config.runtime` (a replica set with `num_replicas` > 1); a
+    process stage's segments are named `{shm_prefix}r{generation}{p|c}N`, its replica i's
+    `{shm_prefix}x{i}r{generation}{p|c}N`."""
     if config.runtime == "process" and connector == "ray":
         raise ValueError(f"stage {stage.label}: connector 'ray' carries the payloads of runtime 'ray' stages; "
                          f"this stage has runtime 'process': give it runtime 'ray', or use connector 'shm'")
@@ -73,11 +79,11 @@ def make_stage_handle(
         raise ValueError(f"stage {stage.label}: unknown runtime {config.runtime!r}")
     build = EngineBuilder(factory, model_path, portable_stage_fields(stage), config, in_child=True)
 
-    def endpoint(generation: int) -> Endpoint:
+    def endpoint(generation: int, replica_prefix: str = shm_prefix) -> Endpoint:
         if config.runtime == "inline":
             return InlineEndpoint(lambda: factory(model_path, stage, config))
         if config.runtime == "process":
-            prefix = f"{shm_prefix}r{generation}"
+            prefix = f"{replica_prefix}r{generation}"
             return ProcessEndpoint(stage.label, build, Channel(connector, f"{prefix}p", threshold_bytes),
                                    Channel(connector, f"{prefix}c", threshold_bytes))
         from omnistage.runtime import ray as ray_runtime  # Ray is optional
@@ -91,7 +97,13 @@ def make_stage_handle(
         actor_build = dataclasses.replace(build, config=dataclasses.replace(config, devices=devices))
         return ray_runtime.RayEndpoint(stage.label, actor_build, channel, config, gpu)
 
-    return Supervisor(stage.label, endpoint, restart_policy(config))
+    if config.num_replicas == 1:
+        return Supervisor(stage.label, endpoint, restart_policy(config))
+    crashes: dict[str, int] = {}  # shared: a request that crashed one copy counts against all
+    replicas = [Supervisor(f"{stage.label}[{i}]", functools.partial(endpoint, replica_prefix=f"{shm_prefix}x{i}"),
+                           restart_policy(config), crashes)
+                for i in range(config.num_replicas)]
+    return ReplicaSet(stage.label, replicas, make_policy(config.routing_policy))
 
 
 def portable_stage_fields(stage: StageSpec) -> dict[str, Any]:

@@ -16,7 +16,9 @@ liveness. The supervisor
 - remembers the requests a stage was running when it crashed by itself (a panic, a fatal
   signal, an exit code: `crashed`), by a fingerprint of their inputs and params; a
   fingerprint that crashed the stage `MAX_CRASHES_PER_REQUEST` times is refused at
-  admission, so no client can keep a stage down by repeating one request.
+  admission, so no client can keep a stage down by repeating one request;
+- after a death, keeps the requests it held that had sent no output yet (`orphans`, until
+  its next step), so the stage's replica set can re-run them on another replica.
 
 Threads: everything runs on the orchestrator's thread except the restart thread (which
 builds the new endpoint and hands it over), and `is_healthy` and `call` (a control call:
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omnistage.core.errors import ErrorKind
-from omnistage.core.types import StageOutput, StageRequest
+from omnistage.core.types import InputChunk, ProgressPayload, StageOutput, StageRequest
 from omnistage.runtime.channel import serialize
 from omnistage.runtime.endpoint import Endpoint, Waker
 
@@ -65,16 +67,20 @@ class RestartPolicy:
 class _Held:
     request: StageRequest
     fingerprint: str | None = None
+    has_output: bool = False
+    """It sent something other than progress: a re-run elsewhere would repeat it."""
 
 
 class Supervisor:
     """One stage, as the orchestrator sees it (see the module docstring).
 
     `build(generation)` makes a new endpoint; generation 0 at start, then one per rebuild
-    (it keeps a new process's shared-memory names apart from the dead one's).
+    (it keeps a new process's shared-memory names apart from the dead one's). Replicas of
+    one stage share `crashes`, so a poison request is refused by all of them.
     """
 
-    def __init__(self, label: str, build: Callable[[int], Endpoint], policy: RestartPolicy = RestartPolicy()):
+    def __init__(self, label: str, build: Callable[[int], Endpoint], policy: RestartPolicy = RestartPolicy(),
+                 crashes: dict[str, int] | None = None):
         self.label = label
         self.policy = policy
         self.endpoint: Endpoint | None = build(0)
@@ -83,8 +89,11 @@ class Supervisor:
         """Why the stage is down (restarting, or given up), or None while it serves."""
         self.gave_up = False
         self.held: dict[str, _Held] = {}
-        self.crashes: dict[str, int] = {}
+        self.crashes: dict[str, int] = crashes if crashes is not None else {}
         """Fingerprint -> how many times a request with it was running when the stage crashed."""
+        self.orphans: dict[str, StageRequest] = {}
+        """Requests failed by the last death that had sent no output (and took no streamed input):
+        safe to re-run elsewhere. Cleared by the next step()."""
         self._build = build
         self._outputs: list[StageOutput] = []  # answered here, handed out by the next step()
         self._calls: dict[int, Any] = {}
@@ -117,7 +126,8 @@ class Supervisor:
         if self.endpoint is None:
             self._outputs.append(_error(rid, self._unavailable_message(), ErrorKind.UNAVAILABLE))
             return
-        self.held[rid] = _Held(request, fingerprint)
+        # An extended request (streamed input) cannot be re-run from its last chunk: count it as started.
+        self.held[rid] = _Held(request, fingerprint, has_output=isinstance(request.inputs, InputChunk))
         problem = self.endpoint.send("add", request)
         if problem is not None:
             del self.held[rid]
@@ -149,6 +159,7 @@ class Supervisor:
     def step(self) -> list[StageOutput]:
         """Outputs since the last call. Inline: runs one engine step. Never blocks."""
         outputs, self._outputs = self._outputs, []
+        self.orphans = {}
         self._waker.drain()
         self._adopt_restarted()
         if self.endpoint is None:
@@ -180,9 +191,12 @@ class Supervisor:
     def _keep_held(self, outputs: list[StageOutput]) -> list[StageOutput]:
         kept = []
         for out in outputs:
-            if out.request_id in self.held:
+            held = self.held.get(out.request_id)
+            if held is not None:
                 if out.finished or out.error is not None:
                     del self.held[out.request_id]
+                elif not isinstance(out.payload, ProgressPayload):
+                    held.has_output = True
                 kept.append(out)
         return kept
 
@@ -209,6 +223,7 @@ class Supervisor:
                 self.crashes[held.fingerprint] = self.crashes.get(held.fingerprint, 0) + 1
         message = f"{reason}, while running this request" if crashed else reason
         failed = [_error(rid, message, ErrorKind.UNAVAILABLE) for rid in sorted(self.held)]
+        self.orphans = {rid: held.request for rid, held in self.held.items() if not held.has_output}
         self.held.clear()
         for future in self._calls.values():
             future.set_exception(RuntimeError(reason))
@@ -247,6 +262,15 @@ class Supervisor:
     def is_healthy(self) -> bool:
         endpoint = self.endpoint
         return endpoint is not None and self.down_reason is None and not self._is_hung(endpoint)
+
+    @property
+    def state(self) -> str:
+        """"serving" | "hung" (silent, not yet rebuilt) | "restarting" | "down" (gave up)."""
+        if self.is_healthy():
+            return "serving"
+        if self.gave_up:
+            return "down"
+        return "hung" if self.endpoint is not None else "restarting"
 
     def _unavailable_message(self) -> str:
         if self.gave_up:

@@ -1,0 +1,107 @@
+"""Routing policies: which replica of a stage takes a new request (deploy `routing_policy`).
+
+A policy sees the replicas that serve now (their supervisors, in replica order) and the
+request, and returns one of them. It keeps no request bookkeeping of its own: how much a
+replica holds is read from its supervisor (`Supervisor.held`), the one place that knows.
+
+NOTE on affinity: the key is the request's `session_id` when the caller gave one (a
+conversation, a realtime session), else a prefix of its prompt text, so later turns of a
+conversation (whose prompt starts with the earlier turns) and prompts sharing a system
+prompt land on the replica that holds their prefix cache. The key is mapped by rendezvous
+hashing (highest hash of key + replica index wins): when a replica stops serving only its
+own keys move, and they come back when it returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from omnistage.core.types import StageRequest
+from omnistage.runtime.supervisor import Supervisor
+
+AFFINITY_PREFIX_CHARS = 256
+"""How much of the prompt text keys affinity when a request names no session."""
+
+
+class RoutingPolicy(Protocol):
+    def pick(self, serving: Sequence[tuple[int, Supervisor]], request: StageRequest) -> int:
+        """The index (into the stage's replicas) of the replica to take `request`; `serving`
+        is never empty and holds (index, supervisor) pairs."""
+
+
+class LeastOutstanding:
+    """Fewest requests queued or running on the replica; ties go round in turn, so an idle
+    stage still spreads a burst evenly."""
+
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def pick(self, serving: Sequence[tuple[int, Supervisor]], request: StageRequest) -> int:
+        start = next(self._turn)
+        order = serving[start % len(serving):] + serving[:start % len(serving)]
+        return min(order, key=lambda pair: len(pair[1].held))[0]
+
+
+class RoundRobin:
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def pick(self, serving: Sequence[tuple[int, Supervisor]], request: StageRequest) -> int:
+        return serving[next(self._turn) % len(serving)][0]
+
+
+class Affinity:
+    """Same key, same replica (see the NOTE above)."""
+
+    def pick(self, serving: Sequence[tuple[int, Supervisor]], request: StageRequest) -> int:
+        key = affinity_key(request)
+        return max(serving, key=lambda pair: _digest(f"{pair[0]}:{key}"))[0]
+
+
+POLICIES = {"least_outstanding": LeastOutstanding, "round_robin": RoundRobin, "affinity": Affinity}
+
+
+def make_policy(name: str) -> RoutingPolicy:
+    if name not in POLICIES:
+        raise ValueError(f"routing_policy: {name!r} is not one of {'|'.join(POLICIES)}")
+    return POLICIES[name]()
+
+
+def affinity_key(request: StageRequest) -> str:
+    if request.session_id is not None:
+        return f"session:{request.session_id}"
+    text = prompt_text(request.inputs)
+    if text is None:  # nothing to share a cache on: each request is its own key
+        return f"request:{request.request_id}"
+    return f"prefix:{text[:AFFINITY_PREFIX_CHARS]}"
+
+
+def prompt_text(inputs: Any) -> str | None:
+    """The text a prompt starts with: a string, a {"prompt": ...} dict, chat messages (their
+    contents in order), or token ids; None for anything else."""
+    if isinstance(inputs, str):
+        return inputs
+    if isinstance(inputs, dict) and "prompt" in inputs:
+        return prompt_text(inputs["prompt"])
+    if isinstance(inputs, list | tuple) and inputs:
+        if all(isinstance(t, int) for t in inputs[:AFFINITY_PREFIX_CHARS]):
+            return ",".join(map(str, inputs[:AFFINITY_PREFIX_CHARS]))
+        if all(isinstance(m, dict) for m in inputs):
+            return "\n".join(f"{m.get('role')}: {_message_text(m.get('content'))}" for m in inputs)
+    return None
+
+
+def _message_text(content: Any) -> str:
+    """A message's text parts (media parts print their object's address, no key to share)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return ""
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")

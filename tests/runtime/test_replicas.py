@@ -1,0 +1,194 @@
+"""Stage replicas (`num_replicas`): each copy is its own supervised stage process, requests
+are routed by `routing_policy`, and a copy killed under load loses no request that had sent
+no output (it is re-run on the other copy) while the stage stays healthy."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import threading
+import time
+
+import pytest
+from engine.fake_engines import Collector, FakeEngine
+from prometheus_client import generate_latest
+
+from omnistage.config import PipelineSpec, StageDeployConfig, StageSpec
+from omnistage.core.errors import ErrorKind
+from omnistage.core.types import StageRequest
+from omnistage.engine.orchestrator import OmniRequest, Orchestrator
+from omnistage.engine.replicas import ReplicaSet, count_states
+from omnistage.engine.routing import Affinity, LeastOutstanding, RoundRobin
+
+DRAW = PipelineSpec("draw", (StageSpec(0, "drawer", "diffusion", "image", final_output=True),))
+TALK = PipelineSpec("talk", (StageSpec(0, "talker", "ar", "text", final_output=True),))
+
+
+def replicated(policy: str, **fields) -> dict[int, StageDeployConfig]:
+    return {0: StageDeployConfig(runtime="process", num_replicas=2, routing_policy=policy,
+                                 max_restarts=3, restart_backoff_s=0.3, **fields)}
+
+
+def start(spec, configs, **engine) -> Orchestrator:
+    orch = Orchestrator(spec, "m", configs, engine_factory=functools.partial(FakeEngine, **engine))
+    orch.start()
+    return orch
+
+
+def wait_until(predicate, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def run_all(orch: Orchestrator, requests: list[OmniRequest]) -> dict[str, object]:
+    got = Collector()
+    for request in requests:
+        orch.submit(request, got.sink(request.request_id))
+    return {r.request_id: got.wait(r.request_id) for r in requests}
+
+
+def drawn_by(out) -> int:
+    assert out.error is None and out.images, out.error
+    return out.images[0].info["pid"]
+
+
+# -- the policies, on their own ----------------------------------------------------------
+
+
+class Holding:
+    """A stand-in supervisor holding `n` requests (all a policy reads of one)."""
+
+    def __init__(self, n: int):
+        self.held = {f"r{i}": None for i in range(n)}
+
+
+def test_least_outstanding_picks_the_replica_holding_least_and_round_robin_ignores_load():
+    busy, idle = Holding(3), Holding(1)
+    serving = [(0, busy), (1, idle)]
+    request = StageRequest("x", "a cat")
+    policy = LeastOutstanding()
+    assert [policy.pick(serving, request) for _ in range(4)] == [1, 1, 1, 1]
+    rr = RoundRobin()
+    assert [rr.pick(serving, request) for _ in range(4)] == [0, 1, 0, 1]
+
+
+def test_affinity_keeps_a_session_and_a_prompt_prefix_on_one_replica_and_moves_only_a_dead_ones_keys():
+    policy = Affinity()
+    three = [(0, Holding(0)), (1, Holding(9)), (2, Holding(0))]
+    picks = {s: policy.pick(three, StageRequest(f"{s}-1", "hi", session_id=s)) for s in "abcdefgh"}
+    assert len(set(picks.values())) == 3  # keys spread over the replicas...
+    for s, replica in picks.items():  # ...load does not move them, another prompt in the session does not
+        assert policy.pick(three, StageRequest(f"{s}-2", "other words", session_id=s)) == replica
+    # No session: the prompt's prefix is the key (a later turn starts with the earlier ones).
+    turn1 = [{"role": "system", "content": "be brief " * 40}, {"role": "user", "content": "hi"}]
+    turn2 = turn1 + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "more"}]
+    assert policy.pick(three, StageRequest("t1", turn1)) == policy.pick(three, StageRequest("t2", turn2))
+    # A replica that stops serving hands over only its own sessions.
+    survivors = [pair for pair in three if pair[0] != 1]
+    for s, replica in picks.items():
+        moved = policy.pick(survivors, StageRequest(f"{s}-3", "x", session_id=s))
+        assert moved == replica or replica == 1
+
+
+def test_num_replicas_and_routing_policy_are_checked_naming_the_field():
+    with pytest.raises(ValueError, match="num_replicas: must be >= 1, got 0"):
+        StageDeployConfig(runtime="process", num_replicas=0)
+    with pytest.raises(ValueError, match="num_replicas=2 needs runtime 'process' or 'ray'"):
+        StageDeployConfig(num_replicas=2)
+    with pytest.raises(ValueError, match="routing_policy: 'random' is not one of"):
+        StageDeployConfig(routing_policy="random")
+
+
+# -- two stage processes -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def least_outstanding():
+    orch = start(DRAW, replicated("least_outstanding"), num_steps=10, step_delay=0.01)
+    yield orch
+    orch.close()
+
+
+@pytest.fixture(scope="module")
+def affinity():
+    orch = start(DRAW, replicated("affinity"), num_steps=2)
+    yield orch
+    orch.close()
+
+
+def test_each_replica_is_its_own_process_and_a_burst_is_spread_over_them(least_outstanding):
+    handle = least_outstanding.handles[0]
+    assert isinstance(handle, ReplicaSet) and isinstance(handle.policy, LeastOutstanding)
+    pids = {replica.endpoint.pid for replica in handle.replicas}
+    assert len(pids) == 2 and os.getpid() not in pids
+    outs = run_all(least_outstanding, [OmniRequest(f"b{i}", f"cat {i}") for i in range(6)])
+    served = [drawn_by(out) for out in outs.values()]
+    assert {pid: served.count(pid) for pid in pids} == dict.fromkeys(pids, 3)
+
+
+def test_affinity_sends_a_session_and_a_repeated_prompt_to_the_same_replica(affinity):
+    sessions = "abcdef"
+    outs = run_all(affinity, [OmniRequest(f"{s}{i}", f"turn {i} of {s}", session_id=s)
+                              for i in range(3) for s in sessions])
+    by_session = {s: {drawn_by(outs[f"{s}{i}"]) for i in range(3)} for s in sessions}
+    assert all(len(pids) == 1 for pids in by_session.values()), by_session
+    assert len(set().union(*by_session.values())) == 2  # and the sessions use both replicas
+    repeated = run_all(affinity, [OmniRequest(f"p{i}", "the same prompt") for i in range(4)])
+    assert len({drawn_by(out) for out in repeated.values()}) == 1
+
+
+def test_a_replica_killed_under_load_loses_no_request_and_health_stays_up(least_outstanding):
+    orch, handle = least_outstanding, least_outstanding.handles[0]
+    wait_until(lambda: all(r.is_healthy() for r in handle.replicas))
+    victim = handle.replicas[0]
+    victim_pid, restarts = victim.endpoint.pid, handle.num_restarts
+    seen_states, health = [], []
+    stop = threading.Event()
+
+    def watch():  # what /health and /metrics would answer, all along
+        while not stop.is_set():
+            health.append(orch.check_health())
+            seen_states.append(count_states(handle.replicas))
+            time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    got = Collector()
+    try:
+        rids = [f"k{i}" for i in range(10)]
+        for rid in rids:
+            orch.submit(OmniRequest(rid, f"dog {rid}"), got.sink(rid))
+        # Kill it while it holds requests that have begun (progress only: nothing sent yet).
+        wait_until(lambda: len(victim.held) >= 3 and any(got.outputs[r] for r in rids))
+        os.kill(victim_pid, signal.SIGKILL)
+        outs = {rid: got.wait(rid) for rid in rids}
+        wait_until(lambda: handle.num_restarts == restarts + 1 and victim.is_healthy())
+    finally:
+        stop.set()
+        watcher.join()
+    assert all(drawn_by(out) for out in outs.values())  # every one answered with its image
+    assert handle.num_reruns >= 3
+    assert all(health), "the stage turned unhealthy while one replica served"
+    assert any(states["restarting"] == 1 and states["serving"] == 1 for states in seen_states)
+    assert victim.endpoint.pid != victim_pid
+    metrics = generate_latest(orch.metrics_registry).decode()
+    assert 'omnistage_stage_replicas{pipeline="draw",stage="drawer",state="serving"} 2.0' in metrics
+    assert 'omnistage_stage_replica_reruns{pipeline="draw",stage="drawer"}' in metrics
+
+
+def test_a_request_that_already_streamed_fails_cleanly_when_its_replica_dies():
+    orch = start(TALK, replicated("round_robin"), num_tokens=200, step_delay=0.01)
+    got = Collector()
+    try:
+        orch.submit(OmniRequest("talking", "hello"), got.sink("talking"))
+        wait_until(lambda: any(o.text_delta for o in got.outputs["talking"]))
+        holder = next(r for r in orch.handles[0].replicas if "talking" in r.held)
+        os.kill(holder.endpoint.pid, signal.SIGKILL)
+        out = got.wait("talking")
+        assert out.error_kind is ErrorKind.UNAVAILABLE and "stage process died" in out.error
+        assert orch.check_health() and orch.handles[0].num_reruns == 0
+    finally:
+        orch.close()
