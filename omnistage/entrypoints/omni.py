@@ -109,15 +109,17 @@ class AsyncOmni:
         return self.orchestrator.metrics_registry
 
     def make_request(self, prompt: Any, params: Any = None, request_id: str | None = None,
-                     modalities: Sequence[str] | None = None) -> OmniRequest:
+                     modalities: Sequence[str] | None = None, session_id: str | None = None) -> OmniRequest:
         """Check `params` against the pipeline (ValueError naming the problem) and build the request."""
         if isinstance(modalities, str):
             raise ValueError(f"modalities: give a list of modalities such as [{modalities!r}], not a str")
         return OmniRequest(request_id or uuid.uuid4().hex, prompt, resolve_params(self.spec, params),
-                           output_modalities=None if modalities is None else tuple(modalities))
+                           output_modalities=None if modalities is None else tuple(modalities),
+                           session_id=session_id)
 
     async def generate(self, prompt: Any, params: Any = None, request_id: str | None = None, *,
-                       modalities: Sequence[str] | None = None) -> AsyncIterator[OmniOutput]:
+                       modalities: Sequence[str] | None = None,
+                       session_id: str | None = None) -> AsyncIterator[OmniOutput]:
         """Yield the request's outputs as they come; the last has `finished=True`.
 
         A failed request ends with an output whose `error` names the stage (nothing is
@@ -125,7 +127,7 @@ class AsyncOmni:
         not make, raise ValueError on the first iteration, before anything is queued.
         Leaving the loop early aborts the request.
         """
-        request = self.make_request(prompt, params, request_id, modalities)
+        request = self.make_request(prompt, params, request_id, modalities, session_id)
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[OmniOutput] = asyncio.Queue()
         self.orchestrator.submit(request, sink=lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out))

@@ -192,3 +192,32 @@ def test_a_request_that_already_streamed_fails_cleanly_when_its_replica_dies():
         assert orch.check_health() and orch.handles[0].num_reruns == 0
     finally:
         orch.close()
+
+
+def test_through_the_server_a_killed_replica_costs_no_request_and_health_stays_200(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fastapi.testclient import TestClient
+
+    from omnistage.entrypoints.omni import AsyncOmni
+    from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
+
+    engine = AsyncOmni(tmp_path, pipeline=DRAW, engine_factory=functools.partial(FakeEngine, num_steps=10, step_delay=0.01),
+                       stage_overrides={"0": {"runtime": "process", "num_replicas": 2, "restart_backoff_s": 0.3}})
+    app = create_app(ServerSettings(served_model_name="fake", model_path=str(tmp_path)), engine,
+                     engine.metrics_registry)
+    replicas = engine.orchestrator.handles[0].replicas
+    with TestClient(app) as http, ThreadPoolExecutor(8) as pool:
+        draw = lambda i: http.post("/v1/images/generations", json={"prompt": f"cat {i}", "size": "64x64"})  # noqa: E731
+        pending = [pool.submit(draw, i) for i in range(12)]
+        wait_until(lambda: len(replicas[1].held) >= 2)
+        os.kill(replicas[1].endpoint.pid, signal.SIGKILL)
+        statuses = []
+        while not all(f.done() for f in pending) or replicas[1].state != "serving":
+            statuses.append(http.get("/health").status_code)
+            time.sleep(0.01)
+        assert [f.result().status_code for f in pending] == [200] * 12
+        assert set(statuses) == {200}
+        metrics = http.get("/metrics").text
+        assert 'omnistage_stage_replicas{pipeline="draw",stage="drawer",state="serving"} 2.0' in metrics
+        assert engine.orchestrator.handles[0].num_reruns >= 2
