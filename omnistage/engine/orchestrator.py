@@ -44,6 +44,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,6 +158,8 @@ class Orchestrator:
         self._lock = threading.Lock()  # orders submit() against close(): no request slips in after the last drain
         self._closed = False
         self.fatal_error: str | None = None
+        self.paused: str | None = None
+        """Why new requests are refused now (the engine sleeps), or None while it admits them."""
         self.handles = self._start_stages(engine_factory, connector, shm_threshold_bytes, init_timeout_s)
         for stage in pipeline.stages:
             self.metrics.watch_replicas(stage.name, self.handles[stage.id])
@@ -192,6 +195,8 @@ class Orchestrator:
         with self._lock:
             if self._closed or self.fatal_error is not None:
                 raise EngineUnavailableError(self.fatal_error or "the orchestrator is closed")
+            if self.paused is not None:
+                raise EngineUnavailableError(self.paused)
             self._inbox.put(("add", request, sink))
         self._wake()
 
@@ -222,6 +227,25 @@ class Orchestrator:
                 needed.add(stage_id)
                 todo.extend(self.pipeline.get_stage(stage_id).inputs)
         return tuple(s for s in self.pipeline.stages if s.id in needed)
+
+    def pause(self, reason: str) -> threading.Event:
+        """Refuse new requests from now on (`submit` raises EngineUnavailableError(reason)). The
+        Event is set once the loop has taken in every request submitted before, so that
+        `has_unfinished_requests()` then counts them all."""
+        taken_in = threading.Event()
+        with self._lock:
+            self.paused = reason
+            self._inbox.put(("barrier", taken_in, None))
+        self._wake()
+        return taken_in
+
+    def resume(self) -> None:
+        with self._lock:
+            self.paused = None
+
+    def call_stages(self, method: str, *args: Any) -> list[Future]:
+        """`method(*args)` on every stage's engine (every replica's), from any thread."""
+        return [handle.call(method, *args) for handle in self.handles.values()]
 
     def check_health(self) -> bool:
         return (not self._closed and self.fatal_error is None
@@ -300,6 +324,8 @@ class Orchestrator:
                 self._add_request(body, sink)
             elif kind == "abort":
                 self._abort_request(body)
+            elif kind == "barrier":
+                body.set()
 
     def _add_request(self, request: OmniRequest, sink: Sink | None) -> None:
         rid = request.request_id
@@ -521,6 +547,8 @@ class Orchestrator:
             if kind == "add":
                 _deliver(sink, OmniOutput(body.request_id, finished=True, finish_reason="error", error=reason,
                                           error_kind=ErrorKind.UNAVAILABLE))
+            elif kind == "barrier":
+                body.set()
         for state in list(self._requests.values()):
             self._outputs.append(OmniOutput(state.request.request_id, finished=True, finish_reason="error",
                                             error=reason, error_kind=ErrorKind.UNAVAILABLE, metrics=self._request_metrics(state)))
