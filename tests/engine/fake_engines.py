@@ -67,6 +67,7 @@ class FakeEngine:
         self.params: dict[str, Any] = {}
         self.closed = False
         self.dead = False
+        self.asleep = False
 
     def add_request(self, request: StageRequest) -> None:
         text = input_text(request.inputs)
@@ -134,6 +135,18 @@ class FakeEngine:
 
     def is_healthy(self) -> bool:
         return not self.closed and not self.dead
+
+    def sleep(self, level: int) -> int:
+        if self.running:
+            raise RuntimeError(f"sleep: {len(self.running)} request(s) are still running")
+        self.asleep = True
+        return 1000  # "bytes freed", so a caller can count the engines that slept
+
+    def wake_up(self) -> None:
+        self.asleep = False
+
+    def is_sleeping(self) -> bool:
+        return self.asleep
 
     def close(self) -> None:
         self.closed = True
