@@ -221,3 +221,20 @@ def test_through_the_server_a_killed_replica_costs_no_request_and_health_stays_2
         metrics = http.get("/metrics").text
         assert 'omnistage_stage_replicas{pipeline="draw",stage="drawer",state="serving"} 2.0' in metrics
         assert engine.orchestrator.handles[0].num_reruns >= 2
+
+
+def test_a_request_that_crashes_both_replicas_is_then_refused_by_either():
+    orch = start(DRAW, replicated("least_outstanding"), num_steps=5, step_delay=0.01)
+    got = Collector()
+    try:
+        orch.submit(OmniRequest("boom", "crash"), got.sink("boom"))
+        first = got.wait("boom")  # crashed one copy, re-run on the other, crashed it too
+        assert first.error_kind is ErrorKind.UNAVAILABLE and "exit code 3" in first.error
+        assert orch.handles[0].num_reruns == 1
+        orch.submit(OmniRequest("again", "crash"), got.sink("again"))  # the crash table is the copies' own
+        again = got.wait("again")
+        assert again.error_kind is ErrorKind.INVALID_REQUEST and "crashed the stage 2 times" in again.error
+        wait_until(orch.check_health)
+        assert drawn_by(run_all(orch, [OmniRequest("fine", "a cat")])["fine"])
+    finally:
+        orch.close()
