@@ -386,8 +386,9 @@ class Orchestrator:
         params = state.request.params.get(run.stage.id)
         if params is None:  # the processor's params stand in for missing user params
             params = fallback_params
-        self._to_dispatch.append((run.stage.id, StageRequest(engine_id, inputs, params,
-                                                             session_id=state.request.session_id)))
+        self._to_dispatch.append((run.stage.id, StageRequest(
+            engine_id, inputs, params, session_id=state.request.session_id,
+            stream_of=rid if engine_id != rid else None)))
 
     def _dispatch(self) -> None:
         pending, self._to_dispatch = self._to_dispatch, []

@@ -6,7 +6,8 @@ the set only decides where requests go:
 
 - a new request goes to a serving replica picked by the stage's `routing_policy`
   (routing.py); the streamed input of a request that is running (an `InputChunk`) goes to
-  the replica that holds it;
+  the replica that holds it, and the parts of one streamed input (`stream_of`) all go to
+  one replica, picked by their request (a decoder keeps a stream's state between parts);
 - an abort goes to every replica (only the holder has it, the others ignore it);
 - when a replica dies, the requests it held that had sent no output yet (its supervisor's
   `orphans`) are re-run on another serving replica, and their "unavailable" errors are
@@ -29,7 +30,7 @@ from typing import Any
 
 from omnistage.core.errors import ErrorKind
 from omnistage.core.types import InputChunk, StageOutput, StageRequest
-from omnistage.engine.routing import RoutingPolicy
+from omnistage.engine.routing import RoutingPolicy, by_key
 from omnistage.runtime.supervisor import Supervisor
 
 logger = logging.getLogger(__name__)
@@ -91,6 +92,8 @@ class ReplicaSet:
         serving = self._serving()
         if not serving:  # every copy is down: the first one answers "unavailable" (a 503)
             return self.replicas[0]
+        if request.stream_of is not None:
+            return self.replicas[by_key(serving, f"stream:{request.stream_of}")]
         return self.replicas[self.policy.pick(serving, request)]
 
     # -- the orchestrator's step ---------------------------------------------------------

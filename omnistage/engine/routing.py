@@ -57,11 +57,15 @@ class Affinity:
     """Same key, same replica (see the NOTE above)."""
 
     def pick(self, serving: Sequence[tuple[int, Supervisor]], request: StageRequest) -> int:
-        key = affinity_key(request)
-        return max(serving, key=lambda pair: _digest(f"{pair[0]}:{key}"))[0]
+        return by_key(serving, affinity_key(request))
 
 
 POLICIES = {"least_outstanding": LeastOutstanding, "round_robin": RoundRobin, "affinity": Affinity}
+
+
+def by_key(serving: Sequence[tuple[int, Supervisor]], key: str) -> int:
+    """Rendezvous hashing: the serving replica with the highest hash of (its index, key)."""
+    return max(serving, key=lambda pair: _digest(f"{pair[0]}:{key}"))[0]
 
 
 def make_policy(name: str) -> RoutingPolicy:

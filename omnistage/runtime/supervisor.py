@@ -126,8 +126,10 @@ class Supervisor:
         if self.endpoint is None:
             self._outputs.append(_error(rid, self._unavailable_message(), ErrorKind.UNAVAILABLE))
             return
-        # An extended request (streamed input) cannot be re-run from its last chunk: count it as started.
-        self.held[rid] = _Held(request, fingerprint, has_output=isinstance(request.inputs, InputChunk))
+        # A request fed by a stream (an AR request's next chunk, or one part of a streamed input) cannot be
+        # re-run alone, without what came before it: count it as started.
+        fed = isinstance(request.inputs, InputChunk) or request.stream_of is not None
+        self.held[rid] = _Held(request, fingerprint, has_output=fed)
         problem = self.endpoint.send("add", request)
         if problem is not None:
             del self.held[rid]

@@ -148,6 +148,10 @@ class FakeEngine:
     def is_sleeping(self) -> bool:
         return self.asleep
 
+    def request_ids(self) -> list[str]:
+        """Every request id this engine was given (a control call reads it from a stage process)."""
+        return list(self.added)
+
     def close(self) -> None:
         self.closed = True
 

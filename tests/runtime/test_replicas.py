@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from engine.fake_engines import Collector, FakeEngine
+from engine.fake_engines import Collector, FakeEngine, streamed_tts
 from prometheus_client import generate_latest
 
 from omnistage.config import PipelineSpec, StageDeployConfig, StageSpec
@@ -236,5 +236,23 @@ def test_a_request_that_crashes_both_replicas_is_then_refused_by_either():
         assert again.error_kind is ErrorKind.INVALID_REQUEST and "crashed the stage 2 times" in again.error
         wait_until(orch.check_health)
         assert drawn_by(run_all(orch, [OmniRequest("fine", "a cat")])["fine"])
+    finally:
+        orch.close()
+
+
+def test_the_parts_of_one_streamed_input_stay_on_one_replica_whatever_the_policy():
+    # Round robin would deal the parts of one stream out to both copies (three streams in step:
+    # an odd number, so no stream lines up with the turns by chance), but a decoder's stream
+    # state (the codec's cache) lives in one of them.
+    configs = {0: StageDeployConfig(), 1: replicated("round_robin")[0]}
+    orch = start(streamed_tts(), configs, num_tokens=4)
+    try:
+        outs = run_all(orch, [OmniRequest(f"s{i}", f"say {i}") for i in range(3)])
+        assert all(out.error is None and out.audio is not None for out in outs.values())
+        given = orch.handles[1].call("request_ids").result(timeout=10)  # per replica
+        parts = {rid: [(i, part) for i, ids in enumerate(given) for part in ids if part.startswith(f"{rid}#")]
+                 for rid in outs}
+        assert all(len(got) == 4 for got in parts.values()), parts
+        assert all(len({i for i, _ in got}) == 1 for got in parts.values()), parts
     finally:
         orch.close()
