@@ -107,8 +107,9 @@ class StageDeployConfig:
     turns 503, its requests fail with 503, and it is rebuilt (`serve --stage-timeout`). None: 10 times
     its slowest step so far, at least 120 s."""
     ray_placement_strategy: str = "PACK"
-    """`executor: ray`: how the placement group spreads the ranks over nodes: "PACK" | "SPREAD" |
-    "STRICT_PACK" | "STRICT_SPREAD"."""
+    """How a placement group spreads this stage's actors over nodes: the ranks of `executor: ray`, and
+    the copies of a `runtime: ray` stage with num_replicas > 1: "PACK" | "SPREAD" | "STRICT_PACK" |
+    "STRICT_SPREAD"."""
     num_replicas: int = 1
     """Copies of this stage, each a full engine: its own process with `runtime: process`, its own Ray
     actor with `runtime: ray` (each with the stage's devices and ray_resources). Each copy is supervised

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -39,10 +39,14 @@ REPLICA_STATES = ("serving", "hung", "restarting", "down")
 
 
 class ReplicaSet:
-    def __init__(self, label: str, replicas: Sequence[Supervisor], policy: RoutingPolicy):
+    def __init__(self, label: str, replicas: Sequence[Supervisor], policy: RoutingPolicy,
+                 on_close: Callable[[], None] | None = None):
+        """`on_close` runs after the replicas are closed (it frees what they shared: a Ray
+        placement group)."""
         self.label = label
         self.replicas = list(replicas)
         self.policy = policy
+        self._on_close = on_close
         self.num_reruns = 0
         """Requests re-run on another replica after theirs died."""
 
@@ -138,6 +142,8 @@ class ReplicaSet:
     def close(self) -> None:
         for replica in self.replicas:
             replica.close()
+        if self._on_close is not None:
+            self._on_close()
 
 
 def replicas_of(handle: Supervisor | ReplicaSet) -> list[Supervisor]:

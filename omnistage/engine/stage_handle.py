@@ -78,32 +78,58 @@ def make_stage_handle(
     if config.runtime not in ("inline", "process", "ray"):
         raise ValueError(f"stage {stage.label}: unknown runtime {config.runtime!r}")
     build = EngineBuilder(factory, model_path, portable_stage_fields(stage), config, in_child=True)
+    group = None  # with Ray replicas: their placement group, bundle i for copy i
 
-    def endpoint(generation: int, replica_prefix: str = shm_prefix) -> Endpoint:
+    def endpoint(generation: int, replica: int | None = None) -> Endpoint:
         if config.runtime == "inline":
             return InlineEndpoint(lambda: factory(model_path, stage, config))
         if config.runtime == "process":
-            prefix = f"{replica_prefix}r{generation}"
+            prefix = f"{shm_prefix}r{generation}" if replica is None else f"{shm_prefix}x{replica}r{generation}"
             return ProcessEndpoint(stage.label, build, Channel(connector, f"{prefix}p", threshold_bytes),
                                    Channel(connector, f"{prefix}c", threshold_bytes))
         from omnistage.runtime import ray as ray_runtime  # Ray is optional
 
         # Shared memory does not cross machines: a Ray stage takes `shm` as Ray's own transport.
         channel = Channel("ray" if connector == "ray" else "inline", "", threshold_bytes, config.ray_address)
-        cluster = ray_runtime.joined(config.ray_address)
-        gpu = ray_runtime.wants_gpu(config.devices, cluster.cluster_resources().get("GPU", 0))
+        gpu = _ray_wants_gpu(config)
         # Ray makes the GPUs it gives the actor visible from cuda:0 on: the engine sees them so.
         devices = ray_runtime.devices_in_actor(config.devices, config.num_devices, gpu)
         actor_build = dataclasses.replace(build, config=dataclasses.replace(config, devices=devices))
-        return ray_runtime.RayEndpoint(stage.label, actor_build, channel, config, gpu)
+        placement = None if group is None else (group, replica)
+        return ray_runtime.RayEndpoint(stage.label, actor_build, channel, config, gpu, placement)
 
     if config.num_replicas == 1:
         return Supervisor(stage.label, endpoint, restart_policy(config))
+    if config.runtime == "ray":
+        from omnistage.runtime import ray as ray_runtime
+
+        group = ray_runtime.reserve_replicas(config, _ray_wants_gpu(config), f"stage {stage.label}: num_replicas")
     crashes: dict[str, int] = {}  # shared: a request that crashed one copy counts against all
-    replicas = [Supervisor(f"{stage.label}[{i}]", functools.partial(endpoint, replica_prefix=f"{shm_prefix}x{i}"),
-                           restart_policy(config), crashes)
-                for i in range(config.num_replicas)]
-    return ReplicaSet(stage.label, replicas, make_policy(config.routing_policy))
+    replicas: list[Supervisor] = []
+    try:
+        for i in range(config.num_replicas):
+            replicas.append(Supervisor(f"{stage.label}[{i}]", functools.partial(endpoint, replica=i),
+                                       restart_policy(config), crashes))
+    except BaseException:
+        for replica in replicas:
+            replica.close()
+        _release(group)
+        raise
+    return ReplicaSet(stage.label, replicas, make_policy(config.routing_policy), on_close=lambda: _release(group))
+
+
+def _ray_wants_gpu(config: StageDeployConfig) -> bool:
+    from omnistage.runtime import ray as ray_runtime
+
+    cluster = ray_runtime.joined(config.ray_address)
+    return ray_runtime.wants_gpu(config.devices, cluster.cluster_resources().get("GPU", 0))
+
+
+def _release(group: Any) -> None:
+    if group is not None:
+        from omnistage.runtime import ray as ray_runtime
+
+        ray_runtime.release(group)
 
 
 def portable_stage_fields(stage: StageSpec) -> dict[str, Any]:
