@@ -51,7 +51,8 @@ SLEEP_LEVELS = (1,)
 def check_can_sleep(level: int, num_running: int) -> None:
     """What every engine's `sleep(level)` checks first: a known level, and nothing running."""
     if level not in SLEEP_LEVELS:
-        raise ValueError(f"level: {level!r} is not a sleep level this version implements "
-                         f"({', '.join(map(str, SLEEP_LEVELS))}; level 2, dropping the weights, is not implemented yet)")
+        levels = ", ".join(map(str, SLEEP_LEVELS))
+        raise ValueError(f"level: {level!r} is not a sleep level this version implements ({levels}; level 2, "
+                         f"dropping the weights, is not implemented yet)")
     if num_running:
         raise RuntimeError(f"sleep: {num_running} request(s) are still running")

@@ -294,7 +294,8 @@ class RayEndpoint:
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
             group, index = placement
-            scheduling = {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)}
+            strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+            scheduling = {"scheduling_strategy": strategy}
         self.actor = ray.remote(StageActor).options(
             **resources, max_concurrency=4, max_restarts=0, **scheduling, **runtime_env(config.env),
         ).remote(build, channel, max(1, int(resources["num_cpus"])))

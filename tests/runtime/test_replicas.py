@@ -9,9 +9,11 @@ import os
 import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from engine.fake_engines import Collector, FakeEngine, streamed_tts
+from fastapi.testclient import TestClient
 from prometheus_client import generate_latest
 
 from omnistage.config import PipelineSpec, StageDeployConfig, StageSpec
@@ -20,6 +22,8 @@ from omnistage.core.types import StageRequest
 from omnistage.engine.orchestrator import OmniRequest, Orchestrator
 from omnistage.engine.replicas import ReplicaSet, count_states
 from omnistage.engine.routing import Affinity, LeastOutstanding, RoundRobin
+from omnistage.entrypoints.omni import AsyncOmni
+from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
 
 DRAW = PipelineSpec("draw", (StageSpec(0, "drawer", "diffusion", "image", final_output=True),))
 TALK = PipelineSpec("talk", (StageSpec(0, "talker", "ar", "text", final_output=True),))
@@ -195,14 +199,8 @@ def test_a_request_that_already_streamed_fails_cleanly_when_its_replica_dies():
 
 
 def test_through_the_server_a_killed_replica_costs_no_request_and_health_stays_200(tmp_path):
-    from concurrent.futures import ThreadPoolExecutor
-
-    from fastapi.testclient import TestClient
-
-    from omnistage.entrypoints.omni import AsyncOmni
-    from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
-
-    engine = AsyncOmni(tmp_path, pipeline=DRAW, engine_factory=functools.partial(FakeEngine, num_steps=10, step_delay=0.01),
+    factory = functools.partial(FakeEngine, num_steps=10, step_delay=0.01)
+    engine = AsyncOmni(tmp_path, pipeline=DRAW, engine_factory=factory,
                        stage_overrides={"0": {"runtime": "process", "num_replicas": 2, "restart_backoff_s": 0.3}})
     app = create_app(ServerSettings(served_model_name="fake", model_path=str(tmp_path)), engine,
                      engine.metrics_registry)
