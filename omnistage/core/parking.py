@@ -11,19 +11,27 @@ old addresses are not valid after a round trip: engines that hold some refuse to
 from __future__ import annotations
 
 from itertools import chain
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where it is used: AsyncOmni imports this module (check_can_sleep), and
+# `import omnistage` stays free of torch.
 
 
 def torch_modules(owner: Any) -> list[torch.nn.Module]:
     """The torch modules among `owner`'s attributes (or a dict's values), one level deep."""
+    import torch
+
     values = owner.values() if isinstance(owner, dict) else vars(owner).values()
     return [value for value in values if isinstance(value, torch.nn.Module)]
 
 
 class Parked:
     def __init__(self, modules: list[torch.nn.Module]):
+        import torch
+
         self._places: list[tuple[torch.Tensor, torch.device]] = []
         seen: set[int] = set()
         for module in modules:
