@@ -151,6 +151,9 @@ class PrometheusMetrics:
         self.reruns = Gauge(
             "omnistage_stage_replica_reruns", "Requests re-run on another replica after theirs died.", stage,
             registry=registry)
+        self.outstanding = Gauge(
+            "omnistage_stage_replica_outstanding", "Requests queued or running on each copy of a stage (what "
+            "least_outstanding routing compares).", ["pipeline", "stage", "replica"], registry=registry)
 
     def watch_replicas(self, stage_name: str, handle: Any) -> None:
         """Export a stage handle's replicas by state, read when scraped (no loop keeps them)."""
@@ -158,6 +161,8 @@ class PrometheusMetrics:
             self.replicas.labels(self.pipeline, stage_name, state).set_function(
                 lambda state=state: count_states(replicas_of(handle))[state])
         self.reruns.labels(self.pipeline, stage_name).set_function(lambda: getattr(handle, "num_reruns", 0))
+        for i, replica in enumerate(replicas_of(handle)):
+            self.outstanding.labels(self.pipeline, stage_name, str(i)).set_function(lambda r=replica: len(r.held))
 
     def observe_stage(self, stage_name: str, metrics: dict[str, Any]) -> None:
         """Record one request's `StageMetrics.as_dict()` for one stage."""

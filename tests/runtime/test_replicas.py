@@ -181,6 +181,7 @@ def test_a_replica_killed_under_load_loses_no_request_and_health_stays_up(least_
     metrics = generate_latest(orch.metrics_registry).decode()
     assert 'omnistage_stage_replicas{pipeline="draw",stage="drawer",state="serving"} 2.0' in metrics
     assert 'omnistage_stage_replica_reruns{pipeline="draw",stage="drawer"}' in metrics
+    assert 'omnistage_stage_replica_outstanding{pipeline="draw",replica="1",stage="drawer"} 0.0' in metrics
 
 
 def test_a_request_that_already_streamed_fails_cleanly_when_its_replica_dies():
