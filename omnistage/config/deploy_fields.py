@@ -116,8 +116,8 @@ class StageDeployConfig:
     and rebuilt on its own; a request whose copy dies before it sent any output is re-run on another.
     More than 1 needs runtime "process" or "ray"."""
     routing_policy: str = "least_outstanding"
-    """Which replica takes a new request: "least_outstanding" (fewest requests queued or running there)
-    | "round_robin" | "affinity" (the same session key, else the same prompt prefix, goes to the same
+    """Which replica takes a new request: "least_outstanding" (least work queued or running there: the
+    steps or tokens its requests ask for) | "round_robin" | "affinity" (the same session key, else the same prompt prefix, goes to the same
     replica while it serves, so it finds its cache)."""
 
     def __post_init__(self) -> None:

@@ -33,16 +33,33 @@ class RoutingPolicy(Protocol):
 
 
 class LeastOutstanding:
-    """Fewest requests queued or running on the replica; ties go round in turn, so an idle
+    """Least outstanding work: over the requests a replica holds (queued or running), the sum
+    of the steps (diffusion) or most tokens (AR) each asks for; one that names neither counts
+    as the mean of those that did so far (1 before any). Ties go round in turn, so an idle
     stage still spreads a burst evenly."""
 
     def __init__(self) -> None:
         self._turn = itertools.count()
+        self._num_declared = 0
+        self._mean_declared = 1.0
 
     def pick(self, serving: Sequence[tuple[int, Supervisor]], request: StageRequest) -> int:
+        self._learn(declared_work(request))
         start = next(self._turn)
         order = serving[start % len(serving):] + serving[:start % len(serving)]
-        return min(order, key=lambda pair: len(pair[1].held))[0]
+        return min(order, key=lambda pair: self.outstanding(pair[1]))[0]
+
+    def outstanding(self, replica: Supervisor) -> float:
+        return sum(self._work(held.request) for held in replica.held.values())
+
+    def _work(self, request: StageRequest) -> float:
+        work = declared_work(request)
+        return self._mean_declared if work is None else work
+
+    def _learn(self, work: float | None) -> None:
+        if work is not None:
+            self._num_declared += 1
+            self._mean_declared += (work - self._mean_declared) / self._num_declared
 
 
 class RoundRobin:
@@ -66,6 +83,15 @@ POLICIES = {"least_outstanding": LeastOutstanding, "round_robin": RoundRobin, "a
 def by_key(serving: Sequence[tuple[int, Supervisor]], key: str) -> int:
     """Rendezvous hashing: the serving replica with the highest hash of (its index, key)."""
     return max(serving, key=lambda pair: _digest(f"{pair[0]}:{key}"))[0]
+
+
+def declared_work(request: StageRequest) -> float | None:
+    """The steps (DiffusionParams) or most tokens (SamplingParams) the request asks for, if it says."""
+    for name in ("num_inference_steps", "max_tokens"):
+        value = getattr(request.params, name, None)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    return None
 
 
 def make_policy(name: str) -> RoutingPolicy:

@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 from engine.fake_engines import Collector, FakeEngine, streamed_tts
@@ -17,6 +18,7 @@ from fastapi.testclient import TestClient
 from prometheus_client import generate_latest
 
 from omnistage.config import PipelineSpec, StageDeployConfig, StageSpec
+from omnistage.diffusion.params import DiffusionParams
 from omnistage.core.errors import ErrorKind
 from omnistage.core.types import StageRequest
 from omnistage.engine.orchestrator import OmniRequest, Orchestrator
@@ -63,10 +65,11 @@ def drawn_by(out) -> int:
 
 
 class Holding:
-    """A stand-in supervisor holding `n` requests (all a policy reads of one)."""
+    """A stand-in supervisor holding `n` requests asking `steps` each (all a policy reads of one)."""
 
-    def __init__(self, n: int):
-        self.held = {f"r{i}": None for i in range(n)}
+    def __init__(self, n: int, steps: int | None = None):
+        params = None if steps is None else DiffusionParams(num_inference_steps=steps)
+        self.held = {f"r{i}": SimpleNamespace(request=StageRequest(f"r{i}", "x", params)) for i in range(n)}
 
 
 def test_least_outstanding_picks_the_replica_holding_least_and_round_robin_ignores_load():
@@ -77,6 +80,17 @@ def test_least_outstanding_picks_the_replica_holding_least_and_round_robin_ignor
     assert [policy.pick(serving, request) for _ in range(4)] == [1, 1, 1, 1]
     rr = RoundRobin()
     assert [rr.pick(serving, request) for _ in range(4)] == [0, 1, 0, 1]
+
+
+def test_least_outstanding_weighs_requests_by_the_steps_they_ask_for():
+    one_long, three_short = Holding(1, steps=50), Holding(3, steps=4)
+    serving = [(0, one_long), (1, three_short)]
+    policy = LeastOutstanding()
+    assert policy.outstanding(one_long) == 50 and policy.outstanding(three_short) == 12
+    assert [policy.pick(serving, StageRequest(f"x{i}", "a cat", DiffusionParams(num_inference_steps=8)))
+            for i in range(2)] == [1, 1]
+    # A request that names no steps counts as the mean of those that did (here (8 + 8) / 2).
+    assert policy.outstanding(Holding(2)) == 16
 
 
 def test_affinity_keeps_a_session_and_a_prompt_prefix_on_one_replica_and_moves_only_a_dead_ones_keys():
