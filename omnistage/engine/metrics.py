@@ -152,8 +152,8 @@ class PrometheusMetrics:
             "omnistage_stage_replica_reruns", "Requests re-run on another replica after theirs died.", stage,
             registry=registry)
         self.outstanding = Gauge(
-            "omnistage_stage_replica_outstanding", "Requests queued or running on each copy of a stage (what "
-            "least_outstanding routing compares).", ["pipeline", "stage", "replica"], registry=registry)
+            "omnistage_stage_replica_outstanding", "Requests queued or running on each copy of a stage.",
+            ["pipeline", "stage", "replica"], registry=registry)
 
     def watch_replicas(self, stage_name: str, handle: Any) -> None:
         """Export a stage handle's replicas by state, read when scraped (no loop keeps them)."""
