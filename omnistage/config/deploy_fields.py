@@ -113,8 +113,8 @@ class StageDeployConfig:
     num_replicas: int = 1
     """Copies of this stage, each a full engine: its own process with `runtime: process`, its own Ray
     actor with `runtime: ray` (each with the stage's devices and ray_resources). Each copy is supervised
-    and rebuilt on its own; a request whose copy dies before it sent any output is re-run on another.
-    More than 1 needs runtime "process" or "ray"."""
+    and rebuilt on its own; a request whose copy is killed or hangs before it sent any output is re-run
+    on another. More than 1 needs runtime "process" or "ray"."""
     routing_policy: str = "least_outstanding"
     """Which replica takes a new request: "least_outstanding" (least work queued or running there: the
     steps or tokens its requests ask for) | "round_robin" | "affinity" (the same session key, else the same prompt prefix, goes to the same

@@ -9,8 +9,8 @@ the set only decides where requests go:
   the replica that holds it, and the parts of one streamed input (`stream_of`) all go to
   one replica, picked by their request (a decoder keeps a stream's state between parts);
 - an abort goes to every replica (only the holder has it, the others ignore it);
-- when a replica dies, the requests it held that had sent no output yet (its supervisor's
-  `orphans`) are re-run on another serving replica, and their "unavailable" errors are
+- when a replica dies from outside (killed, hung, its node lost), the requests it held that
+  had sent no output yet (its supervisor's `orphans`) are re-run on another serving replica, and their "unavailable" errors are
   swallowed: the caller sees one answer. A request that had sent output already keeps the
   error (a 503), since a re-run would repeat what it sent. With no other replica serving,
   every error goes up as it would for one copy.

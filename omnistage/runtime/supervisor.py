@@ -17,8 +17,9 @@ liveness. The supervisor
   signal, an exit code: `crashed`), by a fingerprint of their inputs and params; a
   fingerprint that crashed the stage `MAX_CRASHES_PER_REQUEST` times is refused at
   admission, so no client can keep a stage down by repeating one request;
-- after a death, keeps the requests it held that had sent no output yet (`orphans`, until
-  its next step), so the stage's replica set can re-run them on another replica.
+- after a death it did not cause itself (a kill from outside, a hang, a lost node), keeps the
+  requests it held that had sent no output yet (`orphans`, until its next step), so the
+  stage's replica set can re-run them on another replica.
 
 Threads: everything runs on the orchestrator's thread except the restart thread (which
 builds the new endpoint and hands it over), and `is_healthy` and `call` (a control call:
@@ -92,8 +93,8 @@ class Supervisor:
         self.crashes: dict[str, int] = crashes if crashes is not None else {}
         """Fingerprint -> how many times a request with it was running when the stage crashed."""
         self.orphans: dict[str, StageRequest] = {}
-        """Requests failed by the last death that had sent no output (and took no streamed input):
-        safe to re-run elsewhere. Cleared by the next step()."""
+        """Requests failed by the last death (not a crash of its own) that had sent no output (and took
+        no streamed input): safe to re-run elsewhere. Cleared by the next step()."""
         self._build = build
         self._outputs: list[StageOutput] = []  # answered here, handed out by the next step()
         self._calls: dict[int, Any] = {}
@@ -225,7 +226,11 @@ class Supervisor:
                 self.crashes[held.fingerprint] = self.crashes.get(held.fingerprint, 0) + 1
         message = f"{reason}, while running this request" if crashed else reason
         failed = [_error(rid, message, ErrorKind.UNAVAILABLE) for rid in sorted(self.held)]
-        self.orphans = {rid: held.request for rid, held in self.held.items() if not held.has_output}
+        # A stage that crashed by itself may have been crashed by one of these requests: re-run together on
+        # another copy, one poison request would take the copies down in turn (and count the others twice).
+        # Those fail as they would with one copy; a kill from outside, a hang or a lost node re-runs them.
+        if not crashed:
+            self.orphans = {rid: held.request for rid, held in self.held.items() if not held.has_output}
         self.held.clear()
         for future in self._calls.values():
             future.set_exception(RuntimeError(reason))
