@@ -55,6 +55,7 @@ from omnistage.core.types import InputChunk, ProgressPayload, StageOutput, Stage
 from omnistage.engine.factory import EngineFactory, create_engine, stage_model_paths
 from omnistage.engine.metrics import PrometheusMetrics, StageMetrics
 from omnistage.engine.outputs import Delta, OmniOutput, StageStream, fill_media
+from omnistage.engine.replicas import replicas_of
 from omnistage.engine.stage_handle import StageHandle, make_stage_handle
 from omnistage.runtime.channel import DEFAULT_THRESHOLD_BYTES
 from omnistage.runtime.endpoint import Waker
@@ -246,6 +247,15 @@ class Orchestrator:
     def call_stages(self, method: str, *args: Any) -> list[Future]:
         """`method(*args)` on every stage's engine (every replica's), from any thread."""
         return [handle.call(method, *args) for handle in self.handles.values()]
+
+    def set_standing(self, method: str, *args: Any) -> None:
+        """Every stage rebuilt from now on gets `method(*args)` before it serves (until cleared)."""
+        for replica in (r for handle in self.handles.values() for r in replicas_of(handle)):
+            replica.standing[method] = args
+
+    def clear_standing(self, method: str) -> None:
+        for replica in (r for handle in self.handles.values() for r in replicas_of(handle)):
+            replica.standing.pop(method, None)
 
     def check_health(self) -> bool:
         return (not self._closed and self.fatal_error is None

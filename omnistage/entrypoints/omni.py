@@ -159,7 +159,7 @@ class AsyncOmni:
         EngineUnavailableError; the server answers 503 + Retry-After), let the running ones
         finish (at most `timeout_s`), then put every stage's engine (every replica) to sleep.
         Level 1: weights moved to host memory, caches (the AR KV pools) freed. Returns the
-        bytes freed. `wake_up()` undoes it; a stage rebuilt meanwhile comes back awake."""
+        bytes freed. `wake_up()` undoes it; a stage rebuilt meanwhile comes back asleep."""
         check_can_sleep(level, 0)
         if self.sleep_level is not None:
             return 0
@@ -179,10 +179,12 @@ class AsyncOmni:
             orchestrator.resume()
             raise
         self.sleep_level = level
+        orchestrator.set_standing("sleep", level)  # a stage rebuilt while asleep comes back asleep
         return sum(sum(r) if isinstance(r, list) else r for r in replies)  # a replica set replies per copy
 
     async def wake_up(self) -> None:
         """Undo `sleep()`: every stage's weights back on its device, then requests are admitted again."""
+        self.orchestrator.clear_standing("sleep")
         try:
             await self._wake_stages()
         finally:

@@ -17,6 +17,8 @@ liveness. The supervisor
   signal, an exit code: `crashed`), by a fingerprint of their inputs and params; a
   fingerprint that crashed the stage `MAX_CRASHES_PER_REQUEST` times is refused at
   admission, so no client can keep a stage down by repeating one request;
+- gives a rebuilt engine the standing calls its caller set (`standing`, e.g. "sleep" while
+  the engine sleeps), so a stage rebuilt meanwhile does not come back in another state;
 - after a death it did not cause itself (a kill from outside, a hang, a lost node), keeps the
   requests it held that had sent no output yet (`orphans`, until its next step), so the
   stage's replica set can re-run them on another replica.
@@ -98,6 +100,9 @@ class Supervisor:
         self._build = build
         self._outputs: list[StageOutput] = []  # answered here, handed out by the next step()
         self._calls: dict[int, Any] = {}
+        self.standing: dict[str, tuple] = {}
+        """Control calls (method -> args) a rebuilt engine gets before it serves; set and cleared by
+        the caller (AsyncOmni's sleep and wake_up), from any thread."""
         self._next_call = 0
         self._last_event = time.monotonic()
         self._slowest_step_s = 0.0
@@ -249,6 +254,8 @@ class Supervisor:
         future = self._calls.pop(call_id, None)
         if future is not None:
             future.set_result(value) if ok else future.set_exception(RuntimeError(value))
+        elif not ok:  # a standing call no one waits for
+            logger.error("stage %s: a standing call failed on the rebuilt engine: %s", self.label, value)
 
     # -- health --------------------------------------------------------------------------
 
@@ -315,6 +322,8 @@ class Supervisor:
         with self._lock:
             ready, self._ready = self._ready, None
         if ready is not None:
+            for method, args in list(self.standing.items()):
+                ready.send("call", (None, method, args))  # no one waits for the reply (call id None)
             self.endpoint, self.down_reason = ready, None
             self._last_event = time.monotonic()
             self.num_restarts += 1

@@ -1,11 +1,15 @@
 """POST /v1/omni/sleep and /v1/omni/wakeup on a real AsyncOmni whose stage has two replica
 processes (fake engines): sleep reaches every copy, requests meanwhile get 503 +
-Retry-After, is_sleeping says so, and after wakeup requests are served again; a level this
-version does not implement is a 400 naming `level`."""
+Retry-After, is_sleeping says so, and after wakeup requests are served again; a copy killed
+while asleep is rebuilt asleep; a level this version does not implement is a 400 naming
+`level`."""
 
 from __future__ import annotations
 
 import functools
+import os
+import signal
+import time
 
 import pytest
 from engine.fake_engines import FakeEngine
@@ -50,3 +54,19 @@ def test_an_unimplemented_sleep_level_is_a_400_naming_it(served):
     resp = http.post("/v1/omni/sleep", json={"level": 2})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "level", resp.text
     assert not engine.is_sleeping
+
+
+def test_a_copy_rebuilt_while_asleep_comes_back_asleep(served):
+    http, engine = served
+    handle = engine.orchestrator.handles[0]
+    assert http.post("/v1/omni/sleep").status_code == 200
+    victim = handle.replicas[0]
+    os.kill(victim.endpoint.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while victim.num_restarts == 0 or not victim.is_healthy():
+        assert time.monotonic() < deadline, "the killed copy was not rebuilt"
+        time.sleep(0.02)
+    assert handle.call("is_sleeping").result(timeout=10) == [True, True]
+    assert http.post("/v1/omni/wakeup").status_code == 200
+    assert handle.call("is_sleeping").result(timeout=10) == [False, False]
+    assert http.post("/v1/images/generations", json=IMAGE).status_code == 200
