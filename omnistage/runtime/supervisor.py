@@ -71,7 +71,8 @@ class _Held:
     request: StageRequest
     fingerprint: str | None = None
     has_output: bool = False
-    """It sent something other than progress: a re-run elsewhere would repeat it."""
+    """It sent something other than progress, or took streamed input: a re-run elsewhere would
+    repeat what it sent, or miss what it was fed before."""
 
 
 class Supervisor:
