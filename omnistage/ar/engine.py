@@ -49,6 +49,7 @@ from omnistage.ar.structured_outputs import GrammarCompiler
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.core.device import device_scope, resolve_device, resolve_dtype
+from omnistage.core.parking import Parked, check_can_sleep, torch_modules
 from omnistage.core.types import InputChunk, StageOutput, StageRequest, TextPayload, TokenLogprob
 
 logger = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ class AREngine:
         self._aborted: list[Sequence] = []
         self._closed = False
         self._grammars: GrammarCompiler | None = None  # built on the first structured-output request
+        self._parked: Parked | None = None  # the weights, while asleep
 
     def _load(self, model_path: str, stage: StageSpec | None, config: StageDeployConfig, device) -> None:
         """The model, its KV cache, scheduler and runner (and CUDA graphs with compile: true)."""
@@ -262,6 +264,26 @@ class AREngine:
 
     def is_healthy(self) -> bool:
         return not self._closed
+
+    # --- sleep -----------------------------------------------------------------------------------
+
+    def sleep(self, level: int) -> int:
+        """Level 1, when idle: free the KV pools (and the prefix cache that indexes them) and move
+        the weights off the accelerator. Returns the bytes freed on the device (the KV pools on CPU)."""
+        check_can_sleep(level, len(self._seqs))
+        if self.runner.static_decode is not None:
+            raise RuntimeError("sleep: not with compile: true (its CUDA graphs hold the KV pools and the weights' "
+                               "addresses)")
+        freed = self.runner.free_cache()
+        self.block_manager.reset_prefix_cache()
+        if self._parked is None:
+            self._parked = Parked(torch_modules(self.model))
+        return freed + self._parked.num_bytes
+
+    def wake_up(self) -> None:
+        if self._parked is not None:
+            self._parked.restore()
+            self._parked = None
 
     def close(self) -> None:
         self._closed = True

@@ -127,6 +127,12 @@ class PagedKVCache(Cache):
     def num_slots(self) -> int:
         return self.view.num_blocks * self.view.block_size
 
+    @property
+    def num_bytes(self) -> int:
+        """Bytes the pools hold now (they grow as blocks are used)."""
+        return sum(t.numel() * t.element_size() for layer in self.layers if layer.is_initialized
+                   for t in (layer.keys, layer.values))
+
 
 class _BatchView:
     """What the current forward reads and writes; shared by every layer."""

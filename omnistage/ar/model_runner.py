@@ -75,6 +75,7 @@ class ModelRunner:
         self.device = device
         self.block_size = block_size
         self.max_model_len = max_model_len
+        self.max_num_blocks = max_num_blocks
         self.cache = PagedKVCache(model.num_layers, block_size, max_num_blocks)
         self.sampler = Sampler(device)
         self._arange = torch.arange(max(max_model_len, block_size) + 1, device=device)
@@ -246,6 +247,13 @@ class ModelRunner:
                 capacity = seq.num_prompt_tokens + seq.max_tokens
                 rows = store[seq.request_id] = _StateRows(capacity, states.shape[-1], states)
             rows.add(row)
+
+    def free_cache(self) -> int:
+        """Drop the KV pools (a sleeping engine; nothing may be running): a fresh cache starts
+        small and grows again. Returns the bytes freed."""
+        freed = self.cache.num_bytes
+        self.cache = PagedKVCache(self.model.num_layers, self.block_size, self.max_num_blocks)
+        return freed
 
     def close(self) -> None:
         self.cache = None

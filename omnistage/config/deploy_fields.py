@@ -110,8 +110,18 @@ class StageDeployConfig:
     turns 503, its requests fail with 503, and it is rebuilt (`serve --stage-timeout`). None: 10 times
     its slowest step so far, at least 120 s."""
     ray_placement_strategy: str = "PACK"
-    """`executor: ray`: how the placement group spreads the ranks over nodes: "PACK" | "SPREAD" |
-    "STRICT_PACK" | "STRICT_SPREAD"."""
+    """How a placement group spreads this stage's actors over nodes: the ranks of `executor: ray`, and
+    the copies of a `runtime: ray` stage with num_replicas > 1: "PACK" | "SPREAD" | "STRICT_PACK" |
+    "STRICT_SPREAD"."""
+    num_replicas: int = 1
+    """Copies of this stage, each a full engine: its own process with `runtime: process`, its own Ray
+    actor with `runtime: ray` (each with the stage's devices and ray_resources). Each copy is supervised
+    and rebuilt on its own; a request whose copy is killed or hangs before it sent any output is re-run
+    on another. More than 1 needs runtime "process" or "ray"."""
+    routing_policy: str = "least_outstanding"
+    """Which replica takes a new request: "least_outstanding" (least work queued or running there: the
+    steps or tokens its requests ask for) | "round_robin" | "affinity" (the same session key, else the same prompt prefix, goes to the same
+    replica while it serves, so it finds its cache)."""
 
     def __post_init__(self) -> None:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -160,6 +170,8 @@ STAGE_CONSTRAINTS = {
     "restart_backoff_s": at_least(0),
     "stage_timeout_s": lambda v: None if v > 0 else f"must be > 0 seconds, got {v!r}",
     "ray_placement_strategy": one_of("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+    "num_replicas": at_least(1),
+    "routing_policy": one_of("least_outstanding", "round_robin", "affinity"),
     # cache_backend, quantization and attention_backend are open sets: the registries
     # that implement them (diffusion/cache, quant.py, attention.py) own the valid names.
 }
@@ -197,6 +209,10 @@ def stage_consistency_problems(values: dict[str, Any]) -> list[str]:
         )
     if v["executor"] == "uni" and num_devices > 1:
         problems.append(f"executor 'uni' runs one in-process worker; num_devices={num_devices} needs 'mp' or 'ray'")
+    if v["num_replicas"] > 1 and v["runtime"] == "inline":
+        # Inline engines share the orchestrator's thread: copies would add memory, not throughput.
+        problems.append(f"num_replicas={v['num_replicas']} needs runtime 'process' or 'ray'; runtime 'inline' "
+                        f"runs one engine in the orchestrator's thread")
     return problems
 
 

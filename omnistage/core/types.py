@@ -81,6 +81,8 @@ class StageRequest:
     inputs: Any  # built by the stage's input processor (e.g. {"prompt": str, "image": PIL} or token ids)
     params: Any = None  # DiffusionParams | SamplingParams | None (engine defaults)
     arrival_time: float = field(default_factory=time.monotonic)
+    session_id: str | None = None  # a conversation or session: replicas route it by affinity
+    stream_of: str | None = None  # one part of request X's streamed input: the parts stay on one replica
 
 
 @dataclass

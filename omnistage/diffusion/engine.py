@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
+from omnistage.core.parking import check_can_sleep
 from omnistage.core.types import StageOutput, StageRequest
 from omnistage.diffusion.accel import check_supported
 from omnistage.diffusion.checkpoint import CheckpointConfigs
@@ -125,6 +126,15 @@ class DiffusionEngine:
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
+
+    def sleep(self, level: int) -> int:
+        """Level 1, when idle: every rank moves its pipeline's weights off the accelerator (a diffusion
+        stage keeps no cache between requests). Returns the bytes moved."""
+        check_can_sleep(level, int(self.has_unfinished_requests()))
+        return sum(self.executor.collective_rpc("sleep", level))
+
+    def wake_up(self) -> None:
+        self.executor.collective_rpc("wake_up")
 
     def is_healthy(self) -> bool:
         if self._dead is None and not self.executor.is_healthy():

@@ -17,6 +17,7 @@ import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.core.device import canonical_device, device_scope, resolve_dtype
+from omnistage.core.parking import Parked, torch_modules
 from omnistage.diffusion.runner import DiffusionRunner, ProgressSink
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
 
@@ -41,6 +42,7 @@ class DiffusionWorker:
         self.device = canonical_device(config.devices[rank])
         self.dtype = resolve_dtype(config.stage.dtype, self.device)
         self.runner: DiffusionRunner | None = None
+        self._parked: Parked | None = None  # the pipeline's weights, while the stage sleeps
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -83,6 +85,16 @@ class DiffusionWorker:
 
     def get_pid(self) -> int:
         return os.getpid()
+
+    def sleep(self, level: int) -> int:
+        if self._parked is None:
+            self._parked = Parked(torch_modules(self.runner.pipeline.components))
+        return self._parked.num_bytes
+
+    def wake_up(self) -> None:
+        if self._parked is not None:
+            self._parked.restore()
+            self._parked = None
 
     def shutdown(self) -> None:
         import torch.distributed as dist

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnistage.core.types import ProgressPayload, TextPayload
+from omnistage.engine.replicas import REPLICA_STATES, count_states, replicas_of
 
 
 # From a token (ms) to a video (minutes).
@@ -144,6 +145,24 @@ class PrometheusMetrics:
             "faster than real time).", ["pipeline"], registry=registry, buckets=RTF_BUCKETS)
         self.num_running = Gauge(
             "omnistage_requests_running", "Requests in the orchestrator.", ["pipeline"], registry=registry)
+        self.replicas = Gauge(
+            "omnistage_stage_replicas", "Copies of a stage by state: serving, hung, restarting, down (gave up).",
+            ["pipeline", "stage", "state"], registry=registry)
+        self.reruns = Gauge(
+            "omnistage_stage_replica_reruns", "Requests re-run on another replica after theirs died.", stage,
+            registry=registry)
+        self.outstanding = Gauge(
+            "omnistage_stage_replica_outstanding", "Requests queued or running on each copy of a stage.",
+            ["pipeline", "stage", "replica"], registry=registry)
+
+    def watch_replicas(self, stage_name: str, handle: Any) -> None:
+        """Export a stage handle's replicas by state, read when scraped (no loop keeps them)."""
+        for state in REPLICA_STATES:
+            self.replicas.labels(self.pipeline, stage_name, state).set_function(
+                lambda state=state: count_states(replicas_of(handle))[state])
+        self.reruns.labels(self.pipeline, stage_name).set_function(lambda: getattr(handle, "num_reruns", 0))
+        for i, replica in enumerate(replicas_of(handle)):
+            self.outstanding.labels(self.pipeline, stage_name, str(i)).set_function(lambda r=replica: len(r.held))
 
     def observe_stage(self, stage_name: str, metrics: dict[str, Any]) -> None:
         """Record one request's `StageMetrics.as_dict()` for one stage."""

@@ -44,6 +44,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,7 @@ from omnistage.core.types import InputChunk, ProgressPayload, StageOutput, Stage
 from omnistage.engine.factory import EngineFactory, create_engine, request_checker, stage_model_paths
 from omnistage.engine.metrics import PrometheusMetrics, StageMetrics
 from omnistage.engine.outputs import Delta, OmniOutput, StageStream, fill_media
+from omnistage.engine.replicas import replicas_of
 from omnistage.engine.stage_handle import StageHandle, make_stage_handle
 from omnistage.runtime.channel import DEFAULT_THRESHOLD_BYTES
 from omnistage.runtime.endpoint import Waker
@@ -76,6 +78,9 @@ class OmniRequest:
     arrival_time: float = field(default_factory=time.monotonic)
     output_modalities: tuple[str, ...] | None = None
     """Modalities the user wants, e.g. ("text",); only the stages making them run. None = every stage."""
+    session_id: str | None = None
+    """The conversation or session the request belongs to (e.g. chat's `user`): a stage with
+    `routing_policy: affinity` sends a session's requests to the same replica."""
 
 
 @dataclass
@@ -156,7 +161,11 @@ class Orchestrator:
         self.fatal_error: str | None = None
         self._engine_factory = engine_factory
         self._checkers: dict[int, Callable[[StageRequest], None] | None] = {}  # built on first `check`
+        self.paused: str | None = None
+        """Why new requests are refused now (the engine sleeps), or None while it admits them."""
         self.handles = self._start_stages(engine_factory, connector, shm_threshold_bytes, init_timeout_s)
+        for stage in pipeline.stages:
+            self.metrics.watch_replicas(stage.name, self.handles[stage.id])
 
     def _start_stages(self, factory: EngineFactory, connector: str, shm_threshold_bytes: int,
                       init_timeout_s: float) -> dict[int, StageHandle]:
@@ -189,6 +198,8 @@ class Orchestrator:
         with self._lock:
             if self._closed or self.fatal_error is not None:
                 raise EngineUnavailableError(self.fatal_error or "the orchestrator is closed")
+            if self.paused is not None:
+                raise EngineUnavailableError(self.paused)
             self._inbox.put(("add", request, sink))
         self._wake()
 
@@ -251,6 +262,33 @@ class Orchestrator:
                 checker = None
             self._checkers[stage.id] = checker
         return self._checkers[stage.id]
+    def pause(self, reason: str) -> threading.Event:
+        """Refuse new requests from now on (`submit` raises EngineUnavailableError(reason)). The
+        Event is set once the loop has taken in every request submitted before, so that
+        `has_unfinished_requests()` then counts them all."""
+        taken_in = threading.Event()
+        with self._lock:
+            self.paused = reason
+            self._inbox.put(("barrier", taken_in, None))
+        self._wake()
+        return taken_in
+
+    def resume(self) -> None:
+        with self._lock:
+            self.paused = None
+
+    def call_stages(self, method: str, *args: Any) -> list[Future]:
+        """`method(*args)` on every stage's engine (every replica's), from any thread."""
+        return [handle.call(method, *args) for handle in self.handles.values()]
+
+    def set_standing(self, method: str, *args: Any) -> None:
+        """Every stage rebuilt from now on gets `method(*args)` before it serves (until cleared)."""
+        for replica in (r for handle in self.handles.values() for r in replicas_of(handle)):
+            replica.standing[method] = args
+
+    def clear_standing(self, method: str) -> None:
+        for replica in (r for handle in self.handles.values() for r in replicas_of(handle)):
+            replica.standing.pop(method, None)
 
     def check_health(self) -> bool:
         return (not self._closed and self.fatal_error is None
@@ -329,6 +367,8 @@ class Orchestrator:
                 self._add_request(body, sink)
             elif kind == "abort":
                 self._abort_request(body)
+            elif kind == "barrier":
+                body.set()
 
     def _add_request(self, request: OmniRequest, sink: Sink | None) -> None:
         rid = request.request_id
@@ -389,7 +429,9 @@ class Orchestrator:
         params = state.request.params.get(run.stage.id)
         if params is None:  # the processor's params stand in for missing user params
             params = fallback_params
-        self._to_dispatch.append((run.stage.id, StageRequest(engine_id, inputs, params)))
+        self._to_dispatch.append((run.stage.id, StageRequest(
+            engine_id, inputs, params, session_id=state.request.session_id,
+            stream_of=rid if engine_id != rid else None)))
 
     def _dispatch(self) -> None:
         pending, self._to_dispatch = self._to_dispatch, []
@@ -549,6 +591,8 @@ class Orchestrator:
             if kind == "add":
                 _deliver(sink, OmniOutput(body.request_id, finished=True, finish_reason="error", error=reason,
                                           error_kind=ErrorKind.UNAVAILABLE))
+            elif kind == "barrier":
+                body.set()
         for state in list(self._requests.values()):
             self._outputs.append(OmniOutput(state.request.request_id, finished=True, finish_reason="error",
                                             error=reason, error_kind=ErrorKind.UNAVAILABLE, metrics=self._request_metrics(state)))

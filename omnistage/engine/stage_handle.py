@@ -10,16 +10,21 @@ when it dies or hangs) over an endpoint:
 - "ray": `RayEndpoint`; the engine runs in a Ray actor on a node with its `ray_resources`.
 
 The restart policy and the hang timeout come from the stage's deploy fields
-(`max_restarts`, `restart_backoff_s`, `stage_timeout_s`).
+(`max_restarts`, `restart_backoff_s`, `stage_timeout_s`). A stage with `num_replicas` > 1
+is a `ReplicaSet` (replicas.py) of that many supervisors, one endpoint each, routed by its
+`routing_policy`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from omnistage.engine.replicas import ReplicaSet
+from omnistage.engine.routing import make_policy
 from omnistage.runtime.channel import DEFAULT_THRESHOLD_BYTES, Channel
 from omnistage.runtime.endpoint import Endpoint, InlineEndpoint, ProcessEndpoint
 from omnistage.runtime.supervisor import RestartPolicy, Supervisor
@@ -29,7 +34,7 @@ if TYPE_CHECKING:
     from omnistage.config.spec import StageSpec
     from omnistage.engine.factory import EngineFactory
 
-StageHandle = Supervisor
+StageHandle = Supervisor | ReplicaSet
 
 
 @dataclass(frozen=True)
@@ -63,35 +68,68 @@ def make_stage_handle(
     connector: str = "shm",
     threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
     shm_prefix: str = "omni",
-) -> Supervisor:
-    """The supervised stage for `config.runtime`; a process stage's segments are named
-    `{shm_prefix}r{generation}{p|c}N`."""
+) -> StageHandle:
+    """The supervised stage for `config.runtime` (a replica set with `num_replicas` > 1); a
+    process stage's segments are named `{shm_prefix}r{generation}{p|c}N`, its replica i's
+    `{shm_prefix}x{i}r{generation}{p|c}N`."""
     if config.runtime == "process" and connector == "ray":
         raise ValueError(f"stage {stage.label}: connector 'ray' carries the payloads of runtime 'ray' stages; "
                          f"this stage has runtime 'process': give it runtime 'ray', or use connector 'shm'")
     if config.runtime not in ("inline", "process", "ray"):
         raise ValueError(f"stage {stage.label}: unknown runtime {config.runtime!r}")
     build = EngineBuilder(factory, model_path, portable_stage_fields(stage), config, in_child=True)
+    group = None  # with Ray replicas: their placement group, bundle i for copy i
 
-    def endpoint(generation: int) -> Endpoint:
+    def endpoint(generation: int, replica: int | None = None) -> Endpoint:
         if config.runtime == "inline":
             return InlineEndpoint(lambda: factory(model_path, stage, config))
         if config.runtime == "process":
-            prefix = f"{shm_prefix}r{generation}"
+            prefix = f"{shm_prefix}r{generation}" if replica is None else f"{shm_prefix}x{replica}r{generation}"
             return ProcessEndpoint(stage.label, build, Channel(connector, f"{prefix}p", threshold_bytes),
                                    Channel(connector, f"{prefix}c", threshold_bytes))
         from omnistage.runtime import ray as ray_runtime  # Ray is optional
 
         # Shared memory does not cross machines: a Ray stage takes `shm` as Ray's own transport.
         channel = Channel("ray" if connector == "ray" else "inline", "", threshold_bytes, config.ray_address)
-        cluster = ray_runtime.joined(config.ray_address)
-        gpu = ray_runtime.wants_gpu(config.devices, cluster.cluster_resources().get("GPU", 0))
+        gpu = _ray_wants_gpu(config)
         # Ray makes the GPUs it gives the actor visible from cuda:0 on: the engine sees them so.
         devices = ray_runtime.devices_in_actor(config.devices, config.num_devices, gpu)
         actor_build = dataclasses.replace(build, config=dataclasses.replace(config, devices=devices))
-        return ray_runtime.RayEndpoint(stage.label, actor_build, channel, config, gpu)
+        placement = None if group is None else (group, replica)
+        return ray_runtime.RayEndpoint(stage.label, actor_build, channel, config, gpu, placement)
 
-    return Supervisor(stage.label, endpoint, restart_policy(config))
+    if config.num_replicas == 1:
+        return Supervisor(stage.label, endpoint, restart_policy(config))
+    if config.runtime == "ray":
+        from omnistage.runtime import ray as ray_runtime
+
+        group = ray_runtime.reserve_replicas(config, _ray_wants_gpu(config), f"stage {stage.label}: num_replicas")
+    crashes: dict[str, int] = {}  # shared: a request that crashed one copy counts against all
+    replicas: list[Supervisor] = []
+    try:
+        for i in range(config.num_replicas):
+            replicas.append(Supervisor(f"{stage.label}[{i}]", functools.partial(endpoint, replica=i),
+                                       restart_policy(config), crashes))
+    except BaseException:
+        for replica in replicas:
+            replica.close()
+        _release(group)
+        raise
+    return ReplicaSet(stage.label, replicas, make_policy(config.routing_policy), on_close=lambda: _release(group))
+
+
+def _ray_wants_gpu(config: StageDeployConfig) -> bool:
+    from omnistage.runtime import ray as ray_runtime
+
+    cluster = ray_runtime.joined(config.ray_address)
+    return ray_runtime.wants_gpu(config.devices, cluster.cluster_resources().get("GPU", 0))
+
+
+def _release(group: Any) -> None:
+    if group is not None:
+        from omnistage.runtime import ray as ray_runtime
+
+        ray_runtime.release(group)
 
 
 def portable_stage_fields(stage: StageSpec) -> dict[str, Any]:

@@ -41,8 +41,10 @@ vocoder). None = every final stage's output.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import queue
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
@@ -60,6 +62,7 @@ from omnistage.config import (
 )
 from omnistage.config.deploy import ALL_STAGES, DeployLayer, merge_fields
 from omnistage.config.deploy_fields import KIND_ONLY_FIELDS
+from omnistage.core.parking import check_can_sleep
 from omnistage.engine.factory import EngineFactory, create_engine
 from omnistage.engine.orchestrator import OmniRequest, Orchestrator
 from omnistage.engine.outputs import OmniOutput
@@ -102,6 +105,8 @@ class AsyncOmni:
             shm_threshold_bytes=self.config.pipeline_config.shm_threshold_bytes,
             engine_factory=engine_factory, metrics_registry=metrics_registry,
         )
+        self.sleep_level: int | None = None
+        """The level `sleep()` put the stages to, or None while awake."""
         self.orchestrator.start()
 
     @property
@@ -109,15 +114,17 @@ class AsyncOmni:
         return self.orchestrator.metrics_registry
 
     def make_request(self, prompt: Any, params: Any = None, request_id: str | None = None,
-                     modalities: Sequence[str] | None = None) -> OmniRequest:
+                     modalities: Sequence[str] | None = None, session_id: str | None = None) -> OmniRequest:
         """Check `params` against the pipeline (ValueError naming the problem) and build the request."""
         if isinstance(modalities, str):
             raise ValueError(f"modalities: give a list of modalities such as [{modalities!r}], not a str")
         return OmniRequest(request_id or uuid.uuid4().hex, prompt, resolve_params(self.spec, params),
-                           output_modalities=None if modalities is None else tuple(modalities))
+                           output_modalities=None if modalities is None else tuple(modalities),
+                           session_id=session_id)
 
     async def generate(self, prompt: Any, params: Any = None, request_id: str | None = None, *,
-                       modalities: Sequence[str] | None = None) -> AsyncIterator[OmniOutput]:
+                       modalities: Sequence[str] | None = None,
+                       session_id: str | None = None) -> AsyncIterator[OmniOutput]:
         """Yield the request's outputs as they come; the last has `finished=True`.
 
         A failed request ends with an output whose `error` names the stage (nothing is
@@ -125,7 +132,7 @@ class AsyncOmni:
         not make, raise ValueError on the first iteration, before anything is queued.
         Leaving the loop early aborts the request.
         """
-        request = self.make_request(prompt, params, request_id, modalities)
+        request = self.make_request(prompt, params, request_id, modalities, session_id)
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue[OmniOutput] = asyncio.Queue()
         self.orchestrator.submit(request, sink=lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out))
@@ -152,6 +159,56 @@ class AsyncOmni:
 
     async def check_health(self) -> bool:
         return self.orchestrator.check_health()
+
+    # --- sleep ---------------------------------------------------------------------------------
+
+    async def sleep(self, level: int = 1, timeout_s: float = 300.0) -> int:
+        """Free the device for someone else: refuse new requests from now on (they raise
+        EngineUnavailableError; the server answers 503 + Retry-After), let the running ones
+        finish (at most `timeout_s`), then put every stage's engine (every replica) to sleep.
+        Level 1: weights moved to host memory, caches (the AR KV pools) freed. Returns the
+        bytes freed. `wake_up()` undoes it; a stage rebuilt meanwhile comes back asleep."""
+        check_can_sleep(level, 0)
+        if self.sleep_level is not None:
+            return 0
+        orchestrator = self.orchestrator
+        taken_in = orchestrator.pause(f"the engine is asleep (sleep level {level}) until it is woken up")
+        try:
+            deadline = time.monotonic() + timeout_s
+            await asyncio.to_thread(taken_in.wait, timeout_s)
+            while orchestrator.has_unfinished_requests():  # the running requests finish first
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"sleep: requests still running after {timeout_s:.0f} s")
+                await asyncio.sleep(0.01)
+            replies = await asyncio.gather(*map(asyncio.wrap_future, orchestrator.call_stages("sleep", level)))
+        except BaseException:
+            with contextlib.suppress(Exception):  # whatever fell asleep wakes; the sleep's error is the news
+                await self._wake_stages()
+            orchestrator.resume()
+            raise
+        self.sleep_level = level
+        orchestrator.set_standing("sleep", level)  # a stage rebuilt while asleep comes back asleep
+        return sum(sum(r) if isinstance(r, list) else r for r in replies)  # a replica set replies per copy
+
+    async def wake_up(self) -> None:
+        """Undo `sleep()`: every stage's weights back on its device, then requests are admitted again."""
+        self.orchestrator.clear_standing("sleep")
+        try:
+            await self._wake_stages()
+        finally:
+            self.sleep_level = None
+            self.orchestrator.resume()
+
+    async def _wake_stages(self) -> None:
+        replies = await asyncio.gather(*map(asyncio.wrap_future, self.orchestrator.call_stages("wake_up")),
+                                       return_exceptions=True)
+        failed = next((r for r in replies if isinstance(r, BaseException)), None)
+        if failed is not None:
+            raise failed
+
+    @property
+    def is_sleeping(self) -> bool:
+        return self.sleep_level is not None
 
     async def shutdown(self) -> None:
         # close() waits for the step in flight; keep the event loop serving meanwhile.

@@ -40,6 +40,7 @@ from omnistage.ar.cpu_linear import prepack_linears
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.core.device import device_scope, resolve_device, resolve_dtype
+from omnistage.core.parking import Parked, check_can_sleep
 from omnistage.core.types import AudioPayload, StageOutput, StageRequest
 from omnistage.generation.decoder import get_decoder_class
 
@@ -92,6 +93,7 @@ class GenerationEngine:
         self._streams: dict[str, _Stream] = {}  # by stream id, in arrival order
         self._requests: dict[str, _Request] = {}
         self._closed = False
+        self._parked: Parked | None = None  # the decoder's weights, while asleep
 
     # --- requests in ---------------------------------------------------------------------------
 
@@ -240,6 +242,18 @@ class GenerationEngine:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
+
+    def sleep(self, level: int) -> int:
+        """Level 1, when idle: the decoder's weights off the accelerator. Returns the bytes moved."""
+        check_can_sleep(level, len(self._requests))
+        if self._parked is None:
+            self._parked = Parked([self.decoder.model])
+        return self._parked.num_bytes
+
+    def wake_up(self) -> None:
+        if self._parked is not None:
+            self._parked.restore()
+            self._parked = None
 
     def is_healthy(self) -> bool:
         return not self._closed

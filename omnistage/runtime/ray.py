@@ -146,6 +146,15 @@ def reserve(bundles: list[dict[str, float]], strategy: str, what: str, timeout_s
     return group
 
 
+def reserve_replicas(config: StageDeployConfig, gpu: bool, what: str) -> Any:
+    """The placement group of a stage's copies (`num_replicas`): one bundle of the stage's actor
+    resources per copy, spread over the nodes as `ray_placement_strategy` says. Copy i's actor
+    (and each rebuild of it) runs in bundle i, so a rebuilt copy lands where the dead one was."""
+    one = bundle(actor_resources(config, gpu))
+    check_placeable(one, what)
+    return reserve([one] * config.num_replicas, config.ray_placement_strategy, what)
+
+
 def release(group: Any) -> None:
     """Remove a placement group; safe when Ray is already shut down."""
     ray = import_ray()
@@ -264,7 +273,10 @@ class RayEndpoint:
 
     beats = True
 
-    def __init__(self, label: str, build: EngineBuilder, channel: Channel, config: StageDeployConfig, gpu: bool):
+    def __init__(self, label: str, build: EngineBuilder, channel: Channel, config: StageDeployConfig, gpu: bool,
+                 placement: tuple[Any, int] | None = None):
+        """`placement`: (placement group, bundle index) the actor runs in (a copy of a stage with
+        num_replicas; see reserve_replicas), else Ray places it by its resources alone."""
         ray = import_ray()
         self.label = label
         self.channel = channel
@@ -277,8 +289,15 @@ class RayEndpoint:
         self._waker = Waker()
         resources = actor_resources(config, gpu)
         check_placeable(bundle(resources), f"stage {label}")
+        scheduling = {}
+        if placement is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            group, index = placement
+            strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+            scheduling = {"scheduling_strategy": strategy}
         self.actor = ray.remote(StageActor).options(
-            **resources, max_concurrency=4, max_restarts=0, **runtime_env(config.env),
+            **resources, max_concurrency=4, max_restarts=0, **scheduling, **runtime_env(config.env),
         ).remote(build, channel, max(1, int(resources["num_cpus"])))
         self._ready = self.actor.ready.remote()
         self._poller = threading.Thread(target=self._poll_loop, name=f"omnistage-ray-poll-{label}", daemon=True)

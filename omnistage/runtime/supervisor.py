@@ -16,7 +16,12 @@ liveness. The supervisor
 - remembers the requests a stage was running when it crashed by itself (a panic, a fatal
   signal, an exit code: `crashed`), by a fingerprint of their inputs and params; a
   fingerprint that crashed the stage `MAX_CRASHES_PER_REQUEST` times is refused at
-  admission, so no client can keep a stage down by repeating one request.
+  admission, so no client can keep a stage down by repeating one request;
+- gives a rebuilt engine the standing calls its caller set (`standing`, e.g. "sleep" while
+  the engine sleeps), so a stage rebuilt meanwhile does not come back in another state;
+- after a death it did not cause itself (a kill from outside, a hang, a lost node), keeps the
+  requests it held that had sent no output yet (`orphans`, until its next step), so the
+  stage's replica set can re-run them on another replica.
 
 Threads: everything runs on the orchestrator's thread except the restart thread (which
 builds the new endpoint and hands it over), and `is_healthy` and `call` (a control call:
@@ -34,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omnistage.core.errors import ErrorKind
-from omnistage.core.types import StageOutput, StageRequest
+from omnistage.core.types import InputChunk, ProgressPayload, StageOutput, StageRequest
 from omnistage.runtime.channel import serialize
 from omnistage.runtime.endpoint import Endpoint, Waker
 
@@ -65,16 +70,21 @@ class RestartPolicy:
 class _Held:
     request: StageRequest
     fingerprint: str | None = None
+    has_output: bool = False
+    """It sent something other than progress, or took streamed input: a re-run elsewhere would
+    repeat what it sent, or miss what it was fed before."""
 
 
 class Supervisor:
     """One stage, as the orchestrator sees it (see the module docstring).
 
     `build(generation)` makes a new endpoint; generation 0 at start, then one per rebuild
-    (it keeps a new process's shared-memory names apart from the dead one's).
+    (it keeps a new process's shared-memory names apart from the dead one's). Replicas of
+    one stage share `crashes`, so a poison request is refused by all of them.
     """
 
-    def __init__(self, label: str, build: Callable[[int], Endpoint], policy: RestartPolicy = RestartPolicy()):
+    def __init__(self, label: str, build: Callable[[int], Endpoint], policy: RestartPolicy = RestartPolicy(),
+                 crashes: dict[str, int] | None = None):
         self.label = label
         self.policy = policy
         self.endpoint: Endpoint | None = build(0)
@@ -83,11 +93,17 @@ class Supervisor:
         """Why the stage is down (restarting, or given up), or None while it serves."""
         self.gave_up = False
         self.held: dict[str, _Held] = {}
-        self.crashes: dict[str, int] = {}
+        self.crashes: dict[str, int] = crashes if crashes is not None else {}
         """Fingerprint -> how many times a request with it was running when the stage crashed."""
+        self.orphans: dict[str, StageRequest] = {}
+        """Requests failed by the last death (not a crash of its own) that had sent no output (and took
+        no streamed input): safe to re-run elsewhere. Cleared by the next step()."""
         self._build = build
         self._outputs: list[StageOutput] = []  # answered here, handed out by the next step()
         self._calls: dict[int, Any] = {}
+        self.standing: dict[str, tuple] = {}
+        """Control calls (method -> args) a rebuilt engine gets before it serves; set and cleared by
+        the caller (AsyncOmni's sleep and wake_up), from any thread."""
         self._next_call = 0
         self._last_event = time.monotonic()
         self._slowest_step_s = 0.0
@@ -117,7 +133,10 @@ class Supervisor:
         if self.endpoint is None:
             self._outputs.append(_error(rid, self._unavailable_message(), ErrorKind.UNAVAILABLE))
             return
-        self.held[rid] = _Held(request, fingerprint)
+        # A request fed by a stream (an AR request's next chunk, or one part of a streamed input) cannot be
+        # re-run alone, without what came before it: count it as started.
+        fed = isinstance(request.inputs, InputChunk) or request.stream_of is not None
+        self.held[rid] = _Held(request, fingerprint, has_output=fed)
         problem = self.endpoint.send("add", request)
         if problem is not None:
             del self.held[rid]
@@ -160,6 +179,7 @@ class Supervisor:
     def step(self) -> list[StageOutput]:
         """Outputs since the last call. Inline: runs one engine step. Never blocks."""
         outputs, self._outputs = self._outputs, []
+        self.orphans = {}
         self._waker.drain()
         self._adopt_restarted()
         if self.endpoint is None:
@@ -191,9 +211,12 @@ class Supervisor:
     def _keep_held(self, outputs: list[StageOutput]) -> list[StageOutput]:
         kept = []
         for out in outputs:
-            if out.request_id in self.held:
+            held = self.held.get(out.request_id)
+            if held is not None:
                 if out.finished or out.error is not None:
                     del self.held[out.request_id]
+                elif not isinstance(out.payload, ProgressPayload):
+                    held.has_output = True
                 kept.append(out)
         return kept
 
@@ -220,6 +243,11 @@ class Supervisor:
                 self.crashes[held.fingerprint] = self.crashes.get(held.fingerprint, 0) + 1
         message = f"{reason}, while running this request" if crashed else reason
         failed = [_error(rid, message, ErrorKind.UNAVAILABLE) for rid in sorted(self.held)]
+        # A stage that crashed by itself may have been crashed by one of these requests: re-run together on
+        # another copy, one poison request would take the copies down in turn (and count the others twice).
+        # Those fail as they would with one copy; a kill from outside, a hang or a lost node re-runs them.
+        if not crashed:
+            self.orphans = {rid: held.request for rid, held in self.held.items() if not held.has_output}
         self.held.clear()
         for future in self._calls.values():
             future.set_exception(RuntimeError(reason))
@@ -238,6 +266,8 @@ class Supervisor:
         future = self._calls.pop(call_id, None)
         if future is not None:
             future.set_result(value) if ok else future.set_exception(RuntimeError(value))
+        elif not ok:  # a standing call no one waits for
+            logger.error("stage %s: a standing call failed on the rebuilt engine: %s", self.label, value)
 
     # -- health --------------------------------------------------------------------------
 
@@ -258,6 +288,15 @@ class Supervisor:
     def is_healthy(self) -> bool:
         endpoint = self.endpoint
         return endpoint is not None and self.down_reason is None and not self._is_hung(endpoint)
+
+    @property
+    def state(self) -> str:
+        """"serving" | "hung" (silent, not yet rebuilt) | "restarting" | "down" (gave up)."""
+        if self.is_healthy():
+            return "serving"
+        if self.gave_up:
+            return "down"
+        return "hung" if self.endpoint is not None else "restarting"
 
     def _unavailable_message(self) -> str:
         if self.gave_up:
@@ -295,6 +334,8 @@ class Supervisor:
         with self._lock:
             ready, self._ready = self._ready, None
         if ready is not None:
+            for method, args in list(self.standing.items()):
+                ready.send("call", (None, method, args))  # no one waits for the reply (call id None)
             self.endpoint, self.down_reason = ready, None
             self._last_event = time.monotonic()
             self.num_restarts += 1

@@ -3,7 +3,7 @@
 `FakeEngine` answers by the stage's output modality, one output per step:
 - "text": the string `"{stage name}({input text})"` in `num_tokens` pieces (TextPayload);
 - "image": `num_steps` ProgressPayloads, then one RGB image of `image_size` whose
-  `info["prompt"]` is the input text (ImagePayload);
+  `info["prompt"]` is the input text and `info["pid"]` the engine's process (ImagePayload);
 - "audio": one AudioPayload of 10 samples per input character;
 - "video": like "image", then a VideoPayload of 3 frames of `image_size` at 8 fps.
 
@@ -76,6 +76,7 @@ class FakeEngine:
         self.params: dict[str, Any] = {}
         self.closed = False
         self.dead = False
+        self.asleep = False
 
     @classmethod
     def request_checker(cls, model_path: str, stage: Any, config: Any):
@@ -144,6 +145,7 @@ class FakeEngine:
                 return StageOutput(rid, ProgressPayload(n, self.num_steps), False)
             image = Image.new("RGB", (self.image_size, self.image_size), (len(text) % 256, 0, 0))
             image.info["prompt"] = text
+            image.info["pid"] = os.getpid()  # which replica drew it
             return StageOutput(rid, ImagePayload([image]), True, metrics={"queue_time": 0.0, "num_steps": self.num_steps})
         if kind == "audio":
             return StageOutput(rid, AudioPayload(np.full(10 * len(text), 0.5, np.float32), 16000), True)
@@ -156,6 +158,22 @@ class FakeEngine:
 
     def is_healthy(self) -> bool:
         return not self.closed and not self.dead
+
+    def sleep(self, level: int) -> int:
+        if self.running:
+            raise RuntimeError(f"sleep: {len(self.running)} request(s) are still running")
+        self.asleep = True
+        return 1000  # "bytes freed", so a caller can count the engines that slept
+
+    def wake_up(self) -> None:
+        self.asleep = False
+
+    def is_sleeping(self) -> bool:
+        return self.asleep
+
+    def request_ids(self) -> list[str]:
+        """Every request id this engine was given (a control call reads it from a stage process)."""
+        return list(self.added)
 
     def close(self) -> None:
         self.closed = True

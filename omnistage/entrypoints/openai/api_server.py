@@ -63,6 +63,8 @@ from omnistage.entrypoints.openai.playground import attach_playground
 from omnistage.entrypoints.openai.responses.api_router import attach_router as attach_responses
 from omnistage.entrypoints.openai.responses.serving import ResponsesServing
 from omnistage.entrypoints.openai.settings import ServerSettings
+from omnistage.entrypoints.openai.sleep.api_router import attach_router as attach_sleep
+from omnistage.entrypoints.openai.sleep.serving import SleepServing
 from omnistage.entrypoints.openai.videos.api_router import attach_router as attach_videos
 from omnistage.entrypoints.openai.videos.serving import VideoServing
 
@@ -117,6 +119,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.voice_store = VoiceStore.from_spec(engine.spec if engine is not None else None)
     app.state.speech_serving = SpeechServing(gateway, capabilities, settings, app.state.voice_store)
     app.state.audio_generate_serving = AudioGenerateServing(gateway, capabilities, settings)
+    app.state.sleep_serving = SleepServing(engine)
 
     install_error_handlers(app)
     # Added last = runs first: metrics see every answer, the error boundary makes each one
@@ -127,7 +130,8 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.add_middleware(MetricsMiddleware)
 
     _attach_system_routes(app)
-    for attach in (attach_images, attach_videos, attach_chat, attach_responses, attach_completions, attach_audio):
+    for attach in (attach_images, attach_videos, attach_chat, attach_responses, attach_completions, attach_audio,
+                   attach_sleep):
         attach(app)
     if settings.playground:
         attach_playground(app)

@@ -44,9 +44,10 @@ class EngineClient(Protocol):
     """The resolved PipelineSpec (final stages' output modalities decide the routes)."""
 
     def generate(self, prompt: Any, params: Any = None, request_id: str | None = None, *,
-                 modalities: Sequence[str] | None = None) -> AsyncIterator[Any]:
+                 modalities: Sequence[str] | None = None, session_id: str | None = None) -> AsyncIterator[Any]:
         """Yield `OmniOutput`s for one request; the last has finished=True. `modalities`
-        (None = all) limits the outputs, and so the stages that run."""
+        (None = all) limits the outputs, and so the stages that run; `session_id` (the
+        request's `user`) keeps a session on one replica of stages routed by affinity."""
         ...
 
     async def abort(self, request_id: str) -> None: ...
@@ -239,7 +240,7 @@ class EngineGateway:
             raise from_value_error(e) from None
 
     def submit(self, prompt: Any, params: Any, request_id: str,
-               modalities: Sequence[str] | None = None) -> RequestStream:
+               modalities: Sequence[str] | None = None, session_id: str | None = None) -> RequestStream:
         """Admit the request and hand it to the engine (429 when full, 400 when the engine
         rejects it at once). Nothing is awaited: iterate the stream, or `start()` it.
         `modalities` (None = all) are the outputs the request wants."""
@@ -247,7 +248,8 @@ class EngineGateway:
             raise APIError(503, "no engine is loaded", code="engine_unavailable")
         self.admit()
         try:
-            outputs = self.engine.generate(prompt, params, request_id=request_id, modalities=modalities)
+            outputs = self.engine.generate(prompt, params, request_id=request_id, modalities=modalities,
+                                           session_id=session_id)
         except ValueError as e:
             self.release()
             raise from_value_error(e) from None
@@ -257,17 +259,18 @@ class EngineGateway:
         return RequestStream(self, request_id, outputs)
 
     async def open(self, prompt: Any, params: Any, request_id: str,
-                   modalities: Sequence[str] | None = None) -> RequestStream:
+                   modalities: Sequence[str] | None = None, session_id: str | None = None) -> RequestStream:
         """`submit`, then wait for the first output (so engine rejections are a 400)."""
-        stream = self.submit(prompt, params, request_id, modalities)
+        stream = self.submit(prompt, params, request_id, modalities, session_id)
         await stream.start()
         return stream
 
-    async def run(self, prompt: Any, params: Any, request_id: str, request: Request | None = None) -> Any:
+    async def run(self, prompt: Any, params: Any, request_id: str, request: Request | None = None,
+                  session_id: str | None = None) -> Any:
         """The finished output of one request; aborted if `request`'s client goes away."""
 
         async def go() -> Any:
-            return await (await self.open(prompt, params, request_id)).collect()
+            return await (await self.open(prompt, params, request_id, session_id=session_id)).collect()
 
         if request is None:
             return await go()

@@ -94,6 +94,12 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
         "echo": ("Put the prompt before the completion (text prompts).", False),
         "logit_bias": ("Only null: a bias is refused (400).", None),
     },
+    "SleepRequest": {
+        "level": ("1: every stage's weights moved to host memory and its caches freed (level 2, dropping the "
+                  "weights, is not implemented yet).", 1),
+        "timeout_s": ("Longest wait for the running requests to finish before the stages sleep; new requests "
+                      "get 503 + Retry-After from the moment this one arrives.", 300.0),
+    },
     "SpeechRequest": {
         "input": ("The text to read aloud.", "Hello there!"),
         "voice": ("A built-in voice (CSM: alloy, echo, fable, onyx, nova, shimmer; a Qwen3-TTS CustomVoice "
@@ -340,5 +346,6 @@ REQUEST_SCHEMAS = {"ImageGenerationRequest", "ImageEditRequest", "VideoCreateReq
                    "JSONSchemaFormat", "Tool", "FunctionDefinition", "NamedToolChoice", "NamedFunction", "LoraRequest",
                    "ResponsesRequest", "MessageItem", "FunctionCallItem", "FunctionCallOutputItem", "InputText",
                    "OutputText", "InputImage", "InputAudioData", "InputFile", "Refusal", "FunctionTool",
-                   "TextOptions", "TextFormatText", "TextFormatJSONObject", "TextFormatJSONSchema", "Reasoning"}
+                   "TextOptions", "TextFormatText", "TextFormatJSONObject", "TextFormatJSONSchema", "Reasoning",
+                   "SleepRequest"}
 """The schemas a request body may contain (the others describe answers)."""

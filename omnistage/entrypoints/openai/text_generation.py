@@ -53,14 +53,14 @@ def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
 
 
 async def open_streams(gateway: EngineGateway, jobs: list[tuple[Any, Any]], request_id: str,
-                       modalities: Any = None) -> list[RequestStream]:
+                       modalities: Any = None, session_id: str | None = None) -> list[RequestStream]:
     """Open one engine request per (prompt, params) job, all submitted before any first
     output is awaited (so the engine batches them); if one is refused, close the others."""
     streams: list[RequestStream] = []
     try:
         for i, (prompt, params) in enumerate(jobs):
             rid = request_id if len(jobs) == 1 else f"{request_id}-{i}"
-            streams.append(gateway.submit(prompt, params, rid, modalities))
+            streams.append(gateway.submit(prompt, params, rid, modalities, session_id))
         # Every start runs to its end (no stream is closed while its start is in flight).
         results = await asyncio.gather(*(s.start() for s in streams), return_exceptions=True)
         failure = next((r for r in results if isinstance(r, BaseException)), None)

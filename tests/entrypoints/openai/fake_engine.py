@@ -58,6 +58,8 @@ class FakeEngine:
         self.raw_params: list[object] = []
         self.modalities: list[tuple[str, ...] | None] = []
         """Each request's `modalities`, as the route passed them."""
+        self.session_ids: list[str | None] = []
+        """Each request's `session_id` (the body's `user`), as the route passed it."""
         self.healthy = True
         self.is_shut_down = False
         self.text = list(TEXT)
@@ -65,11 +67,12 @@ class FakeEngine:
         self.finish_reason = "stop"
         """What the text outputs end with ("abort" to play an aborted request)."""
 
-    async def generate(self, prompt, params=None, request_id=None, *, modalities=None):
+    async def generate(self, prompt, params=None, request_id=None, *, modalities=None, session_id=None):
         # As AsyncOmni: structural checks raise on the first iteration, before queueing;
         # an engine refusing the request in add_request comes back as an error output.
         self.raw_params.append(params)
         self.modalities.append(None if modalities is None else tuple(modalities))
+        self.session_ids.append(session_id)
         if isinstance(params, dict):
             params = params.get(self.spec.entry_stages[0].name)
         if params is not None and not isinstance(params, (SamplingParams, DiffusionParams)):

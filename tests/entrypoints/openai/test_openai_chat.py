@@ -168,7 +168,7 @@ def test_image_model_answers_with_image_parts(app_client):
 def test_stream_reports_engine_failure_in_band(app_client):
     http, engine = app_client("text")
 
-    async def failing(prompt, params=None, request_id=None, modalities=None):
+    async def failing(prompt, params=None, request_id=None, modalities=None, session_id=None):
         from omnistage.engine.outputs import OmniOutput
 
         yield OmniOutput(request_id, text="Hel", text_delta="Hel")

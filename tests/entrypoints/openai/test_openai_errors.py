@@ -57,7 +57,7 @@ def test_every_answer_has_a_request_id_and_a_bad_client_id_is_replaced(app_clien
 def test_an_unavailable_stage_is_503_with_retry_after_and_logged(app_client, caplog):
     http, engine = app_client("image")
 
-    async def down(prompt, params=None, request_id=None, modalities=None):
+    async def down(prompt, params=None, request_id=None, modalities=None, session_id=None):
         yield OmniOutput(request_id, finished=True, finish_reason="error", error_kind=ErrorKind.UNAVAILABLE,
                          error="stage 0 (diffusion): the stage is restarting after: a diffusion worker died")
 
@@ -71,7 +71,7 @@ def test_an_unavailable_stage_is_503_with_retry_after_and_logged(app_client, cap
     assert any(resp.headers["x-request-id"] in r.getMessage() and "503" in r.getMessage() for r in caplog.records)
     assert http.app.state.gateway.num_admitted == 0
 
-    async def closed(prompt, params=None, request_id=None, modalities=None):
+    async def closed(prompt, params=None, request_id=None, modalities=None, session_id=None):
         raise EngineUnavailableError("the orchestrator is closed")
         yield  # an async generator, as AsyncOmni.generate
 

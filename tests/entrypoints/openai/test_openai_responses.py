@@ -261,7 +261,7 @@ def test_image_model_answers_with_an_image_generation_item(app_client):
 def test_engine_failure_in_a_stream_is_an_error_then_response_failed(app_client):
     http, engine = app_client("text")
 
-    async def failing(prompt, params=None, request_id=None, modalities=None):
+    async def failing(prompt, params=None, request_id=None, modalities=None, session_id=None):
         from omnistage.engine.outputs import OmniOutput
 
         yield OmniOutput(request_id, text="Hel", text_delta="Hel")

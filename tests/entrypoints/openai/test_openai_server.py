@@ -77,7 +77,7 @@ def test_engine_rejection_is_400_and_engine_failure_is_500(app_client):
     resp = http.post("/v1/images/generations", json={"prompt": "x", "max_sequence_length": 9999})
     assert resp.status_code == 400 and "max_sequence_length" in resp.json()["error"]["message"]
 
-    async def broken(prompt, params=None, request_id=None, modalities=None):
+    async def broken(prompt, params=None, request_id=None, modalities=None, session_id=None):
         from omnistage.engine.outputs import OmniOutput
 
         yield OmniOutput(request_id, finished=True, finish_reason="error", error="stage 0 (diffusion): boom")

@@ -153,3 +153,17 @@ def test_tool_messages_reach_the_template_with_parsed_arguments(app_client):
     messages = engine.requests[-1][0]["messages"]
     assert messages[1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": {"city": "Oslo"}}
     assert messages[2] == {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+
+
+def test_the_body_user_is_the_session_that_affinity_routing_keeps_together(app_client):
+    http, engine = app_client("text")
+    client = _client(http)
+    client.chat.completions.create(messages=MESSAGES, model=MODEL, user="alice")
+    list(client.chat.completions.create(messages=MESSAGES, model=MODEL, user="bob", stream=True))
+    client.completions.create(prompt="hi", model=MODEL, user="carol")
+    http.post("/v1/responses", json={"model": MODEL, "input": "hi", "user": "dave"})
+    client.chat.completions.create(messages=MESSAGES, model=MODEL)
+    assert engine.session_ids == ["alice", "bob", "carol", "dave", None]
+    images, image_engine = app_client("image")
+    assert images.post("/v1/images/generations", json={"prompt": "x", "user": "erin"}).status_code == 200
+    assert image_engine.session_ids == ["erin"]

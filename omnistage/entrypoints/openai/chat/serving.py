@@ -85,6 +85,8 @@ class ChatJob:
     wants_audio: bool
     tool_mode: str | None
     """None, "auto", "required" or the forced function's name (see `_tool_mode`)."""
+    session_id: str | None = None
+    """The body's `user`: stages routed by affinity keep one user's conversation on one replica."""
 
 
 class ChatServing:
@@ -106,11 +108,11 @@ class ChatServing:
         job = await self.prepare(body, request.app.state.media)
         request_id = new_request_id("chatcmpl")
         if body.stream:
-            streams = await open_streams(self.gateway, job.jobs, request_id, job.wanted)
+            streams = await open_streams(self.gateway, job.jobs, request_id, job.wanted, job.session_id)
             return self._sse(streams, body, request_id, job.wants_audio, job.tool_mode)
 
         async def go() -> ChatCompletion:
-            streams = await open_streams(self.gateway, job.jobs, request_id, job.wanted)
+            streams = await open_streams(self.gateway, job.jobs, request_id, job.wanted, job.session_id)
             return await self._complete(await collect_all(streams), body, request_id, job.wants_audio, job.tool_mode)
 
         return await cancel_on_disconnect(request, go())
@@ -137,13 +139,13 @@ class ChatServing:
         # The builders decode (and may fetch) the messages' media: in the media pool, off the loop.
         if "image" in outputs:
             prompt, params = await media.run(self._diffusion_request, body, media)
-            return ChatJob([(prompt, params)], None, False, None)
+            return ChatJob([(prompt, params)], None, False, None, body.user)
         prompt, params, tool_mode = await media.run(self._text_request, body, media)
         entry = self.gateway.engine.spec.entry_stages[0].name
         jobs = [(prompt, {entry: p}) for p in choice_params(params, body.n)]
         # The answer is text (or audio with its transcript): no stage makes more than that.
         wanted = ("text", "audio") if wants_audio else ("text",)
-        return ChatJob(jobs, wanted, wants_audio, tool_mode)
+        return ChatJob(jobs, wanted, wants_audio, tool_mode, body.user)
 
     # --- building the engine request -------------------------------------------------------
 

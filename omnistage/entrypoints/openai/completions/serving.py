@@ -72,11 +72,11 @@ class CompletionServing:
         echoes = [p if body.echo else "" for p in prompts for _ in range(body.n)]
         request_id = new_request_id("cmpl")
         if body.stream:
-            streams = await open_streams(self.gateway, jobs, request_id, ("text",))
+            streams = await open_streams(self.gateway, jobs, request_id, ("text",), body.user)
             return self._sse(streams, body, request_id, echoes)
 
         async def go() -> Completion:
-            streams = await open_streams(self.gateway, jobs, request_id, ("text",))
+            streams = await open_streams(self.gateway, jobs, request_id, ("text",), body.user)
             samples = await collect_all(streams)
             return self._complete(_best(samples, best_of, body.n), body, request_id, echoes,
                                   usage_of=samples, group=best_of)

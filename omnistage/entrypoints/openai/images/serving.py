@@ -56,9 +56,9 @@ class ImageServing:
         self.capabilities.require("images.generations")
         params = self._params(body, decode_extras=False)
         if body.stream:
-            stream = await self.gateway.open(body.prompt, params, new_request_id("img"))
+            stream = await self.gateway.open(body.prompt, params, new_request_id("img"), session_id=body.user)
             return self._events(stream, body, "image_generation")
-        out = await self.gateway.run(body.prompt, params, new_request_id("img"), request)
+        out = await self.gateway.run(body.prompt, params, new_request_id("img"), request, session_id=body.user)
         return await self._respond(out.images or [], body, request)
 
     async def edit(self, form: Form, request: Request) -> ImagesResponse:

@@ -108,7 +108,7 @@ class ResponsesServing:
                 self._run_background(job, response_id, respond, audio_format))
             return queued
         if body.stream:
-            streams = await open_streams(self.chat.gateway, job.jobs, response_id, job.wanted)
+            streams = await open_streams(self.chat.gateway, job.jobs, response_id, job.wanted, job.session_id)
             return stream_events(streams, job, self.chat, respond, finish)
 
         async def go() -> dict[str, Any]:
@@ -121,7 +121,7 @@ class ResponsesServing:
         return await cancel_on_disconnect(request, go())
 
     async def _run(self, job: ChatJob, response_id: str) -> Any:
-        streams = await open_streams(self.chat.gateway, job.jobs, response_id, job.wanted)
+        streams = await open_streams(self.chat.gateway, job.jobs, response_id, job.wanted, job.session_id)
         [out] = await collect_all(streams)
         return out
 

@@ -1,0 +1,66 @@
+"""Parked weights: a sleeping stage's tensors moved off its accelerator, put back on wake.
+
+`Parked(modules)` moves every parameter and buffer of `modules` that sits on an
+accelerator to host memory; `restore()` puts each one back on the device it came from.
+Tensors move in place (`tensor.data = ...`), so modules, hooks and tied weights keep
+pointing at the same tensor objects, and what already lived on the host (a CPU stage,
+layers that `offload` keeps on the host) stays where it is. CUDA graphs captured on the
+old addresses are not valid after a round trip: engines that hold some refuse to sleep.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where it is used: AsyncOmni imports this module (check_can_sleep), and
+# `import omnistage` stays free of torch.
+
+
+def torch_modules(owner: Any) -> list[torch.nn.Module]:
+    """The torch modules among `owner`'s attributes (or a dict's values), one level deep."""
+    import torch
+
+    values = owner.values() if isinstance(owner, dict) else vars(owner).values()
+    return [value for value in values if isinstance(value, torch.nn.Module)]
+
+
+class Parked:
+    def __init__(self, modules: list[torch.nn.Module]):
+        import torch
+
+        self._places: list[tuple[torch.Tensor, torch.device]] = []
+        seen: set[int] = set()
+        for module in modules:
+            for tensor in chain(module.parameters(), module.buffers()):
+                if id(tensor) in seen or tensor.device.type in ("cpu", "meta"):
+                    continue
+                seen.add(id(tensor))
+                self._places.append((tensor, tensor.device))
+                tensor.data = tensor.data.to("cpu")
+        self.num_bytes = sum(t.numel() * t.element_size() for t, _ in self._places)
+        """Bytes moved off the accelerator (0 on a CPU stage)."""
+        if self._places and torch.cuda.is_available():
+            torch.cuda.empty_cache()  # hand the freed blocks back to the driver, not just to torch's pool
+
+    def restore(self) -> None:
+        for tensor, device in self._places:
+            tensor.data = tensor.data.to(device)
+        self._places.clear()
+
+
+SLEEP_LEVELS = (1,)
+"""1: weights off the accelerator, caches freed. (2, dropping the weights, is not implemented yet.)"""
+
+
+def check_can_sleep(level: int, num_running: int) -> None:
+    """What every engine's `sleep(level)` checks first: a known level, and nothing running."""
+    if level not in SLEEP_LEVELS:
+        levels = ", ".join(map(str, SLEEP_LEVELS))
+        raise ValueError(f"level: {level!r} is not a sleep level this version implements ({levels}; level 2, "
+                         f"dropping the weights, is not implemented yet)")
+    if num_running:
+        raise RuntimeError(f"sleep: {num_running} request(s) are still running")
