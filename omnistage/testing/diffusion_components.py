@@ -39,8 +39,10 @@ def save_pipeline(pipe, out_dir: Path) -> None:
     pipe.save_pretrained(out_dir, safe_serialization=True)
 
 
-def autoencoder_kl(size: str, *, scaling_factor: float, shift_factor: float | None):
-    """A 16-channel `AutoencoderKL` with the real 8x downsampling (4 blocks), as in Flux/SD3/Z-Image."""
+def autoencoder_kl(size: str, *, scaling_factor: float, shift_factor: float | None, latent_channels: int = 16,
+                   quant_conv: bool = False):
+    """An `AutoencoderKL` with the real 8x downsampling (4 blocks): 16 channels without quant
+    convs as in Flux/SD3/Z-Image, or SDXL's 4 channels with them."""
     from diffusers import AutoencoderKL
 
     channels = {"tiny": (8, 8, 16, 16), "small": (16, 32, 64, 64)}[size]
@@ -51,13 +53,13 @@ def autoencoder_kl(size: str, *, scaling_factor: float, shift_factor: float | No
         up_block_types=["UpDecoderBlock2D"] * 4,
         block_out_channels=list(channels),
         layers_per_block=1,
-        latent_channels=16,
+        latent_channels=latent_channels,
         norm_num_groups=8,
         sample_size=IMAGE_SIDE[size],
         scaling_factor=scaling_factor,
         shift_factor=shift_factor,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
+        use_quant_conv=quant_conv,
+        use_post_quant_conv=quant_conv,
         mid_block_add_attention=True,
     )
 
