@@ -274,11 +274,12 @@ _FLUX_SCHEDULER = dict(
 )
 
 
-def build_flux(out_dir: Path, size: str, seed: int) -> None:
-    from diffusers import FluxPipeline, FluxTransformer2DModel
+def flux_components(size: str) -> dict:
+    """FLUX.1-dev's components at `size` (FLUX.1-Kontext's checkpoint has the same ones), drawn
+    from torch's default generator in a fixed order: seed first."""
+    from diffusers import FluxTransformer2DModel
 
     dims = _FLUX[size]
-    seed_everything(seed)
     tokenizer, tokenizer_2 = build_clip_tokenizer(), build_t5_tokenizer()
     transformer = FluxTransformer2DModel(
         patch_size=1,
@@ -292,7 +293,7 @@ def build_flux(out_dir: Path, size: str, seed: int) -> None:
         guidance_embeds=True,  # FLUX.1-dev is guidance-distilled: one transformer call per step
         axes_dims_rope=dims["axes"],
     )
-    pipe = FluxPipeline(
+    return dict(
         scheduler=flow_match_scheduler(**_FLUX_SCHEDULER),
         vae=autoencoder_kl(size, scaling_factor=0.3611, shift_factor=0.1159),
         text_encoder=clip_text_encoder(tokenizer, hidden_size=dims["clip_hidden"]),
@@ -301,7 +302,13 @@ def build_flux(out_dir: Path, size: str, seed: int) -> None:
         tokenizer_2=tokenizer_2,
         transformer=transformer,
     )
-    save_pipeline(pipe, out_dir)
+
+
+def build_flux(out_dir: Path, size: str, seed: int) -> None:
+    from diffusers import FluxPipeline
+
+    seed_everything(seed)
+    save_pipeline(FluxPipeline(**flux_components(size)), out_dir)
 
 
 # --------------------------------------------------------------------------------------
