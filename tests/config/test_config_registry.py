@@ -72,6 +72,7 @@ def test_config_json_beats_model_index(make_model):
         ("Flux2KleinPipeline", "flux2_klein", "image"),
         ("StableDiffusion3Pipeline", "sd3", "image"),
         ("StableDiffusionXLPipeline", "sdxl", "image"),
+        ("ErnieImagePipeline", "ernie_image", "image"),
         ("WanPipeline", "wan_t2v", "video"),
         ("WanImageToVideoPipeline", "wan_i2v", "video"),
     ],
