@@ -67,9 +67,9 @@ def build_ernie_image(out_dir: Path, size: str, seed: int) -> None:
         save_pipeline(pipe, out_dir)
 
 
-# use_pe=False: the prompt as given (a checkpoint without `pe` runs none anyway).
+# No `use_pe`: a checkpoint without `pe` generates from the prompt as given whatever it says.
 _CALL_KWARGS = dict(prompt=PROMPT, negative_prompt=NEGATIVE_PROMPT, height=IMAGE_SIDE["tiny"],
-                    width=IMAGE_SIDE["tiny"], num_inference_steps=4, guidance_scale=4.0, use_pe=False)
+                    width=IMAGE_SIDE["tiny"], num_inference_steps=4, guidance_scale=4.0)
 
 register_zoo_model(ZooModel(name="ernie-image", kind="diffusion", reference_class="diffusers.ErnieImagePipeline",
                             builder=build_ernie_image, sizes=SIZES, call_kwargs=_CALL_KWARGS, sides=IMAGE_SIDE,

@@ -2,7 +2,7 @@
 (each rank runs the transformer for its own branch only, counted per branch) and the output
 equals one rank's, for a family of each guidance shape (split calls with
 true CFG: Qwen-Image, FLUX.2-klein; split with two guidance scales: Wan; split with the guider's rule:
-HunyuanVideo-1.5; one batched call: SD3, Z-Image)."""
+HunyuanVideo-1.5; one batched call: SD3, SDXL, ERNIE-Image, Z-Image)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ FAMILIES = {  # zoo name -> diffusers class name
     "qwen-image": "QwenImagePipeline",
     "wan-t2v": "WanPipeline",
     "sd3": "StableDiffusion3Pipeline",
+    "sdxl": "StableDiffusionXLPipeline",
+    "ernie-image": "ErnieImagePipeline",
     "z-image": "ZImagePipeline",
     "flux2-klein": "Flux2KleinPipeline",
     "hunyuan-video": "HunyuanVideo15Pipeline",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from parity import BATCH_PROMPTS, ParityTests, assert_rejected, request_for
+from parity import BATCH_PROMPTS, ParityTests, assert_rejected
 
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.models.ernie_image.pipeline import ErnieImage
@@ -16,12 +16,6 @@ class TestErnieImage(ParityTests):
     pipeline_class = ErnieImage
     staggered_short = {"guidance_scale": 1.0}  # the joining request alone runs without CFG
 
-    def request(self, call_kwargs, seed, request_id="req"):
-        # We never run the prompt enhancer: the reference call turns it off.
-        kwargs = dict(call_kwargs)
-        assert kwargs.pop("use_pe") is False
-        return request_for(kwargs, seed, request_id)
-
     def test_batch_mixes_guidance_default_negatives_sizes_and_outputs(self, ours, expected, call):
         # CFG off for one; the default negative prompt "" (its BOS token alone) and two outputs
         # for another; another size forms its own group.
@@ -30,6 +24,10 @@ class TestErnieImage(ParityTests):
             dict(call, prompt=BATCH_PROMPTS[1], negative_prompt=None, num_images_per_prompt=2),
             dict(call, prompt=BATCH_PROMPTS[2], height=32, width=64),
         ])
+
+    def test_the_reference_runs_no_prompt_enhancer(self, reference):
+        # The zoo checkpoint has no `pe`, so diffusers' default use_pe=True rewrites nothing.
+        assert reference.pe is None
 
     def test_defaults_and_no_prompt_enhancer(self, ours):
         params = ours.prepare_params(DiffusionParams())
