@@ -125,6 +125,30 @@ def qwen2_5_vl_text_encoder(tokenizer, *, hidden_size: int, num_layers: int, vis
     return Qwen2_5_VLForConditionalGeneration(config).eval()
 
 
+def qwen3_text_encoder(tokenizer, *, hidden_size: int):
+    """A 2-layer `Qwen3Model` sized to the tiny tokenizer (Z-Image, Ovis-Image); bos/eos/pad
+    are its `<|endoftext|>`."""
+    from transformers import Qwen3Config, Qwen3Model
+
+    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    return Qwen3Model(
+        Qwen3Config(
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=hidden_size // 2,
+            vocab_size=padded_vocab_size(tokenizer),
+            max_position_embeddings=4096,
+            bos_token_id=eos,
+            eos_token_id=eos,
+            pad_token_id=eos,
+            tie_word_embeddings=True,
+        )
+    ).eval()
+
+
 def padded_vocab_size(tokenizer, multiple: int = 64) -> int:
     """Embedding rows for `tokenizer`: every id fits, rounded up like real checkpoints do."""
     return -(-len(tokenizer) // multiple) * multiple

@@ -30,8 +30,8 @@ from omnistage.testing.diffusion_components import (
     clip_text_encoder,
     fill_placeholders,
     flow_match_scheduler,
-    padded_vocab_size,
     qwen2_5_vl_text_encoder,
+    qwen3_text_encoder,
     quiet_diffusers,
     save_pipeline,
     seed_everything,
@@ -64,28 +64,11 @@ _Z_IMAGE = {
 
 def build_z_image(out_dir: Path, size: str, seed: int) -> None:
     from diffusers import ZImagePipeline, ZImageTransformer2DModel
-    from transformers import Qwen3Config, Qwen3Model
 
     dims = _Z_IMAGE[size]
     seed_everything(seed)
     tokenizer = build_qwen2_tokenizer()
-    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    text_encoder = Qwen3Model(
-        Qwen3Config(
-            hidden_size=dims["text_hidden"],
-            intermediate_size=2 * dims["text_hidden"],
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            head_dim=dims["text_hidden"] // 2,
-            vocab_size=padded_vocab_size(tokenizer),
-            max_position_embeddings=4096,
-            bos_token_id=eos,
-            eos_token_id=eos,
-            pad_token_id=eos,
-            tie_word_embeddings=True,
-        )
-    ).eval()
+    text_encoder = qwen3_text_encoder(tokenizer, hidden_size=dims["text_hidden"])
     transformer = ZImageTransformer2DModel(
         all_patch_size=(2,),
         all_f_patch_size=(1,),

@@ -65,6 +65,7 @@ def _load_builders() -> None:
     from omnistage.testing import sdxl_models  # noqa: F401
     from omnistage.testing import flux_kontext_models  # noqa: F401
     from omnistage.testing import ernie_image_models  # noqa: F401
+    from omnistage.testing import ovis_image_models  # noqa: F401
 
 
 def list_models() -> list[ZooModel]:

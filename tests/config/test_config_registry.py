@@ -73,6 +73,7 @@ def test_config_json_beats_model_index(make_model):
         ("StableDiffusion3Pipeline", "sd3", "image"),
         ("StableDiffusionXLPipeline", "sdxl", "image"),
         ("ErnieImagePipeline", "ernie_image", "image"),
+        ("OvisImagePipeline", "ovis_image", "image"),
         ("WanPipeline", "wan_t2v", "video"),
         ("WanImageToVideoPipeline", "wan_i2v", "video"),
     ],
