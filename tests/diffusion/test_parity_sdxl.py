@@ -6,6 +6,7 @@ import pytest
 
 from parity import BATCH_PROMPTS, ParityTests, assert_rejected
 
+from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.models.sdxl.pipeline import StableDiffusionXL
 
@@ -41,3 +42,14 @@ class TestStableDiffusionXL(ParityTests):
     ])
     def test_bad_inputs_are_rejected(self, ours, field, params):
         assert_rejected(ours, field, params)
+
+    @pytest.mark.parametrize("fields, field", [
+        ({"cache_backend": "first_block_cache"}, "cache_backend"),
+        ({"quantization": "int8"}, "quantization"),
+        ({"compile": True}, "compile"),
+        ({"executor": "mp", "num_devices": 2, "ulysses_degree": 2}, "ulysses_degree"),
+    ])
+    def test_undeclared_accelerations_are_refused_by_name(self, path, fields, field):
+        # They act on a transformer; SDXL denoises with a UNet.
+        with pytest.raises(ValueError, match=field):
+            StableDiffusionXL.from_pretrained(path, deploy=StageDeployConfig(**fields))
