@@ -126,7 +126,7 @@ _QWEN_IMAGE_SCHEDULER = dict(
 
 def _qwen_image_components(dims: dict, *, vision_depth: int):
     """The components Qwen-Image and Qwen-Image-Edit share (the edit model reuses them)."""
-    from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
+    from diffusers import QwenImageTransformer2DModel
 
     tokenizer = build_qwen2_tokenizer()
     text_encoder = qwen2_5_vl_text_encoder(
@@ -143,8 +143,17 @@ def _qwen_image_components(dims: dict, *, vision_depth: int):
         guidance_embeds=False,
         axes_dims_rope=dims["axes"],
     )
+    vae = qwen_image_vae(dims)
+    scheduler = flow_match_scheduler(**_QWEN_IMAGE_SCHEDULER)
+    return dict(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
+
+
+def qwen_image_vae(dims: dict):
+    """Qwen-Image's causal-3D VAE (also Krea 2's) from `dims`' "vae_base", "vae_mult" and "vae_res_blocks"."""
+    from diffusers import AutoencoderKLQwenImage
+
     # Zero-mean unit-std latents: random weights have no learned latent statistics.
-    vae = AutoencoderKLQwenImage(
+    return AutoencoderKLQwenImage(
         base_dim=dims["vae_base"],
         z_dim=16,
         dim_mult=dims["vae_mult"],
@@ -154,8 +163,6 @@ def _qwen_image_components(dims: dict, *, vision_depth: int):
         latents_mean=[0.0] * 16,
         latents_std=[1.0] * 16,
     )
-    scheduler = flow_match_scheduler(**_QWEN_IMAGE_SCHEDULER)
-    return dict(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
 
 
 def build_qwen_image(out_dir: Path, size: str, seed: int) -> None:

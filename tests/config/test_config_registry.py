@@ -74,6 +74,7 @@ def test_config_json_beats_model_index(make_model):
         ("StableDiffusionXLPipeline", "sdxl", "image"),
         ("ErnieImagePipeline", "ernie_image", "image"),
         ("OvisImagePipeline", "ovis_image", "image"),
+        ("Krea2Pipeline", "krea2", "image"),
         ("WanPipeline", "wan_t2v", "video"),
         ("WanImageToVideoPipeline", "wan_i2v", "video"),
     ],
