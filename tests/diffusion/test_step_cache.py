@@ -23,6 +23,7 @@ FAMILIES = {  # zoo name -> diffusers class name
     "flux": "FluxPipeline",
     "flux-kontext": "FluxKontextPipeline",
     "ovis-image": "OvisImagePipeline",
+    "krea2": "Krea2Pipeline",
     "sd3": "StableDiffusion3Pipeline",
     "wan-t2v": "WanPipeline",
 }
@@ -96,6 +97,7 @@ def test_skipped_forwards_rise_with_the_threshold(zoo, backend):
     ("z-image", "tea_cache", 0.4),  # cond and uncond rows in one call, rows padded to the longest
     ("sd3", "first_block_cache", 0.4),
     ("flux-kontext", "tea_cache", 0.4),  # the input image's tokens ride along in every block
+    ("krea2", "first_block_cache", 0.4),  # text rows of different real lengths, masked
 ])
 def test_alone_equals_batched_at_other_steps(zoo, name, backend, threshold):
     pipeline = load(zoo, name, backend, threshold)

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, norm_clamped_cfg
 from omnistage.diffusion.params import ExtraSpec
@@ -166,7 +167,14 @@ class Krea2(DiffusionPipelineBase):
         scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
         combine=norm_clamped_cfg,
     )
-    # No step caches declared: no cache is tested on Krea 2's blocks here.
+    # Step caches wrap the DiT blocks over the joined [text; image] sequence (hidden states
+    # first, returned). TeaCache compares the first block's normed input, shifted and scaled by
+    # its share of the timestep modulation; no coefficients are published for Krea 2: no rescaling.
+    step_cache_blocks: ClassVar[BlockChain] = BlockChain(
+        blocks=("transformer_blocks",),
+        io="single_stream",
+        modulated_input=lambda block, args, kwargs: krea2_modulated_input(block, args),
+    )
 
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
@@ -216,3 +224,11 @@ class Krea2(DiffusionPipelineBase):
                                                                                           latents.dtype)
         images = self.vae_decode(latents / inv_std + mean)[:, :, 0]
         return split_per_state(self.image_processor.postprocess(images, output_type="np"), states)
+
+
+def krea2_modulated_input(block: Any, args: tuple) -> torch.Tensor:
+    """TeaCache's input: the first block's normed tokens, pre-scaled and shifted as its attention
+    sees them (Krea2TransformerBlock: the shared timestep modulation plus the block's table)."""
+    hidden_states, temb = args[0], args[1]
+    prescale, preshift = (temb.unflatten(-1, (6, -1)) + block.scale_shift_table).unbind(-2)[:2]
+    return (1.0 + prescale) * block.norm1(hidden_states) + preshift
