@@ -223,14 +223,14 @@ def build_qwen_image_edit(out_dir: Path, size: str, seed: int) -> None:
     pipe = QwenImageEditPipeline(**components, processor=None)
     with quiet_diffusers():  # it warns that the processor=None it was given cannot be saved
         save_pipeline(pipe, out_dir)
-    _write_qwen2_vl_processor(out_dir / "processor", components["tokenizer"], _QWEN_EDIT_VISION_PIXELS[size])
+    write_qwen2_vl_processor(out_dir / "processor", components["tokenizer"], _QWEN_EDIT_VISION_PIXELS[size])
     index_path = out_dir / "model_index.json"
     index = json.loads(index_path.read_text())
     index["processor"] = ["transformers", "Qwen2VLProcessor"]
     write_json(index_path, index)
 
 
-def _write_qwen2_vl_processor(folder: Path, tokenizer, num_pixels: int) -> None:
+def write_qwen2_vl_processor(folder: Path, tokenizer, num_pixels: int) -> None:
     """A Qwen2VLProcessor folder in the Hub layout, written without constructing one."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 

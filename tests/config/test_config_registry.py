@@ -75,6 +75,7 @@ def test_config_json_beats_model_index(make_model):
         ("ErnieImagePipeline", "ernie_image", "image"),
         ("OvisImagePipeline", "ovis_image", "image"),
         ("Krea2Pipeline", "krea2", "image"),
+        ("LongCatImagePipeline", "longcat_image", "image"),
         ("WanPipeline", "wan_t2v", "video"),
         ("WanImageToVideoPipeline", "wan_i2v", "video"),
     ],
