@@ -51,10 +51,9 @@ class TestLongCatImage(ParityTests):
         assert_rejected(ours, field, params)
 
     @pytest.mark.parametrize("fields, field", [
-        ({"cache_backend": "first_block_cache"}, "cache_backend"),
         ({"executor": "mp", "num_devices": 2, "ulysses_degree": 2}, "ulysses_degree"),
     ])
     def test_undeclared_accelerations_are_refused_by_name(self, path, fields, field):
-        # No step-cache blocks declared and no sequence-parallel plan for its transformer.
+        # No sequence-parallel plan for its transformer.
         with pytest.raises(ValueError, match=field):
             LongCatImage.from_pretrained(path, deploy=StageDeployConfig(**fields))

@@ -24,6 +24,7 @@ FAMILIES = {  # zoo name -> diffusers class name
     "flux-kontext": "FluxKontextPipeline",
     "ovis-image": "OvisImagePipeline",
     "krea2": "Krea2Pipeline",
+    "longcat-image": "LongCatImagePipeline",
     "sd3": "StableDiffusion3Pipeline",
     "wan-t2v": "WanPipeline",
 }

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.params import ExtraSpec
@@ -180,7 +181,14 @@ class LongCatImage(DiffusionPipelineBase):
         scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
         combine=renormed_cfg,
     )
-    # No step caches declared: no cache is tested on LongCat-Image's blocks here.
+    # Step caches wrap the dual-stream then the single-stream blocks (FLUX's layout: keyword
+    # inputs, (text, image) outputs). TeaCache compares the first block's AdaLN-Zero-normed,
+    # timestep-modulated image tokens; no coefficients are published for LongCat-Image: no rescaling.
+    step_cache_blocks: ClassVar[BlockChain] = BlockChain(
+        blocks=("transformer_blocks", "single_transformer_blocks"),
+        io="dual_stream",
+        modulated_input=lambda block, args, kwargs: block.norm1(kwargs["hidden_states"], emb=kwargs["temb"])[0],
+    )
 
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
