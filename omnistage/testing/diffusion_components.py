@@ -39,8 +39,10 @@ def save_pipeline(pipe, out_dir: Path) -> None:
     pipe.save_pretrained(out_dir, safe_serialization=True)
 
 
-def autoencoder_kl(size: str, *, scaling_factor: float, shift_factor: float | None):
-    """A 16-channel `AutoencoderKL` with the real 8x downsampling (4 blocks), as in Flux/SD3/Z-Image."""
+def autoencoder_kl(size: str, *, scaling_factor: float, shift_factor: float | None, latent_channels: int = 16,
+                   quant_conv: bool = False):
+    """An `AutoencoderKL` with the real 8x downsampling (4 blocks): 16 channels without quant
+    convs as in Flux/SD3/Z-Image, or SDXL's 4 channels with them."""
     from diffusers import AutoencoderKL
 
     channels = {"tiny": (8, 8, 16, 16), "small": (16, 32, 64, 64)}[size]
@@ -51,13 +53,13 @@ def autoencoder_kl(size: str, *, scaling_factor: float, shift_factor: float | No
         up_block_types=["UpDecoderBlock2D"] * 4,
         block_out_channels=list(channels),
         layers_per_block=1,
-        latent_channels=16,
+        latent_channels=latent_channels,
         norm_num_groups=8,
         sample_size=IMAGE_SIDE[size],
         scaling_factor=scaling_factor,
         shift_factor=shift_factor,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
+        use_quant_conv=quant_conv,
+        use_post_quant_conv=quant_conv,
         mid_block_add_attention=True,
     )
 
@@ -121,6 +123,30 @@ def qwen2_5_vl_text_encoder(tokenizer, *, hidden_size: int, num_layers: int, vis
         **_qwen_vl_ids(tokenizer),
     )
     return Qwen2_5_VLForConditionalGeneration(config).eval()
+
+
+def qwen3_text_encoder(tokenizer, *, hidden_size: int):
+    """A 2-layer `Qwen3Model` sized to the tiny tokenizer (Z-Image, Ovis-Image); bos/eos/pad
+    are its `<|endoftext|>`."""
+    from transformers import Qwen3Config, Qwen3Model
+
+    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    return Qwen3Model(
+        Qwen3Config(
+            hidden_size=hidden_size,
+            intermediate_size=2 * hidden_size,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            head_dim=hidden_size // 2,
+            vocab_size=padded_vocab_size(tokenizer),
+            max_position_embeddings=4096,
+            bos_token_id=eos,
+            eos_token_id=eos,
+            pad_token_id=eos,
+            tie_word_embeddings=True,
+        )
+    ).eval()
 
 
 def padded_vocab_size(tokenizer, multiple: int = 64) -> int:

@@ -30,8 +30,8 @@ from omnistage.testing.diffusion_components import (
     clip_text_encoder,
     fill_placeholders,
     flow_match_scheduler,
-    padded_vocab_size,
     qwen2_5_vl_text_encoder,
+    qwen3_text_encoder,
     quiet_diffusers,
     save_pipeline,
     seed_everything,
@@ -64,28 +64,11 @@ _Z_IMAGE = {
 
 def build_z_image(out_dir: Path, size: str, seed: int) -> None:
     from diffusers import ZImagePipeline, ZImageTransformer2DModel
-    from transformers import Qwen3Config, Qwen3Model
 
     dims = _Z_IMAGE[size]
     seed_everything(seed)
     tokenizer = build_qwen2_tokenizer()
-    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
-    text_encoder = Qwen3Model(
-        Qwen3Config(
-            hidden_size=dims["text_hidden"],
-            intermediate_size=2 * dims["text_hidden"],
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            head_dim=dims["text_hidden"] // 2,
-            vocab_size=padded_vocab_size(tokenizer),
-            max_position_embeddings=4096,
-            bos_token_id=eos,
-            eos_token_id=eos,
-            pad_token_id=eos,
-            tie_word_embeddings=True,
-        )
-    ).eval()
+    text_encoder = qwen3_text_encoder(tokenizer, hidden_size=dims["text_hidden"])
     transformer = ZImageTransformer2DModel(
         all_patch_size=(2,),
         all_f_patch_size=(1,),
@@ -143,7 +126,7 @@ _QWEN_IMAGE_SCHEDULER = dict(
 
 def _qwen_image_components(dims: dict, *, vision_depth: int):
     """The components Qwen-Image and Qwen-Image-Edit share (the edit model reuses them)."""
-    from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
+    from diffusers import QwenImageTransformer2DModel
 
     tokenizer = build_qwen2_tokenizer()
     text_encoder = qwen2_5_vl_text_encoder(
@@ -160,8 +143,17 @@ def _qwen_image_components(dims: dict, *, vision_depth: int):
         guidance_embeds=False,
         axes_dims_rope=dims["axes"],
     )
+    vae = qwen_image_vae(dims)
+    scheduler = flow_match_scheduler(**_QWEN_IMAGE_SCHEDULER)
+    return dict(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
+
+
+def qwen_image_vae(dims: dict):
+    """Qwen-Image's causal-3D VAE (also Krea 2's) from `dims`' "vae_base", "vae_mult" and "vae_res_blocks"."""
+    from diffusers import AutoencoderKLQwenImage
+
     # Zero-mean unit-std latents: random weights have no learned latent statistics.
-    vae = AutoencoderKLQwenImage(
+    return AutoencoderKLQwenImage(
         base_dim=dims["vae_base"],
         z_dim=16,
         dim_mult=dims["vae_mult"],
@@ -171,8 +163,6 @@ def _qwen_image_components(dims: dict, *, vision_depth: int):
         latents_mean=[0.0] * 16,
         latents_std=[1.0] * 16,
     )
-    scheduler = flow_match_scheduler(**_QWEN_IMAGE_SCHEDULER)
-    return dict(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
 
 
 def build_qwen_image(out_dir: Path, size: str, seed: int) -> None:
@@ -233,14 +223,14 @@ def build_qwen_image_edit(out_dir: Path, size: str, seed: int) -> None:
     pipe = QwenImageEditPipeline(**components, processor=None)
     with quiet_diffusers():  # it warns that the processor=None it was given cannot be saved
         save_pipeline(pipe, out_dir)
-    _write_qwen2_vl_processor(out_dir / "processor", components["tokenizer"], _QWEN_EDIT_VISION_PIXELS[size])
+    write_qwen2_vl_processor(out_dir / "processor", components["tokenizer"], _QWEN_EDIT_VISION_PIXELS[size])
     index_path = out_dir / "model_index.json"
     index = json.loads(index_path.read_text())
     index["processor"] = ["transformers", "Qwen2VLProcessor"]
     write_json(index_path, index)
 
 
-def _write_qwen2_vl_processor(folder: Path, tokenizer, num_pixels: int) -> None:
+def write_qwen2_vl_processor(folder: Path, tokenizer, num_pixels: int) -> None:
     """A Qwen2VLProcessor folder in the Hub layout, written without constructing one."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -274,11 +264,12 @@ _FLUX_SCHEDULER = dict(
 )
 
 
-def build_flux(out_dir: Path, size: str, seed: int) -> None:
-    from diffusers import FluxPipeline, FluxTransformer2DModel
+def flux_components(size: str) -> dict:
+    """FLUX.1-dev's components at `size` (FLUX.1-Kontext's checkpoint has the same ones), drawn
+    from torch's default generator in a fixed order: seed first."""
+    from diffusers import FluxTransformer2DModel
 
     dims = _FLUX[size]
-    seed_everything(seed)
     tokenizer, tokenizer_2 = build_clip_tokenizer(), build_t5_tokenizer()
     transformer = FluxTransformer2DModel(
         patch_size=1,
@@ -292,7 +283,7 @@ def build_flux(out_dir: Path, size: str, seed: int) -> None:
         guidance_embeds=True,  # FLUX.1-dev is guidance-distilled: one transformer call per step
         axes_dims_rope=dims["axes"],
     )
-    pipe = FluxPipeline(
+    return dict(
         scheduler=flow_match_scheduler(**_FLUX_SCHEDULER),
         vae=autoencoder_kl(size, scaling_factor=0.3611, shift_factor=0.1159),
         text_encoder=clip_text_encoder(tokenizer, hidden_size=dims["clip_hidden"]),
@@ -301,7 +292,13 @@ def build_flux(out_dir: Path, size: str, seed: int) -> None:
         tokenizer_2=tokenizer_2,
         transformer=transformer,
     )
-    save_pipeline(pipe, out_dir)
+
+
+def build_flux(out_dir: Path, size: str, seed: int) -> None:
+    from diffusers import FluxPipeline
+
+    seed_everything(seed)
+    save_pipeline(FluxPipeline(**flux_components(size)), out_dir)
 
 
 # --------------------------------------------------------------------------------------

@@ -64,7 +64,8 @@ MISTRAL_CHAT_TEMPLATE = (
 )
 
 
-def _flux2_vae(dims: dict):
+def flux2_vae(dims: dict):
+    """The FLUX.2 VAE (also ERNIE-Image's) from `dims`' "vae" widths and "latent_channels"."""
     import torch
     from diffusers import AutoencoderKLFlux2
 
@@ -111,15 +112,23 @@ def build_mistral_tokenizer():
 
 
 def _mistral3_text_encoder(tokenizer, hidden: int):
-    from transformers import Mistral3Config, Mistral3ForConditionalGeneration
+    from transformers import Mistral3ForConditionalGeneration
+
+    return Mistral3ForConditionalGeneration(mistral3_config(tokenizer, hidden, _MISTRAL_LAYERS)).eval()
+
+
+def mistral3_config(tokenizer, hidden: int, num_layers: int):
+    """A narrow Mistral-3 config (a 1-layer Pixtral vision tower) sized to `tokenizer` (also
+    ERNIE-Image's text encoder)."""
+    from transformers import Mistral3Config
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<s>", "</s>", "<pad>", "[IMG]")}
-    config = Mistral3Config(
+    return Mistral3Config(
         text_config={
             "model_type": "mistral",
             "hidden_size": hidden,
             "intermediate_size": 2 * hidden,
-            "num_hidden_layers": _MISTRAL_LAYERS,
+            "num_hidden_layers": num_layers,
             "num_attention_heads": 2,
             "num_key_value_heads": 1,
             "head_dim": hidden // 2,
@@ -143,7 +152,6 @@ def _mistral3_text_encoder(tokenizer, hidden: int):
         spatial_merge_size=1,
         tie_word_embeddings=False,
     )
-    return Mistral3ForConditionalGeneration(config).eval()
 
 
 def _write_pixtral_processor(folder: Path, tokenizer) -> None:
@@ -171,7 +179,7 @@ def build_flux2(out_dir: Path, size: str, seed: int) -> None:
     tokenizer = build_mistral_tokenizer()
     pipe = Flux2Pipeline(
         scheduler=flow_match_scheduler(**_FLUX2_SCHEDULER),
-        vae=_flux2_vae(dims),
+        vae=flux2_vae(dims),
         text_encoder=_mistral3_text_encoder(tokenizer, dims["text_hidden"]),
         tokenizer=None,
         transformer=_flux2_transformer(dims, guidance_embeds=True),  # FLUX.2-dev is guidance-distilled
@@ -220,7 +228,7 @@ def build_flux2_klein(out_dir: Path, size: str, seed: int) -> None:
     tokenizer = build_qwen2_tokenizer()
     pipe = Flux2KleinPipeline(
         scheduler=flow_match_scheduler(**_FLUX2_SCHEDULER),
-        vae=_flux2_vae(dims),
+        vae=flux2_vae(dims),
         text_encoder=_qwen3_causal_lm(tokenizer, dims["text_hidden"]),
         tokenizer=tokenizer,
         transformer=_flux2_transformer(dims, guidance_embeds=False),

@@ -50,18 +50,26 @@ _VISION_PIXELS = {"tiny": 64 * 64, "small": 128 * 128}
 
 def _text_encoder(tokenizer, hidden_size: int):
     """A `Qwen3VLForConditionalGeneration` sized to the tiny tokenizer (special ids inside its vocab)."""
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    from transformers import Qwen3VLForConditionalGeneration
+
+    return Qwen3VLForConditionalGeneration(qwen3_vl_config(tokenizer, hidden_size, num_layers=2)).eval()
+
+
+def qwen3_vl_config(tokenizer, hidden_size: int, num_layers: int):
+    """A narrow Qwen3-VL config (a 1-block vision tower) sized to the tiny tokenizer (also Krea 2's
+    text encoder)."""
+    from transformers import Qwen3VLConfig
 
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     num_heads, head_dim = 2, hidden_size // 2
     half = head_dim // 2
     # Interleaved M-RoPE over (time, height, width), like the real [24, 20, 20] for head_dim 128.
     mrope_section = [half - 2 * (half * 5 // 16), half * 5 // 16, half * 5 // 16]
-    config = Qwen3VLConfig(
+    return Qwen3VLConfig(
         text_config={
             "hidden_size": hidden_size,
             "intermediate_size": 2 * hidden_size,
-            "num_hidden_layers": 2,
+            "num_hidden_layers": num_layers,
             "num_attention_heads": num_heads,
             "num_key_value_heads": num_heads,
             "head_dim": head_dim,
@@ -88,7 +96,6 @@ def _text_encoder(tokenizer, hidden_size: int):
         vision_start_token_id=tokenizer.convert_tokens_to_ids("<|vision_start|>"),
         vision_end_token_id=tokenizer.convert_tokens_to_ids("<|vision_end|>"),
     )
-    return Qwen3VLForConditionalGeneration(config).eval()
 
 
 def _write_processor(folder: Path, tokenizer, num_pixels: int) -> None:

@@ -22,7 +22,7 @@ from omnistage.testing.diffusion_models import (
     NEGATIVE_PROMPT,
     PROMPT,
     _qwen_image_components,
-    _write_qwen2_vl_processor,
+    write_qwen2_vl_processor,
 )
 from omnistage.testing.zoo import ZooModel, register_zoo_model
 
@@ -41,7 +41,7 @@ def build_qwen_image_edit_plus(out_dir: Path, size: str, seed: int) -> None:
     pipe = QwenImageEditPlusPipeline(**components, processor=None)
     with quiet_diffusers():  # it warns that the processor=None it was given cannot be saved
         save_pipeline(pipe, out_dir)
-    _write_qwen2_vl_processor(out_dir / "processor", components["tokenizer"], _QWEN_EDIT_VISION_PIXELS[size])
+    write_qwen2_vl_processor(out_dir / "processor", components["tokenizer"], _QWEN_EDIT_VISION_PIXELS[size])
     index_path = out_dir / "model_index.json"
     index = json.loads(index_path.read_text())
     index["processor"] = ["transformers", "Qwen2VLProcessor"]

@@ -62,6 +62,12 @@ def _load_builders() -> None:
     from omnistage.testing import stable_audio_models  # noqa: F401
     from omnistage.testing import qwen3_tts_models  # noqa: F401
     from omnistage.testing import glm_image_models  # noqa: F401
+    from omnistage.testing import sdxl_models  # noqa: F401
+    from omnistage.testing import flux_kontext_models  # noqa: F401
+    from omnistage.testing import ernie_image_models  # noqa: F401
+    from omnistage.testing import ovis_image_models  # noqa: F401
+    from omnistage.testing import krea2_models  # noqa: F401
+    from omnistage.testing import longcat_image_models  # noqa: F401
 
 
 def list_models() -> list[ZooModel]:

@@ -1,8 +1,8 @@
 """CFG parallel on two CPU ranks (gloo): the cond and uncond branches run on different ranks
 (each rank runs the transformer for its own branch only, counted per branch) and the output
 equals one rank's, for a family of each guidance shape (split calls with
-true CFG: Qwen-Image, FLUX.2-klein; split with two guidance scales: Wan; split with the guider's rule:
-HunyuanVideo-1.5; one batched call: SD3, Z-Image)."""
+true CFG: Qwen-Image, FLUX.2-klein, Ovis-Image, Krea 2, LongCat-Image; split with two guidance scales: Wan; split with the guider's rule:
+HunyuanVideo-1.5; one batched call: SD3, SDXL, ERNIE-Image, Z-Image)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,11 @@ FAMILIES = {  # zoo name -> diffusers class name
     "qwen-image": "QwenImagePipeline",
     "wan-t2v": "WanPipeline",
     "sd3": "StableDiffusion3Pipeline",
+    "sdxl": "StableDiffusionXLPipeline",
+    "ernie-image": "ErnieImagePipeline",
+    "ovis-image": "OvisImagePipeline",
+    "krea2": "Krea2Pipeline",
+    "longcat-image": "LongCatImagePipeline",
     "z-image": "ZImagePipeline",
     "flux2-klein": "Flux2KleinPipeline",
     "hunyuan-video": "HunyuanVideo15Pipeline",

@@ -1,6 +1,7 @@
 """Sequence parallel on two CPU ranks (gloo): each rank's attention sees half of the token
 sequence and the output equals one rank's (<= 1e-3, fp32). Ulysses for Z-Image, Wan and the
-joint text+image attention of Qwen-Image, FLUX and FLUX.2-klein; ring attention for Z-Image and Wan; a
+joint text+image attention of Qwen-Image, FLUX (and Kontext, its input image's tokens too) and
+FLUX.2-klein; ring attention for Z-Image and Wan; a
 batch whose requests are at different steps (as step mode runs them) and, for Z-Image, of
 different caption lengths (a padding mask) too. One spawned pair of ranks runs every check."""
 
@@ -15,6 +16,7 @@ import torch
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.testing import call_kwargs as zoo_call_kwargs
+from omnistage.testing.diffusion_models import default_input_image
 
 from two_ranks import run_two_ranks
 from parity import request_for
@@ -24,6 +26,7 @@ FAMILIES = {  # zoo name -> diffusers class name
     "wan-t2v": "WanPipeline",
     "qwen-image": "QwenImagePipeline",
     "flux": "FluxPipeline",
+    "flux-kontext": "FluxKontextPipeline",
     "flux2-klein": "Flux2KleinPipeline",
 }
 TOLERANCE = 1e-3
@@ -33,7 +36,12 @@ RING_FAMILIES = ("z-image", "wan-t2v")
 
 
 def call_kwargs(name: str, **overrides) -> dict:
-    return {**zoo_call_kwargs(name), "num_inference_steps": 2, **overrides}
+    call = {**zoo_call_kwargs(name), "num_inference_steps": 2, **overrides}
+    if name == "flux-kontext":  # our request: the size asked for, auto_resize an extra, the image's tokens split too
+        call.pop("max_area")
+        call["auto_resize"] = call.pop("_auto_resize")
+        call["image"] = default_input_image()
+    return call
 
 
 def load(name: str, path: str, deploy: StageDeployConfig | None = None):

@@ -21,6 +21,10 @@ FAMILIES = {  # zoo name -> diffusers class name
     "qwen-image": "QwenImagePipeline",
     "qwen-image-edit": "QwenImageEditPipeline",
     "flux": "FluxPipeline",
+    "flux-kontext": "FluxKontextPipeline",
+    "ovis-image": "OvisImagePipeline",
+    "krea2": "Krea2Pipeline",
+    "longcat-image": "LongCatImagePipeline",
     "sd3": "StableDiffusion3Pipeline",
     "wan-t2v": "WanPipeline",
 }
@@ -32,6 +36,10 @@ def call_kwargs(name: str, **overrides) -> dict:
     call = {**zoo_call_kwargs(name), "num_inference_steps": STEPS, **overrides}
     if name == "qwen-image-edit":
         call.pop("max_sequence_length")
+        call["image"] = default_input_image()
+    if name == "flux-kontext":  # our request: the size asked for, auto_resize as an extra
+        call.pop("max_area")
+        call["auto_resize"] = call.pop("_auto_resize")
         call["image"] = default_input_image()
     return call
 
@@ -89,6 +97,8 @@ def test_skipped_forwards_rise_with_the_threshold(zoo, backend):
     ("qwen-image", "first_block_cache", 0.5),  # one call per branch
     ("z-image", "tea_cache", 0.4),  # cond and uncond rows in one call, rows padded to the longest
     ("sd3", "first_block_cache", 0.4),
+    ("flux-kontext", "tea_cache", 0.4),  # the input image's tokens ride along in every block
+    ("krea2", "first_block_cache", 0.4),  # text rows of different real lengths, masked
 ])
 def test_alone_equals_batched_at_other_steps(zoo, name, backend, threshold):
     pipeline = load(zoo, name, backend, threshold)

@@ -1,4 +1,5 @@
-"""FLUX.1 (Black Forest Labs): text -> image in one diffusion stage."""
+"""FLUX.1 (Black Forest Labs): text -> image in one diffusion stage; FLUX.1-Kontext edits an
+input image (or generates from text alone) in one diffusion stage."""
 
 from omnistage.config import PipelineSpec, StageSpec, register_pipeline
 from omnistage.diffusion.registry import register_diffusion_pipeline
@@ -14,5 +15,15 @@ FLUX = PipelineSpec(
     ),
 )
 
+FLUX_KONTEXT = PipelineSpec(
+    name="flux_kontext",
+    stages=(
+        StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True,
+                  model="FluxKontextPipeline"),
+    ),
+)
+
 register_pipeline("FluxPipeline", FLUX, deploy_config="flux.yaml")
+register_pipeline("FluxKontextPipeline", FLUX_KONTEXT, deploy_config="flux_kontext.yaml")
 register_diffusion_pipeline("FluxPipeline", "omnistage.models.flux.pipeline:Flux")
+register_diffusion_pipeline("FluxKontextPipeline", "omnistage.models.flux.kontext_pipeline:FluxKontext")

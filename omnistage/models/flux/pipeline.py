@@ -157,13 +157,14 @@ class Flux(DiffusionPipelineBase):
 
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
-        # The position ids are shared across a transformer call, so its states need the same
-        # latent grid (not just token count: 32x64 and 64x32 have equal ones) and prompt length.
-        def key(s: DenoiseState) -> tuple:
-            return (s.request.params.height, s.request.params.width, s.cond["prompt_embeds"].shape[1])
-
-        for group in group_by(states, key):
+        for group in group_by(states, self._group_key):
             self._denoise_group(group)
+
+    def _group_key(self, state: DenoiseState) -> tuple:
+        """States with equal keys share a transformer call. The position ids are shared across
+        a call, so its states need the same latent grid (not just token count: 32x64 and 64x32
+        have equal ones) and prompt length."""
+        return (state.request.params.height, state.request.params.width, state.cond["prompt_embeds"].shape[1])
 
     def _denoise_group(self, states: list[DenoiseState]) -> None:
         for state, pred in zip(states, self.guided_predictions(states, self._predict)):
@@ -176,6 +177,7 @@ class Flux(DiffusionPipelineBase):
         branch = rows[0][1]
         prefix = "" if branch == "cond" else "negative_"
         latents = torch.cat([s.latents for s in states])
+        hidden_states = torch.cat([self._model_input(s) for s in states])
         timestep = current_timesteps(states).to(latents.dtype)
         guidance = None
         if self.transformer.config.guidance_embeds:
@@ -183,7 +185,7 @@ class Flux(DiffusionPipelineBase):
                                              device=self.device, dtype=torch.float32) for s in states])
         with self.transformer.cache_context(branch):
             noise_pred = self.transformer(
-                hidden_states=latents,
+                hidden_states=hidden_states,
                 timestep=timestep / 1000,
                 guidance=guidance,
                 pooled_projections=torch.cat([s.cond[f"{prefix}pooled_prompt_embeds"] for s in states]),
@@ -192,7 +194,12 @@ class Flux(DiffusionPipelineBase):
                 img_ids=states[0].cond["latent_image_ids"],
                 return_dict=False,
             )[0]
-        return split_per_state(noise_pred, states)
+        # Kontext also predicts the input image's tokens appended after the target's.
+        return split_per_state(noise_pred[:, : latents.shape[1]], states)
+
+    def _model_input(self, state: DenoiseState) -> torch.Tensor:
+        """The transformer's image tokens for `state`: its latents (Kontext: plus the input image's)."""
+        return state.latents
 
     # -- 4. decode ------------------------------------------------------------------------
 

@@ -1,0 +1,15 @@
+"""ERNIE-Image (Baidu): text -> image in one diffusion stage."""
+
+from omnistage.config import PipelineSpec, StageSpec, register_pipeline
+from omnistage.diffusion.registry import register_diffusion_pipeline
+
+ERNIE_IMAGE = PipelineSpec(
+    name="ernie_image",
+    stages=(
+        StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True,
+                  model="ErnieImagePipeline"),
+    ),
+)
+
+register_pipeline("ErnieImagePipeline", ERNIE_IMAGE, deploy_config="ernie_image.yaml")
+register_diffusion_pipeline("ErnieImagePipeline", "omnistage.models.ernie_image.pipeline:ErnieImage")

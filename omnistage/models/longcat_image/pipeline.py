@@ -1,0 +1,229 @@
+"""LongCat-Image: a Qwen2.5-VL text encoder read at its last layer over a fixed 512-token prompt
+block, a FLUX-style MMDiT over packed 2x2 latent patches, CFG with a norm-capping renorm.
+
+Reproduces `diffusers.LongCatImagePipeline` (pipelines/longcat_image/pipeline_longcat_image.py),
+split at the encode / denoise_step / decode seams. Quoted text in a prompt ('...' or "...") is
+tokenized character by character, as diffusers does for rendering text. CFG runs when
+`guidance_scale > 1`, on the negative prompt ("" by default), each branch its own call; with
+`enable_cfg_renorm` (the default) the guided prediction's per-token norm is capped at the cond
+prediction's, scaled no lower than `cfg_renorm_min`.
+Not run: the prompt rewrite (diffusers' `enable_prompt_rewrite`, on by default there: the VLM
+rewrites the prompt by generating); the field is accepted only as false, and the checkpoint's
+`text_processor`, which only the rewrite uses, is not loaded.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from omnistage.diffusion.accel.step_cache import BlockChain
+from omnistage.diffusion.checkpoint import CheckpointConfigs
+from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
+from omnistage.diffusion.params import ExtraSpec
+from omnistage.diffusion.pipeline import (
+    DenoiseState,
+    DiffusionPipelineBase,
+    DiffusionRequest,
+    check_divisible,
+    current_timesteps,
+    decode_images,
+    group_by,
+    map_groups,
+    pack_latents,
+    set_flow_match_timesteps,
+    split_per_state,
+    unpack_latents,
+)
+
+# LongCatImagePipeline.__init__'s prompt block: the chat template around a prompt padded to
+# TEXT_TOKENS (its `tokenizer_max_length`), the length every prompt embedding has.
+PROMPT_PREFIX = ("<|im_start|>system\nAs an image captioning expert, generate a descriptive text prompt based on an "
+                 "image content, suitable for input to a text-to-image model.<|im_end|>\n<|im_start|>user\n")
+PROMPT_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n"
+TEXT_TOKENS = 512
+
+
+def renormed_cfg(state: DenoiseState, cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    """Plain CFG; with `enable_cfg_renorm`, each token's guided prediction scaled down to at most
+    the cond prediction's norm (the factor clamped to [cfg_renorm_min, 1]), as diffusers does."""
+    guided = plain_cfg(state, cond, uncond, scale)
+    if not state.cond["enable_cfg_renorm"]:
+        return guided
+    cond_norm = torch.norm(cond, dim=-1, keepdim=True)
+    guided_norm = torch.norm(guided, dim=-1, keepdim=True)
+    return guided * (cond_norm / (guided_norm + 1e-8)).clamp(min=state.cond["cfg_renorm_min"], max=1.0)
+
+
+class LongCatImage(DiffusionPipelineBase):
+    reference_class: ClassVar[str] = "LongCatImagePipeline"
+    model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
+    # Only the prompt rewrite uses it (a Qwen2VLProcessor, which transformers 5.24 cannot build
+    # without torchvision): never loaded.
+    _optional_components: ClassVar[list[str]] = ["text_processor"]
+    loader_overrides: ClassVar[dict[str, Any]] = {"text_processor": None}
+    # LongCatImagePipeline.__call__ defaults; height/width (128 latent pixels times the VAE
+    # factor) depend on the checkpoint and are filled in `configure`.
+    default_params: ClassVar[dict[str, Any]] = {
+        "num_inference_steps": 50,
+        "guidance_scale": 4.5,
+    }
+    extras: ClassVar[dict[str, ExtraSpec]] = {
+        "enable_cfg_renorm": ExtraSpec(bool, default=True, help="Cap each token's guided prediction at the cond "
+                                                                "prediction's norm."),
+        "cfg_renorm_min": ExtraSpec(float, default=0.0, min=0.0, max=1.0,
+                                    help="The smallest factor the renorm scales by (1 turns it off)."),
+        "enable_prompt_rewrite": ExtraSpec(bool, default=False, choices=(False,),
+                                           help="diffusers' VLM prompt rewrite; not run here, so only false."),
+    }
+    default_sample_size: ClassVar[int] = 128  # LongCatImagePipeline.default_sample_size, in latent pixels
+
+    def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
+        from diffusers.image_processor import VaeImageProcessor
+
+        super().__init__(components, device, dtype, configs)
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
+
+    def configure(self, configs: CheckpointConfigs) -> None:
+        self.vae_scale_factor = 2 ** (len(configs.vae.block_out_channels) - 1)
+        # Latents are cut into 2x2 patches, so pixel sizes must divide by twice the VAE factor.
+        self.multiple_of = self.vae_scale_factor * 2
+        size = self.default_sample_size * self.vae_scale_factor
+        self.default_params = {**type(self).default_params, "height": size, "width": size}
+
+    # -- 1. check inputs ----------------------------------------------------------------
+
+    def check_inputs(self, request: DiffusionRequest) -> None:
+        super().check_inputs(request)
+        check_divisible(request.params, height=self.multiple_of, width=self.multiple_of)
+
+    # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
+
+    def _prompt_tokens(self, prompt: str) -> list[int]:
+        """The prompt's token ids (LongCatImagePipeline._encode_prompt): quoted parts one
+        character at a time, the rest as usual; cut to TEXT_TOKENS."""
+        from diffusers.pipelines.longcat_image.pipeline_longcat_image import split_quotation
+
+        tokens: list[int] = []
+        for part, quoted in split_quotation(prompt):
+            for piece in (part if quoted else [part]):
+                tokens.extend(self.tokenizer(piece, add_special_tokens=False)["input_ids"])
+        return tokens[:TEXT_TOKENS]
+
+    def _encode_prompts(self, prompts: list[str]) -> torch.Tensor:
+        """[N, TEXT_TOKENS, D]: each prompt padded to TEXT_TOKENS inside the chat template, the
+        encoder's last hidden state with the template's tokens dropped. Padding is masked, so a
+        prompt's embedding is the same in a batch as alone."""
+        padded = self.tokenizer.pad({"input_ids": [self._prompt_tokens(p) for p in prompts]}, max_length=TEXT_TOKENS,
+                                    padding="max_length", return_attention_mask=True, return_tensors="pt")
+        prefix = torch.tensor(self.tokenizer(PROMPT_PREFIX, add_special_tokens=False)["input_ids"])
+        suffix = torch.tensor(self.tokenizer(PROMPT_SUFFIX, add_special_tokens=False)["input_ids"])
+        n = len(prompts)
+        input_ids = torch.cat([prefix.expand(n, -1), padded.input_ids, suffix.expand(n, -1)], dim=-1)
+        mask = torch.cat([torch.ones(n, len(prefix), dtype=padded.attention_mask.dtype), padded.attention_mask,
+                          torch.ones(n, len(suffix), dtype=padded.attention_mask.dtype)], dim=-1)
+        out = self.text_encoder(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
+                                output_hidden_states=True)
+        return out.hidden_states[-1][:, len(prefix): -len(suffix)]
+
+    @torch.no_grad()
+    def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
+        # One text-encoder call over every prompt, then the negative prompts ("" unless given) of
+        # the requests that run CFG (guidance_scale > 1).
+        guided = [r for r in requests if r.params.guidance_scale > 1]
+        embeds = self._encode_prompts([r.prompt for r in requests] + [r.params.negative_prompt or "" for r in guided])
+        negative_of = dict(zip(map(id, guided), embeds[len(requests):]))
+        return [self._initial_state(r, e, negative_of.get(id(r))) for r, e in zip(requests, embeds)]
+
+    def _initial_state(self, request: DiffusionRequest, prompt: torch.Tensor,
+                       negative: torch.Tensor | None) -> DenoiseState:
+        from diffusers.pipelines.longcat_image.pipeline_longcat_image import prepare_pos_ids
+        from diffusers.utils.torch_utils import randn_tensor
+
+        params = request.params
+        n = params.num_outputs_per_prompt
+        latent_h, latent_w = 2 * (params.height // self.multiple_of), 2 * (params.width // self.multiple_of)
+        # Drawn in the generator's default dtype, then cast, as diffusers does.
+        noise = randn_tensor((n, self.transformer.config.in_channels // 4, latent_h, latent_w),
+                             generator=self.generator_for(request), device=self.device)
+        latents = pack_latents(noise.to(prompt.dtype))
+        noise_scheduler = self.noise_scheduler_copy()
+        num_steps = params.num_inference_steps
+        timesteps = set_flow_match_timesteps(noise_scheduler, np.linspace(1.0, 1.0 / num_steps, num_steps),
+                                             latents.shape[1], self.device)
+
+        def repeat(embeds: torch.Tensor | None) -> torch.Tensor | None:
+            return None if embeds is None else embeds.unsqueeze(0).expand(n, *embeds.shape)
+
+        extras = params.extras
+        cond = {
+            "prompt_embeds": repeat(prompt),
+            "negative_prompt_embeds": repeat(negative),
+            # Text on plane 0 at (i, i); the image on plane 1, its grid offset past the text.
+            "text_ids": prepare_pos_ids(modality_id=0, type="text", start=(0, 0),
+                                        num_token=prompt.shape[0]).to(self.device),
+            "latent_image_ids": prepare_pos_ids(modality_id=1, type="image", start=(TEXT_TOKENS, TEXT_TOKENS),
+                                                height=latent_h // 2, width=latent_w // 2).to(self.device),
+            "guidance_scale": params.guidance_scale,
+            "enable_cfg_renorm": extras["enable_cfg_renorm"],
+            "cfg_renorm_min": extras["cfg_renorm_min"],
+        }
+        return DenoiseState(request=request, latents=latents, noise_scheduler=noise_scheduler, timesteps=timesteps,
+                            cond=cond)
+
+    # -- 3. denoise -----------------------------------------------------------------------
+
+    # CFG when guidance_scale > 1, with the renorm; each branch its own call, as in diffusers.
+    guidance: ClassVar[Guidance] = Guidance(
+        scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
+        combine=renormed_cfg,
+    )
+    # Step caches wrap the dual-stream then the single-stream blocks (FLUX's layout: keyword
+    # inputs, (text, image) outputs). TeaCache compares the first block's AdaLN-Zero-normed,
+    # timestep-modulated image tokens; no coefficients are published for LongCat-Image: no rescaling.
+    step_cache_blocks: ClassVar[BlockChain] = BlockChain(
+        blocks=("transformer_blocks", "single_transformer_blocks"),
+        io="dual_stream",
+        modulated_input=lambda block, args, kwargs: block.norm1(kwargs["hidden_states"], emb=kwargs["temb"])[0],
+    )
+
+    @torch.no_grad()
+    def denoise_step(self, states: list[DenoiseState]) -> None:
+        # The position ids are shared across a transformer call: equal latent grids (prompt
+        # embeddings all have TEXT_TOKENS rows).
+        for group in group_by(states, lambda s: (s.request.params.height, s.request.params.width)):
+            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
+                self.noise_scheduler_step(state, pred)
+
+    def _predict(self, rows: Rows) -> list[torch.Tensor]:
+        """The transformer's prediction for one branch's rows, one per state."""
+        states = [s for s, _ in rows]
+        branch = rows[0][1]
+        prefix = "" if branch == "cond" else "negative_"
+        latents = torch.cat([s.latents for s in states])
+        with self.transformer.cache_context(branch):
+            pred = self.transformer(
+                hidden_states=latents,
+                timestep=current_timesteps(states).to(latents.dtype) / 1000,
+                encoder_hidden_states=torch.cat([s.cond[f"{prefix}prompt_embeds"] for s in states]),
+                txt_ids=states[0].cond["text_ids"],
+                img_ids=states[0].cond["latent_image_ids"],
+                return_dict=False,
+            )[0]
+        return split_per_state(pred, states)
+
+    # -- 4. decode ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        # States with the same image size share one VAE call.
+        return map_groups(states, lambda s: (s.request.params.height, s.request.params.width), self._decode_group)
+
+    def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        params = states[0].request.params
+        latents = unpack_latents(torch.cat([s.latents for s in states]), 2 * (params.height // self.multiple_of),
+                                 2 * (params.width // self.multiple_of))
+        return decode_images(self.vae, self.image_processor, latents, states, self.vae_decode)

@@ -1,0 +1,231 @@
+"""Stable Diffusion XL: CLIP-L + CLIP-G text encoders, a UNet with text-time conditioning,
+classifier-free guidance.
+
+Reproduces `diffusers.StableDiffusionXLPipeline`
+(pipelines/stable_diffusion_xl/pipeline_stable_diffusion_xl.py), split at the encode /
+denoise_step / decode seams. CFG runs when `guidance_scale > 1`; without a negative prompt
+the uncond embeddings are zeros when the checkpoint says `force_zeros_for_empty_prompt`
+(base-1.0 does), as in diffusers. `guidance_rescale` is an extra. The size micro-conditioning
+is diffusers' default: original and target size are the requested size, no crop.
+Not supported: the refiner as a second stage, `prompt_2` / `negative_prompt_2`, clip_skip,
+IP-Adapter, `denoising_end`, guidance-embedding (LCM) UNets, the invisible watermark.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from omnistage.diffusion.checkpoint import CheckpointConfigs
+from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
+from omnistage.diffusion.params import ExtraSpec
+from omnistage.diffusion.pipeline import (
+    DenoiseState,
+    DiffusionPipelineBase,
+    DiffusionRequest,
+    check_divisible,
+    current_timesteps,
+    group_by,
+    map_groups,
+    split_per_state,
+)
+
+
+def rescaled_cfg(state: DenoiseState, cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
+    """Plain CFG, then diffusers' `rescale_noise_cfg` toward the cond prediction's std by the
+    request's `guidance_rescale` (skipped at 0, as diffusers skips it)."""
+    from diffusers.pipelines.stable_diffusion_xl.pipeline_stable_diffusion_xl import rescale_noise_cfg
+
+    guided = plain_cfg(state, cond, uncond, scale)
+    rescale = state.cond["guidance_rescale"]
+    return rescale_noise_cfg(guided, cond, guidance_rescale=rescale) if rescale > 0 else guided
+
+
+class StableDiffusionXL(DiffusionPipelineBase):
+    reference_class: ClassVar[str] = "StableDiffusionXLPipeline"
+    model_cpu_offload_seq: ClassVar[str] = "text_encoder->text_encoder_2->unet->vae"
+    # A checkpoint may carry only the CLIP-G encoder (as the refiner does); the image encoder
+    # is loaded when present, unused (no IP-Adapter).
+    _optional_components: ClassVar[list[str]] = ["tokenizer", "text_encoder", "image_encoder", "feature_extractor"]
+    # StableDiffusionXLPipeline.__call__ defaults; height/width (the UNet's sample_size times
+    # the VAE factor) depend on the checkpoint and are filled in `configure`.
+    default_params: ClassVar[dict[str, Any]] = {
+        "num_inference_steps": 50,
+        "guidance_scale": 5.0,
+    }
+    extras: ClassVar[dict[str, ExtraSpec]] = {
+        "guidance_rescale": ExtraSpec(float, default=0.0, min=0.0, max=1.0,
+                                      help="Rescales the guided prediction toward the cond one's std "
+                                           "(arXiv:2305.08891 sec. 3.4); 0 = plain CFG."),
+    }
+
+    def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
+        from diffusers.image_processor import VaeImageProcessor
+
+        super().__init__(components, device, dtype, configs)
+        self.text_encoder = components.get("text_encoder")
+        self.tokenizer = components.get("tokenizer")
+        self.image_processor = VaeImageProcessor(vae_scale_factor=self.vae_scale_factor)
+        # diffusers upcasts an fp16 VAE flagged force_upcast around every decode (it overflows
+        # in fp16); keeping it in fp32 does the same once.
+        if self.vae.dtype == torch.float16 and self.vae.config.force_upcast:
+            self.vae.to(torch.float32)
+        # An ancestral or SDE noise scheduler draws its step noise from the generator it is given.
+        self._step_takes_generator = "generator" in inspect.signature(self.noise_scheduler.step).parameters
+
+    def configure(self, configs: CheckpointConfigs) -> None:
+        if configs.unet.get("time_cond_proj_dim") is not None:
+            raise ValueError("unet.time_cond_proj_dim: guidance-embedding (LCM-distilled) SDXL UNets are not supported")
+        self.vae_scale_factor = 2 ** (len(configs.vae.block_out_channels) - 1)
+        # model_index.json's flag (the pipeline's constructor default is True).
+        self.force_zeros_for_empty_prompt = configs.pipeline.get("force_zeros_for_empty_prompt", True)
+        size = configs.unet.sample_size * self.vae_scale_factor
+        self.default_params = {**type(self).default_params, "height": size, "width": size}
+
+    # -- 1. check inputs ----------------------------------------------------------------
+
+    def check_inputs(self, request: DiffusionRequest) -> None:
+        super().check_inputs(request)
+        params = request.params  # defaults filled (prepare_request)
+        check_divisible(params, height=self.vae_scale_factor, width=self.vae_scale_factor)
+
+    # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
+
+    def _encode_prompts(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(penultimate hidden states of both CLIPs side by side [N, 77, D1 + D2], CLIP-G's
+        projected pooled output [N, P]) for N prompts (StableDiffusionXLPipeline.encode_prompt).
+        No encoder gets an attention mask, so a prompt's embedding is the same in a batch as alone."""
+        pairs = [(t, e) for t, e in ((self.tokenizer, self.text_encoder), (self.tokenizer_2, self.text_encoder_2))
+                 if e is not None]
+        hidden, pooled = [], None
+        for tokenizer, text_encoder in pairs:
+            ids = tokenizer(prompts, padding="max_length", max_length=tokenizer.model_max_length, truncation=True,
+                            return_tensors="pt").input_ids
+            out = text_encoder(ids.to(self.device), output_hidden_states=True)
+            hidden.append(out.hidden_states[-2])
+            if out[0].ndim == 2:  # the encoder with a projection (CLIP-G) gives the pooled embedding
+                pooled = out[0]
+        return torch.cat(hidden, dim=-1).to(self.text_encoder_2.dtype), pooled
+
+    def _encoded_negative(self, request: DiffusionRequest) -> bool:
+        """Whether the request's uncond branch encodes a negative prompt (else zeros or no CFG)."""
+        params = request.params
+        return params.guidance_scale > 1 and not (params.negative_prompt is None and self.force_zeros_for_empty_prompt)
+
+    @torch.no_grad()
+    def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
+        # One call per text encoder over every prompt, then the negative prompts that are
+        # encoded; CLIP's length is fixed (77), so all rows share it.
+        negatives = [r for r in requests if self._encoded_negative(r)]
+        texts = [r.prompt for r in requests] + [r.params.negative_prompt or "" for r in negatives]
+        embeds, pooled = self._encode_prompts(texts)
+        rows = list(zip(embeds, pooled))
+        negative_of = dict(zip(map(id, negatives), rows[len(requests):]))
+        return [self._initial_state(r, row, negative_of.get(id(r))) for r, row in zip(requests, rows)]
+
+    def _initial_state(self, request: DiffusionRequest, prompt: tuple[torch.Tensor, torch.Tensor],
+                       negative: tuple[torch.Tensor, torch.Tensor] | None) -> DenoiseState:
+        from diffusers.pipelines.stable_diffusion_xl.pipeline_stable_diffusion_xl import retrieve_timesteps
+        from diffusers.utils.torch_utils import randn_tensor
+
+        params = request.params
+        n = params.num_outputs_per_prompt
+        uses_cfg = params.guidance_scale > 1
+        if uses_cfg and negative is None:  # force_zeros_for_empty_prompt
+            negative = (torch.zeros_like(prompt[0]), torch.zeros_like(prompt[1]))
+
+        noise_scheduler = self.noise_scheduler_copy()
+        timesteps, _ = retrieve_timesteps(noise_scheduler, params.num_inference_steps, self.device)
+        noise_scheduler.set_begin_index(0)
+        generator = self.generator_for(request)
+        shape = (n, self.unet.config.in_channels, params.height // self.vae_scale_factor,
+                 params.width // self.vae_scale_factor)
+        latents = randn_tensor(shape, generator=generator, device=self.device, dtype=prompt[0].dtype)
+        latents = latents * noise_scheduler.init_noise_sigma  # after set_timesteps, as diffusers orders it
+
+        def repeat(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.unsqueeze(0).expand(n, *t.shape)
+
+        # (original size, crop top-left, target size): the requested size, uncropped.
+        time_ids = torch.tensor([[params.height, params.width, 0, 0, params.height, params.width]],
+                                device=self.device, dtype=prompt[0].dtype).expand(n, 6)
+        cond: dict[str, Any] = {
+            "prompt_embeds": repeat(prompt[0]),
+            "pooled_prompt_embeds": repeat(prompt[1]),
+            "negative_prompt_embeds": repeat(negative[0]) if uses_cfg else None,
+            "negative_pooled_prompt_embeds": repeat(negative[1]) if uses_cfg else None,
+            "time_ids": time_ids,
+            "guidance_scale": params.guidance_scale,
+            "guidance_rescale": params.extras["guidance_rescale"],
+            "generator": generator,  # the noise scheduler's step noise comes next from it, as in diffusers
+        }
+        return DenoiseState(request=request, latents=latents, noise_scheduler=noise_scheduler, timesteps=timesteps,
+                            cond=cond)
+
+    # -- 3. denoise -----------------------------------------------------------------------
+
+    # CFG when guidance_scale > 1; both branches in one UNet call, as diffusers batches them.
+    guidance: ClassVar[Guidance] = Guidance(
+        scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
+        combine=rescaled_cfg,
+        batch_branches=True,
+    )
+    # No step caches: they hook a transformer's block chain, and SDXL denoises with a UNet.
+
+    @torch.no_grad()
+    def denoise_step(self, states: list[DenoiseState]) -> None:
+        # One UNet call needs equal latent sizes (prompt lengths are CLIP's fixed 77).
+        for group in group_by(states, lambda s: tuple(s.latents.shape[1:])):
+            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
+                self._noise_scheduler_step(state, pred)
+
+    def _predict(self, rows: Rows) -> list[torch.Tensor]:
+        """One UNet call over every (state, branch) row; one prediction per row."""
+        row_states = [s for s, _ in rows]
+        prefixes = ["" if branch == "cond" else "negative_" for _, branch in rows]
+        # Each state's noise scheduler scales its input by the state's current sigma.
+        scaled = {id(s): s.noise_scheduler.scale_model_input(s.latents, s.timesteps[s.step_index]) for s in row_states}
+        noise_pred = self.unet(
+            torch.cat([scaled[id(s)] for s in row_states]),
+            current_timesteps(row_states),
+            encoder_hidden_states=torch.cat([s.cond[f"{p}prompt_embeds"] for s, p in zip(row_states, prefixes)]),
+            added_cond_kwargs={
+                "text_embeds": torch.cat([s.cond[f"{p}pooled_prompt_embeds"] for s, p in zip(row_states, prefixes)]),
+                "time_ids": torch.cat([s.cond["time_ids"] for s in row_states]),
+            },
+            return_dict=False,
+        )[0]
+        return split_per_state(noise_pred, row_states)
+
+    def _noise_scheduler_step(self, state: DenoiseState, noise_pred: torch.Tensor) -> None:
+        """x_t -> x_t-1 with the state's noise scheduler, given the request's generator when it
+        takes one (Euler's own step draws noise it only uses with s_churn > 0)."""
+        kwargs = {"generator": state.cond["generator"]} if self._step_takes_generator else {}
+        t = state.timesteps[state.step_index]
+        state.latents = state.noise_scheduler.step(noise_pred, t, state.latents, return_dict=False, **kwargs)[0]
+        state.step_index += 1
+
+    # -- 4. decode ------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        # States with the same latent size share one VAE call.
+        return map_groups(states, lambda s: tuple(s.latents.shape[1:]), self._decode_group)
+
+    def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        latents = torch.cat([s.latents for s in states])
+        config = self.vae.config
+        # A VAE with latent statistics (e.g. Playground v2.5) denormalises with them, as diffusers does.
+        if getattr(config, "latents_mean", None) is not None and getattr(config, "latents_std", None) is not None:
+            mean = torch.tensor(config.latents_mean).view(1, -1, 1, 1).to(latents.device, latents.dtype)
+            std = torch.tensor(config.latents_std).view(1, -1, 1, 1).to(latents.device, latents.dtype)
+            latents = latents * std / config.scaling_factor + mean
+        else:
+            latents = latents / config.scaling_factor
+        images = self.vae_decode(latents.to(self.vae.dtype))
+        return split_per_state(self.image_processor.postprocess(images, output_type="np"), states)
+
