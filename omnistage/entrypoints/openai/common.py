@@ -7,11 +7,13 @@ list of checks followed by one engine call.
 from __future__ import annotations
 
 import re
+import secrets
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
+from starlette.websockets import WebSocket
 
 from omnistage.diffusion.params import LoraRequest
 from omnistage.entrypoints.openai import json_body
@@ -152,3 +154,15 @@ async def read_upload(upload: UploadFile, param: str) -> bytes:
     if not data:
         raise bad_request(f"{param}: the uploaded file is empty", param=param)
     return data
+
+
+async def check_websocket_key(websocket: WebSocket, settings: ServerSettings) -> bool:
+    """Whether the upgrade carries the API key (if one is set); if not, it is refused with
+    close 1008. The HTTP auth middleware does not see WebSockets, so each WS route asks."""
+    if not settings.api_key:
+        return True
+    scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), settings.api_key.encode()):
+        return True
+    await websocket.close(code=1008, reason="invalid or missing API key")
+    return False

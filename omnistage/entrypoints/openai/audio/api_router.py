@@ -3,8 +3,6 @@ its WebSocket stream), `voice_store` (voices) and `audio_generate_serving` (text
 
 from __future__ import annotations
 
-import secrets
-
 from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket
 from fastapi.responses import Response, StreamingResponse
 
@@ -13,7 +11,7 @@ from omnistage.entrypoints.openai.audio.protocol import AudioGenerateRequest, Sp
 from omnistage.entrypoints.openai.audio.serving import SpeechServing
 from omnistage.entrypoints.openai.audio.stream import SpeechStreamSession
 from omnistage.entrypoints.openai.audio.voices import VoiceStore
-from omnistage.entrypoints.openai.common import require_json
+from omnistage.entrypoints.openai.common import check_websocket_key, require_json
 from omnistage.entrypoints.openai.errors import bad_request
 from omnistage.entrypoints.openai.json_body import JSONBodyRoute
 
@@ -68,12 +66,8 @@ async def delete_voice(name: str, voices: VoiceStore = Depends(voice_store)) -> 
 @router.websocket("/v1/audio/speech/stream")
 async def speech_stream(websocket: WebSocket) -> None:
     state = websocket.app.state
-    key = state.settings.api_key  # the HTTP auth middleware does not see WebSockets
-    if key:
-        scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
-            await websocket.close(code=1008, reason="invalid or missing API key")
-            return
+    if not await check_websocket_key(websocket, state.settings):
+        return
     if not state.capabilities.serves("audio.speech"):
         await websocket.accept()
         error = bad_request(f"model {state.capabilities.model!r} does not make speech", code="unsupported_route")

@@ -1,0 +1,235 @@
+"""WS /v1/realtime over the fake omni engine (in-process app, Starlette's TestClient):
+the Realtime protocol's events, the conversation the engine is given, cancelling and
+barge-in (each aborts the engine request), the real silero VAD on a synthetic voice,
+the session limits and the API key. The live server and the official SDK are in
+test_realtime_e2e.py."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import numpy as np
+import pytest
+from starlette.websockets import WebSocketDisconnect
+
+from omnistage.entrypoints.openai.realtime import audio_format
+from omnistage.testing.voice import synthetic_speech
+
+URL = "/v1/realtime?model=fake-omni"
+NO_VAD = {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}}
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def pcm(audio: np.ndarray) -> str:
+    return b64(audio_format.encode(audio, 24000, "audio/pcm"))
+
+
+def until(ws, kind: str) -> list[dict]:
+    """Events up to and including the first of type `kind`."""
+    events = []
+    while True:
+        events.append(ws.receive_json())
+        if events[-1]["type"] == kind:
+            return events
+
+
+def open_session(ws, update: dict | None = NO_VAD) -> dict:
+    created = ws.receive_json()
+    assert created["type"] == "session.created" and created["session"]["model"] == "fake-omni"
+    if update is not None:
+        ws.send_json(update)
+        assert ws.receive_json()["type"] == "session.updated"
+    return created
+
+
+def test_text_turns_keep_the_conversation_and_answer_in_audio(app_client):
+    client, engine = app_client("omni")
+    with client.websocket_connect(URL) as ws:
+        open_session(ws, {"type": "session.update", "session": {
+            "type": "realtime", "instructions": "Be brief.",
+            "audio": {"input": {"turn_detection": None}, "output": {"voice": "Ethan"}}}})
+        ws.send_json({"type": "conversation.item.create",
+                      "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]}})
+        added, done = ws.receive_json(), ws.receive_json()
+        assert added["type"] == "conversation.item.added" and done["type"] == "conversation.item.done"
+        ws.send_json({"type": "response.create"})
+        events = until(ws, "response.done")
+        kinds = [e["type"] for e in events]
+        assert kinds[:4] == ["response.created", "response.output_item.added", "conversation.item.added",
+                             "response.content_part.added"]
+        assert kinds[-6:] == ["response.output_audio.done", "response.output_audio_transcript.done",
+                              "response.content_part.done", "response.output_item.done", "conversation.item.done",
+                              "response.done"]
+        transcript = "".join(e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta")
+        assert transcript == "Hello from the fake model."
+        audio = b"".join(base64.b64decode(e["delta"]) for e in events if e["type"] == "response.output_audio.delta")
+        assert len(audio) == 2 * 3 * 800 * 24000 // 16000  # three 800-sample chunks at 16 kHz, as 24 kHz pcm16
+        final = events[-1]["response"]
+        assert final["status"] == "completed" and final["usage"]["input_tokens"] == 7
+        assert final["output"][0]["content"][0] == {"type": "output_audio", "transcript": transcript}
+
+        ws.send_json({"type": "conversation.item.create",
+                      "item": {"role": "user", "content": [{"type": "input_text", "text": "And?"}]}})
+        until(ws, "conversation.item.done")
+        ws.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        events = until(ws, "response.done")
+        assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == transcript
+        assert not [e for e in events if e["type"] == "response.output_audio.delta"]
+    first, second = engine.requests[0][0], engine.requests[1][0]
+    assert first["voice"] == "Ethan" and "voice" not in second  # text answers run the thinker alone
+    assert engine.modalities == [("text", "audio"), ("text",)]
+    assert second["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+                                  {"role": "assistant", "content": transcript}, {"role": "user", "content": "And?"}]
+
+
+@pytest.mark.parametrize("fmt, beta, rate", [("audio/pcm", "pcm16", 24000), ("audio/pcmu", "g711_ulaw", 8000),
+                                              ("audio/pcma", "g711_alaw", 8000)])
+def test_committed_audio_reaches_the_model_in_each_input_format(app_client, fmt, beta, rate):
+    client, engine = app_client("omni")
+    tone = (0.3 * np.sin(np.arange(rate // 5) * 2 * np.pi * 440 / rate)).astype(np.float32)  # 200 ms
+    with client.websocket_connect(URL) as ws:
+        open_session(ws, {"type": "session.update", "session": {"input_audio_format": beta, "turn_detection": None}})
+        ws.send_json({"type": "input_audio_buffer.append", "audio": b64(audio_format.encode(tone, rate, fmt))})
+        ws.send_json({"type": "input_audio_buffer.commit"})
+        committed = ws.receive_json()
+        assert committed["type"] == "input_audio_buffer.committed"
+        assert until(ws, "conversation.item.done")[-1]["item"]["content"] == [{"type": "input_audio",
+                                                                                "transcript": None}]
+        ws.send_json({"type": "response.create"})
+        until(ws, "response.done")
+    part = engine.requests[0][0]["messages"][0]["content"][0]
+    assert part["type"] == "audio" and part["sample_rate"] == rate
+    assert np.abs(part["audio"] - tone).max() < 0.02  # G.711 is lossy; PCM is exact to 1/32768
+
+
+def test_a_bad_event_gets_an_error_naming_the_field_and_the_session_goes_on(app_client):
+    client, _ = app_client("omni")
+    with client.websocket_connect(URL) as ws:
+        open_session(ws)
+        bad = [({"type": "session.update", "event_id": "e1",
+                 "session": {"audio": {"input": {"format": {"type": "audio/wav"}}}}}, "session.audio.input.format.type"),
+               ({"type": "input_audio_buffer.append", "audio": "not base64!"}, "audio"),
+               ({"type": "session.update", "session": {"tools": [{"type": "function"}]}}, "session.tools"),
+               ({"type": "nonsense"}, "type"),
+               ({"type": "conversation.item.create", "previous_item_id": "nope",
+                 "item": {"role": "user", "content": [{"type": "input_text", "text": "x"}]}}, "previous_item_id")]
+        for event, param in bad:
+            ws.send_json(event)
+            error = ws.receive_json()
+            assert error["type"] == "error" and error["error"]["param"] == param, error
+        assert error["error"]["type"] == "invalid_request_error"
+        ws.send_json({"type": "input_audio_buffer.commit"})  # empty: refused by code
+        assert ws.receive_json()["error"]["code"] == "input_audio_buffer_commit_empty"
+        ws.send_json({"type": "response.cancel"})
+        assert ws.receive_json()["error"]["code"] == "response_cancel_not_active"
+        ws.send_text("{")
+        assert ws.receive_json()["type"] == "error"
+        ws.send_json({**NO_VAD, "event_id": "e9"})
+        assert ws.receive_json()["type"] == "session.updated"  # still going
+
+
+def test_cancel_aborts_the_engine_request(app_client):
+    client, engine = app_client("omni", step_delay=0.2)
+    gateway = client.app.state.gateway
+    with client.websocket_connect(URL) as ws:
+        open_session(ws)
+        ws.send_json({"type": "conversation.item.create",
+                      "item": {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}})
+        until(ws, "conversation.item.done")
+        ws.send_json({"type": "response.create"})
+        until(ws, "response.output_audio_transcript.delta")
+        ws.send_json({"type": "response.create"})  # one at a time
+        assert ws.receive_json()["error"]["code"] == "conversation_already_has_active_response"
+        ws.send_json({"type": "response.cancel"})
+        done = until(ws, "response.done")[-1]["response"]
+        assert done["status"] == "cancelled" and done["status_details"]["reason"] == "client_cancelled"
+        assert engine.aborted == [done["id"]] and gateway.num_admitted == 0
+        # the cut answer stays in the conversation as far as it was sent
+        assert done["output"][0]["content"][0]["transcript"] == "Hello"
+
+
+def test_closing_the_socket_aborts_the_running_response(app_client):
+    client, engine = app_client("omni", step_delay=0.2)
+    with client.websocket_connect(URL) as ws:
+        open_session(ws)
+        ws.send_json({"type": "conversation.item.create",
+                      "item": {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}})
+        ws.send_json({"type": "response.create"})
+        response_id = until(ws, "response.created")[-1]["response"]["id"]
+    for _ in range(50):  # the server notices the close on its own loop
+        if engine.aborted:
+            break
+        time.sleep(0.05)
+    assert engine.aborted == [response_id] and client.app.state.gateway.num_admitted == 0
+
+
+def test_server_vad_commits_a_turn_answers_it_and_barge_in_cancels(app_client):
+    client, engine = app_client("omni", step_delay=0.3)
+    silence, voice = np.zeros(24000 // 2, np.float32), synthetic_speech(1.0)
+    with client.websocket_connect(URL) as ws:
+        open_session(ws, {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {
+            "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 100, "silence_duration_ms": 300}}}}})
+        audio = np.concatenate([silence, voice, silence, silence])
+        for i in range(0, len(audio), 2400):  # 100 ms appends, as a microphone sends
+            ws.send_json({"type": "input_audio_buffer.append", "audio": pcm(audio[i:i + 2400])})
+        started = until(ws, "input_audio_buffer.speech_started")[-1]
+        assert 300 <= started["audio_start_ms"] <= 500  # speech at 500 ms, less 100 ms of prefix padding
+        stopped = until(ws, "input_audio_buffer.speech_stopped")[-1]
+        assert 1400 <= stopped["audio_end_ms"] <= 1800 and stopped["item_id"] == started["item_id"]
+        assert until(ws, "input_audio_buffer.committed")[-1]["item_id"] == started["item_id"]
+        until(ws, "response.output_audio_transcript.delta")  # answered without response.create
+        for i in range(0, len(voice), 2400):  # the user talks over the answer
+            ws.send_json({"type": "input_audio_buffer.append", "audio": pcm(voice[i:i + 2400])})
+        events = until(ws, "response.done")
+        assert "input_audio_buffer.speech_started" in [e["type"] for e in events]
+        done = events[-1]["response"]
+        assert done["status"] == "cancelled" and done["status_details"]["reason"] == "turn_detected"
+        assert engine.aborted == [done["id"]]
+    heard = engine.requests[0][0]["messages"][0]["content"][0]["audio"]
+    assert 0.9 * 24000 <= len(heard) <= 1.9 * 24000  # the turn, not the leading silence
+
+
+def test_limits_end_the_session_with_an_error_then_a_close_code(app_client):
+    client, _ = app_client("omni", realtime_max_buffer_s=0.5, realtime_idle_timeout_s=0.3)
+    with client.websocket_connect(URL) as ws:
+        open_session(ws)
+        ws.send_json({"type": "input_audio_buffer.append", "audio": pcm(np.zeros(24000, np.float32))})
+        assert ws.receive_json()["error"]["code"] == "input_audio_buffer_too_large"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+        assert closed.value.code == 1009
+    with client.websocket_connect(URL) as ws:
+        open_session(ws)
+        assert ws.receive_json()["error"]["code"] == "idle_timeout"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+        assert closed.value.code == 1008
+    client, _ = app_client("omni", realtime_max_session_s=0.3)
+    with client.websocket_connect(URL) as ws:
+        open_session(ws)
+        assert ws.receive_json()["error"]["code"] == "session_expired"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+        assert closed.value.code == 1008
+
+
+def test_api_key_model_and_capability_are_checked_on_the_upgrade(app_client):
+    client, _ = app_client("omni", api_key="k3y")
+    with pytest.raises(WebSocketDisconnect) as refused:
+        with client.websocket_connect(URL) as ws:
+            ws.receive_json()
+    assert refused.value.code == 1008
+    with client.websocket_connect(URL, headers={"authorization": "Bearer k3y"}) as ws:
+        open_session(ws, None)
+    with client.websocket_connect("/v1/realtime?model=other", headers={"authorization": "Bearer k3y"}) as ws:
+        assert ws.receive_json()["error"]["param"] == "model"
+    text_client, _ = app_client("text")
+    with text_client.websocket_connect("/v1/realtime") as ws:
+        assert ws.receive_json()["error"]["code"] == "unsupported_route"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+        assert closed.value.code == 1008
