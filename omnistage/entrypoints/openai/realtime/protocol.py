@@ -107,7 +107,8 @@ class MessageItem(_Strict):
     id: str | None = Field(None, max_length=64)
     type: Literal["message"] = "message"
     object: Literal["realtime.item"] | None = None
-    status: Literal["completed", "incomplete", "in_progress"] | None = None
+    # The Responses items' order: typing caches equal Literals, so another order here reordered their schema.
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
     role: Literal["user", "system", "assistant"]
     content: list[InputContent] = Field(min_length=1)
 
