@@ -18,6 +18,7 @@ build an app around any engine client. What a request can reach:
     /v1/audio/speech        audio/        (models with audio output; also /v1/audio/voices
                                            and the WebSocket /v1/audio/speech/stream)
     /v1/audio/generate      audio/        (diffusion models with audio output: text -> sound)
+    /v1/audio/transcriptions audio/       (omni models: speech -> text, by the thinker)
     /v1/realtime            realtime/     (WebSocket, OpenAI's Realtime protocol: omni models, voice in and out)
 
 Every /v1 route needs the API key when one is set, and so do /openapi.json, /docs and
@@ -39,6 +40,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from omnistage.entrypoints.openai.audio.api_router import attach_router as attach_audio
 from omnistage.entrypoints.openai.audio.generate import AudioGenerateServing
 from omnistage.entrypoints.openai.audio.serving import SpeechServing
+from omnistage.entrypoints.openai.audio.transcriptions import TranscriptionServing
 from omnistage.entrypoints.openai.audio.voices import VoiceStore
 from omnistage.entrypoints.openai.capabilities import Capabilities, model_facts
 from omnistage.entrypoints.openai.defaults import effective_defaults
@@ -120,6 +122,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.voice_store = VoiceStore.from_spec(engine.spec if engine is not None else None)
     app.state.speech_serving = SpeechServing(gateway, capabilities, settings, app.state.voice_store)
     app.state.audio_generate_serving = AudioGenerateServing(gateway, capabilities, settings)
+    app.state.transcription_serving = TranscriptionServing(gateway, capabilities, settings)
     app.state.realtime_serving = RealtimeServing(gateway, capabilities, settings)
 
     install_error_handlers(app)

@@ -1,8 +1,9 @@
-"""WS /v1/realtime on `omnistage serve` with the zoo's random Qwen2.5-Omni, behind an API
-key: the official `openai` SDK (`client.realtime.connect`) unmodified, and a plain
-`websockets` client that speaks (the synthetic voice), is heard by the server's silero
-VAD, is answered in audio, and barges in on a second answer. Each cancelled or dropped
-answer leaves no request in the engine (`omnistage_queue_depth` back to 0)."""
+"""WS /v1/realtime and POST /v1/audio/transcriptions on `omnistage serve` with the zoo's
+random Qwen2.5-Omni, behind an API key (one server for the module): the official `openai`
+SDK (`client.realtime.connect`, `client.audio.transcriptions.create`) unmodified, and a
+plain `websockets` client that speaks (the synthetic voice), is heard by the server's
+silero VAD, is answered in audio, and barges in on a second answer. Each cancelled or
+dropped answer leaves no request in the engine (`omnistage_queue_depth` back to 0)."""
 
 from __future__ import annotations
 
@@ -128,3 +129,25 @@ def test_websockets_client_server_vad_answer_and_barge_in(server):
         assert "input_audio_buffer.speech_started" in [e["type"] for e in events]
         assert events[-1]["response"]["status_details"]["reason"] == "turn_detected"
     wait_idle(server)  # the socket is gone and so is the answer the VAD started after barge-in
+
+
+def test_official_sdk_transcriptions(server):
+    import io
+
+    import soundfile as sf
+
+    client = server.client()
+    wav = io.BytesIO()
+    sf.write(wav, synthetic_speech(1.0, rate=16000), 16000, format="WAV")
+    audio = ("speech.wav", wav.getvalue(), "audio/wav")
+    answer = client.audio.transcriptions.create(model="omni", file=audio, language="en", temperature=0)
+    assert answer.text and answer.usage.input_tokens > 0
+    assert client.audio.transcriptions.create(model="omni", file=audio, response_format="text",
+                                              temperature=0) == answer.text  # greedy: the same words
+    verbose = client.audio.transcriptions.create(model="omni", file=audio, response_format="verbose_json",
+                                                 timestamp_granularities=["segment"], temperature=0)
+    assert verbose.duration == 1.0 and verbose.segments[0].end == 1.0
+    events = list(client.audio.transcriptions.create(model="omni", file=audio, stream=True, temperature=0))
+    assert events[-1].type == "transcript.text.done" and events[-1].text == answer.text
+    assert "".join(e.delta for e in events[:-1]).strip() == answer.text
+    wait_idle(server)

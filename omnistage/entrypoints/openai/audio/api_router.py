@@ -1,5 +1,6 @@
 """Routes of the audio group. Handlers come from `app.state`: `speech_serving` (speech and
-its WebSocket stream), `voice_store` (voices) and `audio_generate_serving` (text -> sound)."""
+its WebSocket stream), `voice_store` (voices), `audio_generate_serving` (text -> sound) and
+`transcription_serving` (speech -> text)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,18 @@ from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket
 from fastapi.responses import Response, StreamingResponse
 
 from omnistage.entrypoints.openai.audio.generate import AudioGenerateServing
-from omnistage.entrypoints.openai.audio.protocol import AudioGenerateRequest, SpeechRequest, VoiceInfo, VoiceList
+from omnistage.entrypoints.openai.audio.protocol import (
+    AudioGenerateRequest,
+    SpeechRequest,
+    TranscriptionRequest,
+    VoiceInfo,
+    VoiceList,
+)
 from omnistage.entrypoints.openai.audio.serving import SpeechServing
 from omnistage.entrypoints.openai.audio.stream import SpeechStreamSession
+from omnistage.entrypoints.openai.audio.transcriptions import TranscriptionServing
 from omnistage.entrypoints.openai.audio.voices import VoiceStore
-from omnistage.entrypoints.openai.common import check_websocket_key, require_json
+from omnistage.entrypoints.openai.common import check_websocket_key, read_form, require_json, validate
 from omnistage.entrypoints.openai.errors import bad_request
 from omnistage.entrypoints.openai.json_body import JSONBodyRoute
 
@@ -46,6 +54,23 @@ async def generate_audio(body: AudioGenerateRequest, request: Request,
     answer = await handler.create(body, request)
     headers = {"x-sample-rate": str(answer.sample_rate), "x-audio-channels": str(answer.num_channels)}
     return Response(answer.body, media_type=answer.media_type, headers=headers)
+
+
+def transcription_serving(request: Request) -> TranscriptionServing:
+    return request.app.state.transcription_serving
+
+
+@router.post("/v1/audio/transcriptions", response_model=None)
+async def create_transcription(request: Request,
+                               handler: TranscriptionServing = Depends(transcription_serving)) -> Response:
+    form = await read_form(request, allow_urlencoded=False, file_fields=("file",))
+    uploads = form.files.get("file", [])
+    if len(uploads) != 1:
+        raise bad_request("file: send one audio file", param="file")
+    answer = await handler.create(validate(TranscriptionRequest, form.fields), uploads[0], request)
+    if isinstance(answer.body, str):
+        return Response(answer.body, media_type=answer.media_type)
+    return StreamingResponse(answer.body, media_type=answer.media_type)
 
 
 @router.post("/v1/audio/voices")

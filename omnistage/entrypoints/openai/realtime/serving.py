@@ -26,7 +26,7 @@ class RealtimeServing:
 
     async def check(self, model: str | None) -> None:
         """400 (as an error event) when this server cannot hold a realtime session for `model`."""
-        if not self.capabilities.serves("chat.audio"):
+        if not self.capabilities.serves("realtime"):
             raise bad_request(f"model {self.capabilities.model!r} does not answer in audio; /v1/realtime needs an "
                               "omni model (text and audio out)", code="unsupported_route")
         check_model(model, self.settings)

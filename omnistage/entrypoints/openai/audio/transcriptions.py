@@ -1,0 +1,134 @@
+"""Transcriptions: speech -> its text, by an omni model's thinker (POST /v1/audio/transcriptions).
+
+The upload is decoded within the server's input limits (media_inputs.py) and sent to the
+thinker alone (modalities ["text"]: no talker, no vocoder) as a user message of the
+audio and an instruction to transcribe it, in `language` when given, after `prompt` as
+context. Answers, by `response_format`:
+
+    json           {"text", "usage"}
+    text           the text
+    verbose_json   {"task", "language", "duration", "text", "segments", "usage"}
+    srt, vtt       subtitles
+
+The thinkers give no times: verbose_json, srt and vtt hold one segment, the whole clip.
+`stream: true` (json and text) sends SSE `transcript.text.delta` events, then
+`transcript.text.done` with the text and usage, as OpenAI's streamed transcriptions do.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.datastructures import UploadFile
+from starlette.requests import Request
+
+from omnistage.entrypoints.openai.audio.protocol import TranscriptionRequest
+from omnistage.entrypoints.openai.capabilities import Capabilities
+from omnistage.entrypoints.openai.common import check_model, read_upload
+from omnistage.entrypoints.openai.engine_client import (
+    EngineGateway,
+    RequestStream,
+    cancel_on_disconnect,
+    new_request_id,
+)
+from omnistage.entrypoints.openai.errors import APIError, bad_request
+from omnistage.entrypoints.openai.media_inputs import InputMedia
+from omnistage.entrypoints.openai.settings import ServerSettings
+from omnistage.entrypoints.openai.text_generation import completion_tokens, entry_sampling_params, prompt_tokens
+
+
+@dataclass
+class Transcript:
+    media_type: str
+    body: str | AsyncIterator[str]
+
+
+class TranscriptionServing:
+    def __init__(self, gateway: EngineGateway, capabilities: Capabilities, settings: ServerSettings):
+        self.gateway = gateway
+        self.capabilities = capabilities
+        self.settings = settings
+
+    async def create(self, body: TranscriptionRequest, upload: UploadFile, request: Request) -> Transcript:
+        self.capabilities.require("audio.transcriptions")
+        check_model(body.model, self.settings)
+        if body.stream and body.response_format not in ("json", "text"):
+            raise bad_request("response_format: a streamed transcription is json or text", param="response_format")
+        if body.timestamp_granularities is not None and body.response_format != "verbose_json":
+            raise bad_request("timestamp_granularities: needs response_format verbose_json",
+                              param="timestamp_granularities")
+        media: InputMedia = request.app.state.media
+        audio, rate = await media.audio(await read_upload(upload, "file"), "file")
+        params = entry_sampling_params({"temperature": body.temperature}, {}, fallback={"max_tokens": None})
+        entry = self.gateway.engine.spec.entry_stages[0].name
+        prompt = {"messages": [{"role": "user", "content": [
+            {"type": "audio", "audio": audio, "sample_rate": rate},
+            {"type": "text", "text": _instruction(body)}]}]}
+        request_id = new_request_id("transcript")
+        if body.stream:
+            stream = await self.gateway.open(prompt, {entry: params}, request_id, ("text",))
+            return Transcript("text/event-stream", _events(stream))
+
+        async def go() -> Any:
+            return await (await self.gateway.open(prompt, {entry: params}, request_id, ("text",))).collect()
+
+        final = await cancel_on_disconnect(request, go())  # a client that leaves aborts the request
+        return _answer(body, (final.text or "").strip(), len(audio) / rate, final)
+
+
+def _instruction(body: TranscriptionRequest) -> str:
+    language = f" in the language {body.language!r}" if body.language else ""
+    text = f"Transcribe the speech in this audio into text{language}. Answer with the transcript only."
+    if body.prompt:
+        text += f" It follows on from: {body.prompt}"
+    return text
+
+
+def _usage(out: Any) -> dict[str, Any]:
+    prompt, completion = prompt_tokens(out), completion_tokens(out)
+    return {"type": "tokens", "input_tokens": prompt, "output_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def _answer(body: TranscriptionRequest, text: str, seconds: float, final: Any) -> Transcript:
+    fmt = body.response_format
+    if fmt == "text":
+        return Transcript("text/plain", text)
+    if fmt == "json":
+        return Transcript("application/json", json.dumps({"text": text, "usage": _usage(final)}))
+    if fmt == "verbose_json":
+        segment = {"id": 0, "seek": 0, "start": 0.0, "end": round(seconds, 3), "text": text,
+                   "tokens": list(final.token_ids or []), "temperature": body.temperature}
+        return Transcript("application/json", json.dumps({
+            "task": "transcribe", "language": body.language or "unknown", "duration": round(seconds, 3),
+            "text": text, "segments": [segment], "usage": _usage(final)}))
+    if fmt == "srt":
+        return Transcript("text/plain", f"1\n{_clock(0, ',')} --> {_clock(seconds, ',')}\n{text}\n")
+    return Transcript("text/vtt", f"WEBVTT\n\n{_clock(0, '.')} --> {_clock(seconds, '.')}\n{text}\n")
+
+
+def _clock(seconds: float, mark: str) -> str:
+    """HH:MM:SS,mmm (SRT) or HH:MM:SS.mmm (WebVTT)."""
+    ms = int(round(seconds * 1000))
+    return f"{ms // 3_600_000:02d}:{ms // 60_000 % 60:02d}:{ms // 1000 % 60:02d}{mark}{ms % 1000:03d}"
+
+
+async def _events(stream: RequestStream) -> AsyncIterator[str]:
+    final = None
+    try:
+        async for out in stream:
+            if out.text_delta:
+                yield _sse({"type": "transcript.text.delta", "delta": out.text_delta})
+            if out.finished:
+                final = out
+        yield _sse({"type": "transcript.text.done", "text": (final.text or "").strip() if final else "",
+                    "usage": _usage(final)})
+    except APIError as e:
+        yield _sse(e.body())
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
