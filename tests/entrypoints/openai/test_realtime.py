@@ -233,3 +233,19 @@ def test_api_key_model_and_capability_are_checked_on_the_upgrade(app_client):
         with pytest.raises(WebSocketDisconnect) as closed:
             ws.receive_json()
         assert closed.value.code == 1008
+
+
+def test_a_stopping_server_closes_sessions_with_going_away(app_client):
+    client, engine = app_client("omni", step_delay=0.2)
+    with client.websocket_connect(URL) as ws:
+        open_session(ws)
+        ws.send_json({"type": "conversation.item.create",
+                      "item": {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}})
+        ws.send_json({"type": "response.create"})
+        response_id = until(ws, "response.created")[-1]["response"]["id"]
+        client.portal.call(client.app.state.gateway.drain_after, 0)
+        with pytest.raises(WebSocketDisconnect) as closed:
+            while True:
+                ws.receive_json()
+        assert closed.value.code == 1001
+    assert response_id in engine.aborted
