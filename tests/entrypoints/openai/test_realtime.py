@@ -249,3 +249,32 @@ def test_a_stopping_server_closes_sessions_with_going_away(app_client):
                 ws.receive_json()
         assert closed.value.code == 1001
     assert response_id in engine.aborted
+
+
+def test_items_are_retrieved_truncated_and_deleted(app_client):
+    client, engine = app_client("omni")
+    with client.websocket_connect(URL) as ws:
+        open_session(ws)
+        for text in ("First", "Second"):
+            ws.send_json({"type": "conversation.item.create",
+                          "item": {"id": text.lower(), "role": "user", "content": [{"type": "input_text", "text": text}]}})
+            until(ws, "conversation.item.done")
+        ws.send_json({"type": "response.create"})
+        answer = until(ws, "response.done")[-1]["response"]["output"][0]["id"]
+        ws.send_json({"type": "conversation.item.retrieve", "item_id": "first"})
+        assert ws.receive_json()["item"]["content"] == [{"type": "input_text", "text": "First"}]
+        ws.send_json({"type": "conversation.item.truncate", "item_id": "first", "content_index": 0,
+                      "audio_end_ms": 100})
+        assert ws.receive_json()["error"]["param"] == "content_index"
+        ws.send_json({"type": "conversation.item.truncate", "item_id": answer, "content_index": 0,
+                      "audio_end_ms": 100})
+        assert ws.receive_json()["type"] == "conversation.item.truncated"
+        ws.send_json({"type": "conversation.item.delete", "item_id": "first"})
+        assert ws.receive_json() | {"event_id": None} == {"type": "conversation.item.deleted", "item_id": "first",
+                                                         "event_id": None}
+        ws.send_json({"type": "conversation.item.delete", "item_id": "first"})
+        assert ws.receive_json()["error"]["param"] == "item_id"
+        ws.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
+        until(ws, "response.done")
+    # the second answer reads the second message only: the first was deleted, the truncated answer is unheard
+    assert engine.requests[1][0]["messages"] == [{"role": "user", "content": "Second"}]

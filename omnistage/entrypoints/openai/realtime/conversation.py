@@ -76,6 +76,16 @@ class Conversation:
     def has(self, item_id: str) -> bool:
         return any(item.id == item_id for item in self.items)
 
+    def get(self, item_id: str) -> Item:
+        """The item, or a KeyError."""
+        for item in self.items:
+            if item.id == item_id:
+                return item
+        raise KeyError(item_id)
+
+    def delete(self, item_id: str) -> None:
+        self.items.remove(self.get(item_id))
+
     def messages(self, instructions: str) -> list[dict[str, Any]]:
         """Chat messages for the model: the instructions as the system message, then the items."""
         out = [{"role": "system", "content": instructions}] if instructions else []

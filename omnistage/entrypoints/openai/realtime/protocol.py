@@ -141,6 +141,23 @@ class ItemCreate(_Event):
     item: MessageItem
 
 
+class ItemDelete(_Event):
+    type: Literal["conversation.item.delete"]
+    item_id: str
+
+
+class ItemRetrieve(_Event):
+    type: Literal["conversation.item.retrieve"]
+    item_id: str
+
+
+class ItemTruncate(_Event):
+    type: Literal["conversation.item.truncate"]
+    item_id: str
+    content_index: int = Field(ge=0)
+    audio_end_ms: int = Field(ge=0)
+
+
 class ResponseCreate(_Event):
     type: Literal["response.create"]
     response: ResponseConfig | None = None
@@ -151,9 +168,9 @@ class ResponseCancel(_Event):
     response_id: str | None = None
 
 
-EVENTS: dict[str, type[_Event]] = {e.model_fields["type"].annotation.__args__[0]: e for e in (
-    SessionUpdate, BufferAppend, BufferCommit, BufferClear, ItemCreate, ResponseCreate, ResponseCancel)}
-ClientEvent = Union[SessionUpdate, BufferAppend, BufferCommit, BufferClear, ItemCreate, ResponseCreate, ResponseCancel]
+ClientEvent = Union[SessionUpdate, BufferAppend, BufferCommit, BufferClear, ItemCreate, ItemDelete, ItemRetrieve,
+                    ItemTruncate, ResponseCreate, ResponseCancel]
+EVENTS: dict[str, type[_Event]] = {e.model_fields["type"].annotation.__args__[0]: e for e in ClientEvent.__args__}
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,9 @@ from omnistage.entrypoints.openai.realtime.protocol import (
     BufferCommit,
     ClientEvent,
     ItemCreate,
+    ItemDelete,
+    ItemRetrieve,
+    ItemTruncate,
     ResponseCancel,
     ResponseCreate,
     SessionSettings,
@@ -173,6 +176,8 @@ class RealtimeSession:
                 await self._send({"type": "input_audio_buffer.cleared"})
             elif isinstance(event, ItemCreate):
                 await self._create_item(event)
+            elif isinstance(event, (ItemDelete, ItemRetrieve, ItemTruncate)):
+                await self._edit_item(event)
             elif isinstance(event, ResponseCreate):
                 self._start_response(event)
             elif isinstance(event, ResponseCancel):
@@ -289,6 +294,29 @@ class RealtimeSession:
                 parts.append(Part("output_text" if spec.role == "assistant" else "input_text", c.text))
         item = Item(spec.role, parts, id=spec.id or new_id("item"))
         await self._added(item, self.conversation.insert(item, index))
+
+    async def _edit_item(self, event: ItemDelete | ItemRetrieve | ItemTruncate) -> None:
+        try:
+            item = self.conversation.get(event.item_id)
+        except KeyError:
+            raise bad_request(f"item_id: no item {event.item_id!r} in the conversation", param="item_id") from None
+        if isinstance(event, ItemRetrieve):
+            await self._send({"type": "conversation.item.retrieved", "item": item.as_openai()})
+            return
+        if self.response is not None and not self.response.task.done() and self.response.item is item:
+            raise bad_request("item_id: the item is being written by the running response", param="item_id")
+        if isinstance(event, ItemDelete):
+            self.conversation.delete(item.id)
+            await self._send({"type": "conversation.item.deleted", "item_id": item.id})
+            return
+        if item.role != "assistant" or event.content_index >= len(item.parts) or \
+                item.parts[event.content_index].type != "output_audio":
+            raise bad_request("content_index: truncate names an assistant item's audio part", param="content_index")
+        # The server keeps no assistant audio, only its words, and cannot tell which were heard
+        # before audio_end_ms: as OpenAI does, the transcript goes, so the model reads nothing unheard.
+        item.parts[event.content_index].text = ""
+        await self._send({"type": "conversation.item.truncated", "item_id": item.id,
+                          "content_index": event.content_index, "audio_end_ms": event.audio_end_ms})
 
     async def _added(self, item: Item, previous: str | None) -> None:
         await self._send({"type": "conversation.item.added", "previous_item_id": previous, "item": item.as_openai()})
