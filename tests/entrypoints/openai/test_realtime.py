@@ -278,3 +278,25 @@ def test_items_are_retrieved_truncated_and_deleted(app_client):
         until(ws, "response.done")
     # the second answer reads the second message only: the first was deleted, the truncated answer is unheard
     assert engine.requests[1][0]["messages"] == [{"role": "user", "content": "Second"}]
+
+
+def test_input_audio_transcription_of_a_committed_turn(app_client):
+    client, engine = app_client("omni")
+    tone = (0.3 * np.sin(np.arange(4800) * 2 * np.pi * 440 / 24000)).astype(np.float32)
+    with client.websocket_connect(URL) as ws:
+        open_session(ws)
+        ws.send_json({"type": "session.update", "session": {"audio": {"input": {"transcription": {"model": "gpt-4o"}}}}})
+        assert ws.receive_json()["error"]["param"] == "session.audio.input.transcription.model"
+        ws.send_json({"type": "session.update", "session": {"audio": {"input": {"transcription": {"language": "en"}}}}})
+        assert ws.receive_json()["session"]["audio"]["input"]["transcription"]["language"] == "en"
+        ws.send_json({"type": "input_audio_buffer.append", "audio": pcm(tone)})
+        ws.send_json({"type": "input_audio_buffer.commit"})
+        item_id = ws.receive_json()["item_id"]
+        events = until(ws, "conversation.item.input_audio_transcription.completed")
+        deltas = [e["delta"] for e in events if e["type"] == "conversation.item.input_audio_transcription.delta"]
+        assert "".join(deltas) == "Hello from the fake model." == events[-1]["transcript"]
+        assert events[-1]["item_id"] == item_id and events[-1]["usage"]["input_tokens"] == 7
+        ws.send_json({"type": "conversation.item.retrieve", "item_id": item_id})
+        assert ws.receive_json()["item"]["content"][0]["transcript"] == "Hello from the fake model."
+    prompt = engine.requests[0][0]["messages"][0]["content"]
+    assert prompt[0]["type"] == "audio" and "'en'" in prompt[1]["text"] and engine.modalities == [("text",)]

@@ -62,32 +62,35 @@ class TranscriptionServing:
                               param="timestamp_granularities")
         media: InputMedia = request.app.state.media
         audio, rate = await media.audio(await read_upload(upload, "file"), "file")
-        params = entry_sampling_params({"temperature": body.temperature}, {}, fallback={"max_tokens": None})
-        entry = self.gateway.engine.spec.entry_stages[0].name
-        prompt = {"messages": [{"role": "user", "content": [
-            {"type": "audio", "audio": audio, "sample_rate": rate},
-            {"type": "text", "text": _instruction(body)}]}]}
+        prompt, params = transcription_request(self.gateway, audio, rate, body.language, body.prompt,
+                                               body.temperature)
         request_id = new_request_id("transcript")
         if body.stream:
-            stream = await self.gateway.open(prompt, {entry: params}, request_id, ("text",))
+            stream = await self.gateway.open(prompt, params, request_id, ("text",))
             return Transcript("text/event-stream", _events(stream))
 
         async def go() -> Any:
-            return await (await self.gateway.open(prompt, {entry: params}, request_id, ("text",))).collect()
+            return await (await self.gateway.open(prompt, params, request_id, ("text",))).collect()
 
         final = await cancel_on_disconnect(request, go())  # a client that leaves aborts the request
         return _answer(body, (final.text or "").strip(), len(audio) / rate, final)
 
 
-def _instruction(body: TranscriptionRequest) -> str:
-    language = f" in the language {body.language!r}" if body.language else ""
-    text = f"Transcribe the speech in this audio into text{language}. Answer with the transcript only."
-    if body.prompt:
-        text += f" It follows on from: {body.prompt}"
-    return text
+def transcription_request(gateway: EngineGateway, audio: Any, rate: int, language: str | None = None,
+                          context: str | None = None, temperature: float = 0.0) -> tuple[dict, dict]:
+    """(prompt, params by stage) asking the thinker for the transcript of `audio` (also what a
+    realtime session's input transcription runs); the request is to want ("text",) only."""
+    language_part = f" in the language {language!r}" if language else ""
+    text = f"Transcribe the speech in this audio into text{language_part}. Answer with the transcript only."
+    if context:
+        text += f" It follows on from: {context}"
+    prompt = {"messages": [{"role": "user", "content": [
+        {"type": "audio", "audio": audio, "sample_rate": rate}, {"type": "text", "text": text}]}]}
+    params = entry_sampling_params({"temperature": temperature}, {}, fallback={"max_tokens": None})
+    return prompt, {gateway.engine.spec.entry_stages[0].name: params}
 
 
-def _usage(out: Any) -> dict[str, Any]:
+def usage(out: Any) -> dict[str, Any]:
     prompt, completion = prompt_tokens(out), completion_tokens(out)
     return {"type": "tokens", "input_tokens": prompt, "output_tokens": completion,
             "total_tokens": prompt + completion}
@@ -98,13 +101,13 @@ def _answer(body: TranscriptionRequest, text: str, seconds: float, final: Any) -
     if fmt == "text":
         return Transcript("text/plain", text)
     if fmt == "json":
-        return Transcript("application/json", json.dumps({"text": text, "usage": _usage(final)}))
+        return Transcript("application/json", json.dumps({"text": text, "usage": usage(final)}))
     if fmt == "verbose_json":
         segment = {"id": 0, "seek": 0, "start": 0.0, "end": round(seconds, 3), "text": text,
                    "tokens": list(final.token_ids or []), "temperature": body.temperature}
         return Transcript("application/json", json.dumps({
             "task": "transcribe", "language": body.language or "unknown", "duration": round(seconds, 3),
-            "text": text, "segments": [segment], "usage": _usage(final)}))
+            "text": text, "segments": [segment], "usage": usage(final)}))
     if fmt == "srt":
         return Transcript("text/plain", f"1\n{_clock(0, ',')} --> {_clock(seconds, ',')}\n{text}\n")
     return Transcript("text/vtt", f"WEBVTT\n\n{_clock(0, '.')} --> {_clock(seconds, '.')}\n{text}\n")
@@ -125,7 +128,7 @@ async def _events(stream: RequestStream) -> AsyncIterator[str]:
             if out.finished:
                 final = out
         yield _sse({"type": "transcript.text.done", "text": (final.text or "").strip() if final else "",
-                    "usage": _usage(final)})
+                    "usage": usage(final)})
     except APIError as e:
         yield _sse(e.body())
 

@@ -1,7 +1,7 @@
 """Client events of the Realtime protocol (GA names) and the session's settings.
 
 Fields the server does not implement are refused by name (`extra="forbid"`), never
-dropped: a client that asks for tools or input transcription learns it at once. The
+dropped: a client that asks for tools or noise reduction learns it at once. The
 beta protocol's flat session fields (`voice`, `input_audio_format`, `turn_detection`,
 `modalities`, ...) are read as their GA places (`SessionSettings.update`).
 """
@@ -42,10 +42,19 @@ class TurnDetection(_Strict):
     idle_timeout_ms: None = None
 
 
+class Transcription(_Strict):
+    """Transcribe each committed user turn (by the served model's thinker, as
+    POST /v1/audio/transcriptions does)."""
+
+    model: str | None = None
+    language: str | None = Field(None, min_length=2, max_length=16)
+    prompt: str | None = Field(None, max_length=4096)
+
+
 class InputAudio(_Strict):
     format: AudioFormat | None = None
     turn_detection: TurnDetection | None = None
-    transcription: None = None
+    transcription: Transcription | None = None
     noise_reduction: None = None
 
 
@@ -79,7 +88,7 @@ class SessionConfig(_Strict):
     input_audio_format: BetaFormatName | None = None
     output_audio_format: BetaFormatName | None = None
     turn_detection: TurnDetection | None = None
-    input_audio_transcription: None = None
+    input_audio_transcription: Transcription | None = None
 
 
 class ResponseConfig(_Strict):
@@ -186,6 +195,7 @@ class SessionSettings:
     turn_detection: TurnDetection | None = field(default_factory=lambda: TurnDetection(type="server_vad"))
     max_output_tokens: int | None = None
     temperature: float | None = None
+    transcription: Transcription | None = None
 
     def update(self, s: SessionConfig | ResponseConfig) -> SessionSettings:
         """These settings with the given fields of `s` over them (GA places first)."""
@@ -209,12 +219,16 @@ class SessionSettings:
                 changes["output_format"] = BETA_NAMES[s.output_audio_format]
             if "turn_detection" in given:
                 changes["turn_detection"] = s.turn_detection
+            if "input_audio_transcription" in given:
+                changes["transcription"] = s.input_audio_transcription
         audio = s.audio
         if audio is not None and audio.input is not None and isinstance(s, SessionConfig):
             if audio.input.format is not None:
                 changes["input_format"] = audio.input.format.type
             if "turn_detection" in audio.input.model_fields_set:
                 changes["turn_detection"] = audio.input.turn_detection
+            if "transcription" in audio.input.model_fields_set:
+                changes["transcription"] = audio.input.transcription
         if audio is not None and audio.output is not None:
             if audio.output.format is not None:
                 changes["output_format"] = audio.output.format.type
@@ -231,7 +245,8 @@ class SessionSettings:
             "type": "realtime", "object": "realtime.session", "model": self.model,
             "output_modalities": list(self.output_modalities), "instructions": self.instructions,
             "audio": {
-                "input": {"format": fmt(self.input_format), "transcription": None, "noise_reduction": None,
+                "input": {"format": fmt(self.input_format), "noise_reduction": None,
+                          "transcription": self.transcription.model_dump() if self.transcription else None,
                           "turn_detection": self.turn_detection.model_dump() if self.turn_detection else None},
                 "output": {"format": fmt(self.output_format), "voice": self.voice, "speed": 1.0},
             },

@@ -30,6 +30,7 @@ from omnistage.entrypoints.openai.engine_client import EngineGateway
 from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors, shutting_down
 from omnistage.entrypoints.openai.realtime import audio_format
 from omnistage.entrypoints.openai.realtime.conversation import Conversation, Item, Part, new_id
+from omnistage.entrypoints.openai.realtime.input_transcription import transcribe
 from omnistage.entrypoints.openai.realtime.protocol import (
     EVENTS,
     BufferAppend,
@@ -82,6 +83,7 @@ class RealtimeSession:
         self._turns_offset_ms = 0  # session time at which the turn detector started
         self._speech_item_id: str | None = None
         self._speech_start = 0
+        self._transcriptions: set[asyncio.Task] = set()
 
     async def run(self) -> None:
         await self.ws.accept()
@@ -103,6 +105,9 @@ class RealtimeSession:
             if self.response is not None:
                 self.response.cancel("client_cancelled")  # the client is gone: abort the engine request
                 await asyncio.gather(self.response.task, return_exceptions=True)
+            for task in self._transcriptions:
+                task.cancel()
+            await asyncio.gather(*self._transcriptions, return_exceptions=True)
 
     async def _session(self) -> None:
         try:
@@ -190,6 +195,11 @@ class RealtimeSession:
         if config.model is not None and config.model != self.settings.model:
             raise bad_request(f"session.model: this server serves {self.settings.model!r}", param="session.model")
         updated = self.settings.update(config)
+        if updated.transcription is not None and updated.transcription.model not in (None, self.settings.model):
+            where = ("session.input_audio_transcription.model" if config.input_audio_transcription is not None
+                     else "session.audio.input.transcription.model")
+            raise bad_request(f"{where}: the served model {self.settings.model!r} transcribes (or leave it out)",
+                              param=where)
         if updated.input_format != self.settings.input_format and self._buffer:
             raise bad_request("session.audio.input.format: cannot change while the input audio buffer holds "
                               "audio (clear or commit it first)", param="session.audio.input.format")
@@ -266,6 +276,16 @@ class RealtimeSession:
         previous = self.conversation.insert(item)
         await self._send({"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item.id})
         await self._added(item, previous)
+        if self.settings.transcription is not None:
+            task = asyncio.create_task(self._transcribe(item))
+            self._transcriptions.add(task)
+            task.add_done_callback(self._transcriptions.discard)
+
+    async def _transcribe(self, item: Item) -> None:
+        try:
+            await transcribe(self.gateway, item, self.settings.transcription, self._send)
+        except (WebSocketDisconnect, RuntimeError):  # the client went away
+            pass
 
     async def _create_item(self, event: ItemCreate) -> None:
         spec = event.item
