@@ -300,3 +300,33 @@ def test_input_audio_transcription_of_a_committed_turn(app_client):
         assert ws.receive_json()["item"]["content"][0]["transcript"] == "Hello from the fake model."
     prompt = engine.requests[0][0]["messages"][0]["content"]
     assert prompt[0]["type"] == "audio" and "'en'" in prompt[1]["text"] and engine.modalities == [("text",)]
+
+
+def test_the_reference_systems_variant_of_the_route(app_client):
+    """Clients of the reference system's own protocol (vLLM's, with vLLM-Omni's audio events):
+    told apart by what they send, answered in its events, two turns in one conversation."""
+    client, engine = app_client("omni")
+    speech = (np.full(8000, 0.1) * 32767).astype("<i2").tobytes()  # 0.5 s of PCM16 at 16 kHz
+    with client.websocket_connect(URL) as ws:
+        ws.receive_json()  # session.created
+        ws.send_json({"type": "session.update", "model": "fake-omni"})
+        for turn in range(2):
+            ws.send_json({"type": "input_audio_buffer.commit", "final": False})
+            ws.send_json({"type": "input_audio_buffer.append", "audio": b64(speech)})
+            ws.send_json({"type": "input_audio_buffer.commit", "final": True})
+            events = until(ws, "response.audio.done")
+            kinds = [e["type"] for e in events]
+            assert kinds.count("transcription.delta") == 5 and "transcription.done" in kinds
+            done = next(e for e in events if e["type"] == "transcription.done")
+            assert done["text"] == "Hello from the fake model." and done["usage"]["prompt_tokens"] == 7
+            audio = [e for e in events if e["type"] == "response.audio.delta"]
+            assert audio and all(e["format"] == "pcm16" and e["sample_rate_hz"] == 24000 for e in audio)
+            assert events[-1] | {"event_id": None} == {"type": "response.audio.done", "has_audio": True,
+                                                       "event_id": None}
+        ws.send_json({"type": "input_audio_buffer.commit", "final": True})  # nothing appended
+        error = ws.receive_json()
+        assert error["error"] == "no audio was appended since the last turn"  # the variant's flat error shape
+        assert error["code"] == "input_audio_buffer_commit_empty"
+    first, second = engine.requests[0][0]["messages"], engine.requests[1][0]["messages"]
+    assert first[0]["content"][0]["sample_rate"] == 16000 and len(first[0]["content"][0]["audio"]) == 8000
+    assert [m["role"] for m in second] == ["user", "assistant", "user"]  # the second turn hears the first

@@ -151,3 +151,24 @@ def test_official_sdk_transcriptions(server):
     assert events[-1].type == "transcript.text.done" and events[-1].text == answer.text
     assert "".join(e.delta for e in events[:-1]).strip() == answer.text
     wait_idle(server)
+
+
+def test_reference_variant_client(server):
+    """A client of the reference system's own variant (commit `final`, transcription.* and
+    response.audio.* events with sample_rate_hz), on the real model."""
+    url = server.url.replace("http", "ws") + "/v1/realtime"
+    speech = (synthetic_speech(0.5, rate=16000) * 32767).astype("<i2").tobytes()
+    with connect(url, additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.created"
+        ws.send(json.dumps({"type": "session.update", "model": "omni"}))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": False}))
+        ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(speech).decode()}))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit", "final": True}))
+        events = []
+        while not events or events[-1]["type"] != "response.audio.done":
+            events.append(json.loads(ws.recv(timeout=120)))
+    done = next(e for e in events if e["type"] == "transcription.done")
+    assert done["text"] == "".join(e["delta"] for e in events if e["type"] == "transcription.delta")
+    assert done["usage"]["prompt_tokens"] > 0 and events[-1]["has_audio"]
+    assert {e["sample_rate_hz"] for e in events if e["type"] == "response.audio.delta"} == {24000}
+    wait_idle(server)

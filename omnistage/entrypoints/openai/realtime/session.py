@@ -46,6 +46,12 @@ from omnistage.entrypoints.openai.realtime.protocol import (
     SessionSettings,
     SessionUpdate,
 )
+from omnistage.entrypoints.openai.realtime.reference_variant import (
+    INPUT_RATE,
+    ReferenceVariant,
+    error_event,
+    is_reference_event,
+)
 from omnistage.entrypoints.openai.realtime.response import ResponseRun
 from omnistage.entrypoints.openai.realtime.vad import VAD_RATE, SileroDetector, TurnDetector
 from omnistage.entrypoints.openai.settings import ServerSettings
@@ -84,6 +90,8 @@ class RealtimeSession:
         self._speech_item_id: str | None = None
         self._speech_start = 0
         self._transcriptions: set[asyncio.Task] = set()
+        self.variant: ReferenceVariant | None = None
+        """Set once the client speaks the reference system's variant (reference_variant.py)."""
 
     async def run(self) -> None:
         await self.ws.accept()
@@ -105,9 +113,10 @@ class RealtimeSession:
             if self.response is not None:
                 self.response.cancel("client_cancelled")  # the client is gone: abort the engine request
                 await asyncio.gather(self.response.task, return_exceptions=True)
-            for task in self._transcriptions:
-                task.cancel()
-            await asyncio.gather(*self._transcriptions, return_exceptions=True)
+            tasks = [*self._transcriptions, *([self.variant.task] if self.variant and self.variant.task else [])]
+            for task in tasks:
+                task.cancel()  # each closes its engine stream, which aborts the request
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _session(self) -> None:
         try:
@@ -138,6 +147,12 @@ class RealtimeSession:
             if not isinstance(raw, dict):
                 raise bad_request("an event must be a JSON object", code="invalid_event")
             client_event_id = raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
+            if self.variant is None and is_reference_event(raw):
+                self.variant = ReferenceVariant(self.gateway, self.settings.model, self.conversation, self._send)
+            if self.variant is not None:
+                await self.variant.handle(raw)
+                self._check_buffer(self.variant.buffered(), INPUT_RATE)
+                return None
             model = EVENTS.get(raw.get("type")) if isinstance(raw.get("type"), str) else None
             if model is None:
                 raise bad_request(f"type: unknown event type {raw.get('type')!r}; one of {sorted(EVENTS)}",
@@ -147,7 +162,10 @@ class RealtimeSession:
             except ValidationError as e:
                 raise from_validation_errors(e.errors()) from None
         except APIError as e:
-            await self._error(e, client_event_id)
+            if self.variant is not None:
+                await self._send(error_event(e))
+            else:
+                await self._error(e, client_event_id)
             return None
 
     async def _receive(self) -> dict[str, Any]:
@@ -158,7 +176,7 @@ class RealtimeSession:
                 done, _ = await asyncio.wait({receive}, timeout=self.limits.realtime_idle_timeout_s)
                 if done:
                     break
-                if self.response is None or self.response.task.done():
+                if not self._is_answering():
                     raise SessionLimit("idle_timeout", "no client event for "
                                        f"{self.limits.realtime_idle_timeout_s:g} s", POLICY_VIOLATION)
         finally:
@@ -167,6 +185,10 @@ class RealtimeSession:
         if message["type"] == "websocket.disconnect":
             raise WebSocketDisconnect(message.get("code", 1000))
         return message
+
+    def _is_answering(self) -> bool:
+        tasks = [self.response.task if self.response else None, self.variant.task if self.variant else None]
+        return any(task is not None and not task.done() for task in tasks)
 
     async def _handle(self, event: ClientEvent) -> None:
         try:
@@ -214,15 +236,17 @@ class RealtimeSession:
         except (binascii.Error, ValueError) as e:
             raise bad_request(f"audio: not base64 {self.settings.input_format} audio ({e})", param="audio") from None
         rate = audio_format.RATES[self.settings.input_format]
-        buffered = sum(len(a) for a in self._buffer) + len(audio)
-        if buffered > self.limits.realtime_max_buffer_s * rate:
-            raise SessionLimit("input_audio_buffer_too_large", "the input audio buffer holds more than "
-                               f"{self.limits.realtime_max_buffer_s:g} s of audio", MESSAGE_TOO_BIG)
+        self._check_buffer(sum(len(a) for a in self._buffer) + len(audio), rate)
         self._buffer.append(audio)
         self._num_samples += len(audio)
         if self.settings.turn_detection is not None:
             for vad in await asyncio.to_thread(self._detect, audio, rate):
                 await self._on_vad(vad.kind, vad.ms, rate)
+
+    def _check_buffer(self, num_samples: int, rate: int) -> None:
+        if num_samples > self.limits.realtime_max_buffer_s * rate:
+            raise SessionLimit("input_audio_buffer_too_large", "the input audio buffer holds more than "
+                               f"{self.limits.realtime_max_buffer_s:g} s of audio", MESSAGE_TOO_BIG)
 
     def _detect(self, audio: np.ndarray, rate: int) -> list:
         """VAD events in the newly appended audio (in a worker thread: the model is ~1 ms a window)."""
