@@ -18,7 +18,8 @@ build an app around any engine client. What a request can reach:
     /v1/audio/speech        audio/        (models with audio output; also /v1/audio/voices
                                            and the WebSocket /v1/audio/speech/stream)
     /v1/audio/generate      audio/        (diffusion models with audio output: text -> sound)
-    /v1/audio/transcriptions audio/       (omni models: speech -> text, by the thinker)
+    /v1/audio/transcriptions audio/       (omni models: speech -> text, by the thinker; and
+                                           /v1/audio/translations: speech -> English text)
     /v1/realtime            realtime/     (WebSocket, OpenAI's Realtime protocol: omni models, voice in and out)
 
 Every /v1 route needs the API key when one is set, and so do /openapi.json, /docs and

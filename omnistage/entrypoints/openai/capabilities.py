@@ -18,8 +18,8 @@ from omnistage.entrypoints.openai.errors import bad_request
 
 logger = logging.getLogger(__name__)
 
-Task = Literal["images.generations", "images.edits", "videos", "chat", "chat.audio", "responses", "completions", "audio.speech",
-               "audio.generate", "audio.transcriptions", "realtime"]
+Task = Literal["images.generations", "images.edits", "videos", "chat", "chat.audio", "responses", "completions",
+               "audio.speech", "audio.generate", "audio.transcriptions", "audio.translations", "realtime"]
 ImageInput = Literal["none", "required", "optional"]
 
 ROUTES: dict[str, str] = {
@@ -32,6 +32,7 @@ ROUTES: dict[str, str] = {
     "audio.speech": "POST /v1/audio/speech",
     "audio.generate": "POST /v1/audio/generate",
     "audio.transcriptions": "POST /v1/audio/transcriptions",
+    "audio.translations": "POST /v1/audio/translations",
     "realtime": "WS /v1/realtime",
 }
 
@@ -61,7 +62,7 @@ class Capabilities:
             return "video" in self.outputs
         if task in ("chat", "responses"):  # Responses runs on the chat path
             return bool({"text", "image"} & self.outputs)
-        if task in ("chat.audio", "realtime", "audio.transcriptions"):
+        if task in ("chat.audio", "realtime", "audio.transcriptions", "audio.translations"):
             # Voice sessions and transcriptions run on the omni models (text and audio out; their
             # thinkers hear audio). A text-only ASR family would widen transcriptions.
             return {"text", "audio"} <= self.outputs

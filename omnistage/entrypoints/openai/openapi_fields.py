@@ -125,6 +125,13 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
         "stream": ("SSE `transcript.text.delta` events, then `transcript.text.done` (json and text only).", False),
         "timestamp_granularities": ("Only `segment`, with `verbose_json`.", "segment"),
     },
+    "TranslationRequest": {
+        "file": ("The audio to translate into English (any format soundfile or PyAV reads).", None),
+        "prompt": ("English text the audio follows on from, given to the model as context.", None),
+        "response_format": ("`json` (`text`, `usage`), `text`, `verbose_json` (one segment: the whole clip), "
+                            "`srt` or `vtt`.", "json"),
+        "temperature": ("Sampling temperature of the thinker (0: greedy).", 0.0),
+    },
     "ImageEditRequest": {
         "prompt": ("The edit to make.", "make it blue"),
         "response_format": ("`b64_json` or `url` (a `/files/...` link that expires after `--file-ttl`).", "b64_json"),
@@ -282,6 +289,7 @@ _VIDEO = ("omnistage.entrypoints.openai.videos.protocol:VideoCreateRequest", ("i
 FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "/v1/images/edits": _IMAGE_EDIT, "/v1/videos": _VIDEO, "/v1/videos/sync": _VIDEO,
     "/v1/audio/transcriptions": ("omnistage.entrypoints.openai.audio.protocol:TranscriptionRequest", ("file",)),
+    "/v1/audio/translations": ("omnistage.entrypoints.openai.audio.protocol:TranslationRequest", ("file",)),
 }
 VOICE_UPLOAD: dict[str, Any] = {
     "title": "VoiceUpload", "type": "object", "required": ["name", "audio_sample"],
@@ -344,7 +352,7 @@ def _is_request(schema_name: str) -> bool:
     return schema_name in FIELDS or schema_name in REQUEST_SCHEMAS
 
 
-REQUEST_SCHEMAS = {"ImageGenerationRequest", "ImageEditRequest", "TranscriptionRequest", "VideoCreateRequest", "VoiceUpload", "ChatCompletionRequest", "CompletionRequest", "SpeechRequest",
+REQUEST_SCHEMAS = {"ImageGenerationRequest", "ImageEditRequest", "TranscriptionRequest", "TranslationRequest", "VideoCreateRequest", "VoiceUpload", "ChatCompletionRequest", "CompletionRequest", "SpeechRequest",
                    "AudioGenerateRequest", "ChatMessage", "TextPart", "ImagePart", "ImageURL", "InputAudioPart",
                    "InputAudio", "AudioURLPart", "AudioURL", "VideoURLPart", "VideoURL", "ToolCallItem",
                    "FunctionCall", "StreamOptions", "AudioOptions", "MMProcessorKwargs", "ResponseFormat",

@@ -67,3 +67,16 @@ def test_bad_requests_name_the_field(app_client):
     text_client, _ = app_client("text")
     answer = post(text_client)
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "unsupported_route"
+
+
+def test_translation_asks_for_english_and_takes_no_language(app_client):
+    client, engine = app_client("omni")
+    answer = client.post("/v1/audio/translations", files={"file": ("a.wav", wav(), "audio/wav")},
+                         data={"response_format": "verbose_json", "prompt": "Earlier words."})
+    assert answer.status_code == 200
+    assert answer.json()["task"] == "translate" and answer.json()["language"] == "english"
+    instruction = engine.requests[0][0]["messages"][0]["content"][1]["text"]
+    assert instruction.startswith("Translate the speech in this audio into English") and "Earlier words." in instruction
+    answer = client.post("/v1/audio/translations", files={"file": ("a.wav", wav(), "audio/wav")},
+                         data={"language": "de"})
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "language"

@@ -110,8 +110,8 @@ def test_a_bad_event_gets_an_error_naming_the_field_and_the_session_goes_on(app_
     client, _ = app_client("omni")
     with client.websocket_connect(URL) as ws:
         open_session(ws)
-        bad = [({"type": "session.update", "event_id": "e1",
-                 "session": {"audio": {"input": {"format": {"type": "audio/wav"}}}}}, "session.audio.input.format.type"),
+        wav_format = {"audio": {"input": {"format": {"type": "audio/wav"}}}}
+        bad = [({"type": "session.update", "event_id": "e1", "session": wav_format}, "session.audio.input.format.type"),
                ({"type": "input_audio_buffer.append", "audio": "not base64!"}, "audio"),
                ({"type": "session.update", "session": {"tools": [{"type": "function"}]}}, "session.tools"),
                ({"type": "nonsense"}, "type"),
@@ -256,8 +256,9 @@ def test_items_are_retrieved_truncated_and_deleted(app_client):
     with client.websocket_connect(URL) as ws:
         open_session(ws)
         for text in ("First", "Second"):
+            content = [{"type": "input_text", "text": text}]
             ws.send_json({"type": "conversation.item.create",
-                          "item": {"id": text.lower(), "role": "user", "content": [{"type": "input_text", "text": text}]}})
+                          "item": {"id": text.lower(), "role": "user", "content": content}})
             until(ws, "conversation.item.done")
         ws.send_json({"type": "response.create"})
         answer = until(ws, "response.done")[-1]["response"]["output"][0]["id"]
@@ -285,7 +286,8 @@ def test_input_audio_transcription_of_a_committed_turn(app_client):
     tone = (0.3 * np.sin(np.arange(4800) * 2 * np.pi * 440 / 24000)).astype(np.float32)
     with client.websocket_connect(URL) as ws:
         open_session(ws)
-        ws.send_json({"type": "session.update", "session": {"audio": {"input": {"transcription": {"model": "gpt-4o"}}}}})
+        other_model = {"audio": {"input": {"transcription": {"model": "gpt-4o"}}}}
+        ws.send_json({"type": "session.update", "session": other_model})
         assert ws.receive_json()["error"]["param"] == "session.audio.input.transcription.model"
         ws.send_json({"type": "session.update", "session": {"audio": {"input": {"transcription": {"language": "en"}}}}})
         assert ws.receive_json()["session"]["audio"]["input"]["transcription"]["language"] == "en"

@@ -131,7 +131,7 @@ def test_websockets_client_server_vad_answer_and_barge_in(server):
     wait_idle(server)  # the socket is gone and so is the answer the VAD started after barge-in
 
 
-def test_official_sdk_transcriptions(server):
+def test_official_sdk_transcriptions_and_translations(server):
     import io
 
     import soundfile as sf
@@ -150,6 +150,8 @@ def test_official_sdk_transcriptions(server):
     events = list(client.audio.transcriptions.create(model="omni", file=audio, stream=True, temperature=0))
     assert events[-1].type == "transcript.text.done" and events[-1].text == answer.text
     assert "".join(e.delta for e in events[:-1]).strip() == answer.text
+    translation = client.audio.translations.create(model="omni", file=audio, response_format="verbose_json")
+    assert translation.text and translation.duration == 1.0
     wait_idle(server)
 
 

@@ -12,6 +12,7 @@ from omnistage.entrypoints.openai.audio.protocol import (
     AudioGenerateRequest,
     SpeechRequest,
     TranscriptionRequest,
+    TranslationRequest,
     VoiceInfo,
     VoiceList,
 )
@@ -63,11 +64,21 @@ def transcription_serving(request: Request) -> TranscriptionServing:
 @router.post("/v1/audio/transcriptions", response_model=None)
 async def create_transcription(request: Request,
                                handler: TranscriptionServing = Depends(transcription_serving)) -> Response:
+    return await _speech_to_text(request, handler, TranscriptionRequest)
+
+
+@router.post("/v1/audio/translations", response_model=None)
+async def create_translation(request: Request,
+                             handler: TranscriptionServing = Depends(transcription_serving)) -> Response:
+    return await _speech_to_text(request, handler, TranslationRequest)
+
+
+async def _speech_to_text(request: Request, handler: TranscriptionServing, model: type) -> Response:
     form = await read_form(request, allow_urlencoded=False, file_fields=("file",))
     uploads = form.files.get("file", [])
     if len(uploads) != 1:
         raise bad_request("file: send one audio file", param="file")
-    answer = await handler.create(validate(TranscriptionRequest, form.fields), uploads[0], request)
+    answer = await handler.create(validate(model, form.fields), uploads[0], request)
     if isinstance(answer.body, str):
         return Response(answer.body, media_type=answer.media_type)
     return StreamingResponse(answer.body, media_type=answer.media_type)

@@ -119,3 +119,15 @@ class TranscriptionRequest(BaseModel):
     stream: bool = False
     timestamp_granularities: Literal["segment"] | None = None
     """Only "segment": the omni thinkers give no word times (their one segment is the clip)."""
+
+
+class TranslationRequest(BaseModel):
+    """The text fields of POST /v1/audio/translations: speech in any language -> English text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: str | None = Field(default=None, max_length=4096)
+    """English text the audio follows on from, given to the model as context."""
+    response_format: TranscriptionFormat = "json"
+    temperature: float = Field(default=0.0, ge=0.0, le=1.0)

@@ -1,4 +1,5 @@
-"""Transcriptions: speech -> its text, by an omni model's thinker (POST /v1/audio/transcriptions).
+"""Transcriptions: speech -> its text, by an omni model's thinker (POST /v1/audio/transcriptions),
+and translations: speech in any language -> English text (POST /v1/audio/translations).
 
 The upload is decoded within the server's input limits (media_inputs.py) and sent to the
 thinker alone (modalities ["text"]: no talker, no vocoder) as a user message of the
@@ -10,6 +11,8 @@ context. Answers, by `response_format`:
     verbose_json   {"task", "language", "duration", "text", "segments", "usage"}
     srt, vtt       subtitles
 
+A translation is the same request with an instruction to answer in English, and takes no
+`language`, `stream` or `timestamp_granularities` (as OpenAI's).
 The thinkers give no times: verbose_json, srt and vtt hold one segment, the whole clip.
 `stream: true` (json and text) sends SSE `transcript.text.delta` events, then
 `transcript.text.done` with the text and usage, as OpenAI's streamed transcriptions do.
@@ -25,7 +28,7 @@ from typing import Any
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
-from omnistage.entrypoints.openai.audio.protocol import TranscriptionRequest
+from omnistage.entrypoints.openai.audio.protocol import TranscriptionRequest, TranslationRequest
 from omnistage.entrypoints.openai.capabilities import Capabilities
 from omnistage.entrypoints.openai.common import check_model, read_upload
 from omnistage.entrypoints.openai.engine_client import (
@@ -52,20 +55,24 @@ class TranscriptionServing:
         self.capabilities = capabilities
         self.settings = settings
 
-    async def create(self, body: TranscriptionRequest, upload: UploadFile, request: Request) -> Transcript:
-        self.capabilities.require("audio.transcriptions")
+    async def create(self, body: TranscriptionRequest | TranslationRequest, upload: UploadFile,
+                     request: Request) -> Transcript:
+        translate = isinstance(body, TranslationRequest)
+        self.capabilities.require("audio.translations" if translate else "audio.transcriptions")
         check_model(body.model, self.settings)
-        if body.stream and body.response_format not in ("json", "text"):
-            raise bad_request("response_format: a streamed transcription is json or text", param="response_format")
-        if body.timestamp_granularities is not None and body.response_format != "verbose_json":
-            raise bad_request("timestamp_granularities: needs response_format verbose_json",
-                              param="timestamp_granularities")
+        if not translate:
+            if body.stream and body.response_format not in ("json", "text"):
+                raise bad_request("response_format: a streamed transcription is json or text",
+                                  param="response_format")
+            if body.timestamp_granularities is not None and body.response_format != "verbose_json":
+                raise bad_request("timestamp_granularities: needs response_format verbose_json",
+                                  param="timestamp_granularities")
         media: InputMedia = request.app.state.media
         audio, rate = await media.audio(await read_upload(upload, "file"), "file")
-        prompt, params = transcription_request(self.gateway, audio, rate, body.language, body.prompt,
-                                               body.temperature)
-        request_id = new_request_id("transcript")
-        if body.stream:
+        prompt, params = transcription_request(self.gateway, audio, rate, None if translate else body.language,
+                                               body.prompt, body.temperature, translate=translate)
+        request_id = new_request_id("translation" if translate else "transcript")
+        if not translate and body.stream:
             stream = await self.gateway.open(prompt, params, request_id, ("text",))
             return Transcript("text/event-stream", _events(stream))
 
@@ -77,11 +84,16 @@ class TranscriptionServing:
 
 
 def transcription_request(gateway: EngineGateway, audio: Any, rate: int, language: str | None = None,
-                          context: str | None = None, temperature: float = 0.0) -> tuple[dict, dict]:
+                          context: str | None = None, temperature: float = 0.0,
+                          translate: bool = False) -> tuple[dict, dict]:
     """(prompt, params by stage) asking the thinker for the transcript of `audio` (also what a
-    realtime session's input transcription runs); the request is to want ("text",) only."""
-    language_part = f" in the language {language!r}" if language else ""
-    text = f"Transcribe the speech in this audio into text{language_part}. Answer with the transcript only."
+    realtime session's input transcription runs), or with `translate` for its English
+    translation; the request is to want ("text",) only."""
+    if translate:
+        text = "Translate the speech in this audio into English text. Answer with the translation only."
+    else:
+        language_part = f" in the language {language!r}" if language else ""
+        text = f"Transcribe the speech in this audio into text{language_part}. Answer with the transcript only."
     if context:
         text += f" It follows on from: {context}"
     prompt = {"messages": [{"role": "user", "content": [
@@ -96,7 +108,7 @@ def usage(out: Any) -> dict[str, Any]:
             "total_tokens": prompt + completion}
 
 
-def _answer(body: TranscriptionRequest, text: str, seconds: float, final: Any) -> Transcript:
+def _answer(body: TranscriptionRequest | TranslationRequest, text: str, seconds: float, final: Any) -> Transcript:
     fmt = body.response_format
     if fmt == "text":
         return Transcript("text/plain", text)
@@ -105,8 +117,10 @@ def _answer(body: TranscriptionRequest, text: str, seconds: float, final: Any) -
     if fmt == "verbose_json":
         segment = {"id": 0, "seek": 0, "start": 0.0, "end": round(seconds, 3), "text": text,
                    "tokens": list(final.token_ids or []), "temperature": body.temperature}
+        translate = isinstance(body, TranslationRequest)
+        language = "english" if translate else body.language or "unknown"
         return Transcript("application/json", json.dumps({
-            "task": "transcribe", "language": body.language or "unknown", "duration": round(seconds, 3),
+            "task": "translate" if translate else "transcribe", "language": language, "duration": round(seconds, 3),
             "text": text, "segments": [segment], "usage": usage(final)}))
     if fmt == "srt":
         return Transcript("text/plain", f"1\n{_clock(0, ',')} --> {_clock(seconds, ',')}\n{text}\n")
