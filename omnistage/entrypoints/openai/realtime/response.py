@@ -28,7 +28,12 @@ from omnistage.entrypoints.openai.errors import APIError
 from omnistage.entrypoints.openai.realtime import audio_format
 from omnistage.entrypoints.openai.realtime.conversation import Conversation, Item, Part, new_id
 from omnistage.entrypoints.openai.realtime.protocol import SessionSettings
-from omnistage.entrypoints.openai.text_generation import completion_tokens, entry_sampling_params, prompt_tokens
+from omnistage.entrypoints.openai.text_generation import (
+    cached_tokens,
+    completion_tokens,
+    entry_sampling_params,
+    prompt_tokens,
+)
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
@@ -151,8 +156,11 @@ class ResponseRun:
         usage = None
         if done:
             prompt, completion = prompt_tokens(self._final), completion_tokens(self._final)
+            # Prompts with audio are never prefix-cached (their placeholder ids stand for the audio,
+            # see the thinker's is_token_reproducible), so this is 0 on audio turns.
+            cached = cached_tokens(self._final, self.gateway.engine.spec.entry_stages[0].name)
             usage = {"total_tokens": prompt + completion, "input_tokens": prompt, "output_tokens": completion,
-                     "input_token_details": {"cached_tokens": 0}, "output_token_details": {}}
+                     "input_token_details": {"cached_tokens": cached}, "output_token_details": {}}
         return {"id": self.id, "object": "realtime.response", "status": status, "status_details": details,
                 "output": [self.item.as_openai()] if done else [], "conversation_id": None,
                 "output_modalities": list(s.output_modalities), "max_output_tokens": s.max_output_tokens or "inf",
