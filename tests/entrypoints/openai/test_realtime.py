@@ -332,3 +332,19 @@ def test_the_reference_systems_variant_of_the_route(app_client):
     first, second = engine.requests[0][0]["messages"], engine.requests[1][0]["messages"]
     assert first[0]["content"][0]["sample_rate"] == 16000 and len(first[0]["content"][0]["audio"]) == 8000
     assert [m["role"] for m in second] == ["user", "assistant", "user"]  # the second turn hears the first
+
+
+def test_sessions_keep_their_own_conversations(app_client):
+    client, engine = app_client("omni", step_delay=0.05)
+    with client.websocket_connect(URL) as one, client.websocket_connect(URL) as two:
+        for ws, text in ((one, "From one"), (two, "From two")):
+            open_session(ws)
+            ws.send_json({"type": "conversation.item.create",
+                          "item": {"role": "user", "content": [{"type": "input_text", "text": text}]}})
+            until(ws, "conversation.item.done")
+        one.send_json({"type": "response.create"})
+        two.send_json({"type": "response.create"})  # both answers run at once
+        done = [until(ws, "response.done")[-1]["response"] for ws in (one, two)]
+    assert [d["status"] for d in done] == ["completed", "completed"] and done[0]["id"] != done[1]["id"]
+    prompts = sorted(str(request[0]["messages"]) for request in engine.requests)
+    assert "From one" in prompts[0] and "From two" not in prompts[0] and "From one" not in prompts[1]
