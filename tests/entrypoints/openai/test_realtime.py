@@ -225,6 +225,13 @@ def test_api_key_model_and_capability_are_checked_on_the_upgrade(app_client):
     assert refused.value.code == 1008
     with client.websocket_connect(URL, headers={"authorization": "Bearer k3y"}) as ws:
         open_session(ws, None)
+    # a browser sends the key as a subprotocol (it cannot set headers), and gets `realtime` back
+    with client.websocket_connect(URL, subprotocols=["realtime", "openai-insecure-api-key.k3y"]) as ws:
+        assert ws.accepted_subprotocol == "realtime"
+        open_session(ws, None)
+    with pytest.raises(WebSocketDisconnect):
+        with client.websocket_connect(URL, subprotocols=["realtime", "openai-insecure-api-key.nope"]) as ws:
+            ws.receive_json()
     with client.websocket_connect("/v1/realtime?model=other", headers={"authorization": "Bearer k3y"}) as ws:
         assert ws.receive_json()["error"]["param"] == "model"
     text_client, _ = app_client("text")

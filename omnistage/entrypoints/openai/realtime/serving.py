@@ -8,7 +8,7 @@ import asyncio
 from starlette.websockets import WebSocket
 
 from omnistage.entrypoints.openai.capabilities import Capabilities, media_inputs
-from omnistage.entrypoints.openai.common import check_model
+from omnistage.entrypoints.openai.common import accepted_subprotocol, check_model
 from omnistage.entrypoints.openai.engine_client import EngineGateway
 from omnistage.entrypoints.openai.errors import APIError, bad_request
 from omnistage.entrypoints.openai.realtime.session import POLICY_VIOLATION, RealtimeSession
@@ -39,7 +39,7 @@ class RealtimeServing:
         try:
             await self.check(model)
         except APIError as e:
-            await websocket.accept()
+            await websocket.accept(subprotocol=accepted_subprotocol(websocket))
             await websocket.send_json({"type": "error", "error": {"type": e.type, "code": e.code,
                                                                   "message": e.message, "param": e.param}})
             await websocket.close(code=POLICY_VIOLATION)

@@ -26,6 +26,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from omnistage.entrypoints.openai import json_body
 from omnistage.entrypoints.openai.audio.stream import GOING_AWAY
+from omnistage.entrypoints.openai.common import accepted_subprotocol
 from omnistage.entrypoints.openai.engine_client import EngineGateway
 from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors, shutting_down
 from omnistage.entrypoints.openai.realtime import audio_format
@@ -94,7 +95,7 @@ class RealtimeSession:
         """Set once the client speaks the reference system's variant (reference_variant.py)."""
 
     async def run(self) -> None:
-        await self.ws.accept()
+        await self.ws.accept(subprotocol=accepted_subprotocol(self.ws))
         session = asyncio.create_task(self._session())
         drained = self.gateway.drained
         expiry = asyncio.ensure_future(asyncio.sleep(self.limits.realtime_max_session_s))
