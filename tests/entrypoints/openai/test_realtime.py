@@ -355,3 +355,25 @@ def test_sessions_keep_their_own_conversations(app_client):
     assert [d["status"] for d in done] == ["completed", "completed"] and done[0]["id"] != done[1]["id"]
     prompts = sorted(str(request[0]["messages"]) for request in engine.requests)
     assert "From one" in prompts[0] and "From two" not in prompts[0] and "From one" not in prompts[1]
+
+
+def test_an_engine_refusal_fails_the_response_and_the_session_goes_on(app_client):
+    client, engine = app_client("omni")
+    real_generate = engine.generate
+
+    async def too_long(prompt, params=None, request_id=None, *, modalities=None):
+        raise ValueError("prompt: 5000 tokens do not fit max_model_len 4096")
+        yield  # an async generator, as AsyncOmni.generate
+
+    engine.generate = too_long
+    with client.websocket_connect(URL) as ws:
+        open_session(ws)
+        ws.send_json({"type": "conversation.item.create",
+                      "item": {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}})
+        ws.send_json({"type": "response.create"})
+        done = until(ws, "response.done")[-1]["response"]
+        assert done["status"] == "failed" and "max_model_len" in done["status_details"]["error"]["message"]
+        engine.generate = real_generate
+        ws.send_json({"type": "response.create"})
+        assert until(ws, "response.done")[-1]["response"]["status"] == "completed"
+    assert client.app.state.gateway.num_admitted == 0
