@@ -12,7 +12,9 @@ tokens, talker at 32 codes, greedy, so every answer does the same engine work). 
   Goal: realtime <= 0.5x of chat (it would need the audio in the thinker before the
   speech ends: streamed input, not done yet, so the goal is expected to be missed);
 - barge-in: once the answer's first audio arrives, 1 s of voice is appended; from the
-  `speech_started` event to `response.done` (cancelled), and the audio sent in between.
+  `speech_started` event to `response.done` (cancelled), and the audio sent in between;
+- 8 sessions at once, one turn each: a stall is a gap between two audio deltas longer
+  than the audio the client already had ahead of playback (its player would run dry).
 
     .venv/bin/python benchmarks/bench_realtime.py [--size tiny] [--turns 20] [--no-write]
 """
@@ -45,11 +47,14 @@ NOTE = (
     'between `speech_stopped` and the engine request (`input_audio_buffer.committed` and `response.created` '
     'follow within it; timed by hand on the same server). What remains is the thinker, talker and first '
     'vocoder chunk, as in chat; the realtime session also runs the VAD on the audio still arriving, on the '
-    'same 2 cores. The run was on a machine shared with other jobs (load about 4 on 2 cores), so the p50 '
-    'difference between the two is within its noise; rerun on a quiet machine. Barge-in is counted on the '
-    "server's side: the answer is cancelled before `speech_started` is sent, so no audio follows it; how soon"
-    ' the engine stops the aborted request is not timed here. 8 concurrent sessions (stalls) and the small '
-    'model are not measured yet.')
+    'same cores. The machine was shared with other jobs (see the load average), so the difference between the'
+    " two p50s is within its noise; rerun on a quiet machine. Barge-in is counted on the server's side: the "
+    'answer is cancelled before `speech_started` is sent, so no audio follows it; how soon the engine stops '
+    'the aborted request is not timed here. **8 sessions at once stall** on 2 CPU cores: with 8 answers '
+    "batched, each answer's audio ran dry once (a later chunk came after the audio before it had played out; "
+    'the goal, no stall, is missed here). Three runs of the turn-latency table on this shared machine gave '
+    '1.38x, 1.05x and 0.87x at p50. The small model and a transcription real-time factor are not measured '
+    'yet.')
 """What the numbers mean (written under the table; edit it when a rerun changes the picture)."""
 
 
@@ -73,7 +78,7 @@ def session(url: str, barge_in: bool) -> dict:
             "type": "server_vad", "silence_duration_ms": 200}}}}}))
         for message in appends(voice()):
             ws.send(message)
-        seen: dict = {"after_barge_in_bytes": 0}
+        seen: dict = {"after_barge_in_bytes": 0, "deltas": []}
         while True:
             event = json.loads(ws.recv(timeout=300))
             now, kind = time.perf_counter(), event["type"]
@@ -81,6 +86,7 @@ def session(url: str, barge_in: bool) -> dict:
                 seen["stopped"] = now
             elif kind == "response.output_audio.delta":
                 seen.setdefault("first_audio", now)
+                seen["deltas"].append((now, len(base64.b64decode(event["delta"])) / 2 / 24000))
                 if "barge_in" in seen:
                     seen["after_barge_in_bytes"] += len(base64.b64decode(event["delta"]))
                 elif barge_in and "sent_barge_in" not in seen:
@@ -92,6 +98,26 @@ def session(url: str, barge_in: bool) -> dict:
             elif kind == "response.done":
                 seen["done"], seen["status"] = now, event["response"]["status"]
                 return seen
+
+
+def stalls(deltas: list[tuple[float, float]]) -> int:
+    """Gaps between audio deltas longer than the audio the client had ahead of playback
+    (playback starting at the first delta)."""
+    count, received = 0, 0.0
+    start = deltas[0][0] if deltas else 0.0
+    for (t_prev, seconds), (t_next, _) in zip(deltas, deltas[1:]):
+        received += seconds
+        ahead = received - (t_prev - start)
+        if t_next - t_prev > ahead:
+            count += 1
+    return count
+
+
+def concurrent(url: str, num_sessions: int) -> list[dict]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(num_sessions) as pool:
+        return list(pool.map(lambda _: session(url, False), range(num_sessions)))
 
 
 def chat(client: httpx.Client) -> float:
@@ -118,7 +144,7 @@ def bench(size: str, turns: int) -> dict:
 
     path = str(ensure("qwen2.5-omni", size=size, cache_dir=ROOT / ".omnistage-cache" / "zoo"))
     proc, url = start_server(path, "--stage-overrides", json.dumps(OVERRIDES))
-    realtime, chats, barge = [], [], []
+    realtime, chats, barge, together = [], [], [], []
     try:
         with httpx.Client(base_url=url, timeout=300) as client:
             session(url, False), chat(client)  # warm-up
@@ -133,10 +159,11 @@ def bench(size: str, turns: int) -> dict:
                 seen = session(url, True)
                 if "barge_in" in seen:
                     barge.append((seen["done"] - seen["barge_in"], seen["after_barge_in_bytes"], seen["status"]))
+            together = concurrent(url, 8)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    return {"realtime": realtime, "chat": chats, "barge": barge}
+    return {"realtime": realtime, "chat": chats, "barge": barge, "together": together}
 
 
 def table(r: dict, size: str, turns: int) -> str:
@@ -155,6 +182,13 @@ def table(r: dict, size: str, turns: int) -> str:
                   f"response.done p50 {statistics.median(cut) * 1000:.0f} ms (max {max(cut) * 1000:.0f} ms); "
                   f"audio sent after speech_started p50 {statistics.median(after) * 1000:.0f} ms of sound "
                   f"(max {max(after) * 1000:.0f} ms)."]
+    if r["together"]:
+        gaps = [stalls(seen["deltas"]) for seen in r["together"]]
+        first = [seen["first_audio"] - seen["stopped"] for seen in r["together"]]
+        audio = [sum(d[1] for d in seen["deltas"]) for seen in r["together"]]
+        lines += ["", f"8 sessions at once, one turn each: {sum(1 for g in gaps if g)} of 8 stalled ({sum(gaps)} "
+                  f"stalls in all); first audio {min(first):.2f}-{max(first):.2f} s after speech_stopped; "
+                  f"{min(audio):.2f}-{max(audio):.2f} s of audio per answer."]
     return "\n".join(lines)
 
 
