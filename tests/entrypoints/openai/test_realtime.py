@@ -377,3 +377,23 @@ def test_an_engine_refusal_fails_the_response_and_the_session_goes_on(app_client
         ws.send_json({"type": "response.create"})
         assert until(ws, "response.done")[-1]["response"]["status"] == "completed"
     assert client.app.state.gateway.num_admitted == 0
+
+
+def test_server_vad_drops_silence_between_turns(app_client):
+    """A microphone streaming silence never fills the buffer: between turns the server keeps
+    only what a next turn's prefix padding may reach back to (the buffer limit here is 3 s)."""
+    client, engine = app_client("omni", realtime_max_buffer_s=3)
+    silence, voice = np.zeros(2400, np.float32), synthetic_speech(1.0)
+    with client.websocket_connect(URL) as ws:
+        open_session(ws, {"type": "session.update", "session": {"audio": {"input": {"turn_detection": {
+            "type": "server_vad", "prefix_padding_ms": 300, "silence_duration_ms": 300}}}}})
+        for _ in range(50):  # 5 s of silence
+            ws.send_json({"type": "input_audio_buffer.append", "audio": pcm(silence)})
+        audio = np.concatenate([voice, np.zeros(12000, np.float32)])
+        for i in range(0, len(audio), 2400):
+            ws.send_json({"type": "input_audio_buffer.append", "audio": pcm(audio[i:i + 2400])})
+        started = until(ws, "input_audio_buffer.speech_started")[-1]
+        assert 4500 <= started["audio_start_ms"] <= 5000  # session time still counts the silence
+        until(ws, "response.done")
+    heard = engine.requests[0][0]["messages"][0]["content"][0]["audio"]
+    assert 0.9 * 24000 <= len(heard) <= 1.8 * 24000

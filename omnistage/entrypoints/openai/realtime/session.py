@@ -60,6 +60,7 @@ from omnistage.media.audio import resample
 
 POLICY_VIOLATION, MESSAGE_TOO_BIG = 1008, 1009
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less than 100 ms of audio
+TRIM_MARGIN_MS = 500  # kept beyond the prefix padding: the VAD lags the buffer by up to a window
 
 
 class SessionLimit(Exception):
@@ -243,6 +244,17 @@ class RealtimeSession:
         if self.settings.turn_detection is not None:
             for vad in await asyncio.to_thread(self._detect, audio, rate):
                 await self._on_vad(vad.kind, vad.ms, rate)
+            if self._turns is not None and not self._turns.is_speaking:
+                self._drop_silence(rate)
+
+    def _drop_silence(self, rate: int) -> None:
+        """Between turns, keep only the audio a next turn's prefix padding may reach back to: a
+        microphone streaming silence must not fill the buffer up to its limit."""
+        keep = (self.settings.turn_detection.prefix_padding_ms + TRIM_MARGIN_MS) * rate // 1000
+        audio = self._buffered()
+        if len(audio) > 2 * keep:  # now and then, not at every append
+            self._buffer = [audio[-keep:]]
+            self._buffer_start += len(audio) - keep
 
     def _check_buffer(self, num_samples: int, rate: int) -> None:
         if num_samples > self.limits.realtime_max_buffer_s * rate:
