@@ -27,8 +27,9 @@ pytestmark = pytest.mark.e2e
 
 KEY = "k3y"
 # A random talker rarely emits its end code and a random thinker rarely stops: cap both.
-OVERRIDES = {"0": {"default_sampling_params": {"max_tokens": 6}},
-             "1": {"default_sampling_params": {"max_tokens": 24}}}
+# Floors too: a random talker may end at once, leaving an answer with no audio (flaky without).
+OVERRIDES = {"0": {"default_sampling_params": {"max_tokens": 6, "min_tokens": 2}},
+             "1": {"default_sampling_params": {"max_tokens": 24, "min_tokens": 8, "seed": 0}}}
 
 
 @pytest.fixture(scope="module")
