@@ -35,10 +35,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(path: str) -> tuple[subprocess.Popen, str]:
+def start_server(path: str, *args: str) -> tuple[subprocess.Popen, str]:
+    """`omnistage serve path --port P *args` in a subprocess, once /health answers."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "omnistage.entrypoints.cli", "serve", path, "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "omnistage.entrypoints.cli", "serve", path, "--port", str(port),
+                             *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 180
     while time.time() < deadline:

@@ -311,3 +311,45 @@ def test_chat_tab_speaks_with_attachments_on_an_omni_model(zoo, playground):
         await new Promise(r => a.addEventListener('loadedmetadata', r, {once: true})); return a.duration; }""")
     assert duration > 0  # the streamed PCM, played as it came and kept as one WAV
     assert page.locator(".msg.user").get_attribute("data-attachments") == "2"
+
+
+def test_talk_tab_talks_over_the_realtime_route(zoo, browser, tmp_path, request):
+    """The microphone is Chromium's fake capture device playing a WAV of the synthetic voice
+    (1 s of voice, 1.5 s of silence, looped): the server's VAD hears each turn, and the
+    answer's audio reaches the page. The API key travels as a WebSocket subprotocol."""
+    from omnistage.testing.voice import synthetic_speech
+
+    wav = tmp_path / "voice.wav"
+    sf.write(wav, np.concatenate([synthetic_speech(1.0, rate=48000), np.zeros(72000, np.float32)]), 48000,
+             subtype="PCM_16")
+    talker_cap = '{"0": {"default_sampling_params": {"max_tokens": 6}}, ' \
+                 '"1": {"default_sampling_params": {"max_tokens": 32, "min_tokens": 8, "seed": 0}}}'
+    mic = browser.browser_type.launch(executable_path=str(CHROMIUM), args=[
+        *CHROMIUM_FLAGS, "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+        f"--use-file-for-fake-audio-capture={wav}", "--autoplay-policy=no-user-gesture-required"])
+    with RemoteServer(zoo("qwen2.5-omni"), "--served-model-name", "omni", "--stage-overrides", talker_cap,
+                      api_key="k3y") as server:
+        context = mic.new_context(viewport={"width": 960, "height": 640})
+        context.set_default_timeout(TIMEOUT_MS)
+        page = context.new_page()
+        errors = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        try:
+            page.goto(server.url + "/")
+            page.fill("#api-key", "k3y")
+            page.dispatch_event("#api-key", "change")
+            page.locator("#tabbtn-talk").click()
+            page.click("#talk-start")
+            page.wait_for_function("Number(document.getElementById('talk-status').dataset.turns || 0) >= 1",
+                                   timeout=TIMEOUT_MS * 2)
+            status = page.locator("#talk-status")
+            assert int(status.get_attribute("data-audio-bytes")) > 0  # the answer's audio reached the page
+            assert page.locator("#talk-log .msg.assistant").count() >= 1
+            page.click("#talk-stop")
+            assert status.inner_text() == "stopped"
+        finally:
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
+            context.close()
+            mic.close()
+    assert not errors, f"the page raised: {errors}"

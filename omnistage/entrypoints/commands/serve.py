@@ -54,6 +54,14 @@ def register(subparsers) -> None:
                         help="requests in the engine at once; more get 429 (default: %(default)s)")
     limits.add_argument("--file-ttl", type=float, default=defaults.file_ttl_s,
                         help="seconds that image URLs and finished videos stay downloadable (default: %(default)s)")
+    limits.add_argument("--realtime-max-session", type=float, default=defaults.realtime_max_session_s,
+                        metavar="SECONDS", help="longest WS /v1/realtime session (default: %(default)s)")
+    limits.add_argument("--realtime-max-buffer", type=float, default=defaults.realtime_max_buffer_s,
+                        metavar="SECONDS", help="most uncommitted input audio a realtime session may hold "
+                                                "(default: %(default)s)")
+    limits.add_argument("--realtime-idle-timeout", type=float, default=defaults.realtime_idle_timeout_s,
+                        metavar="SECONDS", help="a realtime session silent this long, with no response running, "
+                                                "is closed (default: %(default)s)")
     limits.add_argument("--graceful-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish at shutdown (default: %(default)s)")
     media = p.add_argument_group("media URLs")
@@ -154,7 +162,9 @@ def run(args: argparse.Namespace) -> int:
             max_input_pixels=args.max_input_pixels, allowed_media_domains=tuple(args.allowed_media_domains),
             allowed_local_media_path=args.allowed_local_media_path, public_docs=args.public_docs,
             protect_metrics=args.protect_metrics, files_dir=args.output_dir, playground=args.playground,
-            response_ttl_s=args.response_ttl, max_stored_responses=args.max_stored_responses)
+            response_ttl_s=args.response_ttl, max_stored_responses=args.max_stored_responses,
+            realtime_max_session_s=args.realtime_max_session, realtime_max_buffer_s=args.realtime_max_buffer,
+            realtime_idle_timeout_s=args.realtime_idle_timeout)
         registry = CollectorRegistry()
         print(f"[omnistage] loading {path}", flush=True)
         engine = AsyncOmni(path, deploy_config=demo_deploy_config(args.deploy_config, is_demo),

@@ -18,6 +18,9 @@ build an app around any engine client. What a request can reach:
     /v1/audio/speech        audio/        (models with audio output; also /v1/audio/voices
                                            and the WebSocket /v1/audio/speech/stream)
     /v1/audio/generate      audio/        (diffusion models with audio output: text -> sound)
+    /v1/audio/transcriptions audio/       (omni models: speech -> text, by the thinker; and
+                                           /v1/audio/translations: speech -> English text)
+    /v1/realtime            realtime/     (WebSocket, OpenAI's Realtime protocol: omni models, voice in and out)
 
 Every /v1 route needs the API key when one is set, and so do /openapi.json, /docs and
 /redoc unless `public_docs`, and /metrics with `protect_metrics`. The app's lifespan shuts down, in
@@ -38,6 +41,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from omnistage.entrypoints.openai.audio.api_router import attach_router as attach_audio
 from omnistage.entrypoints.openai.audio.generate import AudioGenerateServing
 from omnistage.entrypoints.openai.audio.serving import SpeechServing
+from omnistage.entrypoints.openai.audio.transcriptions import TranscriptionServing
 from omnistage.entrypoints.openai.audio.voices import VoiceStore
 from omnistage.entrypoints.openai.capabilities import Capabilities, model_facts
 from omnistage.entrypoints.openai.defaults import effective_defaults
@@ -60,6 +64,8 @@ from omnistage.entrypoints.openai.middleware import (
 )
 from omnistage.entrypoints.openai.openapi import install_openapi
 from omnistage.entrypoints.openai.playground import attach_playground
+from omnistage.entrypoints.openai.realtime.api_router import attach_router as attach_realtime
+from omnistage.entrypoints.openai.realtime.serving import RealtimeServing
 from omnistage.entrypoints.openai.responses.api_router import attach_router as attach_responses
 from omnistage.entrypoints.openai.responses.serving import ResponsesServing
 from omnistage.entrypoints.openai.settings import ServerSettings
@@ -120,6 +126,8 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.speech_serving = SpeechServing(gateway, capabilities, settings, app.state.voice_store)
     app.state.audio_generate_serving = AudioGenerateServing(gateway, capabilities, settings)
     app.state.sleep_serving = SleepServing(engine)
+    app.state.transcription_serving = TranscriptionServing(gateway, capabilities, settings)
+    app.state.realtime_serving = RealtimeServing(gateway, capabilities, settings)
 
     install_error_handlers(app)
     # Added last = runs first: metrics see every answer, the error boundary makes each one
@@ -131,7 +139,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
 
     _attach_system_routes(app)
     for attach in (attach_images, attach_videos, attach_chat, attach_responses, attach_completions, attach_audio,
-                   attach_sleep):
+                   attach_sleep, attach_realtime):
         attach(app)
     if settings.playground:
         attach_playground(app)

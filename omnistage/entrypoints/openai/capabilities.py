@@ -18,8 +18,8 @@ from omnistage.entrypoints.openai.errors import bad_request
 
 logger = logging.getLogger(__name__)
 
-Task = Literal["images.generations", "images.edits", "videos", "chat", "chat.audio", "responses", "completions", "audio.speech",
-               "audio.generate"]
+Task = Literal["images.generations", "images.edits", "videos", "chat", "chat.audio", "responses", "completions",
+               "audio.speech", "audio.generate", "audio.transcriptions", "audio.translations", "realtime"]
 ImageInput = Literal["none", "required", "optional"]
 
 ROUTES: dict[str, str] = {
@@ -31,6 +31,9 @@ ROUTES: dict[str, str] = {
     "completions": "POST /v1/completions",
     "audio.speech": "POST /v1/audio/speech",
     "audio.generate": "POST /v1/audio/generate",
+    "audio.transcriptions": "POST /v1/audio/transcriptions",
+    "audio.translations": "POST /v1/audio/translations",
+    "realtime": "WS /v1/realtime",
 }
 
 
@@ -59,7 +62,9 @@ class Capabilities:
             return "video" in self.outputs
         if task in ("chat", "responses"):  # Responses runs on the chat path
             return bool({"text", "image"} & self.outputs)
-        if task == "chat.audio":
+        if task in ("chat.audio", "realtime", "audio.transcriptions", "audio.translations"):
+            # Voice sessions and transcriptions run on the omni models (text and audio out; their
+            # thinkers hear audio). A text-only ASR family would widen transcriptions.
             return {"text", "audio"} <= self.outputs
         if task == "completions":  # text out of an AR stage (an omni model's thinker included)
             return "text" in self.outputs

@@ -7,11 +7,13 @@ list of checks followed by one engine call.
 from __future__ import annotations
 
 import re
+import secrets
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
+from starlette.websockets import WebSocket
 
 from omnistage.diffusion.params import LoraRequest
 from omnistage.entrypoints.openai import json_body
@@ -152,3 +154,30 @@ async def read_upload(upload: UploadFile, param: str) -> bytes:
     if not data:
         raise bad_request(f"{param}: the uploaded file is empty", param=param)
     return data
+
+
+BROWSER_KEY_PROTOCOL = "openai-insecure-api-key."
+"""A browser cannot set headers on a WebSocket: as OpenAI's Realtime API, it may send the key
+as a subprotocol `openai-insecure-api-key.<key>` (beside `realtime`, the one accepted)."""
+
+
+async def check_websocket_key(websocket: WebSocket, settings: ServerSettings) -> bool:
+    """Whether the upgrade carries the API key (if one is set): `Authorization: Bearer`, or a
+    browser's key subprotocol. If not, it is refused with close 1008. The HTTP auth middleware
+    does not see WebSockets, so each WS route asks."""
+    if not settings.api_key:
+        return True
+    scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
+    offered = [p[len(BROWSER_KEY_PROTOCOL):] for p in websocket.scope.get("subprotocols", [])
+               if p.startswith(BROWSER_KEY_PROTOCOL)]
+    tokens = ([token.strip()] if scheme.lower() == "bearer" else []) + offered
+    if any(secrets.compare_digest(t.encode(), settings.api_key.encode()) for t in tokens):
+        return True
+    await websocket.close(code=1008, reason="invalid or missing API key")
+    return False
+
+
+def accepted_subprotocol(websocket: WebSocket) -> str | None:
+    """`realtime` when the client offered it (a browser that offers subprotocols fails the
+    connection unless the server picks one), else none."""
+    return "realtime" if "realtime" in websocket.scope.get("subprotocols", []) else None

@@ -62,6 +62,8 @@ _STREAMED_200: dict[tuple[str, str], tuple[str, ...]] = {
     ("post", "/v1/responses"): ("text/event-stream",),
     ("post", "/v1/audio/speech"): ("audio/mpeg", "audio/wav", "audio/pcm", "audio/flac", "audio/ogg", "audio/aac",
                                    "text/event-stream"),
+    ("post", "/v1/audio/transcriptions"): ("text/plain", "text/vtt", "text/event-stream"),
+    ("post", "/v1/audio/translations"): ("text/plain", "text/vtt"),
     ("post", "/v1/audio/generate"): ("audio/wav", "audio/mpeg", "audio/pcm", "audio/flac", "audio/ogg", "audio/aac"),
     ("post", "/v1/videos/sync"): ("video/mp4",),
     ("get", "/v1/videos/{video_id}/content"): ("video/mp4",),

@@ -121,6 +121,23 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
                              "(47.55 s for Stable Audio Open).", 10.0),
         "response_format": ("The audio encoding (stereo); `pcm` is interleaved int16.", "wav"),
     },
+    "TranscriptionRequest": {
+        "file": ("The audio to transcribe (any format soundfile or PyAV reads; within the input audio limit).", None),
+        "language": ("The spoken language (ISO-639-1): the model is asked for text in it.", "en"),
+        "prompt": ("Text the audio follows on from (names, spellings), given to the model as context.", None),
+        "response_format": ("`json` (`text`, `usage`), `text`, `verbose_json` (one segment: the whole clip; the "
+                            "omni thinkers give no times), `srt` or `vtt`.", "json"),
+        "temperature": ("Sampling temperature of the thinker (0: greedy).", 0.0),
+        "stream": ("SSE `transcript.text.delta` events, then `transcript.text.done` (json and text only).", False),
+        "timestamp_granularities": ("Only `segment`, with `verbose_json`.", "segment"),
+    },
+    "TranslationRequest": {
+        "file": ("The audio to translate into English (any format soundfile or PyAV reads).", None),
+        "prompt": ("English text the audio follows on from, given to the model as context.", None),
+        "response_format": ("`json` (`text`, `usage`), `text`, `verbose_json` (one segment: the whole clip), "
+                            "`srt` or `vtt`.", "json"),
+        "temperature": ("Sampling temperature of the thinker (0: greedy).", 0.0),
+    },
     "ImageEditRequest": {
         "prompt": ("The edit to make.", "make it blue"),
         "response_format": ("`b64_json` or `url` (a `/files/...` link that expires after `--file-ttl`).", "b64_json"),
@@ -277,6 +294,8 @@ _IMAGE_EDIT = ("omnistage.entrypoints.openai.images.protocol:ImageEditRequest", 
 _VIDEO = ("omnistage.entrypoints.openai.videos.protocol:VideoCreateRequest", ("input_reference",))
 FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "/v1/images/edits": _IMAGE_EDIT, "/v1/videos": _VIDEO, "/v1/videos/sync": _VIDEO,
+    "/v1/audio/transcriptions": ("omnistage.entrypoints.openai.audio.protocol:TranscriptionRequest", ("file",)),
+    "/v1/audio/translations": ("omnistage.entrypoints.openai.audio.protocol:TranslationRequest", ("file",)),
 }
 VOICE_UPLOAD: dict[str, Any] = {
     "title": "VoiceUpload", "type": "object", "required": ["name", "audio_sample"],
@@ -339,7 +358,7 @@ def _is_request(schema_name: str) -> bool:
     return schema_name in FIELDS or schema_name in REQUEST_SCHEMAS
 
 
-REQUEST_SCHEMAS = {"ImageGenerationRequest", "ImageEditRequest", "VideoCreateRequest", "VoiceUpload", "ChatCompletionRequest", "CompletionRequest", "SpeechRequest",
+REQUEST_SCHEMAS = {"ImageGenerationRequest", "ImageEditRequest", "TranscriptionRequest", "TranslationRequest", "VideoCreateRequest", "VoiceUpload", "ChatCompletionRequest", "CompletionRequest", "SpeechRequest",
                    "AudioGenerateRequest", "ChatMessage", "TextPart", "ImagePart", "ImageURL", "InputAudioPart",
                    "InputAudio", "AudioURLPart", "AudioURL", "VideoURLPart", "VideoURL", "ToolCallItem",
                    "FunctionCall", "StreamOptions", "AudioOptions", "MMProcessorKwargs", "ResponseFormat",

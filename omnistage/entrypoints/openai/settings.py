@@ -47,6 +47,12 @@ class ServerSettings:
     """With an API key: leave /openapi.json, /docs and /redoc open (they need the key otherwise)."""
     protect_metrics: bool = False
     """With an API key: /metrics needs it too (it stays open otherwise, for scrapers)."""
+    realtime_max_session_s: float = 1800.0
+    """Longest WS /v1/realtime session; then an error event and close 1008."""
+    realtime_max_buffer_s: float = 60.0
+    """Most audio a realtime session's input buffer holds uncommitted; more: error event and close 1009."""
+    realtime_idle_timeout_s: float = 300.0
+    """A realtime session with no client event (and no response running) this long is closed (1008)."""
     playground: bool = True
     """Serve the web playground at `/` (`--no-playground` turns it off)."""
 
@@ -55,7 +61,8 @@ class ServerSettings:
                     for name in ("max_upload_bytes", "max_n", "max_pixels", "max_input_pixels", "max_queued_requests",
                              "max_stored_responses")
                     if getattr(self, name) < 1]
-        for name in ("max_input_audio_seconds", "media_fetch_timeout_s"):
+        for name in ("max_input_audio_seconds", "media_fetch_timeout_s", "realtime_max_session_s",
+                     "realtime_max_buffer_s", "realtime_idle_timeout_s"):
             if getattr(self, name) <= 0:
                 problems.append(f"{name} must be > 0, got {getattr(self, name)}")
         self.allowed_media_domains = tuple(self.allowed_media_domains)

@@ -130,6 +130,12 @@ def completion_tokens(out: Any) -> int:
     return sum(int(m.get("num_generated_tokens") or 0) for m in stages.values())
 
 
+def cached_tokens(out: Any, entry_stage: str) -> int:
+    """Prompt tokens the entry stage read from its prefix cache (0 when it computed them all)."""
+    stages = (getattr(out, "metrics", None) or {}).get("stages", {})
+    return int((stages.get(entry_stage) or {}).get("num_cached_tokens") or 0)
+
+
 def usage(outs: list[Any], prompt_counts: list[int] | None = None) -> dict[str, int]:
     """Usage over the finished outputs of one body's engine requests. `prompt_counts` gives
     each distinct prompt's count (n samples of one prompt count it once, as OpenAI does);

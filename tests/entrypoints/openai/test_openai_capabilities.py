@@ -35,6 +35,17 @@ def test_routes_of_registered_families(module, name, routes, image_input):
     caps = Capabilities.from_spec("m", spec)
     assert caps.routes == routes and caps.image_input == image_input
     assert not caps.serves("audio.speech") and not caps.serves("chat.audio")
+    assert not any(caps.serves(t) for t in ("realtime", "audio.transcriptions", "audio.translations"))
+
+
+def test_omni_families_serve_voice_sessions_and_transcriptions():
+    from omnistage.models.qwen2_5_omni import QWEN2_5_OMNI
+    from omnistage.models.qwen3_omni import QWEN3_OMNI
+
+    for spec in (QWEN2_5_OMNI, QWEN3_OMNI):
+        assert Capabilities.from_spec("m", spec).routes == [
+            "POST /v1/chat/completions", "/v1/responses", "POST /v1/completions", "POST /v1/audio/transcriptions",
+            "POST /v1/audio/translations", "WS /v1/realtime"]
 
 
 def test_model_facts_come_from_the_checkpoint_and_the_deploy_config(zoo):

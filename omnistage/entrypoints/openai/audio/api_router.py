@@ -1,19 +1,26 @@
 """Routes of the audio group. Handlers come from `app.state`: `speech_serving` (speech and
-its WebSocket stream), `voice_store` (voices) and `audio_generate_serving` (text -> sound)."""
+its WebSocket stream), `voice_store` (voices), `audio_generate_serving` (text -> sound) and
+`transcription_serving` (speech -> text)."""
 
 from __future__ import annotations
-
-import secrets
 
 from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket
 from fastapi.responses import Response, StreamingResponse
 
 from omnistage.entrypoints.openai.audio.generate import AudioGenerateServing
-from omnistage.entrypoints.openai.audio.protocol import AudioGenerateRequest, SpeechRequest, VoiceInfo, VoiceList
+from omnistage.entrypoints.openai.audio.protocol import (
+    AudioGenerateRequest,
+    SpeechRequest,
+    TranscriptionRequest,
+    TranslationRequest,
+    VoiceInfo,
+    VoiceList,
+)
 from omnistage.entrypoints.openai.audio.serving import SpeechServing
 from omnistage.entrypoints.openai.audio.stream import SpeechStreamSession
+from omnistage.entrypoints.openai.audio.transcriptions import TranscriptionServing
 from omnistage.entrypoints.openai.audio.voices import VoiceStore
-from omnistage.entrypoints.openai.common import require_json
+from omnistage.entrypoints.openai.common import check_websocket_key, read_form, require_json, validate
 from omnistage.entrypoints.openai.errors import bad_request
 from omnistage.entrypoints.openai.json_body import JSONBodyRoute
 
@@ -50,6 +57,33 @@ async def generate_audio(body: AudioGenerateRequest, request: Request,
     return Response(answer.body, media_type=answer.media_type, headers=headers)
 
 
+def transcription_serving(request: Request) -> TranscriptionServing:
+    return request.app.state.transcription_serving
+
+
+@router.post("/v1/audio/transcriptions", response_model=None)
+async def create_transcription(request: Request,
+                               handler: TranscriptionServing = Depends(transcription_serving)) -> Response:
+    return await _speech_to_text(request, handler, TranscriptionRequest)
+
+
+@router.post("/v1/audio/translations", response_model=None)
+async def create_translation(request: Request,
+                             handler: TranscriptionServing = Depends(transcription_serving)) -> Response:
+    return await _speech_to_text(request, handler, TranslationRequest)
+
+
+async def _speech_to_text(request: Request, handler: TranscriptionServing, model: type) -> Response:
+    form = await read_form(request, allow_urlencoded=False, file_fields=("file",))
+    uploads = form.files.get("file", [])
+    if len(uploads) != 1:
+        raise bad_request("file: send one audio file", param="file")
+    answer = await handler.create(validate(model, form.fields), uploads[0], request)
+    if isinstance(answer.body, str):
+        return Response(answer.body, media_type=answer.media_type)
+    return StreamingResponse(answer.body, media_type=answer.media_type)
+
+
 @router.post("/v1/audio/voices")
 async def register_voice(request: Request, voices: VoiceStore = Depends(voice_store)) -> VoiceInfo:
     return await voices.register(request)
@@ -68,12 +102,8 @@ async def delete_voice(name: str, voices: VoiceStore = Depends(voice_store)) -> 
 @router.websocket("/v1/audio/speech/stream")
 async def speech_stream(websocket: WebSocket) -> None:
     state = websocket.app.state
-    key = state.settings.api_key  # the HTTP auth middleware does not see WebSockets
-    if key:
-        scheme, _, token = websocket.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
-            await websocket.close(code=1008, reason="invalid or missing API key")
-            return
+    if not await check_websocket_key(websocket, state.settings):
+        return
     if not state.capabilities.serves("audio.speech"):
         await websocket.accept()
         error = bad_request(f"model {state.capabilities.model!r} does not make speech", code="unsupported_route")

@@ -97,3 +97,37 @@ class AudioGenerateRequest(DiffusionFields):
     duration_seconds: float | None = Field(default=None, gt=0, le=3600)
     """Seconds of audio; None = the model's whole window (Stable Audio Open: 47.55 s)."""
     response_format: SpeechFormat = "wav"
+
+
+# --- transcriptions ------------------------------------------------------------------------
+
+TranscriptionFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
+
+
+class TranscriptionRequest(BaseModel):
+    """The text fields of POST /v1/audio/transcriptions (the audio is the `file` upload)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    language: str | None = Field(default=None, min_length=2, max_length=16)
+    """The spoken language (ISO-639-1, e.g. "en"): the model is asked for text in it."""
+    prompt: str | None = Field(default=None, max_length=4096)
+    """Text the audio follows on from (names, spellings), given to the model as context."""
+    response_format: TranscriptionFormat = "json"
+    temperature: float = Field(default=0.0, ge=0.0, le=1.0)
+    stream: bool = False
+    timestamp_granularities: Literal["segment"] | None = None
+    """Only "segment": the omni thinkers give no word times (their one segment is the clip)."""
+
+
+class TranslationRequest(BaseModel):
+    """The text fields of POST /v1/audio/translations: speech in any language -> English text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: str | None = Field(default=None, max_length=4096)
+    """English text the audio follows on from, given to the model as context."""
+    response_format: TranscriptionFormat = "json"
+    temperature: float = Field(default=0.0, ge=0.0, le=1.0)

@@ -19,7 +19,7 @@ from typing import Any
 
 from omnistage.entrypoints.openai.chat.serving import ChatJob, ChatServing, encode_answer_audio
 from omnistage.entrypoints.openai.responses.protocol import ResponsesRequest
-from omnistage.entrypoints.openai.text_generation import finish_reason, usage
+from omnistage.entrypoints.openai.text_generation import cached_tokens, finish_reason, usage
 from omnistage.media.image import encode_image
 
 
@@ -61,8 +61,7 @@ def output_text(output: list[dict[str, Any]]) -> str:
 
 def response_usage(out: Any, entry_stage: str) -> dict[str, Any]:
     counts = usage([out])
-    stages = (getattr(out, "metrics", None) or {}).get("stages", {})
-    cached = int((stages.get(entry_stage) or {}).get("num_cached_tokens") or 0)
+    cached = cached_tokens(out, entry_stage)
     return {"input_tokens": counts["prompt_tokens"], "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
             "output_tokens": counts["completion_tokens"], "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": counts["total_tokens"]}

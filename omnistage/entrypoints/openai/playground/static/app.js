@@ -3,7 +3,8 @@
 // Tabs come from the `routes` GET /v1/models lists. Each tab degrades where the server
 // lacks a feature: images ask for a stream of partial images (OpenAI's `stream` +
 // `partial_images`) and fall back to one JSON answer when the server refuses or ignores
-// them; videos poll their job for `progress`; speech and chat play PCM as it arrives.
+// them; videos poll their job for `progress`; speech and chat play PCM as it arrives; talk
+// streams the microphone over WS /v1/realtime.
 
 import { KEY_STORE, api } from "./api.js";
 import { $ } from "./dom.js";
@@ -12,6 +13,7 @@ import "./edit.js";
 import "./video.js";
 import { loadVoices } from "./speech.js";
 import "./chat.js";
+import "./talk.js";
 
 const state = { model: null, stages: [] };
 

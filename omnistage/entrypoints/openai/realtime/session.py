@@ -1,0 +1,426 @@
+"""One WebSocket of WS /v1/realtime: client events in, server events out.
+
+The session owns the input audio buffer, the conversation, the server VAD and at most
+one running response (`ResponseRun`). Client events are handled one at a time, in
+order; a response runs as its own task, so audio keeps arriving (and barge-in is heard)
+while the model answers. A bad event gets an `error` event naming the field, and the
+session goes on.
+
+Limits (server settings): the session's length, the audio waiting in the input buffer,
+and the time without a client event while no response runs. Each ends the session with
+an `error` event, then a close code: 1008 (policy) for time limits, 1009 (too big) for
+the buffer. A server that stops closes open sessions with 1001 (going away).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from omnistage.entrypoints.openai import json_body
+from omnistage.entrypoints.openai.audio.stream import GOING_AWAY
+from omnistage.entrypoints.openai.common import accepted_subprotocol
+from omnistage.entrypoints.openai.engine_client import EngineGateway
+from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors, shutting_down
+from omnistage.entrypoints.openai.realtime import audio_format
+from omnistage.entrypoints.openai.realtime.conversation import Conversation, Item, Part, new_id
+from omnistage.entrypoints.openai.realtime.input_transcription import transcribe
+from omnistage.entrypoints.openai.realtime.protocol import (
+    EVENTS,
+    BufferAppend,
+    BufferClear,
+    BufferCommit,
+    ClientEvent,
+    ItemCreate,
+    ItemDelete,
+    ItemRetrieve,
+    ItemTruncate,
+    ResponseCancel,
+    ResponseCreate,
+    SessionSettings,
+    SessionUpdate,
+)
+from omnistage.entrypoints.openai.realtime.reference_variant import (
+    INPUT_RATE,
+    ReferenceVariant,
+    error_event,
+    is_reference_event,
+)
+from omnistage.entrypoints.openai.realtime.response import ResponseRun
+from omnistage.entrypoints.openai.realtime.vad import VAD_RATE, SileroDetector, TurnDetector
+from omnistage.entrypoints.openai.settings import ServerSettings
+from omnistage.media.audio import resample
+
+POLICY_VIOLATION, MESSAGE_TOO_BIG = 1008, 1009
+MIN_COMMIT_MS = 100  # OpenAI refuses to commit less than 100 ms of audio
+TRIM_MARGIN_MS = 500  # kept beyond the prefix padding: the VAD lags the buffer by up to a window
+
+
+class SessionLimit(Exception):
+    """A limit that ends the session: the error event's code and message, and the close code."""
+
+    def __init__(self, code: str, message: str, close_code: int):
+        super().__init__(message)
+        self.code, self.message, self.close_code = code, message, close_code
+
+
+class RealtimeSession:
+    def __init__(self, websocket: WebSocket, gateway: EngineGateway, settings: ServerSettings, model: str,
+                 detector_factory: Any = SileroDetector):
+        self.ws = websocket
+        self.gateway = gateway
+        self.limits = settings
+        self.settings = SessionSettings(model=model)
+        self.detector_factory = detector_factory
+        self.id = new_id("sess")
+        self.conversation = Conversation()
+        self.response: ResponseRun | None = None
+        self._send_lock = asyncio.Lock()
+        self._buffer: list[np.ndarray] = []
+        self._buffer_start = 0  # session sample (at the input rate) where the buffer begins
+        self._num_samples = 0  # input samples appended over the whole session
+        self._detector: Any = None
+        self._turns: TurnDetector | None = None
+        self._turns_offset_ms = 0  # session time at which the turn detector started
+        self._speech_item_id: str | None = None
+        self._speech_start = 0
+        self._transcriptions: set[asyncio.Task] = set()
+        self.variant: ReferenceVariant | None = None
+        """Set once the client speaks the reference system's variant (reference_variant.py)."""
+
+    async def run(self) -> None:
+        await self.ws.accept(subprotocol=accepted_subprotocol(self.ws))
+        session = asyncio.create_task(self._session())
+        drained = self.gateway.drained
+        expiry = asyncio.ensure_future(asyncio.sleep(self.limits.realtime_max_session_s))
+        try:
+            await asyncio.wait({session, drained, expiry}, return_when=asyncio.FIRST_COMPLETED)
+            if not session.done():
+                session.cancel()
+                await asyncio.gather(session, return_exceptions=True)
+                if drained.done():  # the server is stopping: say so with the close, not a cut connection
+                    await self._close(GOING_AWAY, shutting_down().message)
+                else:
+                    await self._end(SessionLimit("session_expired", "the session reached its maximum length of "
+                                                 f"{self.limits.realtime_max_session_s:g} s", POLICY_VIOLATION))
+        finally:
+            expiry.cancel()
+            if self.response is not None:
+                self.response.cancel("client_cancelled")  # the client is gone: abort the engine request
+                await asyncio.gather(self.response.task, return_exceptions=True)
+            tasks = [*self._transcriptions, *([self.variant.task] if self.variant and self.variant.task else [])]
+            for task in tasks:
+                task.cancel()  # each closes its engine stream, which aborts the request
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _session(self) -> None:
+        try:
+            await self._send({"type": "session.created", "session": self._session_object()})
+            while True:
+                event = await self._next_event()
+                if event is not None:
+                    await self._handle(event)
+        except SessionLimit as limit:
+            await self._end(limit)
+        except (WebSocketDisconnect, RuntimeError):  # the client went away (RuntimeError: sent to a closed socket)
+            pass
+
+    # --- client events -------------------------------------------------------------------
+
+    async def _next_event(self) -> ClientEvent | None:
+        """The next client event, or None after answering a bad one with an error event."""
+        message = await self._receive()
+        client_event_id = None
+        try:
+            if message.get("text") is None:
+                raise bad_request("binary messages are not accepted; send JSON text events", code="invalid_event")
+            try:
+                raw = json_body.loads(message["text"])
+            except json_body.BadJSON as e:
+                raise bad_request(e.message.replace("the request body", "the event"), param=e.param,
+                                  code="invalid_json") from None
+            if not isinstance(raw, dict):
+                raise bad_request("an event must be a JSON object", code="invalid_event")
+            client_event_id = raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
+            if self.variant is None and is_reference_event(raw):
+                self.variant = ReferenceVariant(self.gateway, self.settings.model, self.conversation, self._send)
+            if self.variant is not None:
+                await self.variant.handle(raw)
+                self._check_buffer(self.variant.buffered(), INPUT_RATE)
+                return None
+            model = EVENTS.get(raw.get("type")) if isinstance(raw.get("type"), str) else None
+            if model is None:
+                raise bad_request(f"type: unknown event type {raw.get('type')!r}; one of {sorted(EVENTS)}",
+                                  param="type", code="invalid_event")
+            try:
+                return model.model_validate(raw)
+            except ValidationError as e:
+                raise from_validation_errors(e.errors()) from None
+        except APIError as e:
+            if self.variant is not None:
+                await self._send(error_event(e))
+            else:
+                await self._error(e, client_event_id)
+            return None
+
+    async def _receive(self) -> dict[str, Any]:
+        """The next WebSocket message; the idle limit counts only while no response runs."""
+        receive = asyncio.ensure_future(self.ws.receive())
+        try:
+            while True:
+                done, _ = await asyncio.wait({receive}, timeout=self.limits.realtime_idle_timeout_s)
+                if done:
+                    break
+                if not self._is_answering():
+                    raise SessionLimit("idle_timeout", "no client event for "
+                                       f"{self.limits.realtime_idle_timeout_s:g} s", POLICY_VIOLATION)
+        finally:
+            receive.cancel()
+        message = receive.result()
+        if message["type"] == "websocket.disconnect":
+            raise WebSocketDisconnect(message.get("code", 1000))
+        return message
+
+    def _is_answering(self) -> bool:
+        tasks = [self.response.task if self.response else None, self.variant.task if self.variant else None]
+        return any(task is not None and not task.done() for task in tasks)
+
+    async def _handle(self, event: ClientEvent) -> None:
+        try:
+            if isinstance(event, SessionUpdate):
+                await self._update(event)
+            elif isinstance(event, BufferAppend):
+                await self._append(event)
+            elif isinstance(event, BufferCommit):
+                await self._commit(self._buffered())
+            elif isinstance(event, BufferClear):
+                self._clear_buffer()
+                await self._send({"type": "input_audio_buffer.cleared"})
+            elif isinstance(event, ItemCreate):
+                await self._create_item(event)
+            elif isinstance(event, (ItemDelete, ItemRetrieve, ItemTruncate)):
+                await self._edit_item(event)
+            elif isinstance(event, ResponseCreate):
+                self._start_response(event)
+            elif isinstance(event, ResponseCancel):
+                await self._cancel(event)
+        except APIError as e:
+            await self._error(e, event.event_id)
+
+    async def _update(self, event: SessionUpdate) -> None:
+        config = event.session
+        if config.model is not None and config.model != self.settings.model:
+            raise bad_request(f"session.model: this server serves {self.settings.model!r}", param="session.model")
+        updated = self.settings.update(config)
+        if updated.transcription is not None and updated.transcription.model not in (None, self.settings.model):
+            where = ("session.input_audio_transcription.model" if config.input_audio_transcription is not None
+                     else "session.audio.input.transcription.model")
+            raise bad_request(f"{where}: the served model {self.settings.model!r} transcribes (or leave it out)",
+                              param=where)
+        if updated.input_format != self.settings.input_format and self._buffer:
+            raise bad_request("session.audio.input.format: cannot change while the input audio buffer holds "
+                              "audio (clear or commit it first)", param="session.audio.input.format")
+        if updated.turn_detection != self.settings.turn_detection:
+            self._turns = None  # rebuilt with the new parameters at the next append
+        self.settings = updated
+        await self._send({"type": "session.updated", "session": self._session_object()})
+
+    async def _append(self, event: BufferAppend) -> None:
+        try:
+            audio = audio_format.decode(base64.b64decode(event.audio, validate=True), self.settings.input_format)
+        except (binascii.Error, ValueError) as e:
+            raise bad_request(f"audio: not base64 {self.settings.input_format} audio ({e})", param="audio") from None
+        rate = audio_format.RATES[self.settings.input_format]
+        self._check_buffer(sum(len(a) for a in self._buffer) + len(audio), rate)
+        self._buffer.append(audio)
+        self._num_samples += len(audio)
+        if self.settings.turn_detection is not None:
+            for vad in await asyncio.to_thread(self._detect, audio, rate):
+                await self._on_vad(vad.kind, vad.ms, rate)
+            if self._turns is not None and not self._turns.is_speaking:
+                self._drop_silence(rate)
+
+    def _drop_silence(self, rate: int) -> None:
+        """Between turns, keep only the audio a next turn's prefix padding may reach back to: a
+        microphone streaming silence must not fill the buffer up to its limit."""
+        keep = (self.settings.turn_detection.prefix_padding_ms + TRIM_MARGIN_MS) * rate // 1000
+        audio = self._buffered()
+        if len(audio) > 2 * keep:  # now and then, not at every append
+            self._buffer = [audio[-keep:]]
+            self._buffer_start += len(audio) - keep
+
+    def _check_buffer(self, num_samples: int, rate: int) -> None:
+        if num_samples > self.limits.realtime_max_buffer_s * rate:
+            raise SessionLimit("input_audio_buffer_too_large", "the input audio buffer holds more than "
+                               f"{self.limits.realtime_max_buffer_s:g} s of audio", MESSAGE_TOO_BIG)
+
+    def _detect(self, audio: np.ndarray, rate: int) -> list:
+        """VAD events in the newly appended audio (in a worker thread: the model is ~1 ms a window)."""
+        if self._turns is None:
+            if self._detector is None:
+                self._detector = self.detector_factory()
+            self._detector.reset()
+            td = self.settings.turn_detection
+            self._turns = TurnDetector(self._detector, td.threshold, td.prefix_padding_ms, td.silence_duration_ms)
+            self._turns_offset_ms = (self._num_samples - len(audio)) * 1000 // rate
+        events = self._turns.feed(resample(audio, rate, VAD_RATE))
+        for event in events:  # the detector counts from its own start; the events use session time
+            event.ms += self._turns_offset_ms
+        return events
+
+    async def _on_vad(self, kind: str, ms: int, rate: int) -> None:
+        td = self.settings.turn_detection
+        if kind == "started":
+            self._speech_item_id = new_id("item")
+            self._speech_start = max(ms * rate // 1000, self._buffer_start)
+            if td.interrupt_response and self.response is not None and not self.response.task.done():
+                self.response.cancel("turn_detected")  # barge-in
+            await self._send({"type": "input_audio_buffer.speech_started", "audio_start_ms": ms,
+                              "item_id": self._speech_item_id})
+            return
+        await self._send({"type": "input_audio_buffer.speech_stopped", "audio_end_ms": ms,
+                          "item_id": self._speech_item_id})
+        audio = self._buffered()[max(0, self._speech_start - self._buffer_start):]
+        await self._commit(audio, self._speech_item_id)
+        self._speech_item_id = None
+        if td.create_response:
+            if self.response is not None and not self.response.task.done():
+                self.response.cancel("turn_detected")
+                await asyncio.gather(self.response.task, return_exceptions=True)
+            self._start_response(None)
+
+    def _buffered(self) -> np.ndarray:
+        return np.concatenate(self._buffer) if self._buffer else np.zeros(0, dtype=np.float32)
+
+    def _clear_buffer(self) -> None:
+        self._buffer = []
+        self._buffer_start = self._num_samples
+
+    async def _commit(self, audio: np.ndarray, item_id: str | None = None) -> None:
+        rate = audio_format.RATES[self.settings.input_format]
+        if len(audio) * 1000 < MIN_COMMIT_MS * rate:
+            raise bad_request(f"buffer too small: expected at least {MIN_COMMIT_MS} ms of audio, but the buffer "
+                              f"holds {len(audio) * 1000 // rate} ms", code="input_audio_buffer_commit_empty")
+        self._clear_buffer()
+        item = Item("user", [Part("input_audio", audio=audio, sample_rate=rate)], id=item_id or new_id("item"))
+        previous = self.conversation.insert(item)
+        await self._send({"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item.id})
+        await self._added(item, previous)
+        if self.settings.transcription is not None:
+            task = asyncio.create_task(self._transcribe(item))
+            self._transcriptions.add(task)
+            task.add_done_callback(self._transcriptions.discard)
+
+    async def _transcribe(self, item: Item) -> None:
+        try:
+            await transcribe(self.gateway, item, self.settings.transcription, self._send)
+        except (WebSocketDisconnect, RuntimeError):  # the client went away
+            pass
+
+    async def _create_item(self, event: ItemCreate) -> None:
+        spec = event.item
+        if spec.id is not None and self.conversation.has(spec.id):
+            raise bad_request(f"item.id: the conversation already has an item {spec.id!r}", param="item.id")
+        try:
+            index = self.conversation.index_after(event.previous_item_id)
+        except KeyError:
+            raise bad_request(f"previous_item_id: no item {event.previous_item_id!r} in the conversation",
+                              param="previous_item_id") from None
+        parts = []
+        for j, c in enumerate(spec.content):
+            where = f"item.content[{j}]"
+            if c.type == "input_audio":
+                if spec.role != "user" or c.audio is None:
+                    raise bad_request(f"{where}: input_audio is a user part with `audio`", param=where)
+                fmt = self.settings.input_format
+                try:
+                    audio = audio_format.decode(base64.b64decode(c.audio, validate=True), fmt)
+                except (binascii.Error, ValueError) as e:
+                    raise bad_request(f"{where}.audio: not base64 {fmt} audio ({e})", param=f"{where}.audio") from None
+                parts.append(Part("input_audio", c.transcript or "", audio, audio_format.RATES[fmt]))
+            else:
+                if c.text is None:
+                    raise bad_request(f"{where}.text: a text part needs text", param=f"{where}.text")
+                parts.append(Part("output_text" if spec.role == "assistant" else "input_text", c.text))
+        item = Item(spec.role, parts, id=spec.id or new_id("item"))
+        await self._added(item, self.conversation.insert(item, index))
+
+    async def _edit_item(self, event: ItemDelete | ItemRetrieve | ItemTruncate) -> None:
+        try:
+            item = self.conversation.get(event.item_id)
+        except KeyError:
+            raise bad_request(f"item_id: no item {event.item_id!r} in the conversation", param="item_id") from None
+        if isinstance(event, ItemRetrieve):
+            await self._send({"type": "conversation.item.retrieved", "item": item.as_openai()})
+            return
+        if self.response is not None and not self.response.task.done() and self.response.item is item:
+            raise bad_request("item_id: the item is being written by the running response", param="item_id")
+        if isinstance(event, ItemDelete):
+            self.conversation.delete(item.id)
+            await self._send({"type": "conversation.item.deleted", "item_id": item.id})
+            return
+        if item.role != "assistant" or event.content_index >= len(item.parts) or \
+                item.parts[event.content_index].type != "output_audio":
+            raise bad_request("content_index: truncate names an assistant item's audio part", param="content_index")
+        # The server keeps no assistant audio, only its words, and cannot tell which were heard
+        # before audio_end_ms: as OpenAI does, the transcript goes, so the model reads nothing unheard.
+        item.parts[event.content_index].text = ""
+        await self._send({"type": "conversation.item.truncated", "item_id": item.id,
+                          "content_index": event.content_index, "audio_end_ms": event.audio_end_ms})
+
+    async def _added(self, item: Item, previous: str | None) -> None:
+        await self._send({"type": "conversation.item.added", "previous_item_id": previous, "item": item.as_openai()})
+        await self._send({"type": "conversation.item.done", "previous_item_id": previous, "item": item.as_openai()})
+
+    def _start_response(self, event: ResponseCreate | None) -> None:
+        if self.response is not None and not self.response.task.done():
+            raise bad_request(f"the conversation already has an active response {self.response.id!r}",
+                              code="conversation_already_has_active_response")
+        settings = self.settings
+        if event is not None and event.response is not None:
+            settings = settings.update(event.response)
+        self.response = ResponseRun(self.gateway, settings, self.conversation, self._send)
+        self.response.start()
+
+    async def _cancel(self, event: ResponseCancel) -> None:
+        running = self.response is not None and not self.response.task.done()
+        if not running or (event.response_id is not None and event.response_id != self.response.id):
+            raise bad_request("there is no active response to cancel" if not running else
+                              f"response_id: {event.response_id!r} is not the active response",
+                              param=None if not running else "response_id", code="response_cancel_not_active")
+        self.response.cancel("client_cancelled")
+        await asyncio.gather(self.response.task, return_exceptions=True)
+
+    # --- server events --------------------------------------------------------------------
+
+    def _session_object(self) -> dict[str, Any]:
+        return {"id": self.id, **self.settings.as_openai()}
+
+    async def _send(self, event: dict[str, Any]) -> None:
+        async with self._send_lock:
+            await self.ws.send_text(json.dumps({"event_id": new_id("event"), **event}, separators=(",", ":")))
+
+    async def _error(self, error: APIError, client_event_id: str | None) -> None:
+        await self._send({"type": "error", "error": {"type": error.type, "code": error.code, "message": error.message,
+                                                     "param": error.param, "event_id": client_event_id}})
+
+    async def _end(self, limit: SessionLimit) -> None:
+        try:
+            await self._send({"type": "error", "error": {"type": "invalid_request_error", "code": limit.code,
+                                                         "message": limit.message, "param": None, "event_id": None}})
+        except (WebSocketDisconnect, RuntimeError):
+            return
+        await self._close(limit.close_code, limit.message)
+
+    async def _close(self, code: int, reason: str) -> None:
+        try:
+            await self.ws.close(code=code, reason=reason[:120])
+        except RuntimeError:  # already closed
+            pass
