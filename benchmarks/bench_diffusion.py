@@ -93,7 +93,9 @@ def call_kwargs(model: str, size: str) -> dict:
 
 # diffusers call kwargs named differently in our requests (LTX-2), or not a request field at all.
 RENAMED = {"frame_rate": ("fps", lambda v: v), "spatio_temporal_guidance_blocks": ("stg_block", lambda v: v[0]),
-           "output_type": (None, None)}
+           "output_type": (None, None),
+           # FLUX.1-Kontext: diffusers rescales to max_area (we make the size asked for); its resize switch is ours
+           "max_area": (None, None), "_auto_resize": ("auto_resize", lambda v: v)}
 
 
 def reference_loader_kwargs(model: str, path: str) -> dict:

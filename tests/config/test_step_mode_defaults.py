@@ -15,6 +15,9 @@ EXPECTED = {
     "hunyuan-video-i2v": True, "ltx2": True, "qwen-image": False, "qwen-image-2.1": False,
     "qwen-image-edit": True, "qwen-image-edit-plus": True, "sd3": False, "stable-audio": False,
     "wan-i2v": True, "wan-t2v": False, "z-image": False,
+    # wave 3 (measured in a second run of the same script on these six families)
+    "sdxl": True, "flux-kontext": False, "ernie-image": False, "ovis-image": True, "krea2": False,
+    "longcat-image": True,
 }
 
 

@@ -19,7 +19,12 @@ FLUX_KONTEXT = PipelineSpec(
     name="flux_kontext",
     stages=(
         StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True,
-                  model="FluxKontextPipeline"),
+                  model="FluxKontextPipeline",
+                  # Request mode by default: step mode made 0.726x its throughput on the tiny flux-kontext,
+                  # more than 5% less (benchmarks/RESULTS.md "Step mode vs request mode"; the cause is not profiled).
+                  # `step_execution: true` trades that for short requests not waiting behind long ones.
+                  defaults={"step_execution": False},
+        ),
     ),
 )
 

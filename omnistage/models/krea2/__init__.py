@@ -6,7 +6,12 @@ from omnistage.diffusion.registry import register_diffusion_pipeline
 KREA2 = PipelineSpec(
     name="krea2",
     stages=(
-        StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True, model="Krea2Pipeline"),
+        StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True, model="Krea2Pipeline",
+                  # Request mode by default: step mode made 0.796x its throughput on the tiny krea2,
+                  # more than 5% less (benchmarks/RESULTS.md "Step mode vs request mode"; the cause is not profiled).
+                  # `step_execution: true` trades that for short requests not waiting behind long ones.
+                  defaults={"step_execution": False},
+        ),
     ),
 )
 

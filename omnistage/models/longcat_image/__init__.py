@@ -8,7 +8,11 @@ LONGCAT_IMAGE = PipelineSpec(
     name="longcat_image",
     stages=(
         StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True,
-                  model="LongCatImagePipeline"),
+                  model="LongCatImagePipeline",
+                  # Step mode by default: 0.983x request mode's throughput on the tiny longcat-image, at least
+                  # the 0.95x of issue 30 (benchmarks/RESULTS.md "Step mode vs request mode").
+                  defaults={"step_execution": True},
+        ),
     ),
 )
 

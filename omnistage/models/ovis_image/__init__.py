@@ -7,7 +7,11 @@ OVIS_IMAGE = PipelineSpec(
     name="ovis_image",
     stages=(
         StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True,
-                  model="OvisImagePipeline"),
+                  model="OvisImagePipeline",
+                  # Step mode by default: 0.991x request mode's throughput on the tiny ovis-image, at least
+                  # the 0.95x of issue 30 (benchmarks/RESULTS.md "Step mode vs request mode").
+                  defaults={"step_execution": True},
+        ),
     ),
 )
 

@@ -8,7 +8,11 @@ SDXL = PipelineSpec(
     name="sdxl",
     stages=(
         StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True,
-                  model="StableDiffusionXLPipeline"),
+                  model="StableDiffusionXLPipeline",
+                  # Step mode by default: 1.155x request mode's throughput on the tiny sdxl, at least
+                  # the 0.95x of issue 30 (benchmarks/RESULTS.md "Step mode vs request mode").
+                  defaults={"step_execution": True},
+        ),
     ),
 )
 
