@@ -363,7 +363,7 @@ def test_an_engine_refusal_fails_the_response_and_the_session_goes_on(app_client
     client, engine = app_client("omni")
     real_generate = engine.generate
 
-    async def too_long(prompt, params=None, request_id=None, *, modalities=None):
+    async def too_long(prompt, params=None, request_id=None, **kwargs):
         raise ValueError("prompt: 5000 tokens do not fit max_model_len 4096")
         yield  # an async generator, as AsyncOmni.generate
 
@@ -380,6 +380,26 @@ def test_an_engine_refusal_fails_the_response_and_the_session_goes_on(app_client
         assert until(ws, "response.done")[-1]["response"]["status"] == "completed"
     assert client.app.state.gateway.num_admitted == 0
 
+
+def test_a_server_bug_fails_the_response_instead_of_leaving_the_session_waiting(app_client):
+    client, engine = app_client("omni")
+    real_generate = engine.generate
+
+    def broken(*args, **kwargs):  # raises on the call itself, as a wrong signature would
+        raise TypeError("generate() got an unexpected keyword argument")
+
+    engine.generate = broken
+    with client.websocket_connect(URL) as ws:
+        open_session(ws)
+        ws.send_json({"type": "conversation.item.create",
+                      "item": {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}})
+        ws.send_json({"type": "response.create"})
+        done = until(ws, "response.done")[-1]["response"]
+        assert done["status"] == "failed" and done["status_details"]["error"]["type"] == "server_error"
+        engine.generate = real_generate
+        ws.send_json({"type": "response.create"})
+        assert until(ws, "response.done")[-1]["response"]["status"] == "completed"
+    assert client.app.state.gateway.num_admitted == 0
 
 def test_server_vad_drops_silence_between_turns(app_client):
     """A microphone streaming silence never fills the buffer: between turns the server keeps

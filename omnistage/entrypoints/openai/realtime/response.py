@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -37,6 +38,8 @@ from omnistage.entrypoints.openai.text_generation import (
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
+
+logger = logging.getLogger(__name__)
 
 class ResponseRun:
     def __init__(self, gateway: EngineGateway, settings: SessionSettings, conversation: Conversation, send: Send):
@@ -96,6 +99,11 @@ class ResponseRun:
         except APIError as e:
             status = "failed"
             details = {"type": "failed", "error": {"type": e.type, "code": e.code, "message": e.message}}
+        except Exception:  # noqa: BLE001 - a bug fails this response, never leaves the session waiting
+            logger.exception("realtime response %s failed", self.id)
+            status = "failed"
+            details = {"type": "failed", "error": {"type": "server_error", "code": "internal_error",
+                                                   "message": "the response failed inside the server"}}
         self.item.status = "completed" if status == "completed" else "incomplete"
         await self._finish(status, details)
 
