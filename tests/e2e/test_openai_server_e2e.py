@@ -170,8 +170,9 @@ def test_qwen2_5_omni_chat_answers_with_audio(zoo):
     import soundfile as sf
 
     model = str(zoo("qwen2.5-omni"))
-    # A random talker rarely emits its end code: cap its codes so the test stays short.
-    talker_cap = json.dumps({"1": {"default_sampling_params": {"max_tokens": 32}}})
+    # A random talker rarely emits its end code: cap its codes so the test stays short; and, unseeded,
+    # it may emit it first (no audio): a floor and a seed keep every answer audible.
+    talker_cap = json.dumps({"1": {"default_sampling_params": {"max_tokens": 32, "min_tokens": 8, "seed": 0}}})
     with RemoteServer(model, "--stage-overrides", talker_cap) as server:
         client = server.client()
         messages = [{"role": "user", "content": "Say hello"}]
