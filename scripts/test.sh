@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install (if needed) and run the test suite. Extra arguments go to pytest, e.g. `-n 2 --dist loadfile`
-# to run whole files on two pytest-xdist workers, longest first (tests/conftest.py says how).
+# Install (if needed) and run the test suite. Extra arguments go to pytest after our own:
+# two pytest-xdist workers running whole files, longest first (tests/conftest.py says how);
+# `-n 0` runs serially, e.g. for one test.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/scripts/setup_env.sh"
@@ -17,7 +18,7 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 cd "$ROOT"
 set +e
-"$ROOT/.venv/bin/python" -m pytest "$@"
+"$ROOT/.venv/bin/python" -m pytest -n 2 --dist loadfile "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then

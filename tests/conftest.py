@@ -4,14 +4,17 @@ The whole run uses one intra-op thread (`pytest_configure`): tiny models are bou
 overhead, and on a shared 2-core machine a second OpenMP thread made a tiny model's step 10-15x
 slower (its spinning fights every other process for the cores).
 
-Parallel runs (`-n 2 --dist loadfile`, pytest-xdist): each worker runs whole files (so a
-module's server or engine fixture starts once), and the workers take the longest files first
-(`pytest_collection_modifyitems`), so the two finish together rather than one waiting on a
-long file picked up last. File times come from earlier runs on this machine (pytest's cache; a
-file never timed counts as long)."""
+Parallel runs (`scripts/test.sh` passes `-n 2 --dist loadfile` to pytest-xdist): each worker
+runs whole files (so a module's server or engine fixture starts once), and the workers take the
+longest files first (`pytest_collection_modifyitems`), so the two finish together rather than
+one waiting on a long file picked up last. File times come from earlier runs on this machine
+(pytest's cache), else from `tests/file_times.json` (measured on the 2-core reference machine,
+so a fresh clone or CI orders well too); a file never timed counts as long. Refresh the
+committed table after a full run with `python tests/conftest.py`."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -20,6 +23,7 @@ import pytest
 
 ZOO_CACHE = Path(__file__).resolve().parent.parent / ".omnistage-cache" / "zoo"
 DURATIONS_KEY = "omnistage/module_durations"
+FILE_TIMES = Path(__file__).resolve().parent / "file_times.json"
 
 # Every model is a local zoo folder: a path the Hub is asked about anyway (a made-up model_path,
 # a missing folder) must fail at once, not after huggingface_hub's ~25 s of retries offline.
@@ -66,7 +70,9 @@ def pytest_collection_modifyitems(config, items):
     # files in their usual order.
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return
-    known = config.cache.get(DURATIONS_KEY, {}) if getattr(config, "cache", None) is not None else {}
+    known = json.loads(FILE_TIMES.read_text()) if FILE_TIMES.exists() else {}
+    if getattr(config, "cache", None) is not None:
+        known.update(config.cache.get(DURATIONS_KEY, {}))
     first_seen: dict[str, int] = {}
     for i, item in enumerate(items):
         first_seen.setdefault(_module(item.nodeid), i)
@@ -99,3 +105,12 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+if __name__ == "__main__":
+    # Copy this machine's file times (pytest's cache, written by every full run) into the
+    # committed table that orders parallel runs on a fresh clone.
+    cached = Path(__file__).resolve().parent.parent / ".pytest_cache" / "v" / DURATIONS_KEY
+    times = json.loads(cached.read_text())
+    FILE_TIMES.write_text(json.dumps(dict(sorted(times.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
+    print(f"{FILE_TIMES}: {len(times)} files, {sum(times.values()):.0f} s in all")

@@ -227,10 +227,11 @@ def test_video_tab_plays_a_job_and_cancels_one(zoo, playground):
 
 
 def test_speech_tab_plays_while_the_stream_runs(zoo, playground):
-    # Random weights never say EOS: the talker stops at 64 frames (5.12 s of audio, sent in
-    # chunks of 2, then 8). Long enough that the stream outlasts the browser's audio start,
-    # which at 24 frames it did not always (played-at-end was 0 in CI).
-    overrides = '{"0": {"default_sampling_params": {"max_tokens": 64}}}'
+    # Random weights never say EOS: the talker stops at 160 frames (12.8 s of audio, sent in
+    # chunks of 2, then 8). Long enough that the stream outlasts the browser's audio start even
+    # when the browser is starved of CPU (at 24 frames played-at-end was 0 in CI; at 64 it was
+    # once under a parallel run).
+    overrides = '{"0": {"default_sampling_params": {"max_tokens": 160}}}'
     server, page = playground(zoo("csm"), "--served-model-name", "csm", "--stage-overrides", overrides)
     page.locator("#tabbtn-speech").wait_for()
     page.wait_for_function("document.getElementById('speech-voice').options.length > 1")
@@ -258,7 +259,7 @@ def test_speech_tab_plays_while_the_stream_runs(zoo, playground):
     duration = page.evaluate("""async () => { const a = document.getElementById('speech-audio');
         if (!(a.duration > 0)) await new Promise(r => a.addEventListener('loadedmetadata', r, {once: true}));
         return a.duration; }""")
-    assert 5.1 < duration < 5.15  # 64 Mimi frames at 12.5 Hz, replayable as one WAV
+    assert 12.78 < duration < 12.83  # 160 Mimi frames at 12.5 Hz, replayable as one WAV
 
 
 def test_chat_tab_streams_a_reply(zoo, playground):
