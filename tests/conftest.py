@@ -47,6 +47,13 @@ def _module(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
+def _scope(nodeid: str) -> str:
+    """What one xdist worker runs as a unit: a file, except that the Ray files go together, so
+    one worker starts the session's two-node cluster (tests/ray/conftest.py) and the other none."""
+    module = _module(nodeid)
+    return "tests/ray" if module.startswith("tests/ray/") else module
+
+
 class _FileTimes:
     """Sums each test file's setup + call + teardown time over the run (in an xdist run, the
     controller receives every worker's reports) and saves it in pytest's cache at the end."""
@@ -73,12 +80,33 @@ def pytest_collection_modifyitems(config, items):
     known = json.loads(FILE_TIMES.read_text()) if FILE_TIMES.exists() else {}
     if getattr(config, "cache", None) is not None:
         known.update(config.cache.get(DURATIONS_KEY, {}))
+    seconds: dict[str, float] = defaultdict(float)
     first_seen: dict[str, int] = {}
     for i, item in enumerate(items):
-        first_seen.setdefault(_module(item.nodeid), i)
+        module, scope = _module(item.nodeid), _scope(item.nodeid)
+        if first_seen.setdefault(module, i) == i:
+            seconds[scope] += known.get(module, float("inf"))
+        first_seen.setdefault(scope, i)
     # longest first; a file with no record counts as long (it may be new and slow); items keep
-    # their order within a file (module fixtures, and tests written to run in file order)
-    items.sort(key=lambda item: (-known.get(_module(item.nodeid), float("inf")), first_seen[_module(item.nodeid)]))
+    # their order within a scope (module fixtures, and tests written to run in file order)
+    items.sort(key=lambda item: (-seconds[_scope(item.nodeid)], first_seen[_scope(item.nodeid)],
+                                 first_seen[_module(item.nodeid)]))
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: the device check runs without it
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` with `_scope` as the unit, handed out in collection order (longest
+    first, above) rather than xdist's default of most tests first."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LongestScopeFirst(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+
+    config.option.loadscopereorder = False
+    return LongestScopeFirst(config, log)
 
 
 @pytest.fixture(scope="session")

@@ -316,12 +316,14 @@ def test_chat_tab_speaks_with_attachments_on_an_omni_model(zoo, playground):
 
 def test_talk_tab_talks_over_the_realtime_route(zoo, browser, tmp_path, request):
     """The microphone is Chromium's fake capture device playing a WAV of the synthetic voice
-    (1 s of voice, 1.5 s of silence, looped): the server's VAD hears each turn, and the
-    answer's audio reaches the page. The API key travels as a WebSocket subprotocol."""
+    (1 s of voice, 6 s of silence, looped): the server's VAD hears each turn, and the
+    answer's audio reaches the page. The API key travels as a WebSocket subprotocol. The
+    silence is long so the loop's next "voice" does not barge in on the answer before its
+    audio comes (with 1.5 s it did, once, on a loaded machine: a turn cancelled with no audio)."""
     from omnistage.testing.voice import synthetic_speech
 
     wav = tmp_path / "voice.wav"
-    sf.write(wav, np.concatenate([synthetic_speech(1.0, rate=48000), np.zeros(72000, np.float32)]), 48000,
+    sf.write(wav, np.concatenate([synthetic_speech(1.0, rate=48000), np.zeros(6 * 48000, np.float32)]), 48000,
              subtype="PCM_16")
     talker_cap = '{"0": {"default_sampling_params": {"max_tokens": 6}}, ' \
                  '"1": {"default_sampling_params": {"max_tokens": 32, "min_tokens": 8, "seed": 0}}}'
@@ -344,7 +346,7 @@ def test_talk_tab_talks_over_the_realtime_route(zoo, browser, tmp_path, request)
             page.wait_for_function("Number(document.getElementById('talk-status').dataset.turns || 0) >= 1",
                                    timeout=TIMEOUT_MS * 2)
             status = page.locator("#talk-status")
-            assert int(status.get_attribute("data-audio-bytes")) > 0  # the answer's audio reached the page
+            assert int(status.get_attribute("data-audio-bytes") or 0) > 0, status.inner_text()  # the answer's audio
             assert page.locator("#talk-log .msg.assistant").count() >= 1
             page.click("#talk-stop")
             assert status.inner_text() == "stopped"
