@@ -1,5 +1,5 @@
-"""LongCat-Image (Meituan): text -> image in one diffusion stage. LongCat-Image-Edit is not
-served natively yet."""
+"""LongCat-Image (Meituan): text -> image in one diffusion stage; LongCat-Image-Edit: an input
+image and an instruction -> image in one diffusion stage."""
 
 from omnistage.config import PipelineSpec, StageSpec, register_pipeline
 from omnistage.diffusion.registry import register_diffusion_pipeline
@@ -16,5 +16,20 @@ LONGCAT_IMAGE = PipelineSpec(
     ),
 )
 
+LONGCAT_IMAGE_EDIT = PipelineSpec(
+    name="longcat_image_edit",
+    stages=(
+        StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True,
+                  model="LongCatImageEditPipeline",
+                  # Step mode by default, as LongCat-Image (same transformer and step), not measured for
+                  # the edit pipeline itself (benchmarks/bench_step_mode.py has no row for it yet).
+                  defaults={"step_execution": True},
+        ),
+    ),
+)
+
 register_pipeline("LongCatImagePipeline", LONGCAT_IMAGE, deploy_config="longcat_image.yaml")
+register_pipeline("LongCatImageEditPipeline", LONGCAT_IMAGE_EDIT, deploy_config="longcat_image_edit.yaml")
 register_diffusion_pipeline("LongCatImagePipeline", "omnistage.models.longcat_image.pipeline:LongCatImage")
+register_diffusion_pipeline("LongCatImageEditPipeline",
+                            "omnistage.models.longcat_image.edit_pipeline:LongCatImageEdit")

@@ -22,6 +22,8 @@ from omnistage.entrypoints.openai.capabilities import Capabilities
     ("krea2", "KREA2", ["POST /v1/images/generations", "POST /v1/chat/completions", "/v1/responses"], "none"),
     ("longcat_image", "LONGCAT_IMAGE", ["POST /v1/images/generations", "POST /v1/chat/completions",
                                         "/v1/responses"], "none"),
+    ("longcat_image", "LONGCAT_IMAGE_EDIT", ["POST /v1/images/edits", "POST /v1/chat/completions", "/v1/responses"],
+     "required"),
     ("wan", "WAN_T2V", ["/v1/videos"], "none"),
     ("wan", "WAN_I2V", ["/v1/videos"], "required"),
     ("hunyuan_video", "HUNYUAN_VIDEO_T2V", ["/v1/videos"], "none"),
