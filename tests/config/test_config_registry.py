@@ -66,6 +66,7 @@ def test_config_json_beats_model_index(make_model):
         ("ZImagePipeline", "z_image", "image"),
         ("QwenImagePipeline", "qwen_image", "image"),
         ("QwenImageEditPipeline", "qwen_image_edit", "image"),
+        ("QwenImageLayeredPipeline", "qwen_image_layered", "image"),
         ("FluxPipeline", "flux", "image"),
         ("FluxKontextPipeline", "flux_kontext", "image"),
         ("Flux2Pipeline", "flux2", "image"),

@@ -18,8 +18,8 @@ EXPECTED = {
     # wave 3 (measured in a second run of the same script on these six families)
     "sdxl": True, "flux-kontext": False, "ernie-image": False, "ovis-image": True, "krea2": False,
     "longcat-image": True,
-    # not measured: as LongCat-Image, whose transformer and step it shares
-    "longcat-image-edit": True,
+    # not measured: as LongCat-Image and Qwen-Image-Edit, whose transformers and steps they share
+    "longcat-image-edit": True, "qwen-image-layered": True,
 }
 
 

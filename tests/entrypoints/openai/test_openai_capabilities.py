@@ -10,6 +10,8 @@ from omnistage.entrypoints.openai.capabilities import Capabilities
 @pytest.mark.parametrize("module, name, routes, image_input", [
     ("z_image", "Z_IMAGE", ["POST /v1/images/generations", "POST /v1/chat/completions", "/v1/responses"], "none"),
     ("qwen_image", "QWEN_IMAGE_EDIT", ["POST /v1/images/edits", "POST /v1/chat/completions", "/v1/responses"], "required"),
+    ("qwen_image", "QWEN_IMAGE_LAYERED", ["POST /v1/images/edits", "POST /v1/chat/completions", "/v1/responses"],
+     "required"),
     ("flux2", "FLUX2", ["POST /v1/images/generations", "POST /v1/images/edits", "POST /v1/chat/completions", "/v1/responses"],
      "optional"),
     ("flux", "FLUX_KONTEXT", ["POST /v1/images/generations", "POST /v1/images/edits", "POST /v1/chat/completions",
