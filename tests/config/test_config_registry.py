@@ -78,6 +78,7 @@ def test_config_json_beats_model_index(make_model):
         ("Krea2Pipeline", "krea2", "image"),
         ("LongCatImagePipeline", "longcat_image", "image"),
         ("LongCatImageEditPipeline", "longcat_image_edit", "image"),
+        ("HiDreamImagePipeline", "hidream_image", "image"),
         ("WanPipeline", "wan_t2v", "video"),
         ("WanImageToVideoPipeline", "wan_i2v", "video"),
     ],

@@ -20,6 +20,8 @@ EXPECTED = {
     "longcat-image": True,
     # not measured: as LongCat-Image and Qwen-Image-Edit, whose transformers and steps they share
     "longcat-image-edit": True, "qwen-image-layered": True,
+    # not measured, no measured sibling: request mode
+    "hidream-image": False,
 }
 
 

@@ -26,6 +26,8 @@ from omnistage.entrypoints.openai.capabilities import Capabilities
                                         "/v1/responses"], "none"),
     ("longcat_image", "LONGCAT_IMAGE_EDIT", ["POST /v1/images/edits", "POST /v1/chat/completions", "/v1/responses"],
      "required"),
+    ("hidream_image", "HIDREAM_IMAGE", ["POST /v1/images/generations", "POST /v1/chat/completions",
+                                        "/v1/responses"], "none"),
     ("wan", "WAN_T2V", ["/v1/videos"], "none"),
     ("wan", "WAN_I2V", ["/v1/videos"], "required"),
     ("hunyuan_video", "HUNYUAN_VIDEO_T2V", ["/v1/videos"], "none"),
