@@ -27,7 +27,7 @@ from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import DenoiseState, map_groups, pack_latents
 from omnistage.diffusion.request import DiffusionRequest
 from omnistage.models.longcat_image.pipeline import LongCatImage
-from omnistage.models.qwen_image.edit_pipeline import IMAGE_TOKEN, expand_image_tokens
+from omnistage.models.qwen_image.vl_processor import expand_image_tokens
 
 # LongCatImageEditPipeline.__init__'s prompt prefix: the system prompt, then the input image.
 EDIT_PROMPT_PREFIX = (
