@@ -8,8 +8,10 @@ HIDREAM_IMAGE = PipelineSpec(
     stages=(
         StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True,
                   model="HiDreamImagePipeline",
-                  # Request mode by default: not measured (benchmarks/bench_step_mode.py has no row for it
-                  # yet); `step_execution: true` lets short requests join and leave between steps.
+                  # Request mode by default: step mode made 0.909x its throughput on the tiny hidream-image,
+                  # more than 5% less (benchmarks/bench_step_mode.py --models hidream-image --no-write, one run
+                  # on a shared machine; not yet in RESULTS.md). `step_execution: true` trades that for short
+                  # requests not waiting behind long ones.
                   defaults={"step_execution": False},
         ),
     ),

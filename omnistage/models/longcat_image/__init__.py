@@ -21,8 +21,9 @@ LONGCAT_IMAGE_EDIT = PipelineSpec(
     stages=(
         StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True,
                   model="LongCatImageEditPipeline",
-                  # Step mode by default, as LongCat-Image (same transformer and step), not measured for
-                  # the edit pipeline itself (benchmarks/bench_step_mode.py has no row for it yet).
+                  # Step mode by default: 1.037x request mode's throughput on the tiny longcat-image-edit at
+                  # 64x64 (benchmarks/bench_step_mode.py --models longcat-image-edit --no-write, one run on a
+                  # shared machine; not yet in RESULTS.md).
                   defaults={"step_execution": True},
         ),
     ),

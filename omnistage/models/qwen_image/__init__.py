@@ -53,8 +53,9 @@ QWEN_IMAGE_LAYERED = PipelineSpec(
         StageSpec(
             id=0, name="diffusion", kind="diffusion", output="image", final_output=True,
             model="QwenImageLayeredPipeline",
-            # Step mode by default, as Qwen-Image-Edit (the same transformer over the input image's
-            # tokens too); not measured for Layered (benchmarks/bench_step_mode.py has no row for it yet).
+            # Step mode by default: 0.988x request mode's throughput on the tiny qwen-image-layered at
+            # 64x64 (benchmarks/bench_step_mode.py --models qwen-image-layered --no-write, one run on a
+            # shared machine; not yet in RESULTS.md).
             defaults={"step_execution": True},
         ),
     ),
