@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from omnistage.testing.diffusion_components import IMAGE_SIDE, quiet_diffusers, save_pipeline, seed_everything, write_json
+from omnistage.testing.diffusion_components import (IMAGE_SIDE, quiet_diffusers, save_pipeline, seed_everything,
+                                                    write_json)
 from omnistage.testing.diffusion_models import (
     _QWEN_EDIT_VISION_PIXELS,
     _QWEN_IMAGE,

@@ -23,7 +23,7 @@ from omnistage.models.longcat_image.edit_pipeline import LongCatImageEdit
 from omnistage.testing import call_kwargs as zoo_call_kwargs
 from omnistage.testing.diffusion_models import default_input_image
 
-SIDE = 64  # the vision tower reads half of it: Qwen2-VL's image processor needs 28 pixels a side
+SIDE = 64  # the output size the reference is told
 
 
 class TestLongCatImageEdit(ParityTests):
@@ -74,7 +74,8 @@ class TestLongCatImageEdit(ParityTests):
         image = default_input_image().resize((96, 48))
         request = ours.prepare_request(DiffusionRequest("r", "make it blue", DiffusionParams(), images=[image]))
         assert (request.params.width, request.params.height) == calculate_dimensions(1024 * 1024, 2.0)
-        assert (request.params.num_inference_steps, request.params.guidance_scale, request.params.extras) == (50, 4.5, {})
+        params = request.params
+        assert (params.num_inference_steps, params.guidance_scale, params.extras) == (50, 4.5, {})
 
     @pytest.mark.parametrize("field, params, images", [
         ("one input image", DiffusionParams(height=64, width=64), [default_input_image()] * 2),

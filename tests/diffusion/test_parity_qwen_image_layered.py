@@ -90,7 +90,8 @@ class TestQwenImageLayered(ParityTests):
             [out] = omni.generate({"prompt": "a red ball", "image": image}, params, use_tqdm=False)
         assert [(i.mode, i.size) for i in out.images] == [("RGBA", (32, 64))] * 6
         [payload] = ours.forward([DiffusionRequest("r", "a red ball", params, images=[image])])
-        assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(out.images, payload.images, strict=True))
+        pairs = zip(out.images, payload.images, strict=True)
+        assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in pairs)
         assert not np.array_equal(np.asarray(out.images[0]), np.asarray(out.images[1]))  # not one image repeated
 
     def test_default_size_is_diffusers(self, ours):

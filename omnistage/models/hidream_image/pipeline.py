@@ -41,7 +41,8 @@ CLIP_TOKENS = 218  # HiDreamImagePipeline._get_clip_prompt_embeds pads CLIP prom
 
 class HiDreamImage(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "HiDreamImagePipeline"
-    model_cpu_offload_seq: ClassVar[str] = "text_encoder->text_encoder_2->text_encoder_3->text_encoder_4->transformer->vae"
+    model_cpu_offload_seq: ClassVar[str] = (
+        "text_encoder->text_encoder_2->text_encoder_3->text_encoder_4->transformer->vae")
     # HiDreamImagePipeline.__call__ defaults; height/width (128 latent pixels times the VAE factor)
     # depend on the checkpoint and are filled in `configure`.
     default_params: ClassVar[dict[str, Any]] = {"num_inference_steps": 50, "guidance_scale": 5.0}
@@ -100,13 +101,15 @@ class HiDreamImage(DiffusionPipelineBase):
         return [(t5[i], llama[:, i], pooled[i]) for i in range(len(prompts))]
 
     def _clip_pooled(self, tokenizer: Any, encoder: Any, prompts: list[str], max_sequence_length: int) -> torch.Tensor:
+        """A CLIP encoder's projected pooled output [N, P] (`WithProjection`'s first output)."""
         ids = tokenizer(prompts, padding="max_length", max_length=min(max_sequence_length, CLIP_TOKENS),
                         truncation=True, return_tensors="pt").input_ids
         return encoder(ids.to(self.device), output_hidden_states=True)[0]
 
-    def _padded(self, tokenizer: Any, prompts: list[str], max_sequence_length: int) -> tuple[torch.Tensor, torch.Tensor]:
-        tokens = tokenizer(prompts, padding="max_length", max_length=min(max_sequence_length, tokenizer.model_max_length),
-                           truncation=True, add_special_tokens=True, return_tensors="pt")
+    def _padded(self, tokenizer: Any, prompts: list[str], max_sequence_length: int) -> tuple[torch.Tensor, ...]:
+        """(input ids, attention mask), each prompt padded to its encoder's length (T5, Llama)."""
+        tokens = tokenizer(prompts, padding="max_length", truncation=True, add_special_tokens=True,
+                           max_length=min(max_sequence_length, tokenizer.model_max_length), return_tensors="pt")
         return tokens.input_ids.to(self.device), tokens.attention_mask.to(self.device)
 
     @torch.no_grad()
