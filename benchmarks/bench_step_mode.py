@@ -41,7 +41,10 @@ MODES = ("request", "step")
 LONG_STEPS, SHORT_STEPS = 10, 2
 THRESHOLD = 0.95  # step mode becomes a family's default at >= 0.95x request mode's throughput
 # Families whose call needs an input image the zoo call leaves out (edit / animate).
-NEEDS_IMAGE = {"wan-i2v", "qwen-image-edit", "hunyuan-video-i2v"}
+NEEDS_IMAGE = {"wan-i2v", "qwen-image-edit", "hunyuan-video-i2v", "longcat-image-edit", "qwen-image-layered"}
+# Families whose diffusers call takes no size (it follows the input image, at about a megapixel):
+# run at the tiny side like the others; their zoo call leaves height/width out.
+TINY_SIZE = {"longcat-image-edit", "qwen-image-layered"}
 
 
 def diffusion_families() -> list[str]:
@@ -51,7 +54,8 @@ def diffusion_families() -> list[str]:
 
 
 def family_kwargs(model: str) -> dict:
-    """The zoo call at tiny, with an input image where the family needs one, and without
+    """The zoo call at tiny, with an input image where the family needs one (and the tiny size
+    where diffusers' call takes none), and without
     max_sequence_length where our request checker refuses it (the zoo call is diffusers':
     Qwen-Image-Edit's takes it, ours computes no such bound)."""
     from omnistage.diffusion.registry import pipeline_class
@@ -64,6 +68,8 @@ def family_kwargs(model: str) -> dict:
         from omnistage.testing.diffusion_models import default_input_image
 
         kwargs["image"] = default_input_image()
+    if model in TINY_SIZE:
+        kwargs["height"] = kwargs["width"] = get_model(model).sides["tiny"]
     return kwargs
 
 

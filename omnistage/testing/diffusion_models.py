@@ -124,8 +124,9 @@ _QWEN_IMAGE_SCHEDULER = dict(
 )
 
 
-def _qwen_image_components(dims: dict, *, vision_depth: int):
-    """The components Qwen-Image and Qwen-Image-Edit share (the edit model reuses them)."""
+def _qwen_image_components(dims: dict, *, vision_depth: int, image_channels: int = 3, **transformer_options):
+    """The components Qwen-Image and Qwen-Image-Edit share (the edit model reuses them);
+    Qwen-Image-Layered's VAE reads RGBA (`image_channels=4`) and its transformer takes options."""
     from diffusers import QwenImageTransformer2DModel
 
     tokenizer = build_qwen2_tokenizer()
@@ -142,13 +143,14 @@ def _qwen_image_components(dims: dict, *, vision_depth: int):
         joint_attention_dim=dims["text_hidden"],
         guidance_embeds=False,
         axes_dims_rope=dims["axes"],
+        **transformer_options,
     )
-    vae = qwen_image_vae(dims)
+    vae = qwen_image_vae(dims, image_channels)
     scheduler = flow_match_scheduler(**_QWEN_IMAGE_SCHEDULER)
     return dict(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
 
 
-def qwen_image_vae(dims: dict):
+def qwen_image_vae(dims: dict, image_channels: int = 3):
     """Qwen-Image's causal-3D VAE (also Krea 2's) from `dims`' "vae_base", "vae_mult" and "vae_res_blocks"."""
     from diffusers import AutoencoderKLQwenImage
 
@@ -160,6 +162,7 @@ def qwen_image_vae(dims: dict):
         num_res_blocks=dims["vae_res_blocks"],
         # One entry per downsampling (the spatial factor is 2**len): 3 gives the real 8x.
         temperal_downsample=[False] + [True] * (len(dims["vae_mult"]) - 2),
+        input_channels=image_channels,
         latents_mean=[0.0] * 16,
         latents_std=[1.0] * 16,
     )

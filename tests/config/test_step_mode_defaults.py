@@ -18,6 +18,8 @@ EXPECTED = {
     # wave 3 (measured in a second run of the same script on these six families)
     "sdxl": True, "flux-kontext": False, "ernie-image": False, "ovis-image": True, "krea2": False,
     "longcat-image": True,
+    # wave 4 (bench_step_mode --models ... --no-write on these three; not yet in RESULTS.md)
+    "longcat-image-edit": True, "qwen-image-layered": True, "hidream-image": False,
 }
 
 

@@ -117,17 +117,27 @@ class LongCatImage(DiffusionPipelineBase):
         """[N, TEXT_TOKENS, D]: each prompt padded to TEXT_TOKENS inside the chat template, the
         encoder's last hidden state with the template's tokens dropped. Padding is masked, so a
         prompt's embedding is the same in a batch as alone."""
-        padded = self.tokenizer.pad({"input_ids": [self._prompt_tokens(p) for p in prompts]}, max_length=TEXT_TOKENS,
-                                    padding="max_length", return_attention_mask=True, return_tensors="pt")
-        prefix = torch.tensor(self.tokenizer(PROMPT_PREFIX, add_special_tokens=False)["input_ids"])
-        suffix = torch.tensor(self.tokenizer(PROMPT_SUFFIX, add_special_tokens=False)["input_ids"])
-        n = len(prompts)
-        input_ids = torch.cat([prefix.expand(n, -1), padded.input_ids, suffix.expand(n, -1)], dim=-1)
-        mask = torch.cat([torch.ones(n, len(prefix), dtype=padded.attention_mask.dtype), padded.attention_mask,
-                          torch.ones(n, len(suffix), dtype=padded.attention_mask.dtype)], dim=-1)
+        input_ids, mask = self._prompt_block(prompts, PROMPT_PREFIX)
         out = self.text_encoder(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
                                 output_hidden_states=True)
-        return out.hidden_states[-1][:, len(prefix): -len(suffix)]
+        return out.hidden_states[-1][:, -TEXT_TOKENS - self._suffix_length: -self._suffix_length]
+
+    @property
+    def _suffix_length(self) -> int:
+        return len(self.tokenizer(PROMPT_SUFFIX, add_special_tokens=False)["input_ids"])
+
+    def _prompt_block(self, prompts: list[str], prefix: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input ids, attention mask) [N, L]: `prefix`, each prompt padded to TEXT_TOKENS (the
+        padding masked), PROMPT_SUFFIX."""
+        padded = self.tokenizer.pad({"input_ids": [self._prompt_tokens(p) for p in prompts]}, max_length=TEXT_TOKENS,
+                                    padding="max_length", return_attention_mask=True, return_tensors="pt")
+        prefix_ids = torch.tensor(self.tokenizer(prefix, add_special_tokens=False)["input_ids"])
+        suffix_ids = torch.tensor(self.tokenizer(PROMPT_SUFFIX, add_special_tokens=False)["input_ids"])
+        n = len(prompts)
+        input_ids = torch.cat([prefix_ids.expand(n, -1), padded.input_ids, suffix_ids.expand(n, -1)], dim=-1)
+        mask = torch.cat([torch.ones(n, len(prefix_ids), dtype=padded.attention_mask.dtype), padded.attention_mask,
+                          torch.ones(n, len(suffix_ids), dtype=padded.attention_mask.dtype)], dim=-1)
+        return input_ids, mask
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
@@ -158,21 +168,30 @@ class LongCatImage(DiffusionPipelineBase):
         def repeat(embeds: torch.Tensor | None) -> torch.Tensor | None:
             return None if embeds is None else embeds.unsqueeze(0).expand(n, *embeds.shape)
 
-        extras = params.extras
         cond = {
             "prompt_embeds": repeat(prompt),
             "negative_prompt_embeds": repeat(negative),
-            # Text on plane 0 at (i, i); the image on plane 1, its grid offset past the text.
+            # Text on plane 0 at (i, i); the image on plane 1, its grid offset past the text (the
+            # edit pipeline's prompt embeddings also hold the input image's vision tokens).
             "text_ids": prepare_pos_ids(modality_id=0, type="text", start=(0, 0),
                                         num_token=prompt.shape[0]).to(self.device),
-            "latent_image_ids": prepare_pos_ids(modality_id=1, type="image", start=(TEXT_TOKENS, TEXT_TOKENS),
-                                                height=latent_h // 2, width=latent_w // 2).to(self.device),
-            "guidance_scale": params.guidance_scale,
-            "enable_cfg_renorm": extras["enable_cfg_renorm"],
-            "cfg_renorm_min": extras["cfg_renorm_min"],
+            "latent_image_ids": self._image_ids(1, prompt.shape[0], latent_h, latent_w),
+            **self._guidance_cond(params),
         }
         return DenoiseState(request=request, latents=latents, noise_scheduler=noise_scheduler, timesteps=timesteps,
                             cond=cond)
+
+    def _image_ids(self, plane: int, num_text_tokens: int, latent_h: int, latent_w: int) -> torch.Tensor:
+        """Position ids of a packed latent grid on `plane`, offset past the text."""
+        from diffusers.pipelines.longcat_image.pipeline_longcat_image import prepare_pos_ids
+
+        return prepare_pos_ids(modality_id=plane, type="image", start=(num_text_tokens, num_text_tokens),
+                               height=latent_h // 2, width=latent_w // 2).to(self.device)
+
+    def _guidance_cond(self, params: Any) -> dict[str, Any]:
+        """What `guidance` reads from a state's cond."""
+        return {"guidance_scale": params.guidance_scale, "enable_cfg_renorm": params.extras["enable_cfg_renorm"],
+                "cfg_renorm_min": params.extras["cfg_renorm_min"]}
 
     # -- 3. denoise -----------------------------------------------------------------------
 
@@ -206,14 +225,19 @@ class LongCatImage(DiffusionPipelineBase):
         latents = torch.cat([s.latents for s in states])
         with self.transformer.cache_context(branch):
             pred = self.transformer(
-                hidden_states=latents,
+                hidden_states=torch.cat([self._model_input(s) for s in states]),
                 timestep=current_timesteps(states).to(latents.dtype) / 1000,
                 encoder_hidden_states=torch.cat([s.cond[f"{prefix}prompt_embeds"] for s in states]),
                 txt_ids=states[0].cond["text_ids"],
                 img_ids=states[0].cond["latent_image_ids"],
                 return_dict=False,
             )[0]
-        return split_per_state(pred, states)
+        # The edit pipeline also predicts the input image's tokens appended after the target's.
+        return split_per_state(pred[:, : latents.shape[1]], states)
+
+    def _model_input(self, state: DenoiseState) -> torch.Tensor:
+        """The transformer's image tokens for `state`: its latents (edit: plus the input image's)."""
+        return state.latents
 
     # -- 4. decode ------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """Qwen-Image: text -> image, Qwen-Image-Edit: image + instruction -> image,
-Qwen-Image-Edit-Plus: 1-3 images + instruction -> image, and Qwen-Image 2.1: text -> image.
+Qwen-Image-Edit-Plus: 1-3 images + instruction -> image, Qwen-Image-Layered: an RGBA image +
+its caption -> its RGBA layers, and Qwen-Image 2.1: text -> image.
 
 Each is one diffusion stage; the edit variant takes the input image through the
 request, not through an upstream stage.
@@ -46,6 +47,20 @@ QWEN_IMAGE_EDIT_PLUS = PipelineSpec(
     ),
 )
 
+QWEN_IMAGE_LAYERED = PipelineSpec(
+    name="qwen_image_layered",
+    stages=(
+        StageSpec(
+            id=0, name="diffusion", kind="diffusion", output="image", final_output=True,
+            model="QwenImageLayeredPipeline",
+            # Step mode by default: 0.988x request mode's throughput on the tiny qwen-image-layered at
+            # 64x64 (benchmarks/bench_step_mode.py --models qwen-image-layered --no-write, one run on a
+            # shared machine; not yet in RESULTS.md).
+            defaults={"step_execution": True},
+        ),
+    ),
+)
+
 QWEN_IMAGE_21 = PipelineSpec(
     name="qwen_image_21",
     stages=(
@@ -62,9 +77,11 @@ QWEN_IMAGE_21 = PipelineSpec(
 register_pipeline("QwenImagePipeline", QWEN_IMAGE, deploy_config="qwen_image.yaml")
 register_pipeline("QwenImageEditPipeline", QWEN_IMAGE_EDIT, deploy_config="qwen_image_edit.yaml")
 register_pipeline("QwenImageEditPlusPipeline", QWEN_IMAGE_EDIT_PLUS, deploy_config="qwen_image_edit_plus.yaml")
+register_pipeline("QwenImageLayeredPipeline", QWEN_IMAGE_LAYERED, deploy_config="qwen_image_layered.yaml")
 register_pipeline("QwenImage21Pipeline", QWEN_IMAGE_21, deploy_config="qwen_image_21.yaml")
 register_diffusion_pipeline("QwenImagePipeline", "omnistage.models.qwen_image.pipeline:QwenImage")
 register_diffusion_pipeline("QwenImageEditPipeline", "omnistage.models.qwen_image.edit_pipeline:QwenImageEdit")
 register_diffusion_pipeline("QwenImageEditPlusPipeline",
                             "omnistage.models.qwen_image.edit_plus_pipeline:QwenImageEditPlus")
+register_diffusion_pipeline("QwenImageLayeredPipeline", "omnistage.models.qwen_image.layered_pipeline:QwenImageLayered")
 register_diffusion_pipeline("QwenImage21Pipeline", "omnistage.models.qwen_image.v21_pipeline:QwenImage21")

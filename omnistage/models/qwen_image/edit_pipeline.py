@@ -25,12 +25,12 @@ from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import DenoiseState, pack_latents
 from omnistage.diffusion.request import DiffusionRequest
 from omnistage.models.qwen_image.pipeline import QwenImage
+from omnistage.models.qwen_image.vl_processor import expand_image_tokens
 
 # QwenImageEditPipeline resizes the input image to about this many pixels (keeping its aspect
 # ratio, sides a multiple of 32) whatever output size is asked for; that size is also the
 # default output size.
 CONDITION_IMAGE_AREA = 1024 * 1024
-IMAGE_TOKEN = "<|image_pad|>"
 
 
 def condition_size(image: Any, area: int = CONDITION_IMAGE_AREA) -> tuple[int, int]:
@@ -50,16 +50,6 @@ class ConditionImages:
     """What the text encoder's vision tower reads."""
     vae: list[Any]
     """What the VAE encodes into the latents appended after the target's."""
-
-
-def expand_image_tokens(text: str, grids: Any, merge: int) -> str:
-    """`text` with each image placeholder expanded to one token per merged patch of the next
-    image's grid from `grids` (an iterator over image_grid_thw rows), as Qwen2VLProcessor does."""
-    parts = text.split(IMAGE_TOKEN)
-    out = parts[0]
-    for part in parts[1:]:
-        out += IMAGE_TOKEN * int(next(grids).prod() // merge) + part
-    return out
 
 
 class QwenImageEdit(QwenImage):

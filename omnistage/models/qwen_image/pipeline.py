@@ -4,7 +4,8 @@ Reproduces `diffusers.QwenImagePipeline` (pipelines/qwenimage/pipeline_qwenimage
 split at the encode / denoise_step / decode seams. `QwenImageEdit` (edit_pipeline.py)
 subclasses it and overrides only the hooks that differ: the prompt template, the text
 inputs (the encoder also sees the input image), the condition image and its latents;
-`QwenImageEditPlus` (edit_plus_pipeline.py) takes 1-3 input images on top of that, and
+`QwenImageEditPlus` (edit_plus_pipeline.py) takes 1-3 input images on top of that,
+`QwenImageLayered` (layered_pipeline.py) decomposes an RGBA image into RGBA layers, and
 `QwenImage21` (v21_pipeline.py) keeps the encode seams with its own encoder, latents and
 transformer call.
 
@@ -233,6 +234,7 @@ class QwenImage(DiffusionPipelineBase):
                 encoder_hidden_states=embeds,
                 encoder_hidden_states_mask=mask,
                 img_shapes=[list(states[0].cond["img_shapes"])] * latents.shape[0],
+                **self._transformer_options(latents.shape[0]),
                 return_dict=False,
             )[0]
         # Edit models also predict the condition-image tokens appended after the target's.
@@ -241,6 +243,10 @@ class QwenImage(DiffusionPipelineBase):
     def _model_input(self, state: DenoiseState) -> torch.Tensor:
         """The transformer's image tokens for `state`: its latents (edit: plus the input image's)."""
         return state.latents
+
+    def _transformer_options(self, batch_size: int) -> dict[str, Any]:
+        """More transformer inputs for a call over `batch_size` latents (Layered: its extra timestep condition)."""
+        return {}
 
     @staticmethod
     def _pad_embeds(embeds: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:

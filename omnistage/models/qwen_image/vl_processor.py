@@ -6,7 +6,8 @@ imports. Their `__call__` and `apply_chat_template` on text and images use only 
 processor and the tokenizer, so this sets those (and the special tokens `__init__` would
 look up) on an instance directly. diffusers' Qwen-Image 2.1 pipeline needs such an object
 to be constructed at all (its `__init__` renders the chat template), and the parity tests
-call diffusers' edit pipelines through one.
+call diffusers' edit pipelines through one. `expand_image_tokens` is what the processor does to
+a prompt's image placeholders (Qwen-Image-Edit's and LongCat-Image-Edit's text inputs).
 """
 
 from __future__ import annotations
@@ -27,3 +28,16 @@ def processor_from_parts(processor_cls: type, path: str, subfolder: str = "proce
     for name in ("image_token", "video_token", "vision_start_token", "vision_end_token"):
         setattr(processor, f"{name}_id", processor.tokenizer.convert_tokens_to_ids(getattr(processor, name)))
     return processor
+
+
+IMAGE_TOKEN = "<|image_pad|>"
+
+
+def expand_image_tokens(text: str, grids: Any, merge: int) -> str:
+    """`text` with each image placeholder expanded to one token per merged patch of the next
+    image's grid from `grids` (an iterator over image_grid_thw rows), as Qwen2VLProcessor does."""
+    parts = text.split(IMAGE_TOKEN)
+    out = parts[0]
+    for part in parts[1:]:
+        out += IMAGE_TOKEN * int(next(grids).prod() // merge) + part
+    return out
