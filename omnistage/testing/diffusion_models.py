@@ -376,9 +376,26 @@ def _wan_scheduler():
     )
 
 
+def wan_vae(size: str):
+    """The Wan 2.1 causal-3D VAE (8x spatial, 4x temporal), which SANA-Video uses too."""
+    from diffusers import AutoencoderKLWan
+
+    dims = _WAN[size]
+    # Zero-mean unit-std latents: random weights have no learned latent statistics.
+    return AutoencoderKLWan(
+        base_dim=dims["vae_base"],
+        z_dim=16,
+        dim_mult=dims["vae_mult"],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+        latents_mean=[0.0] * 16,
+        latents_std=[1.0] * 16,
+    )
+
+
 def _wan_components(size: str, *, in_channels: int, image_dim: int | None = None) -> dict:
     """The components Wan T2V and I2V share; I2V adds image channels and image cross-attention."""
-    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from diffusers import WanTransformer3DModel
 
     dims = _WAN[size]
     tokenizer = build_t5_tokenizer()
@@ -399,16 +416,7 @@ def _wan_components(size: str, *, in_channels: int, image_dim: int | None = None
         added_kv_proj_dim=inner if image_dim else None,
         rope_max_seq_len=1024,
     )
-    # Zero-mean unit-std latents: random weights have no learned latent statistics.
-    vae = AutoencoderKLWan(
-        base_dim=dims["vae_base"],
-        z_dim=16,
-        dim_mult=dims["vae_mult"],
-        num_res_blocks=1,
-        temperal_downsample=[False, True, True],
-        latents_mean=[0.0] * 16,
-        latents_std=[1.0] * 16,
-    )
+    vae = wan_vae(size)  # after the transformer: the draw order fixes the weights
     return dict(
         tokenizer=tokenizer,
         text_encoder=t5_encoder(tokenizer, d_model=dims["text_hidden"], umt5=True),

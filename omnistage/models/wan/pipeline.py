@@ -250,11 +250,7 @@ class _Wan(DiffusionPipelineBase):
         return list(self.video_processor.postprocess_video(video, output_type="np"))  # [F, H, W, 3] each
 
     def _latent_stats(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean, 1 / std) of the VAE latents, shaped to broadcast over [B, C, T, H, W]."""
-        z_dim = self.vae.config.z_dim
-        mean = torch.tensor(self.vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(self.device, dtype)
-        inv_std = 1.0 / torch.tensor(self.vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(self.device, dtype)
-        return mean, inv_std
+        return latent_stats(self.vae, self.vae.config.z_dim, self.device, dtype)
 
 
 class WanT2V(_Wan):
@@ -344,6 +340,21 @@ class WanI2V(_Wan):
             return state.latents
         mask = state.cond["first_frame_mask"]
         return (1 - mask) * state.cond["condition"] + mask * state.latents
+
+
+def latent_stats(vae: Any, num_channels: int, device: torch.device,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, 1 / std) of a video VAE's latents, shaped to broadcast over [B, C, T, H, W]: the Wan
+    VAE's config lists them, LTX-2's VAE holds them as buffers, others are unnormalized (as the
+    pipelines that take either, e.g. SANA-Video, read them)."""
+    if "latents_mean" in vae.config:
+        mean, std = torch.tensor(vae.config.latents_mean), torch.tensor(vae.config.latents_std)
+    elif hasattr(vae, "latents_mean"):
+        mean, std = vae.latents_mean, vae.latents_std
+    else:
+        mean, std = torch.zeros(num_channels), torch.ones(num_channels)
+    shape = (1, num_channels, 1, 1, 1)
+    return mean.view(shape).to(device, dtype), 1.0 / std.view(shape).to(device, dtype)
 
 
 def wan_modulated_input(block: Any, args: tuple) -> torch.Tensor:
