@@ -86,7 +86,8 @@ def build_sana_video_i2v(out_dir: Path, size: str, seed: int) -> None:
     save_pipeline(SanaImageToVideoPipeline(**_components(size), scheduler=scheduler), out_dir)
 
 
-# diffusers' SANA-Video pipelines name the frame count `frames`; the rest are the usual kwargs.
+# diffusers' SANA-Video pipelines name the frame count `frames`; binning off: the tiny model
+# has no bins (diffusers would raise).
 _T2V_CALL = dict(
     prompt=PROMPT,
     negative_prompt=NEGATIVE_PROMPT,
@@ -96,6 +97,7 @@ _T2V_CALL = dict(
     num_inference_steps=4,
     guidance_scale=6.0,
     max_sequence_length=16,
+    use_resolution_binning=False,
 )
 
 register_zoo_model(

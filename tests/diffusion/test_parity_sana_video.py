@@ -7,15 +7,14 @@ import pytest
 
 from parity import BATCH_PROMPTS, ParityTests, assert_rejected, request_for
 
+from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.models.sana_video.pipeline import SanaVideoI2V, SanaVideoT2V
 from omnistage.testing import call_kwargs as zoo_call_kwargs
 from omnistage.testing.diffusion_models import default_input_image
 
-# The tiny model has no resolution bins (diffusers would raise), so the call turns binning off.
-T2V_CALL = dict(zoo_call_kwargs("sana-video"), use_resolution_binning=False)
-I2V_CALL = dict(zoo_call_kwargs("sana-video-i2v"), use_resolution_binning=False,
-                image=default_input_image(T2V_CALL["height"]))
+T2V_CALL = zoo_call_kwargs("sana-video")
+I2V_CALL = dict(zoo_call_kwargs("sana-video-i2v"), image=default_input_image(T2V_CALL["height"]))
 
 
 def small(**fields) -> DiffusionParams:
@@ -76,6 +75,17 @@ class TestSanaVideoT2V(SanaVideoParity):
         assert checker.prepare_params(DiffusionParams()).extras["use_resolution_binning"] is True
         checker.prepare_request(request_for({"prompt": "a cat"}, 0))
         assert_rejected(checker, "height", DiffusionParams(height=480, width=480))
+
+
+    @pytest.mark.parametrize("fields, field", [
+        ({"executor": "mp", "num_devices": 2, "ulysses_degree": 2}, "ulysses_degree"),
+        ({"executor": "mp", "num_devices": 2, "ring_degree": 2}, "ring_degree"),
+        ({"cache_backend": "first_block_cache"}, "cache_backend"),
+    ])
+    def test_undeclared_accelerations_are_refused_by_name(self, path, fields, field):
+        # No sequence-parallel plan or step-cache block chain declared for its transformer.
+        with pytest.raises(ValueError, match=field):
+            SanaVideoT2V.from_pretrained(path, deploy=StageDeployConfig(**fields))
 
 
 class TestSanaVideoI2V(SanaVideoParity):

@@ -26,6 +26,8 @@ from omnistage.entrypoints.openai.capabilities import Capabilities
     ("wan", "WAN_I2V", ["/v1/videos"], "required"),
     ("hunyuan_video", "HUNYUAN_VIDEO_T2V", ["/v1/videos"], "none"),
     ("hunyuan_video", "HUNYUAN_VIDEO_I2V", ["/v1/videos"], "required"),
+    ("sana_video", "SANA_VIDEO_T2V", ["/v1/videos"], "none"),
+    ("sana_video", "SANA_VIDEO_I2V", ["/v1/videos"], "required"),
     ("llm", "QWEN2", ["POST /v1/chat/completions", "/v1/responses", "POST /v1/completions"], "none"),
 ])
 def test_routes_of_registered_families(module, name, routes, image_input):
