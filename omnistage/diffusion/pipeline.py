@@ -92,6 +92,8 @@ class DiffusionPipelineBase(ABC):
     """Whether a request must carry an input image (edit, I2V)."""
     takes_image: ClassVar[bool] = False
     """Whether a request may carry input images without needing one (FLUX.2's reference images)."""
+    takes_video: ClassVar[bool] = False
+    """Whether a request may carry a control video and its mask (Wan-VACE)."""
     guidance: ClassVar[Guidance | None] = None
     """How classifier-free guidance runs for this family (guidance.py); None = no CFG branches."""
     step_cache_blocks: ClassVar[Any] = None
@@ -213,6 +215,9 @@ class DiffusionPipelineBase(ABC):
             raise RequestError("image", "image: this model needs an input image")
         if not (self.needs_image or self.takes_image) and request.images:
             raise RequestError("image", "image: this model does not take an input image")
+        for name in ("video", "mask"):
+            if getattr(request, name) and not self.takes_video:
+                raise RequestError(name, f"{name}: this model does not take a control video")
 
     def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:
         """The request with defaults filled and extras validated, after `check_inputs`. It runs

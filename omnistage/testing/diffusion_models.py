@@ -393,14 +393,21 @@ def wan_vae(size: str):
     )
 
 
-def _wan_components(size: str, *, in_channels: int, image_dim: int | None = None) -> dict:
-    """The components Wan T2V and I2V share; I2V adds image channels and image cross-attention."""
-    from diffusers import WanTransformer3DModel
+def _wan_components(size: str, *, in_channels: int, image_dim: int | None = None, vace: bool = False) -> dict:
+    """The components Wan T2V, I2V and VACE share; I2V adds image channels and image
+    cross-attention, VACE the control blocks (`WanVACETransformer3DModel`)."""
+    from diffusers import WanTransformer3DModel, WanVACETransformer3DModel
 
     dims = _WAN[size]
     tokenizer = build_t5_tokenizer()
     inner = dims["heads"] * dims["head_dim"]
-    transformer = WanTransformer3DModel(
+    # VACE: a control block beside the first and every other DiT block; its input is the
+    # control video's inactive and reactive latents (2 x 16) and the 8 x 8 mask (64).
+    model, control = ((WanVACETransformer3DModel, dict(vace_layers=list(range(0, dims["layers"], 2)),
+                                                       vace_in_channels=96))
+                      if vace else (WanTransformer3DModel, {}))
+    transformer = model(
+        **control,
         patch_size=(1, 2, 2),
         num_attention_heads=dims["heads"],
         attention_head_dim=dims["head_dim"],
@@ -432,6 +439,13 @@ def build_wan_t2v(out_dir: Path, size: str, seed: int) -> None:
     seed_everything(seed)
     pipe = WanPipeline(**_wan_components(size, in_channels=16))
     save_pipeline(pipe, out_dir)
+
+
+def build_wan_vace(out_dir: Path, size: str, seed: int) -> None:
+    from diffusers import WanVACEPipeline
+
+    seed_everything(seed)
+    save_pipeline(WanVACEPipeline(**_wan_components(size, in_channels=16, vace=True)), out_dir)
 
 
 # Wan 2.1 I2V conditions on a CLIP ViT's penultimate hidden states (ViT-H/14 at 224px in
@@ -506,6 +520,8 @@ _CALL_KWARGS: dict[str, dict] = {
     "wan-t2v": dict(_T2V_DEFAULTS),
     # Also needs image=: default_input_image() gives one.
     "wan-i2v": dict(_T2V_DEFAULTS),
+    # Text only here; tests add reference_images=, video= and mask= (lists of PIL images).
+    "wan-vace": dict(_T2V_DEFAULTS),
 }
 
 
@@ -552,4 +568,10 @@ _register(
     "diffusers.WanImageToVideoPipeline",
     build_wan_i2v,
     "Wan 2.1 image-to-video: UMT5 + CLIP vision encoders, 3D DiT with image cross-attention",
+)
+_register(
+    "wan-vace",
+    "diffusers.WanVACEPipeline",
+    build_wan_vace,
+    "Wan 2.1 VACE: Wan T2V plus control blocks over a control video, its mask and reference images",
 )

@@ -19,7 +19,7 @@ EXPECTED = {
     "sdxl": True, "flux-kontext": False, "ernie-image": False, "ovis-image": True, "krea2": False,
     "longcat-image": True,
     # not measured: step mode as the other video families (see each declaration)
-    "sana-video": True, "sana-video-i2v": True,
+    "sana-video": True, "sana-video-i2v": True, "wan-vace": True,
 }
 
 

@@ -136,8 +136,7 @@ class _Wan(DiffusionPipelineBase):
         from diffusers.utils.torch_utils import randn_tensor
 
         params = request.params
-        num_latent_frames = (params.num_frames - 1) // self.vae_scale_factor_temporal + 1
-        shape = (1, self.num_channels_latents, num_latent_frames, params.height // self.vae_scale_factor_spatial,
+        shape = (1, self.num_channels_latents, self._num_latent_frames(request), params.height // self.vae_scale_factor_spatial,
                  params.width // self.vae_scale_factor_spatial)
         # Wan keeps latents (and the noise scheduler's arithmetic) in float32 whatever the model dtype.
         latents = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=torch.float32)
@@ -156,6 +155,9 @@ class _Wan(DiffusionPipelineBase):
     @property
     def num_channels_latents(self) -> int:
         return self.main_transformer.config.in_channels
+
+    def _num_latent_frames(self, request: DiffusionRequest) -> int:
+        return (request.params.num_frames - 1) // self.vae_scale_factor_temporal + 1
 
     def _condition(self, request: DiffusionRequest, latents: torch.Tensor) -> dict[str, Any]:
         """Extra per-request tensors for the transformer input (I2V: the encoded image)."""
@@ -200,10 +202,15 @@ class _Wan(DiffusionPipelineBase):
         def key(s: DenoiseState) -> tuple:
             image = s.cond["image_embeds"]
             return (self._expert(s), tuple(s.latents.shape[1:]), s.cond["prompt_embeds"].shape[1],
-                    None if image is None else tuple(image.shape[1:]))
+                    None if image is None else tuple(image.shape[1:]), self._call_key(s))
 
         for group in group_by(states, key):
             self._denoise_group(group, self._expert(group[0]))
+
+    def _call_key(self, state: DenoiseState) -> Any:
+        """What else a request must share with others to join their transformer call (VACE: its
+        conditioning scale)."""
+        return None
 
     def _guidance_scale(self, state: DenoiseState) -> float | None:
         """CFG when guidance_scale > 1; Wan 2.2's low-noise expert uses guidance_scale_2."""
@@ -230,8 +237,13 @@ class _Wan(DiffusionPipelineBase):
                 ]),
                 encoder_hidden_states_image=None if images[0] is None else torch.cat(images),
                 return_dict=False,
+                **self._control_kwargs(model, states),
             )[0]
         return split_per_state(noise_pred, states)
+
+    def _control_kwargs(self, model: Any, states: list[DenoiseState]) -> dict[str, Any]:
+        """Further transformer inputs (VACE: the control latents and their scale)."""
+        return {}
 
     # -- 4. decode ------------------------------------------------------------------------
 
@@ -241,7 +253,7 @@ class _Wan(DiffusionPipelineBase):
     @torch.no_grad()
     def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
         # States with the same video shape share one VAE call.
-        return map_groups(states, lambda s: tuple(s.latents.shape[1:]), self._decode_group)
+        return map_groups(states, lambda s: tuple(self._final_latents(s).shape[1:]), self._decode_group)
 
     def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
         latents = torch.cat([self._final_latents(s) for s in states]).to(self.vae.dtype)

@@ -24,6 +24,7 @@ from omnistage.entrypoints.openai.capabilities import Capabilities
                                         "/v1/responses"], "none"),
     ("wan", "WAN_T2V", ["/v1/videos"], "none"),
     ("wan", "WAN_I2V", ["/v1/videos"], "required"),
+    ("wan", "WAN_VACE", ["/v1/videos"], "optional"),
     ("hunyuan_video", "HUNYUAN_VIDEO_T2V", ["/v1/videos"], "none"),
     ("hunyuan_video", "HUNYUAN_VIDEO_I2V", ["/v1/videos"], "required"),
     ("sana_video", "SANA_VIDEO_T2V", ["/v1/videos"], "none"),
