@@ -46,12 +46,15 @@ class Capabilities:
     """Whether a request to an image/video model carries an input image."""
     diffusion_outputs: frozenset[str] = frozenset()
     """Output modalities of the final stages that are diffusion stages, e.g. {"audio"} for Stable Audio."""
+    video_input: bool = False
+    """Whether a video request may carry a control video and its mask (Wan-VACE)."""
 
     @classmethod
     def from_spec(cls, model: str, spec: Any) -> Capabilities:
         outputs = frozenset(m for stage in spec.final_stages for m in stage.modalities)
         diffusion = frozenset(m for stage in spec.final_stages if stage.kind == "diffusion" for m in stage.modalities)
-        return cls(model=model, outputs=outputs, image_input=_image_input(spec), diffusion_outputs=diffusion)
+        return cls(model=model, outputs=outputs, image_input=_image_input(spec), diffusion_outputs=diffusion,
+                   video_input=_video_input(spec))
 
     def serves(self, task: str) -> bool:
         if task == "images.generations":
@@ -105,6 +108,15 @@ def _image_input(spec: Any) -> ImageInput:
         return "optional"
     cls = pipeline_class(entries[0].model)
     return "required" if cls.needs_image else "optional" if cls.takes_image else "none"
+
+
+def _video_input(spec: Any) -> bool:
+    entries = [s for s in spec.entry_stages if s.kind == "diffusion" and s.model is not None]
+    if not entries:
+        return False
+    from omnistage.diffusion.registry import is_native, pipeline_class
+
+    return is_native(entries[0].model) and pipeline_class(entries[0].model).takes_video
 
 
 def model_facts(model_path: str, engine: Any, capabilities: Capabilities) -> dict[str, Any]:
