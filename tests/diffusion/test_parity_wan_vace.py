@@ -11,6 +11,7 @@ from PIL import Image
 
 from parity import BATCH_PROMPTS, ParityTests, assert_rejected, request_for
 
+from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.models.wan.vace import WanVACE
 from omnistage.testing import call_kwargs as zoo_call_kwargs
@@ -102,3 +103,13 @@ class TestWanVACE(ParityTests):
         checker = WanT2V.for_requests(CheckpointConfigs.read(str(zoo("wan-t2v"))))
         with pytest.raises(ValueError, match="video"):
             checker.prepare_request(DiffusionRequest("r", "a cat", small(), video=control_video(4)))
+
+    @pytest.mark.parametrize("fields, field", [
+        ({"executor": "mp", "num_devices": 2, "ulysses_degree": 2}, "ulysses_degree"),
+        ({"executor": "mp", "num_devices": 2, "ring_degree": 2}, "ring_degree"),
+        ({"cache_backend": "first_block_cache"}, "cache_backend"),
+    ])
+    def test_undeclared_accelerations_are_refused_by_name(self, path, fields, field):
+        # No sequence-parallel plan for the VACE transformer; no block chain for the step caches.
+        with pytest.raises(ValueError, match=field):
+            WanVACE.from_pretrained(path, deploy=StageDeployConfig(**fields))

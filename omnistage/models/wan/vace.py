@@ -34,6 +34,9 @@ class WanVACE(_Wan):
     _optional_components: ClassVar[list[str]] = ["transformer", "transformer_2"]
     takes_image: ClassVar[bool] = True  # reference images, any number (none is plain T2V)
     takes_video: ClassVar[bool] = True
+    # The VACE blocks' hints are added between the DiT blocks in the transformer's own loop, which
+    # Wan's block chain does not see: step caches are refused rather than skip them unchecked.
+    step_cache_blocks: ClassVar[Any] = None
     extras: ClassVar[dict[str, ExtraSpec]] = {
         **_Wan.extras,
         # diffusers also takes one scale per VACE layer; one for all of them is served.
