@@ -344,6 +344,27 @@ def check_divisible(params: DiffusionParams, **multiples: int) -> None:
             raise RequestError(name, f"{name} must be divisible by {multiple}, got {value}")
 
 
+def check_video_frames(params: DiffusionParams, temporal: int) -> None:
+    """One video per request, of 4k+1 frames for a VAE that folds `temporal` frames into one
+    latent frame after the first. diffusers rounds the count down; we refuse it."""
+    if (params.num_frames - 1) % temporal != 0:
+        raise RequestError("num_frames", f"num_frames - 1 must be divisible by {temporal}, "
+                           f"got num_frames={params.num_frames}")
+    if params.num_outputs_per_prompt != 1:
+        raise RequestError("num_outputs_per_prompt",
+                           f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}")
+
+
+def check_one_image(request: DiffusionRequest) -> None:
+    """Exactly one input image, a PIL image (image-to-video)."""
+    import PIL.Image
+
+    if len(request.images) != 1:
+        raise RequestError("image", f"image: expected exactly one input image, got {len(request.images)}")
+    if not isinstance(request.images[0], PIL.Image.Image):
+        raise RequestError("image", f"image: must be a PIL image, got {type(request.images[0]).__name__}")
+
+
 def encode_prompts_by_length(requests: list[DiffusionRequest], uses_cfg: Callable[[DiffusionRequest], bool],
                              encode: Callable[[list[str], int], Sequence[Any]]) -> list[tuple[Any, Any | None]]:
     """(prompt row, negative-prompt row or None) per request. Requests with the same

@@ -31,6 +31,8 @@ from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
     DiffusionRequest,
+    check_one_image,
+    check_video_frames,
     group_by,
     map_groups,
     split_per_state,
@@ -108,12 +110,7 @@ class SanaVideoT2V(DiffusionPipelineBase):
             if value % SIZE_MULTIPLE != 0:
                 binned = " (its resolution bin)" if params.extras["use_resolution_binning"] else ""
                 raise RequestError(name, f"{name} must be divisible by {SIZE_MULTIPLE}{binned}, got {value}")
-        if (params.num_frames - 1) % self.vae_scale_factor_temporal != 0:
-            raise RequestError("num_frames", f"num_frames - 1 must be divisible by {self.vae_scale_factor_temporal}, "
-                               f"got num_frames={params.num_frames}")
-        if params.num_outputs_per_prompt != 1:
-            raise RequestError("num_outputs_per_prompt",
-                               f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}")
+        check_video_frames(params, self.vae_scale_factor_temporal)
         for name in ("true_cfg_scale", "guidance_scale_2"):
             if getattr(params, name) is not None:
                 raise RequestError(name, f"{name}: not used by SANA-Video (its CFG scale is guidance_scale)")
@@ -254,13 +251,8 @@ class SanaVideoI2V(SanaVideoT2V):
     needs_image: ClassVar[bool] = True
 
     def check_inputs(self, request: DiffusionRequest) -> None:
-        import PIL.Image
-
         super().check_inputs(request)
-        if len(request.images) != 1:
-            raise RequestError("image", f"image: expected exactly one input image, got {len(request.images)}")
-        if not isinstance(request.images[0], PIL.Image.Image):
-            raise RequestError("image", f"image: must be a PIL image, got {type(request.images[0]).__name__}")
+        check_one_image(request)
 
     def _condition(self, state: DenoiseState, height: int, width: int) -> None:
         """SanaImageToVideoPipeline.prepare_latents and its conditioning mask (1 on the first

@@ -31,6 +31,8 @@ from omnistage.diffusion.pipeline import (
     DiffusionPipelineBase,
     DiffusionRequest,
     check_divisible,
+    check_one_image,
+    check_video_frames,
     encode_prompts_by_length,
     group_by,
     map_groups,
@@ -88,11 +90,7 @@ class _Wan(DiffusionPipelineBase):
         super().check_inputs(request)
         params = request.params  # defaults filled (prepare_request)
         check_divisible(params, height=self.height_multiple_of, width=self.width_multiple_of)
-        if (params.num_frames - 1) % self.vae_scale_factor_temporal != 0:
-            raise RequestError("num_frames", f"num_frames - 1 must be divisible by {self.vae_scale_factor_temporal}, "
-                               f"got num_frames={params.num_frames}")
-        if params.num_outputs_per_prompt != 1:
-            raise RequestError("num_outputs_per_prompt", f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}")
+        check_video_frames(params, self.vae_scale_factor_temporal)
         if params.guidance_scale_2 is not None and self.boundary_ratio is None:
             raise RequestError("guidance_scale_2", "guidance_scale_2 needs a two-expert checkpoint (boundary_ratio in model_index.json)")
 
@@ -285,13 +283,8 @@ class WanI2V(_Wan):
         self.image_processor = components.get("image_processor")
 
     def check_inputs(self, request: DiffusionRequest) -> None:
-        import PIL.Image
-
         super().check_inputs(request)
-        if len(request.images) != 1:
-            raise RequestError("image", f"image: expected exactly one input image, got {len(request.images)}")
-        if not isinstance(request.images[0], PIL.Image.Image):
-            raise RequestError("image", f"image: must be a PIL image, got {type(request.images[0]).__name__}")
+        check_one_image(request)
 
     @property
     def num_channels_latents(self) -> int:
