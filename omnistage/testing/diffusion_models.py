@@ -441,13 +441,6 @@ def build_wan_t2v(out_dir: Path, size: str, seed: int) -> None:
     save_pipeline(pipe, out_dir)
 
 
-def build_wan_vace(out_dir: Path, size: str, seed: int) -> None:
-    from diffusers import WanVACEPipeline
-
-    seed_everything(seed)
-    save_pipeline(WanVACEPipeline(**_wan_components(size, in_channels=16, vace=True)), out_dir)
-
-
 # Wan 2.1 I2V conditions on a CLIP ViT's penultimate hidden states (ViT-H/14 at 224px in
 # the real model; a 2-layer ViT at 32px here).
 _WAN_IMAGE_ENCODER = {"tiny": dict(hidden=16, image=32, patch=8), "small": dict(hidden=32, image=64, patch=8)}
@@ -520,8 +513,6 @@ _CALL_KWARGS: dict[str, dict] = {
     "wan-t2v": dict(_T2V_DEFAULTS),
     # Also needs image=: default_input_image() gives one.
     "wan-i2v": dict(_T2V_DEFAULTS),
-    # Text only here; tests add reference_images=, video= and mask= (lists of PIL images).
-    "wan-vace": dict(_T2V_DEFAULTS),
 }
 
 
@@ -568,10 +559,4 @@ _register(
     "diffusers.WanImageToVideoPipeline",
     build_wan_i2v,
     "Wan 2.1 image-to-video: UMT5 + CLIP vision encoders, 3D DiT with image cross-attention",
-)
-_register(
-    "wan-vace",
-    "diffusers.WanVACEPipeline",
-    build_wan_vace,
-    "Wan 2.1 VACE: Wan T2V plus control blocks over a control video, its mask and reference images",
 )
