@@ -41,7 +41,7 @@ MODES = ("request", "step")
 LONG_STEPS, SHORT_STEPS = 10, 2
 THRESHOLD = 0.95  # step mode becomes a family's default at >= 0.95x request mode's throughput
 # Families whose call needs an input image the zoo call leaves out (edit / animate).
-NEEDS_IMAGE = {"wan-i2v", "qwen-image-edit", "hunyuan-video-i2v"}
+NEEDS_IMAGE = {"wan-i2v", "qwen-image-edit", "hunyuan-video-i2v", "sana-video-i2v"}
 
 
 def diffusion_families() -> list[str]:
