@@ -18,7 +18,7 @@ EXPECTED = {
     # wave 3 (measured in a second run of the same script on these six families)
     "sdxl": True, "flux-kontext": False, "ernie-image": False, "ovis-image": True, "krea2": False,
     "longcat-image": True,
-    # not measured: step mode as the other video families (see each declaration)
+    # issue 32's video families (a third run of the same script)
     "sana-video": True, "sana-video-i2v": True, "wan-vace": True,
 }
 

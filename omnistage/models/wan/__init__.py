@@ -37,8 +37,9 @@ WAN_VACE = PipelineSpec(
     name="wan_vace",
     stages=(
         StageSpec(id=0, name="diffusion", kind="diffusion", output="video", final_output=True, model="WanVACEPipeline",
-                  # Step mode by default, not measured (benchmarks/bench_step_mode.py has not run on it):
-                  # as Wan I2V, which conditions on VAE latents too and measured 0.954x.
+                  # Step mode by default: 0.973x request mode's throughput on the tiny wan-vace, at least
+                  # the 0.95x of issue 30 (benchmarks/RESULTS.md "Step mode vs request mode"; a busy machine,
+                  # close to the line).
                   defaults={"step_execution": True},
         ),
     ),
