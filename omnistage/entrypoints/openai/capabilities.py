@@ -126,6 +126,8 @@ def model_facts(model_path: str, engine: Any, capabilities: Capabilities) -> dic
     inputs = {"text"}
     if capabilities.image_input != "none":
         inputs.add("image")
+    if capabilities.video_input:  # a control video (Wan-VACE)
+        inputs.add("video")
     max_model_len = None
     spec = getattr(engine, "spec", None)
     entry = spec.entry_stages[0] if spec is not None else None

@@ -73,3 +73,8 @@ def test_model_facts_come_from_the_checkpoint_and_the_deploy_config(zoo):
     image = engine("diffusion", "image")
     assert model_facts("/nowhere", image, Capabilities("m", frozenset({"image"}), "optional")) == {
         "max_model_len": None, "modalities": {"input": ["image", "text"], "output": ["image"]}}
+    from omnistage.models.wan import WAN_VACE
+
+    vace = SimpleNamespace(spec=WAN_VACE, config=None)
+    assert model_facts("/nowhere", vace, Capabilities.from_spec("m", WAN_VACE))["modalities"] == {
+        "input": ["image", "text", "video"], "output": ["video"]}
