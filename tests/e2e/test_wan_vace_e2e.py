@@ -47,4 +47,4 @@ def test_wan_vace_job_with_control_video_mask_and_references(zoo):
         assert video.shape[:3] == (5, 32, 64) and fps == 8  # the reference images' frames are not in it
 
         resp = http.post("/v1/videos/sync", data={**form, "num_frames": "9"}, files=files[:1])
-        assert resp.status_code == 400 and resp.json()["error"]["param"] == "video", resp.text
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "control_video", resp.text

@@ -23,6 +23,8 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +53,8 @@ logger = logging.getLogger(__name__)
 
 FILE_FIELDS = ("input_reference", "control_video", "mask_video")
 CONTROL_FIELDS = {"control_video": "video", "mask_video": "mask"}  # form field -> the engine input's key
+# The form field a pipeline's refusal names by its input key (a 400 names what the client sent).
+FORM_PARAMS = {"image": "input_reference", **{key: field for field, key in CONTROL_FIELDS.items()}}
 PROGRESS_SAVE_INTERVAL_S = 1.0  # progress reaches the job record at most this often
 SHUTDOWN = VideoError(code="server_shutdown", message="the server stopped before the job finished; create it again")
 
@@ -189,7 +193,8 @@ class VideoServing:
         await self.gateway.require_healthy("video jobs are not accepted now")
         job_id = f"video_{uuid.uuid4().hex}"
         # What the stage would refuse on arrival is a 400 now, not a `queued` job that fails.
-        await self.gateway.check(prompt, params, job_id)
+        with form_params():
+            await self.gateway.check(prompt, params, job_id)
         stream = self.gateway.submit(prompt, params, job_id)
         size = body.size or (f"{body.width}x{body.height}" if body.width else None)
         job = VideoJob(id=job_id, model=self.settings.served_model_name, created_at=int(time.time()),
@@ -205,7 +210,8 @@ class VideoServing:
         _, prompt, params = await self._build(form)
 
         async def go() -> VideoResult:
-            stream = await self.gateway.open(prompt, params, f"video_sync_{uuid.uuid4().hex}")
+            with form_params():
+                stream = await self.gateway.open(prompt, params, f"video_sync_{uuid.uuid4().hex}")
             return await _encode(await stream.collect())
 
         return await cancel_on_disconnect(request, go())
@@ -305,6 +311,16 @@ class VideoServing:
         for job_id in [i for i, e in self._jobs.items() if e.job.expires_at is not None and e.job.expires_at < now]:
             entry = self._jobs.pop(job_id)
             self.store.delete(job_id, entry.file_name)
+
+
+@contextmanager
+def form_params() -> Iterator[None]:
+    """Rename the input a refusal names to its form field (`video` -> `control_video`)."""
+    try:
+        yield
+    except APIError as e:
+        e.param = FORM_PARAMS.get(e.param, e.param)
+        raise
 
 
 async def _encode(out: Any) -> VideoResult:
