@@ -68,7 +68,7 @@ class SanaVideoT2V(DiffusionPipelineBase):
         "guidance_scale": 6.0,
     }
     extras: ClassVar[dict[str, ExtraSpec]] = {
-        "max_sequence_length": ExtraSpec(int, max_from=("tokenizer", "text_encoder"), default=300, min=2,
+        "max_sequence_length": ExtraSpec(int, max_from=("tokenizer", "text_encoder"), default=300, min=1,
                                          help="Gemma prompt tokens the transformer attends to (padded to this)."),
     }
     # diffusers batches [uncond, cond] into one transformer call.
