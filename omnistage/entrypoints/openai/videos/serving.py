@@ -127,19 +127,17 @@ class VideoServing:
         if both:
             raise bad_request(f"{both} given both as fields and in extra_params", param="extra_params")
         images = await self._references(form, reference_url)
-        control = {key: frames for name, key in CONTROL_FIELDS.items()
-                   if (frames := await self._control(form, name, control_urls[name])) is not None}
+        media = {key: frames for name, key in CONTROL_FIELDS.items()
+                 if (frames := await self._control(form, name, control_urls[name])) is not None}
         try:
             params = DiffusionParams(height=height, width=width, num_frames=num_frames, fps=body.fps,
                                      guidance_scale_2=body.guidance_scale_2, extras={**body.extra_params, **extras},
                                      **body.diffusion_fields())
         except ValueError as e:
             raise from_value_error(e) from None
-        if not images and not control:
-            return body, body.prompt, params
         if images:
-            control["image"] = images if len(images) > 1 else images[0]
-        return body, {"prompt": body.prompt, **control}, params
+            media["image"] = images if len(images) > 1 else images[0]
+        return body, ({"prompt": body.prompt, **media} if media else body.prompt), params
 
     def _dims(self, body: VideoCreateRequest) -> tuple[int | None, int | None]:
         if body.size is not None:
