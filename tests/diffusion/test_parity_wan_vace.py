@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from parity import BATCH_PROMPTS, ParityTests, assert_rejected, request_for
+from parity import BATCH_PROMPTS, ParityTests, request_for
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.params import DiffusionParams
