@@ -93,6 +93,7 @@ def call_kwargs(model: str, size: str) -> dict:
 
 # diffusers call kwargs named differently in our requests (LTX-2), or not a request field at all.
 RENAMED = {"frame_rate": ("fps", lambda v: v), "spatio_temporal_guidance_blocks": ("stg_block", lambda v: v[0]),
+           "frames": ("num_frames", lambda v: v),  # SANA-Video
            "output_type": (None, None),
            # FLUX.1-Kontext: diffusers rescales to max_area (we make the size asked for); its resize switch is ours
            "max_area": (None, None), "_auto_resize": ("auto_resize", lambda v: v)}

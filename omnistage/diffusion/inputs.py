@@ -1,6 +1,7 @@
 """Edge checks that turn a `StageRequest` into the pipeline's `DiffusionRequest`.
 
-`inputs` is the user prompt: a str, or `{"prompt": str, "image": PIL | [PIL, ...]}`, plus,
+`inputs` is the user prompt: a str, or `{"prompt": str, "image": PIL | [PIL, ...]}` (and, for
+a family that takes a control video, `"video"` and `"mask"`: lists of PIL frames), plus,
 from an upstream stage, `"condition"`: a dict the family's pipeline reads (an AR -> DiT
 hand-off, e.g. GLM-Image's prior image tokens; see `omnistage.models.ar_to_dit`);
 `params` is `DiffusionParams`, a dict of its fields, or None. Every problem raises a
@@ -21,12 +22,10 @@ from omnistage.core.types import StageRequest
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.request import DiffusionRequest
 
-INPUT_KEYS = ("prompt", "image", "condition")
+INPUT_KEYS = ("prompt", "image", "video", "mask", "condition")
 
 
 def parse_prompt(inputs: Any) -> tuple[str, list[Any]]:
-    from PIL import Image
-
     if isinstance(inputs, str):
         return inputs, []
     if not isinstance(inputs, Mapping):
@@ -38,15 +37,22 @@ def parse_prompt(inputs: Any) -> tuple[str, list[Any]]:
     prompt = inputs.get("prompt")
     if not isinstance(prompt, str):
         raise RequestError("prompt", f"prompt must be a string, got {type(prompt).__name__}")
-    images = inputs.get("image")
+    return prompt, parse_images(inputs, "image")
+
+
+def parse_images(inputs: Any, key: str) -> list[Any]:
+    """`inputs[key]` as a list of PIL images (one image alone is a list of one; none: empty)."""
+    from PIL import Image
+
+    images = inputs.get(key) if isinstance(inputs, Mapping) else None
     if images is None:
         images = []
     elif not isinstance(images, (list, tuple)):
         images = [images]
     for i, image in enumerate(images):
         if not isinstance(image, Image.Image):
-            raise RequestError("image", f"image[{i}] must be a PIL image, got {type(image).__name__}")
-    return prompt, list(images)
+            raise RequestError(key, f"{key}[{i}] must be a PIL image, got {type(image).__name__}")
+    return list(images)
 
 
 def parse_params(params: Any) -> DiffusionParams:
@@ -89,6 +95,7 @@ def to_diffusion_request(request: StageRequest) -> DiffusionRequest:
         raise RequestError(None, "request_id must be a non-empty string")
     prompt, images = parse_prompt(request.inputs)
     return DiffusionRequest(request.request_id, prompt, parse_params(request.params), images,
+                            video=parse_images(request.inputs, "video"), mask=parse_images(request.inputs, "mask"),
                             condition=parse_condition(request.inputs))
 
 

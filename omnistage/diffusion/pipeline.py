@@ -92,6 +92,8 @@ class DiffusionPipelineBase(ABC):
     """Whether a request must carry an input image (edit, I2V)."""
     takes_image: ClassVar[bool] = False
     """Whether a request may carry input images without needing one (FLUX.2's reference images)."""
+    takes_video: ClassVar[bool] = False
+    """Whether a request may carry a control video and its mask (Wan-VACE)."""
     guidance: ClassVar[Guidance | None] = None
     """How classifier-free guidance runs for this family (guidance.py); None = no CFG branches."""
     step_cache_blocks: ClassVar[Any] = None
@@ -213,6 +215,9 @@ class DiffusionPipelineBase(ABC):
             raise RequestError("image", "image: this model needs an input image")
         if not (self.needs_image or self.takes_image) and request.images:
             raise RequestError("image", "image: this model does not take an input image")
+        for name in ("video", "mask"):
+            if getattr(request, name) and not self.takes_video:
+                raise RequestError(name, f"{name}: this model does not take a control video")
 
     def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:
         """The request with defaults filled and extras validated, after `check_inputs`. It runs
@@ -337,6 +342,27 @@ def check_divisible(params: DiffusionParams, **multiples: int) -> None:
         value = getattr(params, name)
         if value is not None and value % multiple != 0:
             raise RequestError(name, f"{name} must be divisible by {multiple}, got {value}")
+
+
+def check_video_frames(params: DiffusionParams, temporal: int) -> None:
+    """One video per request, of 4k+1 frames for a VAE that folds `temporal` frames into one
+    latent frame after the first. diffusers rounds the count down; we refuse it."""
+    if (params.num_frames - 1) % temporal != 0:
+        raise RequestError("num_frames", f"num_frames - 1 must be divisible by {temporal}, "
+                           f"got num_frames={params.num_frames}")
+    if params.num_outputs_per_prompt != 1:
+        raise RequestError("num_outputs_per_prompt",
+                           f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}")
+
+
+def check_one_image(request: DiffusionRequest) -> None:
+    """Exactly one input image, a PIL image (image-to-video)."""
+    import PIL.Image
+
+    if len(request.images) != 1:
+        raise RequestError("image", f"image: expected exactly one input image, got {len(request.images)}")
+    if not isinstance(request.images[0], PIL.Image.Image):
+        raise RequestError("image", f"image: must be a PIL image, got {type(request.images[0]).__name__}")
 
 
 def encode_prompts_by_length(requests: list[DiffusionRequest], uses_cfg: Callable[[DiffusionRequest], bool],

@@ -16,7 +16,11 @@ class DiffusionRequest:
     request_id: str
     prompt: str
     params: DiffusionParams
-    images: list[Any] = field(default_factory=list)  # input PIL images (edit, I2V)
+    images: list[Any] = field(default_factory=list)  # input PIL images (edit, I2V, VACE's reference images)
+    video: list[Any] = field(default_factory=list)
+    """A control video's frames as PIL images (Wan-VACE); empty when none."""
+    mask: list[Any] = field(default_factory=list)
+    """The control video's mask frames as PIL images (white: generate, black: keep); empty when none."""
     condition: dict[str, Any] = field(default_factory=dict)
     """What an upstream stage conditions this request on (an AR -> DiT hand-off, e.g. GLM-Image's
     prior image tokens); the family's pipeline checks and reads it. Empty for a one-stage model."""

@@ -379,14 +379,38 @@ def _wan_scheduler():
     )
 
 
-def _wan_components(size: str, *, in_channels: int, image_dim: int | None = None) -> dict:
-    """The components Wan T2V and I2V share; I2V adds image channels and image cross-attention."""
-    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+def wan_vae(size: str):
+    """The Wan 2.1 causal-3D VAE (8x spatial, 4x temporal), which SANA-Video uses too."""
+    from diffusers import AutoencoderKLWan
+
+    dims = _WAN[size]
+    # Zero-mean unit-std latents: random weights have no learned latent statistics.
+    return AutoencoderKLWan(
+        base_dim=dims["vae_base"],
+        z_dim=16,
+        dim_mult=dims["vae_mult"],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+        latents_mean=[0.0] * 16,
+        latents_std=[1.0] * 16,
+    )
+
+
+def _wan_components(size: str, *, in_channels: int, image_dim: int | None = None, vace: bool = False) -> dict:
+    """The components Wan T2V, I2V and VACE share; I2V adds image channels and image
+    cross-attention, VACE the control blocks (`WanVACETransformer3DModel`)."""
+    from diffusers import WanTransformer3DModel, WanVACETransformer3DModel
 
     dims = _WAN[size]
     tokenizer = build_t5_tokenizer()
     inner = dims["heads"] * dims["head_dim"]
-    transformer = WanTransformer3DModel(
+    # VACE: a control block beside the first and every other DiT block; its input is the
+    # control video's inactive and reactive latents (2 x 16) and the 8 x 8 mask (64).
+    model, control = ((WanVACETransformer3DModel, dict(vace_layers=list(range(0, dims["layers"], 2)),
+                                                       vace_in_channels=96))
+                      if vace else (WanTransformer3DModel, {}))
+    transformer = model(
+        **control,
         patch_size=(1, 2, 2),
         num_attention_heads=dims["heads"],
         attention_head_dim=dims["head_dim"],
@@ -402,16 +426,7 @@ def _wan_components(size: str, *, in_channels: int, image_dim: int | None = None
         added_kv_proj_dim=inner if image_dim else None,
         rope_max_seq_len=1024,
     )
-    # Zero-mean unit-std latents: random weights have no learned latent statistics.
-    vae = AutoencoderKLWan(
-        base_dim=dims["vae_base"],
-        z_dim=16,
-        dim_mult=dims["vae_mult"],
-        num_res_blocks=1,
-        temperal_downsample=[False, True, True],
-        latents_mean=[0.0] * 16,
-        latents_std=[1.0] * 16,
-    )
+    vae = wan_vae(size)  # after the transformer: the draw order fixes the weights
     return dict(
         tokenizer=tokenizer,
         text_encoder=t5_encoder(tokenizer, d_model=dims["text_hidden"], umt5=True),

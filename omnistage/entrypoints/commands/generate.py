@@ -24,6 +24,8 @@ def register(subparsers) -> None:
     p.add_argument("--prompt", required=True)
     p.add_argument("--output", "-o", required=True, help="out.png | out.mp4 | out.wav | out.txt ...")
     p.add_argument("--image", action="append", default=[], help="input image (edit, image-to-video); repeatable")
+    p.add_argument("--control-video", default=None, help="Wan-VACE: a control video (num_frames frames of --size)")
+    p.add_argument("--mask-video", default=None, help="Wan-VACE: the control video's mask (white: generate)")
     p.add_argument("--negative-prompt", default=None)
     p.add_argument("--size", default=None, help="WIDTHxHEIGHT")
     p.add_argument("--n", type=int, default=1, help="images to generate")
@@ -89,6 +91,16 @@ def _output_kind(path: Path) -> str | None:
     return "text" if suffix == ".txt" else None
 
 
+def video_frames(path: str) -> list[Any]:
+    """A video file's frames as RGB PIL images."""
+    from PIL import Image
+
+    from omnistage.media.video import decode_video
+
+    frames, _ = decode_video(Path(path).read_bytes())
+    return [Image.fromarray(frame) for frame in frames]
+
+
 def build_request(args: argparse.Namespace, omni: Any) -> tuple[Any, Any]:
     """The prompt and params for the pipeline's entry stage (ValueError on bad flags)."""
     import json
@@ -111,11 +123,15 @@ def build_request(args: argparse.Namespace, omni: Any) -> tuple[Any, Any]:
             fps=args.fps, num_inference_steps=args.steps, guidance_scale=args.guidance_scale,
             true_cfg_scale=args.true_cfg_scale, seed=args.seed, num_outputs_per_prompt=args.n, extras=extras)
         images = [decode_image(Path(p).read_bytes(), field=p) for p in args.image]
-        if not images:
-            return args.prompt, params
-        return {"prompt": args.prompt, "image": images if len(images) > 1 else images[0]}, params
-    if args.image:
-        raise ValueError("--image: this model's first stage is not a diffusion stage")
+        media = {key: video_frames(path) for key, path in (("video", args.control_video), ("mask", args.mask_video))
+                 if path is not None}
+        if images:
+            media["image"] = images if len(images) > 1 else images[0]
+        return ({"prompt": args.prompt, **media} if media else args.prompt), params
+    for flag, value in (("--image", args.image), ("--control-video", args.control_video),
+                        ("--mask-video", args.mask_video)):
+        if value:
+            raise ValueError(f"{flag}: this model's first stage is not a diffusion stage")
     from omnistage.ar.sampling_params import SamplingParams
 
     values = {k: v for k, v in (("max_tokens", args.max_tokens), ("temperature", args.temperature),

@@ -46,12 +46,15 @@ class Capabilities:
     """Whether a request to an image/video model carries an input image."""
     diffusion_outputs: frozenset[str] = frozenset()
     """Output modalities of the final stages that are diffusion stages, e.g. {"audio"} for Stable Audio."""
+    video_input: bool = False
+    """Whether a video request may carry a control video and its mask (Wan-VACE)."""
 
     @classmethod
     def from_spec(cls, model: str, spec: Any) -> Capabilities:
         outputs = frozenset(m for stage in spec.final_stages for m in stage.modalities)
         diffusion = frozenset(m for stage in spec.final_stages if stage.kind == "diffusion" for m in stage.modalities)
-        return cls(model=model, outputs=outputs, image_input=_image_input(spec), diffusion_outputs=diffusion)
+        return cls(model=model, outputs=outputs, image_input=_image_input(spec), diffusion_outputs=diffusion,
+                   video_input=_video_input(spec))
 
     def serves(self, task: str) -> bool:
         if task == "images.generations":
@@ -107,6 +110,15 @@ def _image_input(spec: Any) -> ImageInput:
     return "required" if cls.needs_image else "optional" if cls.takes_image else "none"
 
 
+def _video_input(spec: Any) -> bool:
+    entries = [s for s in spec.entry_stages if s.kind == "diffusion" and s.model is not None]
+    if not entries:
+        return False
+    from omnistage.diffusion.registry import is_native, pipeline_class
+
+    return is_native(entries[0].model) and pipeline_class(entries[0].model).takes_video
+
+
 def model_facts(model_path: str, engine: Any, capabilities: Capabilities) -> dict[str, Any]:
     """What /v1/models says about the model beyond its routes: `max_model_len` of the entry
     AR stage (the deploy value, else the checkpoint's max_position_embeddings; None without
@@ -114,6 +126,8 @@ def model_facts(model_path: str, engine: Any, capabilities: Capabilities) -> dic
     inputs = {"text"}
     if capabilities.image_input != "none":
         inputs.add("image")
+    if capabilities.video_input:  # a control video (Wan-VACE)
+        inputs.add("video")
     max_model_len = None
     spec = getattr(engine, "spec", None)
     entry = spec.entry_stages[0] if spec is not None else None

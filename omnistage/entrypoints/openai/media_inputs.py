@@ -123,6 +123,9 @@ class InputMedia:
     async def audio(self, data: bytes, field: str) -> tuple[np.ndarray, int]:
         return await self.run(self.decode_audio, data, field)
 
+    async def video(self, data: bytes, field: str) -> list[Image.Image]:
+        return await self.run(self.video_frames, data, field)
+
     # --- sync: in the pool -----------------------------------------------------------------------
 
     def decode_image(self, data: bytes, field: str, mode: str | None = "RGB") -> Image.Image:
@@ -165,7 +168,10 @@ class InputMedia:
         """The encoded video a reference names, checked from its header and packets (decodable,
         frames within `max_input_pixels`, length within `max_input_audio_seconds`); the model
         samples and decodes the frames it reads."""
-        data = self.load(ref, field)
+        return self.check_video(self.load(ref, field), field)
+
+    def check_video(self, data: bytes, field: str) -> bytes:
+        """`data` if it is a decodable video within the limits `video_ref` names, else a 400."""
         try:
             info = probe_video(data)
         except ValueError as e:
@@ -177,6 +183,17 @@ class InputMedia:
             raise bad_request(f"the video lasts {info.seconds:.1f} s, over the server's {self.max_audio_seconds:g} s",
                               param=field, code="video_too_long")
         return data
+
+    def video_frames(self, data: bytes, field: str) -> list[Image.Image]:
+        """Encoded video bytes (checked as `video_ref` checks them) -> every frame as an RGB PIL
+        image (a control video the model reads whole)."""
+        from omnistage.media.video import decode_video
+
+        frames, _ = decode_video(self.check_video(data, field))
+        return [Image.fromarray(frame) for frame in frames]
+
+    def video_frames_ref(self, ref: str, field: str) -> list[Image.Image]:
+        return self.video_frames(self.load(ref, field), field)
 
     def image_ref(self, ref: str, field: str) -> Image.Image:
         return self.decode_image(self.load(ref, field), field)

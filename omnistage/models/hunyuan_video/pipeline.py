@@ -33,6 +33,8 @@ from omnistage.diffusion.pipeline import (
     DiffusionPipelineBase,
     DiffusionRequest,
     check_divisible,
+    check_one_image,
+    check_video_frames,
     group_by,
     split_per_state,
 )
@@ -126,15 +128,11 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
         super().check_inputs(request)
         params = request.params
         check_divisible(params, height=self.multiple_of, width=self.multiple_of)
-        if (params.num_frames - 1) % self.vae_scale_factor_temporal != 0:
-            raise RequestError("num_frames", f"num_frames - 1 must be divisible by {self.vae_scale_factor_temporal}, "
-                               f"got num_frames={params.num_frames}")
+        check_video_frames(params, self.vae_scale_factor_temporal)
         num_latent_frames = (params.num_frames - 1) // self.vae_scale_factor_temporal + 1
         if num_latent_frames % self.patch_size_t != 0:
             raise RequestError("num_frames", f"num_frames gives {num_latent_frames} latent frames, not a multiple of the "
                                f"transformer's temporal patch {self.patch_size_t}")
-        if params.num_outputs_per_prompt != 1:
-            raise RequestError("num_outputs_per_prompt", f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}")
         for name in ("true_cfg_scale", "guidance_scale_2"):
             if getattr(params, name) is not None:
                 raise RequestError(name, f"{name}: not used by HunyuanVideo-1.5 (its CFG scale is guidance_scale)")
@@ -301,13 +299,8 @@ class HunyuanVideo15I2V(HunyuanVideo15T2V):
         self.default_params = {k: v for k, v in self.default_params.items() if k not in ("height", "width")}
 
     def check_inputs(self, request: DiffusionRequest) -> None:
-        import PIL.Image
-
         super().check_inputs(request)
-        if len(request.images) != 1:
-            raise RequestError("image", f"image: expected exactly one input image, got {len(request.images)}")
-        if not isinstance(request.images[0], PIL.Image.Image):
-            raise RequestError("image", f"image: must be a PIL image, got {type(request.images[0]).__name__}")
+        check_one_image(request)
         for name in ("height", "width"):
             if getattr(request.params, name) is not None:
                 raise RequestError(name, f"{name}: the video takes the input image's aspect ratio at the model's target "

@@ -38,6 +38,7 @@ from omnistage.diffusion.pipeline import (
     DiffusionPipelineBase,
     DiffusionRequest,
     check_divisible,
+    check_video_frames,
     encode_prompts_by_length,
     group_by,
     map_groups,
@@ -122,12 +123,7 @@ class LTX2T2V(DiffusionPipelineBase):
         super().check_inputs(request)
         params = request.params  # defaults filled (prepare_request)
         check_divisible(params, height=self.size_multiple_of, width=self.size_multiple_of)
-        # diffusers rounds the frame count down to the VAE's temporal grid; we refuse.
-        if (params.num_frames - 1) % self.vae_temporal_ratio != 0:
-            raise RequestError("num_frames", f"num_frames - 1 must be divisible by {self.vae_temporal_ratio}, "
-                               f"got num_frames={params.num_frames}")
-        if params.num_outputs_per_prompt != 1:
-            raise RequestError("num_outputs_per_prompt", f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}")
+        check_video_frames(params, self.vae_temporal_ratio)
         for name in ("true_cfg_scale", "guidance_scale_2"):
             if getattr(params, name) is not None:
                 raise RequestError(name, f"{name}: LTX-2 does not take it (its guidance knobs are extras)")

@@ -31,6 +31,8 @@ from omnistage.diffusion.pipeline import (
     DiffusionPipelineBase,
     DiffusionRequest,
     check_divisible,
+    check_one_image,
+    check_video_frames,
     encode_prompts_by_length,
     group_by,
     map_groups,
@@ -88,11 +90,7 @@ class _Wan(DiffusionPipelineBase):
         super().check_inputs(request)
         params = request.params  # defaults filled (prepare_request)
         check_divisible(params, height=self.height_multiple_of, width=self.width_multiple_of)
-        if (params.num_frames - 1) % self.vae_scale_factor_temporal != 0:
-            raise RequestError("num_frames", f"num_frames - 1 must be divisible by {self.vae_scale_factor_temporal}, "
-                               f"got num_frames={params.num_frames}")
-        if params.num_outputs_per_prompt != 1:
-            raise RequestError("num_outputs_per_prompt", f"num_outputs_per_prompt must be 1 for video, got {params.num_outputs_per_prompt}")
+        check_video_frames(params, self.vae_scale_factor_temporal)
         if params.guidance_scale_2 is not None and self.boundary_ratio is None:
             raise RequestError("guidance_scale_2", "guidance_scale_2 needs a two-expert checkpoint (boundary_ratio in model_index.json)")
 
@@ -136,8 +134,7 @@ class _Wan(DiffusionPipelineBase):
         from diffusers.utils.torch_utils import randn_tensor
 
         params = request.params
-        num_latent_frames = (params.num_frames - 1) // self.vae_scale_factor_temporal + 1
-        shape = (1, self.num_channels_latents, num_latent_frames, params.height // self.vae_scale_factor_spatial,
+        shape = (1, self.num_channels_latents, self._num_latent_frames(request), params.height // self.vae_scale_factor_spatial,
                  params.width // self.vae_scale_factor_spatial)
         # Wan keeps latents (and the noise scheduler's arithmetic) in float32 whatever the model dtype.
         latents = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=torch.float32)
@@ -156,6 +153,9 @@ class _Wan(DiffusionPipelineBase):
     @property
     def num_channels_latents(self) -> int:
         return self.main_transformer.config.in_channels
+
+    def _num_latent_frames(self, request: DiffusionRequest) -> int:
+        return (request.params.num_frames - 1) // self.vae_scale_factor_temporal + 1
 
     def _condition(self, request: DiffusionRequest, latents: torch.Tensor) -> dict[str, Any]:
         """Extra per-request tensors for the transformer input (I2V: the encoded image)."""
@@ -200,10 +200,15 @@ class _Wan(DiffusionPipelineBase):
         def key(s: DenoiseState) -> tuple:
             image = s.cond["image_embeds"]
             return (self._expert(s), tuple(s.latents.shape[1:]), s.cond["prompt_embeds"].shape[1],
-                    None if image is None else tuple(image.shape[1:]))
+                    None if image is None else tuple(image.shape[1:]), self._call_key(s))
 
         for group in group_by(states, key):
             self._denoise_group(group, self._expert(group[0]))
+
+    def _call_key(self, state: DenoiseState) -> Any:
+        """What else a request must share with others to join their transformer call (VACE: its
+        conditioning scale)."""
+        return None
 
     def _guidance_scale(self, state: DenoiseState) -> float | None:
         """CFG when guidance_scale > 1; Wan 2.2's low-noise expert uses guidance_scale_2."""
@@ -230,8 +235,13 @@ class _Wan(DiffusionPipelineBase):
                 ]),
                 encoder_hidden_states_image=None if images[0] is None else torch.cat(images),
                 return_dict=False,
+                **self._control_kwargs(model, states),
             )[0]
         return split_per_state(noise_pred, states)
+
+    def _control_kwargs(self, model: Any, states: list[DenoiseState]) -> dict[str, Any]:
+        """Further transformer inputs (VACE: the control latents and their scale)."""
+        return {}
 
     # -- 4. decode ------------------------------------------------------------------------
 
@@ -241,7 +251,7 @@ class _Wan(DiffusionPipelineBase):
     @torch.no_grad()
     def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
         # States with the same video shape share one VAE call.
-        return map_groups(states, lambda s: tuple(s.latents.shape[1:]), self._decode_group)
+        return map_groups(states, lambda s: tuple(self._final_latents(s).shape[1:]), self._decode_group)
 
     def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
         latents = torch.cat([self._final_latents(s) for s in states]).to(self.vae.dtype)
@@ -250,11 +260,7 @@ class _Wan(DiffusionPipelineBase):
         return list(self.video_processor.postprocess_video(video, output_type="np"))  # [F, H, W, 3] each
 
     def _latent_stats(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(mean, 1 / std) of the VAE latents, shaped to broadcast over [B, C, T, H, W]."""
-        z_dim = self.vae.config.z_dim
-        mean = torch.tensor(self.vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(self.device, dtype)
-        inv_std = 1.0 / torch.tensor(self.vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(self.device, dtype)
-        return mean, inv_std
+        return latent_stats(self.vae, self.vae.config.z_dim, self.device, dtype)
 
 
 class WanT2V(_Wan):
@@ -277,13 +283,8 @@ class WanI2V(_Wan):
         self.image_processor = components.get("image_processor")
 
     def check_inputs(self, request: DiffusionRequest) -> None:
-        import PIL.Image
-
         super().check_inputs(request)
-        if len(request.images) != 1:
-            raise RequestError("image", f"image: expected exactly one input image, got {len(request.images)}")
-        if not isinstance(request.images[0], PIL.Image.Image):
-            raise RequestError("image", f"image: must be a PIL image, got {type(request.images[0]).__name__}")
+        check_one_image(request)
 
     @property
     def num_channels_latents(self) -> int:
@@ -344,6 +345,21 @@ class WanI2V(_Wan):
             return state.latents
         mask = state.cond["first_frame_mask"]
         return (1 - mask) * state.cond["condition"] + mask * state.latents
+
+
+def latent_stats(vae: Any, num_channels: int, device: torch.device,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(mean, 1 / std) of a video VAE's latents, shaped to broadcast over [B, C, T, H, W]: the Wan
+    VAE's config lists them, LTX-2's VAE holds them as buffers, others are unnormalized (as the
+    pipelines that take either, e.g. SANA-Video, read them)."""
+    if "latents_mean" in vae.config:
+        mean, std = torch.tensor(vae.config.latents_mean), torch.tensor(vae.config.latents_std)
+    elif hasattr(vae, "latents_mean"):
+        mean, std = vae.latents_mean, vae.latents_std
+    else:
+        mean, std = torch.zeros(num_channels), torch.ones(num_channels)
+    shape = (1, num_channels, 1, 1, 1)
+    return mean.view(shape).to(device, dtype), 1.0 / std.view(shape).to(device, dtype)
 
 
 def wan_modulated_input(block: Any, args: tuple) -> torch.Tensor:

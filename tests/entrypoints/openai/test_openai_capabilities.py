@@ -30,8 +30,11 @@ from omnistage.entrypoints.openai.capabilities import Capabilities
                                         "/v1/responses"], "none"),
     ("wan", "WAN_T2V", ["/v1/videos"], "none"),
     ("wan", "WAN_I2V", ["/v1/videos"], "required"),
+    ("wan", "WAN_VACE", ["/v1/videos"], "optional"),
     ("hunyuan_video", "HUNYUAN_VIDEO_T2V", ["/v1/videos"], "none"),
     ("hunyuan_video", "HUNYUAN_VIDEO_I2V", ["/v1/videos"], "required"),
+    ("sana_video", "SANA_VIDEO_T2V", ["/v1/videos"], "none"),
+    ("sana_video", "SANA_VIDEO_I2V", ["/v1/videos"], "required"),
     ("llm", "QWEN2", ["POST /v1/chat/completions", "/v1/responses", "POST /v1/completions"], "none"),
 ])
 def test_routes_of_registered_families(module, name, routes, image_input):
@@ -76,3 +79,8 @@ def test_model_facts_come_from_the_checkpoint_and_the_deploy_config(zoo):
     image = engine("diffusion", "image")
     assert model_facts("/nowhere", image, Capabilities("m", frozenset({"image"}), "optional")) == {
         "max_model_len": None, "modalities": {"input": ["image", "text"], "output": ["image"]}}
+    from omnistage.models.wan import WAN_VACE
+
+    vace = SimpleNamespace(spec=WAN_VACE, config=None)
+    assert model_facts("/nowhere", vace, Capabilities.from_spec("m", WAN_VACE))["modalities"] == {
+        "input": ["image", "text", "video"], "output": ["video"]}

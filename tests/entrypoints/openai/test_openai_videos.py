@@ -132,3 +132,13 @@ def test_image_model_does_not_serve_videos(app_client):
     http, _ = app_client("image")
     resp = http.post("/v1/videos/sync", data={"prompt": "x"})
     assert resp.status_code == 400 and "/v1/images/generations" in resp.json()["error"]["message"]
+
+
+def test_a_control_video_is_refused_by_a_model_that_takes_none(app_client):
+    from omnistage.media.video import encode_mp4
+
+    http, _ = app_client("video")
+    mp4 = encode_mp4(np.zeros((5, 16, 16, 3), np.uint8), 8.0)
+    resp = http.post("/v1/videos", data={"prompt": "a wave", "num_frames": "5"},
+                     files={"control_video": ("c.mp4", mp4, "video/mp4")})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "control_video"

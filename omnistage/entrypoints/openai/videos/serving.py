@@ -1,5 +1,9 @@
 """Video jobs: validate the form, run the request in the background, keep the MP4.
 
+A model that takes a control video (Wan-VACE) also reads `control_video` and `mask_video`
+(uploads or URLs, decoded to frames here) and any number of `input_reference` images (its
+reference images); others refuse those fields.
+
 A job is one engine request, checked as its stage would check it on arrival before the
 job is answered (bad params, a request that crashed the stage before: 400). Its status
 follows OpenAI's lifecycle: `queued` until the first output, `in_progress` with
@@ -19,6 +23,8 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +51,10 @@ from omnistage.media.video import encode_mp4
 
 logger = logging.getLogger(__name__)
 
-FILE_FIELDS = ("input_reference",)
+FILE_FIELDS = ("input_reference", "control_video", "mask_video")
+CONTROL_FIELDS = {"control_video": "video", "mask_video": "mask"}  # form field -> the engine input's key
+# The form field a pipeline's refusal names by its input key (a 400 names what the client sent).
+FORM_PARAMS = {"image": "input_reference", **{key: field for field, key in CONTROL_FIELDS.items()}}
 PROGRESS_SAVE_INTERVAL_S = 1.0  # progress reaches the job record at most this often
 SHUTDOWN = VideoError(code="server_shutdown", message="the server stopped before the job finished; create it again")
 
@@ -101,6 +110,7 @@ class VideoServing:
         """The edge checks of both create routes: (request, prompt, params) or a 4xx."""
         self.capabilities.require("videos")
         reference_url = form.fields.pop("input_reference", None)
+        control_urls = {name: form.fields.pop(name, None) for name in CONTROL_FIELDS}
         body: VideoCreateRequest = validate(VideoCreateRequest, form.fields)
         check_model(body.model, self.settings)
         width, height = self._dims(body)
@@ -116,15 +126,18 @@ class VideoServing:
         both = sorted(set(extras) & set(body.extra_params))
         if both:
             raise bad_request(f"{both} given both as fields and in extra_params", param="extra_params")
-        image = await self._reference(form, reference_url)
+        images = await self._references(form, reference_url)
+        media = {key: frames for name, key in CONTROL_FIELDS.items()
+                 if (frames := await self._control(form, name, control_urls[name])) is not None}
         try:
             params = DiffusionParams(height=height, width=width, num_frames=num_frames, fps=body.fps,
                                      guidance_scale_2=body.guidance_scale_2, extras={**body.extra_params, **extras},
                                      **body.diffusion_fields())
         except ValueError as e:
             raise from_value_error(e) from None
-        prompt = body.prompt if image is None else {"prompt": body.prompt, "image": image}
-        return body, prompt, params
+        if images:
+            media["image"] = images if len(images) > 1 else images[0]
+        return body, ({"prompt": body.prompt, **media} if media else body.prompt), params
 
     def _dims(self, body: VideoCreateRequest) -> tuple[int | None, int | None]:
         if body.size is not None:
@@ -137,23 +150,39 @@ class VideoServing:
             check_dims(body.width, body.height, self.settings, param="width")
         return body.width, body.height
 
-    async def _reference(self, form: Form, url: str | None) -> Any:
-        """The input image: an upload, or a URL (fetched if its host is allowed, see media_fetch.py)."""
+    async def _references(self, form: Form, url: str | None) -> list[Any]:
+        """The input images: uploads, or a URL (fetched if its host is allowed, see media_fetch.py).
+        An image-to-video model takes exactly one; a model that takes them optionally (Wan-VACE's
+        reference images), any number."""
         uploads = form.files.get("input_reference", [])
-        if len(uploads) + (url is not None) > 1:
-            raise bad_request("input_reference: give one image", param="input_reference")
         needs = self.capabilities.image_input
+        if len(uploads) + (url is not None) > 1 and needs != "optional":
+            raise bad_request("input_reference: give one image", param="input_reference")
         if not uploads and url is None:
             if needs == "required":
                 raise bad_request(f"input_reference: model {self.capabilities.model!r} generates from an image; "
                                   "upload one", param="input_reference")
-            return None
+            return []
         if needs == "none":
             raise bad_request(f"input_reference: model {self.capabilities.model!r} is text-to-video and takes no "
                               "image", param="input_reference")
+        images = [] if url is None else [await self.media.run(self.media.image_ref, url, "input_reference")]
+        for upload in uploads:
+            images.append(await self.media.image(await read_upload(upload, "input_reference"), "input_reference"))
+        return images
+
+    async def _control(self, form: Form, name: str, url: str | None) -> list[Any] | None:
+        """A control video or its mask as frames (an upload or a URL), or None when not given."""
+        uploads = form.files.get(name, [])
+        if not uploads and url is None:
+            return None
+        if not self.capabilities.video_input:
+            raise bad_request(f"{name}: model {self.capabilities.model!r} takes no control video", param=name)
+        if len(uploads) + (url is not None) > 1:
+            raise bad_request(f"{name}: give one video", param=name)
         if url is not None:
-            return await self.media.run(self.media.image_ref, url, "input_reference")
-        return await self.media.image(await read_upload(uploads[0], "input_reference"), "input_reference")
+            return await self.media.run(self.media.video_frames_ref, url, name)
+        return await self.media.video(await read_upload(uploads[0], name), name)
 
     # --- routes -------------------------------------------------------------------
 
@@ -162,7 +191,8 @@ class VideoServing:
         await self.gateway.require_healthy("video jobs are not accepted now")
         job_id = f"video_{uuid.uuid4().hex}"
         # What the stage would refuse on arrival is a 400 now, not a `queued` job that fails.
-        await self.gateway.check(prompt, params, job_id)
+        with form_params():
+            await self.gateway.check(prompt, params, job_id)
         stream = self.gateway.submit(prompt, params, job_id)
         size = body.size or (f"{body.width}x{body.height}" if body.width else None)
         job = VideoJob(id=job_id, model=self.settings.served_model_name, created_at=int(time.time()),
@@ -178,7 +208,8 @@ class VideoServing:
         _, prompt, params = await self._build(form)
 
         async def go() -> VideoResult:
-            stream = await self.gateway.open(prompt, params, f"video_sync_{uuid.uuid4().hex}")
+            with form_params():
+                stream = await self.gateway.open(prompt, params, f"video_sync_{uuid.uuid4().hex}")
             return await _encode(await stream.collect())
 
         return await cancel_on_disconnect(request, go())
@@ -278,6 +309,16 @@ class VideoServing:
         for job_id in [i for i, e in self._jobs.items() if e.job.expires_at is not None and e.job.expires_at < now]:
             entry = self._jobs.pop(job_id)
             self.store.delete(job_id, entry.file_name)
+
+
+@contextmanager
+def form_params() -> Iterator[None]:
+    """Rename the input a refusal names to its form field (`video` -> `control_video`)."""
+    try:
+        yield
+    except APIError as e:
+        e.param = FORM_PARAMS.get(e.param, e.param)
+        raise
 
 
 async def _encode(out: Any) -> VideoResult:
