@@ -45,8 +45,7 @@ NEEDS_IMAGE = {"wan-i2v", "qwen-image-edit", "hunyuan-video-i2v", "longcat-image
                "sana-video-i2v"}
 # Families whose diffusers call takes no size (it follows the input image, at about a megapixel):
 # run at the tiny side like the others; their zoo call leaves height/width out.
-TINY_SIZE = {"longcat-image-edit", "qwen-image-layered",
-               "sana-video-i2v"}
+TINY_SIZE = {"longcat-image-edit", "qwen-image-layered"}
 
 
 def diffusion_families() -> list[str]:
