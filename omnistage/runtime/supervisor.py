@@ -330,6 +330,13 @@ class Supervisor:
         self.gave_up = True
         logger.error("stage %s stays down: %d restart attempts failed", self.label, self.policy.max_restarts)
 
+    def adopt_standing(self, standing: dict[str, tuple]) -> None:
+        """Take another copy's standing calls (a copy joining a sleeping stage sleeps too)."""
+        self.standing = dict(standing)
+        if self.endpoint is not None:
+            for method, args in self.standing.items():
+                self.endpoint.send("call", (None, method, args))
+
     def _adopt_restarted(self) -> None:
         with self._lock:
             ready, self._ready = self._ready, None
