@@ -95,10 +95,18 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
         "logit_bias": ("Only null: a bias is refused (400).", None),
     },
     "SleepRequest": {
-        "level": ("1: every stage's weights moved to host memory and its caches freed (level 2, dropping the "
-                  "weights, is not implemented yet).", 1),
+        "level": ("1: every stage's weights moved to host memory and its caches freed; 2: the weights' storage "
+                  "freed too, read back from the stage's checkpoint folder (or the last update_weights path) on "
+                  "wake-up.", 1),
         "timeout_s": ("Longest wait for the running requests to finish before the stages sleep; new requests "
                       "get 503 + Retry-After from the moment this one arrives.", 300.0),
+    },
+    "UpdateWeightsRequest": {
+        "stage": ("The stage to update, by name or id.", "llm"),
+        "path": ("A checkpoint folder on the server: safetensors named as the stage's weights (a diffusion "
+                 "stage: a pipeline folder whose component subfolders hold them).", "/checkpoints/step-1000"),
+        "timeout_s": ("Longest wait for the running requests to finish on the old weights; requests arriving "
+                      "meanwhile wait and run on the new ones.", 300.0),
     },
     "SpeechRequest": {
         "input": ("The text to read aloud.", "Hello there!"),
@@ -366,5 +374,5 @@ REQUEST_SCHEMAS = {"ImageGenerationRequest", "ImageEditRequest", "TranscriptionR
                    "ResponsesRequest", "MessageItem", "FunctionCallItem", "FunctionCallOutputItem", "InputText",
                    "OutputText", "InputImage", "InputAudioData", "InputFile", "Refusal", "FunctionTool",
                    "TextOptions", "TextFormatText", "TextFormatJSONObject", "TextFormatJSONSchema", "Reasoning",
-                   "SleepRequest"}
+                   "SleepRequest", "UpdateWeightsRequest"}
 """The schemas a request body may contain (the others describe answers)."""

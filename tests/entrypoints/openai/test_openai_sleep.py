@@ -51,7 +51,7 @@ def test_sleep_refuses_requests_on_every_replica_until_wakeup(served):
 
 def test_an_unimplemented_sleep_level_is_a_400_naming_it(served):
     http, engine = served
-    resp = http.post("/v1/omni/sleep", json={"level": 2})
+    resp = http.post("/v1/omni/sleep", json={"level": 3})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "level", resp.text
     assert not engine.is_sleeping
 
