@@ -11,7 +11,7 @@ build an app around any engine client. What a request can reach:
                             and each stage's request defaults
     /v1/images/...          images/       (diffusion models with image output)
     /v1/videos...           videos/       (diffusion models with video output)
-    /v1/chat/completions    chat/         (text, omni and image models)
+    /v1/chat/completions    chat/         (text, omni and image models; /batch: many conversations, one answer)
     /v1/responses...        responses/    (text, omni and image models, over the chat path; stored
                                            responses: GET / DELETE, cancel, input_items)
     /v1/completions         completions/  (text and omni models: the text of a raw prompt)

@@ -267,6 +267,13 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
     "LoraRequest": {"name": ("The adapter's name in `lora_adapters`.", "ink"),
                     "scale": ("The adapter's weight.", 0.5)},
 }
+FIELDS["ChatCompletionBatchRequest"] = {
+    **FIELDS["ChatCompletionRequest"],
+    "messages": ("A list of conversations (each a list of messages as in /v1/chat/completions), at most 256; "
+                 "each is answered in its own choice, in order.",
+                 [[{"role": "user", "content": "Hello!"}], [{"role": "user", "content": "Bonjour !"}]]),
+}
+"""The batch route takes chat's fields, with `messages` a list of conversations."""
 
 # Extension fields a route reads beyond its request model's own fields (the `openai` client:
 # `extra_body={...}`): name -> (JSON type, description).
@@ -289,6 +296,7 @@ _MODEL_EXTRAS = ("object", "The model's declared request extras, each a top-leve
 
 EXTENSIONS: dict[tuple[str, str], dict[str, tuple[str, str]]] = {
     ("post", "/v1/chat/completions"): {**_SAMPLING_EXTRAS, "<model extras>": _MODEL_EXTRAS},
+    ("post", "/v1/chat/completions/batch"): {**_SAMPLING_EXTRAS, "<model extras>": _MODEL_EXTRAS},
     ("post", "/v1/completions"): dict(_SAMPLING_EXTRAS),
     ("post", "/v1/responses"): dict(_SAMPLING_EXTRAS),
     ("post", "/v1/images/generations"): {"<model extras>": _MODEL_EXTRAS},
@@ -374,5 +382,5 @@ REQUEST_SCHEMAS = {"ImageGenerationRequest", "ImageEditRequest", "TranscriptionR
                    "ResponsesRequest", "MessageItem", "FunctionCallItem", "FunctionCallOutputItem", "InputText",
                    "OutputText", "InputImage", "InputAudioData", "InputFile", "Refusal", "FunctionTool",
                    "TextOptions", "TextFormatText", "TextFormatJSONObject", "TextFormatJSONSchema", "Reasoning",
-                   "SleepRequest", "UpdateWeightsRequest"}
+                   "SleepRequest", "UpdateWeightsRequest", "ChatCompletionBatchRequest"}
 """The schemas a request body may contain (the others describe answers)."""
