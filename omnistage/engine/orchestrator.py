@@ -303,8 +303,9 @@ class Orchestrator:
         for replica in (r for handle in handles for r in replicas_of(handle)):
             replica.standing[method] = args
 
-    def clear_standing(self, method: str) -> None:
-        for replica in (r for handle in self.handles.values() for r in replicas_of(handle)):
+    def clear_standing(self, method: str, stage_ids: tuple[int, ...] | None = None) -> None:
+        handles = [h for i, h in self.handles.items() if stage_ids is None or i in stage_ids]
+        for replica in (r for handle in handles for r in replicas_of(handle)):
             replica.standing.pop(method, None)
 
     def check_health(self) -> bool:

@@ -76,7 +76,7 @@ class ReplicaSet:
         self._next_index = len(self.replicas)
         self._lock = threading.Lock()  # guards _building and _started (start threads post to them)
         self._building: list[Supervisor] = []
-        self._started: list[tuple[int, Supervisor]] = []
+        self._started: list[tuple[int, Supervisor | None]] = []  # None: it failed to start
         self.num_starting = 0
         self._no_start_until = 0.0
         self._threads: list[threading.Thread] = []
@@ -129,16 +129,21 @@ class ReplicaSet:
         return combined
 
     def _serving(self, exclude: Supervisor | None = None) -> list[tuple[int, Supervisor]]:
-        return [(i, r) for i, r in enumerate(self.replicas)
+        """(index, copy) of the copies that take requests. Policies see each copy's own index, not
+        its place in the list, so affinity keys stay put when autoscaling adds or removes a copy."""
+        return [(self.index[r], r) for r in self.replicas
                 if r is not exclude and r not in self.draining and r.is_healthy()]
+
+    def _with_index(self, index: int) -> Supervisor:
+        return next(r for r in self.replicas if self.index[r] == index)
 
     def _route(self, request: StageRequest) -> Supervisor:
         serving = self._serving()
         if not serving:  # every copy is down: the first one answers "unavailable" (a 503)
             return self.replicas[0]
         if request.stream_of is not None:
-            return self.replicas[by_key(serving, f"stream:{request.stream_of}")]
-        return self.replicas[self.policy.pick(serving, request)]
+            return self._with_index(by_key(serving, f"stream:{request.stream_of}"))
+        return self._with_index(self.policy.pick(serving, request))
 
     # -- the orchestrator's step ---------------------------------------------------------
 
@@ -161,7 +166,7 @@ class ReplicaSet:
         serving = self._serving(exclude=dead)
         if not serving:
             return False
-        target = self.replicas[self.policy.pick(serving, request)]
+        target = self._with_index(self.policy.pick(serving, request))
         logger.warning("stage %s: re-running request %s on %s after %s died", self.label, request.request_id,
                        target.label, dead.label)
         self.num_reruns += 1

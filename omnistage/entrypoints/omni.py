@@ -66,6 +66,7 @@ from omnistage.core.errors import RequestError
 from omnistage.core.parking import check_can_sleep
 from omnistage.engine.factory import EngineFactory, create_engine
 from omnistage.engine.orchestrator import OmniRequest, Orchestrator
+from omnistage.engine.replicas import replicas_of
 from omnistage.engine.outputs import OmniOutput
 
 
@@ -246,13 +247,21 @@ class AsyncOmni:
                     raise TimeoutError(f"update_weights: requests still running after {timeout_s:.0f} s")
                 await asyncio.sleep(0.01)
             tensors = None if tensors is None else dict(tensors)
+            # Standing first: a copy that joins meanwhile (autoscaling, a rebuild) gets the update too.
+            before = replicas_of(orchestrator.handles[stage_id])[0].standing.get("update_weights")
+            orchestrator.set_standing("update_weights", path, tensors, stage_ids=(stage_id,))
             try:
                 reply = await asyncio.wrap_future(orchestrator.handles[stage_id].call("update_weights", path, tensors))
-            except ValueError as e:  # names or shapes the stage does not have: nothing was changed
-                raise RequestError("path" if path is not None else "tensors", f"stage {stage!r}: {e}") from None
+            except BaseException as e:
+                if before is None:
+                    orchestrator.clear_standing("update_weights", stage_ids=(stage_id,))
+                else:
+                    orchestrator.set_standing("update_weights", *before, stage_ids=(stage_id,))
+                if isinstance(e, ValueError):  # names or shapes the stage does not have: nothing was changed
+                    raise RequestError("path" if path is not None else "tensors", f"stage {stage!r}: {e}") from None
+                raise
         finally:
             orchestrator.release()
-        orchestrator.set_standing("update_weights", path, tensors, stage_ids=(stage_id,))
         return reply[0] if isinstance(reply, list) else reply  # a replica set replies per copy
 
     def _stage_id(self, stage: str | int) -> int:

@@ -173,6 +173,16 @@ class FakeEngine:
     def is_sleeping(self) -> bool:
         return self.asleep
 
+    def update_weights(self, path: str | None, tensors: dict | None) -> int:
+        """Records where its weights came from (`weights_from`, read by a control call)."""
+        if self.running:
+            raise RuntimeError(f"update_weights: {len(self.running)} request(s) are still running")
+        self.weights = path if path is not None else sorted(tensors)
+        return 7
+
+    def weights_from(self) -> Any:
+        return getattr(self, "weights", None)
+
     def request_ids(self) -> list[str]:
         """Every request id this engine was given (a control call reads it from a stage process)."""
         return list(self.added)
