@@ -66,6 +66,14 @@ class PrepackedLinear(nn.Module):
         else:
             self.bias.copy_(tensor)
 
+    def drop_weight(self, name: str) -> int:
+        """Free the packed weight (sleep level 2; `load_weight` packs it again); the bias is kept."""
+        if name != "weight":
+            return 0
+        dtype = self.packed_weight.dtype
+        self.packed_weight = torch.empty(0, dtype=dtype)  # an opaque oneDNN tensor: no storage to count
+        return self.in_features * self.out_features * torch.empty(0, dtype=dtype).element_size()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 

@@ -14,7 +14,8 @@ and reads them back (sleep level 2).
   device kept); `restore(tensors)` allocates them again and copies the tensors in.
 
 A module whose weights were transformed at load (e.g. `PrepackedLinear`) offers
-`weight_names` and `load_weight(name, tensor)`, and takes its named weights through them.
+`weight_names`, `load_weight(name, tensor)` and `drop_weight(name) -> bytes freed`, and takes
+(and frees) its named weights through them.
 """
 
 from __future__ import annotations
@@ -83,11 +84,29 @@ def _targets(modules: Mapping[str, Any] | Any) -> tuple[dict[str, Any], dict[str
     return tensors, custom
 
 
+def tied_names(modules: Mapping[str, Any] | Any) -> dict[str, str]:
+    """transformers' tied weights of the modules, target -> source name (a tied LM head: the
+    checkpoint holds only the embedding, and a packed copy of the head must follow it)."""
+    named = modules.items() if isinstance(modules, Mapping) else [("", modules)]
+    ties = {}
+    for key, module in named:
+        expand = getattr(module, "get_expanded_tied_weights_keys", None)
+        prefix = f"{key}." if key else ""
+        if callable(expand):
+            ties.update({prefix + target: prefix + source for target, source in expand(all_submodels=True).items()})
+    return ties
+
+
 def load_weights(modules: Mapping[str, Any] | Any, tensors: Mapping[str, torch.Tensor]) -> int:
-    """Copy `tensors` in (see the module docstring); returns how many. ValueError naming the
-    unknown names or mismatched shapes, with nothing copied."""
+    """Copy `tensors` in (see the module docstring), tied targets from their sources; returns how
+    many were given. ValueError naming the unknown names or mismatched shapes, with nothing copied."""
     import torch
 
+    num_given = len(tensors)
+    tensors = dict(tensors)
+    for target, source in tied_names(modules).items():
+        if source in tensors and target not in tensors:
+            tensors[target] = tensors[source]
     targets, custom = _targets(modules)
     unknown = sorted(name for name in tensors if name not in targets and name not in custom)
     mismatched = [f"{name}: {tuple(t.shape)} for {tuple(targets[name].shape)}" for name, t in tensors.items()
@@ -106,7 +125,7 @@ def load_weights(modules: Mapping[str, Any] | Any, tensors: Mapping[str, torch.T
                 module.load_weight(own, tensor)
             else:
                 targets[name].data.copy_(tensor)
-    return len(tensors)
+    return num_given
 
 
 class Dropped:
@@ -115,13 +134,19 @@ class Dropped:
     def __init__(self, modules: Mapping[str, Any] | Any, names: Iterable[str]):
         import torch
 
-        targets, _ = _targets(modules)
+        targets, custom = _targets(modules)
+        names = set(names)
+        names |= {target for target, source in tied_names(modules).items() if source in names}
         self._shapes: dict[int, tuple[Any, torch.Size]] = {}
+        num_custom = 0
         for name in names:
             tensor = targets.get(name)
             if tensor is not None and id(tensor) not in self._shapes and tensor.numel():
                 self._shapes[id(tensor)] = (tensor, tensor.shape)
-        self.num_bytes = sum(t.numel() * t.element_size() for t, _ in self._shapes.values())
+            elif name in custom:  # a transformed weight (packed): its module frees it, load_weight rebuilds it
+                module, own = custom[name]
+                num_custom += module.drop_weight(own)
+        self.num_bytes = num_custom + sum(t.numel() * t.element_size() for t, _ in self._shapes.values())
         """Bytes freed (on the device the weights were on)."""
         for tensor, _ in self._shapes.values():
             tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
