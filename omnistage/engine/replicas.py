@@ -142,7 +142,10 @@ class ReplicaSet:
         if not serving:  # every copy is down: the first one answers "unavailable" (a 503)
             return self.replicas[0]
         if request.stream_of is not None:
-            return self._with_index(by_key(serving, f"stream:{request.stream_of}"))
+            # The copy holding a part of this stream keeps it, even while it drains (its decoder has the state).
+            holder = next((r for r in self.replicas if r.is_healthy()
+                           and any(h.request.stream_of == request.stream_of for h in r.held.values())), None)
+            return holder or self._with_index(by_key(serving, f"stream:{request.stream_of}"))
         return self._with_index(self.policy.pick(serving, request))
 
     # -- the orchestrator's step ---------------------------------------------------------
