@@ -41,3 +41,4 @@ run benchmarks/bench_cache.py
 run benchmarks/bench_memory.py --compile
 run benchmarks/bench_parallel.py --repeats 1
 run benchmarks/bench_ray.py
+run benchmarks/bench_replicas.py

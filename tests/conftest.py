@@ -111,11 +111,12 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.fixture(scope="session")
 def zoo():
-    """`zoo(name, size="tiny")` -> path of the built zoo checkpoint (built once, cached on disk)."""
+    """`zoo(name, size="tiny", seed=0)` -> path of the built zoo checkpoint (built once, cached on
+    disk); another seed gives other weights of the same shapes."""
     from omnistage.testing import ensure
 
-    def get(name: str, size: str = "tiny") -> Path:
-        return ensure(name, size=size, cache_dir=ZOO_CACHE)
+    def get(name: str, size: str = "tiny", seed: int = 0) -> Path:
+        return ensure(name, size=size, seed=seed, cache_dir=ZOO_CACHE)
 
     return get
 

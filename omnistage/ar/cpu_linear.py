@@ -53,6 +53,27 @@ class PrepackedLinear(nn.Module):
         self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, rows), persistent=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach(), persistent=False)
 
+    @property
+    def weight_names(self) -> tuple[str, ...]:
+        """What it takes back from a checkpoint (`core.weights.load_weights`): the linear's weight names."""
+        return ("weight",) if self.bias is None else ("weight", "bias")
+
+    def load_weight(self, name: str, tensor: torch.Tensor) -> None:
+        """New weights (an update): packed again, in the layout and dtype it had."""
+        if name == "weight":
+            weight = tensor.to(self.packed_weight.dtype)
+            self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, self.rows)
+        else:
+            self.bias.copy_(tensor)
+
+    def drop_weight(self, name: str) -> int:
+        """Free the packed weight (sleep level 2; `load_weight` packs it again); the bias is kept."""
+        if name != "weight":
+            return 0
+        dtype = self.packed_weight.dtype
+        self.packed_weight = torch.empty(0, dtype=dtype)  # an opaque oneDNN tensor: no storage to count
+        return self.in_features * self.out_features * torch.empty(0, dtype=dtype).element_size()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 

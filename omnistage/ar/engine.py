@@ -49,7 +49,8 @@ from omnistage.ar.structured_outputs import GrammarCompiler
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.core.device import device_scope, resolve_device, resolve_dtype
-from omnistage.core.parking import Parked, check_can_sleep, torch_modules
+from omnistage.core.parking import Parked, check_can_sleep, check_can_update, torch_modules
+from omnistage.core.weights import NO_FOLDER, Dropped, checkpoint_names, load_weights, read_checkpoint, weights_folder
 from omnistage.core.types import InputChunk, StageOutput, StageRequest, TextPayload, TokenLogprob
 
 logger = logging.getLogger(__name__)
@@ -107,6 +108,10 @@ class AREngine:
         self._closed = False
         self._grammars: GrammarCompiler | None = None  # built on the first structured-output request
         self._parked: Parked | None = None  # the weights, while asleep
+        self._dropped: Dropped | None = None  # the weights freed by sleep level 2
+        self._weights_path: str | None = weights_folder(model_path)
+        """The checkpoint folder the weights are now (sleep level 2 reads them back from it); None for
+        a hub id, or after an update from tensors."""
 
     def _load(self, model_path: str, stage: StageSpec | None, config: StageDeployConfig, device) -> None:
         """The model, its KV cache, scheduler and runner (and CUDA graphs with compile: true)."""
@@ -268,22 +273,45 @@ class AREngine:
     # --- sleep -----------------------------------------------------------------------------------
 
     def sleep(self, level: int) -> int:
-        """Level 1, when idle: free the KV pools (and the prefix cache that indexes them) and move
-        the weights off the accelerator. Returns the bytes freed on the device (the KV pools on CPU)."""
+        """When idle: free the KV pools (and the prefix cache that indexes them); level 1 moves the
+        weights off the accelerator, level 2 frees those its checkpoint holds (wake_up reads them
+        back) and moves the rest. Returns the bytes freed on the device (the KV pools on CPU)."""
         check_can_sleep(level, len(self._seqs))
         if self.runner.static_decode is not None:
             raise RuntimeError("sleep: not with compile: true (its CUDA graphs hold the KV pools and the weights' "
                                "addresses)")
+        if level == 2 and self._weights_path is None:
+            raise RuntimeError(NO_FOLDER)
+        if self._parked is not None:
+            return 0  # asleep already
         freed = self.runner.free_cache()
         self.block_manager.reset_prefix_cache()
-        if self._parked is None:
-            self._parked = Parked(torch_modules(self.model))
+        if level == 2:
+            self._dropped = Dropped(self.model.model, checkpoint_names(self._weights_path))
+            freed += self._dropped.num_bytes
+        self._parked = Parked(torch_modules(self.model))
         return freed + self._parked.num_bytes
 
     def wake_up(self) -> None:
         if self._parked is not None:
             self._parked.restore()
             self._parked = None
+        if self._dropped is not None:
+            with device_scope(self.device):
+                self._dropped.restore(self.model.model, read_checkpoint(self._weights_path))
+            self._dropped = None
+
+    def update_weights(self, path: str | None = None, tensors: dict[str, Any] | None = None) -> int:
+        """New weights in place, when idle (the caller holds new requests back, so none sees a mix):
+        the safetensors of checkpoint folder `path`, or `tensors` by state-dict name. The prefix cache
+        is dropped (its KV came from the old weights). Returns how many tensors were replaced."""
+        check_can_update(len(self._seqs), self._dropped is not None)
+        new = read_checkpoint(path) if path is not None else tensors
+        with device_scope(self.device):
+            num = load_weights(self.model.model, new)
+        self.block_manager.reset_prefix_cache()
+        self._weights_path = path
+        return num
 
     def close(self) -> None:
         self._closed = True

@@ -122,6 +122,19 @@ class StageDeployConfig:
     """Which replica takes a new request: "least_outstanding" (least work queued or running there: the
     steps or tokens its requests ask for) | "round_robin" | "affinity" (the same session key, else the same prompt prefix, goes to the same
     replica while it serves, so it finds its cache)."""
+    max_replicas: int | None = None
+    """Autoscaling: most copies of this stage. Set (above `min_replicas`) to add copies while the
+    requests outstanding per copy exceed `target_outstanding_per_replica` and remove them after
+    `scale_down_delay_s` of less work; the stage starts with `num_replicas`. None: a fixed
+    `num_replicas`. Needs runtime "process"."""
+    min_replicas: int = 1
+    """Autoscaling: fewest copies; the stage never drains below this (needs `max_replicas`)."""
+    target_outstanding_per_replica: float = 4.0
+    """Autoscaling: requests queued or running per copy that the scaler aims for; above it copies are
+    added at once (as many as the work needs, up to `max_replicas`)."""
+    scale_down_delay_s: float = 60.0
+    """Autoscaling cool-down: how long the work must have needed fewer copies before one is drained
+    (it takes no new requests, finishes its own, then stops); the next one waits as long again."""
 
     def __post_init__(self) -> None:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -172,6 +185,10 @@ STAGE_CONSTRAINTS = {
     "ray_placement_strategy": one_of("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
     "num_replicas": at_least(1),
     "routing_policy": one_of("least_outstanding", "round_robin", "affinity"),
+    "max_replicas": at_least(1),
+    "min_replicas": at_least(1),
+    "target_outstanding_per_replica": lambda v: None if v > 0 else f"must be > 0, got {v!r}",
+    "scale_down_delay_s": at_least(0),
     # cache_backend, quantization and attention_backend are open sets: the registries
     # that implement them (diffusion/cache, quant.py, attention.py) own the valid names.
 }
@@ -213,6 +230,18 @@ def stage_consistency_problems(values: dict[str, Any]) -> list[str]:
         # Inline engines share the orchestrator's thread: copies would add memory, not throughput.
         problems.append(f"num_replicas={v['num_replicas']} needs runtime 'process' or 'ray'; runtime 'inline' "
                         f"runs one engine in the orchestrator's thread")
+    if v["max_replicas"] is not None:
+        if not v["min_replicas"] <= v["num_replicas"] <= v["max_replicas"]:
+            problems.append(f"autoscaling needs min_replicas <= num_replicas <= max_replicas, got "
+                            f"min_replicas={v['min_replicas']}, num_replicas={v['num_replicas']}, "
+                            f"max_replicas={v['max_replicas']}")
+        if v["runtime"] != "process":
+            # Ray copies live in one placement group sized at start; growing it is not written yet.
+            problems.append(f"max_replicas={v['max_replicas']} (autoscaling) needs runtime 'process', got "
+                            f"runtime {v['runtime']!r}")
+    elif v["min_replicas"] != 1:
+        problems.append(f"min_replicas={v['min_replicas']} needs max_replicas (autoscaling); a fixed stage "
+                        f"has num_replicas copies")
     return problems
 
 

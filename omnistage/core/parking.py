@@ -52,15 +52,24 @@ class Parked:
         self._places.clear()
 
 
-SLEEP_LEVELS = (1,)
-"""1: weights off the accelerator, caches freed. (2, dropping the weights, is not implemented yet.)"""
+SLEEP_LEVELS = (1, 2)
+"""1: weights off the accelerator, caches freed. 2: also the weights' storage freed (those the
+stage's checkpoint holds; wake-up reads them back from it: core/weights.py)."""
 
 
 def check_can_sleep(level: int, num_running: int) -> None:
     """What every engine's `sleep(level)` checks first: a known level, and nothing running."""
     if level not in SLEEP_LEVELS:
         levels = ", ".join(map(str, SLEEP_LEVELS))
-        raise ValueError(f"level: {level!r} is not a sleep level this version implements ({levels}; level 2, "
-                         f"dropping the weights, is not implemented yet)")
+        raise ValueError(f"level: {level!r} is not a sleep level ({levels})")
     if num_running:
         raise RuntimeError(f"sleep: {num_running} request(s) are still running")
+
+
+def check_can_update(num_running: int, is_dropped: bool) -> None:
+    """What every engine's `update_weights` checks first: nothing running (no request may see a mix
+    of old and new weights), and weights there to update."""
+    if num_running:
+        raise RuntimeError(f"update_weights: {num_running} request(s) are still running")
+    if is_dropped:
+        raise RuntimeError("update_weights: the stage sleeps at level 2 (its weights are dropped); wake it up first")

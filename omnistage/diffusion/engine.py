@@ -21,10 +21,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.core.parking import check_can_sleep
+from omnistage.core.parking import check_can_sleep, check_can_update
 from omnistage.core.types import StageOutput, StageRequest
 from omnistage.diffusion.accel import check_supported
 from omnistage.diffusion.checkpoint import CheckpointConfigs
@@ -128,10 +129,31 @@ class DiffusionEngine:
         return self.scheduler.has_unfinished_requests()
 
     def sleep(self, level: int) -> int:
-        """Level 1, when idle: every rank moves its pipeline's weights off the accelerator (a diffusion
-        stage keeps no cache between requests). Returns the bytes moved."""
+        """When idle: every rank moves its pipeline's weights off the accelerator (level 1), or frees
+        those its checkpoint holds and moves the rest (level 2; wake_up reads them back). A diffusion
+        stage keeps no cache between requests. Returns the bytes freed on the devices."""
         check_can_sleep(level, int(self.has_unfinished_requests()))
+        if level == 2:
+            self._check_weights_in_place("sleep level 2")
         return sum(self.executor.collective_rpc("sleep", level))
+
+    def update_weights(self, path: str | None = None, tensors: dict[str, Any] | None = None) -> int:
+        """New weights on every rank, in place, when idle (the caller holds new requests back, so none
+        sees a mix): the component folders of pipeline folder `path` that hold safetensors, or
+        `tensors` named "{component}.{state-dict name}". Returns how many tensors were replaced."""
+        check_can_update(int(self.has_unfinished_requests()), False)
+        self._check_weights_in_place("update_weights")
+        return self.executor.collective_rpc("update_weights", path, tensors)[0]
+
+    def _check_weights_in_place(self, what: str) -> None:
+        """Weights are copied into the loaded tensors by name: not into quantized or LoRA-fused ones,
+        nor into layers that layerwise offload streams from its own host copies."""
+        changed = [f"{name}={getattr(self.config, name)!r}" for name in ("quantization", "lora", "lora_adapters",
+                                                                         "offload")
+                   if getattr(self.config, name)]
+        if changed:
+            raise RuntimeError(f"{what}: not with {', '.join(changed)} (the loaded weights are not the "
+                               f"checkpoint's tensors)")
 
     def wake_up(self) -> None:
         self.executor.collective_rpc("wake_up")

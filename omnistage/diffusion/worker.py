@@ -18,6 +18,7 @@ import torch
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.core.device import canonical_device, device_scope, resolve_dtype
 from omnistage.core.parking import Parked, torch_modules
+from omnistage.core.weights import NO_FOLDER, Dropped, checkpoint_names, load_weights, read_checkpoint, weights_folder
 from omnistage.diffusion.runner import DiffusionRunner, ProgressSink
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
 
@@ -43,6 +44,8 @@ class DiffusionWorker:
         self.dtype = resolve_dtype(config.stage.dtype, self.device)
         self.runner: DiffusionRunner | None = None
         self._parked: Parked | None = None  # the pipeline's weights, while the stage sleeps
+        self._dropped: Dropped | None = None  # the weights freed by sleep level 2
+        self._weights_path = weights_folder(config.model_path)  # where sleep level 2 reads them back
 
     # -- start-up ------------------------------------------------------------------------
 
@@ -87,14 +90,38 @@ class DiffusionWorker:
         return os.getpid()
 
     def sleep(self, level: int) -> int:
-        if self._parked is None:
-            self._parked = Parked(torch_modules(self.runner.pipeline.components))
-        return self._parked.num_bytes
+        if self._parked is not None:
+            return 0  # asleep already
+        freed = 0
+        if level == 2:
+            if self._weights_path is None:
+                raise RuntimeError(NO_FOLDER)
+            self._dropped = Dropped(self._modules(), checkpoint_names(self._weights_path, self._modules()))
+            freed = self._dropped.num_bytes
+        self._parked = Parked(torch_modules(self.runner.pipeline.components))
+        return freed + self._parked.num_bytes
 
     def wake_up(self) -> None:
         if self._parked is not None:
             self._parked.restore()
             self._parked = None
+        if self._dropped is not None:
+            with device_scope(self.device):
+                self._dropped.restore(self._modules(), read_checkpoint(self._weights_path, self._modules()))
+            self._dropped = None
+
+    def update_weights(self, path: str | None, tensors: dict | None) -> int:
+        if self._dropped is not None:
+            raise RuntimeError("update_weights: the stage sleeps at level 2 (its weights are dropped); wake it up first")
+        new = read_checkpoint(path, self._modules()) if path is not None else tensors
+        with device_scope(self.device):
+            num = load_weights(self._modules(), new)
+        self._weights_path = path
+        return num
+
+    def _modules(self) -> dict[str, torch.nn.Module]:
+        """The pipeline's torch components by name (the subfolders of its checkpoint)."""
+        return {name: c for name, c in self.runner.pipeline.components.items() if isinstance(c, torch.nn.Module)}
 
     def shutdown(self) -> None:
         import torch.distributed as dist

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnistage.core.types import ProgressPayload, TextPayload
-from omnistage.engine.replicas import REPLICA_STATES, count_states, replicas_of
+from omnistage.engine.replicas import REPLICA_STATES, ReplicaSet, count_states, replicas_of
 
 
 # From a token (ms) to a video (minutes).
@@ -146,7 +146,8 @@ class PrometheusMetrics:
         self.num_running = Gauge(
             "omnistage_requests_running", "Requests in the orchestrator.", ["pipeline"], registry=registry)
         self.replicas = Gauge(
-            "omnistage_stage_replicas", "Copies of a stage by state: serving, hung, restarting, down (gave up).",
+            "omnistage_stage_replicas", "Copies of a stage by state: serving, hung, restarting, down (gave up), "
+            "draining, starting (autoscaling).",
             ["pipeline", "stage", "state"], registry=registry)
         self.reruns = Gauge(
             "omnistage_stage_replica_reruns", "Requests re-run on another replica after theirs died.", stage,
@@ -159,10 +160,19 @@ class PrometheusMetrics:
         """Export a stage handle's replicas by state, read when scraped (no loop keeps them)."""
         for state in REPLICA_STATES:
             self.replicas.labels(self.pipeline, stage_name, state).set_function(
-                lambda state=state: count_states(replicas_of(handle))[state])
+                lambda state=state: count_states(handle)[state])
         self.reruns.labels(self.pipeline, stage_name).set_function(lambda: getattr(handle, "num_reruns", 0))
+
+        def watch(index: int, replica: Any) -> None:
+            if replica is None:  # a copy that left (autoscaling drained it)
+                self.outstanding.remove(self.pipeline, stage_name, str(index))
+            else:
+                self.outstanding.labels(self.pipeline, stage_name, str(index)).set_function(lambda: len(replica.held))
+
         for i, replica in enumerate(replicas_of(handle)):
-            self.outstanding.labels(self.pipeline, stage_name, str(i)).set_function(lambda r=replica: len(r.held))
+            watch(i, replica)
+        if isinstance(handle, ReplicaSet):
+            handle.watchers.append(watch)
 
     def observe_stage(self, stage_name: str, metrics: dict[str, Any]) -> None:
         """Record one request's `StageMetrics.as_dict()` for one stage."""

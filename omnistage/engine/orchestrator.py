@@ -161,6 +161,7 @@ class Orchestrator:
         self.fatal_error: str | None = None
         self._engine_factory = engine_factory
         self._checkers: dict[int, Callable[[StageRequest], None] | None] = {}  # built on first `check`
+        self._held: list[tuple[OmniRequest, Sink | None]] | None = None  # kept back by hold(), until release()
         self.paused: str | None = None
         """Why new requests are refused now (the engine sleeps), or None while it admits them."""
         self.handles = self._start_stages(engine_factory, connector, shm_threshold_bytes, init_timeout_s)
@@ -277,17 +278,34 @@ class Orchestrator:
         with self._lock:
             self.paused = None
 
+    def hold(self) -> threading.Event:
+        """Keep the requests submitted from now on queued, unstarted, until `release()` (a weight
+        update waits for the running ones to finish; the new ones then start on the new weights).
+        The Event is set once every request submitted before is taken in."""
+        taken_in = threading.Event()
+        self._inbox.put(("hold", taken_in, None))
+        self._wake()
+        return taken_in
+
+    def release(self) -> None:
+        """Start the requests `hold()` kept, in the order they came."""
+        self._inbox.put(("release", None, None))
+        self._wake()
+
     def call_stages(self, method: str, *args: Any) -> list[Future]:
         """`method(*args)` on every stage's engine (every replica's), from any thread."""
         return [handle.call(method, *args) for handle in self.handles.values()]
 
-    def set_standing(self, method: str, *args: Any) -> None:
-        """Every stage rebuilt from now on gets `method(*args)` before it serves (until cleared)."""
-        for replica in (r for handle in self.handles.values() for r in replicas_of(handle)):
+    def set_standing(self, method: str, *args: Any, stage_ids: tuple[int, ...] | None = None) -> None:
+        """Every stage (of `stage_ids`, default all) rebuilt from now on gets `method(*args)` before
+        it serves (until cleared)."""
+        handles = [h for i, h in self.handles.items() if stage_ids is None or i in stage_ids]
+        for replica in (r for handle in handles for r in replicas_of(handle)):
             replica.standing[method] = args
 
-    def clear_standing(self, method: str) -> None:
-        for replica in (r for handle in self.handles.values() for r in replicas_of(handle)):
+    def clear_standing(self, method: str, stage_ids: tuple[int, ...] | None = None) -> None:
+        handles = [h for i, h in self.handles.items() if stage_ids is None or i in stage_ids]
+        for replica in (r for handle in handles for r in replicas_of(handle)):
             replica.standing.pop(method, None)
 
     def check_health(self) -> bool:
@@ -363,12 +381,20 @@ class Orchestrator:
                 kind, body, sink = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if kind == "add":
+            if kind == "add" and self._held is not None:
+                self._held.append((body, sink))
+            elif kind == "add":
                 self._add_request(body, sink)
             elif kind == "abort":
                 self._abort_request(body)
-            elif kind == "barrier":
+            elif kind in ("barrier", "hold"):
+                if kind == "hold" and self._held is None:
+                    self._held = []
                 body.set()
+            elif kind == "release" and self._held is not None:
+                held, self._held = self._held, None
+                for request, held_sink in held:
+                    self._add_request(request, held_sink)
 
     def _add_request(self, request: OmniRequest, sink: Sink | None) -> None:
         rid = request.request_id
@@ -389,6 +415,10 @@ class Orchestrator:
     def _abort_request(self, request_id: str) -> None:
         state = self._requests.get(request_id)
         if state is None:
+            waiting = next((item for item in self._held or () if item[0].request_id == request_id), None)
+            if waiting is not None:  # held back by `hold()`, never started
+                self._held.remove(waiting)
+                _deliver(waiting[1], OmniOutput(request_id, finished=True, finish_reason="abort"))
             return
         text = next((run.stream.text for run in state.runs.values()
                      if run.stage.final_output and run.stream.text is not None), None)
@@ -591,8 +621,12 @@ class Orchestrator:
             if kind == "add":
                 _deliver(sink, OmniOutput(body.request_id, finished=True, finish_reason="error", error=reason,
                                           error_kind=ErrorKind.UNAVAILABLE))
-            elif kind == "barrier":
+            elif kind in ("barrier", "hold"):
                 body.set()
+        held, self._held = self._held or [], None
+        for request, sink in held:
+            _deliver(sink, OmniOutput(request.request_id, finished=True, finish_reason="error", error=reason,
+                                      error_kind=ErrorKind.UNAVAILABLE))
         for state in list(self._requests.values()):
             self._outputs.append(OmniOutput(state.request.request_id, finished=True, finish_reason="error",
                                             error=reason, error_kind=ErrorKind.UNAVAILABLE, metrics=self._request_metrics(state)))

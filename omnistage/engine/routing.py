@@ -28,8 +28,8 @@ AFFINITY_PREFIX_CHARS = 256
 
 class RoutingPolicy(Protocol):
     def pick(self, serving: Sequence[tuple[int, Supervisor]], request: StageRequest) -> int:
-        """The index (into the stage's replicas) of the replica to take `request`; `serving`
-        is never empty and holds (index, supervisor) pairs."""
+        """The index of the replica to take `request` (each replica's own number, kept while it
+        lives); `serving` is never empty and holds (index, supervisor) pairs."""
 
 
 class LeastOutstanding:

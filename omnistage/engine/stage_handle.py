@@ -12,7 +12,8 @@ when it dies or hangs) over an endpoint:
 The restart policy and the hang timeout come from the stage's deploy fields
 (`max_restarts`, `restart_backoff_s`, `stage_timeout_s`). A stage with `num_replicas` > 1
 is a `ReplicaSet` (replicas.py) of that many supervisors, one endpoint each, routed by its
-`routing_policy`.
+`routing_policy`; one with `max_replicas` is a `ReplicaSet` whose `Autoscaler` (autoscaling.py)
+adds and drains copies.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
+from omnistage.engine.autoscaling import AutoscalePolicy, Autoscaler
 from omnistage.engine.replicas import ReplicaSet
 from omnistage.engine.routing import make_policy
 from omnistage.runtime.channel import DEFAULT_THRESHOLD_BYTES, Channel
@@ -98,24 +100,33 @@ def make_stage_handle(
         placement = None if group is None else (group, replica)
         return ray_runtime.RayEndpoint(stage.label, actor_build, channel, config, gpu, placement)
 
-    if config.num_replicas == 1:
+    if config.num_replicas == 1 and config.max_replicas is None:
         return Supervisor(stage.label, endpoint, restart_policy(config))
     if config.runtime == "ray":
         from omnistage.runtime import ray as ray_runtime
 
         group = ray_runtime.reserve_replicas(config, _ray_wants_gpu(config), f"stage {stage.label}: num_replicas")
     crashes: dict[str, int] = {}  # shared: a request that crashed one copy counts against all
+
+    def make_replica(i: int) -> Supervisor:
+        return Supervisor(f"{stage.label}[{i}]", functools.partial(endpoint, replica=i), restart_policy(config),
+                          crashes)
+
     replicas: list[Supervisor] = []
     try:
         for i in range(config.num_replicas):
-            replicas.append(Supervisor(f"{stage.label}[{i}]", functools.partial(endpoint, replica=i),
-                                       restart_policy(config), crashes))
+            replicas.append(make_replica(i))
     except BaseException:
         for replica in replicas:
             replica.close()
         _release(group)
         raise
-    return ReplicaSet(stage.label, replicas, make_policy(config.routing_policy), on_close=lambda: _release(group))
+    autoscaler = None
+    if config.max_replicas is not None:
+        autoscaler = Autoscaler(AutoscalePolicy(config.min_replicas, config.max_replicas,
+                                                config.target_outstanding_per_replica, config.scale_down_delay_s))
+    return ReplicaSet(stage.label, replicas, make_policy(config.routing_policy), on_close=lambda: _release(group),
+                      make_replica=make_replica, autoscaler=autoscaler)
 
 
 def _ray_wants_gpu(config: StageDeployConfig) -> bool:

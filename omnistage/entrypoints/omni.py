@@ -62,9 +62,11 @@ from omnistage.config import (
 )
 from omnistage.config.deploy import ALL_STAGES, DeployLayer, merge_fields
 from omnistage.config.deploy_fields import KIND_ONLY_FIELDS
+from omnistage.core.errors import RequestError
 from omnistage.core.parking import check_can_sleep
 from omnistage.engine.factory import EngineFactory, create_engine
 from omnistage.engine.orchestrator import OmniRequest, Orchestrator
+from omnistage.engine.replicas import replicas_of
 from omnistage.engine.outputs import OmniOutput
 
 
@@ -166,8 +168,9 @@ class AsyncOmni:
         """Free the device for someone else: refuse new requests from now on (they raise
         EngineUnavailableError; the server answers 503 + Retry-After), let the running ones
         finish (at most `timeout_s`), then put every stage's engine (every replica) to sleep.
-        Level 1: weights moved to host memory, caches (the AR KV pools) freed. Returns the
-        bytes freed. `wake_up()` undoes it; a stage rebuilt meanwhile comes back asleep."""
+        Level 1: weights moved to host memory, caches (the AR KV pools) freed. Level 2: the
+        weights' storage freed too (wake-up reads them back from the checkpoint folder, or
+        from the last `update_weights` path). Returns the bytes freed. `wake_up()` undoes it; a stage rebuilt meanwhile comes back asleep."""
         check_can_sleep(level, 0)
         if self.sleep_level is not None:
             return 0
@@ -209,6 +212,64 @@ class AsyncOmni:
     @property
     def is_sleeping(self) -> bool:
         return self.sleep_level is not None
+
+    # --- weight updates ------------------------------------------------------------------------
+
+    async def update_weights(self, stage: str | int, path: str | Path | None = None, *,
+                             tensors: Mapping[str, Any] | None = None, timeout_s: float = 300.0) -> int:
+        """Give stage `stage` (its name or id) new weights without a restart: the safetensors of
+        checkpoint folder `path` (for a diffusion stage, a pipeline folder: the component
+        subfolders it holds), or `tensors` by state-dict name ("{component}.{name}" for a diffusion
+        stage), on every copy of the stage.
+
+        No request sees a mix: requests submitted from now on wait (queued, not refused), the
+        running ones finish on the old weights (at most `timeout_s`), the weights are copied in
+        between two steps, then the waiting requests start on the new ones. A stage rebuilt later
+        (a crash, autoscaling) gets the same update before it serves. Returns the tensors
+        replaced per copy. ValueError naming `stage` or `path` when they are wrong (nothing
+        changes); RuntimeError when the stage cannot (asleep, quantized, ...)."""
+        stage_id = self._stage_id(stage)
+        if (path is None) == (tensors is None):
+            raise RequestError("path", "path: give a checkpoint folder, or tensors, not both and not neither")
+        if path is not None:
+            path = str(Path(path).expanduser())
+            if not Path(path).is_dir():
+                raise RequestError("path", f"path: {path!r} is not a folder on the server")
+        if self.sleep_level is not None:
+            raise RuntimeError("update_weights: the engine is asleep; wake it up first")
+        orchestrator = self.orchestrator
+        taken_in = orchestrator.hold()
+        try:
+            deadline = time.monotonic() + timeout_s
+            await asyncio.to_thread(taken_in.wait, timeout_s)
+            while orchestrator.has_unfinished_requests():  # the running requests finish on the old weights
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"update_weights: requests still running after {timeout_s:.0f} s")
+                await asyncio.sleep(0.01)
+            tensors = None if tensors is None else dict(tensors)
+            # Standing first: a copy that joins meanwhile (autoscaling, a rebuild) gets the update too.
+            before = replicas_of(orchestrator.handles[stage_id])[0].standing.get("update_weights")
+            orchestrator.set_standing("update_weights", path, tensors, stage_ids=(stage_id,))
+            try:
+                reply = await asyncio.wrap_future(orchestrator.handles[stage_id].call("update_weights", path, tensors))
+            except BaseException as e:
+                if before is None:
+                    orchestrator.clear_standing("update_weights", stage_ids=(stage_id,))
+                else:
+                    orchestrator.set_standing("update_weights", *before, stage_ids=(stage_id,))
+                if isinstance(e, ValueError):  # names or shapes the stage does not have: nothing was changed
+                    raise RequestError("path" if path is not None else "tensors", f"stage {stage!r}: {e}") from None
+                raise
+        finally:
+            orchestrator.release()
+        return reply[0] if isinstance(reply, list) else reply  # a replica set replies per copy
+
+    def _stage_id(self, stage: str | int) -> int:
+        for s in self.spec.stages:
+            if stage in (s.id, s.name) and not isinstance(stage, bool):
+                return s.id
+        raise RequestError("stage", f"stage: {stage!r} is not a stage of pipeline {self.spec.name!r} "
+                                    f"({self.spec.describe_stages()})")
 
     async def shutdown(self) -> None:
         # close() waits for the step in flight; keep the event loop serving meanwhile.

@@ -246,6 +246,9 @@ class GenerationEngine:
     def sleep(self, level: int) -> int:
         """Level 1, when idle: the decoder's weights off the accelerator. Returns the bytes moved."""
         check_can_sleep(level, len(self._requests))
+        if level == 2:  # decoders load from family-specific files: no generic read-back yet
+            raise RuntimeError("sleep level 2 is not implemented for generation stages (vocoders, codec decoders) "
+                               "yet; sleep at level 1")
         if self._parked is None:
             self._parked = Parked([self.decoder.model])
         return self._parked.num_bytes

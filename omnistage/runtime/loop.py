@@ -9,7 +9,8 @@ exceptions that escape:
     ("died", message, crashed)        the engine cannot go on (a worker died, it turned
                                       unhealthy, it panicked); `crashed` as in WorkerDiedError
     ("beat", slowest_step_s)          the loop is alive (process and Ray loops only)
-    ("reply", call_id, ok, value)     the answer to a control call
+    ("reply", call_id, ok, value[, invalid])  the answer to a control call (`invalid`: it
+                                      raised ValueError, the caller's arguments were wrong)
 
 It tracks no requests: the supervisor on the other side of the endpoint does. An inline
 endpoint drives an `EngineServer` from the orchestrator's thread; `serve()` is the busy loop
@@ -61,8 +62,8 @@ class EngineServer:
             call_id, method, args = body
             try:
                 self._events.append(("reply", call_id, True, getattr(self.engine, method)(*args)))
-            except Exception as e:
-                self._events.append(("reply", call_id, False, describe(e)))
+            except Exception as e:  # a ValueError is the caller's (bad arguments): it stays one on the other side
+                self._events.append(("reply", call_id, False, describe(e), isinstance(e, ValueError)))
 
     def _add(self, request: Any) -> None:
         try:

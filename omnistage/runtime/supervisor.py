@@ -262,10 +262,10 @@ class Supervisor:
             self._thread.start()
         return failed
 
-    def _resolve(self, call_id: int, ok: bool, value: Any) -> None:
+    def _resolve(self, call_id: int, ok: bool, value: Any, invalid: bool = False) -> None:
         future = self._calls.pop(call_id, None)
         if future is not None:
-            future.set_result(value) if ok else future.set_exception(RuntimeError(value))
+            future.set_result(value) if ok else future.set_exception((ValueError if invalid else RuntimeError)(value))
         elif not ok:  # a standing call no one waits for
             logger.error("stage %s: a standing call failed on the rebuilt engine: %s", self.label, value)
 
@@ -329,6 +329,13 @@ class Supervisor:
             return
         self.gave_up = True
         logger.error("stage %s stays down: %d restart attempts failed", self.label, self.policy.max_restarts)
+
+    def adopt_standing(self, standing: dict[str, tuple]) -> None:
+        """Take another copy's standing calls (a copy joining a sleeping stage sleeps too)."""
+        self.standing = dict(standing)
+        if self.endpoint is not None:
+            for method, args in self.standing.items():
+                self.endpoint.send("call", (None, method, args))
 
     def _adopt_restarted(self) -> None:
         with self._lock:

@@ -89,3 +89,39 @@ def test_prepack_frees_the_unpacked_weights():
     gc.collect()
     assert all(ref() is None for ref in dense)
     assert not any(p.shape == (768, 512) for p in block.parameters())
+
+
+class _TiedLM(nn.Module):
+    """An embedding and a tied head as transformers declares them (the checkpoint holds the embedding only)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(1024, 512)
+        self.proj = nn.Linear(512, 512)
+        self.head = nn.Linear(512, 1024, bias=False)
+        self.head.weight = self.embed.weight
+
+    def get_expanded_tied_weights_keys(self, all_submodels: bool = False) -> dict[str, str]:
+        return {"head.weight": "embed.weight"}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.proj(x))
+
+
+def test_packed_layers_take_new_weights_and_read_them_back_after_being_dropped():
+    from omnistage.core.weights import Dropped, load_weights
+
+    torch.manual_seed(0)
+    model, fresh = _TiedLM(), _TiedLM()
+    new = {name: t for name, t in fresh.state_dict().items() if name != "head.weight"}  # as a checkpoint stores it
+    assert prepack_linears(model) == 2  # proj, and the head as its own packed copy
+    x = torch.randn(4, 512)
+    with torch.no_grad():
+        want = fresh(x)
+        assert not torch.allclose(model(x), want, atol=1e-3)
+        assert load_weights(model, new) == len(new)
+        assert torch.allclose(model(x), want, atol=1e-4)  # the packed head followed the embedding
+        dropped = Dropped(model, new)
+        assert dropped.num_bytes >= (512 * 512 + 1024 * 512 * 2) * 4 and model.proj.packed_weight.numel() == 0
+        dropped.restore(model, new)
+        assert torch.allclose(model(x), want, atol=1e-4)

@@ -11,7 +11,8 @@ Inputs whose text contains a trigger word misbehave: "poison" makes `add_request
 "explode" makes `step` raise, "crash" kills the process, "fail" makes the engine return
 an error output (a refusal after it was queued), "die" makes `step` raise WorkerDiedError and the engine turn unhealthy (as
 a diffusion engine whose worker process died), "panic" makes `step` raise a BaseException
-(as a tokenizer's pyo3 PanicException); "crash:drawer" only in the stage named drawer. Module-level and picklable, so process stages can run it
+(as a tokenizer's pyo3 PanicException); "linger" makes an image or video request take 10 times
+`num_steps`; "crash:drawer" only in the stage named drawer. Module-level and picklable, so process stages can run it
 (`functools.partial(FakeEngine, step_delay=...)` is a factory too).
 
 Two small pipelines to run them in: `text_to_image()` (an AR stage whose text becomes
@@ -141,8 +142,9 @@ class FakeEngine:
                                   delta_text=target[cut(n - 1):cut(n)], finish_reason="stop" if finished else None)
             return StageOutput(rid, payload, finished, metrics={"num_generated_tokens": n} if finished else {})
         if kind == "image":
-            if n <= self.num_steps:
-                return StageOutput(rid, ProgressPayload(n, self.num_steps), False)
+            num_steps = self.num_steps * (10 if self._triggered("linger", text) else 1)
+            if n <= num_steps:
+                return StageOutput(rid, ProgressPayload(n, num_steps), False)
             image = Image.new("RGB", (self.image_size, self.image_size), (len(text) % 256, 0, 0))
             image.info["prompt"] = text
             image.info["pid"] = os.getpid()  # which replica drew it
@@ -170,6 +172,16 @@ class FakeEngine:
 
     def is_sleeping(self) -> bool:
         return self.asleep
+
+    def update_weights(self, path: str | None, tensors: dict | None) -> int:
+        """Records where its weights came from (`weights_from`, read by a control call)."""
+        if self.running:
+            raise RuntimeError(f"update_weights: {len(self.running)} request(s) are still running")
+        self.weights = path if path is not None else sorted(tensors)
+        return 7
+
+    def weights_from(self) -> Any:
+        return getattr(self, "weights", None)
 
     def request_ids(self) -> list[str]:
         """Every request id this engine was given (a control call reads it from a stage process)."""

@@ -55,6 +55,6 @@ def test_sleep_frees_the_kv_pools_refuses_requests_and_wakes_to_the_same_output(
 
 
 def test_an_unknown_sleep_level_is_refused_naming_the_field(omni):
-    with pytest.raises(ValueError, match="level: 2 is not a sleep level"):
-        asyncio.run(omni.sleep(2))
+    with pytest.raises(ValueError, match="level: 3 is not a sleep level"):
+        asyncio.run(omni.sleep(3))
     assert not omni.is_sleeping and not omni.orchestrator.paused

@@ -169,7 +169,7 @@ def test_a_replica_killed_under_load_loses_no_request_and_health_stays_up(least_
     def watch():  # what /health and /metrics would answer, all along
         while not stop.is_set():
             health.append(orch.check_health())
-            seen_states.append(count_states(handle.replicas))
+            seen_states.append(count_states(handle))
             time.sleep(0.005)
 
     watcher = threading.Thread(target=watch)

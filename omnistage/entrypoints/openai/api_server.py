@@ -11,7 +11,7 @@ build an app around any engine client. What a request can reach:
                             and each stage's request defaults
     /v1/images/...          images/       (diffusion models with image output)
     /v1/videos...           videos/       (diffusion models with video output)
-    /v1/chat/completions    chat/         (text, omni and image models)
+    /v1/chat/completions    chat/         (text, omni and image models; /batch: many conversations, one answer)
     /v1/responses...        responses/    (text, omni and image models, over the chat path; stored
                                            responses: GET / DELETE, cancel, input_items)
     /v1/completions         completions/  (text and omni models: the text of a raw prompt)
@@ -71,6 +71,8 @@ from omnistage.entrypoints.openai.responses.serving import ResponsesServing
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.entrypoints.openai.sleep.api_router import attach_router as attach_sleep
 from omnistage.entrypoints.openai.sleep.serving import SleepServing
+from omnistage.entrypoints.openai.weights.api_router import attach_router as attach_weights
+from omnistage.entrypoints.openai.weights.serving import WeightsServing
 from omnistage.entrypoints.openai.videos.api_router import attach_router as attach_videos
 from omnistage.entrypoints.openai.videos.serving import VideoServing
 
@@ -126,6 +128,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.speech_serving = SpeechServing(gateway, capabilities, settings, app.state.voice_store)
     app.state.audio_generate_serving = AudioGenerateServing(gateway, capabilities, settings)
     app.state.sleep_serving = SleepServing(engine)
+    app.state.weights_serving = WeightsServing(engine)
     app.state.transcription_serving = TranscriptionServing(gateway, capabilities, settings)
     app.state.realtime_serving = RealtimeServing(gateway, capabilities, settings)
 
@@ -139,7 +142,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
 
     _attach_system_routes(app)
     for attach in (attach_images, attach_videos, attach_chat, attach_responses, attach_completions, attach_audio,
-                   attach_sleep, attach_realtime):
+                   attach_sleep, attach_weights, attach_realtime):
         attach(app)
     if settings.playground:
         attach_playground(app)

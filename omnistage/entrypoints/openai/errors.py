@@ -99,7 +99,9 @@ def from_validation_errors(errors: list[dict[str, Any]]) -> APIError:
     if not errors:
         return bad_request("invalid request")
     first = errors[0]
-    loc = [p for p in first.get("loc", ()) if p not in ("body", "query", "path", "form", "header")]
+    loc = list(first.get("loc", ()))
+    if loc and loc[0] in ("body", "query", "path", "form", "header"):  # where it sits, not a field (a body may
+        loc = loc[1:]                                                     # have a field named "path")
     param = _param_path(loc)
     kind = first.get("type", "")
     if kind == "extra_forbidden":

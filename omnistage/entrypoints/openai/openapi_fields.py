@@ -95,10 +95,18 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
         "logit_bias": ("Only null: a bias is refused (400).", None),
     },
     "SleepRequest": {
-        "level": ("1: every stage's weights moved to host memory and its caches freed (level 2, dropping the "
-                  "weights, is not implemented yet).", 1),
+        "level": ("1: every stage's weights moved to host memory and its caches freed; 2: the weights' storage "
+                  "freed too, read back from the stage's checkpoint folder (or the last update_weights path) on "
+                  "wake-up.", 1),
         "timeout_s": ("Longest wait for the running requests to finish before the stages sleep; new requests "
                       "get 503 + Retry-After from the moment this one arrives.", 300.0),
+    },
+    "UpdateWeightsRequest": {
+        "stage": ("The stage to update, by name or id.", "llm"),
+        "path": ("A checkpoint folder on the server: safetensors named as the stage's weights (a diffusion "
+                 "stage: a pipeline folder whose component subfolders hold them).", "/checkpoints/step-1000"),
+        "timeout_s": ("Longest wait for the running requests to finish on the old weights; requests arriving "
+                      "meanwhile wait and run on the new ones.", 300.0),
     },
     "SpeechRequest": {
         "input": ("The text to read aloud.", "Hello there!"),
@@ -259,6 +267,13 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
     "LoraRequest": {"name": ("The adapter's name in `lora_adapters`.", "ink"),
                     "scale": ("The adapter's weight.", 0.5)},
 }
+FIELDS["ChatCompletionBatchRequest"] = {
+    **FIELDS["ChatCompletionRequest"],
+    "messages": ("A list of conversations (each a list of messages as in /v1/chat/completions), at most 256; "
+                 "each is answered in its own choice, in order.",
+                 [[{"role": "user", "content": "Hello!"}], [{"role": "user", "content": "Bonjour !"}]]),
+}
+"""The batch route takes chat's fields, with `messages` a list of conversations."""
 
 # Extension fields a route reads beyond its request model's own fields (the `openai` client:
 # `extra_body={...}`): name -> (JSON type, description).
@@ -281,6 +296,7 @@ _MODEL_EXTRAS = ("object", "The model's declared request extras, each a top-leve
 
 EXTENSIONS: dict[tuple[str, str], dict[str, tuple[str, str]]] = {
     ("post", "/v1/chat/completions"): {**_SAMPLING_EXTRAS, "<model extras>": _MODEL_EXTRAS},
+    ("post", "/v1/chat/completions/batch"): {**_SAMPLING_EXTRAS, "<model extras>": _MODEL_EXTRAS},
     ("post", "/v1/completions"): dict(_SAMPLING_EXTRAS),
     ("post", "/v1/responses"): dict(_SAMPLING_EXTRAS),
     ("post", "/v1/images/generations"): {"<model extras>": _MODEL_EXTRAS},
@@ -366,5 +382,5 @@ REQUEST_SCHEMAS = {"ImageGenerationRequest", "ImageEditRequest", "TranscriptionR
                    "ResponsesRequest", "MessageItem", "FunctionCallItem", "FunctionCallOutputItem", "InputText",
                    "OutputText", "InputImage", "InputAudioData", "InputFile", "Refusal", "FunctionTool",
                    "TextOptions", "TextFormatText", "TextFormatJSONObject", "TextFormatJSONSchema", "Reasoning",
-                   "SleepRequest"}
+                   "SleepRequest", "UpdateWeightsRequest", "ChatCompletionBatchRequest"}
 """The schemas a request body may contain (the others describe answers)."""

@@ -2,7 +2,7 @@
 processes (fake engines): sleep reaches every copy, requests meanwhile get 503 +
 Retry-After, is_sleeping says so, and after wakeup requests are served again; a copy killed
 while asleep is rebuilt asleep; a level this version does not implement is a 400 naming
-`level`."""
+`level`; a weight update reaches every copy, and a copy rebuilt later gets it too."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_sleep_refuses_requests_on_every_replica_until_wakeup(served):
 
 def test_an_unimplemented_sleep_level_is_a_400_naming_it(served):
     http, engine = served
-    resp = http.post("/v1/omni/sleep", json={"level": 2})
+    resp = http.post("/v1/omni/sleep", json={"level": 3})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "level", resp.text
     assert not engine.is_sleeping
 
@@ -69,4 +69,20 @@ def test_a_copy_rebuilt_while_asleep_comes_back_asleep(served):
     assert handle.call("is_sleeping").result(timeout=10) == [True, True]
     assert http.post("/v1/omni/wakeup").status_code == 200
     assert handle.call("is_sleeping").result(timeout=10) == [False, False]
+    assert http.post("/v1/images/generations", json=IMAGE).status_code == 200
+
+
+def test_update_weights_reaches_every_copy_and_a_rebuilt_copy_gets_it_too(served, tmp_path):
+    http, engine = served
+    handle = engine.orchestrator.handles[0]
+    resp = http.post("/v1/omni/update_weights", json={"stage": "drawer", "path": str(tmp_path)})
+    assert resp.status_code == 200 and resp.json() == {"stage": "drawer", "num_tensors": 7}, resp.text
+    assert handle.call("weights_from").result(timeout=10) == [str(tmp_path)] * 2
+    victim = handle.replicas[1]
+    os.kill(victim.endpoint.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while victim.num_restarts == 0 or not victim.is_healthy():
+        assert time.monotonic() < deadline, "the killed copy was not rebuilt"
+        time.sleep(0.02)
+    assert handle.call("weights_from").result(timeout=10) == [str(tmp_path)] * 2  # not its start-up weights
     assert http.post("/v1/images/generations", json=IMAGE).status_code == 200

@@ -5,7 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from omnistage.entrypoints.openai.chat.protocol import ChatCompletion, ChatCompletionRequest
+from omnistage.entrypoints.openai.chat.protocol import (
+    ChatCompletion,
+    ChatCompletionBatch,
+    ChatCompletionBatchRequest,
+    ChatCompletionRequest,
+)
 from omnistage.entrypoints.openai.chat.serving import ChatServing
 from omnistage.entrypoints.openai.common import require_json
 from omnistage.entrypoints.openai.json_body import JSONBodyRoute
@@ -24,6 +29,12 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request,
     if isinstance(result, ChatCompletion):
         return result
     return StreamingResponse(result, media_type="text/event-stream", headers={"cache-control": "no-cache"})
+
+
+@router.post("/v1/chat/completions/batch", dependencies=[Depends(require_json)])
+async def create_chat_completion_batch(body: ChatCompletionBatchRequest, request: Request,
+                                       handler: ChatServing = Depends(serving)) -> ChatCompletionBatch:
+    return await handler.create_batch(body, request)
 
 
 def attach_router(app: FastAPI) -> None:

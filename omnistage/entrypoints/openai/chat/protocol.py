@@ -9,7 +9,8 @@ fields beyond OpenAI's (`top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
 as with vLLM. Text models also take `n`, `logprobs`/`top_logprobs`, `response_format`
 and `tools`/`tool_choice`/`parallel_tool_calls`, with `tool` messages and assistant
 `tool_calls` in the history. For image models the diffusion fields of the images routes
-(`size`, `num_inference_steps`, ...) apply.
+(`size`, `num_inference_steps`, ...) apply. The batch route takes a list of conversations
+(`ChatCompletionBatchRequest`) and answers each in its own choice (`BatchChoice`).
 """
 
 from __future__ import annotations
@@ -170,6 +171,19 @@ class ChatCompletionRequest(DiffusionFields):
     """Image models: 'WIDTHxHEIGHT' of the answer image."""
 
 
+MAX_BATCH_CONVERSATIONS = 256
+"""Most conversations one POST /v1/chat/completions/batch may carry."""
+
+
+class ChatCompletionBatchRequest(ChatCompletionRequest):
+    """POST /v1/chat/completions/batch: `messages` is a list of conversations, answered in one
+    response with one choice per conversation, in order; every other field applies to each.
+    No streaming, tools or n > 1."""
+
+    messages: list[Annotated[list[ChatMessage], Field(min_length=1)]] = Field(  # type: ignore[assignment]
+        min_length=1, max_length=MAX_BATCH_CONVERSATIONS)
+
+
 class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -196,6 +210,30 @@ class Choice(BaseModel):
     message: AssistantMessage
     finish_reason: str | None = "stop"
     logprobs: dict[str, Any] | None = None
+
+
+class BatchChoice(BaseModel):
+    """One conversation's answer in a batch: its own status, and its error when it failed."""
+
+    index: int
+    status: int = 200
+    """200, or the status this conversation would have got alone (400 for its bad input, 503, 500)."""
+    message: AssistantMessage | None = None
+    finish_reason: str | None = "stop"
+    logprobs: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    """OpenAI's error object (message, type, param, code) when `status` is not 200; `param` is
+    located in the batch body (`messages[2][0].content`)."""
+
+
+class ChatCompletionBatch(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[BatchChoice]
+    usage: Usage
+    """Summed over the conversations that were answered."""
 
 
 class ChatCompletion(BaseModel):

@@ -37,7 +37,10 @@ from omnistage.entrypoints.openai.capabilities import Capabilities, media_inputs
 from omnistage.entrypoints.openai.chat.protocol import (
     AssistantMessage,
     AudioAnswer,
+    BatchChoice,
     ChatCompletion,
+    ChatCompletionBatch,
+    ChatCompletionBatchRequest,
     ChatCompletionRequest,
     ChatMessage,
     Choice,
@@ -116,6 +119,46 @@ class ChatServing:
             return await self._complete(await collect_all(streams), body, request_id, job.wants_audio, job.tool_mode)
 
         return await cancel_on_disconnect(request, go())
+
+    async def create_batch(self, body: ChatCompletionBatchRequest, request: Any) -> ChatCompletionBatch:
+        """Every conversation of `body.messages` as its own request, run together; one choice each,
+        in order, with its own status (a conversation's failure fails only its choice)."""
+        self.capabilities.require("chat")
+        for name, given in (("stream", body.stream), ("n", body.n > 1), ("tools", bool(body.tools)),
+                            ("tool_choice", body.tool_choice not in (None, "none"))):
+            if given:
+                raise bad_request(f"{name}: the batch route answers plain completions (no streaming, tools "
+                                  f"or n > 1)", param=name)
+        check_model(body.model, self.settings)
+        media, request_id = request.app.state.media, new_request_id("chatcmpl")
+
+        async def one(index: int, conversation: list[ChatMessage]) -> tuple[BatchChoice, Usage | None]:
+            item = body.model_copy(update={"messages": conversation})  # the rest of the body applies to each
+            try:
+                job = await self.prepare(item, media)
+                streams = await open_streams(self.gateway, job.jobs, f"{request_id}-{index}", job.wanted,
+                                             job.session_id)
+                done = await self._complete(await collect_all(streams), item, request_id, job.wants_audio, None)
+            except (APIError, ValueError) as e:
+                error = e if isinstance(e, APIError) else from_value_error(e)
+                body_error = error.body()["error"]
+                if body_error["param"] and body_error["param"].startswith("messages"):
+                    body_error["param"] = f"messages[{index}]{body_error['param'][len('messages'):]}"
+                return BatchChoice(index=index, status=error.status, finish_reason="error", error=body_error), None
+            choice = done.choices[0]
+            return BatchChoice(index=index, message=choice.message, finish_reason=choice.finish_reason,
+                               logprobs=choice.logprobs), done.usage
+
+        async def run_all() -> list[tuple[BatchChoice, Usage | None]]:
+            return await asyncio.gather(*(one(i, c) for i, c in enumerate(body.messages)))
+
+        answers = await cancel_on_disconnect(request, run_all())
+        total = Usage()
+        for _, used in answers:
+            if used is not None:
+                total = Usage(**{k: getattr(total, k) + getattr(used, k) for k in Usage.model_fields})
+        return ChatCompletionBatch(id=request_id, created=int(time.time()), model=self.settings.served_model_name,
+                                   choices=[choice for choice, _ in answers], usage=total)
 
     async def prepare(self, body: ChatCompletionRequest, media: InputMedia) -> ChatJob:
         """Check the body and build its engine requests (the Responses route shares this)."""

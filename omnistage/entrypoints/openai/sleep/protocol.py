@@ -10,9 +10,9 @@ from pydantic import BaseModel, ConfigDict
 class SleepRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    level: Literal[1] = 1
-    """1: every stage's weights moved to host memory and its caches freed. (Level 2, dropping
-    the weights, is not implemented yet.)"""
+    level: Literal[1, 2] = 1
+    """1: every stage's weights moved to host memory and its caches freed. 2: the weights' storage
+    freed too; wake-up reads them back from the checkpoint."""
     timeout_s: float = 300.0
     """Longest wait for the requests running now to finish before the stages sleep; new ones are
     refused (503 + Retry-After) from the moment this request arrives."""
