@@ -48,11 +48,11 @@ class DiffusionEngine:
                  show_progress: bool = False, clock: Callable[[], float] = time.monotonic):
         """`pipeline_cls` overrides the class picked from the checkpoint (custom pipelines,
         tests). `show_progress` shows a tqdm bar (the offline API turns it on)."""
-        check_supported(stage.label if stage is not None else "diffusion", config)
         self.model_path = str(model_path)
         self.config = config
         configs = CheckpointConfigs.read(self.model_path)
         self.pipeline_cls = pipeline_cls or _pipeline_class(stage, configs)
+        check_supported(stage.label if stage is not None else "diffusion", config, self.pipeline_cls)
         # Requests are checked here, against the checkpoint's config files: no round trip to a worker.
         self.checker = self.pipeline_cls.for_requests(configs, config)
         check_default_params(config.default_sampling_params)
