@@ -86,8 +86,8 @@ def test_first_block_cache_alone_equals_batched_at_other_steps(path):
 
 @pytest.mark.parametrize("fields, message", [
     (dict(executor="mp", num_devices=2, ulysses_degree=2),
-     r"ulysses_degree=2: HunyuanVideo15Pipeline \(HunyuanVideo15Transformer3DModel\) cannot take it"),
-    (dict(lora_adapters={"style": "style.safetensors"}), "lora: HunyuanVideo15Pipeline has no diffusers LoRA loader"),
+     r"ulysses_degree=2: HunyuanVideo15Pipeline cannot take it"),
+    (dict(lora_adapters={"style": "style.safetensors"}), r"lora_adapters=.*: HunyuanVideo15Pipeline cannot take it"),
 ])
 def test_what_it_cannot_take_is_refused_by_name(path, fields, message):
     with pytest.raises(ValueError, match=message):
