@@ -55,8 +55,9 @@ TOKENS_PER_SLOT = 4
 class QwenImage21(QwenImage):
     reference_class: ClassVar[str] = "QwenImage21Pipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
-        cfg_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True, compile=True,
+        cfg_parallel=True, vae_tiling=True, offload=True, quantization=True, compile=True,
         refused={"cache_backend": "its transformer already caches its text prefix across steps",
+                 "lora": "diffusers' QwenImage21Pipeline cannot be built over its components (it needs a processor)",
                  "ulysses_degree": "its transformer has no sequence-parallel plan"})
     # QwenImage21Pipeline.__call__ defaults (output_resolution 1024 for the size).
     default_params: ClassVar[dict[str, Any]] = {
