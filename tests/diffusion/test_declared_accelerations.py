@@ -57,6 +57,9 @@ class Case:
     """Changes to the zoo's call kwargs."""
     request: Any = None
     """(call, seed) -> our request, where it takes other kwargs than diffusers' call."""
+    split_call: dict[str, Any] = dataclass_field(default_factory=dict)
+    """Changes for the sequence-parallel runs: a request whose text token count the degree does
+    not divide is refused (naming both numbers), and an edit family's prompt + image tokens may be odd."""
 
     @property
     def key(self) -> str:
@@ -67,9 +70,10 @@ class Case:
         return (self.request or request_for)(call, seed, request_id)
 
 
-def _case(name: str, call: dict[str, Any] | None = None, parity_class: Any = None) -> Case:
+def _case(name: str, call: dict[str, Any] | None = None, parity_class: Any = None,
+          split_call: dict[str, Any] | None = None) -> Case:
     request = parity_class().request if parity_class is not None else None
-    return Case(name, call or {}, request)
+    return Case(name, call or {}, request, split_call or {})
 
 
 def _cases() -> dict[str, Case]:
@@ -78,7 +82,8 @@ def _cases() -> dict[str, Case]:
         "flux-kontext": _case("flux-kontext", image, test_parity_flux_kontext.TestFluxKontext),
         "qwen-image-edit": _case("qwen-image-edit", image, test_parity_qwen_image_edit.TestQwenImageEdit),
         "qwen-image-edit-plus": _case("qwen-image-edit-plus", {"image": [default_input_image()]},
-                                      test_parity_qwen_image_edit.TestQwenImageEdit),
+                                      test_parity_qwen_image_edit.TestQwenImageEdit,
+                                      split_call={"prompt": "a red cat", "negative_prompt": None}),
         "wan-i2v": _case("wan-i2v", test_parity_wan.I2V_CALL),
         "hunyuan-video": _case("hunyuan-video", test_parity_hunyuan_video.CALL),
         "hunyuan-video-i2v": _case("hunyuan-video-i2v", test_parity_hunyuan_video.i2v_call()),
@@ -114,7 +119,8 @@ def test_declared_accelerations_run_and_the_rest_are_refused(zoo, name):
     decl = cls.supported_accelerations
     path = str(zoo(name))
     plain = _load(case, path)
-    want, _ = run(plain, case)
+    want, state = run(plain, case)
+    PLAIN[name] = (want, plain.state_metrics(state))
 
     # Step caches at threshold 0: the plain output, with the cache deciding every step. The
     # first one also runs with model offload, which changes where weights wait, not the output.
@@ -162,11 +168,11 @@ def test_declared_accelerations_run_and_the_rest_are_refused(zoo, name):
         with pytest.raises(ValueError) as error:
             check_supported("0 (diffusion)", deploy, cls)
         assert all(f"{field}=" in str(error.value) for field in refused) and case.key in str(error.value)
-    PLAIN[name] = want
 
 
-PLAIN: dict[str, np.ndarray] = {}
-"""Each family's plain output, for the two-rank test."""
+PLAIN: dict[str, tuple[np.ndarray, dict]] = {}
+"""Each family's plain output and metrics, which the two-rank test compares with (it loads the
+family again when run alone)."""
 
 PROBES = [
     *({"cache_backend": backend} for backend in CACHE_BACKENDS),
@@ -209,28 +215,16 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
             case = CASES[name]
             for label, fields in parallel_runs(pipeline_class(case.key).supported_accelerations).items():
                 pipeline = _load(case, path, **fields)
-                results[f"{name} {label}"] = (*_split_run(pipeline, case), pipeline.accelerations)
+                arr, state = run(pipeline, case, **_overrides(case, label))
+                results[f"{name} {label}"] = (arr, pipeline.state_metrics(state), pipeline.accelerations)
     finally:
         if rank == 0:
             torch.save(results, os.path.join(out_dir, "results.pt"))
         dist.destroy_process_group()
 
 
-SPLIT_CALLS = ({}, {"prompt": "a red cat"}, {"prompt": "a cat", "negative_prompt": None},
-               {"prompt": "a red cat", "negative_prompt": None})
-"""Calls tried in turn: a sequence-parallel request whose text token count the degree does not
-divide is refused (naming both numbers), and an edit family's prompt and image tokens may be odd."""
-
-
-def _split_run(pipeline, case: Case) -> tuple[np.ndarray, dict[str, Any]]:
-    """(the output, the changes to the zoo's call it took)."""
-    for overrides in SPLIT_CALLS:
-        try:
-            return run(pipeline, case, **overrides)[0], overrides
-        except ValueError as e:
-            if "does not divide" not in str(e) or overrides is SPLIT_CALLS[-1]:
-                raise
-    raise AssertionError("unreachable")
+def _overrides(case: Case, label: str) -> dict[str, Any]:
+    return case.split_call if label in ("ulysses", "ring") else {}
 
 
 @pytest.fixture(scope="module")
@@ -245,21 +239,22 @@ def test_declared_parallel_degrees_on_two_ranks_equal_one_rank(zoo, two_rank_res
     checked = []
     for name, case in CASES.items():
         runs = parallel_runs(pipeline_class(case.key).supported_accelerations)
-        if not runs:
-            continue
         plain = None
         for label, fields in runs.items():
-            got, overrides, applied = two_rank_results[f"{name} {label}"]
+            got, metrics, applied = two_rank_results[f"{name} {label}"]
+            overrides = _overrides(case, label)
             if not overrides and name in PLAIN:
-                want = PLAIN[name]
+                want, one_rank_metrics = PLAIN[name]
             else:
                 plain = plain or _load(case, str(zoo(name)))
-                want = run(plain, case, **overrides)[0]
-            expected = {"cfg": ["cfg_parallel"] + (["vae_patch_parallel"] if fields.get("vae_patch_parallel_size", 1) > 1
-                                                   else []),
-                        "ulysses": ["sequence_parallel"], "ring": ["sequence_parallel"]}[label]
-            assert applied == expected, (name, label)
+                want, state = run(plain, case, **overrides)
+                one_rank_metrics = plain.state_metrics(state)
+            vae = ["vae_patch_parallel"] if fields.get("vae_patch_parallel_size", 1) > 1 else []
+            assert applied == {"cfg": ["cfg_parallel"] + vae}.get(label, ["sequence_parallel"]), (name, label)
             assert np.abs(got - want).max() <= TOLERANCE, (name, label)
+            one_rank = one_rank_metrics["num_forwards_computed"]
+            if label == "cfg" and one_rank > STEPS:  # it guided: rank 0 ran the cond branch only
+                assert metrics["num_forwards_computed"] == one_rank // 2, name
             checked.append(f"{name} {label}")
     assert checked
 
