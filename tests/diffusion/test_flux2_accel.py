@@ -1,7 +1,7 @@
 """FLUX.2 with the accelerations: the step caches over its single-stream blocks (threshold 0
 is the plain output bit for bit, a high one skips, alone equals batched at other steps),
 cache-dit, the memory options (offload, int8 weights), and what it refuses by name. CFG
-parallel and Ulysses run for klein in test_cfg_parallel.py and test_sequence_parallel.py
+parallel and Ulysses run for klein in test_declared_accelerations.py and test_sequence_parallel.py
 with the other families."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """HunyuanVideo-1.5 with the accelerations (tiny zoo model): the step caches hook its
 positional dual-stream blocks (threshold 0 is bit-identical, a high one skips, a request's
 output and skips do not depend on who shares its calls), and what it cannot take (sequence
-parallel, LoRA) is refused by name at load time. CFG parallel: test_cfg_parallel.py."""
+parallel, LoRA) is refused by name at load time. CFG parallel: test_declared_accelerations.py."""
 
 from __future__ import annotations
 

@@ -29,7 +29,6 @@ MODULES = ("lora", "quantization", "attention_backend", "sequence_parallel", "cf
 step caches come after cfg_parallel (they wrap the guidance function it installs) and
 before offload and compile (which wrap the blocks the caches hook)."""
 
-
 NOT_YET_IMPLEMENTED: dict[str, Any] = {
     "tensor_parallel_size": 1,
 }
