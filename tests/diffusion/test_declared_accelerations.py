@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
-from omnistage.diffusion.accel import apply_accelerations, check_supported, lora, quantization
+from omnistage.diffusion.accel import apply_accelerations, check_family, lora, quantization
 from omnistage.diffusion.accel import compile as regional_compile
 from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, requested, takes
 from omnistage.diffusion.registry import native_keys, pipeline_class
@@ -166,10 +166,10 @@ def test_declared_accelerations_run_and_the_rest_are_refused(zoo, name):
         deploy = StageDeployConfig(**fields)
         refused = [field for field, value in requested(deploy) if not takes(decl, field, value)]
         if not refused:
-            check_supported("0 (diffusion)", deploy, cls)
+            check_family("0 (diffusion)", deploy, cls)
             continue
         with pytest.raises(ValueError) as error:
-            check_supported("0 (diffusion)", deploy, cls)
+            check_family("0 (diffusion)", deploy, cls)
         assert all(f"{field}=" in str(error.value) for field in refused) and case.key in str(error.value)
 
 

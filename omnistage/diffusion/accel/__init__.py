@@ -4,7 +4,7 @@ Every module is a small config dataclass read from the stage's deploy fields and
 `apply(pipeline, config)`; `apply_accelerations` is the one place they are applied, at
 load time (`DiffusionPipelineBase.from_pretrained`), with the stage's `StageDeployConfig`.
 Which of them a family takes it declares next to its code (`Accelerations`, declaration.py);
-anything else is refused by name at start-up (`check_supported`). A module says what it
+anything else is refused by name at start-up (`check_family`). A module says what it
 cannot do with a given checkpoint (a head count a degree does not divide) by raising
 ValueError naming the field and the family.
 
@@ -34,20 +34,23 @@ NOT_YET_IMPLEMENTED: dict[str, Any] = {
 }
 
 
-def check_supported(stage_label: str, deploy: StageDeployConfig, pipeline_cls: type | None = None) -> None:
-    """Raise ValueError naming the stage and every deploy field set that nothing implements yet,
-    or that `pipeline_cls`'s family does not declare (declaration.py)."""
+def check_supported(stage_label: str, deploy: StageDeployConfig) -> None:
+    """Raise ValueError naming the stage and every deploy field set that nothing implements yet."""
     unsupported = [f"{name}={getattr(deploy, name)!r}" for name, inert in NOT_YET_IMPLEMENTED.items()
                    if getattr(deploy, name) != inert]
     if unsupported:
         raise ValueError(f"stage {stage_label}: {', '.join(unsupported)} is not implemented in this version of "
                          f"omnistage; remove it from the deploy config")
     check_cache(stage_label, deploy)
-    if pipeline_cls is not None:
-        try:
-            check_declared(pipeline_cls.reference_class, pipeline_cls.supported_accelerations, deploy)
-        except ValueError as exc:
-            raise ValueError(f"stage {stage_label}: {exc}") from None
+
+
+def check_family(stage_label: str, deploy: StageDeployConfig, pipeline_cls: type) -> None:
+    """Raise ValueError naming the stage, the family and every acceleration field `deploy` turns
+    on that `pipeline_cls` does not declare (declaration.py)."""
+    try:
+        check_declared(pipeline_cls.reference_class, pipeline_cls.supported_accelerations, deploy)
+    except ValueError as exc:
+        raise ValueError(f"stage {stage_label}: {exc}") from None
 
 
 def check_cache(stage_label: str, deploy: StageDeployConfig) -> None:
