@@ -8,6 +8,8 @@
   tables, the stage kinds that read it, and the docstring under the field).
 - docs/reference/openapi.md: every route of the server, from the app's OpenAPI document
   (omnistage/entrypoints/openai/), with each body field's type, description and example.
+- docs/reference/support.md: the support matrix of the diffusion families, from their
+  declarations (omnistage/diffusion/support.py, as `omnistage models` prints it).
 """
 
 from __future__ import annotations
@@ -190,11 +192,35 @@ def openapi_reference() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+# ---------------------------------------------------------------- support matrix
+
+def support_reference() -> str:
+    from omnistage.diffusion import support
+
+    return f"""{GENERATED}
+
+# Support matrix
+
+What each native diffusion pipeline takes, read from its family's declaration
+(`supported_accelerations` on the pipeline class in `omnistage/models/<family>/`); `omnistage
+models` prints the same table. A deploy field turning on an acceleration marked "no" is
+refused at start-up with an error naming the field and the pipeline. "in" lists the request's
+inputs ("+ images": optional reference images), "default mode" the scheduling mode a stage
+runs without `step_execution` in its deploy file ("per checkpoint": the spec is built from
+the checkpoint's files). The options themselves are in [Accelerations](../accelerations.md)
+and [Scaling out](../scaling.md). Any other diffusers pipeline runs through the generic
+adapter, which takes none of them.
+
+{support.markdown(support.rows())}
+"""
+
+
 # ---------------------------------------------------------------- generation
 
 def pages() -> dict[Path, str]:
     return {ROOT / "docs" / "deploy" / "reference.md": deploy_reference(),
-            ROOT / "docs" / "reference" / "openapi.md": openapi_reference()}
+            ROOT / "docs" / "reference" / "openapi.md": openapi_reference(),
+            ROOT / "docs" / "reference" / "support.md": support_reference()}
 
 
 def main() -> int:

@@ -101,6 +101,13 @@ class PipelineRegistry:
         self.discover()
         return sorted(self._entries)
 
+    def spec_of(self, key: str) -> PipelineSpec | None:
+        """The spec registered under `key`; None for a resolver (its spec depends on the files)
+        or an unknown key."""
+        self.discover()
+        entry = self._entries.get(key)
+        return entry.target if entry is not None and isinstance(entry.target, PipelineSpec) else None
+
     def discover(self) -> None:
         """Import every family package, then run the entry-point plugins (once)."""
         if self._discovered:

@@ -27,7 +27,7 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.core.parking import check_can_sleep, check_can_update
 from omnistage.core.types import StageOutput, StageRequest
-from omnistage.diffusion.accel import check_supported
+from omnistage.diffusion.accel import check_family, check_supported
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.executor import Executor, WorkerDiedError, get_executor_class
 from omnistage.diffusion.inputs import check_default_params, freeze, seeded, to_diffusion_request
@@ -49,11 +49,13 @@ class DiffusionEngine:
                  show_progress: bool = False, clock: Callable[[], float] = time.monotonic):
         """`pipeline_cls` overrides the class picked from the checkpoint (custom pipelines,
         tests). `show_progress` shows a tqdm bar (the offline API turns it on)."""
-        check_supported(stage.label if stage is not None else "diffusion", config)
+        label = stage.label if stage is not None else "diffusion"
+        check_supported(label, config)
         self.model_path = str(model_path)
         self.config = config
         configs = CheckpointConfigs.read(self.model_path)
         self.pipeline_cls = pipeline_cls or _pipeline_class(stage, configs)
+        check_family(label, config, self.pipeline_cls)
         # Requests are checked here, against the checkpoint's config files: no round trip to a worker.
         self.checker = self.pipeline_cls.for_requests(configs, config)
         check_default_params(config.default_sampling_params)

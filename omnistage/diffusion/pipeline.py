@@ -29,6 +29,7 @@ import torch
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.core.errors import RequestError
 from omnistage.core.types import ImagePayload, VideoPayload
+from omnistage.diffusion.accel.declaration import NONE, Accelerations, check_declared
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Predict, guided_predictions
 from omnistage.diffusion.params import DiffusionParams, ExtraSpec, fill_defaults, validate_extras
@@ -99,6 +100,8 @@ class DiffusionPipelineBase(ABC):
     step_cache_blocks: ClassVar[Any] = None
     """Where the transformer runs its blocks, for the step caches (accel/step_cache.BlockChain);
     None = step caches are refused."""
+    supported_accelerations: ClassVar[Accelerations] = NONE
+    """The accelerations the family takes (accel/declaration.py); any other is refused by name."""
     max_batch_size: ClassVar[int | None] = None
     """Most requests that may run at once; None = no limit (the generic adapter takes 1)."""
 
@@ -174,6 +177,7 @@ class DiffusionPipelineBase(ABC):
         from omnistage.core.device import canonical_device, resolve_device, resolve_dtype
 
         deploy = deploy or StageDeployConfig()
+        check_declared(cls.reference_class, cls.supported_accelerations, deploy)  # before the weights load
         device = resolve_device(deploy.devices) if device is None else canonical_device(device)
         dtype = resolve_dtype(deploy.dtype, device) if dtype is None else dtype
         pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **cls.loader_kwargs(str(path)))

@@ -22,6 +22,12 @@ def register_diffusion_pipeline(key: str, target: str | type) -> None:
     _PIPELINES.register(key, target)
 
 
+def native_keys() -> list[str]:
+    """Every key a native pipeline is registered under (the families loaded first)."""
+    REGISTRY.discover()
+    return _PIPELINES.keys()
+
+
 def is_native(key: str) -> bool:
     return key in _PIPELINES
 

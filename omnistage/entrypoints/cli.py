@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("serve", "generate", "zoo", "config", "bench")
+COMMANDS = ("serve", "generate", "zoo", "config", "models", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from omnistage.diffusion.accel.declaration import Accelerations
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase
 from omnistage.diffusion.request import DiffusionRequest
@@ -29,6 +30,8 @@ class FakePipeline(DiffusionPipelineBase):
     default_params: ClassVar[dict[str, Any]] = {"height": 16, "width": 16, "num_inference_steps": 3,
                                                  "guidance_scale": 1.0}
     extras: ClassVar[dict[str, ExtraSpec]] = {"strength": ExtraSpec(float, default=0.5, min=0.0, max=1.0)}
+    # The runtime tests start two ranks through cfg_parallel_size; its from_pretrained applies nothing.
+    supported_accelerations: ClassVar[Accelerations] = Accelerations(cfg_parallel=True)
 
     def __init__(self, components: dict[str, Any], device="cpu", dtype=torch.float32, step_delay: float = 0.0):
         super().__init__(components, device, dtype)

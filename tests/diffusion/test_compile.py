@@ -58,5 +58,5 @@ def test_batch_sizes_of_step_mode_reuse_the_graphs(path):
 
 
 def test_family_without_repeated_blocks_is_refused(zoo):
-    with pytest.raises(ValueError, match="compile: StableDiffusion3Pipeline has no transformer that declares"):
+    with pytest.raises(ValueError, match="compile=True: StableDiffusion3Pipeline cannot take it: its transformer declares no repeated blocks"):
         load("sd3", zoo("sd3"), compile=True)

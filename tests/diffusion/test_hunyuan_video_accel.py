@@ -1,7 +1,7 @@
 """HunyuanVideo-1.5 with the accelerations (tiny zoo model): the step caches hook its
 positional dual-stream blocks (threshold 0 is bit-identical, a high one skips, a request's
 output and skips do not depend on who shares its calls), and what it cannot take (sequence
-parallel, LoRA) is refused by name at load time. CFG parallel: test_cfg_parallel.py."""
+parallel, LoRA) is refused by name at load time. CFG parallel: test_declared_accelerations.py."""
 
 from __future__ import annotations
 
@@ -86,8 +86,8 @@ def test_first_block_cache_alone_equals_batched_at_other_steps(path):
 
 @pytest.mark.parametrize("fields, message", [
     (dict(executor="mp", num_devices=2, ulysses_degree=2),
-     r"ulysses_degree=2: HunyuanVideo15Pipeline \(HunyuanVideo15Transformer3DModel\) cannot take it"),
-    (dict(lora_adapters={"style": "style.safetensors"}), "lora: HunyuanVideo15Pipeline has no diffusers LoRA loader"),
+     r"ulysses_degree=2: HunyuanVideo15Pipeline cannot take it"),
+    (dict(lora_adapters={"style": "style.safetensors"}), r"lora_adapters=.*: HunyuanVideo15Pipeline cannot take it"),
 ])
 def test_what_it_cannot_take_is_refused_by_name(path, fields, message):
     with pytest.raises(ValueError, match=message):

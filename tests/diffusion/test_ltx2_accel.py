@@ -92,10 +92,10 @@ def test_per_request_lora_matches_diffusers_with_the_adapter(path, plain, tmp_pa
 
 @pytest.mark.parametrize("fields, message", [
     ({"executor": "mp", "num_devices": 2, "cfg_parallel_size": 2},
-     r"cfg_parallel_size: LTX2Pipeline declares no CFG branches to split"),
-    ({"cache_backend": "first_block_cache"}, r"'first_block_cache' needs .* LTX2Pipeline does not"),
-    ({"cache_backend": "tea_cache"}, r"'tea_cache' needs .* LTX2Pipeline does not"),
-    ({"executor": "mp", "num_devices": 2, "ulysses_degree": 2}, r"ulysses_degree=2: LTX2Pipeline cannot split"),
+     r"cfg_parallel_size=2: LTX2Pipeline cannot take it: it runs its own multi-pass guidance"),
+    ({"cache_backend": "first_block_cache"}, r"cache_backend='first_block_cache': LTX2Pipeline cannot take it"),
+    ({"cache_backend": "tea_cache"}, r"cache_backend='tea_cache': LTX2Pipeline cannot take it"),
+    ({"executor": "mp", "num_devices": 2, "ulysses_degree": 2}, r"ulysses_degree=2: LTX2Pipeline cannot take it"),
 ])
 def test_refused_by_name_at_load(path, fields, message):
     with pytest.raises(ValueError, match=message):

@@ -125,9 +125,9 @@ def test_model_offload_gives_the_same_audio(path, uncached):
 
 
 @pytest.mark.parametrize("module, fields, message", [
-    (sequence_parallel, dict(executor="mp", num_devices=2, ulysses_degree=2), "StableAudioDiTModel"),
+    (sequence_parallel, dict(executor="mp", num_devices=2, ulysses_degree=2), "declares no sequence-parallel plan"),
     (vae_patch_parallel, dict(executor="mp", num_devices=2, cfg_parallel_size=2, vae_patch_parallel_size=2),
-     "AutoencoderOobleck"),
+     "does not declare vae_patch_parallel"),
     (attention_backend, dict(attention_backend="sdpa_math"), "does not go through"),
     (lora, dict(lora=[{"path": "/nowhere/adapter.safetensors", "scale": 1.0}]), "lora"),
     (regional_compile, dict(compile=True), "declares its repeated blocks"),

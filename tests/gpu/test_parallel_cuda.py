@@ -1,5 +1,5 @@
 """Parallel diffusion over nccl: the CPU suite's equality checks (tests/diffusion/
-test_sequence_parallel.py, test_cfg_parallel.py, test_vae_patch_parallel.py) on two CUDA
+test_sequence_parallel.py, test_declared_accelerations.py, test_vae_patch_parallel.py) on two CUDA
 ranks, one GPU each, fp32: Ulysses 2 (Z-Image, Wan, Qwen-Image, FLUX), ring 2 (Z-Image, Wan)
 and CFG parallel 2 with VAE patch parallel 2 (Z-Image, Wan) against one rank on cuda:0.
 NCCL takes one GPU per rank, so this needs two devices and skips on one."""

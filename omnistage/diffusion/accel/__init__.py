@@ -3,7 +3,10 @@
 Every module is a small config dataclass read from the stage's deploy fields and an
 `apply(pipeline, config)`; `apply_accelerations` is the one place they are applied, at
 load time (`DiffusionPipelineBase.from_pretrained`), with the stage's `StageDeployConfig`.
-A module says what it cannot do by raising ValueError naming the field and the family.
+Which of them a family takes it declares next to its code (`Accelerations`, declaration.py);
+anything else is refused by name at start-up (`check_family`). A module says what it
+cannot do with a given checkpoint (a head count a degree does not divide) by raising
+ValueError naming the field and the family.
 
 `NOT_YET_IMPLEMENTED` lists the deploy fields the schema accepts but no module implements
 yet, with their inert values: a stage that sets one is refused before anything loads, since
@@ -15,6 +18,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, check_declared
+
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
 
@@ -23,9 +28,6 @@ MODULES = ("lora", "quantization", "attention_backend", "sequence_parallel", "cf
 """Modules of this package, applied in this order; each has `from_deploy` and `apply`. The
 step caches come after cfg_parallel (they wrap the guidance function it installs) and
 before offload and compile (which wrap the blocks the caches hook)."""
-
-CACHE_BACKENDS = ("first_block_cache", "tea_cache", "cache_dit")
-"""Values of `cache_backend`, each the module of the same name."""
 
 NOT_YET_IMPLEMENTED: dict[str, Any] = {
     "tensor_parallel_size": 1,
@@ -40,6 +42,15 @@ def check_supported(stage_label: str, deploy: StageDeployConfig) -> None:
         raise ValueError(f"stage {stage_label}: {', '.join(unsupported)} is not implemented in this version of "
                          f"omnistage; remove it from the deploy config")
     check_cache(stage_label, deploy)
+
+
+def check_family(stage_label: str, deploy: StageDeployConfig, pipeline_cls: type) -> None:
+    """Raise ValueError naming the stage, the family and every acceleration field `deploy` turns
+    on that `pipeline_cls` does not declare (declaration.py)."""
+    try:
+        check_declared(pipeline_cls.reference_class, pipeline_cls.supported_accelerations, deploy)
+    except ValueError as exc:
+        raise ValueError(f"stage {stage_label}: {exc}") from None
 
 
 def check_cache(stage_label: str, deploy: StageDeployConfig) -> None:

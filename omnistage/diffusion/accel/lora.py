@@ -14,7 +14,8 @@
 
 The loader is the family's diffusers pipeline class (`load_lora_weights`, which converts
 the LoRA formats diffusers knows), built over our pipeline's own components, so the
-adapters land in the modules that run. The generic adapter uses its diffusers pipeline.
+adapters land in the modules that run. (The generic adapter declares no accelerations, so it
+is refused before this runs; its own diffusers pipeline would be the loader.)
 """
 
 from __future__ import annotations

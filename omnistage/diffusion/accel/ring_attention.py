@@ -10,10 +10,11 @@ rank then holds the ring chunk's whole sequence for 1/U of the heads) and exchan
 after.
 
 diffusers' own ring attention needs an attention op that returns the log-sum-exp, which
-no CPU (or fp32) backend of its dispatcher has, so the families whose processors we
-replace here (Z-Image, Wan: `RING_PROCESSORS`) call torch's fused kernels that return it
-(`attention_with_lse`: flash on CPU, memory-efficient on CUDA, any dtype); the others are
-refused by name in sequence_parallel.py.
+no CPU (or fp32) backend of its dispatcher has, so a family that takes `ring_degree`
+declares its own attention processor (`SequencePlan.ring_processor`, in its folder, e.g.
+models/z_image/parallel.py) that calls `sequence_parallel_attention` here, which uses torch's
+fused kernels that return it (`attention_with_lse`: flash on CPU, memory-efficient on CUDA,
+any dtype); families that declare none are refused by name.
 """
 
 from __future__ import annotations
@@ -119,71 +120,3 @@ def sequence_parallel_attention(query: torch.Tensor, key: torch.Tensor, value: t
         query, key, value = (all_to_all_heads(t, ulysses, gather_sequence=True) for t in (query, key, value))
     out = ring_attention(query, key, value, key_mask, groups.mesh["ring"].get_group())
     return all_to_all_heads(out, ulysses, gather_sequence=False) if use_ulysses else out
-
-
-# -- the families' attention processors, with the attention computed as above ----------------
-
-def _z_image_processor(groups: Any) -> Any:
-    from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnProcessor
-
-    class RingZImageProcessor(ZSingleStreamAttnProcessor):
-        """ZSingleStreamAttnProcessor (diffusers 0.42) with the attention over the ring."""
-
-        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: Any = None,
-                     attention_mask: torch.Tensor | None = None, freqs_cis: torch.Tensor | None = None) -> torch.Tensor:
-            query, key, value = (proj(hidden_states).unflatten(-1, (attn.heads, -1))
-                                 for proj in (attn.to_q, attn.to_k, attn.to_v))
-            if attn.norm_q is not None:
-                query = attn.norm_q(query)
-            if attn.norm_k is not None:
-                key = attn.norm_k(key)
-            if freqs_cis is not None:
-                query, key = _complex_rope(query, freqs_cis), _complex_rope(key, freqs_cis)
-            out = sequence_parallel_attention(query, key, value, attention_mask, groups).flatten(2, 3)
-            output = attn.to_out[0](out.to(query.dtype))
-            return attn.to_out[1](output) if len(attn.to_out) > 1 else output
-
-    return RingZImageProcessor()
-
-
-def _complex_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
-    rotated = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2)) * freqs_cis.unsqueeze(2)
-    return torch.view_as_real(rotated).flatten(3).type_as(x)
-
-
-def _wan_processor(groups: Any) -> Any:
-    from diffusers.models.transformers.transformer_wan import WanAttnProcessor, _get_qkv_projections
-
-    class RingWanProcessor(WanAttnProcessor):
-        """WanAttnProcessor (diffusers 0.42) with self-attention over the ring; cross-attention
-        to the (whole, unsplit) prompt stays local."""
-
-        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: Any = None,
-                     attention_mask: Any = None, rotary_emb: Any = None) -> torch.Tensor:
-            if encoder_hidden_states is not None:
-                return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, rotary_emb)
-            query, key, value = _get_qkv_projections(attn, hidden_states, None)
-            query, key = attn.norm_q(query), attn.norm_k(key)
-            query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
-            if rotary_emb is not None:
-                query, key = _real_rope(query, *rotary_emb), _real_rope(key, *rotary_emb)
-            out = sequence_parallel_attention(query, key, value, None, groups).flatten(2, 3).type_as(query)
-            return attn.to_out[1](attn.to_out[0](out))
-
-    return RingWanProcessor()
-
-
-def _real_rope(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
-    cos, sin = freqs_cos[..., 0::2], freqs_sin[..., 1::2]
-    out = torch.empty_like(x)
-    out[..., 0::2] = x1 * cos - x2 * sin
-    out[..., 1::2] = x1 * sin + x2 * cos
-    return out.type_as(x)
-
-
-RING_PROCESSORS = {
-    "ZImageTransformer2DModel": _z_image_processor,
-    "WanTransformer3DModel": _wan_processor,
-}
-"""transformer class -> (groups -> the processor its sequence-parallel attention modules get)."""

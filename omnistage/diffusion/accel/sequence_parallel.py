@@ -11,12 +11,12 @@ runs its Ulysses all-to-all around the ordinary attention op. `enable_parallelis
 the same, but it picks the device by dividing by the accelerator count (zero on CPU), so
 this module sets the config up with the stage's own mesh (parallel_groups.py) and device.
 
-Families: Wan (T2V, I2V), Qwen-Image (and Edit), FLUX and FLUX.2 use diffusers' plans; Z-Image's
-transformer has none, so `_z_image_plan` splits its unified [image, caption] sequence
-before the main layers and gathers it after them (the refiner layers run whole on every
-rank). SD3 is refused: its joint attention processor calls SDPA directly, with no parallel
-hook. `ring_degree` swaps in our own processors (ring_attention.py) for Z-Image and Wan, and
-refuses Qwen-Image, FLUX and FLUX.2 by name: their joint-attention processors are not written here.
+A family takes it by declaring a `SequencePlan` (declaration.py) next to its pipeline: most
+pass diffusers' own plan (`diffusers_plan`); Z-Image's transformer has none, so its family
+writes one that splits its unified [image, caption] sequence before the main layers and
+gathers it after them. `ring_degree` needs the plan's ring processor (ring_attention.py
+computes the attention; the family's processor calls it). Families without a plan (SD3,
+whose joint attention processor calls SDPA directly) are refused by name at start-up.
 A head count the degree does not divide is refused at load time; a request whose
 image or text token count it does not divide fails with both numbers named.
 """
@@ -33,6 +33,7 @@ from omnistage.diffusion.accel.parallel_groups import Degrees, degrees_of, paral
 
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
+    from omnistage.diffusion.accel.declaration import SequencePlan
 
 
 @dataclass(frozen=True)
@@ -57,54 +58,14 @@ def from_deploy(deploy: StageDeployConfig) -> SequenceParallelConfig | None:
     return SequenceParallelConfig(degrees_of(deploy))
 
 
-@dataclass(frozen=True)
-class FamilyPlan:
-    """How one transformer class is split: where (diffusers' plan) and what must divide."""
-
-    plan: Callable[[Any], dict]
-    """transformer -> its context-parallel plan (module name -> split inputs / gathered outputs)."""
-    split_lengths: Callable[[Any, dict], dict[str, int]]
-    """(transformer, forward kwargs) -> the token counts the plan splits, by what they count."""
-    attention: Callable[[Any], list[Any]] = lambda model: list(model.modules())
-    """The modules whose attention runs over the split sequence."""
+def diffusers_plan(model: Any) -> dict:
+    """The transformer class's own context-parallel plan (diffusers' `_cp_plan`)."""
+    return model._cp_plan
 
 
-def _wan_lengths(model: Any, kwargs: dict) -> dict[str, int]:
-    _, _, frames, height, width = kwargs["hidden_states"].shape
-    pt, ph, pw = model.config.patch_size
-    return {"video tokens": (frames // pt) * (height // ph) * (width // pw)}
-
-
-def _joint_lengths(model: Any, kwargs: dict) -> dict[str, int]:
+def joint_lengths(model: Any, kwargs: dict) -> dict[str, int]:
+    """The token counts of a joint text+image attention transformer (Qwen-Image, FLUX, FLUX.2)."""
     return {"image tokens": kwargs["hidden_states"].shape[1], "text tokens": kwargs["encoder_hidden_states"].shape[1]}
-
-
-def _z_image_plan(model: Any) -> dict:
-    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
-
-    return {
-        "layers.0": {"x": ContextParallelInput(split_dim=1, expected_dims=3)},
-        # Every main layer is handed the whole sequence's RoPE frequencies: each takes its piece.
-        "layers.*": {"freqs_cis": ContextParallelInput(split_dim=1, expected_dims=3)},
-        f"layers.{len(model.layers) - 1}": ContextParallelOutput(gather_dim=1, expected_dims=3),
-    }
-
-
-Z_IMAGE_SEQ_MULTIPLE = 32
-"""Z-Image pads its image and caption token runs to multiples of 32 (SEQ_MULTI_OF), so its
-unified sequence always divides by a degree that divides 32."""
-
-PLANS: dict[str, FamilyPlan] = {
-    "WanTransformer3DModel": FamilyPlan(lambda model: model._cp_plan, _wan_lengths),
-    "QwenImageTransformer2DModel": FamilyPlan(lambda model: model._cp_plan, _joint_lengths),
-    "FluxTransformer2DModel": FamilyPlan(lambda model: model._cp_plan, _joint_lengths),
-    "Flux2Transformer2DModel": FamilyPlan(lambda model: model._cp_plan, _joint_lengths),
-    "ZImageTransformer2DModel": FamilyPlan(_z_image_plan, lambda model, kwargs: {},
-                                           attention=lambda model: list(model.layers.modules())),
-}
-REFUSED = {
-    "SD3Transformer2DModel": "its joint attention processor calls SDPA directly, with no sequence-parallel hook",
-}
 
 
 def transformers_of(pipeline: Any) -> list[Any]:
@@ -114,39 +75,34 @@ def transformers_of(pipeline: Any) -> list[Any]:
 
 
 def apply(pipeline: Any, config: SequenceParallelConfig) -> None:
-    from omnistage.diffusion.accel.ring_attention import RING_PROCESSORS
-
     field, ways, ulysses = config.field, config.ways, config.degrees.ulysses
+    plan = pipeline.supported_accelerations.sequence_parallel
     models = transformers_of(pipeline)
-    if getattr(pipeline, "guidance", None) is None or not models:
-        raise ValueError(f"{field}: {pipeline.reference_class} cannot split its token sequence (native families "
-                         "with the shared guidance seam only: Wan, Qwen-Image, FLUX, Z-Image)")
+    if plan is None or not models:  # check_declared refuses it first; this guards direct calls
+        raise ValueError(f"{field}: {pipeline.reference_class} declares no sequence-parallel plan")
+    if config.degrees.ring > 1 and plan.ring_processor is None:
+        raise ValueError(f"ring_degree={config.degrees.ring}: {pipeline.reference_class} declares no ring "
+                         "attention processor (use ulysses_degree)")
     for model in models:
-        name = type(model).__name__
-        if name in REFUSED or name not in PLANS:
-            why = REFUSED.get(name, "its transformer has no sequence-parallel plan here")
-            raise ValueError(f"{field}: {pipeline.reference_class} ({name}) cannot take it: {why}")
-        if config.degrees.ring > 1 and name not in RING_PROCESSORS:
-            raise ValueError(f"ring_degree={config.degrees.ring}: {pipeline.reference_class} ({name}) cannot take "
-                             "it: ring attention has processors for Z-Image and Wan only (use ulysses_degree)")
         heads = _attention_heads(model)
         if heads % ulysses:
             raise ValueError(f"ulysses_degree={ulysses} does not divide the {heads} attention heads of "
                              f"{pipeline.reference_class}")
-        if name == "ZImageTransformer2DModel" and Z_IMAGE_SEQ_MULTIPLE % ways:
+        if plan.sequence_multiple is not None and plan.sequence_multiple % ways:
             raise ValueError(f"{field} splits the sequence {ways} ways, which does not divide "
-                             f"{Z_IMAGE_SEQ_MULTIPLE}, the multiple Z-Image pads its token sequence to")
+                             f"{plan.sequence_multiple}, the multiple {pipeline.reference_class} pads its "
+                             "token sequence to")
     groups = parallel_groups(config.degrees, pipeline.device)
     for model in models:
-        ring = RING_PROCESSORS[type(model).__name__] if config.degrees.ring > 1 else None
-        _enable(model, PLANS[type(model).__name__], groups, pipeline.device, config, ring)
+        ring = plan.ring_processor if config.degrees.ring > 1 else None
+        _enable(model, plan, groups, pipeline.device, config, ring)
 
 
 def _attention_heads(model: Any) -> int:
     return next(m.heads for m in model.modules() if hasattr(m, "heads") and hasattr(m, "processor"))
 
 
-def _enable(model: Any, family: FamilyPlan, groups: Any, device: torch.device, config: SequenceParallelConfig,
+def _enable(model: Any, family: SequencePlan, groups: Any, device: torch.device, config: SequenceParallelConfig,
             ring_processor: Callable | None) -> None:
     import torch.distributed as dist
     from diffusers import ContextParallelConfig, ParallelConfig
@@ -170,7 +126,7 @@ def _enable(model: Any, family: FamilyPlan, groups: Any, device: torch.device, c
     apply_context_parallel(model, cp_config, family.plan(model))
 
 
-def _length_check(family: FamilyPlan, config: SequenceParallelConfig) -> Callable:
+def _length_check(family: SequencePlan, config: SequenceParallelConfig) -> Callable:
     def check(model: Any, args: tuple, kwargs: dict) -> None:
         for what, length in family.split_lengths(model, kwargs).items():
             if length % config.ways:

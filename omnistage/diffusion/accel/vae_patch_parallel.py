@@ -7,9 +7,10 @@ identical), so each decodes its share of the tiles: tile t on rank t % N. The VA
 first it decodes this rank's tiles for real and answers zeros of the right shape for the
 others (that blended result is thrown away), then the ranks exchange their tiles, and the
 second run replays every tile's decoded value, so diffusers' own blending makes the output
-(exact, not an approximation of it). Turns `vae_use_tiling` on; the VAEs with tiled decode
-of the native families take it (AutoencoderKL, and the causal Wan / Qwen-Image VAEs, whose
-decoder runs per latent frame inside a tile with a cache that `clear_cache` renews per tile).
+(exact, not an approximation of it). Turns `vae_use_tiling` on. A family takes it by declaring
+`vae_patch_parallel` (declaration.py); the tile sharing is written for two kinds of VAE:
+image VAEs (AutoencoderKL) and causal video VAEs (Wan's, Qwen-Image's), whose decoder runs per
+latent frame inside a tile with a cache that `clear_cache` renews per tile.
 """
 
 from __future__ import annotations
@@ -34,18 +35,13 @@ def from_deploy(deploy: StageDeployConfig) -> VaePatchParallelConfig | None:
     return VaePatchParallelConfig(deploy.vae_patch_parallel_size) if deploy.vae_patch_parallel_size > 1 else None
 
 
-SUPPORTED = ("AutoencoderKL", "AutoencoderKLWan", "AutoencoderKLQwenImage")
-
-
 def apply(pipeline: Any, config: VaePatchParallelConfig) -> None:
     import torch.distributed as dist
 
     field = f"vae_patch_parallel_size={config.size}"
     vae = pipeline.components.get("vae")
-    name = type(vae).__name__
-    if getattr(pipeline, "guidance", None) is None or name not in SUPPORTED:
-        raise ValueError(f"{field}: {pipeline.reference_class} ({name}) cannot take it: tile sharing is written "
-                         f"for the native families' VAEs ({', '.join(SUPPORTED)})")
+    if not pipeline.supported_accelerations.vae_patch_parallel or vae is None:  # check_declared refuses it first
+        raise ValueError(f"{field}: {pipeline.reference_class} does not declare vae_patch_parallel")
     if not dist.is_initialized() or dist.get_world_size() < config.size:
         raise ValueError(f"{field} needs executor 'mp' with num_devices >= {config.size}")
     # Collective: every rank makes the group; ranks past `size` decode alone (their output is
@@ -122,7 +118,7 @@ def _sharing_decode(vae: Any, sharing: TileSharingDecoder) -> Any:
 def _tile_shape(vae: Any) -> Any:
     """(latent tile, starts a tile) -> the decoder's output shape for it."""
     channels = vae.decoder.conv_out.out_channels
-    if type(vae).__name__ == "AutoencoderKL":
+    if not hasattr(vae.config, "temperal_downsample"):  # an image VAE
         up = 2 ** (len(vae.config.block_out_channels) - 1)
         return lambda z, first: (z.shape[0], channels, z.shape[2] * up, z.shape[3] * up)
     up = 2 ** len(vae.config.temperal_downsample)

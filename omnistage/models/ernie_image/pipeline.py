@@ -30,6 +30,7 @@ from omnistage.diffusion.pipeline import (
     map_groups,
     split_per_state,
 )
+from omnistage.diffusion.accel.declaration import Accelerations
 
 # diffusers' ERNIE-Image pipeline denormalises with this epsilon, not the VAE config's batch_norm_eps.
 BN_EPS = 1e-5
@@ -37,6 +38,9 @@ BN_EPS = 1e-5
 
 class ErnieImage(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "ErnieImagePipeline"
+    supported_accelerations: ClassVar[Accelerations] = Accelerations(
+        cfg_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True, compile=True,
+        refused={"cache_backend": "its blocks run sequence-first"})
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     # The prompt enhancer (a causal LM, billions of parameters in the real checkpoint) is never run.
     _optional_components: ClassVar[list[str]] = ["pe", "pe_tokenizer"]

@@ -9,6 +9,7 @@ refuse a `guidance_scale` above 1.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import torch
@@ -18,6 +19,7 @@ from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, plain_cfg
 from omnistage.diffusion.request import DiffusionRequest
 from omnistage.models.flux2.pipeline import Flux2
+from omnistage.diffusion.accel.declaration import Accelerations
 
 
 class Flux2Klein(Flux2):
@@ -25,6 +27,9 @@ class Flux2Klein(Flux2):
     embedding."""
 
     reference_class: ClassVar[str] = "Flux2KleinPipeline"
+    supported_accelerations: ClassVar[Accelerations] = dataclasses.replace(
+        Flux2.supported_accelerations, cfg_parallel=True,
+        refused={"ring_degree": "its joint-attention processor has no ring version here (use ulysses_degree)"})
     text_encoder_out_layers: ClassVar[tuple[int, ...]] = (9, 18, 27)
     loader_overrides: ClassVar[dict[str, Any]] = {}
     takes_negative_prompt: ClassVar[bool] = True

@@ -35,10 +35,14 @@ from omnistage.diffusion.pipeline import (
 )
 from omnistage.core.errors import RequestError
 from omnistage.models.glm_image.grid import DEFAULT_SIZE, PIXELS_PER_TOKEN, prior_grid
+from omnistage.diffusion.accel.declaration import Accelerations
 
 
 class GlmImage(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "GlmImagePipeline"
+    supported_accelerations: ClassVar[Accelerations] = Accelerations(
+        step_caches=("first_block_cache", "cache_dit"), cfg_parallel=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True,
+        compile=True, refused={"cache_backend: tea_cache": "no modulated-input extractor for its blocks"})
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     # The AR model and its processor belong to the prior stage: this stage never loads them.
     loader_overrides: ClassVar[dict[str, Any]] = {"vision_language_encoder": None, "processor": None}

@@ -39,6 +39,7 @@ from omnistage.diffusion.pipeline import (
     split_per_state,
 )
 from omnistage.core.errors import RequestError
+from omnistage.diffusion.accel.declaration import Accelerations
 
 # HunyuanVideo15Pipeline's fixed prompt lengths and image-embedding slots (set in its __init__).
 TOKENIZER_MAX_LENGTH = 1000
@@ -69,6 +70,8 @@ def _guider_combine(state: DenoiseState, cond: torch.Tensor, uncond: torch.Tenso
 
 class HunyuanVideo15T2V(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "HunyuanVideo15Pipeline"
+    supported_accelerations: ClassVar[Accelerations] = Accelerations(
+        step_caches=("first_block_cache", "tea_cache"), cfg_parallel=True, vae_tiling=True, offload=True, quantization=True, compile=True)
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     output_modality: ClassVar[str] = "video"
     # HunyuanVideo15Pipeline.__call__ defaults; the size and guidance_scale come from the

@@ -31,6 +31,7 @@ from omnistage.diffusion.pipeline import (
     map_groups,
     split_per_state,
 )
+from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations
 
 # Krea2Pipeline.__init__'s prompt layout (the Qwen-Image chat template), and its default taps
 # (the Krea 2 Qwen3-VL-4B layers) for a checkpoint whose model_index.json names none.
@@ -46,6 +47,8 @@ DISTILLED_MU = 1.15
 
 class Krea2(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "Krea2Pipeline"
+    supported_accelerations: ClassVar[Accelerations] = Accelerations(
+        step_caches=CACHE_BACKENDS, cfg_parallel=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True, compile=True)
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     # Krea2Pipeline.__call__ defaults (fixed sizes, not the checkpoint's).
     default_params: ClassVar[dict[str, Any]] = {

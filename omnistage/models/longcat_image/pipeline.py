@@ -37,6 +37,7 @@ from omnistage.diffusion.pipeline import (
     split_per_state,
     unpack_latents,
 )
+from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations
 
 # LongCatImagePipeline.__init__'s prompt block: the chat template around a prompt padded to
 # TEXT_TOKENS (its `tokenizer_max_length`), the length every prompt embedding has.
@@ -59,6 +60,8 @@ def renormed_cfg(state: DenoiseState, cond: torch.Tensor, uncond: torch.Tensor, 
 
 class LongCatImage(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "LongCatImagePipeline"
+    supported_accelerations: ClassVar[Accelerations] = Accelerations(
+        step_caches=CACHE_BACKENDS, cfg_parallel=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, compile=True)
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     # Only the prompt rewrite uses it (a Qwen2VLProcessor, which transformers 5.24 cannot build
     # without torchvision): never loaded.

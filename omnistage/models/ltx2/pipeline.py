@@ -45,6 +45,7 @@ from omnistage.diffusion.pipeline import (
 )
 from omnistage.core.errors import RequestError
 from omnistage.core.types import VideoPayload
+from omnistage.diffusion.accel.declaration import Accelerations
 
 # diffusers' default STG block (LTX-2.3's recommendation; LTX-2.0's is 29). As in diffusers, a
 # default past the transformer's last block perturbs nothing.
@@ -56,6 +57,10 @@ Pass = str  # "uncond" | "cond" | "stg" | "modality"
 
 class LTX2T2V(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "LTX2Pipeline"
+    supported_accelerations: ClassVar[Accelerations] = Accelerations(
+        vae_tiling=True, offload=True, quantization=True, lora=True, compile=True,
+        refused={"cfg_parallel_size": "it runs its own multi-pass guidance (CFG, STG, modality)",
+                 "cache_backend": "its audio-video blocks have no cache hook"})
     output_modality: ClassVar[str] = "video"
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->connectors->transformer->vae->audio_vae->vocoder"
     # Prompt enhancement (a Gemma generate call) and LTX-2.5's duration head are not served.

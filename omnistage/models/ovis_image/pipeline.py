@@ -34,6 +34,7 @@ from omnistage.diffusion.pipeline import (
     split_per_state,
     unpack_latents,
 )
+from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations
 
 # OvisImagePipeline.__init__'s prompt facts: the system prompt put before every user prompt,
 # and how many leading tokens (chat header and system prompt) the embeddings drop.
@@ -44,6 +45,8 @@ USER_PROMPT_BEGIN_ID = 28
 
 class OvisImage(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "OvisImagePipeline"
+    supported_accelerations: ClassVar[Accelerations] = Accelerations(
+        step_caches=CACHE_BACKENDS, cfg_parallel=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, compile=True)
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     # OvisImagePipeline.__call__ defaults; height/width (128 latent pixels times the VAE factor)
     # depend on the checkpoint and are filled in `configure`.

@@ -45,6 +45,7 @@ from omnistage.diffusion.pipeline import (
 )
 from omnistage.core.errors import RequestError
 from omnistage.models.qwen_image.pipeline import QwenImage
+from omnistage.diffusion.accel.declaration import Accelerations
 
 SYSTEM_PROMPT = "Comprehend and analyze the provided prompt."
 # Each slot of the transformer's image mask stands for 2x2 latent tokens.
@@ -53,6 +54,11 @@ TOKENS_PER_SLOT = 4
 
 class QwenImage21(QwenImage):
     reference_class: ClassVar[str] = "QwenImage21Pipeline"
+    supported_accelerations: ClassVar[Accelerations] = Accelerations(
+        cfg_parallel=True, vae_tiling=True, offload=True, quantization=True, compile=True,
+        refused={"cache_backend": "its transformer already caches its text prefix across steps",
+                 "lora": "diffusers' QwenImage21Pipeline cannot be built over its components (it needs a processor)",
+                 "ulysses_degree": "its transformer has no sequence-parallel plan"})
     # QwenImage21Pipeline.__call__ defaults (output_resolution 1024 for the size).
     default_params: ClassVar[dict[str, Any]] = {
         "num_inference_steps": 40,

@@ -32,6 +32,7 @@ from omnistage.diffusion.pipeline import (
     map_groups,
     split_per_state,
 )
+from omnistage.diffusion.accel.declaration import Accelerations
 
 
 def rescaled_cfg(state: DenoiseState, cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
@@ -46,6 +47,10 @@ def rescaled_cfg(state: DenoiseState, cond: torch.Tensor, uncond: torch.Tensor, 
 
 class StableDiffusionXL(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "StableDiffusionXLPipeline"
+    supported_accelerations: ClassVar[Accelerations] = Accelerations(
+        cfg_parallel=True, vae_tiling=True, vae_patch_parallel=True, offload=True, lora=True,
+        refused={"cache_backend": "its denoiser is a UNet: the caches hook transformer blocks",
+                 "quantization": "it has no transformer", "compile": "it has no transformer"})
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->text_encoder_2->unet->vae"
     # A checkpoint may carry only the CLIP-G encoder (as the refiner does); the image encoder
     # is loaded when present, unused (no IP-Adapter).

@@ -40,6 +40,7 @@ from omnistage.diffusion.pipeline import (
 )
 from omnistage.core.errors import RequestError
 from omnistage.core.types import AudioPayload
+from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations
 
 # DiffusionParams fields an audio request has no use for: refused rather than ignored.
 _IMAGE_FIELDS = ("height", "width", "num_frames", "fps", "true_cfg_scale", "guidance_scale_2")
@@ -47,6 +48,9 @@ _IMAGE_FIELDS = ("height", "width", "num_frames", "fps", "true_cfg_scale", "guid
 
 class StableAudio(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "StableAudioPipeline"
+    supported_accelerations: ClassVar[Accelerations] = Accelerations(
+        step_caches=CACHE_BACKENDS, cfg_parallel=True, vae_tiling=True, offload=True, quantization=True,
+        refused={"lora": "diffusers has no LoRA loader for it", "compile": "its transformer declares no repeated blocks"})
     output_modality: ClassVar[str] = "audio"
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->projection_model->transformer->vae"
     # StableAudioPipeline.__call__ defaults; audio_end_in_s (the model's longest window) depends

@@ -27,10 +27,15 @@ from omnistage.diffusion.pipeline import (
     map_groups,
     set_flow_match_timesteps,
 )
+from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations
+from omnistage.models.z_image.parallel import SEQUENCE_PLAN
 
 
 class ZImage(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "ZImagePipeline"
+    supported_accelerations: ClassVar[Accelerations] = Accelerations(
+        step_caches=CACHE_BACKENDS, cfg_parallel=True, sequence_parallel=SEQUENCE_PLAN, vae_patch_parallel=True,
+        vae_tiling=True, offload=True, quantization=True, lora=True, compile=True)
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     _optional_components: ClassVar[list[str]] = []
     # ZImagePipeline.__call__ defaults.

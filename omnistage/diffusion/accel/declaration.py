@@ -1,0 +1,134 @@
+"""What a diffusion family takes: `Accelerations`, declared by each native pipeline class next
+to its code (`DiffusionPipelineBase.supported_accelerations`), and read here.
+
+The modules of this package apply an acceleration; the family says whether it takes it. A
+deploy field that turns on an acceleration the stage's family does not declare is refused
+at start-up (`check_declared`, from the engine before anything loads, and again in
+`DiffusionPipelineBase.from_pretrained`), with an error naming the field, the family and,
+where the family gives one, the reason. The support matrix (`omnistage models`,
+docs/reference/support.md) is generated from the same declarations.
+
+Torch-free: the engine process checks a stage with it before any worker loads weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from omnistage.config.deploy_fields import StageDeployConfig
+
+CACHE_BACKENDS = ("first_block_cache", "tea_cache", "cache_dit")
+"""Values of `cache_backend`, each the module of the same name."""
+
+
+@dataclass(frozen=True)
+class SequencePlan:
+    """How a family's transformer splits its token sequence over ranks (sequence_parallel.py)."""
+
+    plan: Callable[[Any], dict]
+    """transformer -> its context-parallel plan (module name -> split inputs / gathered outputs),
+    diffusers' `_cp_plan` or one the family writes."""
+    split_lengths: Callable[[Any, dict], dict[str, int]]
+    """(transformer, forward kwargs) -> the token counts the plan splits, by what they count."""
+    attention: Callable[[Any], list[Any]] = lambda model: list(model.modules())
+    """The modules whose attention runs over the split sequence."""
+    sequence_multiple: int | None = None
+    """The multiple the transformer pads its sequence to, which the degrees must divide (Z-Image: 32)."""
+    ring_processor: Callable[[Any], Any] | None = None
+    """(parallel groups) -> the attention processor that runs ring attention (ring_attention.py);
+    None = `ring_degree` is refused (Ulysses only)."""
+
+
+@dataclass(frozen=True)
+class Accelerations:
+    """The accelerations a family takes. Anything left at its default is refused by name."""
+
+    step_caches: tuple[str, ...] = ()
+    """Values of `cache_backend` it takes; the blocks they hook are the pipeline's
+    `step_cache_blocks` (with TeaCache's modulated input and coefficients)."""
+    cfg_parallel: bool = False
+    """`cfg_parallel_size: 2`: its CFG branches run on two ranks (needs a `guidance`)."""
+    sequence_parallel: SequencePlan | None = None
+    """`ulysses_degree` (and `ring_degree` when the plan has a ring processor)."""
+    vae_tiling: bool = False
+    """`vae_use_tiling`: its VAE's own tiled decode."""
+    vae_patch_parallel: bool = False
+    """`vae_patch_parallel_size`: the tiles of its VAE decode shared out over ranks."""
+    offload: bool = False
+    """`offload: model | layerwise`."""
+    quantization: bool = False
+    """`quantization`: weight-only int8 / fp8 of its transformer's linear layers."""
+    lora: bool = False
+    """`lora` and `lora_adapters`, through its diffusers pipeline's LoRA loader."""
+    compile: bool = False
+    """`compile: true`: regional compile of its transformer's repeated blocks."""
+    refused: Mapping[str, str] = field(default_factory=dict)
+    """Deploy field -> why the family cannot take it, for the error and the support matrix."""
+
+    @property
+    def ring(self) -> bool:
+        return self.sequence_parallel is not None and self.sequence_parallel.ring_processor is not None
+
+    def names(self) -> list[str]:
+        """The deploy fields (and cache backends) it takes, for messages and the matrix."""
+        fields = [name for name, taken in (
+            ("cfg_parallel_size", self.cfg_parallel), ("ulysses_degree", self.sequence_parallel is not None),
+            ("ring_degree", self.ring), ("vae_use_tiling", self.vae_tiling),
+            ("vae_patch_parallel_size", self.vae_patch_parallel), ("offload", self.offload),
+            ("quantization", self.quantization), ("lora", self.lora), ("compile", self.compile)) if taken]
+        return ([f"cache_backend ({', '.join(self.step_caches)})"] if self.step_caches else []) + fields
+
+
+NONE = Accelerations()
+"""What a pipeline that declares nothing takes: nothing (the generic adapter, a new family)."""
+
+
+def requested(deploy: StageDeployConfig) -> list[tuple[str, Any]]:
+    """(deploy field, its value) for every acceleration field the deploy config turns on."""
+    on = [
+        ("cache_backend", deploy.cache_backend is not None, deploy.cache_backend),
+        ("cfg_parallel_size", deploy.cfg_parallel_size > 1, deploy.cfg_parallel_size),
+        ("ulysses_degree", deploy.ulysses_degree > 1, deploy.ulysses_degree),
+        ("ring_degree", deploy.ring_degree > 1, deploy.ring_degree),
+        ("vae_use_tiling", deploy.vae_use_tiling, deploy.vae_use_tiling),
+        ("vae_patch_parallel_size", deploy.vae_patch_parallel_size > 1, deploy.vae_patch_parallel_size),
+        ("offload", deploy.offload is not None, deploy.offload),
+        ("quantization", deploy.quantization is not None, deploy.quantization),
+        ("lora", bool(deploy.lora), "[...]"),
+        ("lora_adapters", bool(deploy.lora_adapters), "{...}"),
+        ("compile", deploy.compile, deploy.compile),
+    ]
+    return [(name, value) for name, is_on, value in on if is_on]
+
+
+def takes(decl: Accelerations, name: str, value: Any) -> bool:
+    """Whether a family with `decl` takes deploy field `name` set to `value`."""
+    return {
+        "cache_backend": value in decl.step_caches,
+        "cfg_parallel_size": decl.cfg_parallel,
+        "ulysses_degree": decl.sequence_parallel is not None,
+        "ring_degree": decl.ring,
+        "vae_use_tiling": decl.vae_tiling,
+        "vae_patch_parallel_size": decl.vae_patch_parallel,
+        "offload": decl.offload,
+        "quantization": decl.quantization,
+        "lora": decl.lora,
+        "lora_adapters": decl.lora,
+        "compile": decl.compile,
+    }[name]
+
+
+def check_declared(family: str, decl: Accelerations, deploy: StageDeployConfig) -> None:
+    """ValueError naming every acceleration field `deploy` sets that `family` does not declare."""
+    problems = []
+    for name, value in requested(deploy):
+        if takes(decl, name, value):
+            continue
+        why = decl.refused.get(name) or decl.refused.get(f"{name}: {value}")
+        problems.append(f"{name}={value!r}: {family} cannot take it" + (f": {why}" if why else ""))
+    if problems:
+        taken = ", ".join(decl.names()) or "none"
+        raise ValueError(f"{'; '.join(problems)} (it takes: {taken})")

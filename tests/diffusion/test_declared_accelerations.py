@@ -1,0 +1,277 @@
+"""Every native family's declared accelerations (accel/declaration.py) run on its zoo model,
+and everything it does not declare is refused at start-up naming the field and the family.
+
+One process, per family: each declared step cache at threshold 0 gives the plain output
+bit for bit, with its hooks having run for the request (its per-branch state is filled);
+model offload (with the first cache) gives the plain output bit for bit; VAE tiling,
+int8 weights and regional compile apply to the loaded pipeline (the VAE tiles, the
+transformer's linear weights are int8, its blocks are compiled), and LoRA finds the
+family's diffusers loader. Two ranks, one spawn for every family: CFG-parallel (with VAE
+patch parallel where declared; each rank computes one branch's forwards), Ulysses and ring
+each equal one rank.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.diffusion.accel import apply_accelerations, check_family, lora, quantization
+from omnistage.diffusion.accel import compile as regional_compile
+from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, requested, takes
+from omnistage.diffusion.registry import native_keys, pipeline_class
+from omnistage.testing import call_kwargs as zoo_call_kwargs
+from omnistage.testing import list_models
+from omnistage.testing.diffusion_models import default_input_image
+
+import test_parity_flux_kontext
+import test_parity_glm_image
+import test_parity_hunyuan_video
+import test_parity_ltx2
+import test_parity_qwen_image_edit
+import test_parity_wan
+from parity import request_for
+from two_ranks import run_two_ranks
+
+STEPS = 2
+TOLERANCE = {"cfg": 1e-4, "ulysses": 1e-3, "ring": 1e-3}
+ZERO = {  # threshold 0: every step computes
+    "first_block_cache": {"threshold": 0.0, "warmup_steps": 0},
+    "tea_cache": {"rel_l1_thresh": 0.0},
+    "cache_dit": {"residual_diff_threshold": 0.0, "max_warmup_steps": 0},
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """How to send a zoo model's family one request."""
+
+    name: str
+    call: dict[str, Any] = dataclass_field(default_factory=dict)
+    """Changes to the zoo's call kwargs."""
+    request: Any = None
+    """(call, seed) -> our request, where it takes other kwargs than diffusers' call."""
+    split_call: dict[str, Any] = dataclass_field(default_factory=dict)
+    """Changes for the sequence-parallel runs: a request whose text token count the degree does
+    not divide is refused (naming both numbers), and an edit family's prompt + image tokens may be odd."""
+
+    @property
+    def key(self) -> str:
+        return next(m.reference_class for m in list_models() if m.name == self.name).split(".")[-1]
+
+    def make_request(self, seed: int = 3, request_id: str = "req", **overrides):
+        call = {**zoo_call_kwargs(self.name), **self.call, "num_inference_steps": STEPS, **overrides}
+        return (self.request or request_for)(call, seed, request_id)
+
+
+def _case(name: str, call: dict[str, Any] | None = None, parity_class: Any = None,
+          split_call: dict[str, Any] | None = None) -> Case:
+    request = parity_class().request if parity_class is not None else None
+    return Case(name, call or {}, request, split_call or {})
+
+
+def _cases() -> dict[str, Case]:
+    image = {"image": default_input_image()}
+    true_cfg = {"negative_prompt": "blurry", "true_cfg_scale": 2.0}  # FLUX guides only with both
+    special = {
+        "flux": _case("flux", true_cfg),
+        "flux-kontext": _case("flux-kontext", {**image, **true_cfg}, test_parity_flux_kontext.TestFluxKontext),
+        "qwen-image-edit": _case("qwen-image-edit", image, test_parity_qwen_image_edit.TestQwenImageEdit),
+        "qwen-image-edit-plus": _case("qwen-image-edit-plus", {"image": [default_input_image()]},
+                                      test_parity_qwen_image_edit.TestQwenImageEdit,
+                                      split_call={"prompt": "a red cat", "negative_prompt": None}),
+        "wan-i2v": _case("wan-i2v", test_parity_wan.I2V_CALL),
+        "hunyuan-video": _case("hunyuan-video", test_parity_hunyuan_video.CALL),
+        "hunyuan-video-i2v": _case("hunyuan-video-i2v", test_parity_hunyuan_video.i2v_call()),
+        "glm-image": _case("glm-image", {"prior_token_ids": test_parity_glm_image.prior_tokens(0)},
+                           test_parity_glm_image.TestGlmImageDiT),
+        "ltx2": _case("ltx2", {}, test_parity_ltx2.TestLTX2),
+    }
+    names = [m.name for m in list_models() if m.kind == "diffusion"]
+    return {name: special.get(name) or _case(name) for name in names}
+
+
+CASES = _cases()
+
+
+def test_every_native_pipeline_has_a_zoo_model():
+    assert {case.key for case in CASES.values()} == set(native_keys())
+
+
+def run(pipeline, case: Case, seed: int = 3, **overrides):
+    (state,) = pipeline.denoise([case.make_request(seed, **overrides)])
+    (arr,) = pipeline.decode_arrays([state])
+    return arr, state
+
+
+def _load(case: Case, path: str, **fields):
+    return pipeline_class(case.key).from_pretrained(path, deploy=StageDeployConfig(**fields))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_declared_accelerations_run_and_the_rest_are_refused(zoo, name):
+    case = CASES[name]
+    cls = pipeline_class(case.key)
+    decl = cls.supported_accelerations
+    path = str(zoo(name))
+    plain = _load(case, path)
+    want, state = run(plain, case)
+    PLAIN[name] = (want, plain.state_metrics(state))
+
+    # Step caches at threshold 0: the plain output, with the cache deciding every step. The
+    # first one also runs with model offload, which changes where weights wait, not the output.
+    for i, backend in enumerate(decl.step_caches):
+        fields = {"cache_backend": backend, "cache_config": ZERO[backend]}
+        if backend == "cache_dit":  # it runs one request at a time
+            fields["max_num_seqs"] = 1
+        if i == 0 and decl.offload:
+            fields["offload"] = "model"
+        cached = _load(case, path, **fields)
+        assert cached.accelerations == [backend] + (["offload"] if "offload" in fields else [])
+        got, state = run(cached, case)
+        assert np.array_equal(got, want), backend
+        assert state.step_cache is not None and state.step_cache.num_skipped == 0
+        if backend != "cache_dit":  # cache-dit keeps its state on the transformer
+            assert state.step_cache.branches, f"{backend}: no block hook ran"
+    if decl.offload and not decl.step_caches:
+        offloaded = _load(case, path, offload="model")
+        assert offloaded.accelerations == ["offload"] and np.array_equal(run(offloaded, case)[0], want)
+
+    # Applied to the loaded pipeline, each leaving its mark (no run: the others' tests run them).
+    fields = {"vae_use_tiling": decl.vae_tiling, "quantization": "int8" if decl.quantization else None,
+              "compile": decl.compile}
+    applied = apply_accelerations(plain, StageDeployConfig(**fields))
+    assert sorted(applied) == sorted(n for n, on in (("vae_tiling", decl.vae_tiling), ("compile", decl.compile),
+                                                     ("quantization", decl.quantization)) if on)
+    if decl.vae_tiling:
+        assert plain.vae.use_tiling
+    if decl.quantization:
+        for model in quantization.quantized_components(plain).values():
+            linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+            assert type(linear.weight).__module__.startswith("torchao.")  # a torchao int8 weight, not a Parameter
+    if decl.compile:
+        assert regional_compile.compiled_blocks(plain)
+    if decl.lora:
+        assert hasattr(lora.lora_loader(plain), "load_lora_weights")
+
+    # Everything it does not declare is refused by name before anything loads.
+    for fields in PROBES:
+        deploy = StageDeployConfig(**fields)
+        refused = [field for field, value in requested(deploy) if not takes(decl, field, value)]
+        if not refused:
+            check_family("0 (diffusion)", deploy, cls)
+            continue
+        with pytest.raises(ValueError) as error:
+            check_family("0 (diffusion)", deploy, cls)
+        assert all(f"{field}=" in str(error.value) for field in refused) and case.key in str(error.value)
+
+
+PLAIN: dict[str, tuple[np.ndarray, dict]] = {}
+"""Each family's plain output and metrics, which the two-rank test compares with (it loads the
+family again when run alone)."""
+
+PROBES = [
+    *({"cache_backend": backend} for backend in CACHE_BACKENDS),
+    {"executor": "mp", "num_devices": 2, "cfg_parallel_size": 2, "vae_patch_parallel_size": 2},
+    {"executor": "mp", "num_devices": 2, "ulysses_degree": 2},
+    {"executor": "mp", "num_devices": 2, "ring_degree": 2},
+    {"vae_use_tiling": True},
+    {"offload": "model"},
+    {"quantization": "int8"},
+    {"lora_adapters": {"a": "a.safetensors"}},
+    {"compile": True},
+]
+
+
+# -- two ranks: every family's declared parallel degrees in one spawn --------------------------
+
+TWO = {"executor": "mp", "num_devices": 2}
+
+
+def parallel_runs(decl) -> dict[str, dict[str, Any]]:
+    """What each family runs on two ranks: its declared degrees, by label."""
+    runs = {}
+    if decl.cfg_parallel:  # VAE patch parallel shares out the decode of the same two ranks
+        runs["cfg"] = {**TWO, "cfg_parallel_size": 2, "vae_patch_parallel_size": 2 if decl.vae_patch_parallel else 1}
+    if decl.sequence_parallel is not None:
+        runs["ulysses"] = {**TWO, "ulysses_degree": 2}
+    if decl.ring:
+        runs["ring"] = {**TWO, "ring_degree": 2}
+    return runs
+
+
+def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    results = {}
+    try:
+        for name, path in paths.items():
+            case = CASES[name]
+            for label, fields in parallel_runs(pipeline_class(case.key).supported_accelerations).items():
+                pipeline = _load(case, path, **fields)
+                arr, state = run(pipeline, case, **_overrides(case, label))
+                results[f"{name} {label}"] = (arr, pipeline.state_metrics(state), pipeline.accelerations)
+    finally:  # rank 1 keeps its metrics only (rank 0's output is the one returned)
+        if rank == 1:
+            results = {key: (None, metrics, applied) for key, (_, metrics, applied) in results.items()}
+        torch.save(results, os.path.join(out_dir, f"results-{rank}.pt"))
+        dist.destroy_process_group()
+
+
+def _overrides(case: Case, label: str) -> dict[str, Any]:
+    return case.split_call if label in ("ulysses", "ring") else {}
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(zoo, tmp_path_factory):
+    paths = {name: str(zoo(name)) for name in CASES}
+    out_dir = str(tmp_path_factory.mktemp("declared_parallel"))
+    run_two_ranks(_rank_main, paths, out_dir, timeout=400)
+    return [torch.load(os.path.join(out_dir, f"results-{rank}.pt"), weights_only=False) for rank in range(2)]
+
+
+def test_declared_parallel_degrees_on_two_ranks_equal_one_rank(zoo, two_rank_results):
+    checked = []
+    for name, case in CASES.items():
+        runs = parallel_runs(pipeline_class(case.key).supported_accelerations)
+        plain = None
+        for label, fields in runs.items():
+            got, metrics, applied = two_rank_results[0][f"{name} {label}"]
+            rank1_metrics = two_rank_results[1][f"{name} {label}"][1]
+            overrides = _overrides(case, label)
+            if not overrides and name in PLAIN:
+                want, one_rank_metrics = PLAIN[name]
+            else:
+                plain = plain or _load(case, str(zoo(name)))
+                want, state = run(plain, case, **overrides)
+                one_rank_metrics = plain.state_metrics(state)
+            vae = ["vae_patch_parallel"] if fields.get("vae_patch_parallel_size", 1) > 1 else []
+            assert applied == {"cfg": ["cfg_parallel"] + vae}.get(label, ["sequence_parallel"]), (name, label)
+            assert np.abs(got - want).max() <= TOLERANCE[label], (name, label)
+            if label == "cfg":  # one rank ran both branches; with CFG parallel each rank runs one of them
+                assert one_rank_metrics["num_forwards_computed"] == 2 * STEPS, f"{name}: the call must guide"
+                assert metrics["num_forwards_computed"] == rank1_metrics["num_forwards_computed"] == STEPS, name
+            checked.append(f"{name} {label}")
+    assert checked
+
+
+def test_the_engine_refuses_an_undeclared_acceleration_before_loading(zoo):
+    from omnistage.diffusion.engine import DiffusionEngine
+
+    with pytest.raises(ValueError, match="stage diffusion: compile=True: StableDiffusion3Pipeline cannot take it"):
+        DiffusionEngine(str(zoo("sd3")), config=StageDeployConfig(compile=True))
+
+
+def test_cfg_parallel_is_refused_without_two_ranks(zoo):
+    deploy = StageDeployConfig(executor="mp", num_devices=2, cfg_parallel_size=2)
+    with pytest.raises(ValueError, match="cfg_parallel_size=2 needs executor 'mp' with num_devices=2"):
+        pipeline_class("ZImagePipeline").from_pretrained(str(zoo("z-image")), deploy=deploy)
