@@ -36,7 +36,9 @@ import test_parity_glm_image
 import test_parity_hunyuan_video
 import test_parity_ltx2
 import test_parity_qwen_image_edit
+import test_parity_sana_video
 import test_parity_wan
+import test_parity_wan_vace
 from parity import request_for
 from two_ranks import run_two_ranks
 
@@ -93,6 +95,13 @@ def _cases() -> dict[str, Case]:
         "glm-image": _case("glm-image", {"prior_token_ids": test_parity_glm_image.prior_tokens(0)},
                            test_parity_glm_image.TestGlmImageDiT),
         "ltx2": _case("ltx2", {}, test_parity_ltx2.TestLTX2),
+        # The edit families' default size is about a megapixel: the tiny one is asked for.
+        "longcat-image-edit": _case("longcat-image-edit", {**image, "height": 64, "width": 64}),
+        "qwen-image-layered": _case("qwen-image-layered", {**image, "height": 64, "width": 64},
+                                    split_call={"prompt": "a red ball in front of a wall"}),
+        "sana-video": _case("sana-video", {}, test_parity_sana_video.TestSanaVideoT2V),  # `frames` -> num_frames
+        "sana-video-i2v": _case("sana-video-i2v", test_parity_sana_video.I2V_CALL, test_parity_sana_video.TestSanaVideoI2V),
+        "wan-vace": _case("wan-vace", test_parity_wan_vace.CALL, test_parity_wan_vace.TestWanVACE),
     }
     names = [m.name for m in list_models() if m.kind == "diffusion"]
     return {name: special.get(name) or _case(name) for name in names}

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from omnistage.core.errors import RequestError
+from omnistage.diffusion.accel.declaration import Accelerations
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.params import ExtraSpec
@@ -41,6 +42,12 @@ CLIP_TOKENS = 218  # HiDreamImagePipeline._get_clip_prompt_embeds pads CLIP prom
 
 class HiDreamImage(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "HiDreamImagePipeline"
+    supported_accelerations: ClassVar[Accelerations] = Accelerations(
+        cfg_parallel=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True,
+        refused={"cache_backend": "its transformer joins another Llama layer's states to each block's input in "
+                                  "its own loop, which the caches' block chain does not replay",
+                 "ulysses_degree": "its transformer has no sequence-parallel plan",
+                 "compile": "its transformer declares no repeated blocks"})
     model_cpu_offload_seq: ClassVar[str] = (
         "text_encoder->text_encoder_2->text_encoder_3->text_encoder_4->transformer->vae")
     # HiDreamImagePipeline.__call__ defaults; height/width (128 latent pixels times the VAE factor)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from omnistage.core.errors import RequestError
+from omnistage.diffusion.accel.declaration import Accelerations
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.params import ExtraSpec
@@ -56,6 +57,11 @@ def _bins(sample_size: int | None) -> dict[str, list[float]] | None:
 
 class SanaVideoT2V(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "SanaVideoPipeline"
+    # No step-cache block chain is written for its linear-attention blocks.
+    supported_accelerations: ClassVar[Accelerations] = Accelerations(
+        cfg_parallel=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True,
+        refused={"ulysses_degree": "its transformer has no sequence-parallel plan",
+                 "compile": "its transformer declares no repeated blocks"})
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     output_modality: ClassVar[str] = "video"
     # SanaVideoPipeline.__call__ defaults (fps: its examples export at 16).

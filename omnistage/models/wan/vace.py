@@ -18,11 +18,13 @@ control video and mask have the requested size and `num_frames` frames.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import torch
 
 from omnistage.core.errors import RequestError
+from omnistage.diffusion.accel.declaration import Accelerations
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import DenoiseState, DiffusionRequest
 from omnistage.models.wan.pipeline import _Wan
@@ -37,6 +39,11 @@ class WanVACE(_Wan):
     # The VACE blocks' hints are added between the DiT blocks in the transformer's own loop, which
     # Wan's block chain does not see: step caches are refused rather than skip them unchecked.
     step_cache_blocks: ClassVar[Any] = None
+    supported_accelerations: ClassVar[Accelerations] = dataclasses.replace(
+        _Wan.supported_accelerations, step_caches=(), sequence_parallel=None,
+        refused={"cache_backend": "its VACE hints are added between Wan's blocks, which the caches would skip",
+                 "ulysses_degree": "diffusers' WanVACETransformer3DModel has no context-parallel plan",
+                 "ring_degree": "diffusers' WanVACETransformer3DModel has no context-parallel plan"})
     extras: ClassVar[dict[str, ExtraSpec]] = {
         **_Wan.extras,
         # diffusers also takes one scale per VACE layer; one for all of them is served.
