@@ -98,9 +98,10 @@ def _cases() -> dict[str, Case]:
         # The edit families' default size is about a megapixel: the tiny one is asked for.
         "longcat-image-edit": _case("longcat-image-edit", {**image, "height": 64, "width": 64}),
         "qwen-image-layered": _case("qwen-image-layered", {**image, "height": 64, "width": 64},
-                                    split_call={"prompt": "a red ball in front of a wall"}),
+                                    split_call={"prompt": "a red ball in front of a wall"}),  # 70 text tokens
         "sana-video": _case("sana-video", {}, test_parity_sana_video.TestSanaVideoT2V),  # `frames` -> num_frames
-        "sana-video-i2v": _case("sana-video-i2v", test_parity_sana_video.I2V_CALL, test_parity_sana_video.TestSanaVideoI2V),
+        "sana-video-i2v": _case("sana-video-i2v", test_parity_sana_video.I2V_CALL,
+                                test_parity_sana_video.TestSanaVideoI2V),
         "wan-vace": _case("wan-vace", test_parity_wan_vace.CALL, test_parity_wan_vace.TestWanVACE),
     }
     names = [m.name for m in list_models() if m.kind == "diffusion"]
