@@ -165,7 +165,7 @@ def test_one_client_holds_at_most_half_the_media_pool_and_fetches_run_in_their_o
 
     def slow(name):
         running.append(name)
-        gate.wait(10)
+        assert gate.wait(10), "the gate never opened: a call waited on a share it should not have"
         return name
 
     async def main():
@@ -180,7 +180,12 @@ def test_one_client_holds_at_most_half_the_media_pool_and_fetches_run_in_their_o
 
         assert await asyncio.wait_for(other(), 5) == "done"  # not stuck behind the greedy client
         media.fetcher.fetch = lambda ref, field: threads.append(threading.current_thread().name) or b"x"
-        assert await media.run(media.load, "https://example.com/a.png", "image_url") == b"x"
+
+        async def fetch():  # as another client: the greedy one is at its share until the gate opens
+            CLIENT.set("other")
+            return await media.run(media.load, "https://example.com/a.png", "image_url")
+
+        assert await asyncio.wait_for(fetch(), 5) == b"x"
         gate.set()
         assert sorted(await asyncio.gather(*greedy)) == [f"g{i}" for i in range(DECODE_THREADS)]
 
