@@ -217,16 +217,22 @@ _QWEN_EDIT_VISION_PIXELS = {"tiny": 56 * 56, "small": 112 * 112}
 
 
 def build_qwen_image_edit(out_dir: Path, size: str, seed: int) -> None:
-    import json
-
     from diffusers import QwenImageEditPipeline
 
     seed_everything(seed)
     components = _qwen_image_components(dict(_QWEN_IMAGE[size], **_QWEN_EDIT_VAE[size]), vision_depth=2)
-    pipe = QwenImageEditPipeline(**components, processor=None)
+    save_qwen_edit_pipeline(QwenImageEditPipeline(**components, processor=None), out_dir, components["tokenizer"],
+                            _QWEN_EDIT_VISION_PIXELS[size])
+
+
+def save_qwen_edit_pipeline(pipe, out_dir: Path, tokenizer, vision_pixels: int) -> None:
+    """Save a Qwen-Image-Edit-style pipeline built with processor=None, then write its
+    `processor/` folder from its parts and name it in model_index.json."""
+    import json
+
     with quiet_diffusers():  # it warns that the processor=None it was given cannot be saved
         save_pipeline(pipe, out_dir)
-    write_qwen2_vl_processor(out_dir / "processor", components["tokenizer"], _QWEN_EDIT_VISION_PIXELS[size])
+    write_qwen2_vl_processor(out_dir / "processor", tokenizer, vision_pixels)
     index_path = out_dir / "model_index.json"
     index = json.loads(index_path.read_text())
     index["processor"] = ["transformers", "Qwen2VLProcessor"]
