@@ -44,6 +44,19 @@ def load_reference(pipeline_class: Any, path: Any, **components: Any) -> Any:
     return pipe
 
 
+def sized_reference(pipe: Any, module: Any) -> Callable[..., Any]:
+    """`pipe` called with the asked height and width, for a diffusers pipeline that takes no output
+    size and computes it from the input image with `module.calculate_dimensions`: the reference is
+    told the size through that one function, as if it had computed it; the rest of its call is its own."""
+    from unittest import mock
+
+    def reference(height: int, width: int, **kwargs: Any) -> Any:
+        with mock.patch.object(module, "calculate_dimensions", lambda area, ratio: (width, height)):
+            return pipe(**kwargs)
+
+    return reference
+
+
 def reference_arrays(reference: Any, call_kwargs: dict[str, Any], seed: int) -> np.ndarray:
     """The diffusers pipeline's float output for `call_kwargs` and `seed` (CPU generator)."""
     out = reference(**call_kwargs, generator=torch.Generator("cpu").manual_seed(seed), output_type="np")
@@ -241,3 +254,12 @@ class ParityTests(ReferenceFixtures):
     def test_input_images_are_checked(self, ours):
         # Text-to-X pipelines refuse an input image; image-conditioned ones need one.
         assert_rejected(ours, "image", images=[] if ours.needs_image else [default_input_image()])
+
+
+class BatchSeededParityTests(ParityTests):
+    """ParityTests whose alone, forward and staggered tests use the batch test's prompts and seeds,
+    so the class's cached reference outputs serve them all (for families with a slow reference)."""
+
+    alone_overrides = {"prompt": BATCH_PROMPTS[0]}
+    alone_seed = BATCH_SEEDS[0]
+    staggered_seeds = (BATCH_SEEDS[0], BATCH_SEEDS[1])
