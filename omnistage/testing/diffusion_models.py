@@ -34,6 +34,7 @@ from omnistage.testing.diffusion_components import (
     qwen3_text_encoder,
     quiet_diffusers,
     save_pipeline,
+    sd3_text_encoders,
     seed_everything,
     t5_encoder,
     write_json,
@@ -349,12 +350,7 @@ def build_sd3(out_dir: Path, size: str, seed: int) -> None:
         # SD3's scheduler_config.json: a static shift of 3.
         scheduler=flow_match_scheduler(num_train_timesteps=1000, shift=3.0),
         vae=autoencoder_kl(size, scaling_factor=1.5305, shift_factor=0.0609),
-        text_encoder=clip_text_encoder(tokenizer, hidden_size=clip, projection_dim=clip),
-        tokenizer=tokenizer,
-        text_encoder_2=clip_text_encoder(tokenizer_2, hidden_size=clip, projection_dim=clip),
-        tokenizer_2=tokenizer_2,
-        text_encoder_3=t5_encoder(tokenizer_3, d_model=dims["t5_hidden"]),
-        tokenizer_3=tokenizer_3,
+        **sd3_text_encoders((tokenizer, tokenizer_2, tokenizer_3), clip_hidden=clip, t5_hidden=dims["t5_hidden"]),
     )
     save_pipeline(pipe, out_dir)
 
