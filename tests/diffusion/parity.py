@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.core.types import ImagePayload, VideoPayload
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase
@@ -114,6 +115,20 @@ def assert_rejected(pipeline: DiffusionPipelineBase, field: str, params: Diffusi
     request = DiffusionRequest("r", prompt, params or DiffusionParams(), images=images or [])
     with pytest.raises(ValueError, match=field):
         pipeline.prepare_request(request)
+
+
+# The smallest deploy config that asks for each acceleration, for families that do not declare it.
+UNDECLARED_DEPLOY: dict[str, dict[str, Any]] = {
+    "ulysses_degree": {"executor": "mp", "num_devices": 2, "ulysses_degree": 2},
+    "ring_degree": {"executor": "mp", "num_devices": 2, "ring_degree": 2},
+    "cache_backend": {"cache_backend": "first_block_cache"},
+}
+
+
+def assert_refused_at_load(pipeline_class: type[DiffusionPipelineBase], path: Any, field: str) -> None:
+    """Loading with the acceleration of deploy `field` (see UNDECLARED_DEPLOY) raises a ValueError naming it."""
+    with pytest.raises(ValueError, match=field):
+        pipeline_class.from_pretrained(path, deploy=StageDeployConfig(**UNDECLARED_DEPLOY[field]))
 
 
 def _frozen(value: Any) -> Any:
