@@ -202,6 +202,20 @@ def t5_encoder(tokenizer, *, d_model: int, umt5: bool = False):
     return model_cls(config).eval()
 
 
+def sd3_text_encoders(tokenizers, *, clip_hidden: int, t5_hidden: int) -> dict:
+    """SD3's text components (two CLIPs with projections, then T5) with their tokenizers, built
+    in that order; HiDream-I1 takes the same three before its Llama."""
+    tokenizer, tokenizer_2, tokenizer_3 = tokenizers
+    return dict(
+        text_encoder=clip_text_encoder(tokenizer, hidden_size=clip_hidden, projection_dim=clip_hidden),
+        tokenizer=tokenizer,
+        text_encoder_2=clip_text_encoder(tokenizer_2, hidden_size=clip_hidden, projection_dim=clip_hidden),
+        tokenizer_2=tokenizer_2,
+        text_encoder_3=t5_encoder(tokenizer_3, d_model=t5_hidden),
+        tokenizer_3=tokenizer_3,
+    )
+
+
 @contextlib.contextmanager
 def quiet_diffusers():
     """Silence diffusers' warnings for a block (then restore the previous level)."""

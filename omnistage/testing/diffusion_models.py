@@ -34,6 +34,7 @@ from omnistage.testing.diffusion_components import (
     qwen3_text_encoder,
     quiet_diffusers,
     save_pipeline,
+    sd3_text_encoders,
     seed_everything,
     t5_encoder,
     write_json,
@@ -217,16 +218,22 @@ _QWEN_EDIT_VISION_PIXELS = {"tiny": 56 * 56, "small": 112 * 112}
 
 
 def build_qwen_image_edit(out_dir: Path, size: str, seed: int) -> None:
-    import json
-
     from diffusers import QwenImageEditPipeline
 
     seed_everything(seed)
     components = _qwen_image_components(dict(_QWEN_IMAGE[size], **_QWEN_EDIT_VAE[size]), vision_depth=2)
-    pipe = QwenImageEditPipeline(**components, processor=None)
+    save_qwen_edit_pipeline(QwenImageEditPipeline(**components, processor=None), out_dir, components["tokenizer"],
+                            _QWEN_EDIT_VISION_PIXELS[size])
+
+
+def save_qwen_edit_pipeline(pipe, out_dir: Path, tokenizer, vision_pixels: int) -> None:
+    """Save a Qwen-Image-Edit-style pipeline built with processor=None, then write its
+    `processor/` folder from its parts and name it in model_index.json."""
+    import json
+
     with quiet_diffusers():  # it warns that the processor=None it was given cannot be saved
         save_pipeline(pipe, out_dir)
-    write_qwen2_vl_processor(out_dir / "processor", components["tokenizer"], _QWEN_EDIT_VISION_PIXELS[size])
+    write_qwen2_vl_processor(out_dir / "processor", tokenizer, vision_pixels)
     index_path = out_dir / "model_index.json"
     index = json.loads(index_path.read_text())
     index["processor"] = ["transformers", "Qwen2VLProcessor"]
@@ -343,12 +350,7 @@ def build_sd3(out_dir: Path, size: str, seed: int) -> None:
         # SD3's scheduler_config.json: a static shift of 3.
         scheduler=flow_match_scheduler(num_train_timesteps=1000, shift=3.0),
         vae=autoencoder_kl(size, scaling_factor=1.5305, shift_factor=0.0609),
-        text_encoder=clip_text_encoder(tokenizer, hidden_size=clip, projection_dim=clip),
-        tokenizer=tokenizer,
-        text_encoder_2=clip_text_encoder(tokenizer_2, hidden_size=clip, projection_dim=clip),
-        tokenizer_2=tokenizer_2,
-        text_encoder_3=t5_encoder(tokenizer_3, d_model=dims["t5_hidden"]),
-        tokenizer_3=tokenizer_3,
+        **sd3_text_encoders((tokenizer, tokenizer_2, tokenizer_3), clip_hidden=clip, t5_hidden=dims["t5_hidden"]),
     )
     save_pipeline(pipe, out_dir)
 

@@ -15,12 +15,11 @@ from pathlib import Path
 from omnistage.testing.diffusion_components import (
     IMAGE_SIDE,
     autoencoder_kl,
-    clip_text_encoder,
     flow_match_scheduler,
     padded_vocab_size,
     save_pipeline,
+    sd3_text_encoders,
     seed_everything,
-    t5_encoder,
 )
 from omnistage.testing.diffusion_models import NEGATIVE_PROMPT
 from omnistage.testing.tokenizers import build_bpe_tokenizer, build_clip_tokenizer, build_t5_tokenizer
@@ -78,12 +77,7 @@ def build_hidream_image(out_dir: Path, size: str, seed: int) -> None:
     pipe = HiDreamImagePipeline(
         scheduler=flow_match_scheduler(num_train_timesteps=1000, shift=3.0),
         vae=autoencoder_kl(size, scaling_factor=0.3611, shift_factor=0.1159),
-        text_encoder=clip_text_encoder(tokenizer, hidden_size=clip, projection_dim=clip),
-        tokenizer=tokenizer,
-        text_encoder_2=clip_text_encoder(tokenizer_2, hidden_size=clip, projection_dim=clip),
-        tokenizer_2=tokenizer_2,
-        text_encoder_3=t5_encoder(tokenizer_3, d_model=dims["t5_hidden"]),
-        tokenizer_3=tokenizer_3,
+        **sd3_text_encoders((tokenizer, tokenizer_2, tokenizer_3), clip_hidden=clip, t5_hidden=dims["t5_hidden"]),
         text_encoder_4=_llama_encoder(tokenizer_4, dims["llama_hidden"], num_blocks),
         tokenizer_4=tokenizer_4,
         transformer=transformer,

@@ -11,18 +11,16 @@ torchvision.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from omnistage.testing.diffusion_components import (IMAGE_SIDE, quiet_diffusers, save_pipeline, seed_everything,
-                                                    write_json)
+from omnistage.testing.diffusion_components import IMAGE_SIDE, seed_everything
 from omnistage.testing.diffusion_models import (
     _QWEN_EDIT_VISION_PIXELS,
     _QWEN_IMAGE,
     _QWEN_IMAGE_VAE,
     NEGATIVE_PROMPT,
     _qwen_image_components,
-    write_qwen2_vl_processor,
+    save_qwen_edit_pipeline,
 )
 from omnistage.testing.zoo import ZooModel, register_zoo_model
 
@@ -40,14 +38,8 @@ def build_qwen_image_layered(out_dir: Path, size: str, seed: int) -> None:
     seed_everything(seed)
     components = _qwen_image_components(dict(_QWEN_IMAGE[size], **_QWEN_IMAGE_VAE[size]), vision_depth=1,
                                         image_channels=4, use_additional_t_cond=True, use_layer3d_rope=True)
-    pipe = QwenImageLayeredPipeline(**components, processor=None)
-    with quiet_diffusers():  # it warns that the processor=None it was given cannot be saved
-        save_pipeline(pipe, out_dir)
-    write_qwen2_vl_processor(out_dir / "processor", components["tokenizer"], _QWEN_EDIT_VISION_PIXELS[size])
-    index_path = out_dir / "model_index.json"
-    index = json.loads(index_path.read_text())
-    index["processor"] = ["transformers", "Qwen2VLProcessor"]
-    write_json(index_path, index)
+    save_qwen_edit_pipeline(QwenImageLayeredPipeline(**components, processor=None), out_dir, components["tokenizer"],
+                            _QWEN_EDIT_VISION_PIXELS[size])
 
 
 register_zoo_model(

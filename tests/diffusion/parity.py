@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.core.types import ImagePayload, VideoPayload
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase
@@ -42,6 +43,19 @@ def load_reference(pipeline_class: Any, path: Any, **components: Any) -> Any:
     pipe = pipeline_class.from_pretrained(str(path), dtype=torch.float32, **components)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def sized_reference(pipe: Any, module: Any) -> Callable[..., Any]:
+    """`pipe` called with the asked height and width, for a diffusers pipeline that takes no output
+    size and computes it from the input image with `module.calculate_dimensions`: the reference is
+    told the size through that one function, as if it had computed it; the rest of its call is its own."""
+    from unittest import mock
+
+    def reference(height: int, width: int, **kwargs: Any) -> Any:
+        with mock.patch.object(module, "calculate_dimensions", lambda area, ratio: (width, height)):
+            return pipe(**kwargs)
+
+    return reference
 
 
 def reference_arrays(reference: Any, call_kwargs: dict[str, Any], seed: int) -> np.ndarray:
@@ -101,6 +115,20 @@ def assert_rejected(pipeline: DiffusionPipelineBase, field: str, params: Diffusi
     request = DiffusionRequest("r", prompt, params or DiffusionParams(), images=images or [])
     with pytest.raises(ValueError, match=field):
         pipeline.prepare_request(request)
+
+
+# The smallest deploy config that asks for each acceleration, for families that do not declare it.
+UNDECLARED_DEPLOY: dict[str, dict[str, Any]] = {
+    "ulysses_degree": {"executor": "mp", "num_devices": 2, "ulysses_degree": 2},
+    "ring_degree": {"executor": "mp", "num_devices": 2, "ring_degree": 2},
+    "cache_backend": {"cache_backend": "first_block_cache"},
+}
+
+
+def assert_refused_at_load(pipeline_class: type[DiffusionPipelineBase], path: Any, field: str) -> None:
+    """Loading with the acceleration of deploy `field` (see UNDECLARED_DEPLOY) raises a ValueError naming it."""
+    with pytest.raises(ValueError, match=field):
+        pipeline_class.from_pretrained(path, deploy=StageDeployConfig(**UNDECLARED_DEPLOY[field]))
 
 
 def _frozen(value: Any) -> Any:
@@ -241,3 +269,12 @@ class ParityTests(ReferenceFixtures):
     def test_input_images_are_checked(self, ours):
         # Text-to-X pipelines refuse an input image; image-conditioned ones need one.
         assert_rejected(ours, "image", images=[] if ours.needs_image else [default_input_image()])
+
+
+class BatchSeededParityTests(ParityTests):
+    """ParityTests whose alone, forward and staggered tests use the batch test's prompts and seeds,
+    so the class's cached reference outputs serve them all (for families with a slow reference)."""
+
+    alone_overrides = {"prompt": BATCH_PROMPTS[0]}
+    alone_seed = BATCH_SEEDS[0]
+    staggered_seeds = (BATCH_SEEDS[0], BATCH_SEEDS[1])

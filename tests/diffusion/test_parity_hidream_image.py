@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from parity import (BATCH_PROMPTS, BATCH_SEEDS, TOLERANCE, ParityTests, assert_rejected, load_reference, max_abs_diff,
+from parity import (BATCH_PROMPTS, TOLERANCE, BatchSeededParityTests, assert_rejected, load_reference, max_abs_diff,
                     run_arrays)
 
 from omnistage.diffusion.params import DiffusionParams
@@ -18,13 +18,10 @@ from omnistage.models.hidream_image.pipeline import HiDreamImage
 from omnistage.testing.diffusion_components import IMAGE_SIDE
 
 
-class TestHiDreamImage(ParityTests):
+class TestHiDreamImage(BatchSeededParityTests):
     zoo_name = "hidream-image"
     reference_class = "HiDreamImagePipeline"
     pipeline_class = HiDreamImage
-    alone_overrides = {"prompt": BATCH_PROMPTS[0]}
-    alone_seed = BATCH_SEEDS[0]
-    staggered_seeds = (BATCH_SEEDS[0], BATCH_SEEDS[1])
     staggered_short = {"guidance_scale": 1.0}  # the joining request alone runs without CFG
 
     @pytest.fixture(scope="class")

@@ -11,11 +11,9 @@ reference outputs serve them all.
 
 from __future__ import annotations
 
-from unittest import mock
-
 import pytest
 
-from parity import BATCH_PROMPTS, BATCH_SEEDS, ParityTests, assert_rejected, load_reference
+from parity import BATCH_PROMPTS, BatchSeededParityTests, assert_rejected, load_reference, sized_reference
 
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.request import DiffusionRequest
@@ -26,13 +24,10 @@ from omnistage.testing.diffusion_models import default_input_image
 SIDE = 64  # the output size the reference is told
 
 
-class TestLongCatImageEdit(ParityTests):
+class TestLongCatImageEdit(BatchSeededParityTests):
     zoo_name = "longcat-image-edit"
     reference_class = "LongCatImageEditPipeline"
     pipeline_class = LongCatImageEdit
-    alone_overrides = {"prompt": BATCH_PROMPTS[0]}
-    alone_seed = BATCH_SEEDS[0]
-    staggered_seeds = (BATCH_SEEDS[0], BATCH_SEEDS[1])
     staggered_short = {"guidance_scale": 1.0}  # the joining request alone runs without CFG
 
     @pytest.fixture(scope="class")
@@ -52,13 +47,7 @@ class TestLongCatImageEdit(ParityTests):
 
         pipe = load_reference(LongCatImageEditPipeline, path,
                               text_processor=processor_from_parts(Qwen2VLProcessor, path, "text_processor"))
-
-        def reference(height, width, **kwargs):
-            with mock.patch.object(pipeline_longcat_image_edit, "calculate_dimensions",
-                                   lambda area, ratio: (width, height)):
-                return pipe(**kwargs)
-
-        return reference
+        return sized_reference(pipe, pipeline_longcat_image_edit)
 
     def batch_calls(self, call):
         # Two in one transformer call: the alone call, and another input image with two outputs.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from parity import BATCH_PROMPTS, BATCH_SEEDS, ParityTests, assert_rejected, load_reference, request_for
+from parity import BatchSeededParityTests, assert_rejected, load_reference, request_for
 
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.request import DiffusionRequest
@@ -32,13 +32,10 @@ def qwen2_vl_processor(path):
     return processor_from_parts(Qwen2VLProcessor, path)
 
 
-class TestQwenImageEdit(ParityTests):
+class TestQwenImageEdit(BatchSeededParityTests):
     zoo_name = "qwen-image-edit"
     reference_class = "QwenImageEditPipeline"
     pipeline_class = QwenImageEdit
-    alone_overrides = {"prompt": BATCH_PROMPTS[0]}
-    alone_seed = BATCH_SEEDS[0]
-    staggered_seeds = (BATCH_SEEDS[0], BATCH_SEEDS[1])
 
     @pytest.fixture(scope="class")
     @classmethod

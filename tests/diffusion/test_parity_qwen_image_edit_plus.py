@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from parity import BATCH_PROMPTS, BATCH_SEEDS, ParityTests, assert_rejected, load_reference, run_arrays, max_abs_diff
+from parity import (BATCH_PROMPTS, BATCH_SEEDS, BatchSeededParityTests, assert_rejected, load_reference, max_abs_diff,
+                    run_arrays)
 from test_parity_qwen_image_edit import qwen2_vl_processor
 
 from omnistage.diffusion.params import DiffusionParams
@@ -36,13 +37,10 @@ def input_images():
 IMAGE_COUNTS = (1, 3, 2)  # per batch request; BATCH_PROMPTS[1] carries all three
 
 
-class TestQwenImageEditPlus(ParityTests):
+class TestQwenImageEditPlus(BatchSeededParityTests):
     zoo_name = NAME
     reference_class = "QwenImageEditPlusPipeline"
     pipeline_class = QwenImageEditPlus
-    alone_overrides = {"prompt": BATCH_PROMPTS[0]}
-    alone_seed = BATCH_SEEDS[0]
-    staggered_seeds = (BATCH_SEEDS[0], BATCH_SEEDS[1])
     staggered_short = {"image": input_images()}
 
     @pytest.fixture(scope="class")

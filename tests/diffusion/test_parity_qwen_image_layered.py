@@ -13,12 +13,11 @@ tests use the batch test's prompts and seeds, so the cached reference outputs se
 from __future__ import annotations
 
 from types import SimpleNamespace
-from unittest import mock
 
 import numpy as np
 import pytest
 
-from parity import BATCH_PROMPTS, BATCH_SEEDS, ParityTests, assert_rejected, load_reference
+from parity import BATCH_PROMPTS, BatchSeededParityTests, assert_rejected, load_reference, sized_reference
 
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.request import DiffusionRequest
@@ -40,13 +39,10 @@ def rgba_input_image():
     return image
 
 
-class TestQwenImageLayered(ParityTests):
+class TestQwenImageLayered(BatchSeededParityTests):
     zoo_name = "qwen-image-layered"
     reference_class = "QwenImageLayeredPipeline"
     pipeline_class = QwenImageLayered
-    alone_overrides = {"prompt": BATCH_PROMPTS[0]}
-    alone_seed = BATCH_SEEDS[0]
-    staggered_seeds = (BATCH_SEEDS[0], BATCH_SEEDS[1])
     staggered_short = {"true_cfg_scale": 1.0}  # the joining request alone runs without CFG
 
     @pytest.fixture(scope="class")
@@ -62,13 +58,11 @@ class TestQwenImageLayered(ParityTests):
         from diffusers.pipelines.qwenimage import pipeline_qwenimage_layered
 
         # Its processor only captions an empty prompt (not run; every call here has a prompt).
-        pipe = load_reference(QwenImageLayeredPipeline, path, processor=None)
+        sized = sized_reference(load_reference(QwenImageLayeredPipeline, path, processor=None),
+                                pipeline_qwenimage_layered)
 
-        def reference(height, width, **kwargs):
-            with mock.patch.object(pipeline_qwenimage_layered, "calculate_dimensions",
-                                   lambda area, ratio: (width, height)):
-                out = pipe(**kwargs)
-            return SimpleNamespace(images=np.concatenate(out.images))
+        def reference(**kwargs):
+            return SimpleNamespace(images=np.concatenate(sized(**kwargs).images))
 
         return reference
 

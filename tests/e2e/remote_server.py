@@ -20,6 +20,16 @@ import httpx
 import openai
 
 
+def finished_video_job(http: httpx.Client, job: dict, timeout: float = 120.0) -> dict:
+    """Poll a just-created /v1/videos job until it completes or fails (or `timeout` passes); its last state."""
+    assert job["status"] in ("queued", "in_progress"), job
+    deadline = time.time() + timeout
+    while job["status"] not in ("completed", "failed") and time.time() < deadline:
+        time.sleep(0.2)
+        job = http.get(f"/v1/videos/{job['id']}").json()
+    return job
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

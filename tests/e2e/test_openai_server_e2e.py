@@ -17,7 +17,7 @@ import openai
 import psutil
 import pytest
 from PIL import Image
-from remote_server import RemoteServer
+from remote_server import RemoteServer, finished_video_job
 
 from omnistage.media.video import decode_video
 
@@ -130,12 +130,7 @@ def test_wan_t2v_video_job_and_sync(zoo):
     with RemoteServer(zoo("wan-t2v")) as server:
         http = server.http()
         form = {"prompt": "waves", "size": "32x32", "num_frames": "5", "fps": "8", "num_inference_steps": "2"}
-        job = http.post("/v1/videos", data=form).json()
-        assert job["status"] in ("queued", "in_progress"), job
-        deadline = time.time() + 120
-        while job["status"] not in ("completed", "failed") and time.time() < deadline:
-            time.sleep(0.2)
-            job = http.get(f"/v1/videos/{job['id']}").json()
+        job = finished_video_job(http, http.post("/v1/videos", data=form).json())
         assert job["status"] == "completed", job
         frames, fps = decode_video(http.get(f"/v1/videos/{job['id']}/content").content)
         assert frames.shape[:3] == (5, 32, 32) and fps == 8

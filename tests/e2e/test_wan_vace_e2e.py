@@ -5,12 +5,11 @@ wrong length."""
 from __future__ import annotations
 
 import io
-import time
 
 import numpy as np
 import pytest
 from PIL import Image
-from remote_server import RemoteServer
+from remote_server import RemoteServer, finished_video_job
 
 from omnistage.media.video import decode_video, encode_mp4
 
@@ -36,12 +35,7 @@ def test_wan_vace_job_with_control_video_mask_and_references(zoo):
             "seed": "1", "extra_params": '{"conditioning_scale": 0.8}'}
     with RemoteServer(zoo("wan-vace")) as server:
         http = server.http()
-        job = http.post("/v1/videos", data=form, files=files).json()
-        assert job["status"] in ("queued", "in_progress"), job
-        deadline = time.time() + 120
-        while job["status"] not in ("completed", "failed") and time.time() < deadline:
-            time.sleep(0.2)
-            job = http.get(f"/v1/videos/{job['id']}").json()
+        job = finished_video_job(http, http.post("/v1/videos", data=form, files=files).json())
         assert job["status"] == "completed", job
         video, fps = decode_video(http.get(f"/v1/videos/{job['id']}/content").content)
         assert video.shape[:3] == (5, 32, 64) and fps == 8  # the reference images' frames are not in it

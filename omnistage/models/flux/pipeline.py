@@ -18,11 +18,10 @@ from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.params import ExtraSpec
+from omnistage.diffusion.patch_pipeline import PatchImagePipeline
 from omnistage.diffusion.pipeline import (
     DenoiseState,
-    DiffusionPipelineBase,
     DiffusionRequest,
-    check_divisible,
     current_timesteps,
     decode_images,
     encode_prompts_by_length,
@@ -38,7 +37,7 @@ from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations,
 from omnistage.diffusion.accel.sequence_parallel import diffusers_plan, joint_lengths
 
 
-class Flux(DiffusionPipelineBase):
+class Flux(PatchImagePipeline):
     reference_class: ClassVar[str] = "FluxPipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
         step_caches=CACHE_BACKENDS, cfg_parallel=True, sequence_parallel=SequencePlan(diffusers_plan, joint_lengths),
@@ -62,25 +61,10 @@ class Flux(DiffusionPipelineBase):
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
-        from diffusers.image_processor import VaeImageProcessor
-
         super().__init__(components, device, dtype, configs)
-        self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
         self.tokenizer_max_length = self.tokenizer.model_max_length
 
-    def configure(self, configs: CheckpointConfigs) -> None:
-        self.vae_scale_factor = 2 ** (len(configs.vae.block_out_channels) - 1)
-        # Latents are cut into 2x2 patches, so pixel sizes must divide by twice the VAE factor.
-        self.multiple_of = self.vae_scale_factor * 2
-        size = self.default_sample_size * self.vae_scale_factor
-        self.default_params = {**type(self).default_params, "height": size, "width": size}
-
-    # -- 1. check inputs ----------------------------------------------------------------
-
-    def check_inputs(self, request: DiffusionRequest) -> None:
-        super().check_inputs(request)
-        params = request.params  # defaults filled (prepare_request)
-        check_divisible(params, height=self.multiple_of, width=self.multiple_of)
+    # -- 1. check inputs: sizes divide by multiple_of (PatchImagePipeline) ------------------
 
     # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
 

@@ -24,11 +24,10 @@ from omnistage.diffusion.accel.declaration import Accelerations
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.params import ExtraSpec
+from omnistage.diffusion.patch_pipeline import PatchImagePipeline
 from omnistage.diffusion.pipeline import (
     DenoiseState,
-    DiffusionPipelineBase,
     DiffusionRequest,
-    check_divisible,
     current_timesteps,
     decode_images,
     encode_prompts_by_length,
@@ -40,7 +39,7 @@ from omnistage.diffusion.pipeline import (
 CLIP_TOKENS = 218  # HiDreamImagePipeline._get_clip_prompt_embeds pads CLIP prompts to at most this
 
 
-class HiDreamImage(DiffusionPipelineBase):
+class HiDreamImage(PatchImagePipeline):
     reference_class: ClassVar[str] = "HiDreamImagePipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
         cfg_parallel=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True,
@@ -64,19 +63,8 @@ class HiDreamImage(DiffusionPipelineBase):
         combine=plain_cfg,
     )
 
-    def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
-        from diffusers.image_processor import VaeImageProcessor
-
-        super().__init__(components, device, dtype, configs)
-        self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
-
     def configure(self, configs: CheckpointConfigs) -> None:
-        self.vae_scale_factor = 2 ** (len(configs.vae.block_out_channels) - 1)
-        # Latents are cut into 2x2 patches, so pixel sizes must divide by twice the VAE factor.
-        self.multiple_of = self.vae_scale_factor * 2
-        size = self.default_sample_size * self.vae_scale_factor
-        self.default_params = {**type(self).default_params, "height": size, "width": size}
+        super().configure(configs)
         transformer = configs.transformer
         # A non-square image's tokens are padded to this many (the transformer's max_seq).
         self.max_image_tokens = (transformer.get("max_resolution", [128, 128])[0] * transformer.get(
@@ -87,7 +75,6 @@ class HiDreamImage(DiffusionPipelineBase):
     def check_inputs(self, request: DiffusionRequest) -> None:
         super().check_inputs(request)
         params = request.params
-        check_divisible(params, height=self.multiple_of, width=self.multiple_of)
         tokens = (params.height // self.multiple_of) * (params.width // self.multiple_of)
         if params.height != params.width and tokens > self.max_image_tokens:
             raise RequestError("height", f"height x width: a non-square {params.height}x{params.width} image has "

@@ -16,14 +16,12 @@ import numpy as np
 import torch
 
 from omnistage.diffusion.accel.step_cache import BlockChain
-from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
 from omnistage.diffusion.params import ExtraSpec
+from omnistage.diffusion.patch_pipeline import PatchImagePipeline
 from omnistage.diffusion.pipeline import (
     DenoiseState,
-    DiffusionPipelineBase,
     DiffusionRequest,
-    check_divisible,
     current_timesteps,
     decode_images,
     encode_prompts_by_length,
@@ -43,7 +41,7 @@ SYSTEM_PROMPT = ("Describe the image by detailing the color, quantity, text, sha
 USER_PROMPT_BEGIN_ID = 28
 
 
-class OvisImage(DiffusionPipelineBase):
+class OvisImage(PatchImagePipeline):
     reference_class: ClassVar[str] = "OvisImagePipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
         step_caches=CACHE_BACKENDS, cfg_parallel=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, compile=True)
@@ -61,25 +59,7 @@ class OvisImage(DiffusionPipelineBase):
     }
     default_sample_size: ClassVar[int] = 128  # OvisImagePipeline.default_sample_size, in latent pixels
 
-    def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
-        from diffusers.image_processor import VaeImageProcessor
-
-        super().__init__(components, device, dtype, configs)
-        self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
-
-    def configure(self, configs: CheckpointConfigs) -> None:
-        self.vae_scale_factor = 2 ** (len(configs.vae.block_out_channels) - 1)
-        # Latents are cut into 2x2 patches, so pixel sizes must divide by twice the VAE factor.
-        self.multiple_of = self.vae_scale_factor * 2
-        size = self.default_sample_size * self.vae_scale_factor
-        self.default_params = {**type(self).default_params, "height": size, "width": size}
-
-    # -- 1. check inputs ----------------------------------------------------------------
-
-    def check_inputs(self, request: DiffusionRequest) -> None:
-        super().check_inputs(request)
-        check_divisible(request.params, height=self.multiple_of, width=self.multiple_of)
+    # -- 1. check inputs: sizes divide by multiple_of (PatchImagePipeline) ------------------
 
     # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
 

@@ -130,10 +130,7 @@ class QwenImageLayered(QwenImage):
             noise_scheduler=noise_scheduler,
             timesteps=timesteps,
             cond={
-                "prompt_embeds": self._truncate(prompt_embeds, request),
-                "negative_prompt_embeds": None if negative_embeds is None else self._truncate(negative_embeds, request),
-                "true_cfg_scale": params.true_cfg_scale,
-                "guidance_scale": params.guidance_scale,  # None unless the model is guidance-distilled
+                **self._prompt_cond(request, prompt_embeds, negative_embeds),
                 "cfg_normalize": params.extras["cfg_normalize"],
                 "image_latents": image_latents.expand(n, -1, -1),
                 "latent_size": (latent_h, latent_w),

@@ -162,6 +162,16 @@ class QwenImage(DiffusionPipelineBase):
     def _truncate(self, embeds: torch.Tensor, request: DiffusionRequest) -> torch.Tensor:
         return embeds[: request.params.extras["max_sequence_length"]]
 
+    def _prompt_cond(self, request: DiffusionRequest, prompt_embeds: torch.Tensor,
+                     negative_embeds: torch.Tensor | None) -> dict[str, Any]:
+        """A state's prompt conditions: the embeddings cut to max_sequence_length, the CFG scales."""
+        return {
+            "prompt_embeds": self._truncate(prompt_embeds, request),
+            "negative_prompt_embeds": None if negative_embeds is None else self._truncate(negative_embeds, request),
+            "true_cfg_scale": request.params.true_cfg_scale,
+            "guidance_scale": request.params.guidance_scale,  # None unless the model is guidance-distilled
+        }
+
     def _initial_state(self, request: DiffusionRequest, image: Any, prompt_embeds: torch.Tensor,
                        negative_embeds: torch.Tensor | None) -> DenoiseState:
         from diffusers.utils.torch_utils import randn_tensor
@@ -185,10 +195,7 @@ class QwenImage(DiffusionPipelineBase):
             noise_scheduler=noise_scheduler,
             timesteps=timesteps,
             cond={
-                "prompt_embeds": self._truncate(prompt_embeds, request),
-                "negative_prompt_embeds": None if negative_embeds is None else self._truncate(negative_embeds, request),
-                "true_cfg_scale": params.true_cfg_scale,
-                "guidance_scale": params.guidance_scale,  # None unless the model is guidance-distilled
+                **self._prompt_cond(request, prompt_embeds, negative_embeds),
                 "latent_size": (latent_h, latent_w),
                 # (frames, rows, cols) of each token grid the transformer sees, for RoPE.
                 "img_shapes": ((1, latent_h // 2, latent_w // 2),),

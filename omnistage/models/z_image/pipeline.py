@@ -13,15 +13,13 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, norm_clamped_cfg
 from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.params import ExtraSpec
+from omnistage.diffusion.patch_pipeline import PatchImagePipeline
 from omnistage.diffusion.pipeline import (
     DenoiseState,
-    DiffusionPipelineBase,
     DiffusionRequest,
-    check_divisible,
     decode_images,
     encode_prompts_by_length,
     map_groups,
@@ -31,7 +29,7 @@ from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations
 from omnistage.models.z_image.parallel import SEQUENCE_PLAN
 
 
-class ZImage(DiffusionPipelineBase):
+class ZImage(PatchImagePipeline):
     reference_class: ClassVar[str] = "ZImagePipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
         step_caches=CACHE_BACKENDS, cfg_parallel=True, sequence_parallel=SEQUENCE_PLAN, vae_patch_parallel=True,
@@ -57,24 +55,7 @@ class ZImage(DiffusionPipelineBase):
                                     help="Drop CFG on steps where (1000 - t) / 1000 exceeds this; 1.0 = never."),
     }
 
-    def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
-        from diffusers.image_processor import VaeImageProcessor
-
-        super().__init__(components, device, dtype, configs)
-        self.image_processor = VaeImageProcessor(vae_scale_factor=self.multiple_of)
-
-    def configure(self, configs: CheckpointConfigs) -> None:
-        self.vae_scale_factor = 2 ** (len(configs.vae.block_out_channels) - 1)
-        # Latents are cut into 2x2 patches, so pixel sizes must divide by twice the VAE factor.
-        self.multiple_of = self.vae_scale_factor * 2
-
-    # -- 1. check inputs ----------------------------------------------------------------
-
-    def check_inputs(self, request: DiffusionRequest) -> None:
-        super().check_inputs(request)
-        params = request.params  # defaults filled (prepare_request)
-        check_divisible(params, height=self.multiple_of, width=self.multiple_of)
+    # -- 1. check inputs: sizes divide by multiple_of (PatchImagePipeline) ------------------
 
     # -- 2. encode: prompts, initial noise, timesteps ---------------------------------------
 

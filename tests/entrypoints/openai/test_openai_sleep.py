@@ -56,16 +56,20 @@ def test_an_unimplemented_sleep_level_is_a_400_naming_it(served):
     assert not engine.is_sleeping
 
 
+def kill_and_wait_rebuilt(replica) -> None:
+    """SIGKILL the replica's process and wait (30 s at most) until the supervisor has rebuilt it."""
+    os.kill(replica.endpoint.pid, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while replica.num_restarts == 0 or not replica.is_healthy():
+        assert time.monotonic() < deadline, "the killed copy was not rebuilt"
+        time.sleep(0.02)
+
+
 def test_a_copy_rebuilt_while_asleep_comes_back_asleep(served):
     http, engine = served
     handle = engine.orchestrator.handles[0]
     assert http.post("/v1/omni/sleep").status_code == 200
-    victim = handle.replicas[0]
-    os.kill(victim.endpoint.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while victim.num_restarts == 0 or not victim.is_healthy():
-        assert time.monotonic() < deadline, "the killed copy was not rebuilt"
-        time.sleep(0.02)
+    kill_and_wait_rebuilt(handle.replicas[0])
     assert handle.call("is_sleeping").result(timeout=10) == [True, True]
     assert http.post("/v1/omni/wakeup").status_code == 200
     assert handle.call("is_sleeping").result(timeout=10) == [False, False]
@@ -78,11 +82,6 @@ def test_update_weights_reaches_every_copy_and_a_rebuilt_copy_gets_it_too(served
     resp = http.post("/v1/omni/update_weights", json={"stage": "drawer", "path": str(tmp_path)})
     assert resp.status_code == 200 and resp.json() == {"stage": "drawer", "num_tensors": 7}, resp.text
     assert handle.call("weights_from").result(timeout=10) == [str(tmp_path)] * 2
-    victim = handle.replicas[1]
-    os.kill(victim.endpoint.pid, signal.SIGKILL)
-    deadline = time.monotonic() + 30
-    while victim.num_restarts == 0 or not victim.is_healthy():
-        assert time.monotonic() < deadline, "the killed copy was not rebuilt"
-        time.sleep(0.02)
+    kill_and_wait_rebuilt(handle.replicas[1])
     assert handle.call("weights_from").result(timeout=10) == [str(tmp_path)] * 2  # not its start-up weights
     assert http.post("/v1/images/generations", json=IMAGE).status_code == 200
