@@ -140,6 +140,7 @@ if __name__ == "__main__":
     # Copy this machine's file times (pytest's cache, written by every full run) into the
     # committed table that orders parallel runs on a fresh clone.
     cached = Path(__file__).resolve().parent.parent / ".pytest_cache" / "v" / DURATIONS_KEY
-    times = json.loads(cached.read_text())
+    root = Path(__file__).resolve().parent.parent
+    times = {m: s for m, s in json.loads(cached.read_text()).items() if (root / m).exists()}  # not deleted files
     FILE_TIMES.write_text(json.dumps(dict(sorted(times.items(), key=lambda kv: -kv[1])), indent=1) + "\n")
     print(f"{FILE_TIMES}: {len(times)} files, {sum(times.values()):.0f} s in all")

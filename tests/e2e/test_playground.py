@@ -341,6 +341,8 @@ def test_talk_tab_talks_over_the_realtime_route(zoo, browser, tmp_path, request)
             page.goto(server.url + "/")
             page.fill("#api-key", "k3y")
             page.dispatch_event("#api-key", "change")
+            # The model (and its tabs) loaded with the key; the page no longer moves under the click.
+            page.wait_for_function("document.getElementById('model-id').textContent === 'omni'")
             page.locator("#tabbtn-talk").click()
             page.click("#talk-start")
             page.wait_for_function("Number(document.getElementById('talk-status').dataset.turns || 0) >= 1",

@@ -16,13 +16,16 @@ import "./chat.js";
 import "./talk.js";
 
 const state = { model: null, stages: [] };
+let loads = 0; // the latest loadModel call: an older one's answer (say, before an API key) is dropped
 
 // --- the header: model, stages, queue depth -------------------------------------------
 
 async function loadModel() {
   const banner = $("banner");
+  const load = ++loads;
   try {
     const body = await (await api("/v1/models")).json();
+    if (load !== loads) return;
     const model = body.data[0];
     state.model = model;
     state.stages = model.stages || [];
@@ -35,6 +38,7 @@ async function loadModel() {
     banner.hidden = true;
     buildTabs(model.routes || []);
   } catch (e) {
+    if (load !== loads) return;
     banner.textContent = `Could not load the model: ${e.message}`;
     banner.hidden = false;
   }
