@@ -250,6 +250,9 @@ def two_rank_results(zoo, tmp_path_factory):
 
 
 def test_declared_parallel_degrees_on_two_ranks_equal_one_rank(zoo, two_rank_results):
+    """Over 30 s with its fixture (30 s in a quiet parallel run on two cores): two rank processes
+    import torch and diffusers, then load and run every family once per declared degree. One
+    spawn for all families; one per family cost that start-up each time."""
     checked = []
     for name, case in CASES.items():
         runs = parallel_runs(pipeline_class(case.key).supported_accelerations)

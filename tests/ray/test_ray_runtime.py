@@ -78,7 +78,7 @@ def test_ray_channel_moves_tensors_arrays_and_images_through_the_object_store(ra
 
 
 def test_omni_spread_over_two_nodes_matches_inline_and_a_killed_stage_comes_back(ray_cluster, zoo, tmp_path):
-    """Over 30 s (49 s in a parallel run on two cores): the inline reference,
+    """About 30 s (28 s in a quiet parallel run on two cores, 50 s in a loaded one): the inline reference,
     then three stage actors that each import torch and load their model on a fresh Ray worker,
     then a restarted vocoder actor doing the same again. Splitting it would start the actors
     twice."""
