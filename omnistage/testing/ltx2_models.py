@@ -215,6 +215,13 @@ def build_ltx2(out_dir: Path, size: str, seed: int) -> None:
     save_pipeline(pipe, out_dir)
 
 
+def build_ltx2_i2v(out_dir: Path, size: str, seed: int) -> None:
+    from diffusers import LTX2ImageToVideoPipeline
+
+    seed_everything(seed)
+    save_pipeline(LTX2ImageToVideoPipeline(**_ltx2_components(size)), out_dir)
+
+
 # The reference call on `tiny`: diffusers' own guidance defaults (CFG, STG on block 1 of 2,
 # modality isolation, rescale) except a shorter prompt window and 4 steps.
 _CALL_KWARGS = dict(
@@ -238,6 +245,19 @@ register_zoo_model(
         sizes=SIZES,
         description="LTX-2 text-to-video with audio: Gemma 3 encoder + connectors, audio-video DiT, video and "
                     "audio VAEs, vocoder",
+        call_kwargs=_CALL_KWARGS,
+        sides=VIDEO_SIDE,
+    )
+)
+register_zoo_model(
+    ZooModel(
+        name="ltx2-i2v",
+        kind="diffusion",
+        reference_class="diffusers.LTX2ImageToVideoPipeline",
+        builder=build_ltx2_i2v,
+        sizes=SIZES,
+        description="LTX-2 image-to-video with audio: LTX-2 with the VAE-encoded image as the first latent frame",
+        # Also needs image=: omnistage.testing.diffusion_models.default_input_image() gives one.
         call_kwargs=_CALL_KWARGS,
         sides=VIDEO_SIDE,
     )

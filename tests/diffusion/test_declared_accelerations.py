@@ -35,6 +35,7 @@ import test_parity_flux_kontext
 import test_parity_glm_image
 import test_parity_hunyuan_video
 import test_parity_ltx2
+import test_parity_ltx2_i2v
 import test_parity_qwen_image_edit
 import test_parity_sana_video
 import test_parity_wan
@@ -95,6 +96,7 @@ def _cases() -> dict[str, Case]:
         "glm-image": _case("glm-image", {"prior_token_ids": test_parity_glm_image.prior_tokens(0)},
                            test_parity_glm_image.TestGlmImageDiT),
         "ltx2": _case("ltx2", {}, test_parity_ltx2.TestLTX2),
+        "ltx2-i2v": _case("ltx2-i2v", test_parity_ltx2_i2v.CALL, test_parity_ltx2_i2v.TestLTX2I2V),
         # The edit families' default size is about a megapixel: the tiny one is asked for.
         "longcat-image-edit": _case("longcat-image-edit", {**image, "height": 64, "width": 64}),
         "qwen-image-layered": _case("qwen-image-layered", {**image, "height": 64, "width": 64},

@@ -1,4 +1,4 @@
-"""LTX-2: text -> video with its soundtrack, in one diffusion stage (the MP4 carries the audio)."""
+"""LTX-2: text or image -> video with its soundtrack, in one diffusion stage (the MP4 carries the audio)."""
 
 from omnistage.config import PipelineSpec, StageSpec, register_pipeline
 from omnistage.diffusion.registry import register_diffusion_pipeline
@@ -14,5 +14,19 @@ LTX2_T2V = PipelineSpec(
     ),
 )
 
+LTX2_I2V = PipelineSpec(
+    name="ltx2_i2v",
+    stages=(
+        StageSpec(id=0, name="diffusion", kind="diffusion", output="video", final_output=True,
+                  model="LTX2ImageToVideoPipeline",
+                  # Request mode: ltx2.yaml serves one video at a time (max_num_seqs 1), so there is no
+                  # batch for step mode to join; the same passes as LTX2Pipeline's, one image encode more.
+                  defaults={"step_execution": False},
+        ),
+    ),
+)
+
 register_pipeline("LTX2Pipeline", LTX2_T2V, deploy_config="ltx2.yaml")
+register_pipeline("LTX2ImageToVideoPipeline", LTX2_I2V, deploy_config="ltx2.yaml")
 register_diffusion_pipeline("LTX2Pipeline", "omnistage.models.ltx2.pipeline:LTX2T2V")
+register_diffusion_pipeline("LTX2ImageToVideoPipeline", "omnistage.models.ltx2.pipeline:LTX2I2V")

@@ -1,7 +1,8 @@
-"""LTX-2 text -> video with its soundtrack: one audio-video DiT denoises both at once.
+"""LTX-2 text/image -> video with its soundtrack: one audio-video DiT denoises both at once.
 
-Reproduces `diffusers.LTX2Pipeline` (pipelines/ltx2/pipeline_ltx2.py), split at the encode /
-denoise_step / decode seams:
+Reproduces `diffusers.LTX2Pipeline` (pipelines/ltx2/pipeline_ltx2.py) as `LTX2T2V` and
+`LTX2ImageToVideoPipeline` (pipeline_ltx2_image2video.py) as `LTX2I2V`, split at the encode /
+denoise_step / decode seams (image-to-video differs only in the first latent frame, see LTX2I2V):
 
 - encode: Gemma 3's stacked hidden states (left-padded prompts) go through the text
   connectors into a video and an audio context; each request draws its video noise, then
@@ -38,6 +39,7 @@ from omnistage.diffusion.pipeline import (
     DiffusionPipelineBase,
     DiffusionRequest,
     check_divisible,
+    check_one_image,
     check_video_frames,
     encode_prompts_by_length,
     group_by,
@@ -223,7 +225,21 @@ class LTX2T2V(DiffusionPipelineBase):
             "use_cross_timestep": extras["use_cross_timestep"],
             "generator": generator,  # a timestep-conditioned VAE draws its decode noise from it
         }
-        return DenoiseState(request=request, latents=latents, noise_scheduler=noise_schedulers[0], timesteps=timesteps, cond=cond)
+        state = DenoiseState(request=request, latents=latents, noise_scheduler=noise_schedulers[0],
+                             timesteps=timesteps, cond=cond)
+        self._condition(state)
+        return state
+
+    def _condition(self, state: DenoiseState) -> None:
+        """Image-to-video pins the first latent frame here; text-to-video has nothing to add."""
+
+    def _video_timestep(self, state: DenoiseState) -> torch.Tensor:
+        """[1]: one timestep per sample (image-to-video: one per video token)."""
+        return state.timesteps[state.step_index].expand(1)
+
+    def _step_video(self, state: DenoiseState, velocity: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The video latents after the noise scheduler's step (image-to-video keeps its image)."""
+        return state.noise_scheduler.step(velocity, t, state.latents, return_dict=False)[0]
 
     def _pack_video(self, latents: torch.Tensor) -> torch.Tensor:
         return _pack_latents(latents, self.patch_size, self.patch_size_t)
@@ -258,7 +274,7 @@ class LTX2T2V(DiffusionPipelineBase):
             video_v, audio_v = self._guided_velocity(s, cond[id(s)], uncond.get(id(s)),
                                                      extra["stg"].get(id(s)), extra["modality"].get(id(s)))
             t = s.timesteps[s.step_index]
-            s.latents = s.noise_scheduler.step(video_v, t, s.latents, return_dict=False)[0]
+            s.latents = self._step_video(s, video_v, t)
             audio = s.cond["audio_latents"]
             s.cond["audio_latents"] = s.cond["audio_noise_scheduler"].step(audio_v, t, audio, return_dict=False)[0]
             s.step_index += 1
@@ -278,7 +294,8 @@ class LTX2T2V(DiffusionPipelineBase):
                 audio_hidden_states=torch.cat([s.cond["audio_latents"] for s in states]).to(dtype),
                 encoder_hidden_states=torch.cat([p["video"] for p in prompts]),
                 audio_encoder_hidden_states=torch.cat([p["audio"] for p in prompts]),
-                timestep=t,
+                timestep=torch.cat([self._video_timestep(s) for s in states]),
+                audio_timestep=t,
                 sigma=t,
                 encoder_attention_mask=torch.cat([p["mask"] for p in prompts]),
                 audio_encoder_attention_mask=torch.cat([p["mask"] for p in prompts]),
@@ -380,6 +397,68 @@ class LTX2T2V(DiffusionPipelineBase):
         mel = self.audio_vae.decode(latents.to(self.audio_vae.dtype), return_dict=False)[0]
         waveform = self.vocoder(mel)  # [B, channels, samples]
         return [w.float().cpu().numpy() for w in waveform]
+
+
+class LTX2I2V(LTX2T2V):
+    """LTX2ImageToVideoPipeline: the image (H.264 re-compressed as LTX-2 was trained, resized,
+    VAE-encoded) is the first latent frame; its tokens get timestep 0 and keep their latents
+    through every step. The soundtrack is generated as in text-to-video."""
+
+    reference_class: ClassVar[str] = "LTX2ImageToVideoPipeline"
+    needs_image: ClassVar[bool] = True
+    # LTX2ImageToVideoPipeline.__call__ defaults.
+    default_params: ClassVar[dict[str, Any]] = {**LTX2T2V.default_params, "width": 704, "num_frames": 161}
+    extras: ClassVar[dict[str, ExtraSpec]] = {
+        **LTX2T2V.extras,
+        "image_crf": ExtraSpec(int, min=0, max=51, help="H.264 CRF the image is re-compressed at before encoding "
+                                                        "(default: the checkpoint's, 33 through LTX-2.3); 0 = none."),
+    }
+
+    def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
+        from diffusers.video_processor import VideoProcessor
+
+        super().__init__(components, device, dtype, configs)
+        # diffusers resizes the conditioning image bilinearly.
+        self.image_processor = VideoProcessor(vae_scale_factor=self.vae_spatial_ratio, resample="bilinear")
+
+    def check_inputs(self, request: DiffusionRequest) -> None:
+        super().check_inputs(request)
+        check_one_image(request)
+
+    def _condition(self, state: DenoiseState) -> None:
+        """LTX2ImageToVideoPipeline.prepare_latents: the first frame's tokens take the image's
+        normalised latents; the conditioning mask (1 on them) is kept per token."""
+        import PIL.Image
+        from diffusers.pipelines.ltx2.utils import apply_image_conditioning_crf, resolve_default_image_crf
+
+        params = state.request.params
+        image = state.request.images[0]
+        crf = params.extras.get("image_crf")
+        crf = resolve_default_image_crf(self.text_encoder) if crf is None else crf
+        if crf != 0:
+            image = PIL.Image.fromarray(apply_image_conditioning_crf(np.array(image.convert("RGB")), crf))
+        pixels = self.image_processor.preprocess(image, height=params.height, width=params.width)
+        pixels = pixels.to(self.device, self.vae.dtype).unsqueeze(2)  # [1, 3, 1, H, W]
+        encoded = self.vae.encode(pixels).latent_dist.mode().float()
+        mean = self.vae.latents_mean.view(1, -1, 1, 1, 1).to(encoded.device, encoded.dtype)
+        std = self.vae.latents_std.view(1, -1, 1, 1, 1).to(encoded.device, encoded.dtype)
+        frames, h, w = state.cond["video_shape"]
+        image_latents = self._pack_video(((encoded - mean) / std).repeat(1, 1, frames, 1, 1))
+        mask = encoded.new_zeros(1, 1, frames, h, w)
+        mask[:, :, 0] = 1.0
+        mask = self._pack_video(mask).squeeze(-1)  # [1, tokens]
+        state.latents = image_latents * mask[..., None] + state.latents * (1 - mask[..., None])
+        state.cond["conditioning_mask"] = mask
+
+    def _video_timestep(self, state: DenoiseState) -> torch.Tensor:
+        return state.timesteps[state.step_index] * (1 - state.cond["conditioning_mask"])
+
+    def _step_video(self, state: DenoiseState, velocity: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        # The step is per element: stepping every token and keeping the image's is diffusers'
+        # step over the frames after the first.
+        stepped = super()._step_video(state, velocity, t)
+        return torch.where(state.cond["conditioning_mask"][..., None] > 0, state.latents, stepped)
 
 
 def _pack_latents(latents: torch.Tensor, patch_size: int, patch_size_t: int) -> torch.Tensor:
