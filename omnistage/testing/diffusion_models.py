@@ -240,13 +240,14 @@ def save_qwen_edit_pipeline(pipe, out_dir: Path, tokenizer, vision_pixels: int) 
     write_json(index_path, index)
 
 
-def write_qwen2_vl_processor(folder: Path, tokenizer, num_pixels: int) -> None:
-    """A Qwen2VLProcessor folder in the Hub layout, written without constructing one."""
+def write_qwen2_vl_processor(folder: Path, tokenizer, num_pixels: int, processor_class: str = "Qwen2VLProcessor") -> None:
+    """A Qwen2VLProcessor (or `processor_class`, e.g. Qwen2_5_VLProcessor) folder in the Hub
+    layout, written without constructing one."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     tokenizer.save_pretrained(folder)
     image_config = Qwen2VLImageProcessorPil(size={"shortest_edge": num_pixels, "longest_edge": num_pixels}).to_dict()
-    image_config.update(processor_class="Qwen2VLProcessor", image_processor_type="Qwen2VLImageProcessor")
+    image_config.update(processor_class=processor_class, image_processor_type="Qwen2VLImageProcessor")
     write_json(folder / "preprocessor_config.json", image_config)
     video_config = {k: v for k, v in image_config.items() if k != "image_processor_type"}
     video_config["video_processor_type"] = "Qwen2VLVideoProcessor"

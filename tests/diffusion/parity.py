@@ -154,6 +154,21 @@ def reference_outputs(reference: Any) -> Callable[[dict[str, Any], int], np.ndar
     return get
 
 
+def reference_av_outputs(reference: Any) -> Callable[[dict[str, Any], int], tuple[np.ndarray, np.ndarray]]:
+    """`get(call_kwargs, seed)`: the reference (frames, soundtrack) of a video-with-audio pipeline
+    (LTX-2, Kandinsky 6), one reference run for each (call, seed)."""
+    cache: dict[Any, tuple[np.ndarray, np.ndarray]] = {}
+
+    def get(call_kwargs: dict[str, Any], seed: int) -> tuple[np.ndarray, np.ndarray]:
+        key = (seed, tuple(sorted((k, _frozen(v)) for k, v in call_kwargs.items())))
+        if key not in cache:
+            out = reference(**call_kwargs, generator=torch.Generator("cpu").manual_seed(seed), output_type="np")
+            cache[key] = (np.asarray(out.frames[0]), np.asarray(out.audio[0]))
+        return cache[key]
+
+    return get
+
+
 class ReferenceFixtures:
     """The zoo model, diffusers' pipeline and ours, loaded once per test class.
 

@@ -34,6 +34,7 @@ from omnistage.testing.diffusion_models import default_input_image
 import test_parity_flux_kontext
 import test_parity_glm_image
 import test_parity_hunyuan_video
+import test_parity_kandinsky6
 import test_parity_ltx2
 import test_parity_ltx2_i2v
 import test_parity_qwen_image_edit
@@ -97,6 +98,7 @@ def _cases() -> dict[str, Case]:
                            test_parity_glm_image.TestGlmImageDiT),
         "ltx2": _case("ltx2", {}, test_parity_ltx2.TestLTX2),
         "ltx2-i2v": _case("ltx2-i2v", test_parity_ltx2_i2v.CALL, test_parity_ltx2_i2v.TestLTX2I2V),
+        "kandinsky6": _case("kandinsky6", test_parity_kandinsky6.CALL, test_parity_kandinsky6.TestKandinsky6),  # frame_rate -> fps
         # The edit families' default size is about a megapixel: the tiny one is asked for.
         "longcat-image-edit": _case("longcat-image-edit", {**image, "height": 64, "width": 64}),
         "qwen-image-layered": _case("qwen-image-layered", {**image, "height": 64, "width": 64},

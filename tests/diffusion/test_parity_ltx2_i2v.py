@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from parity import (
     BATCH_PROMPTS,
     BATCH_SEEDS,
     TOLERANCE,
     BatchSeededParityTests,
-    _frozen,
     assert_rejected,
     max_abs_diff,
+    reference_av_outputs,
     request_for,
 )
 
@@ -42,17 +41,7 @@ class TestLTX2I2V(BatchSeededParityTests):
     @pytest.fixture(scope="class")
     @classmethod
     def reference_av(cls, reference):
-        """`get(call, seed)` -> the reference (frames, soundtrack), one reference run each."""
-        cache: dict = {}
-
-        def get(call, seed):
-            key = (seed, tuple(sorted((k, _frozen(v)) for k, v in call.items())))
-            if key not in cache:
-                out = reference(**call, generator=torch.Generator("cpu").manual_seed(seed), output_type="np")
-                cache[key] = (np.asarray(out.frames[0]), out.audio[0].numpy())
-            return cache[key]
-
-        return get
+        return reference_av_outputs(reference)
 
     @pytest.fixture(scope="class")
     @classmethod
