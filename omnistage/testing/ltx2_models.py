@@ -215,6 +215,13 @@ def build_ltx2(out_dir: Path, size: str, seed: int) -> None:
     save_pipeline(pipe, out_dir)
 
 
+def build_ltx2_condition(out_dir: Path, size: str, seed: int) -> None:
+    from diffusers import LTX2ConditionPipeline
+
+    seed_everything(seed)
+    save_pipeline(LTX2ConditionPipeline(**_ltx2_components(size)), out_dir)
+
+
 def build_ltx2_i2v(out_dir: Path, size: str, seed: int) -> None:
     from diffusers import LTX2ImageToVideoPipeline
 
@@ -258,6 +265,19 @@ register_zoo_model(
         sizes=SIZES,
         description="LTX-2 image-to-video with audio: LTX-2 with the VAE-encoded image as the first latent frame",
         # Also needs image=: omnistage.testing.diffusion_models.default_input_image() gives one.
+        call_kwargs=_CALL_KWARGS,
+        sides=VIDEO_SIDE,
+    )
+)
+register_zoo_model(
+    ZooModel(
+        name="ltx2-condition",
+        kind="diffusion",
+        reference_class="diffusers.LTX2ConditionPipeline",
+        builder=build_ltx2_condition,
+        sizes=SIZES,
+        description="LTX-2 conditioned video with audio: LTX-2 with images at given latent frames",
+        # Also needs conditions=: LTX2VideoCondition(frames=<image>, index=<latent frame>, strength=...).
         call_kwargs=_CALL_KWARGS,
         sides=VIDEO_SIDE,
     )

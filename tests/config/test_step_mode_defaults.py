@@ -23,7 +23,7 @@ EXPECTED = {
     # issue 32's video families (a third run of the same script)
     "sana-video": True, "sana-video-i2v": True, "wan-vace": True,
     # request mode, not measured: video families serve one request at a time (max_num_seqs 1)
-    "ltx2-i2v": False, "kandinsky6": False,
+    "ltx2-i2v": False, "ltx2-condition": False, "kandinsky6": False,
 }
 
 

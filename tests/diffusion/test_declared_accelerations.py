@@ -36,6 +36,7 @@ import test_parity_glm_image
 import test_parity_hunyuan_video
 import test_parity_kandinsky6
 import test_parity_ltx2
+import test_parity_ltx2_condition
 import test_parity_ltx2_i2v
 import test_parity_qwen_image_edit
 import test_parity_sana_video
@@ -98,6 +99,8 @@ def _cases() -> dict[str, Case]:
                            test_parity_glm_image.TestGlmImageDiT),
         "ltx2": _case("ltx2", {}, test_parity_ltx2.TestLTX2),
         "ltx2-i2v": _case("ltx2-i2v", test_parity_ltx2_i2v.CALL, test_parity_ltx2_i2v.TestLTX2I2V),
+        "ltx2-condition": _case("ltx2-condition", test_parity_ltx2_condition.CALL,
+                                test_parity_ltx2_condition.TestLTX2Condition),
         "kandinsky6": _case("kandinsky6", test_parity_kandinsky6.CALL, test_parity_kandinsky6.TestKandinsky6),  # frame_rate -> fps
         # The edit families' default size is about a megapixel: the tiny one is asked for.
         "longcat-image-edit": _case("longcat-image-edit", {**image, "height": 64, "width": 64}),

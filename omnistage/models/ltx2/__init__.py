@@ -26,7 +26,21 @@ LTX2_I2V = PipelineSpec(
     ),
 )
 
+LTX2_CONDITION = PipelineSpec(
+    name="ltx2_condition",
+    stages=(
+        StageSpec(id=0, name="diffusion", kind="diffusion", output="video", final_output=True,
+                  model="LTX2ConditionPipeline",
+                  # Request mode: ltx2.yaml serves one video at a time (max_num_seqs 1), so there is no
+                  # batch for step mode to join; not measured.
+                  defaults={"step_execution": False},
+        ),
+    ),
+)
+
 register_pipeline("LTX2Pipeline", LTX2_T2V, deploy_config="ltx2.yaml")
 register_pipeline("LTX2ImageToVideoPipeline", LTX2_I2V, deploy_config="ltx2.yaml")
+register_pipeline("LTX2ConditionPipeline", LTX2_CONDITION, deploy_config="ltx2.yaml")
 register_diffusion_pipeline("LTX2Pipeline", "omnistage.models.ltx2.pipeline:LTX2T2V")
 register_diffusion_pipeline("LTX2ImageToVideoPipeline", "omnistage.models.ltx2.pipeline:LTX2I2V")
+register_diffusion_pipeline("LTX2ConditionPipeline", "omnistage.models.ltx2.pipeline:LTX2Condition")

@@ -1,8 +1,10 @@
 """LTX-2 text/image -> video with its soundtrack: one audio-video DiT denoises both at once.
 
-Reproduces `diffusers.LTX2Pipeline` (pipelines/ltx2/pipeline_ltx2.py) as `LTX2T2V` and
-`LTX2ImageToVideoPipeline` (pipeline_ltx2_image2video.py) as `LTX2I2V`, split at the encode /
-denoise_step / decode seams (image-to-video differs only in the first latent frame, see LTX2I2V):
+Reproduces `diffusers.LTX2Pipeline` (pipelines/ltx2/pipeline_ltx2.py) as `LTX2T2V`,
+`LTX2ImageToVideoPipeline` (pipeline_ltx2_image2video.py) as `LTX2I2V` and `LTX2ConditionPipeline`
+(pipeline_ltx2_condition.py) as `LTX2Condition`, split at the encode / denoise_step / decode seams
+(the image and condition variants differ only in the initial latents and a per-token mask, see
+their classes):
 
 - encode: Gemma 3's stacked hidden states (left-padded prompts) go through the text
   connectors into a video and an audio context; each request draws its video noise, then
@@ -26,6 +28,7 @@ CFG-parallel and the step caches, which hook that seam, refuse it by name.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any, ClassVar
 
@@ -186,16 +189,13 @@ class LTX2T2V(DiffusionPipelineBase):
         generator = self.generator_for(request)
         num_latent_frames = (params.num_frames - 1) // self.vae_temporal_ratio + 1
         latent_h, latent_w = params.height // self.vae_spatial_ratio, params.width // self.vae_spatial_ratio
-        # 1. Video noise, then audio noise, from the request's generator (diffusers' order).
-        channels = self.transformer.config.in_channels
-        video = randn_tensor((1, channels, num_latent_frames, latent_h, latent_w), generator=generator,
-                             device=self.device, dtype=torch.float32)
-        latents = self._pack_video(video)
+        # 1. Video noise (and conditions), then audio noise, from the request's generator (diffusers' order).
+        fps = conditioning_frame_rate(params.fps, extras["motion_speed"])
+        video_cond = self._video_latents(request, generator, (num_latent_frames, latent_h, latent_w), fps)
+        latents = video_cond.pop("latents")
         audio_frames = round(params.num_frames / params.fps * self.audio_latents_per_second)
         mel_bins = self.audio_vae.config.mel_bins // self.audio_latent_ratio
-        audio = randn_tensor((1, self.audio_vae.config.latent_channels, audio_frames, mel_bins), generator=generator,
-                             device=self.device, dtype=torch.float32)
-        audio_latents = audio.transpose(1, 2).flatten(2, 3)  # [1, L, C * M]
+        audio_latents = self._audio_noise(generator, audio_frames, mel_bins)
 
         # 2. Flow-matching sigmas shifted by the video token count; audio has its own copy.
         steps = params.num_inference_steps
@@ -205,16 +205,19 @@ class LTX2T2V(DiffusionPipelineBase):
                              config.get("max_shift", 2.05))
         sigmas = np.linspace(1.0, 1 / steps, steps)
         noise_schedulers = []
-        for _ in range(2):
-            noise_scheduler = self.noise_scheduler_copy()
+        # A checkpoint's own audio scheduler (LTX2ConditionPipeline's optional one), else the video's.
+        audio_source = getattr(self, "audio_scheduler", None) or self.noise_scheduler
+        for source in (self.noise_scheduler, audio_source):
+            noise_scheduler = copy.deepcopy(source)
             timesteps, _ = retrieve_timesteps(noise_scheduler, steps, self.device, sigmas=sigmas, mu=mu)
             noise_scheduler.set_begin_index(0)
             noise_schedulers.append(noise_scheduler)
 
-        # 3. RoPE positions, fixed for the whole run.
-        fps = conditioning_frame_rate(params.fps, extras["motion_speed"])
+        # 3. RoPE positions, fixed for the whole run (keyframe conditions' tokens after the video's).
         video_coords = self.transformer.rope.prepare_video_coords(1, num_latent_frames, latent_h, latent_w,
                                                                   self.device, fps=fps)
+        if "keyframe_coords" in video_cond:
+            video_coords = torch.cat([video_coords, video_cond.pop("keyframe_coords")], dim=2)
         audio_coords = self.transformer.audio_rope.prepare_audio_coords(1, audio_frames, self.device)
         cond = {
             "prompt": prompt, "negative": negative, "scales": self._scales(request),
@@ -224,14 +227,28 @@ class LTX2T2V(DiffusionPipelineBase):
             "stg_block": DEFAULT_STG_BLOCK if extras.get("stg_block") is None else extras["stg_block"],
             "use_cross_timestep": extras["use_cross_timestep"],
             "generator": generator,  # a timestep-conditioned VAE draws its decode noise from it
+            **video_cond,
         }
-        state = DenoiseState(request=request, latents=latents, noise_scheduler=noise_schedulers[0],
-                             timesteps=timesteps, cond=cond)
-        self._condition(state)
-        return state
+        return DenoiseState(request=request, latents=latents, noise_scheduler=noise_schedulers[0],
+                            timesteps=timesteps, cond=cond)
 
-    def _condition(self, state: DenoiseState) -> None:
-        """Image-to-video pins the first latent frame here; text-to-video has nothing to add."""
+    def _audio_noise(self, generator: torch.Generator, frames: int, mel_bins: int) -> torch.Tensor:
+        """The packed initial audio latents [1, L, C * M]: drawn as [1, C, L, M], then packed."""
+        from diffusers.utils.torch_utils import randn_tensor
+
+        audio = randn_tensor((1, self.audio_vae.config.latent_channels, frames, mel_bins), generator=generator,
+                             device=self.device, dtype=torch.float32)
+        return audio.transpose(1, 2).flatten(2, 3)
+
+    def _video_latents(self, request: DiffusionRequest, generator: torch.Generator, shape: tuple[int, int, int],
+                       fps: float) -> dict[str, torch.Tensor]:
+        """The packed initial video latents [1, tokens, C] (`latents`), and what conditions them
+        (image-to-video, conditions): here plain noise over the latent grid `shape` (F, H, W)."""
+        from diffusers.utils.torch_utils import randn_tensor
+
+        noise = randn_tensor((1, self.transformer.config.in_channels, *shape), generator=generator,
+                             device=self.device, dtype=torch.float32)
+        return {"latents": self._pack_video(noise)}
 
     def _video_timestep(self, state: DenoiseState) -> torch.Tensor:
         """[1]: one timestep per sample (image-to-video: one per video token)."""
@@ -250,7 +267,7 @@ class LTX2T2V(DiffusionPipelineBase):
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # One call needs equal video and audio token grids, prompt length and cross-timestep mode.
         def key(s: DenoiseState) -> tuple:
-            return (s.cond["video_shape"], s.cond["audio_shape"], s.cond["prompt"]["video"].shape[1],
+            return (s.cond["video_shape"], s.latents.shape[1], s.cond["audio_shape"], s.cond["prompt"]["video"].shape[1],
                     s.cond["use_cross_timestep"])
 
         for group in group_by(states, key):
@@ -335,8 +352,14 @@ class LTX2T2V(DiffusionPipelineBase):
             rescale = scales[f"{name}_rescale"]
             if rescale > 0:
                 guided = rescale_noise_cfg(guided, x0, guidance_rescale=rescale)
+            if name == "video":
+                guided = self._blend_conditions(state, guided)
             out.append((samples[i] - guided) / sigmas[i])
         return out[0], out[1]
+
+    def _blend_conditions(self, state: DenoiseState, x0: torch.Tensor) -> torch.Tensor:
+        """The guided video x0 with the conditions' clean latents mixed in (conditions only)."""
+        return x0
 
     # -- 4. decode ------------------------------------------------------------------------
 
@@ -366,7 +389,9 @@ class LTX2T2V(DiffusionPipelineBase):
         from diffusers.utils.torch_utils import randn_tensor
 
         frames, h, w = states[0].cond["video_shape"]
-        latents = torch.cat([_unpack_latents(s.latents, frames, h, w, self.patch_size, self.patch_size_t)
+        # Keyframe conditions' tokens (after the video's) are not decoded.
+        tokens = (frames // self.patch_size_t) * (h // self.patch_size) * (w // self.patch_size)
+        latents = torch.cat([_unpack_latents(s.latents[:, :tokens], frames, h, w, self.patch_size, self.patch_size_t)
                              for s in states]).to(self.transformer.dtype)
         timestep = None
         if self.vae.config.timestep_conditioning:
@@ -426,30 +451,27 @@ class LTX2I2V(LTX2T2V):
         super().check_inputs(request)
         check_one_image(request)
 
-    def _condition(self, state: DenoiseState) -> None:
+    def _video_latents(self, request: DiffusionRequest, generator: torch.Generator, shape: tuple[int, int, int],
+                       fps: float) -> dict[str, torch.Tensor]:
         """LTX2ImageToVideoPipeline.prepare_latents: the first frame's tokens take the image's
         normalised latents; the conditioning mask (1 on them) is kept per token."""
-        import PIL.Image
-        from diffusers.pipelines.ltx2.utils import apply_image_conditioning_crf, resolve_default_image_crf
-
-        params = state.request.params
-        image = state.request.images[0]
-        crf = params.extras.get("image_crf")
-        crf = resolve_default_image_crf(self.text_encoder) if crf is None else crf
-        if crf != 0:
-            image = PIL.Image.fromarray(apply_image_conditioning_crf(np.array(image.convert("RGB")), crf))
-        pixels = self.image_processor.preprocess(image, height=params.height, width=params.width)
-        pixels = pixels.to(self.device, self.vae.dtype).unsqueeze(2)  # [1, 3, 1, H, W]
-        encoded = self.vae.encode(pixels).latent_dist.mode().float()
-        mean = self.vae.latents_mean.view(1, -1, 1, 1, 1).to(encoded.device, encoded.dtype)
-        std = self.vae.latents_std.view(1, -1, 1, 1, 1).to(encoded.device, encoded.dtype)
-        frames, h, w = state.cond["video_shape"]
-        image_latents = self._pack_video(((encoded - mean) / std).repeat(1, 1, frames, 1, 1))
-        mask = encoded.new_zeros(1, 1, frames, h, w)
+        noise = super()._video_latents(request, generator, shape, fps)["latents"]
+        image = _conditioning_image(request.images[0], request.params.extras.get("image_crf"), self.text_encoder)
+        pixels = self.image_processor.preprocess(image, height=request.params.height, width=request.params.width)
+        image_latents = self._encode_frames(pixels.unsqueeze(2))  # [1, C, 1, h, w]
+        frames, h, w = shape
+        image_latents = self._pack_video(image_latents.repeat(1, 1, frames, 1, 1))
+        mask = noise.new_zeros(1, 1, frames, h, w)
         mask[:, :, 0] = 1.0
         mask = self._pack_video(mask).squeeze(-1)  # [1, tokens]
-        state.latents = image_latents * mask[..., None] + state.latents * (1 - mask[..., None])
-        state.cond["conditioning_mask"] = mask
+        return {"latents": image_latents * mask[..., None] + noise * (1 - mask[..., None]), "conditioning_mask": mask}
+
+    def _encode_frames(self, pixels: torch.Tensor) -> torch.Tensor:
+        """[1, 3, F, H, W] pixels in [-1, 1] -> the VAE's normalised latents (its mode, no noise)."""
+        encoded = self.vae.encode(pixels.to(self.device, self.vae.dtype)).latent_dist.mode().float()
+        mean = self.vae.latents_mean.view(1, -1, 1, 1, 1).to(encoded.device, encoded.dtype)
+        std = self.vae.latents_std.view(1, -1, 1, 1, 1).to(encoded.device, encoded.dtype)
+        return (encoded - mean) / std
 
     def _video_timestep(self, state: DenoiseState) -> torch.Tensor:
         return state.timesteps[state.step_index] * (1 - state.cond["conditioning_mask"])
@@ -459,6 +481,147 @@ class LTX2I2V(LTX2T2V):
         # step over the frames after the first.
         stepped = super()._step_video(state, velocity, t)
         return torch.where(state.cond["conditioning_mask"][..., None] > 0, state.latents, stepped)
+
+
+class LTX2Condition(LTX2I2V):
+    """LTX2ConditionPipeline: images at given latent frames (`condition_indices`, each with a
+    `condition_strengths` weight). One at latent frame 0 overwrites the first frame's tokens;
+    one at a later frame is appended as keyframe tokens placed at that frame in time (its own
+    RoPE positions) and dropped before decoding. A token's mask is its strength: its timestep
+    is t * (1 - mask), and each step's guided x0 is mixed towards the clean condition by it.
+    Without images it is text-to-video."""
+
+    reference_class: ClassVar[str] = "LTX2ConditionPipeline"
+    needs_image: ClassVar[bool] = False
+    takes_image: ClassVar[bool] = True  # any number of condition images
+    default_params: ClassVar[dict[str, Any]] = LTX2T2V.default_params  # LTX2ConditionPipeline.__call__'s
+    extras: ClassVar[dict[str, ExtraSpec]] = {
+        **LTX2I2V.extras,
+        "condition_indices": ExtraSpec(list, help="Latent frame of each input image, in order (negative counts "
+                                                  "from the end; default [0] for one image)."),
+        "condition_strengths": ExtraSpec(list, help="Strength in [0, 1] of each input image (default 1.0 each)."),
+    }
+
+    def check_inputs(self, request: DiffusionRequest) -> None:
+        import PIL.Image
+
+        LTX2T2V.check_inputs(self, request)
+        params, images = request.params, request.images
+        for image in images:
+            if not isinstance(image, PIL.Image.Image):
+                raise RequestError("image", f"image: must be a PIL image, got {type(image).__name__}")
+        indices = params.extras.get("condition_indices")
+        if indices is None and len(images) > 1:
+            raise RequestError("condition_indices", "extras.condition_indices: give the latent frame of each of "
+                                                    f"the {len(images)} images")
+        latent_frames = (params.num_frames - 1) // self.vae_temporal_ratio + 1
+        for name, values, ok, what in (
+            ("condition_indices", indices, lambda v: type(v) is int and -latent_frames <= v < latent_frames,
+             f"an int in [-{latent_frames}, {latent_frames}) (latent frames of {params.num_frames} frames)"),
+            ("condition_strengths", params.extras.get("condition_strengths"),
+             lambda v: type(v) in (int, float) and 0 <= v <= 1, "a number in [0, 1]"),
+        ):
+            if values is None:
+                continue
+            if len(values) != len(images):
+                raise RequestError(name, f"extras.{name}: one per input image ({len(images)}), got {len(values)}")
+            bad = [v for v in values if not ok(v)]
+            if bad:
+                raise RequestError(name, f"extras.{name}: each must be {what}, got {bad[0]!r}")
+
+    def _video_latents(self, request: DiffusionRequest, generator: torch.Generator, shape: tuple[int, int, int],
+                       fps: float) -> dict[str, torch.Tensor]:
+        """LTX2ConditionPipeline.prepare_latents: conditions written into (frame 0) or appended to
+        (later frames) zero latents, then noise mixed in by 1 - mask over every token."""
+        from diffusers.utils.torch_utils import randn_tensor
+
+        params, images = request.params, request.images
+        frames, h, w = shape
+        channels = self.transformer.config.in_channels
+        indices = params.extras.get("condition_indices") or [0] * len(images)
+        strengths = params.extras.get("condition_strengths") or [1.0] * len(images)
+        latents = self._pack_video(torch.zeros(1, channels, frames, h, w, device=self.device))
+        mask = latents.new_zeros(latents.shape[:2])
+        clean = torch.zeros_like(latents)
+        keyframes, keyframe_masks, keyframe_coords = [], [], []
+        for image, index, strength in zip(images, indices, strengths):
+            index %= frames  # a negative index counts from the end
+            cond = self._pack_video(self._encode_frames(self._condition_pixels(image, params)))
+            if index == 0:  # the first frame's tokens
+                latents[:, : cond.shape[1]] = cond
+                mask[:, : cond.shape[1]] = strength
+                clean[:, : cond.shape[1]] = cond
+            else:  # keyframe tokens, placed at pixel frame (index - 1) * ratio + 1
+                keyframes.append(cond)
+                keyframe_masks.append(cond.new_full(cond.shape[:2], float(strength)))
+                keyframe_coords.append(self._keyframe_coords(h, w, (index - 1) * self.vae_temporal_ratio + 1, fps))
+        out: dict[str, torch.Tensor] = {}
+        if keyframes:
+            latents = torch.cat([latents, *keyframes], dim=1)
+            mask = torch.cat([mask, *keyframe_masks], dim=1)
+            clean = torch.cat([clean, *keyframes], dim=1)
+            out["keyframe_coords"] = torch.cat(keyframe_coords, dim=2)
+        noise = randn_tensor(latents.shape, generator=generator, device=self.device, dtype=latents.dtype)
+        scaled = (1 - mask)[..., None]
+        return {**out, "latents": noise * scaled + latents * (1 - scaled), "conditioning_mask": mask,
+                "clean_latents": clean}
+
+    def _condition_pixels(self, image: Any, params: Any) -> torch.Tensor:
+        """LTX2ConditionPipeline.preprocess_conditions for one image: re-compressed, scaled to
+        cover the size (bilinear, no antialiasing), centre-cropped, in [-1, 1]: [1, 3, 1, H, W]."""
+        image = _conditioning_image(image, params.extras.get("image_crf"), self.text_encoder)
+        arr = np.array(image.convert("RGB"))
+        pixels = torch.from_numpy(np.ascontiguousarray(arr)).to(self.device, torch.float32).permute(2, 0, 1)[None]
+        src_h, src_w = arr.shape[:2]
+        scale = max(params.height / src_h, params.width / src_w)
+        new_h, new_w = math.ceil(src_h * scale), math.ceil(src_w * scale)
+        pixels = torch.nn.functional.interpolate(pixels, size=(new_h, new_w), mode="bilinear", align_corners=False)
+        top, left = (new_h - params.height) // 2, (new_w - params.width) // 2
+        pixels = pixels[:, :, top: top + params.height, left: left + params.width]
+        return (pixels / 127.5 - 1.0).unsqueeze(2)
+
+    def _keyframe_coords(self, h: int, w: int, pixel_frame: int, fps: float) -> torch.Tensor:
+        """[1, 3, tokens, 2] RoPE coordinates of a one-frame keyframe at `pixel_frame`
+        (LTX2ConditionPipeline._prepare_keyframe_coords): pixel-space patch bounds, no causal
+        shift, one pixel frame long, time in seconds."""
+        steps = (self.patch_size_t, self.patch_size, self.patch_size)
+        grid = torch.stack(torch.meshgrid(*(torch.arange(0, n, step, dtype=torch.float32, device=self.device)
+                                            for n, step in zip((1, h, w), steps)), indexing="ij"))
+        ends = grid + torch.tensor(steps, dtype=grid.dtype, device=self.device).view(3, 1, 1, 1)
+        coords = torch.stack([grid, ends], dim=-1).flatten(1, 3).unsqueeze(0)  # [1, 3, tokens, 2]
+        scales = torch.tensor((self.vae_temporal_ratio, self.vae_spatial_ratio, self.vae_spatial_ratio),
+                              dtype=coords.dtype, device=self.device)
+        coords = coords * scales.view(1, 3, 1, 1)
+        coords[:, 0] = coords[:, 0] + pixel_frame
+        coords[:, 0, :, 1:] = coords[:, 0, :, :1] + 1
+        coords[:, 0] = coords[:, 0] / fps
+        return coords
+
+    def _audio_noise(self, generator: torch.Generator, frames: int, mel_bins: int) -> torch.Tensor:
+        from diffusers.utils.torch_utils import randn_tensor
+
+        # LTX2ConditionPipeline draws it in the packed shape, as the original LTX-2 code does.
+        shape = (1, frames, self.audio_vae.config.latent_channels * mel_bins)
+        return randn_tensor(shape, generator=generator, device=self.device, dtype=torch.float32)
+
+    def _step_video(self, state: DenoiseState, velocity: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return LTX2T2V._step_video(self, state, velocity, t)  # every token steps (the blend holds conditions)
+
+    def _blend_conditions(self, state: DenoiseState, x0: torch.Tensor) -> torch.Tensor:
+        mask = state.cond["conditioning_mask"][..., None]
+        return x0 * (1 - mask) + state.cond["clean_latents"] * mask
+
+
+def _conditioning_image(image: Any, crf: int | None, text_encoder: Any) -> Any:
+    """`image` H.264 re-compressed at `crf` (None: the checkpoint's default, 0: not at all), as
+    LTX-2 was trained on and diffusers conditions on."""
+    import PIL.Image
+    from diffusers.pipelines.ltx2.utils import apply_image_conditioning_crf, resolve_default_image_crf
+
+    crf = resolve_default_image_crf(text_encoder) if crf is None else crf
+    if crf == 0:
+        return image
+    return PIL.Image.fromarray(apply_image_conditioning_crf(np.array(image.convert("RGB")), crf))
 
 
 def _pack_latents(latents: torch.Tensor, patch_size: int, patch_size_t: int) -> torch.Tensor:
