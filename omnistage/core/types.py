@@ -50,6 +50,7 @@ class VideoPayload:
     fps: float
     audio: Any = None  # np.ndarray float32 [channels, samples]: the soundtrack, when the model makes one (LTX-2)
     sample_rate: int | None = None  # of `audio`
+    is_chunk: bool = False  # True for a streamed piece (Helios' chunks); the final payload holds the whole video
 
 
 @dataclass

@@ -3,7 +3,8 @@
     add_request -> validate against the checkpoint's config files (RequestError naming the
                    field), queue
     step        -> scheduler.schedule() -> executor.execute(batch) -> scheduler.update(batch, output)
-    outputs     -> ProgressPayload per step per request (finished=False), then the final
+    outputs     -> ProgressPayload per step per request (finished=False), a chunked pipeline's
+                   VideoPayload(is_chunk=True) pieces as they are made, then the final
                    ImagePayload / VideoPayload (finished=True) with metrics, or an error
 
 Every `step()` is one denoising step of the running batch, in both modes: request mode
@@ -182,9 +183,10 @@ class DiffusionEngine:
     # -- helpers -------------------------------------------------------------------------
 
     def _outputs(self, output: RunnerOutput, finished: list[EngineRequest]) -> list[StageOutput]:
-        """Progress of live requests first, then the finished ones (aborted ones say nothing)."""
+        """Progress and streamed chunks of live requests first, then the finished ones (aborted
+        ones say nothing)."""
         finished_ids = {r.request_id for r in finished}
-        outputs = [StageOutput(rid, progress, finished=False) for rid, progress in output.progress
+        outputs = [StageOutput(rid, payload, finished=False) for rid, payload in [*output.progress, *output.chunks]
                    if rid in finished_ids or self.scheduler.get_request(rid) is not None]
         for req in finished:
             rid = req.request_id

@@ -278,6 +278,12 @@ class DiffusionPipelineBase(ABC):
         skipped = state.num_forwards_skipped
         return {"num_forwards_computed": state.num_forwards - skipped, "num_forwards_skipped": skipped}
 
+    def take_chunks(self, states: list[DenoiseState]) -> list[tuple[DenoiseState, Any]]:
+        """The pieces of output (a VideoPayload with `is_chunk`) the last step finished for
+        `states`, each handed out once, to stream before the request ends. Only a pipeline that
+        makes its output in pieces (Helios) has any."""
+        return []
+
     def release(self, state: DenoiseState) -> None:
         """`state` left the runner (finished, failed or aborted): free what it holds beyond its
         tensors (the generic adapter ends its diffusers call)."""

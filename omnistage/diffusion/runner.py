@@ -6,6 +6,9 @@ takes one `denoise_step`; finished states are decoded and dropped. A failure fai
 requests of the call that raised (encode, step or decode) and the runner keeps serving
 the rest; failed states are dropped like finished ones.
 
+A pipeline that makes its output in pieces (Helios' video chunks) hands each finished piece
+out after the step that finished it (`take_chunks`), to stream before the request ends.
+
 Requests that ask for `partial_images` get previews (the VAE decode of their current
 latents) on the progress events of evenly spaced steps.
 """
@@ -72,6 +75,7 @@ class DiffusionRunner:
         out.progress = [(s.request.request_id, ProgressPayload(step=s.step_index, num_steps=s.num_steps))
                         for s in states]
         self._add_previews(out, states)
+        out.chunks = [(s.request.request_id, piece) for s, piece in self.pipeline.take_chunks(states)]
         if on_progress is not None:
             on_progress(out.progress)
         # 4. Decode and drop the finished ones.
