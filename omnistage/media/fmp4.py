@@ -22,6 +22,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from omnistage.media.video import even_sized
+
 MOVFLAGS = "empty_moov+default_base_moof+frag_keyframe+skip_trailer"
 
 
@@ -54,12 +56,12 @@ class FragmentedMP4Encoder:
         self._timescale: int | None = None  # of the video track, from the first call's moov
 
     def encode(self, frames: np.ndarray) -> bytes:
-        """uint8 [F, H, W, 3] (even H and W, the same every call) -> the next fragment's bytes."""
+        """uint8 [F >= 1, H, W, 3] (the same size every call) -> the next fragment's bytes."""
         import av
 
-        frames = np.asarray(frames)
-        if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or not len(frames):
-            raise ValueError(f"frames must be uint8 [F, H, W, 3] with F >= 1, got {frames.dtype} {frames.shape}")
+        frames = even_sized(frames)
+        if not len(frames):
+            raise ValueError("a fragment needs at least one frame")
         buf = io.BytesIO()
         options = {"movflags": MOVFLAGS, "fragment_index": str(self.num_fragments + 1)}
         with av.open(buf, mode="w", format="mp4", options=options) as container:
