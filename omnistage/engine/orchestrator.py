@@ -560,7 +560,7 @@ class Orchestrator:
         if stage.final_output and not delta.is_empty:
             self._outputs.append(OmniOutput(
                 rid, text=delta.text, text_delta=delta.text_delta, logprobs_delta=delta.logprobs,
-                audio_chunk=delta.audio_chunk, video_chunk=delta.video_chunk, fps=delta.fps,
+                audio_chunk=delta.audio_chunk, video_chunk=delta.video_chunk,
                 sample_rate=delta.sample_rate, progress=delta.progress, stage=stage.name))
         elif delta.progress is not None:  # every stage's progress is worth showing
             self._outputs.append(OmniOutput(rid, progress=delta.progress, stage=stage.name))

@@ -56,9 +56,9 @@ class OmniOutput:
     """`TokenLogprob` of the tokens this update added (may lead `text_delta`: text is held
     back while it could be the start of a stop string)."""
     audio_chunk: Any = None
-    video_chunk: Any = None
-    """np.ndarray uint8 [num_frames, H, W, 3]: the next frames of a video made in chunks (Helios),
-    at `fps`; the finished output's `video` holds them all."""
+    video_chunk: VideoPayload | None = None
+    """The next frames of a video made in chunks (Helios; `is_chunk`); the finished output's
+    `video` holds them all."""
     progress: ProgressPayload | None = None
     """Denoising progress (step, num_steps, optional PIL preview)."""
 
@@ -72,8 +72,7 @@ class Delta:
     logprobs: list[Any] | None = None
     audio_chunk: Any = None
     sample_rate: int | None = None
-    video_chunk: Any = None
-    fps: float | None = None
+    video_chunk: VideoPayload | None = None
     progress: ProgressPayload | None = None
 
     @property
@@ -119,7 +118,7 @@ class StageStream:
             rest = payload.audio[num_sent:]
             return Delta(audio_chunk=rest if len(rest) else None, sample_rate=payload.sample_rate)
         if isinstance(payload, VideoPayload) and payload.is_chunk:
-            return Delta(video_chunk=payload.frames, fps=payload.fps)
+            return Delta(video_chunk=payload)
         return Delta()
 
     def whole(self) -> Any:

@@ -19,7 +19,8 @@ from omnistage.entrypoints.openai.errors import bad_request
 logger = logging.getLogger(__name__)
 
 Task = Literal["images.generations", "images.edits", "videos", "chat", "chat.audio", "responses", "completions",
-               "audio.speech", "audio.generate", "audio.transcriptions", "audio.translations", "realtime"]
+               "audio.speech", "audio.generate", "audio.transcriptions", "audio.translations", "realtime",
+               "realtime.video"]
 ImageInput = Literal["none", "required", "optional"]
 
 ROUTES: dict[str, str] = {
@@ -34,6 +35,7 @@ ROUTES: dict[str, str] = {
     "audio.transcriptions": "POST /v1/audio/transcriptions",
     "audio.translations": "POST /v1/audio/translations",
     "realtime": "WS /v1/realtime",
+    "realtime.video": "WS /v1/realtime/video",
 }
 
 
@@ -61,7 +63,7 @@ class Capabilities:
             return "image" in self.outputs and self.image_input != "required"
         if task == "images.edits":
             return "image" in self.outputs and self.image_input != "none"
-        if task == "videos":
+        if task in ("videos", "realtime.video"):
             return "video" in self.outputs
         if task in ("chat", "responses"):  # Responses runs on the chat path
             return bool({"text", "image"} & self.outputs)
