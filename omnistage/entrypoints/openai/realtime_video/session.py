@@ -57,6 +57,7 @@ GOING_AWAY = 1001
 """The close code a session gets when the server stops (RFC 6455: the endpoint is going away)."""
 MIME_TYPE = "video/mp4"
 _MESSAGE = TypeAdapter(ClientMessage)
+_TYPES = {"session.start", "session.interaction", "session.ping", "session.stop"}
 
 
 class VideoStreamSession:
@@ -116,17 +117,23 @@ class VideoStreamSession:
     # --- client messages -----------------------------------------------------------------
 
     async def _read(self) -> None:
-        """Queue every usable client message; anything else gets an error event. A disconnect
-        is queued as itself, so the session sees it in order."""
+        """Queue every usable client message; a ping is answered here, anything else gets an
+        error event (so answers keep the order of the messages). A disconnect is queued as
+        itself, so the session sees it in order."""
         while True:
             event = await self.ws.receive()
             if event["type"] == "websocket.disconnect":
                 await self._messages.put(WebSocketDisconnect(event.get("code", 1000)))
                 return
             try:
-                await self._messages.put(_parse(event))
+                message = _parse(event)
             except APIError as e:
                 await self._send_json(_error_event(e))
+                continue
+            if isinstance(message, SessionPing):
+                await self._send_json({"type": "session.pong"})
+            else:
+                await self._messages.put(message)
 
     async def _next(self) -> Any:
         message = await self._messages.get()
@@ -162,9 +169,7 @@ class VideoStreamSession:
 
     async def _handle(self, message: Any) -> None:
         """A message that does not start or stop the session."""
-        if isinstance(message, SessionPing):
-            await self._send_json({"type": "session.pong"})
-        elif isinstance(message, SessionStart):
+        if isinstance(message, SessionStart):
             await self._send_json(_error_event(bad_request("the session has started; one video per session",
                                                            param="type", code="session_already_started")))
         elif isinstance(message, SessionInteraction):
@@ -231,7 +236,10 @@ def _parse(event: dict) -> Any:
         raise bad_request(e.message.replace("the request body", "the message"), param=e.param,
                           code="invalid_message") from None
     except ValidationError as e:
-        raise from_validation_errors(e.errors()) from None
+        # The field is named within its message ("fps", not "session.start.fps").
+        errors = [{**err, "loc": err["loc"][1:]} if err["loc"] and err["loc"][0] in _TYPES else err
+                  for err in e.errors()]
+        raise from_validation_errors(errors) from None
 
 
 def _error_event(error: APIError) -> dict:
