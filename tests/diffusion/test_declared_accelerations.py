@@ -103,6 +103,8 @@ def _cases() -> dict[str, Case]:
         "sana-video-i2v": _case("sana-video-i2v", test_parity_sana_video.I2V_CALL,
                                 test_parity_sana_video.TestSanaVideoI2V),
         "wan-vace": _case("wan-vace", test_parity_wan_vace.CALL, test_parity_wan_vace.TestWanVACE),
+        # No CFG: Helios takes no CFG-parallel, and its two chunks cost twice a plain call's steps.
+        "helios": _case("helios", {"guidance_scale": 1.0}),
     }
     names = [m.name for m in list_models() if m.kind == "diffusion"]
     return {name: special.get(name) or _case(name) for name in names}

@@ -9,8 +9,8 @@ HELIOS_T2V = PipelineSpec(
     stages=(
         StageSpec(id=0, name="diffusion", kind="diffusion", output="video", final_output=True,
                   model="HeliosPipeline",
-                  # Step mode by default, so a streamed session's chunks leave as each is made while
-                  # other requests join between steps.
+                  # Step mode by default: 1.113x request mode's throughput (by CPU time) on the tiny
+                  # helios, at least the 0.95x of issue 30 (benchmarks/RESULTS.md "Step mode vs request mode").
                   defaults={"step_execution": True},
         ),
     ),

@@ -1,0 +1,78 @@
+"""Helios: our HeliosT2V against diffusers' HeliosPipeline on the tiny zoo model (fp32, CPU):
+alone, two batched (different prompts, seeds and CFG), and the chunks it streams, which are
+the video's frames in order, each handed out once, as soon as its chunk is denoised."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from parity import BATCH_PROMPTS, ReferenceFixtures, assert_rejected, max_abs_diff, request_for, run_arrays
+
+from omnistage.core.types import VideoPayload
+from omnistage.diffusion.params import DiffusionParams
+from omnistage.diffusion.registry import pipeline_class
+from omnistage.models.helios.pipeline import HeliosT2V
+
+# Alone, Helios runs diffusers' float operations (it matches to the bit); in a batch, the
+# transformer's matmuls over two rows round differently (measured: 1.8e-5).
+TOLERANCE = 1e-5
+BATCH_TOLERANCE = 5e-5
+
+
+def small(**fields) -> DiffusionParams:
+    return DiffusionParams(**{"height": 64, "width": 64, "num_frames": 10, **fields})
+
+
+@pytest.mark.usefixtures("one_thread")
+class TestHelios(ReferenceFixtures):
+    zoo_name = "helios"
+    reference_class = "HeliosPipeline"
+    pipeline_class = HeliosT2V
+
+    def test_registered_as_native(self):
+        assert pipeline_class(self.reference_class) is HeliosT2V
+
+    def test_alone_matches_diffusers(self, ours, expected, call):
+        (got,) = run_arrays(ours, [request_for(call, 0)])
+        assert got.shape == (9, 64, 64, 3)  # two chunks of 5 frames, trimmed to 4k + 1
+        assert max_abs_diff(got, expected(call, 0)) <= TOLERANCE
+
+    def test_two_batched_match_each_alone(self, ours, expected, call):
+        calls = [dict(call, prompt=BATCH_PROMPTS[0], guidance_scale=1.0),
+                 dict(call, prompt=BATCH_PROMPTS[1], negative_prompt="a dog", guidance_scale=3.0)]
+        got = run_arrays(ours, [request_for(c, s, f"r{i}") for i, (c, s) in enumerate(zip(calls, (11, 22)))])
+        for g, c, s in zip(got, calls, (11, 22)):
+            assert max_abs_diff(g, expected(c, s)) <= BATCH_TOLERANCE
+        assert max_abs_diff(got[0], got[1]) > 1e-2
+
+    def test_chunks_stream_as_they_are_denoised(self, ours, call):
+        states = ours.encode([ours.prepare_request(request_for(call, 0))])
+        steps = call["num_inference_steps"]
+        assert states[0].num_steps == 2 * steps  # the engine's step count covers every chunk
+        pieces = []
+        while not states[0].is_done:
+            ours.step(states)
+            new = ours.take_chunks(states)
+            # A chunk comes out after the last step of its chunk, and only then.
+            assert len(new) == (1 if states[0].step_index % steps == 0 else 0)
+            pieces += [piece for _, piece in new]
+        assert ours.take_chunks(states) == []  # each handed out once
+        assert all(isinstance(p, VideoPayload) and p.is_chunk for p in pieces)
+        assert [len(p.frames) for p in pieces] == [5, 4]
+        (whole,) = ours.decode(states)
+        assert not whole.is_chunk and np.array_equal(np.concatenate([p.frames for p in pieces]), whole.frames)
+
+    @pytest.mark.parametrize("field, params", [
+        ("height", small(height=96)),  # the long-history patch needs whole 64-pixel blocks
+        ("num_outputs_per_prompt", small(num_outputs_per_prompt=2)),
+        ("guidance_scale_2", small(guidance_scale_2=3.0)),
+        ("num_latent_frames_per_chunk", small(extras={"num_latent_frames_per_chunk": 0})),
+    ])
+    def test_bad_inputs_are_rejected(self, ours, field, params):
+        assert_rejected(ours, field, params)
+
+    def test_defaults_follow_diffusers(self, ours):
+        params = ours.prepare_params(DiffusionParams())
+        assert (params.height, params.width, params.num_frames, params.guidance_scale) == (384, 640, 132, 5.0)
+        assert params.extras == {"max_sequence_length": 512, "num_latent_frames_per_chunk": 9}
