@@ -58,7 +58,8 @@ class DiffusionRunner:
         # 2. Encode the joiners; they take their first step below.
         if batch.new_requests:
             self._encode(out, batch.new_requests)
-        # 3. One denoising step over everyone running.
+        # 3. Prompt updates that came in, then one denoising step over everyone running.
+        self._update(out, batch.updates)
         states = []
         for rid in batch.req_ids:
             if rid in self.states:
@@ -111,6 +112,15 @@ class DiffusionRunner:
         for state in states:
             self.states[state.request.request_id] = state
         return None
+
+    def _update(self, out: RunnerOutput, updates: dict[str, list[dict]]) -> None:
+        for rid, items in updates.items():
+            state = self.states.get(rid)
+            try:
+                for update in items if state is not None else ():
+                    self.pipeline.update_prompt(state, update)
+            except Exception as exc:  # noqa: BLE001 - a bad update fails its request, not the batch
+                self._fail(out, [rid], error_message(exc))
 
     def _add_previews(self, out: RunnerOutput, states: list[DenoiseState]) -> None:
         """Decode the current latents of the states at one of their preview steps: the first

@@ -209,6 +209,13 @@ class Orchestrator:
         self._inbox.put(("abort", request_id, None))
         self._wake()
 
+    def update(self, request_id: str, inputs: dict) -> None:
+        """New inputs for running request `request_id` (a prompt update, `{"event_id", "prompt",
+        "transition_chunks"}`), sent to its running diffusion stages as an `InputChunk`; a
+        request that has ended ignores it."""
+        self._inbox.put(("update", request_id, inputs))
+        self._wake()
+
     def needed_stages(self, request: OmniRequest) -> tuple[StageSpec, ...]:
         """The stages `request` runs, in pipeline order: every stage when it names no
         `output_modalities`, else the final stages making one of them and every stage they
@@ -387,6 +394,8 @@ class Orchestrator:
                 self._add_request(body, sink)
             elif kind == "abort":
                 self._abort_request(body)
+            elif kind == "update":
+                self._update_request(body, sink)
             elif kind in ("barrier", "hold"):
                 if kind == "hold" and self._held is None:
                     self._held = []
@@ -411,6 +420,12 @@ class Orchestrator:
         for stage in stages:
             if not stage.inputs and rid in self._requests:
                 self._start_stage(state, stage)
+
+    def _update_request(self, request_id: str, inputs: dict) -> None:
+        state = self._requests.get(request_id)
+        for run in state.runs.values() if state is not None else ():
+            if run.stage.kind == "diffusion" and request_id in run.engine_ids and not run.finished:
+                self._to_dispatch.append((run.stage.id, StageRequest(request_id, InputChunk(inputs))))
 
     def _abort_request(self, request_id: str) -> None:
         state = self._requests.get(request_id)

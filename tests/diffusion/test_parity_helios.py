@@ -15,7 +15,8 @@ from omnistage.diffusion.registry import pipeline_class
 from omnistage.models.helios.pipeline import HeliosT2V
 
 # Alone, Helios runs diffusers' float operations (it matches to the bit); in a batch, the
-# transformer's matmuls over two rows round differently (measured: 1.8e-5).
+# transformer's matmuls over two rows round differently (measured: 1.8e-5); so does a prompt
+# encoded alone as an update (1.1e-5).
 TOLERANCE = 1e-5
 BATCH_TOLERANCE = 5e-5
 
@@ -76,3 +77,36 @@ class TestHelios(ReferenceFixtures):
         params = ours.prepare_params(DiffusionParams())
         assert (params.height, params.width, params.num_frames, params.guidance_scale) == (384, 640, 132, 5.0)
         assert params.extras == {"max_sequence_length": 512, "num_latent_frames_per_chunk": 9}
+
+    def test_a_prompt_update_moves_the_next_chunks_as_diffusers_with_those_embeddings(self, ours, reference, call):
+        # Reference: diffusers' own loop, told the chunk-1 prompt embeddings by its step callback at
+        # the last step of chunk 0 (halfway from the prompt's to the new prompt's: transition_chunks=2).
+        import torch
+
+        call = dict(call, guidance_scale=1.0)
+        steps = call["num_inference_steps"]
+        new, _ = reference.encode_prompt("a red car on a road", do_classifier_free_guidance=False,
+                                         max_sequence_length=call["max_sequence_length"])
+        num_calls = []
+
+        def halfway(pipe, i, t, kwargs):
+            num_calls.append(i)
+            if len(num_calls) == steps:  # the last step of chunk 0
+                return {"prompt_embeds": kwargs["prompt_embeds"] + (new - kwargs["prompt_embeds"]) * 0.5}
+            return {}
+
+        want = reference(**call, generator=torch.Generator("cpu").manual_seed(0), output_type="np",
+                         callback_on_step_end=halfway, callback_on_step_end_tensor_inputs=["prompt_embeds"]).frames[0]
+
+        states = ours.encode([ours.prepare_request(request_for(call, 0))])
+        pieces = []
+        while not states[0].is_done:
+            if states[0].step_index == 1:  # mid chunk 0: applied from chunk 1
+                ours.update_prompt(states[0], {"event_id": "e1", "prompt": "a red car on a road",
+                                               "transition_chunks": 2})
+            ours.step(states)
+            pieces += [piece for _, piece in ours.take_chunks(states)]
+        (got,) = ours.decode_arrays(states)
+        assert max_abs_diff(got, want) <= BATCH_TOLERANCE  # measured 1.1e-5: the two encode the new prompt apart
+        assert pieces[0].events is None
+        assert pieces[1].events == {"started": ["e1"], "active": ["e1"], "completed": []}  # 1 of 2 chunks

@@ -24,6 +24,9 @@ class SchedulerOutput:
     """Already-encoded requests to advance by one step."""
     finished_req_ids: set[str] = field(default_factory=set)
     """Requests that left since the last batch: workers drop their states."""
+    updates: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """request_id -> prompt updates that arrived for it since the last batch, in order
+    (`DiffusionPipelineBase.update_prompt`), applied before this batch's step."""
 
     @property
     def req_ids(self) -> list[str]:

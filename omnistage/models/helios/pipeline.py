@@ -13,6 +13,11 @@ stream (`take_chunks`) before the next chunk starts.
   (`(num_latent_frames_per_chunk - 1) * 4 + 1`), trimmed at the end to 4k + 1 frames, as
   diffusers does: the output's frame count is not always `num_frames`.
 - Every chunk draws its noise from the request's one generator, in order, as diffusers does.
+- The prompt of a running request may change (`update_prompt`, the realtime video session's
+  `session.interaction`): from the next chunk on, its embeddings move linearly from the ones in
+  use to the new prompt's over `transition_chunks` chunks (0 or 1: at once). A newer update
+  replaces one still pending or in transition. diffusers has no such input; without updates
+  the output is diffusers' own.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class HeliosT2V(DiffusionPipelineBase):
                  "cfg_parallel_size": "its chunk loop is not split over ranks"})
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     output_modality: ClassVar[str] = "video"
+    takes_prompt_updates: ClassVar[bool] = True
     # HeliosPipeline.__call__ defaults (fps: its example exports at 24).
     default_params: ClassVar[dict[str, Any]] = {
         "height": 384,
@@ -160,6 +166,9 @@ class HeliosT2V(DiffusionPipelineBase):
             "num_generated": 0,  # latent frames made so far
             "chunks": [],  # every decoded chunk [1, 3, F, H, W], in order
             "num_taken": 0,  # chunks `take_chunks` has handed out
+            "pending": None,  # a prompt update that starts with the next chunk
+            "transition": None,  # the update in progress: event id, from/to embeddings, chunks done of N
+            "chunk_events": [{}],  # per chunk, the update events that started / were active / completed in it
         }
         # One timestep list for the whole request, so the engine's step count and progress cover every chunk.
         state = DenoiseState(request=request, latents=None, noise_scheduler=noise_scheduler,
@@ -175,9 +184,40 @@ class HeliosT2V(DiffusionPipelineBase):
         if state.step_index > 0:  # the first chunk's timesteps were set in encode
             state.noise_scheduler.set_timesteps(request.params.num_inference_steps, device=self.device,
                                                 sigmas=cond["sigmas"], mu=cond["mu"])
+            cond["chunk_events"].append(self._advance_prompt(cond))
         history = cond["history"]
         shape = (1, history.shape[1], request.params.extras["num_latent_frames_per_chunk"], *history.shape[3:])
         state.latents = randn_tensor(shape, generator=cond["generator"], device=self.device, dtype=torch.float32)
+
+    @torch.no_grad()
+    def update_prompt(self, state: DenoiseState, update: dict[str, Any]) -> None:
+        """The new prompt is encoded now and used from the next chunk (see the module docstring)."""
+        max_len = state.request.params.extras["max_sequence_length"]
+        embeds = umt5_prompt_embeds(self.tokenizer, self.text_encoder, [update["prompt"]], max_len,
+                                    self.device, self.transformer.dtype)
+        state.cond["pending"] = (str(update["event_id"]), embeds, max(1, int(update["transition_chunks"])))
+
+    @staticmethod
+    def _advance_prompt(cond: dict[str, Any]) -> dict[str, list[str]]:
+        """The prompt embeddings of the chunk that starts; the update events it started, was
+        in the middle of and completed."""
+        events: dict[str, list[str]] = {"started": [], "active": [], "completed": []}
+        if cond["pending"] is not None:
+            event_id, target, num_chunks = cond["pending"]
+            cond["pending"] = None
+            cond["transition"] = [event_id, cond["prompt_embeds"], target, 0, num_chunks]
+            events["started"].append(event_id)
+        if cond["transition"] is not None:
+            event_id, source, target, done, num_chunks = cond["transition"]
+            done += 1
+            cond["prompt_embeds"] = source + (target - source) * (done / num_chunks)
+            events["active"].append(event_id)
+            if done == num_chunks:
+                cond["prompt_embeds"], cond["transition"] = target, None
+                events["completed"].append(event_id)
+            else:
+                cond["transition"][3] = done
+        return events
 
     # -- 3. denoise -----------------------------------------------------------------------
 
@@ -260,12 +300,12 @@ class HeliosT2V(DiffusionPipelineBase):
         out = []
         for state in states:
             cond = state.cond
-            new = cond["chunks"][cond["num_taken"]:]
-            cond["num_taken"] = len(cond["chunks"])
-            for video in new:
-                arr = self.video_processor.postprocess_video(video, output_type="np")[0]
+            for index in range(cond["num_taken"], len(cond["chunks"])):
+                arr = self.video_processor.postprocess_video(cond["chunks"][index], output_type="np")[0]
                 payload = self.to_payload(arr, state.request)
-                out.append((state, VideoPayload(payload.frames, payload.fps, is_chunk=True)))
+                events = cond["chunk_events"][index]
+                out.append((state, VideoPayload(payload.frames, payload.fps, is_chunk=True, events=events or None)))
+            cond["num_taken"] = len(cond["chunks"])
         return out
 
     @torch.no_grad()

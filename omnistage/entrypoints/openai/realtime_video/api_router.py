@@ -25,7 +25,17 @@ async def realtime_video(websocket: WebSocket) -> None:
         await websocket.send_json({"type": "error", "message": error.message, "param": None, "code": error.code})
         await websocket.close(code=POLICY_VIOLATION)
         return
-    await VideoStreamSession(websocket, state.gateway, state.settings).run()
+    await VideoStreamSession(websocket, state.gateway, state.settings, takes_prompt_updates(state.engine)).run()
+
+
+def takes_prompt_updates(engine) -> bool:
+    """Whether the served model's video stage takes a running request's new prompt (Helios)."""
+    from omnistage.diffusion.registry import pipeline_class
+
+    spec = getattr(engine, "spec", None)
+    stages = [s for s in (spec.stages if spec is not None else ()) if s.final_output and s.kind == "diffusion"]
+    return any(s.model is not None and getattr(pipeline_class(s.model), "takes_prompt_updates", False)
+               for s in stages)
 
 
 def attach_router(app: FastAPI) -> None:

@@ -61,10 +61,13 @@ _TYPES = {"session.start", "session.interaction", "session.ping", "session.stop"
 
 
 class VideoStreamSession:
-    def __init__(self, websocket: WebSocket, gateway: EngineGateway, settings: ServerSettings):
+    def __init__(self, websocket: WebSocket, gateway: EngineGateway, settings: ServerSettings,
+                 takes_prompt_updates: bool):
         self.ws = websocket
         self.gateway = gateway
         self.settings = settings
+        self.takes_prompt_updates = takes_prompt_updates
+        self._events: dict[str, dict] = {}  # event_id -> its interaction, as applied
         self._send_lock = asyncio.Lock()
         self._messages: asyncio.Queue = asyncio.Queue()  # usable client messages, in order
         self._stream: RequestStream | None = None
@@ -173,11 +176,32 @@ class VideoStreamSession:
             await self._send_json(_error_event(bad_request("the session has started; one video per session",
                                                            param="type", code="session_already_started")))
         elif isinstance(message, SessionInteraction):
-            await self._send_json(_error_event(await self._interact(message)))
+            try:
+                await self._interact(message)
+            except APIError as e:
+                await self._send_json(_error_event(e))
 
-    async def _interact(self, message: SessionInteraction) -> APIError:
-        return APIError(400, "the active model does not support prompt updates", param="interaction",
-                        code="interaction_failed")
+    async def _interact(self, message: SessionInteraction) -> None:
+        """Send the prompt update to the running request (from its next chunk on). An event id
+        sent again with the same payload is a retry (acknowledged, not applied twice); with
+        another payload it is an error."""
+        if not self.takes_prompt_updates:
+            raise APIError(400, "the active model does not support prompt updates", param="interaction",
+                           code="interaction_failed")
+        if self._stream is None:
+            raise bad_request("session.interaction needs a started session: send session.start first",
+                              param="type", code="interaction_failed")
+        interaction = message.interaction
+        update = {"event_id": interaction.event_id, "prompt": interaction.event.prompt,
+                  "transition_chunks": interaction.transition_chunks}
+        known = self._events.get(interaction.event_id)
+        if known is not None and known != update:
+            raise bad_request(f"event_id {interaction.event_id!r} was sent before with another payload",
+                              param="interaction.event_id", code="event_id_conflict")
+        if known is None:
+            self._events[interaction.event_id] = update
+            await self.gateway.engine.update(self._stream.request_id, update)
+        await self._send_json({"type": "session.interaction.queued", "event_id": interaction.event_id})
 
     # --- video out -----------------------------------------------------------------------
 
@@ -190,25 +214,26 @@ class VideoStreamSession:
         encoder: FragmentedMP4Encoder | None = None
         try:
             async for out in stream:
+                events = None
                 if out.video_chunk is not None:
-                    frames, fps = out.video_chunk.frames, out.video_chunk.fps
+                    frames, fps, events = out.video_chunk.frames, out.video_chunk.fps, out.video_chunk.events
                 elif out.finished and self._num_chunks == 0 and out.video is not None:
                     frames, fps = out.video, out.fps  # a model that makes its video whole: one chunk at the end
                 else:
                     continue
                 encoder = encoder or FragmentedMP4Encoder(fps)
                 data = await asyncio.to_thread(encoder.encode, frames)
-                await self._send_chunk(data, len(frames))
+                await self._send_chunk(data, len(frames), events or {})
         except APIError as e:
             await self._send_json(_error_event(e))
             return "error"
         return "completed"
 
-    async def _send_chunk(self, data: bytes, num_frames: int) -> None:
+    async def _send_chunk(self, data: bytes, num_frames: int, events: dict[str, list[str]]) -> None:
         index = self._num_chunks
         metadata = {"type": "video.chunk_metadata", "kind": "media", "transport_chunk_index": index,
                     "generation_chunk_index": index, "num_frames": num_frames, "byte_length": len(data),
-                    "started_event_ids": [], "active_event_ids": [], "completed_event_ids": []}
+                    **{f"{what}_event_ids": events.get(what, []) for what in ("started", "active", "completed")}}
         async with self._send_lock:  # the metadata and its bytes stay together
             await self.ws.send_text(json.dumps(metadata, separators=(",", ":")))
             await self.ws.send_bytes(data)
