@@ -3,7 +3,7 @@
 video arrives chunk by chunk as fragmented MP4 whose bytes, concatenated, remux with PyAV into
 one MP4 of the whole video; a bad event is an error naming the field and the session goes on;
 session.stop aborts the engine request (the queue is back to 0 and the engine is free at once);
-the upgrade needs the key."""
+a prompt update (session.interaction) applies from the next chunk; the upgrade needs the key."""
 
 from __future__ import annotations
 
@@ -105,6 +105,28 @@ def test_stream_chunks_remux_into_one_mp4(server):
     want, _ = decode_video(server.http().post(
         "/v1/videos/sync", data={k: str(v) for k, v in START.items() if k not in ("type", "format")}).content)
     assert np.abs(got.astype(int) - want.astype(int)).mean() < 8
+
+
+def test_a_prompt_update_applies_from_the_next_chunk(server):
+    update = {"type": "session.interaction",
+              "interaction": {"event_id": "e1", "event": {"prompt": "a red car"}, "transition_chunks": 0}}
+    conflict = {**update, "interaction": {**update["interaction"], "event": {"prompt": "a blue car"}}}
+    with ws(server) as conn:
+        conn.send(json.dumps(update))  # before the start: nothing to update
+        conn.send(json.dumps({**START, "num_frames": 15}))  # three chunks
+        events_until(conn, "video.start")
+        for message in (update, update, conflict):  # the same again is a retry; another payload a conflict
+            conn.send(json.dumps(message))
+        events, _ = events_until(conn, "session.done")
+    kinds = [e["type"] for e in events]
+    assert kinds.count("session.interaction.queued") == 2 and kinds.count("error") == 1, events
+    assert next(e for e in events if e["type"] == "error")["param"] == "interaction.event_id"
+    chunks = [e for e in events if e["type"] == "video.chunk_metadata"]
+    assert len(chunks) == 3 and chunks[0]["started_event_ids"] == []
+    # Sent during chunk 0, applied once, from the chunk after the one it arrived in.
+    started = [c["generation_chunk_index"] for c in chunks if c["started_event_ids"] == ["e1"]]
+    assert len(started) == 1 and started[0] >= 1
+    assert chunks[started[0]]["completed_event_ids"] == ["e1"]  # a hard update completes at once
 
 
 def test_stop_aborts_the_engine_request(server):
