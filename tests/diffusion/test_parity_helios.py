@@ -13,6 +13,7 @@ from omnistage.core.types import VideoPayload
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.models.helios.pipeline import HeliosT2V
+from omnistage.testing import call_kwargs as zoo_call_kwargs
 
 # Alone, Helios runs diffusers' float operations (it matches to the bit); in a batch, the
 # transformer's matmuls over two rows round differently (measured: 1.8e-5); so does a prompt
@@ -30,6 +31,11 @@ class TestHelios(ReferenceFixtures):
     zoo_name = "helios"
     reference_class = "HeliosPipeline"
     pipeline_class = HeliosT2V
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def call(cls):
+        return dict(zoo_call_kwargs("helios"), num_inference_steps=2)  # 2 steps in each of the 2 chunks
 
     def test_registered_as_native(self):
         assert pipeline_class(self.reference_class) is HeliosT2V
