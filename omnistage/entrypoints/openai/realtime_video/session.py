@@ -95,7 +95,7 @@ class VideoStreamSession:
                 return await self._done("stopped")
             producer = asyncio.create_task(self._produce(start))
             while True:
-                message = asyncio.create_task(self._messages.get())
+                message = asyncio.create_task(self._next())  # raises WebSocketDisconnect: the finally aborts
                 await asyncio.wait({producer, message}, return_when=asyncio.FIRST_COMPLETED)
                 if not message.done():
                     message.cancel()
