@@ -40,20 +40,8 @@ class TestHelios(ReferenceFixtures):
     def test_registered_as_native(self):
         assert pipeline_class(self.reference_class) is HeliosT2V
 
-    def test_alone_matches_diffusers(self, ours, expected, call):
-        (got,) = run_arrays(ours, [request_for(call, 0)])
-        assert got.shape == (9, 64, 64, 3)  # two chunks of 5 frames, trimmed to 4k + 1
-        assert max_abs_diff(got, expected(call, 0)) <= TOLERANCE
-
-    def test_two_batched_match_each_alone(self, ours, expected, call):
-        calls = [dict(call, prompt=BATCH_PROMPTS[0], guidance_scale=1.0),
-                 dict(call, prompt=BATCH_PROMPTS[1], negative_prompt="a dog", guidance_scale=3.0)]
-        got = run_arrays(ours, [request_for(c, s, f"r{i}") for i, (c, s) in enumerate(zip(calls, (11, 22)))])
-        for g, c, s in zip(got, calls, (11, 22)):
-            assert max_abs_diff(g, expected(c, s)) <= BATCH_TOLERANCE
-        assert max_abs_diff(got[0], got[1]) > 1e-2
-
-    def test_chunks_stream_as_they_are_denoised(self, ours, call):
+    def test_alone_matches_diffusers_and_streams_its_chunks(self, ours, expected, call):
+        # Stepped as the engine steps it, handing out the chunks after each step.
         states = ours.encode([ours.prepare_request(request_for(call, 0))])
         steps = call["num_inference_steps"]
         assert states[0].num_steps == 2 * steps  # the engine's step count covers every chunk
@@ -65,10 +53,22 @@ class TestHelios(ReferenceFixtures):
             assert len(new) == (1 if states[0].step_index % steps == 0 else 0)
             pieces += [piece for _, piece in new]
         assert ours.take_chunks(states) == []  # each handed out once
-        assert all(isinstance(p, VideoPayload) and p.is_chunk for p in pieces)
+        (got,) = ours.decode_arrays(states)
+        assert got.shape == (9, 64, 64, 3)  # two chunks of 5 frames, trimmed to 4k + 1
+        assert max_abs_diff(got, expected(call, 0)) <= TOLERANCE
+        # The chunks are the video's frames, in order (the last one trimmed).
+        assert all(isinstance(p, VideoPayload) and p.is_chunk and p.events is None for p in pieces)
         assert [len(p.frames) for p in pieces] == [5, 4]
         (whole,) = ours.decode(states)
         assert not whole.is_chunk and np.array_equal(np.concatenate([p.frames for p in pieces]), whole.frames)
+
+    def test_two_batched_match_each_alone(self, ours, expected, call):
+        calls = [dict(call, prompt=BATCH_PROMPTS[0], guidance_scale=1.0),
+                 dict(call, prompt=BATCH_PROMPTS[1], negative_prompt="a dog", guidance_scale=3.0)]
+        got = run_arrays(ours, [request_for(c, s, f"r{i}") for i, (c, s) in enumerate(zip(calls, (11, 22)))])
+        for g, c, s in zip(got, calls, (11, 22)):
+            assert max_abs_diff(g, expected(c, s)) <= BATCH_TOLERANCE
+        assert max_abs_diff(got[0], got[1]) > 1e-2
 
     @pytest.mark.parametrize("field, params", [
         ("height", small(height=96)),  # the long-history patch needs whole 64-pixel blocks

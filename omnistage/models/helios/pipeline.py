@@ -304,7 +304,8 @@ class HeliosT2V(DiffusionPipelineBase):
                 arr = self.video_processor.postprocess_video(cond["chunks"][index], output_type="np")[0]
                 payload = self.to_payload(arr, state.request)
                 events = cond["chunk_events"][index]
-                out.append((state, VideoPayload(payload.frames, payload.fps, is_chunk=True, events=events or None)))
+                out.append((state, VideoPayload(payload.frames, payload.fps, is_chunk=True,
+                                                events=events if any(events.values()) else None)))
             cond["num_taken"] = len(cond["chunks"])
         return out
 
