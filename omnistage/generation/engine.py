@@ -219,6 +219,11 @@ class GenerationEngine:
         if not (req.complete and req.num_pending == 0):
             return StageOutput(req.request_id, AudioPayload(piece, rate, is_chunk=True), finished=False)
         # the request is done: the whole waveform; its stream moves on to the next part, or ends
+        if req.ends_stream and req.stream.is_open:
+            tail = self.decoder.flush(req.stream.state)
+            if tail.size:
+                req.pieces.append(tail)
+                req.first_audio_time = req.first_audio_time or time.monotonic()
         whole = np.concatenate(req.pieces) if req.pieces else np.zeros(0, dtype=np.float32)
         req.stream.requests.popleft()
         self._requests.pop(req.request_id, None)

@@ -1,0 +1,228 @@
+"""Higgs-Audio v2's DualFFN Llama as one AR stage: text in, codec frames out.
+
+What `HiggsAudioV2ForConditionalGeneration.generate` does per step, one engine step at a
+time over a continuous batch:
+
+1. forward: the prefill reads the prompt's text ids (text FFNs); a decode step reads the
+   previous step's N codes as one summed audio embedding (audio FFNs). The audio head gives
+   N codebooks' logits at once, masked by the delay pattern (`_delay_mask`, as the
+   reference's `HiggsAudioV2DelayPatternLogitsProcessor`). The engine's sampler picks
+   codebook 0 from `logits`; `on_sampled` picks codebooks 1..N-1 with the request's
+   temperature / top-k / top-p / seed (`code_sampler`).
+2. `on_sampled` sets the step's text token as the reference does: `audio_delay_token_id`
+   once a codebook has ended its stream (and from then on), `eos_token_id` on an all-EOS
+   row (which stops the request through the engine's EOS rule), else `audio_token_id`.
+
+Delay pattern: codebook c runs c steps behind codebook 0. The first row is all stream-BOS
+(not audio), and codebook c >= k is forced to BOS at step k; after the first stream-EOS,
+codebook c < d is forced to EOS at the d-th step after it. Undelayed frame j is the
+diagonal `rows[j + c, c]`, complete once row j + N - 1 exists, so frames stream out one
+per step after the first N rows. They go out in `TextPayload.extras["audio_codes"]`
+([frames, N], CPU long, clipped to the codec's range as the processor's `batch_decode`)
+with `extras["num_new_frames"]` (0 or 1), as CSM's talker.
+
+Not done: the reference's repetition-aware resampling (`ras_win_len` in a checkpoint's
+generation config), which redraws repeated codes at random even for greedy requests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omnistage.ar.kv_cache import kv_dims
+from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
+from omnistage.ar.sampler import Sampler
+from omnistage.ar.sampling_params import SamplingParams
+from omnistage.models.higgs_audio.prompt import parse_prompt
+
+
+@dataclass
+class HiggsOutput(ModelOutput):
+    code_logits: torch.Tensor | None = None
+    """[B, N, C] every codebook's masked logits (codebook 0's are also `logits`)."""
+
+
+@dataclass
+class _CodeRow:
+    """What the sampler reads of a sequence for codebooks 1..N-1: the request's temperature,
+    top-k/p and seed, without the rules about its token stream (penalties, min_tokens)."""
+
+    request_id: str
+    params: SamplingParams
+    all_token_ids: list[int] = field(default_factory=list)
+    needs_min_tokens_mask: bool = False
+    stop_ids: frozenset = frozenset()
+
+
+@dataclass
+class TalkerState:
+    num_codebooks: int
+    num_steps: int = 0
+    """Rows sampled so far (the first is the all-BOS row)."""
+    num_delay: int = 0
+    """Text tokens so far that were the delay token (codebooks c < num_delay are forced to EOS)."""
+    last_text: int | None = None
+    rows: list[torch.Tensor] = field(default_factory=list)
+    """The last delayed rows [N] (CPU long) after the all-BOS row, fewer than N of them."""
+    frames: torch.Tensor | None = None
+    """[capacity, N] CPU long: the undelayed, clipped frames, `num_frames` of them valid."""
+    num_frames: int = 0
+    last_row: torch.Tensor | None = None
+    """[N] on the model's device: the next decode step's input."""
+    code_row: _CodeRow | None = None
+
+    def add_frame(self, frame: torch.Tensor) -> None:
+        if self.frames is None or self.num_frames == self.frames.shape[0]:
+            grown = torch.zeros(max(64, 2 * self.num_frames), self.num_codebooks, dtype=torch.long)
+            if self.num_frames:
+                grown[:self.num_frames] = self.frames[:self.num_frames]
+            self.frames = grown  # earlier outputs keep views of the old buffer, whose rows are final
+        self.frames[self.num_frames] = frame
+        self.num_frames += 1
+
+    def codes(self) -> torch.Tensor:
+        if self.frames is None:
+            return torch.zeros(0, self.num_codebooks, dtype=torch.long)
+        return self.frames[:self.num_frames]
+
+
+class HiggsAudioTalker(ARModel):
+    tokenizer = None  # emits codec frames, not text
+    supports_prepacked_linears = True  # transformers' layers only call their linears
+
+    def __init__(self, model, tokenizer, chat_template: str, device: torch.device) -> None:
+        config = model.config
+        self.model = model
+        self.text_tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.device = device
+        self.num_layers = config.num_hidden_layers
+        self.kv_dims = kv_dims(config)
+        self.max_position_embeddings = config.max_position_embeddings
+        self.num_codebooks = config.num_codebooks
+        self.codebook_size = config.codebook_size
+        self.stream_bos = config.audio_stream_bos_id
+        self.stream_eos = config.audio_stream_eos_id
+        self.audio_token_id = config.audio_token_id
+        self.delay_token_id = config.audio_delay_token_id
+        self.eos_token_ids = (config.eos_token_id,)
+        self.code_sampler = Sampler(device)
+
+    @classmethod
+    def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> HiggsAudioTalker:
+        from transformers import AutoTokenizer, HiggsAudioV2ForConditionalGeneration
+
+        model = HiggsAudioV2ForConditionalGeneration.from_pretrained(model_path, dtype=dtype,
+                                                                     attn_implementation="sdpa")
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
+        # The processor's template (chat_template.jinja): the processor itself cannot be built
+        # without torchaudio, which its audio tokenizer imports.
+        template_file = Path(model_path) / "chat_template.jinja"
+        template = template_file.read_text() if template_file.is_file() else tokenizer.chat_template
+        if not template:
+            raise ValueError(f"{model_path}: no chat template (chat_template.jinja)")
+        return cls(model.to(device).eval(), tokenizer, template, device)
+
+    @property
+    def vocab_size(self) -> int | None:
+        return self.model.config.vocab_size
+
+    # --- prompt -------------------------------------------------------------------------------
+
+    def build_prompt(self, inputs: Any) -> PromptInputs:
+        prompt = parse_prompt(inputs)
+        text = self.text_tokenizer.apply_chat_template(prompt.conversation(), chat_template=self.chat_template,
+                                                       tokenize=False, add_generation_prompt=True)
+        ids = self.text_tokenizer(text, add_special_tokens=False)["input_ids"]
+        return PromptInputs(list(ids), TalkerState(self.num_codebooks))
+
+    # --- forward --------------------------------------------------------------------------------
+
+    def forward(self, batch: ModelInput, cache) -> ModelOutput:
+        states: list[TalkerState] = [s.model_state for s in batch.seqs]
+        inputs = {"input_ids": batch.input_ids} if batch.is_prefill else \
+            {"audio_input_ids": torch.stack([st.last_row for st in states])[:, None]}
+        out = self.model.model(**inputs, position_ids=batch.positions, attention_mask=sdpa_mask(batch), cache=cache,
+                               use_cache=True)
+        hidden = out.last_hidden_state
+        if batch.is_prefill:
+            last = hidden[torch.arange(hidden.shape[0], device=hidden.device), batch.last_indices]
+        else:
+            last = hidden[:, -1]
+        logits = self.model.audio_lm_head(last).float().view(len(states), self.num_codebooks, self.codebook_size)
+        self._delay_mask(logits, states)
+        return HiggsOutput(logits=logits[:, 0], code_logits=logits)
+
+    def _delay_mask(self, logits: torch.Tensor, states: list[TalkerState]) -> None:
+        """In place: only stream-BOS for codebooks c >= step (the delayed start), only stream-EOS
+        for codebooks c < num_delay (the delayed end)."""
+        n = self.num_codebooks
+        for i, st in enumerate(states):
+            if st.num_steps < n:
+                forced = logits[i, st.num_steps:, self.stream_bos].clone()
+                logits[i, st.num_steps:] = -float("inf")
+                logits[i, st.num_steps:, self.stream_bos] = forced
+            if st.num_delay:
+                d = min(st.num_delay, n)
+                forced = logits[i, :d, self.stream_eos].clone()
+                logits[i, :d] = -float("inf")
+                logits[i, :d, self.stream_eos] = forced
+
+    # --- the other codebooks, the text token, the frames --------------------------------------------
+
+    def on_sampled(self, batch: ModelInput, output: HiggsOutput, token_ids: torch.Tensor) -> list[dict]:
+        b, n, c = output.code_logits.shape
+        rows = [self._code_row(seq) for seq in batch.seqs for _ in range(n - 1)]
+        rest = self.code_sampler(output.code_logits[:, 1:].reshape(b * (n - 1), c), rows).view(b, n - 1)
+        sampled = torch.cat([token_ids[:, None], rest], dim=1)
+        sampled_cpu = sampled.cpu()
+        extras = []
+        for i, seq in enumerate(batch.seqs):
+            st: TalkerState = seq.model_state
+            row = sampled_cpu[i]
+            is_eos = row == self.stream_eos
+            text = self.audio_token_id
+            if bool(is_eos.any()) or st.last_text == self.delay_token_id:
+                text = self.delay_token_id
+            if bool(is_eos.all()):
+                text = self.eos_token_ids[0]
+            num_new = self._add_row(st, row) if text != self.eos_token_ids[0] else 0
+            st.num_steps += 1
+            st.num_delay += text == self.delay_token_id
+            st.last_text = text
+            st.last_row = sampled[i]
+            token_ids[i] = text  # the engine's stop rule sees this model's EOS id
+            extras.append({"audio_codes": st.codes(), "num_new_frames": num_new})
+        return extras
+
+    def _add_row(self, st: TalkerState, row: torch.Tensor) -> int:
+        """Keep a delayed row; returns 1 when it completes an undelayed frame."""
+        n = self.num_codebooks
+        if bool((row == self.stream_bos).all()) and not st.num_frames:
+            st.rows.clear()  # the audio starts after the last all-BOS row (the processor's batch_decode)
+            return 0
+        st.rows.append(row)
+        if len(st.rows) < n:
+            return 0
+        frame = torch.stack([st.rows[k][k] for k in range(n)])  # the diagonal: codebook k is k rows late
+        st.rows.pop(0)
+        st.add_frame(frame.clamp(0, self.stream_bos - 1))
+        return 1
+
+    def _code_row(self, seq) -> _CodeRow:
+        st: TalkerState = seq.model_state
+        if st.code_row is None:
+            params = dataclasses.replace(seq.params, repetition_penalty=1.0, min_tokens=0, stop_token_ids=[])
+            st.code_row = _CodeRow(seq.request_id, params)
+        return st.code_row
+
+    def release(self, seq) -> None:
+        self.code_sampler.release(seq.request_id)
+
+    def close(self) -> None:
+        self.model = self.text_tokenizer = None

@@ -1,0 +1,98 @@
+"""Higgs-Audio v2 on the tiny zoo checkpoint: parity with transformers' own `generate` and
+processor decoding (codes and waveform, greedy), alone and with two requests batched; prompts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from omnistage import Omni
+from omnistage.ar import SamplingParams
+from omnistage.ar.engine import AREngine
+from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.core.types import StageRequest
+from omnistage.models.higgs_audio import HIGGS_AUDIO
+from omnistage.models.higgs_audio.prompt import parse_prompt
+
+TEXT = "The sun rises in the east."
+SCENED = {"prompt": "Hello world! How are you today?", "instructions": "Audio is recorded in a busy street."}
+# 24 rows: the all-BOS row, then 23 delayed rows -> 20 frames (TEXT runs to max_tokens; SCENED ends
+# its stream earlier, so both ways of stopping are compared).
+NUM_ROWS = 24
+GREEDY = SamplingParams(temperature=0, max_tokens=NUM_ROWS)
+
+
+@pytest.fixture(scope="module")
+def higgs(zoo):
+    return str(zoo("higgs-audio-v2"))
+
+
+@pytest.fixture(scope="module")
+def reference(higgs):
+    from higgs_audio_reference import HiggsReference
+
+    ref = HiggsReference(higgs)
+    results = []
+    for prompt in (TEXT, SCENED):  # one at a time: each request's own greedy run
+        codes, [wav] = ref.generate([parse_prompt(prompt).conversation()], NUM_ROWS)
+        results.append((ref.frames(codes[0]), wav))
+    return results
+
+
+@pytest.fixture(scope="module")
+def omni(higgs):
+    with Omni(higgs, stage_overrides={"*": {"max_num_seqs": 4}}) as omni:
+        yield omni
+
+
+def _talker_codes(path: str, prompts: list) -> tuple[list[torch.Tensor], int]:
+    """Each prompt's frames from the talker's AR engine alone, run as one batch; and the largest batch."""
+    engine = AREngine(path, HIGGS_AUDIO.stages[0], StageDeployConfig(max_num_seqs=len(prompts)))
+    for i, prompt in enumerate(prompts):
+        engine.add_request(StageRequest(str(i), prompt, GREEDY))
+    codes, largest = {}, 0
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        largest = max(largest, len(outputs))
+        for out in outputs:
+            if out.finished:
+                codes[out.request_id] = out.payload.extras["audio_codes"]
+    engine.close()
+    return [codes[str(i)] for i in range(len(prompts))], largest
+
+
+def test_codes_and_waveform_match_transformers(higgs, reference, omni):
+    (ref_codes, ref_wav), (ref_codes2, ref_wav2) = reference
+    assert ref_codes.shape == (NUM_ROWS - 1 - 3, 4) and len(set(ref_codes[:, 0].tolist())) > 5  # varied codes
+    assert ref_codes2.shape == (18, 4)  # this one ends its stream: an all-EOS row after 22 rows
+
+    [alone], _ = _talker_codes(higgs, [TEXT])
+    assert torch.equal(alone, ref_codes)
+    batched, largest = _talker_codes(higgs, [TEXT, SCENED])
+    assert largest == 2  # both in every step (the prompts differ in length)
+    assert torch.equal(batched[0], ref_codes) and torch.equal(batched[1], ref_codes2)
+    assert not torch.equal(ref_codes, ref_codes2)  # the scene and text change the speech
+
+    # The codec decodes the streamed chunks (2 frames, then 8) with left context and a
+    # lookahead: the reference's one-shot decode.
+    outputs = omni.generate([TEXT, SCENED], {"talker": GREEDY}, use_tqdm=False)
+    for out, wav in zip(outputs, (ref_wav, ref_wav2)):
+        assert out.sample_rate == 24000 and out.audio.dtype == np.float32
+        assert out.audio.shape == wav.shape
+        np.testing.assert_allclose(out.audio, wav, atol=1e-4 * np.abs(wav).max())
+
+
+@pytest.mark.parametrize("prompt, param", [
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": "hi", "instructions": " "}, "instructions"),
+    ({"prompt": "hi", "ref_audio": np.zeros(10, np.float32), "ref_sample_rate": 24000}, "ref_audio"),
+    ({"prompt": "hi", "speed": 2}, "speed"),
+    (["hi"], "prompt"),
+])
+def test_bad_prompts_name_the_key(prompt, param):
+    from omnistage.core.errors import RequestError
+
+    with pytest.raises(RequestError) as info:
+        parse_prompt(prompt)
+    assert info.value.param == param
