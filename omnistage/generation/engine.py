@@ -19,7 +19,9 @@ Requests (`StageRequest.inputs`), three ways:
    Parts of one stream must be added in order.
 
 Any of these may also carry `"options"`: decoder-specific settings of the stream (e.g. a
-voice), taken from its first request and handed to `Decoder.open_stream(options)`.
+voice), taken from its first request and handed to `Decoder.open_stream(options)`. When a
+stream's last request finishes, `Decoder.flush` gives the audio a decoder held back (a
+non-causal codec's lookahead), which ends that request's audio.
 
 `params` is unused (None). Abort drops the request (and its stream) without an output.
 The engine is driven by one caller; calls are not meant to be concurrent.

@@ -2,7 +2,7 @@
 
 The decoder (codec_model.py) is a DAC decoder: its convolutions are not causal, so an
 output frame's samples depend on `context` frames on both sides (its receptive field,
-computed from the convolution stack: 11 frames for the released tokenizer). A stream
+computed from the convolution stack: 12 frames for the released tokenizer). A stream
 therefore decodes each window with `context` frames already voiced on the left, and holds
 back its last `context` frames (the lookahead) until more frames, or the end of the
 stream (`flush`), arrive. Each voiced frame so sees all the frames a one-shot decode lets
