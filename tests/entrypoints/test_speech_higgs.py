@@ -1,5 +1,6 @@
 """Speech route over the real Higgs-Audio v2 pipeline (tiny zoo checkpoint), in process: the
-audio, the scene description (`instructions`), streaming, and 400s naming the field."""
+audio, the scene description (`instructions`), streaming, an inline cloned voice, and 400s
+naming the field."""
 
 from __future__ import annotations
 
@@ -54,9 +55,21 @@ def test_speech_streams_and_follows_the_scene(http):
     assert street.status_code == 200 and street.content != audio.tobytes()
 
 
+def test_inline_reference_audio_clones_a_voice(http):
+    t = np.arange(16000) / 16000
+    buf = io.BytesIO()
+    sf.write(buf, 0.3 * np.sin(2 * np.pi * 220 * t), 16000, format="WAV")
+    cloned = _speech(http, response_format="pcm", ref_audio=base64.b64encode(buf.getvalue()).decode(),
+                     ref_text="This is my voice.")
+    assert cloned.status_code == 200, cloned.text
+    assert 0 < len(cloned.content) and cloned.content != _speech(http, response_format="pcm").content
+
+
 @pytest.mark.parametrize("body, param", [
     ({"instructions": " "}, "instructions"),
     ({"ref_audio": base64.b64encode(b"RIFF").decode(), "ref_text": "hi"}, "ref_audio"),
+    ({"ref_text": "hi"}, "ref_text"),
+    ({"task_type": "Base"}, "task_type"),
 ])
 def test_unsupported_or_bad_fields_are_400s_naming_them(http, body, param):
     resp = _speech(http, **body)

@@ -1,5 +1,6 @@
 """Higgs-Audio v2 on the tiny zoo checkpoint: parity with transformers' own `generate` and
-processor decoding (codes and waveform, greedy), alone and with two requests batched; prompts."""
+processor decoding (codes and waveform, greedy), alone and batched, with a scene and with a
+cloned voice; prompts."""
 
 from __future__ import annotations
 
@@ -12,11 +13,16 @@ from omnistage.ar import SamplingParams
 from omnistage.ar.engine import AREngine
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.core.types import StageRequest
+from omnistage.media.audio import resample
 from omnistage.models.higgs_audio import HIGGS_AUDIO
 from omnistage.models.higgs_audio.prompt import parse_prompt
 
 TEXT = "The sun rises in the east."
 SCENED = {"prompt": "Hello world! How are you today?", "instructions": "Audio is recorded in a busy street."}
+# At 16 kHz: the talker resamples it to the tokenizer's 24 kHz (the reference is given it at 24 kHz).
+_t = np.arange(16000) / 16000
+CLIP = (0.3 * np.sin(2 * np.pi * 220 * _t) + 0.05 * np.random.RandomState(0).randn(_t.size)).astype(np.float32)
+CLONED = {"prompt": TEXT, "ref_audio": CLIP, "ref_sample_rate": 16000, "ref_text": "This is my voice."}
 # 24 rows: the all-BOS row, then 23 delayed rows -> 20 frames (TEXT runs to max_tokens; SCENED ends
 # its stream earlier, so both ways of stopping are compared).
 NUM_ROWS = 24
@@ -34,8 +40,9 @@ def reference(higgs):
 
     ref = HiggsReference(higgs)
     results = []
-    for prompt in (TEXT, SCENED):  # one at a time: each request's own greedy run
-        codes, [wav] = ref.generate([parse_prompt(prompt).conversation()], NUM_ROWS)
+    for prompt in (TEXT, SCENED, CLONED):  # one at a time: each request's own greedy run
+        clips = [resample(CLIP, 16000, 24000)] if prompt is CLONED else None
+        codes, [wav] = ref.generate([parse_prompt(prompt).conversation()], NUM_ROWS, clips)
         results.append((ref.frames(codes[0]), wav))
     return results
 
@@ -63,21 +70,22 @@ def _talker_codes(path: str, prompts: list) -> tuple[list[torch.Tensor], int]:
 
 
 def test_codes_and_waveform_match_transformers(higgs, reference, omni):
-    (ref_codes, ref_wav), (ref_codes2, ref_wav2) = reference
-    assert ref_codes.shape == (NUM_ROWS - 1 - 3, 4) and len(set(ref_codes[:, 0].tolist())) > 5  # varied codes
-    assert ref_codes2.shape == (18, 4)  # this one ends its stream: an all-EOS row after 22 rows
+    ref_codes = [codes for codes, _ in reference]
+    assert ref_codes[0].shape == (NUM_ROWS - 1 - 3, 4) and len(set(ref_codes[0][:, 0].tolist())) > 5  # varied
+    assert ref_codes[1].shape == (18, 4)  # this one ends its stream: an all-EOS row after 22 rows
+    assert not torch.equal(ref_codes[0], ref_codes[1]) and not torch.equal(ref_codes[0], ref_codes[2])
 
     [alone], _ = _talker_codes(higgs, [TEXT])
-    assert torch.equal(alone, ref_codes)
-    batched, largest = _talker_codes(higgs, [TEXT, SCENED])
-    assert largest == 2  # both in every step (the prompts differ in length)
-    assert torch.equal(batched[0], ref_codes) and torch.equal(batched[1], ref_codes2)
-    assert not torch.equal(ref_codes, ref_codes2)  # the scene and text change the speech
+    assert torch.equal(alone, ref_codes[0])
+    batched, largest = _talker_codes(higgs, [TEXT, SCENED, CLONED])
+    assert largest == 3  # all in every step (the prompts differ in length)
+    for ours, ref in zip(batched, ref_codes):
+        assert torch.equal(ours, ref)
 
     # The codec decodes the streamed chunks (2 frames, then 8) with left context and a
     # lookahead: the reference's one-shot decode.
-    outputs = omni.generate([TEXT, SCENED], {"talker": GREEDY}, use_tqdm=False)
-    for out, wav in zip(outputs, (ref_wav, ref_wav2)):
+    outputs = omni.generate([TEXT, SCENED, CLONED], {"talker": GREEDY}, use_tqdm=False)
+    for out, (_, wav) in zip(outputs, reference):
         assert out.sample_rate == 24000 and out.audio.dtype == np.float32
         assert out.audio.shape == wav.shape
         np.testing.assert_allclose(out.audio, wav, atol=1e-4 * np.abs(wav).max())
@@ -86,7 +94,9 @@ def test_codes_and_waveform_match_transformers(higgs, reference, omni):
 @pytest.mark.parametrize("prompt, param", [
     ({"prompt": ""}, "prompt"),
     ({"prompt": "hi", "instructions": " "}, "instructions"),
-    ({"prompt": "hi", "ref_audio": np.zeros(10, np.float32), "ref_sample_rate": 24000}, "ref_audio"),
+    ({"prompt": "hi", "ref_audio": np.zeros((2, 10), np.float32), "ref_sample_rate": 24000}, "ref_audio"),
+    ({"prompt": "hi", "ref_audio": np.zeros(10, np.float32)}, "ref_sample_rate"),
+    ({"prompt": "hi", "ref_text": "words"}, "ref_text"),
     ({"prompt": "hi", "speed": 2}, "speed"),
     (["hi"], "prompt"),
 ])

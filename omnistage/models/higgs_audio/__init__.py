@@ -1,6 +1,6 @@
 """Higgs-Audio v2 (Boson AI): text (+ a scene description) -> speech.
 
-    stage 0 "talker" (ar)          text -> codec frames: the DualFFN Llama emits all N
+    stage 0 "talker" (ar)          text (+ a clip to clone) -> codec frames: the DualFFN Llama emits all N
                                    codebooks per step in a delay pattern, undelayed into
                                    frames as they complete (talker.py)
     stage 1 "codec"  (generation)  frames -> 24 kHz audio: the audio tokenizer's DAC decoder,
@@ -34,6 +34,8 @@ HIGGS_AUDIO = PipelineSpec(
     ),
     request_extras={
         "instructions": ExtraSpec(str, help="The scene: how the recording sounds (default: a quiet room)."),
+        "ref_audio": ExtraSpec(object, help="Voice cloning: a mono float clip (with ref_sample_rate, and its "
+                                            "transcript in ref_text)."),
     },
 )
 

@@ -3,7 +3,9 @@
 What `HiggsAudioV2ForConditionalGeneration.generate` does per step, one engine step at a
 time over a continuous batch:
 
-1. forward: the prefill reads the prompt's text ids (text FFNs); a decode step reads the
+1. forward: the prefill reads the prompt's text ids (text FFNs) and a cloned voice's clip as
+   delayed codebook rows (audio FFNs; the audio tokenizer's encoder makes them in
+   `build_prompt`, as the processor does); a decode step reads the
    previous step's N codes as one summed audio embedding (audio FFNs). The audio head gives
    N codebooks' logits at once, masked by the delay pattern (`_delay_mask`, as the
    reference's `HiggsAudioV2DelayPatternLogitsProcessor`). The engine's sampler picks
@@ -38,7 +40,13 @@ from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
 from omnistage.ar.sampler import Sampler
 from omnistage.ar.sampling_params import SamplingParams
+from omnistage.media.audio import resample
+from omnistage.models.higgs_audio.codec import tokenizer_folder
+from omnistage.models.higgs_audio.codec_model import HiggsCodecEncoder
 from omnistage.models.higgs_audio.prompt import parse_prompt
+
+AUDIO_PLACEHOLDER = "<|AUDIO_OUT|>"
+"""The chat template's audio part; the processor expands it to one token per delayed row."""
 
 
 @dataclass
@@ -62,6 +70,8 @@ class _CodeRow:
 @dataclass
 class TalkerState:
     num_codebooks: int
+    prompt_audio: torch.Tensor | None = None
+    """[rows, N] a cloned voice's delayed codes for the prompt's audio placeholders; dropped after prefill."""
     num_steps: int = 0
     """Rows sampled so far (the first is the all-BOS row)."""
     num_delay: int = 0
@@ -95,9 +105,11 @@ class HiggsAudioTalker(ARModel):
     tokenizer = None  # emits codec frames, not text
     supports_prepacked_linears = True  # transformers' layers only call their linears
 
-    def __init__(self, model, tokenizer, chat_template: str, device: torch.device) -> None:
+    def __init__(self, model, tokenizer, chat_template: str, encoder, device: torch.device) -> None:
         config = model.config
         self.model = model
+        self.encoder = encoder
+        """The audio tokenizer's encoder (`HiggsCodecEncoder`): a reference clip -> codes."""
         self.text_tokenizer = tokenizer
         self.chat_template = chat_template
         self.device = device
@@ -126,7 +138,8 @@ class HiggsAudioTalker(ARModel):
         template = template_file.read_text() if template_file.is_file() else tokenizer.chat_template
         if not template:
             raise ValueError(f"{model_path}: no chat template (chat_template.jinja)")
-        return cls(model.to(device).eval(), tokenizer, template, device)
+        encoder = HiggsCodecEncoder.from_pretrained(tokenizer_folder(model_path), device)
+        return cls(model.to(device).eval(), tokenizer, template, encoder, device)
 
     @property
     def vocab_size(self) -> int | None:
@@ -134,19 +147,45 @@ class HiggsAudioTalker(ARModel):
 
     # --- prompt -------------------------------------------------------------------------------
 
+    @torch.inference_mode()
     def build_prompt(self, inputs: Any) -> PromptInputs:
         prompt = parse_prompt(inputs)
         text = self.text_tokenizer.apply_chat_template(prompt.conversation(), chat_template=self.chat_template,
                                                        tokenize=False, add_generation_prompt=True)
+        state = TalkerState(self.num_codebooks)
+        if prompt.ref_audio is not None:
+            state.prompt_audio = self._reference_rows(prompt.ref_audio, prompt.ref_sample_rate)
+            # As the processor: one placeholder per row, the last N-1 of them the delay token.
+            n = self.num_codebooks
+            delay = self.text_tokenizer.convert_ids_to_tokens(self.delay_token_id)
+            text = text.replace(AUDIO_PLACEHOLDER, AUDIO_PLACEHOLDER * (state.prompt_audio.shape[0] - (n - 1))
+                                + delay * (n - 1), 1)
         ids = self.text_tokenizer(text, add_special_tokens=False)["input_ids"]
-        return PromptInputs(list(ids), TalkerState(self.num_codebooks))
+        return PromptInputs(list(ids), state)
+
+    def _reference_rows(self, clip, rate: int) -> torch.Tensor:
+        """A clip -> its codes between a stream BOS and EOS, in the delay pattern: [frames + 2 + N - 1, N]
+        (the processor's `build_delay_pattern`: codebook c starts c rows late, padded with BOS before
+        and EOS after)."""
+        audio = resample(clip, rate, self.encoder.config.sample_rate)
+        codes = self.encoder(torch.from_numpy(audio)[None, None].to(self.device))[0]  # [N, frames]
+        n, length = codes.shape[0], codes.shape[1] + 2
+        stream = torch.cat([codes.new_full((n, 1), self.stream_bos), codes, codes.new_full((n, 1), self.stream_eos)],
+                           dim=1)
+        rows = codes.new_full((n, length + n - 1), self.stream_eos)
+        for c in range(n):
+            rows[c, :c] = self.stream_bos
+            rows[c, c:c + length] = stream[c]
+        return rows.T.contiguous()
 
     # --- forward --------------------------------------------------------------------------------
 
     def forward(self, batch: ModelInput, cache) -> ModelOutput:
         states: list[TalkerState] = [s.model_state for s in batch.seqs]
-        inputs = {"input_ids": batch.input_ids} if batch.is_prefill else \
-            {"audio_input_ids": torch.stack([st.last_row for st in states])[:, None]}
+        if batch.is_prefill:
+            inputs = {"input_ids": batch.input_ids, **self._prompt_audio(states)}
+        else:
+            inputs = {"audio_input_ids": torch.stack([st.last_row for st in states])[:, None]}
         out = self.model.model(**inputs, position_ids=batch.positions, attention_mask=sdpa_mask(batch), cache=cache,
                                use_cache=True)
         hidden = out.last_hidden_state
@@ -157,6 +196,23 @@ class HiggsAudioTalker(ARModel):
         logits = self.model.audio_lm_head(last).float().view(len(states), self.num_codebooks, self.codebook_size)
         self._delay_mask(logits, states)
         return HiggsOutput(logits=logits[:, 0], code_logits=logits)
+
+    def _prompt_audio(self, states: list[TalkerState]) -> dict:
+        """Cloned voices' rows for the prefill's audio placeholders: `audio_input_ids` [B, rows, N]
+        (padded) with `audio_input_ids_mask` [B, rows], as the processor's batch."""
+        rows = [st.prompt_audio for st in states]
+        for st in states:
+            st.prompt_audio = None
+        if all(r is None for r in rows):
+            return {}
+        longest = max(r.shape[0] for r in rows if r is not None)
+        ids = torch.full((len(rows), longest, self.num_codebooks), self.stream_eos, dtype=torch.long,
+                         device=self.device)
+        mask = torch.zeros(len(rows), longest, dtype=torch.bool, device=self.device)
+        for i, r in enumerate(rows):
+            if r is not None:
+                ids[i, :r.shape[0]], mask[i, :r.shape[0]] = r, True
+        return {"audio_input_ids": ids, "audio_input_ids_mask": mask}
 
     def _delay_mask(self, logits: torch.Tensor, states: list[TalkerState]) -> None:
         """In place: only stream-BOS for codebooks c >= step (the delayed start), only stream-EOS
@@ -225,4 +281,4 @@ class HiggsAudioTalker(ARModel):
         self.code_sampler.release(seq.request_id)
 
     def close(self) -> None:
-        self.model = self.text_tokenizer = None
+        self.model = self.text_tokenizer = self.encoder = None
