@@ -91,6 +91,35 @@ def test_codes_and_waveform_match_transformers(higgs, reference, omni):
         np.testing.assert_allclose(out.audio, wav, atol=1e-4 * np.abs(wav).max())
 
 
+def test_repetition_aware_sampling_matches_transformers(higgs, reference, tmp_path):
+    """A checkpoint whose generation config asks for repetition-aware sampling (the released one
+    does: window 7, at most 2 repeats): repeated codes are redrawn from torch's global generator,
+    in the reference's order, so with the same seed the codes are the reference's."""
+    import json
+    import shutil
+
+    from higgs_audio_reference import HiggsReference
+
+    path = tmp_path / "ras"
+    shutil.copytree(higgs, path)
+    config = json.loads((path / "generation_config.json").read_text())
+    (path / "generation_config.json").write_text(json.dumps({**config, "ras_win_len": 7,
+                                                             "ras_win_max_num_repeat": 2}))
+    ref = HiggsReference(str(path))
+    torch.manual_seed(0)
+    codes, _ = ref.generate([parse_prompt(TEXT).conversation()], NUM_ROWS)
+    expected = ref.frames(codes[0])
+    engine = AREngine(str(path), HIGGS_AUDIO.stages[0], StageDeployConfig(max_num_seqs=1))
+    engine.add_request(StageRequest("r", TEXT, GREEDY))
+    torch.manual_seed(0)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            ours = out.payload.extras["audio_codes"]
+    engine.close()
+    assert torch.equal(ours, expected)
+    assert not torch.equal(ours, reference[0][0])  # some codes were redrawn
+
+
 @pytest.mark.parametrize("prompt, param", [
     ({"prompt": ""}, "prompt"),
     ({"prompt": "hi", "instructions": " "}, "instructions"),

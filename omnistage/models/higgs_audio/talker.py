@@ -21,10 +21,15 @@ codebook c < d is forced to EOS at the d-th step after it. Undelayed frame j is 
 diagonal `rows[j + c, c]`, complete once row j + N - 1 exists, so frames stream out one
 per step after the first N rows. They go out in `TextPayload.extras["audio_codes"]`
 ([frames, N], CPU long, clipped to the codec's range as the processor's `batch_decode`)
-with `extras["num_new_frames"]` (0 or 1), as CSM's talker.
+with `extras["num_new_frames"]` (0 or 1), as CSM's talker. (An all-BOS row before the first
+frame restarts the audio, as `batch_decode` starts after the last one; after frames have
+streamed out it is kept, clipped, where `batch_decode` would drop what came before it.)
 
-Not done: the reference's repetition-aware resampling (`ras_win_len` in a checkpoint's
-generation config), which redraws repeated codes at random even for greedy requests.
+Repetition-aware sampling (the checkpoint's generation config `ras_win_len` and
+`ras_win_max_num_repeat`, as the reference's `_sample`): a code already sampled that many
+times in its codebook over the last `ras_win_len` rows (the clip's included; stream BOS/EOS
+not counted) is redrawn from the unmasked, untempered softmax, with torch's global generator
+in one draw per step as the reference, so even greedy requests vary from run to run.
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ AUDIO_PLACEHOLDER = "<|AUDIO_OUT|>"
 class HiggsOutput(ModelOutput):
     code_logits: torch.Tensor | None = None
     """[B, N, C] every codebook's masked logits (codebook 0's are also `logits`)."""
+    raw_logits: torch.Tensor | None = None
+    """[B, N, C] the logits before the delay mask, when repetition-aware sampling is on."""
 
 
 @dataclass
@@ -73,6 +80,8 @@ class TalkerState:
     prompt_audio: torch.Tensor | None = None
     """[rows, N] a cloned voice's delayed codes for the prompt's audio placeholders; dropped after prefill."""
     num_steps: int = 0
+    window: list[torch.Tensor] = field(default_factory=list)
+    """The last `ras_win_len` rows [N] fed to the model (the clip's, then the sampled ones), for RAS."""
     """Rows sampled so far (the first is the all-BOS row)."""
     num_delay: int = 0
     """Text tokens so far that were the delay token (codebooks c < num_delay are forced to EOS)."""
@@ -124,6 +133,9 @@ class HiggsAudioTalker(ARModel):
         self.delay_token_id = config.audio_delay_token_id
         self.eos_token_ids = (config.eos_token_id,)
         self.code_sampler = Sampler(device)
+        generation = model.generation_config
+        self.ras_window = getattr(generation, "ras_win_len", None) or 0
+        self.ras_max_repeat = getattr(generation, "ras_win_max_num_repeat", None) or 0
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> HiggsAudioTalker:
@@ -155,6 +167,7 @@ class HiggsAudioTalker(ARModel):
         state = TalkerState(self.num_codebooks)
         if prompt.ref_audio is not None:
             state.prompt_audio = self._reference_rows(prompt.ref_audio, prompt.ref_sample_rate)
+            state.window = list(state.prompt_audio.cpu()[-self.ras_window:]) if self.ras_window else []
             # As the processor: one placeholder per row, the last N-1 of them the delay token.
             n = self.num_codebooks
             delay = self.text_tokenizer.convert_ids_to_tokens(self.delay_token_id)
@@ -194,8 +207,9 @@ class HiggsAudioTalker(ARModel):
         else:
             last = hidden[:, -1]
         logits = self.model.audio_lm_head(last).float().view(len(states), self.num_codebooks, self.codebook_size)
+        raw = logits.clone() if self.ras_window else None
         self._delay_mask(logits, states)
-        return HiggsOutput(logits=logits[:, 0], code_logits=logits)
+        return HiggsOutput(logits=logits[:, 0], code_logits=logits, raw_logits=raw)
 
     def _prompt_audio(self, states: list[TalkerState]) -> dict:
         """Cloned voices' rows for the prefill's audio placeholders: `audio_input_ids` [B, rows, N]
@@ -236,6 +250,8 @@ class HiggsAudioTalker(ARModel):
         rows = [self._code_row(seq) for seq in batch.seqs for _ in range(n - 1)]
         rest = self.code_sampler(output.code_logits[:, 1:].reshape(b * (n - 1), c), rows).view(b, n - 1)
         sampled = torch.cat([token_ids[:, None], rest], dim=1)
+        if self.ras_window and self.ras_max_repeat:
+            self._resample_repeats(batch.seqs, output.raw_logits, sampled)
         sampled_cpu = sampled.cpu()
         extras = []
         for i, seq in enumerate(batch.seqs):
@@ -252,9 +268,25 @@ class HiggsAudioTalker(ARModel):
             st.num_delay += text == self.delay_token_id
             st.last_text = text
             st.last_row = sampled[i]
+            if self.ras_window:
+                st.window = (st.window + [row])[-self.ras_window:]
             token_ids[i] = text  # the engine's stop rule sees this model's EOS id
             extras.append({"audio_codes": st.codes(), "num_new_frames": num_new})
         return extras
+
+    def _resample_repeats(self, seqs: list, raw_logits: torch.Tensor, sampled: torch.Tensor) -> None:
+        """In place on `sampled` [B, N]: redraw each code repeated `ras_max_repeat` times in its codebook's window."""
+        replace = torch.zeros(sampled.shape, dtype=torch.bool)
+        codes = sampled.cpu()
+        for i, seq in enumerate(seqs):
+            st: TalkerState = seq.model_state
+            if st.window:
+                window = torch.stack(st.window)
+                counted = (window != self.stream_bos) & (window != self.stream_eos)
+                replace[i] = ((window == codes[i]) & counted).sum(dim=0) >= self.ras_max_repeat
+        if replace.any():
+            mask = replace.to(sampled.device)
+            sampled[mask] = raw_logits[mask].softmax(dim=-1).multinomial(1, replacement=True).view(-1)
 
     def _add_row(self, st: TalkerState, row: torch.Tensor) -> int:
         """Keep a delayed row; returns 1 when it completes an undelayed frame."""
