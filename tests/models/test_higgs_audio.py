@@ -53,9 +53,8 @@ def omni(higgs):
         yield omni
 
 
-def _talker_codes(path: str, prompts: list) -> tuple[list[torch.Tensor], int]:
+def _talker_codes(engine: AREngine, prompts: list) -> tuple[list[torch.Tensor], int]:
     """Each prompt's frames from the talker's AR engine alone, run as one batch; and the largest batch."""
-    engine = AREngine(path, HIGGS_AUDIO.stages[0], StageDeployConfig(max_num_seqs=len(prompts)))
     for i, prompt in enumerate(prompts):
         engine.add_request(StageRequest(str(i), prompt, GREEDY))
     codes, largest = {}, 0
@@ -65,7 +64,6 @@ def _talker_codes(path: str, prompts: list) -> tuple[list[torch.Tensor], int]:
         for out in outputs:
             if out.finished:
                 codes[out.request_id] = out.payload.extras["audio_codes"]
-    engine.close()
     return [codes[str(i)] for i in range(len(prompts))], largest
 
 
@@ -75,9 +73,11 @@ def test_codes_and_waveform_match_transformers(higgs, reference, omni):
     assert ref_codes[1].shape == (18, 4)  # this one ends its stream: an all-EOS row after 22 rows
     assert not torch.equal(ref_codes[0], ref_codes[1]) and not torch.equal(ref_codes[0], ref_codes[2])
 
-    [alone], _ = _talker_codes(higgs, [TEXT])
+    engine = AREngine(higgs, HIGGS_AUDIO.stages[0], StageDeployConfig(max_num_seqs=3))
+    [alone], _ = _talker_codes(engine, [TEXT])
     assert torch.equal(alone, ref_codes[0])
-    batched, largest = _talker_codes(higgs, [TEXT, SCENED, CLONED])
+    batched, largest = _talker_codes(engine, [TEXT, SCENED, CLONED])
+    engine.close()
     assert largest == 3  # all in every step (the prompts differ in length)
     for ours, ref in zip(batched, ref_codes):
         assert torch.equal(ours, ref)
