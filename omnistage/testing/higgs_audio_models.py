@@ -11,7 +11,10 @@ transformers cannot build `HiggsAudioV2TokenizerModel` without torchaudio, so it
 written from their parts: the decoding half through omnistage's `HiggsCodecDecoder` (the
 tokenizer's own names), the DAC encoder and HuBERT through transformers, and the small
 semantic convolution stacks by their shapes. transformers' class loads the file with no
-missing or unexpected key.
+missing or unexpected key. `processor_config.json` names the tokenizer by the relative path
+"audio_tokenizer" (the zoo folder is built elsewhere and moved into place): omnistage resolves
+it from the model folder; transformers' `HiggsAudioV2Processor.from_pretrained` resolves it
+from the working directory (or takes `audio_tokenizer=`).
 """
 
 from __future__ import annotations

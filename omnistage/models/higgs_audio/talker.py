@@ -110,6 +110,20 @@ class TalkerState:
         return self.frames[:self.num_frames]
 
 
+def processor_chat_template(folder: Path) -> str | None:
+    """Where transformers saves a processor's template: chat_template.jinja, or in the processor's json."""
+    import json
+
+    if (folder / "chat_template.jinja").is_file():
+        return (folder / "chat_template.jinja").read_text()
+    for name in ("chat_template.json", "processor_config.json"):
+        if (folder / name).is_file():
+            template = json.loads((folder / name).read_text()).get("chat_template")
+            if template:
+                return template
+    return None
+
+
 class HiggsAudioTalker(ARModel):
     tokenizer = None  # emits codec frames, not text
     supports_prepacked_linears = True  # transformers' layers only call their linears
@@ -144,12 +158,12 @@ class HiggsAudioTalker(ARModel):
         model = HiggsAudioV2ForConditionalGeneration.from_pretrained(model_path, dtype=dtype,
                                                                      attn_implementation="sdpa")
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        # The processor's template (chat_template.jinja): the processor itself cannot be built
-        # without torchaudio, which its audio tokenizer imports.
-        template_file = Path(model_path) / "chat_template.jinja"
-        template = template_file.read_text() if template_file.is_file() else tokenizer.chat_template
+        # The processor's template: the processor itself cannot be built without torchaudio,
+        # which its audio tokenizer imports.
+        template = processor_chat_template(Path(model_path))
         if not template:
-            raise ValueError(f"{model_path}: no chat template (chat_template.jinja)")
+            raise ValueError(f"{model_path}: no processor chat template (chat_template.jinja, or "
+                             "processor_config.json's chat_template)")
         encoder = HiggsCodecEncoder.from_pretrained(tokenizer_folder(model_path), device)
         return cls(model.to(device).eval(), tokenizer, template, encoder, device)
 
