@@ -49,7 +49,15 @@ def reference(higgs):
 
 @pytest.fixture(scope="module")
 def omni(higgs):
-    with Omni(higgs, stage_overrides={"*": {"max_num_seqs": 4}}) as omni:
+    """Both stages with every linear layer prepacked for oneDNN (ar/cpu_linear.py; the zoo's are all
+    below the size where that pays), so the waveform parity covers the packed layers too."""
+    from packed_linears import assert_every_stage_packed, pack_every_linear
+
+    with pytest.MonkeyPatch.context() as mp:
+        pack_every_linear(mp)
+        omni = Omni(higgs, stage_overrides={"*": {"max_num_seqs": 4}})
+    with omni:
+        assert_every_stage_packed(omni)
         yield omni
 
 
