@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from omnistage.bench.playback import Playback
+from omnistage.core.playback import Playback
 
 
 @dataclass
@@ -119,14 +119,14 @@ async def tts(client: httpx.AsyncClient, row: dict, opt: TaskOptions) -> Request
             await resp.aread()
             return RequestResult(False, time.perf_counter() - t0, error=_error(resp))
         rate = int(resp.headers.get("x-sample-rate", "24000"))
-        player = Playback(bytes_per_second=2 * rate)  # 16-bit mono pcm
+        player = Playback()
         async for chunk in resp.aiter_bytes():
             if not chunk:
                 continue
             now = time.perf_counter()
             if ttfp is None:
                 ttfp = now - t0
-            player.receive(len(chunk), now)
+            player.receive(len(chunk) / 2 / rate, now)  # 16-bit mono pcm
             num_bytes += len(chunk)
     return RequestResult(True, time.perf_counter() - t0, ttfp=ttfp, audio_seconds=num_bytes / 2 / rate,
                          underruns=player.underruns)

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from omnistage.bench.datasets import file_prompts, random_prompts
-from omnistage.bench.playback import Playback
+from omnistage.core.playback import Playback
 from omnistage.bench.report import format_table, summarize, write_plots
 from omnistage.bench.runner import BenchConfig, run_benchmark
 from omnistage.bench.tasks import TaskOptions
@@ -93,12 +93,13 @@ def test_tts_counts_the_stalls_of_a_player_that_plays_each_stream_in_real_time(f
 
 
 def test_the_player_stalls_only_when_the_audio_it_has_ran_out():
-    player = Playback(bytes_per_second=100)
-    player.receive(100, now=10.0)  # 1 s of audio: plays until 11
-    player.receive(50, now=10.9)  # in time: until 11.5
-    player.receive(50, now=11.7)  # 0.2 s late
-    player.receive(100, now=11.8)
-    assert player.underruns == pytest.approx([0.2])
+    player = Playback()
+    assert not player.ahead(10.0)
+    assert player.receive(1.0, now=10.0) == 0.0  # plays until 11
+    assert player.receive(0.5, now=10.9) == 0.0 and player.ahead(11.4)  # in time: until 11.5
+    assert player.receive(0.5, now=11.7) == pytest.approx(0.2)  # 0.2 s late
+    player.receive(1.0, now=11.8)
+    assert player.underruns == pytest.approx([0.2]) and not player.ahead(13.3)
 
 
 def test_request_rate_spreads_arrivals(fake_server):
