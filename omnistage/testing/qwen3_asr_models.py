@@ -19,7 +19,7 @@ Obstacles worked around:
 4. With transformers' default init the tied decoder repeats one token; `init_varied_decoder` (with the
    output projections at twice the gain: the audio tokens dominate this short context) makes greedy
    output depend on the context, so token parity discriminates (12 to 23 distinct tokens in 32 greedy
-   steps over `test_clips` and silence, with and without a forced language).
+   steps over `asr_clips` and silence, with and without a forced language).
 5. The encoder's convolutions keep std 0.02 under that init: their output is then so small that the
    sinusoidal positions added after them decide the audio embeddings, and every clip of one length
    transcribes alike. They are redrawn fan-in scaled too, so the transcript depends on the audio.
@@ -129,9 +129,9 @@ register_zoo_model(ZooModel(
 ))
 
 
-def test_clips(seconds: tuple[float, ...] = (1.0, 1.5)) -> list:
+def asr_clips(seconds: tuple[float, ...] = (1.0, 1.5)) -> list:
     """Deterministic 16 kHz float32 clips, one per length, unlike each other: a rising chirp, then
-    bursts of noise, then a falling chirp, and so on (what the ASR tests send)."""
+    bursts of noise, then a falling chirp, and so on (what the ASR tests and benchmark send)."""
     import numpy as np
 
     clips = []
