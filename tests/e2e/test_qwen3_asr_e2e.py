@@ -7,6 +7,7 @@ transformers' is tests/models/test_qwen3_asr.py (one server start is most of thi
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 
@@ -60,6 +61,12 @@ def test_each_format_and_the_stream(server, upload):
     events = list(client.audio.transcriptions.create(model="asr", file=upload, stream=True))
     assert events[-1].type == "transcript.text.done" and events[-1].text == detected
     assert len(events) > 2 and "".join(e.delta for e in events[:-1]) == detected
+
+    # Chat with the audio alone is the same prompt (the template keeps system text and audio only).
+    audio = {"data": base64.b64encode(upload[1]).decode(), "format": "wav"}
+    chat = client.chat.completions.create(model="asr", messages=[
+        {"role": "user", "content": [{"type": "input_audio", "input_audio": audio}]}])
+    assert chat.choices[0].message.content.strip() == detected
 
 
 def test_refusals(server, upload):
