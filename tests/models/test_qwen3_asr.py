@@ -1,8 +1,9 @@
 """Qwen3-ASR on the tiny zoo checkpoint: greedy token ids and text equal transformers'
 `Qwen3ASRForConditionalGeneration.generate` on the prompts its own processor builds
 (`apply_transcription_request`), for one clip (detected language; forced language with a
-context prompt) and for two clips batched in one engine step; and the transcript and language
-read from the text as the processor's `decode(return_format="parsed")` reads them."""
+context prompt) and for two clips batched (with a longer third in the same engine batch); and
+the transcript and language read from the text as the processor's `decode(return_format="parsed")`
+reads them."""
 
 from __future__ import annotations
 
@@ -72,8 +73,10 @@ def test_two_clips_batched_match_batched_generate(omni, reference):
     clips = asr_clips((1.0, 1.0))
     expected = generate(reference, clips)
     assert expected[0] != expected[1]  # the audio decides: rows swapped or mixed would differ
-    outs = transcribe(omni, clips)
-    assert [o.token_ids for o in outs] == expected
+    # A longer third clip in the same engine batch: its prompt is longer, so the others' rows are padded.
+    longer = asr_clips((1.0, 1.0, 2.5))[2]
+    outs = transcribe(omni, [*clips, longer])
+    assert [o.token_ids for o in outs] == [*expected, generate(reference, [longer])[0]]
 
 
 def test_language_table_is_the_processors():
