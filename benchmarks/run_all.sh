@@ -38,6 +38,7 @@ run benchmarks/bench_higgs_audio.py --repeats 2
 run benchmarks/bench_http.py
 run benchmarks/bench_responses.py
 run benchmarks/bench_realtime.py
+run benchmarks/bench_asr.py
 run benchmarks/bench_cache.py
 run benchmarks/bench_memory.py --compile
 run benchmarks/bench_parallel.py --repeats 1
