@@ -7,7 +7,7 @@ therefore decodes each window with `context` frames already voiced on the left, 
 back its last `context` frames (the lookahead) until more frames, or the end of the
 stream (`flush`), arrive. Each voiced frame so sees all the frames a one-shot decode lets
 it see, and chunked audio equals the one-shot decode (up to float rounding), at the cost of
-`context` frames (0.44 s at 25 frames/s) of latency.
+`context` frames (0.48 s at 25 frames/s) of latency.
 """
 
 from __future__ import annotations
