@@ -28,14 +28,20 @@ def _resample(waveform: torch.Tensor, orig_freq: int, new_freq: int, **_) -> tor
 def _audio_tokenizer_class():
     import transformers  # noqa: F401  (its import-time backend checks run before the stand-in exists)
 
+    stand_in = None
     if "torchaudio" not in sys.modules:
         stand_in = types.ModuleType("torchaudio")
         stand_in.__spec__ = importlib.machinery.ModuleSpec("torchaudio", None)
         stand_in.functional = types.ModuleType("torchaudio.functional")
         stand_in.functional.resample = _resample
         sys.modules["torchaudio"] = stand_in
-    from transformers.models.higgs_audio_v2_tokenizer.modeling_higgs_audio_v2_tokenizer import (
-        HiggsAudioV2TokenizerModel)
+    try:
+        from transformers.models.higgs_audio_v2_tokenizer.modeling_higgs_audio_v2_tokenizer import (
+            HiggsAudioV2TokenizerModel)
+    finally:
+        # Only that module keeps it (bound at its import): no later import in this process finds it.
+        if stand_in is not None and sys.modules.get("torchaudio") is stand_in:
+            del sys.modules["torchaudio"]
 
     return HiggsAudioV2TokenizerModel
 
