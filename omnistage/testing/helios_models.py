@@ -52,8 +52,9 @@ def build_helios(out_dir: Path, size: str, seed: int) -> None:
         rope_dim=dims["rope"],
     )
     vae = wan_vae(size)  # after the transformer: the draw order fixes the weights
-    pipe = HeliosPipeline(tokenizer=tokenizer, text_encoder=t5_encoder(tokenizer, d_model=dims["text_hidden"], umt5=True),
-                          vae=vae, scheduler=_scheduler(), transformer=transformer)
+    text_encoder = t5_encoder(tokenizer, d_model=dims["text_hidden"], umt5=True)
+    pipe = HeliosPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=_scheduler(),
+                          transformer=transformer)
     save_pipeline(pipe, out_dir)
 
 

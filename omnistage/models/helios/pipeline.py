@@ -78,8 +78,8 @@ class HeliosT2V(DiffusionPipelineBase):
     extras: ClassVar[dict[str, ExtraSpec]] = {
         "max_sequence_length": ExtraSpec(int, max_from=("tokenizer",), default=512, min=1,
                                          help="UMT5 prompt tokens (embeddings are zero-padded to this length)."),
-        "num_latent_frames_per_chunk": ExtraSpec(int, default=9, min=1, max=64,
-                                                 help="Latent frames per generated chunk (4 frames each after the first)."),
+        "num_latent_frames_per_chunk": ExtraSpec(
+            int, default=9, min=1, max=64, help="Latent frames per generated chunk (4 frames each after the first)."),
     }
     # Plain CFG, one transformer call per branch as in diffusers.
     guidance: ClassVar[Guidance] = Guidance(scale=_guidance_scale, combine=plain_cfg)
@@ -90,14 +90,14 @@ class HeliosT2V(DiffusionPipelineBase):
         from diffusers.video_processor import VideoProcessor
 
         self.video_processor = VideoProcessor(vae_scale_factor=self.vae_scale_factor_spatial)
+        # The history the transformer reads, long to short (diffusers' call default, sorted as it does).
+        self.history_sizes = sorted(_call_default("history_sizes"), reverse=True)
 
     def configure(self, configs: CheckpointConfigs) -> None:
         self.vae_scale_factor_temporal = configs.vae.get("scale_factor_temporal", 4)
         self.vae_scale_factor_spatial = configs.vae.get("scale_factor_spatial", 8)
         self.patch_size = tuple(configs.transformer.get("patch_size", (1, 2, 2)))
         self.scheduler_config = dict(configs.scheduler)
-        # The history the transformer reads, long to short (diffusers' call default, sorted as it does).
-        self.history_sizes = sorted(_call_default("history_sizes"), reverse=True)
 
     # -- 1. check inputs ----------------------------------------------------------------
 
