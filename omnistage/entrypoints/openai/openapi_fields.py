@@ -317,7 +317,10 @@ EXTENSIONS: dict[tuple[str, str], dict[str, tuple[str, str]]] = {
     ("post", "/v1/images/generations"): {"<model extras>": _MODEL_EXTRAS},
     ("post", "/v1/audio/generate"): {"<model extras>": _MODEL_EXTRAS},
     ("post", "/v1/audio/speech"): {"<model extras>": _SPEECH_EXTRAS},
-    ("post", "/v1/audio/speech/batch"): {"<model extras>": _SPEECH_EXTRAS},
+    ("post", "/v1/audio/speech/batch"): {
+        "<speech fields>": ("object", "Any field of `POST /v1/audio/speech` but `input`, `stream` and `stream_format`: "
+                                      "a default every item takes unless it sends its own."),
+        "<model extras>": _SPEECH_EXTRAS},
 }
 
 
