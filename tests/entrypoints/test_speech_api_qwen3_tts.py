@@ -21,7 +21,7 @@ import uvicorn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 from remote_server import free_port  # noqa: E402
 
-FRAMES, SAMPLES_PER_FRAME = 24, 1920  # the deploy's max_tokens here; 12.5 frames/s at 24 kHz
+FRAMES, SAMPLES_PER_FRAME = 16, 1920  # the deploy's max_tokens here; 12.5 frames/s at 24 kHz
 TEXT = "Hello there, how are you?"
 
 
@@ -110,7 +110,7 @@ def test_max_new_tokens_and_model_extras_through_extra_body(server):
     client = _client(url)
     speech = client.audio.speech.create(model="qwen3-tts", voice="ryan", input=TEXT, response_format="pcm",
                                         extra_body={"max_new_tokens": 8, "language": "auto"})
-    assert len(speech.content) == 2 * 8 * SAMPLES_PER_FRAME  # the deploy's default is 24 frames
+    assert len(speech.content) == 2 * 8 * SAMPLES_PER_FRAME  # the deploy's default is 16 frames
     for extra, param in (({"language": "klingon"}, "language"),  # the model itself refuses it
                          ({"non_streaming_mode": "yes"}, "non_streaming_mode"),
                          ({"pitch": 2}, "pitch"), ({"max_new_tokens": 0}, "max_new_tokens")):
