@@ -83,7 +83,8 @@ def test_stream_sends_audio_before_the_talker_ends(server):
     assert data[:4] == b"RIFF" and len(data) == 44 + 2 * FRAMES * SAMPLES_PER_FRAME
     assert first_time < engine.finished[-1].metrics["stages"]["talker"]["finish_time"]
 
-    for bad, param in (({"response_format": "mp3"}, "response_format"), ({"response_format": "pcm", "speed": 1.5}, "speed")):
+    for bad, param in (({"response_format": "mp3"}, "response_format"),
+                       ({"response_format": "pcm", "speed": 1.5}, "speed")):
         resp = httpx.post(f"{url}/v1/audio/speech", json={"input": TEXT, "stream": True, **bad})
         assert resp.status_code == 400 and resp.json()["error"]["param"] == param
 
@@ -122,7 +123,8 @@ def test_max_new_tokens_and_model_extras_through_extra_body(server):
 def test_batch_answers_each_item_with_its_own_status(server):
     url, _, _ = server
     body = {"response_format": "pcm", "max_new_tokens": 4,
-            "items": [{"input": "One."}, {"input": "Two.", "voice": "nobody"}, {"input": "Three.", "max_new_tokens": 6}]}
+            "items": [{"input": "One."}, {"input": "Two.", "voice": "nobody"},
+                      {"input": "Three.", "max_new_tokens": 6}]}
     resp = httpx.post(f"{url}/v1/audio/speech/batch", json=body, timeout=120)
     assert resp.status_code == 200, resp.text
     answer = resp.json()

@@ -132,6 +132,7 @@ def test_batch_items_fail_alone(app_client):
     assert [prompt for prompt, _, _ in engine.requests] == [{"prompt": "one", "voice": "alloy"},
                                                             {"prompt": "three", "voice": "alloy"}]
     for body, param in (({"items": []}, "items"), ({"items": [{"input": "x"}], "speed": 9}, "speed"),
-                        ({"items": [{"input": "x"}], "stream_format": "sse"}, "stream_format")):
+                        ({"items": [{"input": "x"}], "stream_format": "sse"}, "stream_format"),
+                        ({"items": [{"input": "x"}], "pitch": 2}, "pitch")):
         resp = http.post("/v1/audio/speech/batch", json=body)
         assert resp.status_code == 400 and resp.json()["error"]["param"] == param

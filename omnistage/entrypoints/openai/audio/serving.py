@@ -144,18 +144,14 @@ class SpeechServing:
         self.capabilities.require("audio.speech")
         check_model(body.model, self.settings)
         shared = body.model_dump(exclude={"items"}, exclude_none=True)
-        for name in ("stream", "stream_format"):
-            if name in shared:
-                raise bad_request(f"{name}: batch items are answered whole, as base64 audio_data", param=name)
-        validate(SpeechRequest, {**shared, "input": "-"})  # the shared fields' own errors fail the batch
+        _check_whole(shared)
+        # The shared fields' own errors fail the whole batch.
+        self._model_extras(validate(SpeechRequest, {**shared, "input": "-"}))
         request_id = new_request_id("speechbatch")
 
         async def one(index: int, item: dict[str, Any]) -> SpeechBatchResult:
             try:
-                for name in ("stream", "stream_format"):
-                    if name in item:
-                        raise bad_request(f"{name}: batch items are answered whole, as base64 audio_data",
-                                          param=name)
+                _check_whole(item)
                 speech = validate(SpeechRequest, {**shared, **item})
                 stream, first = await self.start(speech)
                 audio = await _whole(stream, first)
@@ -204,6 +200,13 @@ class SpeechServing:
                           "num_bytes": num_bytes})
         except APIError as e:
             yield _event({"type": "error", **e.body()})
+
+
+def _check_whole(fields: dict[str, Any]) -> None:
+    """Batch items are answered whole (base64 in JSON): no streaming asked of them."""
+    for name, streamed in (("stream", True), ("stream_format", "sse")):
+        if fields.get(name) == streamed:
+            raise bad_request(f"{name}: batch items are answered whole, as base64 audio_data", param=name)
 
 
 def _check_streamable(body: SpeechRequest) -> None:
