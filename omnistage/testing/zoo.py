@@ -72,6 +72,7 @@ def _load_builders() -> None:
     from omnistage.testing import hidream_image_models  # noqa: F401
     from omnistage.testing import sana_video_models  # noqa: F401
     from omnistage.testing import wan_vace_models  # noqa: F401
+    from omnistage.testing import joyimage_models  # noqa: F401
 
 
 def list_models() -> list[ZooModel]:

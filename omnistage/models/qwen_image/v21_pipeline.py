@@ -45,6 +45,7 @@ from omnistage.diffusion.pipeline import (
 )
 from omnistage.core.errors import RequestError
 from omnistage.models.qwen_image.pipeline import QwenImage
+from omnistage.models.qwen_image.vl_processor import prenorm_last_hidden_states
 from omnistage.diffusion.accel.declaration import Accelerations
 
 SYSTEM_PROMPT = "Comprehend and analyze the provided prompt."
@@ -137,14 +138,7 @@ class QwenImage21(QwenImage):
                 "mm_token_type_ids": torch.zeros_like(tokens.input_ids)}
 
     def _encoder_hidden_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        # The last decoder layer's output before the final norm, which the transformer was
-        # trained on: a hook returning the norm's input stands in for its output, as in diffusers.
-        text_model = getattr(self.text_encoder.model, "language_model", self.text_encoder.model)
-        handle = text_model.norm.register_forward_hook(lambda module, args, output: args[0])
-        try:
-            return self.text_encoder(**inputs, output_hidden_states=True).hidden_states[-1]
-        finally:
-            handle.remove()
+        return prenorm_last_hidden_states(self.text_encoder, inputs)
 
     def _truncate(self, embeds: torch.Tensor, request: DiffusionRequest) -> torch.Tensor:
         return embeds  # no max_sequence_length (see `extras`)
