@@ -42,7 +42,7 @@ LONG_STEPS, SHORT_STEPS = 10, 2
 THRESHOLD = 0.95  # step mode becomes a family's default at >= 0.95x request mode's throughput
 # Families whose call needs an input image the zoo call leaves out (edit / animate).
 NEEDS_IMAGE = {"wan-i2v", "qwen-image-edit", "hunyuan-video-i2v", "longcat-image-edit", "qwen-image-layered",
-               "sana-video-i2v"}
+               "sana-video-i2v", "joyai-image-edit"}
 # Families whose diffusers call takes no size (it follows the input image, at about a megapixel):
 # run at the tiny side like the others; their zoo call leaves height/width out.
 TINY_SIZE = {"longcat-image-edit", "qwen-image-layered"}

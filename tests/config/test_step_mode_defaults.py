@@ -22,6 +22,8 @@ EXPECTED = {
     "longcat-image-edit": True, "qwen-image-layered": True, "hidream-image": False,
     # issue 32's video families (a third run of the same script)
     "sana-video": True, "sana-video-i2v": True, "wan-vace": True,
+    # issue 32's image families
+    "joyai-image-edit": True,
 }
 
 

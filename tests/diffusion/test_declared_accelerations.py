@@ -97,6 +97,7 @@ def _cases() -> dict[str, Case]:
         "ltx2": _case("ltx2", {}, test_parity_ltx2.TestLTX2),
         # The edit families' default size is about a megapixel: the tiny one is asked for.
         "longcat-image-edit": _case("longcat-image-edit", {**image, "height": 64, "width": 64}),
+        "joyai-image-edit": _case("joyai-image-edit", image),
         "qwen-image-layered": _case("qwen-image-layered", {**image, "height": 64, "width": 64},
                                     split_call={"prompt": "a red ball in front of a wall"}),  # 70 text tokens
         "sana-video": _case("sana-video", {}, test_parity_sana_video.TestSanaVideoT2V),  # `frames` -> num_frames

@@ -8,9 +8,10 @@ JOYIMAGE_EDIT = PipelineSpec(
     stages=(
         StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True,
                   model="JoyImageEditPipeline",
-                  # Request mode by default: step mode's throughput ratio on the tiny joyai-image-edit is
-                  # not measured yet. `step_execution: true` lets short requests overtake long ones.
-                  defaults={"step_execution": False},
+                  # Step mode by default: 1.063x request mode's throughput by CPU time (0.780x by wall clock
+                  # at load 13 on 2 cores) on the tiny joyai-image-edit at 64x64 (benchmarks/bench_step_mode.py
+                  # --models joyai-image-edit --no-write, one run on a shared machine; not yet in RESULTS.md).
+                  defaults={"step_execution": True},
         ),
     ),
 )
