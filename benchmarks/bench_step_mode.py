@@ -46,12 +46,14 @@ NEEDS_IMAGE = {"wan-i2v", "qwen-image-edit", "hunyuan-video-i2v", "longcat-image
 # Families whose diffusers call takes no size (it follows the input image, at about a megapixel):
 # run at the tiny side like the others; their zoo call leaves height/width out.
 TINY_SIZE = {"longcat-image-edit", "qwen-image-layered"}
+# Families that only continue an upstream stage's latents (no request of their own to time here).
+NEEDS_UPSTREAM = {"sdxl-refiner"}
 
 
 def diffusion_families() -> list[str]:
     from omnistage.testing import list_models
 
-    return [m.name for m in list_models() if m.kind == "diffusion"]
+    return [m.name for m in list_models() if m.kind == "diffusion" and m.name not in NEEDS_UPSTREAM]
 
 
 def family_kwargs(model: str) -> dict:

@@ -23,7 +23,7 @@ EXPECTED = {
     # issue 32's video families (a third run of the same script)
     "sana-video": True, "sana-video-i2v": True, "wan-vace": True,
     # issue 32's image families
-    "joyai-image-edit": True,
+    "joyai-image-edit": True, "sdxl-refiner": False,
 }
 
 

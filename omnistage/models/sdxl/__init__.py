@@ -66,7 +66,14 @@ SDXL_REFINER = PipelineSpec(
     ),
 )
 
+# The refiner checkpoint served alone refines latents a request brings (`{"prompt": ..., "condition":
+# {"latents": ...}}` through the Python API), with `denoising_start` in its extras.
+SDXL_REFINER_ALONE = PipelineSpec(name="sdxl_refiner_alone", stages=(StageSpec(
+    id=0, name="refiner", kind="diffusion", output="image", final_output=True,
+    model="StableDiffusionXLImg2ImgPipeline", defaults={"step_execution": False}),))
+
 register_pipeline("StableDiffusionXLPipeline", SDXL, deploy_config="sdxl.yaml")
+register_pipeline("StableDiffusionXLImg2ImgPipeline", SDXL_REFINER_ALONE, deploy_config="sdxl.yaml")
 register_pipeline("sdxl_refiner", SDXL_REFINER, deploy_config="sdxl_refiner.yaml")
 register_diffusion_pipeline("StableDiffusionXLPipeline", "omnistage.models.sdxl.pipeline:StableDiffusionXL")
 register_diffusion_pipeline("StableDiffusionXLImg2ImgPipeline",
