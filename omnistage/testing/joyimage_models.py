@@ -16,7 +16,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from omnistage.testing.diffusion_components import IMAGE_SIDE, flow_match_scheduler, quiet_diffusers, seed_everything, write_json
+from omnistage.testing.diffusion_components import (
+    IMAGE_SIDE,
+    flow_match_scheduler,
+    quiet_diffusers,
+    seed_everything,
+    write_json,
+)
 from omnistage.testing.diffusion_models import NEGATIVE_PROMPT, wan_vae
 from omnistage.testing.qwen_image21_models import qwen3_vl_config, write_qwen3_vl_processor
 from omnistage.testing.tokenizers import build_qwen2_tokenizer

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from parity import BATCH_PROMPTS, BATCH_SEEDS, assert_all_close, load_reference, max_abs_diff, request_for, run_staggered, TOLERANCE
+from parity import (BATCH_PROMPTS, BATCH_SEEDS, TOLERANCE, assert_all_close, load_reference, max_abs_diff, request_for,
+                    run_staggered)
 
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.request import DiffusionRequest
@@ -94,7 +95,8 @@ def test_batch_of_two_matches_each_alone(ours, expected):
 
 def test_staggered_refiner_requests_share_steps(ours, expected):
     # A 4-step ensemble's refiner runs alone for a step, then an 8-step one's joins.
-    long_call, short_call = dict(CALL, prompt=BATCH_PROMPTS[0], num_inference_steps=8), dict(CALL, prompt=BATCH_PROMPTS[1])
+    long_call = dict(CALL, prompt=BATCH_PROMPTS[0], num_inference_steps=8)
+    short_call = dict(CALL, prompt=BATCH_PROMPTS[1])
     first, second = _ensemble(ours, [short_call, long_call], BATCH_SEEDS[:2])
     got = run_staggered(ours[1], first, second, join_after=1)
     assert_all_close(got, [expected(short_call, BATCH_SEEDS[0]), expected(long_call, BATCH_SEEDS[1])])

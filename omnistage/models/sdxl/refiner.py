@@ -22,7 +22,7 @@ import torch
 from omnistage.core.errors import RequestError
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipeline import DenoiseState, DiffusionRequest
+from omnistage.diffusion.pipeline import DiffusionRequest
 from omnistage.models.sdxl.pipeline import StableDiffusionXL, timestep_cutoff
 
 
@@ -63,8 +63,8 @@ class StableDiffusionXLRefiner(StableDiffusionXL):
         # The size is the handed-on latents' (diffusers reads it from them too).
         latents = request.condition.get("latents")
         if latents is not None:
-            size = {"height": latents.shape[-2] * self.vae_scale_factor, "width": latents.shape[-1] * self.vae_scale_factor}
-            request = _with_params(request, **size)
+            factor = self.vae_scale_factor
+            request = _with_params(request, height=latents.shape[-2] * factor, width=latents.shape[-1] * factor)
         return super().prepare_request(request)
 
     # -- 2. encode: the base's latents, the schedule from denoising_start --------------------
