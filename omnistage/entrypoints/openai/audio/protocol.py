@@ -118,7 +118,8 @@ class TranscriptionRequest(BaseModel):
     temperature: float = Field(default=0.0, ge=0.0, le=1.0)
     stream: bool = False
     timestamp_granularities: Literal["segment"] | None = None
-    """Only "segment": the omni thinkers give no word times (their one segment is the clip)."""
+    """Only "segment": the omni thinkers give no word times (their one segment is the clip); refused
+    by a speech recognition family that gives no times (Qwen3-ASR)."""
 
 
 class TranslationRequest(BaseModel):
