@@ -24,6 +24,8 @@ EXPECTED = {
     "sana-video": True, "sana-video-i2v": True, "wan-vace": True,
     # issue 35's Helios (a fourth run)
     "helios": True,
+    # issue 32's image families
+    "joyai-image-edit": True, "sdxl-refiner": False,
 }
 
 
