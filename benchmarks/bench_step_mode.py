@@ -42,16 +42,18 @@ LONG_STEPS, SHORT_STEPS = 10, 2
 THRESHOLD = 0.95  # step mode becomes a family's default at >= 0.95x request mode's throughput
 # Families whose call needs an input image the zoo call leaves out (edit / animate).
 NEEDS_IMAGE = {"wan-i2v", "qwen-image-edit", "hunyuan-video-i2v", "longcat-image-edit", "qwen-image-layered",
-               "sana-video-i2v", "ltx2-i2v"}
+               "sana-video-i2v", "joyai-image-edit", "ltx2-i2v"}
 # Families whose diffusers call takes no size (it follows the input image, at about a megapixel):
 # run at the tiny side like the others; their zoo call leaves height/width out.
 TINY_SIZE = {"longcat-image-edit", "qwen-image-layered"}
+# Families that only continue an upstream stage's latents (no request of their own to time here).
+NEEDS_UPSTREAM = {"sdxl-refiner"}
 
 
 def diffusion_families() -> list[str]:
     from omnistage.testing import list_models
 
-    return [m.name for m in list_models() if m.kind == "diffusion"]
+    return [m.name for m in list_models() if m.kind == "diffusion" and m.name not in NEEDS_UPSTREAM]
 
 
 def family_kwargs(model: str) -> dict:

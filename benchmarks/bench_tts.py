@@ -56,8 +56,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(path: str, frames: int, threads: int) -> tuple[subprocess.Popen, str]:
-    overrides = {"0": {"default_sampling_params": {"max_tokens": frames}}, "*": {"max_num_seqs": 8}}
+def start_server(path: str, frames: int, threads: int, sampling: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """`sampling`: more default sampling params of the talker (stage 0) than `max_tokens=frames`."""
+    overrides = {"0": {"default_sampling_params": {"max_tokens": frames, **(sampling or {})}}, "*": {"max_num_seqs": 8}}
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.Popen([sys.executable, "-m", "omnistage.entrypoints.cli", "serve", path, "--port", str(port),

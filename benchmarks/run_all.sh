@@ -34,9 +34,11 @@ run benchmarks/bench_omni.py --clock cpu --repeats 5
 run benchmarks/bench_qwen3_omni.py
 run benchmarks/bench_tts.py
 run benchmarks/bench_qwen3_tts.py --repeats 2
+run benchmarks/bench_higgs_audio.py --repeats 2
 run benchmarks/bench_http.py
 run benchmarks/bench_responses.py
 run benchmarks/bench_realtime.py
+run benchmarks/bench_asr.py
 run benchmarks/bench_cache.py
 run benchmarks/bench_memory.py --compile
 run benchmarks/bench_parallel.py --repeats 1

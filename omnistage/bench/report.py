@@ -20,6 +20,8 @@ def summarize(run: BenchRun) -> dict:
         return float(np.percentile(a, q)) if a.size else None
 
     audio = sum(r.audio_seconds for r in ok)
+    streamed = [r for r in ok if r.ttfp is not None and r.audio_seconds > 0]
+    stalled = np.array([sum(r.underruns) for r in streamed])  # per stream: time its player waited
     summary = {
         "task": cfg.task, "base_url": cfg.base_url, "num_prompts": len(run.results),
         "max_concurrency": cfg.max_concurrency,
@@ -36,6 +38,9 @@ def summarize(run: BenchRun) -> dict:
         "ttfp_p50_s": pct(ttfp, 50), "ttfp_p95_s": pct(ttfp, 95),
         "rtf_mean": (float(np.mean([r.latency / r.audio_seconds for r in ok if r.audio_seconds > 0]))
                      if any(r.audio_seconds > 0 for r in ok) else None),
+        "underruns": sum(len(r.underruns) for r in streamed) if streamed else None,
+        "streams_with_underruns": int((stalled > 0).sum()) if streamed else None,
+        "underrun_p99_s": pct(stalled, 99),
         "latencies_s": [r.latency for r in ok],
     }
     return summary
@@ -47,7 +52,11 @@ _ROWS = [("completed", "completed"), ("errors", "errors"), ("duration_s", "durat
          ("requests_per_s", "requests/s"), ("images_per_s", "images/s"), ("video_frames_per_s", "video frames/s"),
          ("audio_seconds_per_s", "audio s / wall s"), ("tokens_per_s", "tokens/s"),
          ("ttfp_p50_s", "time to first packet p50 (s)"), ("ttfp_p95_s", "time to first packet p95 (s)"),
-         ("rtf_mean", "real-time factor mean")]
+         ("rtf_mean", "real-time factor mean"), ("underruns", "player underruns"),
+         ("streams_with_underruns", "streams with underruns"), ("underrun_p99_s", "underrun per stream p99 (s)")]
+
+
+_ALWAYS = ("completed", "errors", "underruns", "streams_with_underruns")  # shown even at 0
 
 
 def format_table(summary: dict) -> str:
@@ -55,7 +64,7 @@ def format_table(summary: dict) -> str:
              f"prompts={summary['num_prompts']} =="]
     for key, label in _ROWS:
         value = summary.get(key)
-        if value in (None, 0, 0.0) and key not in ("completed", "errors"):
+        if value is None or (value == 0 and key not in _ALWAYS):
             continue
         lines.append(f"{label:32s} {value:.4f}" if isinstance(value, float) else f"{label:32s} {value}")
     for err in summary["first_errors"]:

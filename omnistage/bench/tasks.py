@@ -15,6 +15,8 @@ from typing import Any
 
 import httpx
 
+from omnistage.core.playback import Playback
+
 
 @dataclass
 class TaskOptions:
@@ -36,6 +38,7 @@ class RequestResult:
     frames: int = 0
     audio_seconds: float = 0.0
     tokens: int = 0
+    underruns: list[float] = field(default_factory=list)  # stalls of a real-time player of a stream (s)
     error: str = ""
 
 
@@ -116,11 +119,17 @@ async def tts(client: httpx.AsyncClient, row: dict, opt: TaskOptions) -> Request
             await resp.aread()
             return RequestResult(False, time.perf_counter() - t0, error=_error(resp))
         rate = int(resp.headers.get("x-sample-rate", "24000"))
+        player = Playback()
         async for chunk in resp.aiter_bytes():
-            if chunk and ttfp is None:
-                ttfp = time.perf_counter() - t0
+            if not chunk:
+                continue
+            now = time.perf_counter()
+            if ttfp is None:
+                ttfp = now - t0
+            player.receive(len(chunk) / 2 / rate, now)  # 16-bit mono pcm
             num_bytes += len(chunk)
-    return RequestResult(True, time.perf_counter() - t0, ttfp=ttfp, audio_seconds=num_bytes / 2 / rate)
+    return RequestResult(True, time.perf_counter() - t0, ttfp=ttfp, audio_seconds=num_bytes / 2 / rate,
+                         underruns=player.underruns)
 
 
 async def chat(client: httpx.AsyncClient, row: dict, opt: TaskOptions) -> RequestResult:

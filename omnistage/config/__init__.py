@@ -24,7 +24,7 @@ from omnistage.config.registry import (
     resolve,
     resolve_pipeline,
 )
-from omnistage.config.spec import MODALITIES, STAGE_KINDS, PipelineSpec, StageSpec
+from omnistage.config.spec import MODALITIES, STAGE_KINDS, PipelineSpec, SpeechToText, StageSpec
 
 __all__ = [
     "ALL_STAGES",
@@ -37,6 +37,7 @@ __all__ = [
     "ModelFiles",
     "PipelineDeployConfig",
     "PipelineSpec",
+    "SpeechToText",
     "Resolution",
     "StageDeployConfig",
     "StageSpec",

@@ -126,7 +126,8 @@ class StageDeployConfig:
     """Autoscaling: most copies of this stage. Set (above `min_replicas`) to add copies while the
     requests outstanding per copy exceed `target_outstanding_per_replica` and remove them after
     `scale_down_delay_s` of less work; the stage starts with `num_replicas`. None: a fixed
-    `num_replicas`. Needs runtime "process"."""
+    `num_replicas`. Needs runtime "process" or "ray" (a Ray copy added beyond the start takes a
+    placement bundle a drained copy gave back, else a one-bundle placement group of its own)."""
     min_replicas: int = 1
     """Autoscaling: fewest copies; the stage never drains below this (needs `max_replicas`)."""
     target_outstanding_per_replica: float = 4.0
@@ -235,10 +236,9 @@ def stage_consistency_problems(values: dict[str, Any]) -> list[str]:
             problems.append(f"autoscaling needs min_replicas <= num_replicas <= max_replicas, got "
                             f"min_replicas={v['min_replicas']}, num_replicas={v['num_replicas']}, "
                             f"max_replicas={v['max_replicas']}")
-        if v["runtime"] != "process":
-            # Ray copies live in one placement group sized at start; growing it is not written yet.
-            problems.append(f"max_replicas={v['max_replicas']} (autoscaling) needs runtime 'process', got "
-                            f"runtime {v['runtime']!r}")
+        if v["runtime"] == "inline":
+            problems.append(f"max_replicas={v['max_replicas']} (autoscaling) needs runtime 'process' or 'ray', "
+                            f"got runtime 'inline'")
     elif v["min_replicas"] != 1:
         problems.append(f"min_replicas={v['min_replicas']} needs max_replicas (autoscaling); a fixed stage "
                         f"has num_replicas copies")

@@ -127,11 +127,27 @@ class StageSpec:
 
 
 @dataclass(frozen=True)
+class SpeechToText:
+    """How a speech recognition family is asked for a transcript (POST /v1/audio/transcriptions)
+    and how its answer reads. A pipeline without one is asked as an omni thinker is: a chat
+    message of the audio and an instruction to transcribe it."""
+
+    prompt: Callable[..., Any]
+    """(audio, sample_rate, language or None, context or None) -> the entry stage's prompt;
+    raises `RequestError("language", ...)` for a language the model does not know."""
+    parse: Callable[..., tuple[str | None, str]]
+    """(text generated so far, language asked or None, final) -> (the language, the transcript so
+    far): what of the text is transcript, and the language the model names (or was asked for)."""
+
+
+@dataclass(frozen=True)
 class PipelineSpec:
     name: str
     stages: tuple[StageSpec, ...]
     request_extras: Mapping[str, Any] = field(default_factory=dict)
     """Model-declared request extras: name -> ExtraSpec (type, range, default)."""
+    speech_to_text: SpeechToText | None = None
+    """Set by a speech recognition family (audio in, text out): transcriptions ask it through this."""
     dropped_stages: tuple[int, ...] = ()
     """Ids of the family's full pipeline that this variant leaves out (e.g. an omni model's
     audio stages when only text is served): deploy-file entries for them are ignored, not

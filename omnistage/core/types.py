@@ -50,6 +50,10 @@ class VideoPayload:
     fps: float
     audio: Any = None  # np.ndarray float32 [channels, samples]: the soundtrack, when the model makes one (LTX-2)
     sample_rate: int | None = None  # of `audio`
+    is_chunk: bool = False  # True for a streamed piece (Helios' chunks); the final payload holds the whole video
+    events: dict[str, list[str]] | None = None
+    """On a streamed piece of a request whose prompt was updated while it ran: the update
+    event ids that "started", were "active" and "completed" in this piece."""
 
 
 @dataclass

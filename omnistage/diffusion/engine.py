@@ -3,7 +3,8 @@
     add_request -> validate against the checkpoint's config files (RequestError naming the
                    field), queue
     step        -> scheduler.schedule() -> executor.execute(batch) -> scheduler.update(batch, output)
-    outputs     -> ProgressPayload per step per request (finished=False), then the final
+    outputs     -> ProgressPayload per step per request (finished=False), a chunked pipeline's
+                   VideoPayload(is_chunk=True) pieces as they are made, then the final
                    ImagePayload / VideoPayload (finished=True) with metrics, or an error
 
 Every `step()` is one denoising step of the running batch, in both modes: request mode
@@ -26,7 +27,7 @@ from typing import Any
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.core.parking import check_can_sleep, check_can_update
-from omnistage.core.types import StageOutput, StageRequest
+from omnistage.core.types import InputChunk, StageOutput, StageRequest
 from omnistage.diffusion.accel import check_family, check_supported
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.executor import Executor, WorkerDiedError, get_executor_class
@@ -66,6 +67,7 @@ class DiffusionEngine:
         self._lock = threading.Lock()  # guards the scheduler: add/abort may come from another thread
         self._dead: str | None = None
         self._closed = False
+        self._updates: dict[str, list[dict]] = {}  # request_id -> prompt updates for the next batch
         self.executor: Executor = get_executor_class(config.executor)(
             WorkerConfig(self.model_path, self.pipeline_cls, devices, config))
 
@@ -92,6 +94,8 @@ class DiffusionEngine:
     # -- the Engine protocol -------------------------------------------------------------
 
     def add_request(self, request: StageRequest) -> None:
+        if isinstance(request.inputs, InputChunk):  # a prompt update for a running request
+            return self._add_update(request.request_id, request.inputs.inputs)
         if not self.is_healthy():
             raise RuntimeError(f"diffusion engine is unhealthy and takes no new requests: {self._dead}")
         diffusion_request, key = _prepare(self.checker, request)
@@ -99,15 +103,26 @@ class DiffusionEngine:
             self.scheduler.add_request(EngineRequest(diffusion_request, freeze(key), arrival_time=self.clock(),
                                                      num_steps=diffusion_request.params.num_inference_steps))
 
+    def _add_update(self, request_id: str, update: dict) -> None:
+        """Held for the request's next batch; ignored once it has ended (or where the family
+        takes none: the server asks `takes_prompt_updates` before it sends one)."""
+        if not self.pipeline_cls.takes_prompt_updates:
+            return
+        with self._lock:
+            if self.scheduler.get_request(request_id) is not None:
+                self._updates.setdefault(request_id, []).append(dict(update))
+
     def abort_request(self, request_id: str) -> None:
         with self._lock:
             self.scheduler.abort_request(request_id)
+            self._updates.pop(request_id, None)
 
     def step(self) -> list[StageOutput]:
         if not self.is_healthy():
             raise WorkerDiedError(self._dead)
         with self._lock:
             batch = self.scheduler.schedule()
+            batch.updates = {rid: self._updates.pop(rid) for rid in batch.req_ids if rid in self._updates}
         if batch.is_empty:
             self._idle()
             return []
@@ -122,6 +137,8 @@ class DiffusionEngine:
             output = RunnerOutput.failed(batch, error_message(exc))
         with self._lock:
             finished = self.scheduler.update(batch, output)
+            for req in finished:
+                self._updates.pop(req.request_id, None)
             outputs = self._outputs(output, finished)
         if not self.has_unfinished_requests():
             self.progress.close()
@@ -182,9 +199,10 @@ class DiffusionEngine:
     # -- helpers -------------------------------------------------------------------------
 
     def _outputs(self, output: RunnerOutput, finished: list[EngineRequest]) -> list[StageOutput]:
-        """Progress of live requests first, then the finished ones (aborted ones say nothing)."""
+        """Progress and streamed chunks of live requests first, then the finished ones (aborted
+        ones say nothing)."""
         finished_ids = {r.request_id for r in finished}
-        outputs = [StageOutput(rid, progress, finished=False) for rid, progress in output.progress
+        outputs = [StageOutput(rid, payload, finished=False) for rid, payload in [*output.progress, *output.chunks]
                    if rid in finished_ids or self.scheduler.get_request(rid) is not None]
         for req in finished:
             rid = req.request_id

@@ -2,7 +2,8 @@
 
 The fallback for families without a native pipeline (see `pipeline_class`). It maps
 `DiffusionParams` onto the call's keyword arguments and reads its defaults and extras off
-the `__call__` signature.
+the `__call__` signature. A pipeline that makes a soundtrack with its video (LTX-2, Kandinsky 6)
+keeps it: the VideoPayload carries the audio, so the MP4 gets an audio track.
 
 diffusers owns the denoising loop, yet the runtime steps it one denoising step per engine
 step like a native pipeline: the call runs in a thread of its own, and its
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from omnistage.core.errors import RequestError
+from omnistage.core.types import VideoPayload
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import DenoiseState, DiffusionPipelineBase
@@ -42,7 +44,10 @@ _FIELD_ARGS: dict[str, tuple[str, ...]] = {
     "true_cfg_scale": ("true_cfg_scale",),
     "guidance_scale_2": ("guidance_scale_2",),
     "num_outputs_per_prompt": ("num_images_per_prompt", "num_videos_per_prompt"),
+    "fps": ("frame_rate", "fps"),
 }
+# Fields a request may set whether or not `__call__` takes them: they shape the payload too.
+_PAYLOAD_FIELDS = {"num_outputs_per_prompt", "fps"}
 # Arguments we set ourselves or that only steer the output plumbing: never extras.
 _RESERVED_ARGS = {"prompt", "image", "generator", "output_type", "return_dict", "callback_on_step_end",
                   "callback_on_step_end_tensor_inputs", "callback", "callback_steps"}
@@ -61,10 +66,10 @@ class SteppedCall:
     `num_steps` is what the noise scheduler plans.
     """
 
-    def __init__(self, run: Callable[[Callable | None], np.ndarray], num_steps: int, steppable: bool):
+    def __init__(self, run: Callable[[Callable | None], Any], num_steps: int, steppable: bool):
         self.num_steps = num_steps
         self.step = 0
-        self.result: np.ndarray | None = None
+        self.result: Any = None
         self.error: BaseException | None = None
         self.done = False
         self._go = threading.Semaphore(0)
@@ -90,7 +95,7 @@ class SteppedCall:
             self._go.release()
             self._thread.join(timeout=30)
 
-    def _main(self, run: Callable[[Callable | None], np.ndarray], steppable: bool) -> None:
+    def _main(self, run: Callable[[Callable | None], Any], steppable: bool) -> None:
         try:
             self.result = run(self._on_step_end if steppable else None)
         except _Released:
@@ -179,7 +184,7 @@ class GenericDiffusersPipeline(DiffusionPipelineBase):
         super().check_inputs(request)
         params = request.params
         for field, arg in self.field_args.items():
-            if arg is None and field != "num_outputs_per_prompt" and getattr(params, field) is not None:
+            if arg is None and field not in _PAYLOAD_FIELDS and getattr(params, field) is not None:
                 raise RequestError(field, f"{field}: {self.reference_class} does not take this parameter")
         if params.num_outputs_per_prompt > 1 and (self.field_args["num_outputs_per_prompt"] is None
                                                   or self.output_modality == "video"):
@@ -209,7 +214,7 @@ class GenericDiffusersPipeline(DiffusionPipelineBase):
                              f"time, got {len(requests)}")
         request = requests[0]
         num_steps = request.params.num_inference_steps or 1
-        call = SteppedCall(lambda callback: self.generate_array(request, callback), num_steps,
+        call = SteppedCall(lambda callback: self.generate_output(request, callback), num_steps,
                            steppable="callback_on_step_end" in self.call_params)
         return [DenoiseState(request=request, latents=None, noise_scheduler=None, timesteps=torch.zeros(num_steps),
                              cond={"call": call})]
@@ -222,6 +227,19 @@ class GenericDiffusersPipeline(DiffusionPipelineBase):
             state.step_index = call.step
 
     def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        return [frames for frames, _ in self._finish(states)]
+
+    def decode(self, states: list[DenoiseState]) -> list[Any]:
+        payloads = []
+        for state, (frames, audio) in zip(states, self._finish(states)):
+            payload = self.to_payload(frames, state.request)
+            if audio is not None:
+                payload = VideoPayload(frames=payload.frames, fps=payload.fps, audio=audio,
+                                       sample_rate=self.audio_sample_rate)
+            payloads.append(payload)
+        return payloads
+
+    def _finish(self, states: list[DenoiseState]) -> list[tuple[np.ndarray, np.ndarray | None]]:
         for state in states:
             call: SteppedCall = state.cond["call"]
             if not call.done:  # paused after its last step: let it run its decode
@@ -234,13 +252,31 @@ class GenericDiffusersPipeline(DiffusionPipelineBase):
     def generate_array(self, request: DiffusionRequest, callback: Callable | None = None) -> np.ndarray:
         """Run diffusers on one prepared request: float array in [0, 1], images [n, H, W, 3] or
         video [num_frames, H, W, 3]. `callback` is passed as `callback_on_step_end`."""
+        return self.generate_output(request, callback)[0]
+
+    def generate_output(self, request: DiffusionRequest,
+                        callback: Callable | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """(generate_array's array, the video's soundtrack [channels, samples] float32 or None)."""
         kwargs = self.call_kwargs(request)
         if callback is not None:
             kwargs["callback_on_step_end"] = callback
         output = self.pipe(**kwargs)
-        if self.output_modality == "video":
-            return np.asarray(output.frames[0])
-        return np.asarray(output.images)
+        if self.output_modality != "video":
+            return np.asarray(output.images), None
+        audio = getattr(output, "audio", None)
+        if audio is not None and self.audio_sample_rate is not None:
+            audio = np.asarray(audio[0].float().cpu() if torch.is_tensor(audio[0]) else audio[0], dtype=np.float32)
+        else:
+            audio = None
+        return np.asarray(output.frames[0]), audio
+
+    @property
+    def audio_sample_rate(self) -> int | None:
+        """The rate of the soundtrack the pipeline returns: its vocoder's output rate (LTX-2), else
+        its `audio_sample_rate` (Kandinsky 6); None for a pipeline without sound."""
+        vocoder = getattr(self.pipe, "vocoder", None)
+        rate = getattr(getattr(vocoder, "config", None), "output_sampling_rate", None)
+        return int(rate) if rate else getattr(self.pipe, "audio_sample_rate", None)
 
 
 def _longest_tokenizer(configs: CheckpointConfigs) -> tuple[str, ...]:

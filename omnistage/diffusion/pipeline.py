@@ -102,6 +102,9 @@ class DiffusionPipelineBase(ABC):
     None = step caches are refused."""
     supported_accelerations: ClassVar[Accelerations] = NONE
     """The accelerations the family takes (accel/declaration.py); any other is refused by name."""
+    takes_prompt_updates: ClassVar[bool] = False
+    """Whether a running request's prompt may change (`update_prompt`): a pipeline that makes
+    its output in chunks (Helios) applies it from the next chunk."""
     max_batch_size: ClassVar[int | None] = None
     """Most requests that may run at once; None = no limit (the generic adapter takes 1)."""
 
@@ -277,6 +280,17 @@ class DiffusionPipelineBase(ABC):
             return {}
         skipped = state.num_forwards_skipped
         return {"num_forwards_computed": state.num_forwards - skipped, "num_forwards_skipped": skipped}
+
+    def update_prompt(self, state: DenoiseState, update: dict[str, Any]) -> None:
+        """A new prompt for a running request: {"event_id", "prompt", "transition_chunks"}
+        (only where `takes_prompt_updates`)."""
+        raise NotImplementedError(f"{type(self).__name__} takes no prompt updates")
+
+    def take_chunks(self, states: list[DenoiseState]) -> list[tuple[DenoiseState, Any]]:
+        """The pieces of output (a VideoPayload with `is_chunk`) the last step finished for
+        `states`, each handed out once, to stream before the request ends. Only a pipeline that
+        makes its output in pieces (Helios) has any."""
+        return []
 
     def release(self, state: DenoiseState) -> None:
         """`state` left the runner (finished, failed or aborted): free what it holds beyond its

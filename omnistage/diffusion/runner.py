@@ -6,6 +6,9 @@ takes one `denoise_step`; finished states are decoded and dropped. A failure fai
 requests of the call that raised (encode, step or decode) and the runner keeps serving
 the rest; failed states are dropped like finished ones.
 
+A pipeline that makes its output in pieces (Helios' video chunks) hands each finished piece
+out after the step that finished it (`take_chunks`), to stream before the request ends.
+
 Requests that ask for `partial_images` get previews (the VAE decode of their current
 latents) on the progress events of evenly spaced steps.
 """
@@ -55,7 +58,8 @@ class DiffusionRunner:
         # 2. Encode the joiners; they take their first step below.
         if batch.new_requests:
             self._encode(out, batch.new_requests)
-        # 3. One denoising step over everyone running.
+        # 3. Prompt updates that came in, then one denoising step over everyone running.
+        self._update(out, batch.updates)
         states = []
         for rid in batch.req_ids:
             if rid in self.states:
@@ -72,6 +76,7 @@ class DiffusionRunner:
         out.progress = [(s.request.request_id, ProgressPayload(step=s.step_index, num_steps=s.num_steps))
                         for s in states]
         self._add_previews(out, states)
+        out.chunks = [(s.request.request_id, piece) for s, piece in self.pipeline.take_chunks(states)]
         if on_progress is not None:
             on_progress(out.progress)
         # 4. Decode and drop the finished ones.
@@ -107,6 +112,15 @@ class DiffusionRunner:
         for state in states:
             self.states[state.request.request_id] = state
         return None
+
+    def _update(self, out: RunnerOutput, updates: dict[str, list[dict]]) -> None:
+        for rid, items in updates.items():
+            state = self.states.get(rid)
+            try:
+                for update in items if state is not None else ():
+                    self.pipeline.update_prompt(state, update)
+            except Exception as exc:  # noqa: BLE001 - a bad update fails its request, not the batch
+                self._fail(out, [rid], error_message(exc))
 
     def _add_previews(self, out: RunnerOutput, states: list[DenoiseState]) -> None:
         """Decode the current latents of the states at one of their preview steps: the first

@@ -143,6 +143,19 @@ class PrometheusMetrics:
         self.real_time_factor = Histogram(
             "omnistage_request_real_time_factor", "End-to-end time / seconds of audio produced (RTF; < 1 is "
             "faster than real time).", ["pipeline"], registry=registry, buckets=RTF_BUCKETS)
+        self.audio_seconds = Counter(
+            "omnistage_audio_seconds", "Seconds of audio the final stages sent to users (its rate is the audio "
+            "made per wall second).", ["pipeline"], registry=registry)
+        self.audio_streams = Gauge(
+            "omnistage_audio_streams", "Requests streaming audio now, by whether a player that started at their "
+            "first audio and plays in real time still has audio (ahead) or waits for the next chunk (behind).",
+            ["pipeline", "state"], registry=registry)
+        self.audio_underruns = Counter(
+            "omnistage_audio_underruns", "Times such a player ran out of audio before the next chunk came.",
+            ["pipeline"], registry=registry)
+        self.audio_underrun_time = Histogram(
+            "omnistage_audio_underrun_seconds", "How long each of those stalls lasted.", ["pipeline"],
+            registry=registry, buckets=TIME_BUCKETS)
         self.num_running = Gauge(
             "omnistage_requests_running", "Requests in the orchestrator.", ["pipeline"], registry=registry)
         self.replicas = Gauge(
@@ -204,6 +217,18 @@ class PrometheusMetrics:
             self.time_to_first_audio.labels(self.pipeline).observe(time_to_first_audio)
         if real_time_factor is not None:
             self.real_time_factor.labels(self.pipeline).observe(real_time_factor)
+
+    def observe_audio_chunk(self, seconds: float, stall: float) -> None:
+        """A final stage sent `seconds` of audio; `stall` > 0: the request's player had run out that long."""
+        self.audio_seconds.labels(self.pipeline).inc(seconds)
+        if stall > 0:
+            self.audio_underruns.labels(self.pipeline).inc()
+            self.audio_underrun_time.labels(self.pipeline).observe(stall)
+
+    def watch_audio_streams(self, count: Any) -> None:
+        """Export `count()` ({"ahead": n, "behind": m}), read when scraped."""
+        for state in ("ahead", "behind"):
+            self.audio_streams.labels(self.pipeline, state).set_function(lambda state=state: count()[state])
 
     def set_num_running(self, num: int) -> None:
         self.num_running.labels(self.pipeline).set(num)

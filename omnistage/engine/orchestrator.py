@@ -51,6 +51,7 @@ from typing import Any
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import PipelineSpec, StageSpec
 from omnistage.core.errors import EngineUnavailableError, ErrorKind, RequestError
+from omnistage.core.playback import Playback
 from omnistage.core.types import InputChunk, ProgressPayload, StageOutput, StageInputs, StageRequest
 from omnistage.engine.factory import EngineFactory, create_engine, request_checker, stage_model_paths
 from omnistage.engine.metrics import PrometheusMetrics, StageMetrics
@@ -115,6 +116,8 @@ class _RequestState:
     """Final stages that have not finished yet."""
     first_audio_time: float | None = None
     """When the first audio of a final stage went to the user (time to first audio packet)."""
+    playback: Playback | None = None
+    """A real-time player of the audio the request streams (the audio metrics' underruns)."""
 
 
 class Orchestrator:
@@ -147,6 +150,7 @@ class Orchestrator:
         self._downstream = {s.id: pipeline.downstream_of(s.id) for s in pipeline.stages}
         self.metrics_registry = metrics_registry if metrics_registry is not None else CollectorRegistry()
         self.metrics = PrometheusMetrics(self.metrics_registry, pipeline.name)
+        self.metrics.watch_audio_streams(self.audio_streams)
 
         self._requests: dict[str, _RequestState] = {}
         self._sinks: dict[str, Sink] = {}
@@ -207,6 +211,13 @@ class Orchestrator:
     def abort(self, request_id: str) -> None:
         """Stop `request_id` in every stage; its sink gets a last output with finish_reason "abort"."""
         self._inbox.put(("abort", request_id, None))
+        self._wake()
+
+    def update(self, request_id: str, inputs: dict) -> None:
+        """New inputs for running request `request_id` (a prompt update, `{"event_id", "prompt",
+        "transition_chunks"}`), sent to its running diffusion stages as an `InputChunk`; a
+        request that has ended ignores it."""
+        self._inbox.put(("update", request_id, inputs))
         self._wake()
 
     def needed_stages(self, request: OmniRequest) -> tuple[StageSpec, ...]:
@@ -387,6 +398,8 @@ class Orchestrator:
                 self._add_request(body, sink)
             elif kind == "abort":
                 self._abort_request(body)
+            elif kind == "update":
+                self._update_request(body, sink)
             elif kind in ("barrier", "hold"):
                 if kind == "hold" and self._held is None:
                     self._held = []
@@ -411,6 +424,12 @@ class Orchestrator:
         for stage in stages:
             if not stage.inputs and rid in self._requests:
                 self._start_stage(state, stage)
+
+    def _update_request(self, request_id: str, inputs: dict) -> None:
+        state = self._requests.get(request_id)
+        for run in state.runs.values() if state is not None else ():
+            if run.stage.kind == "diffusion" and request_id in run.engine_ids and not run.finished:
+                self._to_dispatch.append((run.stage.id, StageRequest(request_id, InputChunk(inputs))))
 
     def _abort_request(self, request_id: str) -> None:
         state = self._requests.get(request_id)
@@ -550,8 +569,8 @@ class Orchestrator:
 
     def _emit(self, state: _RequestState, run: _StageRun, delta: Delta, finished: bool) -> None:
         stage, rid = run.stage, state.request.request_id
-        if stage.final_output and delta.audio_chunk is not None and state.first_audio_time is None:
-            state.first_audio_time = time.monotonic()
+        if stage.final_output and delta.audio_chunk is not None:
+            self._on_audio(state, len(delta.audio_chunk) / delta.sample_rate if delta.sample_rate else 0.0)
         if stage.final_output and finished:
             state.final_pending.discard(stage.id)
             if not state.final_pending:
@@ -560,7 +579,7 @@ class Orchestrator:
         if stage.final_output and not delta.is_empty:
             self._outputs.append(OmniOutput(
                 rid, text=delta.text, text_delta=delta.text_delta, logprobs_delta=delta.logprobs,
-                audio_chunk=delta.audio_chunk,
+                audio_chunk=delta.audio_chunk, video_chunk=delta.video_chunk,
                 sample_rate=delta.sample_rate, progress=delta.progress, stage=stage.name))
         elif delta.progress is not None:  # every stage's progress is worth showing
             self._outputs.append(OmniOutput(rid, progress=delta.progress, stage=stage.name))
@@ -659,6 +678,22 @@ class Orchestrator:
             "stages": {run.stage.name: run.metrics.as_dict()
                        for run in state.runs.values() if run.metrics.start_time is not None},
         }
+
+    def _on_audio(self, state: _RequestState, seconds: float) -> None:
+        now = time.monotonic()
+        if state.playback is None:
+            state.first_audio_time = now
+            state.playback = Playback()
+        self.metrics.observe_audio_chunk(seconds, state.playback.receive(seconds, now))
+
+    def audio_streams(self) -> dict[str, int]:
+        """Requests streaming audio now, by whether a real-time player of each still has audio to
+        play ("ahead") or waits on the next chunk ("behind"); read from any thread."""
+        now, counts = time.monotonic(), {"ahead": 0, "behind": 0}
+        for state in list(self._requests.values()):
+            if state.playback is not None:
+                counts["ahead" if state.playback.ahead(now) else "behind"] += 1
+        return counts
 
     def _add_audio_metrics(self, state: _RequestState, out: OmniOutput) -> None:
         """Time to first audio packet and real-time factor (e2e time / audio duration)."""

@@ -1,7 +1,7 @@
 """What a request returns to the user, and how a stage's outputs fold into it.
 
 `OmniOutput` is the one output type of `Omni` and `AsyncOmni`. A streamed request yields
-several: each carries what is new (`text_delta`, `audio_chunk`, `progress`) and the
+several: each carries what is new (`text_delta`, `audio_chunk`, `video_chunk`, `progress`) and the
 text so far; the last has `finished=True` and the whole media of every final stage
 (one request may return text and audio). Fields that do not apply are None.
 
@@ -56,6 +56,9 @@ class OmniOutput:
     """`TokenLogprob` of the tokens this update added (may lead `text_delta`: text is held
     back while it could be the start of a stop string)."""
     audio_chunk: Any = None
+    video_chunk: VideoPayload | None = None
+    """The next frames of a video made in chunks (Helios; `is_chunk`); the finished output's
+    `video` holds them all."""
     progress: ProgressPayload | None = None
     """Denoising progress (step, num_steps, optional PIL preview)."""
 
@@ -69,11 +72,13 @@ class Delta:
     logprobs: list[Any] | None = None
     audio_chunk: Any = None
     sample_rate: int | None = None
+    video_chunk: VideoPayload | None = None
     progress: ProgressPayload | None = None
 
     @property
     def is_empty(self) -> bool:
-        return self.text_delta is None and not self.logprobs and self.audio_chunk is None and self.progress is None
+        return (self.text_delta is None and not self.logprobs and self.audio_chunk is None
+                and self.video_chunk is None and self.progress is None)
 
 
 @dataclass
@@ -112,6 +117,8 @@ class StageStream:
             num_sent = sum(len(c) for c in self._chunks)
             rest = payload.audio[num_sent:]
             return Delta(audio_chunk=rest if len(rest) else None, sample_rate=payload.sample_rate)
+        if isinstance(payload, VideoPayload) and payload.is_chunk:
+            return Delta(video_chunk=payload)
         return Delta()
 
     def whole(self) -> Any:

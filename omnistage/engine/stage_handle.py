@@ -80,9 +80,8 @@ def make_stage_handle(
     if config.runtime not in ("inline", "process", "ray"):
         raise ValueError(f"stage {stage.label}: unknown runtime {config.runtime!r}")
     build = EngineBuilder(factory, model_path, portable_stage_fields(stage), config, in_child=True)
-    group = None  # with Ray replicas: their placement group, bundle i for copy i
 
-    def endpoint(generation: int, replica: int | None = None) -> Endpoint:
+    def endpoint(generation: int, replica: int | None = None, placement: tuple[Any, int] | None = None) -> Endpoint:
         if config.runtime == "inline":
             return InlineEndpoint(lambda: factory(model_path, stage, config))
         if config.runtime == "process":
@@ -97,20 +96,28 @@ def make_stage_handle(
         # Ray makes the GPUs it gives the actor visible from cuda:0 on: the engine sees them so.
         devices = ray_runtime.devices_in_actor(config.devices, config.num_devices, gpu)
         actor_build = dataclasses.replace(build, config=dataclasses.replace(config, devices=devices))
-        placement = None if group is None else (group, replica)
         return ray_runtime.RayEndpoint(stage.label, actor_build, channel, config, gpu, placement)
 
     if config.num_replicas == 1 and config.max_replicas is None:
         return Supervisor(stage.label, endpoint, restart_policy(config))
+    bundles = None  # with Ray: the placement bundles the copies run in (one per copy)
     if config.runtime == "ray":
         from omnistage.runtime import ray as ray_runtime
 
-        group = ray_runtime.reserve_replicas(config, _ray_wants_gpu(config), f"stage {stage.label}: num_replicas")
+        bundles = ray_runtime.BundlePool(config, _ray_wants_gpu(config), f"stage {stage.label}: num_replicas")
     crashes: dict[str, int] = {}  # shared: a request that crashed one copy counts against all
 
     def make_replica(i: int) -> Supervisor:
-        return Supervisor(f"{stage.label}[{i}]", functools.partial(endpoint, replica=i), restart_policy(config),
-                          crashes)
+        label = f"{stage.label}[{i}]"
+        if bundles is None:
+            return Supervisor(label, functools.partial(endpoint, replica=i), restart_policy(config), crashes)
+        placement = bundles.take()
+        try:
+            return Supervisor(label, functools.partial(endpoint, replica=i, placement=placement),
+                              restart_policy(config), crashes, on_close=lambda: bundles.give_back(placement))
+        except BaseException:
+            bundles.give_back(placement)
+            raise
 
     replicas: list[Supervisor] = []
     try:
@@ -119,14 +126,16 @@ def make_stage_handle(
     except BaseException:
         for replica in replicas:
             replica.close()
-        _release(group)
+        if bundles is not None:
+            bundles.close()
         raise
     autoscaler = None
     if config.max_replicas is not None:
         autoscaler = Autoscaler(AutoscalePolicy(config.min_replicas, config.max_replicas,
                                                 config.target_outstanding_per_replica, config.scale_down_delay_s))
-    return ReplicaSet(stage.label, replicas, make_policy(config.routing_policy), on_close=lambda: _release(group),
-                      make_replica=make_replica, autoscaler=autoscaler)
+    return ReplicaSet(stage.label, replicas, make_policy(config.routing_policy),
+                      on_close=None if bundles is None else bundles.close, make_replica=make_replica,
+                      autoscaler=autoscaler)
 
 
 def _ray_wants_gpu(config: StageDeployConfig) -> bool:
@@ -134,13 +143,6 @@ def _ray_wants_gpu(config: StageDeployConfig) -> bool:
 
     cluster = ray_runtime.joined(config.ray_address)
     return ray_runtime.wants_gpu(config.devices, cluster.cluster_resources().get("GPU", 0))
-
-
-def _release(group: Any) -> None:
-    if group is not None:
-        from omnistage.runtime import ray as ray_runtime
-
-        ray_runtime.release(group)
 
 
 def portable_stage_fields(stage: StageSpec) -> dict[str, Any]:

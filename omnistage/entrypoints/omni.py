@@ -159,6 +159,11 @@ class AsyncOmni:
     async def abort(self, request_id: str) -> None:
         self.orchestrator.abort(request_id)
 
+    async def update(self, request_id: str, inputs: dict) -> None:
+        """New inputs for a running request: a prompt update of a chunked video model (Helios),
+        `{"event_id", "prompt", "transition_chunks"}`, applied from its next chunk."""
+        self.orchestrator.update(request_id, inputs)
+
     async def check_health(self) -> bool:
         return self.orchestrator.check_health()
 

@@ -61,6 +61,13 @@ class Decoder(ABC):
     def close_stream(self, state: Any) -> None:
         """The stream ended or was aborted: free what `open_stream` took."""
 
+    def flush(self, state: Any) -> np.ndarray:
+        """The stream's last frames have all been decoded: the audio it held back, if any (a
+        non-causal decoder keeps a lookahead of frames unvoiced until it sees the ones after)."""
+        import numpy as np
+
+        return np.zeros(0, dtype=np.float32)
+
     @abstractmethod
     def decode(self, codes: list[torch.Tensor], states: list[Any]) -> list[np.ndarray]:
         """One batched pass: row i continues stream `states[i]` with frames `codes[i]` -> float32 mono audio."""

@@ -19,7 +19,9 @@ Requests (`StageRequest.inputs`), three ways:
    Parts of one stream must be added in order.
 
 Any of these may also carry `"options"`: decoder-specific settings of the stream (e.g. a
-voice), taken from its first request and handed to `Decoder.open_stream(options)`.
+voice), taken from its first request and handed to `Decoder.open_stream(options)`. When a
+stream's last request finishes, `Decoder.flush` gives the audio a decoder held back (a
+non-causal codec's lookahead), which ends that request's audio.
 
 `params` is unused (None). Abort drops the request (and its stream) without an output.
 The engine is driven by one caller; calls are not meant to be concurrent.
@@ -219,6 +221,11 @@ class GenerationEngine:
         if not (req.complete and req.num_pending == 0):
             return StageOutput(req.request_id, AudioPayload(piece, rate, is_chunk=True), finished=False)
         # the request is done: the whole waveform; its stream moves on to the next part, or ends
+        if req.ends_stream and req.stream.is_open:
+            tail = self.decoder.flush(req.stream.state)
+            if tail.size:
+                req.pieces.append(tail)
+                req.first_audio_time = req.first_audio_time or time.monotonic()
         whole = np.concatenate(req.pieces) if req.pieces else np.zeros(0, dtype=np.float32)
         req.stream.requests.popleft()
         self._requests.pop(req.request_id, None)

@@ -16,12 +16,7 @@ def encode_mp4(frames: np.ndarray, fps: float, crf: int = 18, audio: np.ndarray 
     an AAC track beside the video (a model that makes a soundtrack, e.g. LTX-2)."""
     import av
 
-    frames = np.asarray(frames)
-    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
-        raise ValueError(f"frames must be uint8 [F, H, W, 3], got {frames.dtype} {frames.shape}")
-    pad_h, pad_w = frames.shape[1] % 2, frames.shape[2] % 2
-    if pad_h or pad_w:
-        frames = np.pad(frames, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
+    frames = even_sized(frames)
     buf = io.BytesIO()
     with av.open(buf, mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=Fraction(fps).limit_denominator(1000))
@@ -37,6 +32,17 @@ def encode_mp4(frames: np.ndarray, fps: float, crf: int = 18, audio: np.ndarray 
         if audio_stream is not None:
             _encode_audio(container, audio_stream, audio, sample_rate)
     return buf.getvalue()
+
+
+def even_sized(frames: np.ndarray) -> np.ndarray:
+    """uint8 [F, H, W, 3] frames, odd edges padded: H.264 needs even sizes."""
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+        raise ValueError(f"frames must be uint8 [F, H, W, 3], got {frames.dtype} {frames.shape}")
+    pad_h, pad_w = frames.shape[1] % 2, frames.shape[2] % 2
+    if pad_h or pad_w:
+        frames = np.pad(frames, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
+    return frames
 
 
 def _planar(audio: np.ndarray) -> np.ndarray:

@@ -146,13 +146,38 @@ def reserve(bundles: list[dict[str, float]], strategy: str, what: str, timeout_s
     return group
 
 
-def reserve_replicas(config: StageDeployConfig, gpu: bool, what: str) -> Any:
-    """The placement group of a stage's copies (`num_replicas`): one bundle of the stage's actor
-    resources per copy, spread over the nodes as `ray_placement_strategy` says. Copy i's actor
-    (and each rebuild of it) runs in bundle i, so a rebuilt copy lands where the dead one was."""
-    one = bundle(actor_resources(config, gpu))
-    check_placeable(one, what)
-    return reserve([one] * config.num_replicas, config.ray_placement_strategy, what)
+class BundlePool:
+    """The placement bundles of a stage's copies. At start one placement group holds a bundle of the
+    stage's actor resources per copy (`num_replicas`), spread over the nodes as
+    `ray_placement_strategy` says; copy i takes bundle i, and each rebuild of it runs there, so a
+    rebuilt copy lands where the dead one was. An autoscaled copy takes a bundle a drained copy gave
+    back, else a one-bundle group of its own, removed when that copy stops."""
+
+    def __init__(self, config: StageDeployConfig, gpu: bool, what: str):
+        self.what = what
+        self.one = bundle(actor_resources(config, gpu))
+        check_placeable(self.one, what)
+        self.group = reserve([self.one] * config.num_replicas, config.ray_placement_strategy, what)
+        self._free = list(range(config.num_replicas))  # bundles of the start group no copy holds
+        self._lock = threading.Lock()
+
+    def take(self) -> tuple[Any, int]:
+        """(placement group, bundle index) for a new copy; waits until Ray placed a new group."""
+        with self._lock:
+            if self._free:
+                return self.group, self._free.pop(0)
+        return reserve([self.one], "PACK", self.what), 0
+
+    def give_back(self, placement: tuple[Any, int]) -> None:
+        group, index = placement
+        if group is self.group:
+            with self._lock:
+                self._free = sorted(self._free + [index])
+        else:
+            release(group)
+
+    def close(self) -> None:
+        release(self.group)
 
 
 def release(group: Any) -> None:

@@ -80,11 +80,12 @@ class Supervisor:
 
     `build(generation)` makes a new endpoint; generation 0 at start, then one per rebuild
     (it keeps a new process's shared-memory names apart from the dead one's). Replicas of
-    one stage share `crashes`, so a poison request is refused by all of them.
+    one stage share `crashes`, so a poison request is refused by all of them. `on_close` gives back
+    what the stage holds besides its endpoints (a Ray copy's placement bundle), once it is closed.
     """
 
     def __init__(self, label: str, build: Callable[[int], Endpoint], policy: RestartPolicy = RestartPolicy(),
-                 crashes: dict[str, int] | None = None):
+                 crashes: dict[str, int] | None = None, on_close: Callable[[], None] | None = None):
         self.label = label
         self.policy = policy
         self.endpoint: Endpoint | None = build(0)
@@ -99,6 +100,7 @@ class Supervisor:
         """Requests failed by the last death (not a crash of its own) that had sent no output (and took
         no streamed input): safe to re-run elsewhere. Cleared by the next step()."""
         self._build = build
+        self._on_close = on_close
         self._outputs: list[StageOutput] = []  # answered here, handed out by the next step()
         self._calls: dict[int, Any] = {}
         self.standing: dict[str, tuple] = {}
@@ -366,6 +368,9 @@ class Supervisor:
         if self._thread is not None:
             self._thread.join(CLOSE_TIMEOUT_S)
         self._waker.close()
+        on_close, self._on_close = self._on_close, None  # once, however often close() is called
+        if on_close is not None:
+            on_close()
 
     @staticmethod
     def _fingerprint(request: StageRequest) -> str:

@@ -98,7 +98,7 @@ def qwen3_vl_config(tokenizer, hidden_size: int, num_layers: int):
     )
 
 
-def _write_processor(folder: Path, tokenizer, num_pixels: int) -> None:
+def write_qwen3_vl_processor(folder: Path, tokenizer, num_pixels: int) -> None:
     """A Qwen3VLProcessor folder in the Hub layout, written without constructing one."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -123,7 +123,7 @@ def build_qwen_image21(out_dir: Path, size: str, seed: int) -> None:
     dims = _DIMS[size]
     seed_everything(seed)
     tokenizer = build_qwen2_tokenizer()
-    _write_processor(out_dir / "processor", tokenizer, _VISION_PIXELS[size])
+    write_qwen3_vl_processor(out_dir / "processor", tokenizer, _VISION_PIXELS[size])
     text_encoder = _text_encoder(tokenizer, dims["text_hidden"])
     transformer = QwenImage21Transformer2DModel(
         patch_size=1,

@@ -42,14 +42,12 @@ _SDXL_SCHEDULER = dict(
 )
 
 
-def build_sdxl(out_dir: Path, size: str, seed: int) -> None:
-    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
+def _unet(size: str, *, cross_attention_dim: int, time_numbers: int):
+    """SDXL's UNet at tiny width: `time_numbers` micro-conditioning numbers embedded next to the pooled prompt."""
+    from diffusers import UNet2DConditionModel
 
     dims = _SDXL[size]
-    clip = dims["clip_hidden"]
-    seed_everything(seed)
-    tokenizer, tokenizer_2 = build_clip_tokenizer(), build_clip_tokenizer()
-    unet = UNet2DConditionModel(
+    return UNet2DConditionModel(
         sample_size=IMAGE_SIDE[size] // 8,  # the pipeline's default height/width is sample_size * 8
         in_channels=4,
         out_channels=4,
@@ -60,13 +58,22 @@ def build_sdxl(out_dir: Path, size: str, seed: int) -> None:
         attention_head_dim=dims["heads"],
         transformer_layers_per_block=(1, 1),
         use_linear_projection=True,
-        cross_attention_dim=2 * clip,  # CLIP-L and CLIP-G hidden states side by side
+        cross_attention_dim=cross_attention_dim,
         addition_embed_type="text_time",
         addition_time_embed_dim=dims["time_dim"],
-        # Six micro-conditioning numbers (original size, crop corner, target size), then the pooled prompt.
-        projection_class_embeddings_input_dim=6 * dims["time_dim"] + clip,
+        projection_class_embeddings_input_dim=time_numbers * dims["time_dim"] + dims["clip_hidden"],
         norm_num_groups=8,
     )
+
+
+def build_sdxl(out_dir: Path, size: str, seed: int) -> None:
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
+
+    dims = _SDXL[size]
+    clip = dims["clip_hidden"]
+    seed_everything(seed)
+    tokenizer, tokenizer_2 = build_clip_tokenizer(), build_clip_tokenizer()
+    unet = _unet(size, cross_attention_dim=2 * clip, time_numbers=6)  # CLIP-L and CLIP-G side by side
     pipe = StableDiffusionXLPipeline(
         unet=unet,
         scheduler=EulerDiscreteScheduler(**_SDXL_SCHEDULER),
@@ -93,3 +100,40 @@ _CALL_KWARGS = {
 register_zoo_model(ZooModel(name="sdxl", kind="diffusion", reference_class="diffusers.StableDiffusionXLPipeline",
                             builder=build_sdxl, sizes=SIZES, call_kwargs=_CALL_KWARGS["sdxl"], sides=IMAGE_SIDE,
                             description="SDXL base: CLIP-L + CLIP-G text encoders, UNet with text-time conditioning"))
+
+
+def build_sdxl_refiner(out_dir: Path, size: str, seed: int) -> None:
+    """The refiner's layout: only the CLIP-G encoder, a UNet conditioned on its hidden states
+    alone and on five micro-conditioning numbers (original size, crop corner, aesthetic score),
+    `requires_aesthetics_score` and no zeroed negative prompt, as stable-diffusion-xl-refiner-1.0."""
+    from diffusers import EulerDiscreteScheduler, StableDiffusionXLImg2ImgPipeline
+
+    dims = _SDXL[size]
+    clip = dims["clip_hidden"]
+    seed_everything(seed)
+    tokenizer_2 = build_clip_tokenizer()
+    pipe = StableDiffusionXLImg2ImgPipeline(
+        unet=_unet(size, cross_attention_dim=clip, time_numbers=5),
+        scheduler=EulerDiscreteScheduler(**_SDXL_SCHEDULER),
+        vae=autoencoder_kl(size, scaling_factor=0.13025, shift_factor=None, latent_channels=4, quant_conv=True),
+        text_encoder=None,
+        tokenizer=None,
+        text_encoder_2=clip_text_encoder(tokenizer_2, hidden_size=clip, projection_dim=clip),
+        tokenizer_2=tokenizer_2,
+        requires_aesthetics_score=True,
+        force_zeros_for_empty_prompt=False,
+        add_watermarker=False,
+    )
+    save_pipeline(pipe, out_dir)
+
+
+# The refiner continues a base's latents: the base's call (on the `sdxl` zoo model) with the
+# ensemble's split; the refiner's own call adds `image=` (the base's latents) and `denoising_start`.
+ENSEMBLE_SPLIT = 0.5
+_CALL_KWARGS["sdxl-refiner"] = dict(_CALL_KWARGS["sdxl"], denoising_start=ENSEMBLE_SPLIT)
+
+register_zoo_model(ZooModel(name="sdxl-refiner", kind="diffusion",
+                            reference_class="diffusers.StableDiffusionXLImg2ImgPipeline", builder=build_sdxl_refiner,
+                            sizes=SIZES, call_kwargs=_CALL_KWARGS["sdxl-refiner"], sides=IMAGE_SIDE,
+                            description="SDXL refiner: CLIP-G encoder, UNet with aesthetic-score conditioning "
+                                        "(the second expert after the base)"))

@@ -72,6 +72,10 @@ def _load_builders() -> None:
     from omnistage.testing import hidream_image_models  # noqa: F401
     from omnistage.testing import sana_video_models  # noqa: F401
     from omnistage.testing import wan_vace_models  # noqa: F401
+    from omnistage.testing import joyimage_models  # noqa: F401
+    from omnistage.testing import higgs_audio_models  # noqa: F401
+    from omnistage.testing import qwen3_asr_models  # noqa: F401
+    from omnistage.testing import helios_models  # noqa: F401
     from omnistage.testing import kandinsky6_models  # noqa: F401
 
 

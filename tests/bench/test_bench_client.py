@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from omnistage.bench.datasets import file_prompts, random_prompts
+from omnistage.core.playback import Playback
 from omnistage.bench.report import format_table, summarize, write_plots
 from omnistage.bench.runner import BenchConfig, run_benchmark
 from omnistage.bench.tasks import TaskOptions
@@ -31,9 +32,11 @@ def _fake_app() -> FastAPI:
 
     @app.post("/v1/audio/speech")
     async def speech(body: dict):
+        gap = 0.15 if body["input"].startswith("slow") else 0.01  # "slow": each 0.1 s chunk comes 0.15 s later
+
         async def gen():
             for _ in range(4):
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(gap)
                 yield b"\x00\x00" * 2400  # 0.1 s at 24 kHz
         return StreamingResponse(gen(), media_type="audio/pcm", headers={"x-sample-rate": "24000"})
 
@@ -76,6 +79,27 @@ def test_tts_measures_time_to_first_packet(fake_server):
     assert 0 < s["ttfp_p50_s"] < s["latency_p50_s"]
     assert s["audio_seconds_per_s"] == pytest.approx(4 * 0.4 / s["duration_s"])
     assert s["rtf_mean"] > 0
+    assert s["underruns"] == 0 and s["streams_with_underruns"] == 0  # 0.1 s of audio every 0.01 s
+    assert "player underruns" in format_table(s)
+
+
+def test_tts_counts_the_stalls_of_a_player_that_plays_each_stream_in_real_time(fake_server):
+    run = run_benchmark(BenchConfig(base_url=fake_server, task="tts", prompts=[{"prompt": "slow one"}, {"prompt": "ok"}],
+                                    options=TaskOptions(), max_concurrency=2, warmup=0, show_progress=False))
+    s = summarize(run)
+    [slow] = [r for r in run.results if len(r.underruns)]
+    assert len(slow.underruns) == 3 and all(0.03 < u < 0.2 for u in slow.underruns)  # ~0.05 s before chunks 2-4
+    assert s["underruns"] == 3 and s["streams_with_underruns"] == 1 and s["underrun_p99_s"] > 0.09
+
+
+def test_the_player_stalls_only_when_the_audio_it_has_ran_out():
+    player = Playback()
+    assert not player.ahead(10.0)
+    assert player.receive(1.0, now=10.0) == 0.0  # plays until 11
+    assert player.receive(0.5, now=10.9) == 0.0 and player.ahead(11.4)  # in time: until 11.5
+    assert player.receive(0.5, now=11.7) == pytest.approx(0.2)  # 0.2 s late
+    player.receive(1.0, now=11.8)
+    assert player.underruns == pytest.approx([0.2]) and not player.ahead(13.3)
 
 
 def test_request_rate_spreads_arrivals(fake_server):

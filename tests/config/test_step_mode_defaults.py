@@ -22,6 +22,10 @@ EXPECTED = {
     "longcat-image-edit": True, "qwen-image-layered": True, "hidream-image": False,
     # issue 32's video families (a third run of the same script)
     "sana-video": True, "sana-video-i2v": True, "wan-vace": True,
+    # issue 35's Helios (a fourth run)
+    "helios": True,
+    # issue 32's image families
+    "joyai-image-edit": True, "sdxl-refiner": False,
     # request mode, not measured: video families serve one request at a time (max_num_seqs 1)
     "ltx2-i2v": False, "ltx2-condition": False, "kandinsky6": False,
 }

@@ -82,6 +82,14 @@ def _case(name: str, call: dict[str, Any] | None = None, parity_class: Any = Non
     return Case(name, call or {}, request, split_call or {})
 
 
+def _refiner_request(call: dict[str, Any], seed: int, request_id: str = "req"):
+    """The SDXL refiner continues a base's latents: seeded ones stand in for them."""
+    request = request_for(call, seed, request_id)
+    generator = torch.Generator().manual_seed(seed)
+    request.condition["latents"] = torch.randn(call.get("num_images_per_prompt", 1), 4, 8, 8, generator=generator)
+    return request
+
+
 def _cases() -> dict[str, Case]:
     image = {"image": default_input_image()}
     true_cfg = {"negative_prompt": "blurry", "true_cfg_scale": 2.0}  # FLUX guides only with both
@@ -104,12 +112,17 @@ def _cases() -> dict[str, Case]:
         "kandinsky6": _case("kandinsky6", test_parity_kandinsky6.CALL, test_parity_kandinsky6.TestKandinsky6),  # frame_rate -> fps
         # The edit families' default size is about a megapixel: the tiny one is asked for.
         "longcat-image-edit": _case("longcat-image-edit", {**image, "height": 64, "width": 64}),
+        "joyai-image-edit": _case("joyai-image-edit", image),
+        # An early start: the refiner runs all STEPS steps (the two-rank test counts them).
+        "sdxl-refiner": Case("sdxl-refiner", {"denoising_start": 0.01}, _refiner_request),
         "qwen-image-layered": _case("qwen-image-layered", {**image, "height": 64, "width": 64},
                                     split_call={"prompt": "a red ball in front of a wall"}),  # 70 text tokens
         "sana-video": _case("sana-video", {}, test_parity_sana_video.TestSanaVideoT2V),  # `frames` -> num_frames
         "sana-video-i2v": _case("sana-video-i2v", test_parity_sana_video.I2V_CALL,
                                 test_parity_sana_video.TestSanaVideoI2V),
         "wan-vace": _case("wan-vace", test_parity_wan_vace.CALL, test_parity_wan_vace.TestWanVACE),
+        # No CFG: Helios takes no CFG-parallel, and its two chunks cost twice a plain call's steps.
+        "helios": _case("helios", {"guidance_scale": 1.0}),
     }
     names = [m.name for m in list_models() if m.kind == "diffusion"]
     return {name: special.get(name) or _case(name) for name in names}

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from parity import TOLERANCE, ReferenceFixtures, max_abs_diff, request_for
 
+from omnistage.core.types import VideoPayload
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.diffusion.request import DiffusionRequest
 from omnistage.diffusion.generic import GenericDiffusersPipeline
 from omnistage.models.z_image.pipeline import ZImage
+from omnistage.testing import call_kwargs as zoo_call_kwargs
 from omnistage.testing.diffusion_models import default_input_image
 
 
@@ -90,3 +93,53 @@ class TestGeneric(ReferenceFixtures):
         request = DiffusionRequest("r", "a cat", DiffusionParams(), images=[default_input_image()])
         with pytest.raises(ValueError, match="image"):
             ours.prepare_request(request)
+
+
+class TestGenericEdit(ReferenceFixtures):
+    """An edit pipeline through the adapter (FLUX.1-Kontext, as if it had no native class): the
+    input image reaches diffusers' `image` and the output equals diffusers' own."""
+
+    zoo_name = "flux-kontext"
+    reference_class = "FluxKontextPipeline"
+    pipeline_class = GenericDiffusersPipeline
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def call(cls):
+        return dict(zoo_call_kwargs(cls.zoo_name), image=default_input_image())
+
+    def test_edit_matches_diffusers(self, ours, expected, call):
+        assert ours.needs_image
+        (payload,) = ours.forward([request_for(call, seed=3)])
+        got = np.asarray(payload.images[0], dtype=np.float64) / 255
+        assert np.abs(got - expected(call, 3)[0]).max() <= 1 / 255 + 1e-6
+
+
+class TestGenericVideoWithSound(ReferenceFixtures):
+    """A video pipeline with a soundtrack through the adapter (LTX-2, as if LTX2Pipeline had no
+    native class): the frames and the soundtrack equal diffusers', and the payload carries the
+    soundtrack at the vocoder's rate and the video at diffusers' frame_rate."""
+
+    zoo_name = "ltx2"
+    reference_class = "LTX2Pipeline"
+    pipeline_class = GenericDiffusersPipeline
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def call(cls):
+        call = dict(zoo_call_kwargs(cls.zoo_name))
+        call.pop("spatio_temporal_guidance_blocks")  # a list, not an extra the adapter takes: diffusers' default
+        return call
+
+    def test_frames_and_soundtrack_match_diffusers(self, ours, reference, call):
+        want = reference(**call, generator=torch.Generator("cpu").manual_seed(3), output_type="np")
+        kwargs = dict(call)
+        fps = kwargs.pop("frame_rate")  # the adapter's fps field is diffusers' frame_rate
+        request = request_for(kwargs, seed=3)
+        request.params = request.params.model_copy(update={"fps": fps})
+        (payload,) = ours.forward([request])
+        assert isinstance(payload, VideoPayload) and payload.fps == fps
+        frames = np.asarray(payload.frames, dtype=np.float64) / 255
+        assert np.abs(frames - want.frames[0]).max() <= 1 / 255 + 1e-6
+        assert payload.sample_rate == reference.vocoder.config.output_sampling_rate
+        assert payload.audio is not None and max_abs_diff(payload.audio, want.audio[0].numpy()) <= TOLERANCE

@@ -19,6 +19,7 @@ from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.request import DiffusionRequest
 from omnistage.models.qwen_image.v21_pipeline import QwenImage21
 from omnistage.testing import call_kwargs as zoo_call_kwargs
+from omnistage.testing.diffusion_models import default_input_image
 from omnistage.testing.qwen_image21_models import NAME
 
 pytestmark = pytest.mark.slow
@@ -128,3 +129,41 @@ class TestQwenImage21(ParityTests):
         assert max_abs_diff(got, want) <= 1e-3
         (default,) = run_arrays(ours, [self.request(dict(call, num_inference_steps=3), 6)])
         assert max_abs_diff(got, default) > 1e-3  # the schedule made a difference
+
+    # -- condition images (2.1's image-conditioned mode) -----------------------------------------
+    # The tiny processor reads 64x64 pixels: output_resolution 64 keeps the condition images at the
+    # size whose vision tokens the VAE latents fill.
+
+    @staticmethod
+    def condition_call(call, **changes):
+        from omnistage.testing.diffusion_models import default_input_image
+
+        return {**call, "image": default_input_image(), "output_resolution": 64, **changes}
+
+    def test_input_images_are_checked(self, ours):
+        # Condition images are optional: a request with one and a request without are both taken.
+        for images in ([], [default_input_image()]):
+            ours.prepare_request(DiffusionRequest("r", "a cat", DiffusionParams(), images=images))
+
+    def test_condition_image_alone_matches_diffusers(self, ours, expected, call):
+        call = self.condition_call(call)
+        (got,) = run_arrays(ours, [self.request(call, 5)])
+        assert max_abs_diff(got, expected(call, 5)) <= 1e-3
+        (plain,) = run_arrays(ours, [self.request(dict(call, image=None), 5)])
+        assert max_abs_diff(got, plain) > 2e-3  # the image conditions the output (weakly, at random weights)
+
+    def test_condition_images_in_a_batch_match_each_alone(self, ours, expected, call):
+        # Two images in one request (two outputs), one in the other, and a text-only request beside them.
+        from PIL import Image
+
+        flipped = default_input_image().transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        calls = [self.condition_call(call, prompt=BATCH_PROMPTS[0]),
+                 self.condition_call(call, prompt=BATCH_PROMPTS[1], num_images_per_prompt=2,
+                                     image=[flipped, default_input_image()]),
+                 dict(call, prompt=BATCH_PROMPTS[2])]
+        self.assert_batch_matches(ours, expected, calls)
+
+    def test_condition_request_joins_a_running_one(self, ours, expected, call):
+        long_call = self.condition_call(call, prompt=BATCH_PROMPTS[0], num_inference_steps=4)
+        short_call = self.condition_call(call, prompt=BATCH_PROMPTS[1], num_inference_steps=2)
+        self.assert_staggered_matches(ours, expected, long_call, short_call)

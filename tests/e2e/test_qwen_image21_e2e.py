@@ -1,7 +1,7 @@
 """Qwen-Image 2.1: `omnistage serve` on the tiny zoo model, driven by the `openai` client.
 
 `images.generate` must answer what our pipeline makes in process for the same fields (the
-model draws RGBA, so the PNG keeps its alpha), and the edit route is not served.
+model draws RGBA, so the PNG keeps its alpha), and the edit route takes a condition image.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from remote_server import RemoteServer
 
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.request import DiffusionRequest
+from omnistage.testing.diffusion_models import default_input_image
 from omnistage.testing.qwen_image21_models import NAME
 
 pytestmark = pytest.mark.e2e
@@ -34,7 +35,7 @@ def _expected(path) -> np.ndarray:
     return np.asarray(payload.images[0], dtype=np.int16)
 
 
-def test_generation_route_and_no_edits(zoo):
+def test_generation_and_edit_routes(zoo):
     path = zoo(NAME)
     with RemoteServer(path) as server:
         client = server.client()
@@ -42,6 +43,14 @@ def test_generation_route_and_no_edits(zoo):
         (data,) = result.data
         got = Image.open(io.BytesIO(base64.b64decode(data.b64_json)))
         assert got.size == (64, 32) and got.mode == "RGBA"
-        with pytest.raises(openai.BadRequestError, match="/v1/images/generations"):
-            client.images.edit(image=("in.png", io.BytesIO(base64.b64decode(data.b64_json)), "image/png"), prompt="x")
+        # A condition image (the tiny processor reads 64x64 pixels: output_resolution 64 keeps it there).
+        image = io.BytesIO()
+        default_input_image().save(image, format="PNG")
+        edited = client.images.edit(image=("in.png", image.getvalue(), "image/png"), prompt="make it blue",
+                                    response_format="b64_json", extra_body={**FIELDS, "output_resolution": 64})
+        assert Image.open(io.BytesIO(base64.b64decode(edited.data[0].b64_json))).size == (64, 64)
+        with pytest.raises(openai.BadRequestError) as bad:
+            client.images.edit(image=("in.png", image.getvalue(), "image/png"), prompt="x",
+                               extra_body={"output_resolution": 8})
+        assert bad.value.body["param"] == "output_resolution"
     assert np.abs(np.asarray(got, dtype=np.int16) - _expected(path)).max() <= 1

@@ -3,6 +3,8 @@ final stages, abort, stage errors, metrics. Inline stages, driven by `step()`.""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from fake_engines import FakeEngine, every_token, expand_to_image, streamed_tts, text_to_image
 
@@ -94,6 +96,29 @@ def test_text_and_audio_from_two_final_stages_streamed_in_order():
     assert len(chunks) == 4 and sum(len(c) for c in chunks) == len(final.audio) == 10 * len(final.text)
     assert final.sample_rate == 16000 and final.audio.dtype.name == "float32"
     assert engine(orch, 1).added == ["r#0", "r#1", "r#2", "r#3"]
+    orch.close()
+
+
+def test_audio_metrics_count_the_stalls_of_a_player_that_plays_the_stream_in_real_time():
+    # Each of the 4 chunks holds 10 samples per character at 16 kHz (a few ms of audio) and every
+    # engine step takes 20 ms: a real-time player runs dry before each chunk after the first.
+    from prometheus_client import generate_latest
+
+    orch = make(streamed_tts(), step_delay=0.02)
+    final = run(orch, OmniRequest("r", "hello world"))["r"][-1]
+    samples = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+               for line in generate_latest(orch.metrics_registry).decode().splitlines() if not line.startswith("#")}
+    assert samples['omnistage_audio_seconds_total{pipeline="tts"}'] == pytest.approx(len(final.audio) / 16000)
+    assert samples['omnistage_audio_underruns_total{pipeline="tts"}'] == 3
+    assert samples['omnistage_audio_underrun_seconds_count{pipeline="tts"}'] == 3
+    assert samples['omnistage_audio_underrun_seconds_sum{pipeline="tts"}'] > 3 * 0.015
+    assert orch.audio_streams() == {"ahead": 0, "behind": 0}  # none streams any more
+    # Mid-stream: after its first few ms of audio the request's player is behind.
+    orch.submit(OmniRequest("r2", "hello world"))
+    while not any(out.audio_chunk is not None for out in orch.step()):
+        pass
+    time.sleep(0.01)
+    assert orch.audio_streams() == {"ahead": 0, "behind": 1}
     orch.close()
 
 

@@ -62,3 +62,43 @@ def test_ray_replicas_are_actors_and_a_killed_one_fails_over(ray_cluster):
     from ray.util import placement_group_table
 
     assert all(group["state"] == "REMOVED" for group in placement_group_table().values())
+
+
+def test_ray_autoscaling_adds_an_actor_in_a_group_of_its_own_and_removes_the_group_when_it_drains(ray_cluster):
+    import ray
+    from ray.util import placement_group_table
+
+    def live_groups() -> int:
+        return sum(group["state"] == "CREATED" for group in placement_group_table().values())
+
+    ray.cloudpickle.register_pickle_by_value(fake_engines)
+    config = StageDeployConfig(runtime="ray", num_replicas=1, max_replicas=2, target_outstanding_per_replica=1,
+                               scale_down_delay_s=0.5, ray_address=ray_cluster, ray_resources={"CPU": 1})
+    # A "linger" request takes 200 steps of 10 ms: the burst outlasts the second actor's start.
+    orch = Orchestrator(DRAW, "m", {0: config},
+                        engine_factory=functools.partial(FakeEngine, num_steps=20, step_delay=0.01))
+    orch.start()
+    got = Collector()
+    try:
+        handle = orch.handles[0]
+        assert live_groups() == 1
+        for i in range(4):
+            orch.submit(OmniRequest(f"b{i}", f"linger {i}"), got.sink(f"b{i}"))
+        deadline = time.monotonic() + 60
+        while len(handle.replicas) < 2:
+            assert time.monotonic() < deadline, "no second actor joined"
+            time.sleep(0.02)
+        assert handle.num_scale_ups == 1 and live_groups() == 2  # the start group and the new copy's own
+        pids = {replica.endpoint.pid for replica in handle.replicas}
+        assert len(pids) == 2 and os.getpid() not in pids
+        orch.submit(OmniRequest("late", "late"), got.sink("late"))  # the new actor serves
+        outs = [got.wait(rid) for rid in [f"b{i}" for i in range(4)] + ["late"]]
+        assert all(out.error is None and out.images for out in outs), [out.error for out in outs]
+        while len(handle.replicas) > 1 or live_groups() > 1:  # idle: the added copy drains, its group goes
+            assert time.monotonic() < deadline + 30, "the added copy did not drain"
+            time.sleep(0.05)
+        assert handle.num_scale_downs == 1
+    finally:
+        orch.close()
+        ray.cloudpickle.unregister_pickle_by_value(fake_engines)
+    assert live_groups() == 0

@@ -63,7 +63,7 @@ def test_autoscaling_fields_are_checked_naming_them():
         StageDeployConfig(runtime="process", num_replicas=3, max_replicas=2)
     with pytest.raises(ValueError, match="min_replicas=2 needs max_replicas"):
         StageDeployConfig(runtime="process", num_replicas=2, min_replicas=2)
-    with pytest.raises(ValueError, match="max_replicas=2 .autoscaling. needs runtime 'process', got runtime 'inline'"):
+    with pytest.raises(ValueError, match="max_replicas=2 .autoscaling. needs runtime 'process' or 'ray', got runtime 'inline'"):
         StageDeployConfig(max_replicas=2)
     with pytest.raises(ValueError, match="target_outstanding_per_replica: must be > 0"):
         StageDeployConfig(runtime="process", max_replicas=2, target_outstanding_per_replica=0)

@@ -24,6 +24,9 @@ class SchedulerOutput:
     """Already-encoded requests to advance by one step."""
     finished_req_ids: set[str] = field(default_factory=set)
     """Requests that left since the last batch: workers drop their states."""
+    updates: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """request_id -> prompt updates that arrived for it since the last batch, in order
+    (`DiffusionPipelineBase.update_prompt`), applied before this batch's step."""
 
     @property
     def req_ids(self) -> list[str]:
@@ -46,6 +49,9 @@ class RunnerOutput:
     """(request_id, progress) per denoising step per request, in order."""
     payloads: dict[str, Any] = field(default_factory=dict)
     """request_id -> ImagePayload | VideoPayload for requests that finished."""
+    chunks: list[tuple[str, Any]] = field(default_factory=list)
+    """(request_id, VideoPayload with is_chunk) for each piece of output a chunked pipeline
+    finished in this batch, in order (`DiffusionPipelineBase.take_chunks`)."""
     errors: dict[str, str] = field(default_factory=dict)
     """request_id -> error message for requests that failed in this batch."""
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)

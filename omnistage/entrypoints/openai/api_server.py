@@ -21,6 +21,7 @@ build an app around any engine client. What a request can reach:
     /v1/audio/transcriptions audio/       (omni models: speech -> text, by the thinker; and
                                            /v1/audio/translations: speech -> English text)
     /v1/realtime            realtime/     (WebSocket, OpenAI's Realtime protocol: omni models, voice in and out)
+    /v1/realtime/video      realtime_video/ (WebSocket: video models, the video streamed as fragmented MP4)
 
 Every /v1 route needs the API key when one is set, and so do /openapi.json, /docs and
 /redoc unless `public_docs`, and /metrics with `protect_metrics`. The app's lifespan shuts down, in
@@ -66,6 +67,7 @@ from omnistage.entrypoints.openai.openapi import install_openapi
 from omnistage.entrypoints.openai.playground import attach_playground
 from omnistage.entrypoints.openai.realtime.api_router import attach_router as attach_realtime
 from omnistage.entrypoints.openai.realtime.serving import RealtimeServing
+from omnistage.entrypoints.openai.realtime_video.api_router import attach_router as attach_realtime_video
 from omnistage.entrypoints.openai.responses.api_router import attach_router as attach_responses
 from omnistage.entrypoints.openai.responses.serving import ResponsesServing
 from omnistage.entrypoints.openai.settings import ServerSettings
@@ -142,7 +144,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
 
     _attach_system_routes(app)
     for attach in (attach_images, attach_videos, attach_chat, attach_responses, attach_completions, attach_audio,
-                   attach_sleep, attach_weights, attach_realtime):
+                   attach_sleep, attach_weights, attach_realtime, attach_realtime_video):
         attach(app)
     if settings.playground:
         attach_playground(app)

@@ -19,7 +19,8 @@ from omnistage.entrypoints.openai.errors import bad_request
 logger = logging.getLogger(__name__)
 
 Task = Literal["images.generations", "images.edits", "videos", "chat", "chat.audio", "responses", "completions",
-               "audio.speech", "audio.generate", "audio.transcriptions", "audio.translations", "realtime"]
+               "audio.speech", "audio.generate", "audio.transcriptions", "audio.translations", "realtime",
+               "realtime.video"]
 ImageInput = Literal["none", "required", "optional"]
 
 ROUTES: dict[str, str] = {
@@ -34,6 +35,7 @@ ROUTES: dict[str, str] = {
     "audio.transcriptions": "POST /v1/audio/transcriptions",
     "audio.translations": "POST /v1/audio/translations",
     "realtime": "WS /v1/realtime",
+    "realtime.video": "WS /v1/realtime/video",
 }
 
 
@@ -48,26 +50,30 @@ class Capabilities:
     """Output modalities of the final stages that are diffusion stages, e.g. {"audio"} for Stable Audio."""
     video_input: bool = False
     """Whether a video request may carry a control video and its mask (Wan-VACE)."""
+    speech_to_text: bool = False
+    """A speech recognition family (its spec's `speech_to_text`, e.g. Qwen3-ASR): it transcribes."""
 
     @classmethod
     def from_spec(cls, model: str, spec: Any) -> Capabilities:
         outputs = frozenset(m for stage in spec.final_stages for m in stage.modalities)
         diffusion = frozenset(m for stage in spec.final_stages if stage.kind == "diffusion" for m in stage.modalities)
         return cls(model=model, outputs=outputs, image_input=_image_input(spec), diffusion_outputs=diffusion,
-                   video_input=_video_input(spec))
+                   video_input=_video_input(spec), speech_to_text=getattr(spec, "speech_to_text", None) is not None)
 
     def serves(self, task: str) -> bool:
         if task == "images.generations":
             return "image" in self.outputs and self.image_input != "required"
         if task == "images.edits":
             return "image" in self.outputs and self.image_input != "none"
-        if task == "videos":
+        if task in ("videos", "realtime.video"):
             return "video" in self.outputs
         if task in ("chat", "responses"):  # Responses runs on the chat path
             return bool({"text", "image"} & self.outputs)
+        if task == "audio.transcriptions" and self.speech_to_text:
+            return True  # an ASR family: it neither translates nor talks, so only this of the four
         if task in ("chat.audio", "realtime", "audio.transcriptions", "audio.translations"):
             # Voice sessions and transcriptions run on the omni models (text and audio out; their
-            # thinkers hear audio). A text-only ASR family would widen transcriptions.
+            # thinkers hear audio).
             return {"text", "audio"} <= self.outputs
         if task == "completions":  # text out of an AR stage (an omni model's thinker included)
             return "text" in self.outputs

@@ -123,10 +123,22 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
         "ref_text": ("The transcript of ref_audio (or of a registered voice's clip).", None),
         "task_type": ("Qwen3-TTS: `CustomVoice`, `VoiceDesign` or `Base`; must be the checkpoint's task.",
                       "CustomVoice"),
+        "stream": ("vLLM-Omni's: send the audio as the model makes it (pcm, or wav with an open-ended "
+                   "header; speed 1). Other formats or speeds are a 400.", True),
+        "max_new_tokens": ("vLLM-Omni's: the most codec frames the talker samples (default: the deploy's "
+                           "`max_tokens`).", 200),
+    },
+    "SpeechBatchRequest": {
+        "items": ("Up to 32 speech requests (each at least `input`, with any field of `POST /v1/audio/speech` "
+                  "but `stream` and `stream_format`); each is answered in its own result, in order.",
+                  [{"input": "Hello."}, {"input": "Goodbye.", "voice": "nova"}]),
+        "response_format": ("The audio encoding of every item (an item's own wins).", "wav"),
     },
     "AudioGenerateRequest": {
         "duration_seconds": ("Length of the audio; default and maximum: the model's whole window "
                              "(47.55 s for Stable Audio Open).", 10.0),
+        "audio_length": ("vLLM-Omni's name for `duration_seconds` (both and different: a 400).", None),
+        "input": ("vLLM-Omni's name for `prompt` (both and different: a 400).", None),
         "response_format": ("The audio encoding (stereo); `pcm` is interleaved int16.", "wav"),
     },
     "TranscriptionRequest": {
@@ -294,6 +306,9 @@ _SAMPLING_EXTRAS: dict[str, tuple[str, str]] = {
 _MODEL_EXTRAS = ("object", "The model's declared request extras, each a top-level field (e.g. "
                            "`max_sequence_length`; Stable Audio: `audio_start_in_s`). Unknown ones are a 400.")
 
+_SPEECH_EXTRAS = ("object", "The model's declared request extras, each a top-level field (Qwen3-TTS: "
+                            "`language`, `non_streaming_mode`). Unknown ones are a 400.")
+
 EXTENSIONS: dict[tuple[str, str], dict[str, tuple[str, str]]] = {
     ("post", "/v1/chat/completions"): {**_SAMPLING_EXTRAS, "<model extras>": _MODEL_EXTRAS},
     ("post", "/v1/chat/completions/batch"): {**_SAMPLING_EXTRAS, "<model extras>": _MODEL_EXTRAS},
@@ -301,6 +316,11 @@ EXTENSIONS: dict[tuple[str, str], dict[str, tuple[str, str]]] = {
     ("post", "/v1/responses"): dict(_SAMPLING_EXTRAS),
     ("post", "/v1/images/generations"): {"<model extras>": _MODEL_EXTRAS},
     ("post", "/v1/audio/generate"): {"<model extras>": _MODEL_EXTRAS},
+    ("post", "/v1/audio/speech"): {"<model extras>": _SPEECH_EXTRAS},
+    ("post", "/v1/audio/speech/batch"): {
+        "<speech fields>": ("object", "Any field of `POST /v1/audio/speech` but `input`, `stream` and `stream_format`: "
+                                      "a default every item takes unless it sends its own."),
+        "<model extras>": _SPEECH_EXTRAS},
 }
 
 
@@ -382,5 +402,6 @@ REQUEST_SCHEMAS = {"ImageGenerationRequest", "ImageEditRequest", "TranscriptionR
                    "ResponsesRequest", "MessageItem", "FunctionCallItem", "FunctionCallOutputItem", "InputText",
                    "OutputText", "InputImage", "InputAudioData", "InputFile", "Refusal", "FunctionTool",
                    "TextOptions", "TextFormatText", "TextFormatJSONObject", "TextFormatJSONSchema", "Reasoning",
-                   "SleepRequest", "UpdateWeightsRequest", "ChatCompletionBatchRequest"}
+                   "SleepRequest", "UpdateWeightsRequest", "ChatCompletionBatchRequest",
+                   "SpeechBatchRequest"}
 """The schemas a request body may contain (the others describe answers)."""

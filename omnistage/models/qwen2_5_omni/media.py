@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnistage.models.qwen2_5_omni.processors import ChatMedia
+from omnistage.models.chat_media import ChatMedia
 
 AUDIO_SAMPLE_RATE = 16000  # the Whisper feature extractor's input rate
 

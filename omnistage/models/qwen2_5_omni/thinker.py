@@ -34,7 +34,8 @@ from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
 from omnistage.models.qwen2_5_omni.media import OmniMedia, prompt_options
-from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE, chat_media
+from omnistage.models.chat_media import chat_media
+from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE
 from omnistage.models.qwen2_5_omni.video import VideoRules, interleave_in_chunks
 from omnistage.models.qwen2_5_omni.weights import check_voice, load_speakers, load_thinker
 

@@ -39,7 +39,7 @@ from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
 # The Qwen2.5-Omni helpers for chat media and the image processor: the same checkpoint layout.
 from omnistage.models.qwen2_5_omni.media import MediaPrompt, OmniMedia, joint_deepstack, prompt_options
-from omnistage.models.qwen2_5_omni.processors import chat_media
+from omnistage.models.chat_media import chat_media
 from omnistage.models.qwen2_5_omni.thinker import image_processor
 from omnistage.models.qwen2_5_omni.video import VideoRules, interleave_by_time
 from omnistage.models.qwen3_omni.processors import DEFAULT_VOICE
@@ -119,7 +119,7 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
 
     def build_prompt(self, inputs: Any) -> PromptInputs:
         """The generic inputs (see `ARModel.build_prompt`), plus `voice` when a talker is downstream
-        and `use_audio_in_video`; chat media parts as Qwen2.5-Omni's (`qwen2_5_omni.processors.chat_media`)."""
+        and `use_audio_in_video`; chat media parts as Qwen2.5-Omni's (`models.chat_media`)."""
         inputs, voice, with_audio = prompt_options(inputs, DEFAULT_VOICE)
         if voice is not None:
             check_voice(self.speakers, voice)

@@ -42,6 +42,8 @@ def resolve_qwen3_tts(files: ModelFiles, deploy: PipelineDeployConfig) -> Pipeli
         "instructions": ExtraSpec(str, help="VoiceDesign: the voice described in words; CustomVoice (1.7B): style."),
         "language": ExtraSpec(str, default="auto", help="'auto' or a language of the checkpoint."),
         "task_type": ExtraSpec(str, help="CustomVoice, VoiceDesign or Base: must match the checkpoint."),
+        "non_streaming_mode": ExtraSpec(bool, help="The authors' flag: the whole text in the prefill (default for "
+                                                   "CustomVoice and VoiceDesign); false: a text token per frame."),
     }
     if speakers:
         extras["voice"] = ExtraSpec(str, default=speakers[0], choices=speakers,

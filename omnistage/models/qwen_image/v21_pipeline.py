@@ -21,12 +21,20 @@ length. Later steps batch every length: only the image tokens are queries then, 
 prompts are padded to the longest with masked keys, and each request's cached text keys
 are turned forward on RoPE's frame axis by what its prompt lacks of the longest
 (`_shifted_keys`), so every query-key position difference is the one it has alone.
-Condition images (2.1's image-conditioned mode) are not served yet: a request with an
-image is refused.
+Condition images (2.1's image-conditioned mode): each is resized to about
+`output_resolution` squared pixels at its aspect ratio (RGBA, as the VAE reads four
+channels), read by the encoder inside the prompt (placeholders before the instruction, its
+alpha composited over white for the vision tower) and VAE-encoded (the mode) into latent
+tokens that take the places of its vision tokens in the transformer's sequence, before the
+target. They are part of the cached prefix. The output size defaults to the last image's
+aspect ratio at that area. A request with condition images runs its cached steps alone (the
+key turning above assumes a text-only prefix); its first step batches with requests of the
+same prompt length and image sizes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import numpy as np
@@ -45,6 +53,7 @@ from omnistage.diffusion.pipeline import (
 )
 from omnistage.core.errors import RequestError
 from omnistage.models.qwen_image.pipeline import QwenImage
+from omnistage.models.qwen_image.vl_processor import prenorm_last_hidden_states
 from omnistage.diffusion.accel.declaration import Accelerations
 
 SYSTEM_PROMPT = "Comprehend and analyze the provided prompt."
@@ -66,8 +75,13 @@ class QwenImage21(QwenImage):
         "height": 1024,
         "width": 1024,
     }
+    takes_image: ClassVar[bool] = True  # condition images, optional
     # diffusers' 2.1 pipeline has no max_sequence_length: the prompt is never truncated.
-    extras: ClassVar[dict[str, ExtraSpec]] = {}
+    extras: ClassVar[dict[str, ExtraSpec]] = {
+        "output_resolution": ExtraSpec(int, default=1024, min=32, max=4096,
+                                       help="Condition images are resized to about this side squared in pixels "
+                                            "(and the output, when no size is asked for)."),
+    }
 
     prompt_template: ClassVar[str] = (
         f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n{{}}<|im_end|>\n<|im_start|>assistant\n"
@@ -90,8 +104,7 @@ class QwenImage21(QwenImage):
     @classmethod
     def from_diffusers(cls, pipe: Any, path: str, configs: CheckpointConfigs, device: torch.device | str,
                        dtype: torch.dtype) -> "QwenImage21":
-        components = {k: v for k, v in pipe.components.items() if k != "processor"}
-        return cls({**components, "tokenizer": pipe.processor.tokenizer}, device, dtype, configs)
+        return cls({**pipe.components, "tokenizer": pipe.processor.tokenizer}, device, dtype, configs)
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
                  dtype: torch.dtype = torch.float32, configs: CheckpointConfigs | None = None):
@@ -123,7 +136,84 @@ class QwenImage21(QwenImage):
             raise RequestError("num_inference_steps", f"num_inference_steps: this checkpoint samples on its own {len(self.sample_sigmas)}-"
                                f"step schedule (model_index.json sample_sigmas), got {steps}")
 
+    def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:
+        # A size left unset follows output_resolution (and the last condition image's aspect
+        # ratio), floored to the size multiple, as diffusers computes it.
+        from diffusers.pipelines.qwenimage21.pipeline_qwenimage21 import calculate_dimensions
+
+        unset = [name for name in ("height", "width")
+                 if getattr(request.params, name) is None and name not in self.deploy_defaults]
+        request = super().prepare_request(request)
+        if unset:
+            side = request.params.extras["output_resolution"]
+            width, height = side, side
+            if request.images:
+                image = request.images[-1]
+                width, height, _ = calculate_dimensions(side * side, image.size[0] / image.size[1])
+            size = {"height": height // self.multiple_of * self.multiple_of,
+                    "width": width // self.multiple_of * self.multiple_of}
+            request = dataclasses.replace(request, params=request.params.model_copy(
+                update={name: size[name] for name in unset}))
+            self.check_inputs(request)
+        return request
+
     # -- 2. encode --------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
+        # Text-to-image requests share one encoder call (QwenImage.encode); a request with
+        # condition images is encoded alone, its images with each prompt.
+        plain = [r for r in requests if not r.images]
+        states = dict(zip(map(id, plain), super().encode(plain) if plain else []))
+        for request in requests:
+            if request.images:
+                states[id(request)] = self._condition_state(request)
+        return [states[id(r)] for r in requests]
+
+    def _condition_state(self, request: DiffusionRequest) -> DenoiseState:
+        from diffusers.pipelines.qwenimage21.pipeline_qwenimage21 import calculate_dimensions
+
+        side = request.params.extras["output_resolution"]
+        originals = [image.convert("RGBA") for image in request.images]
+        sizes = [calculate_dimensions(side * side, image.size[0] / image.size[1])[:2] for image in originals]
+        images = [self.image_processor.resize(image, width=w, height=h) for image, (w, h) in zip(originals, sizes)]
+        prompt, prompt_mask = self._encode_with_images(request.prompt, images)
+        negative, negative_mask = (self._encode_with_images(request.params.negative_prompt, images)
+                                   if self._uses_cfg(request) else (None, None))
+        state = self._initial_state(request, None, prompt, negative)
+        latents, shapes = [], []
+        for image, (width, height) in zip(originals, sizes):  # resized from the original, as diffusers does
+            pixels = self.image_processor.preprocess(image, width=width, height=height).unsqueeze(2)
+            encoded = self.vae.encode(pixels.to(self.device, self.vae.dtype)).latent_dist.mode()
+            mean, std = self._latents_stats(encoded)
+            encoded = ((encoded - mean) / std).to(prompt.dtype)
+            latents.append(encoded.flatten(2).transpose(1, 2))  # [1, h * w, C]: unpatched tokens
+            shapes.append((1, encoded.shape[-2], encoded.shape[-1]))
+        n = state.latents.shape[0]
+        state.cond.update(condition_latents=torch.cat(latents, dim=1).expand(n, -1, -1),
+                          img_shapes=(*shapes, *state.cond["img_shapes"]),
+                          prompt_pad_mask=prompt_mask, negative_prompt_pad_mask=negative_mask)
+        return state
+
+    def _encode_with_images(self, prompt: str, images: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """([L, D] embeddings, [L] mask of the condition images' vision tokens) of `prompt` read
+        with `images`, the system turn dropped."""
+        from PIL import Image
+
+        placeholders = " ".join(f"<image{i}><|vision_start|><|image_pad|><|vision_end|>"
+                                for i in range(1, len(images) + 1))
+        text = self.prompt_template.replace("<|im_start|>user\n", f"<|im_start|>user\n{placeholders}")
+        flat = []
+        for image in images:  # the alpha composited over white for the vision tower only, as trained
+            white = Image.new("RGB", image.size, (255, 255, 255))
+            white.paste(image, mask=image.getchannel("A"))
+            flat.append(white)
+        inputs = self.processor(text=[text.format(prompt or " ")], images=flat, padding=True,
+                                return_tensors="pt").to(self.device)
+        hidden = prenorm_last_hidden_states(self.text_encoder, dict(inputs))[0]
+        image_token = self.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        start = self.prompt_template_start_idx
+        return hidden[start:], (inputs["input_ids"][0] == image_token)[start:]
 
     def _templated(self, prompt: str, image: Any) -> str:
         return self.prompt_template.format(prompt or " ")  # Qwen has no bos: an empty prompt reads nothing
@@ -137,14 +227,7 @@ class QwenImage21(QwenImage):
                 "mm_token_type_ids": torch.zeros_like(tokens.input_ids)}
 
     def _encoder_hidden_states(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        # The last decoder layer's output before the final norm, which the transformer was
-        # trained on: a hook returning the norm's input stands in for its output, as in diffusers.
-        text_model = getattr(self.text_encoder.model, "language_model", self.text_encoder.model)
-        handle = text_model.norm.register_forward_hook(lambda module, args, output: args[0])
-        try:
-            return self.text_encoder(**inputs, output_hidden_states=True).hidden_states[-1]
-        finally:
-            handle.remove()
+        return prenorm_last_hidden_states(self.text_encoder, inputs)
 
     def _truncate(self, embeds: torch.Tensor, request: DiffusionRequest) -> torch.Tensor:
         return embeds  # no max_sequence_length (see `extras`)
@@ -197,7 +280,11 @@ class QwenImage21(QwenImage):
         embeds_key = "prompt_embeds" if branch == "cond" else "negative_prompt_embeds"
         states = [s for s, _ in rows]
         preds: dict[int, torch.Tensor] = {}
-        key = lambda s: s.cond[embeds_key].shape[0] if s.cond["kv_cache"][branch] is None else "cached"  # noqa: E731
+        def key(s: DenoiseState) -> Any:
+            if s.cond["kv_cache"][branch] is None:
+                return s.cond[embeds_key].shape[0]
+            return id(s) if "condition_latents" in s.cond else "cached"  # see the module note
+
         for group in group_by(states, key):
             preds.update(zip(map(id, group), self._predict_group(group, branch, embeds_key)))
         return [preds[id(s)] for s in states]
@@ -210,6 +297,10 @@ class QwenImage21(QwenImage):
         slots = torch.ones(latents.shape[0], embeds.shape[1] + latents.shape[1] // TOKENS_PER_SLOT, dtype=torch.bool,
                            device=self.device)
         slots[:, : embeds.shape[1]] = False  # text positions; the image's slots follow the prompt
+        hidden_states = latents
+        if "condition_latents" in states[0].cond:  # the condition images' tokens fill their vision slots
+            slots[:, : embeds.shape[1]] = states[0].cond[embeds_key.replace("embeds", "pad_mask")]
+            hidden_states = torch.cat([torch.cat([s.cond["condition_latents"], s.latents], dim=1) for s in states])
         num_blocks = len(self.transformer.transformer_blocks)
         extract = states[0].cond["kv_cache"][branch] is None
         if extract:
@@ -218,7 +309,7 @@ class QwenImage21(QwenImage):
             cache = _joined_cache(states, branch, num_blocks, embeds.shape[1], self.transformer.pos_embed.freqs[0])
         with self.transformer.cache_context(branch):
             noise_pred = self.transformer(
-                hidden_states=latents,
+                hidden_states=hidden_states,
                 timestep=current_timesteps(states).to(latents.dtype) / 1000,
                 encoder_hidden_states=embeds,
                 encoder_hidden_states_mask=mask,

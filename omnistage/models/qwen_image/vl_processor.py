@@ -41,3 +41,15 @@ def expand_image_tokens(text: str, grids: Any, merge: int) -> str:
     for part in parts[1:]:
         out += IMAGE_TOKEN * int(next(grids).prod() // merge) + part
     return out
+
+
+def prenorm_last_hidden_states(text_encoder: Any, inputs: dict[str, Any]) -> Any:
+    """A Qwen3-VL encoder's last decoder layer output before the final norm, which Qwen-Image 2.1
+    and JoyAI-Image were trained on (transformers 5 ties `hidden_states[-1]` to the normed
+    output): a hook returning the norm's input stands in for its output, as diffusers hooks it."""
+    text_model = getattr(text_encoder.model, "language_model", text_encoder.model)
+    handle = text_model.norm.register_forward_hook(lambda module, args, output: args[0])
+    try:
+        return text_encoder(**inputs, output_hidden_states=True).hidden_states[-1]
+    finally:
+        handle.remove()

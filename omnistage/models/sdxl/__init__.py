@@ -1,5 +1,23 @@
-"""Stable Diffusion XL (base): text -> image in one diffusion stage. The refiner, diffusers'
-optional second stage, is not served yet."""
+"""Stable Diffusion XL: the base, text -> image in one diffusion stage; and the base with its
+refiner, diffusers' ensemble of experts, as two diffusion stages (`sdxl_refiner`):
+
+    stage 0 "base"    (StableDiffusionXLPipeline): prompt -> latents, denoised to `denoising_end`
+    stage 1 "refiner" (StableDiffusionXLImg2ImgPipeline): the base's latents + prompt -> image,
+                      denoised from `denoising_start` to the end
+
+Two checkpoints, one pipeline folder whose `config.json` names them by stage
+(`omnistage.engine.factory.stage_model_paths`):
+
+    my-sdxl-ensemble/config.json
+      {"model_type": "sdxl_refiner",
+       "stage_models": {"base": "stabilityai/stable-diffusion-xl-base-1.0",
+                        "refiner": "stabilityai/stable-diffusion-xl-refiner-1.0"}}
+
+Its deploy file (sdxl_refiner.yaml) sets where the schedule is split.
+"""
+
+from collections.abc import Mapping
+from typing import Any
 
 from omnistage.config import PipelineSpec, StageSpec, register_pipeline
 from omnistage.diffusion.registry import register_diffusion_pipeline
@@ -16,5 +34,47 @@ SDXL = PipelineSpec(
     ),
 )
 
+
+def _prompt(request: Any) -> str:
+    prompt = request.prompt.get("prompt") if isinstance(request.prompt, Mapping) else request.prompt
+    if not isinstance(prompt, str):
+        raise ValueError(f"prompt must be a string (or {{'prompt': str}}), got {request.prompt!r}")
+    return prompt
+
+
+def base_input(request: Any, upstream: Mapping[int, Any]) -> dict[str, Any]:
+    """The prompt, and the base's latents asked for instead of an image."""
+    return {"prompt": _prompt(request), "condition": {"output": "latents"}}
+
+
+def refiner_input(request: Any, upstream: Mapping[int, Any]) -> dict[str, Any]:
+    """The prompt and the base's latents."""
+    return {"prompt": _prompt(request), "condition": {"latents": upstream[0].latents}}
+
+
+SDXL_REFINER = PipelineSpec(
+    name="sdxl_refiner",
+    stages=(
+        StageSpec(id=0, name="base", kind="diffusion", output="latent", model="StableDiffusionXLPipeline",
+                  input_processor=base_input,
+                  # Step mode, as the one-stage base (its measured default above).
+                  defaults={"step_execution": True}),
+        StageSpec(id=1, name="refiner", kind="diffusion", output="image", inputs=(0,), final_output=True,
+                  model="StableDiffusionXLImg2ImgPipeline", input_processor=refiner_input,
+                  # Request mode: step mode's throughput ratio on the tiny sdxl-refiner is not measured.
+                  defaults={"step_execution": False}),
+    ),
+)
+
+# The refiner checkpoint served alone refines latents a request brings (`{"prompt": ..., "condition":
+# {"latents": ...}}` through the Python API), with `denoising_start` in its extras.
+SDXL_REFINER_ALONE = PipelineSpec(name="sdxl_refiner_alone", stages=(StageSpec(
+    id=0, name="refiner", kind="diffusion", output="image", final_output=True,
+    model="StableDiffusionXLImg2ImgPipeline", defaults={"step_execution": False}),))
+
 register_pipeline("StableDiffusionXLPipeline", SDXL, deploy_config="sdxl.yaml")
+register_pipeline("StableDiffusionXLImg2ImgPipeline", SDXL_REFINER_ALONE, deploy_config="sdxl.yaml")
+register_pipeline("sdxl_refiner", SDXL_REFINER, deploy_config="sdxl_refiner.yaml")
 register_diffusion_pipeline("StableDiffusionXLPipeline", "omnistage.models.sdxl.pipeline:StableDiffusionXL")
+register_diffusion_pipeline("StableDiffusionXLImg2ImgPipeline",
+                            "omnistage.models.sdxl.refiner:StableDiffusionXLRefiner")

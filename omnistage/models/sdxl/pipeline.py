@@ -7,8 +7,10 @@ denoise_step / decode seams. CFG runs when `guidance_scale > 1`; without a negat
 the uncond embeddings are zeros when the checkpoint says `force_zeros_for_empty_prompt`
 (base-1.0 does), as in diffusers. `guidance_rescale` is an extra. The size micro-conditioning
 is diffusers' default: original and target size are the requested size, no crop.
-Not supported: the refiner as a second stage, `prompt_2` / `negative_prompt_2`, clip_skip,
-IP-Adapter, `denoising_end`, guidance-embedding (LCM) UNets, the invisible watermark.
+`denoising_end` (an extra) stops the base at that fraction of the schedule, as in diffusers'
+ensemble of experts; as the first stage of `sdxl_refiner` (refiner.py) it hands its latents on.
+Not supported: `prompt_2` / `negative_prompt_2`, clip_skip, IP-Adapter, guidance-embedding
+(LCM) UNets, the invisible watermark.
 """
 
 from __future__ import annotations
@@ -32,7 +34,15 @@ from omnistage.diffusion.pipeline import (
     map_groups,
     split_per_state,
 )
+from omnistage.core.types import LatentPayload
 from omnistage.diffusion.accel.declaration import Accelerations
+
+
+def timestep_cutoff(noise_scheduler: Any, fraction: float) -> int:
+    """The training timestep at `fraction` of the way from noise to image (diffusers'
+    `discrete_timestep_cutoff` of `denoising_end` / `denoising_start`)."""
+    num_train = noise_scheduler.config.num_train_timesteps
+    return int(round(num_train - fraction * num_train))
 
 
 def rescaled_cfg(state: DenoiseState, cond: torch.Tensor, uncond: torch.Tensor, scale: float) -> torch.Tensor:
@@ -65,6 +75,9 @@ class StableDiffusionXL(DiffusionPipelineBase):
         "guidance_rescale": ExtraSpec(float, default=0.0, min=0.0, max=1.0,
                                       help="Rescales the guided prediction toward the cond one's std "
                                            "(arXiv:2305.08891 sec. 3.4); 0 = plain CFG."),
+        "denoising_end": ExtraSpec(float, min=0.0, max=1.0,
+                                   help="Stop at this fraction of the schedule (the base of an ensemble "
+                                        "with the refiner); unset = denoise to the end."),
     }
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
@@ -134,9 +147,6 @@ class StableDiffusionXL(DiffusionPipelineBase):
 
     def _initial_state(self, request: DiffusionRequest, prompt: tuple[torch.Tensor, torch.Tensor],
                        negative: tuple[torch.Tensor, torch.Tensor] | None) -> DenoiseState:
-        from diffusers.pipelines.stable_diffusion_xl.pipeline_stable_diffusion_xl import retrieve_timesteps
-        from diffusers.utils.torch_utils import randn_tensor
-
         params = request.params
         n = params.num_outputs_per_prompt
         uses_cfg = params.guidance_scale > 1
@@ -144,32 +154,56 @@ class StableDiffusionXL(DiffusionPipelineBase):
             negative = (torch.zeros_like(prompt[0]), torch.zeros_like(prompt[1]))
 
         noise_scheduler = self.noise_scheduler_copy()
-        timesteps, _ = retrieve_timesteps(noise_scheduler, params.num_inference_steps, self.device)
-        noise_scheduler.set_begin_index(0)
+        timesteps = self._timesteps(noise_scheduler, params)
         generator = self.generator_for(request)
-        shape = (n, self.unet.config.in_channels, params.height // self.vae_scale_factor,
-                 params.width // self.vae_scale_factor)
-        latents = randn_tensor(shape, generator=generator, device=self.device, dtype=prompt[0].dtype)
-        latents = latents * noise_scheduler.init_noise_sigma  # after set_timesteps, as diffusers orders it
+        latents = self._start_latents(request, noise_scheduler, generator, prompt[0].dtype)
 
         def repeat(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.unsqueeze(0).expand(n, *t.shape)
 
-        # (original size, crop top-left, target size): the requested size, uncropped.
-        time_ids = torch.tensor([[params.height, params.width, 0, 0, params.height, params.width]],
-                                device=self.device, dtype=prompt[0].dtype).expand(n, 6)
+        time_ids, negative_time_ids = (torch.tensor([ids], device=self.device, dtype=prompt[0].dtype).expand(n, -1)
+                                       for ids in self._time_ids(params))
         cond: dict[str, Any] = {
             "prompt_embeds": repeat(prompt[0]),
             "pooled_prompt_embeds": repeat(prompt[1]),
             "negative_prompt_embeds": repeat(negative[0]) if uses_cfg else None,
             "negative_pooled_prompt_embeds": repeat(negative[1]) if uses_cfg else None,
             "time_ids": time_ids,
+            "negative_time_ids": negative_time_ids,
             "guidance_scale": params.guidance_scale,
             "guidance_rescale": params.extras["guidance_rescale"],
             "generator": generator,  # the noise scheduler's step noise comes next from it, as in diffusers
         }
         return DenoiseState(request=request, latents=latents, noise_scheduler=noise_scheduler, timesteps=timesteps,
                             cond=cond)
+
+    def _timesteps(self, noise_scheduler: Any, params: Any) -> torch.Tensor:
+        """The request's timesteps: the whole schedule, cut at `denoising_end` when given."""
+        from diffusers.pipelines.stable_diffusion_xl.pipeline_stable_diffusion_xl import retrieve_timesteps
+
+        timesteps, _ = retrieve_timesteps(noise_scheduler, params.num_inference_steps, self.device)
+        noise_scheduler.set_begin_index(0)
+        end = params.extras.get("denoising_end")
+        if end is not None and 0 < end < 1:
+            timesteps = timesteps[timesteps >= timestep_cutoff(noise_scheduler, end)]
+        return timesteps
+
+    def _start_latents(self, request: DiffusionRequest, noise_scheduler: Any, generator: torch.Generator,
+                       dtype: torch.dtype) -> torch.Tensor:
+        """The noise the request starts from, scaled to the schedule's first sigma."""
+        from diffusers.utils.torch_utils import randn_tensor
+
+        params = request.params
+        shape = (params.num_outputs_per_prompt, self.unet.config.in_channels, params.height // self.vae_scale_factor,
+                 params.width // self.vae_scale_factor)
+        latents = randn_tensor(shape, generator=generator, device=self.device, dtype=dtype)
+        return latents * noise_scheduler.init_noise_sigma  # after set_timesteps, as diffusers orders it
+
+    def _time_ids(self, params: Any) -> tuple[list[float], list[float]]:
+        """(cond, uncond) micro-conditioning: original size, crop top-left, target size (the
+        requested size, uncropped) for both."""
+        ids = [params.height, params.width, 0, 0, params.height, params.width]
+        return ids, ids
 
     # -- 3. denoise -----------------------------------------------------------------------
 
@@ -200,7 +234,7 @@ class StableDiffusionXL(DiffusionPipelineBase):
             encoder_hidden_states=torch.cat([s.cond[f"{p}prompt_embeds"] for s, p in zip(row_states, prefixes)]),
             added_cond_kwargs={
                 "text_embeds": torch.cat([s.cond[f"{p}pooled_prompt_embeds"] for s, p in zip(row_states, prefixes)]),
-                "time_ids": torch.cat([s.cond["time_ids"] for s in row_states]),
+                "time_ids": torch.cat([s.cond[f"{p}time_ids"] for s, p in zip(row_states, prefixes)]),
             },
             return_dict=False,
         )[0]
@@ -215,6 +249,13 @@ class StableDiffusionXL(DiffusionPipelineBase):
         state.step_index += 1
 
     # -- 4. decode ------------------------------------------------------------------------
+
+    def decode(self, states: list[DenoiseState]) -> list[Any]:
+        # As the ensemble's first stage (its input processor asks for it), the latents go on to the refiner.
+        if all(s.request.condition.get("output") == "latents" for s in states):
+            return [LatentPayload(latents=s.latents, extras={"denoising_end": s.request.params.extras.get(
+                "denoising_end")}) for s in states]
+        return super().decode(states)
 
     @torch.no_grad()
     def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:

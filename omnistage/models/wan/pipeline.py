@@ -102,19 +102,8 @@ class _Wan(DiffusionPipelineBase):
     # -- 2. encode: prompts, conditioning, initial noise, timesteps -------------------------
 
     def _encode_prompts(self, prompts: list[str], max_sequence_length: int) -> torch.Tensor:
-        """UMT5 embeddings [N, max_sequence_length, D] with the padding positions zeroed
-        (WanPipeline._get_t5_prompt_embeds). The attention mask keeps rows independent."""
-        from diffusers.pipelines.wan.pipeline_wan import prompt_clean
-
-        tokens = self.tokenizer([prompt_clean(p) for p in prompts], padding="max_length",
-                                max_length=max_sequence_length, truncation=True, add_special_tokens=True,
-                                return_attention_mask=True, return_tensors="pt")
-        mask = tokens.attention_mask.to(self.device)
-        embeds = self.text_encoder(tokens.input_ids.to(self.device), mask).last_hidden_state
-        # Keep each prompt's first seq_len positions and zero the rest, as diffusers does.
-        seq_lens = mask.gt(0).sum(dim=1)
-        keep = torch.arange(max_sequence_length, device=self.device)[None, :] < seq_lens[:, None]
-        return (embeds * keep.unsqueeze(-1)).to(self.main_transformer.dtype)
+        return umt5_prompt_embeds(self.tokenizer, self.text_encoder, prompts, max_sequence_length,
+                                  self.device, self.main_transformer.dtype)
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
@@ -351,6 +340,23 @@ class WanI2V(_Wan):
         mask = state.cond["first_frame_mask"]
         return (1 - mask) * state.cond["condition"] + mask * state.latents
 
+
+
+def umt5_prompt_embeds(tokenizer: Any, text_encoder: Any, prompts: list[str], max_sequence_length: int,
+                       device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """UMT5 embeddings [N, max_sequence_length, D] with the padding positions zeroed
+    (WanPipeline._get_t5_prompt_embeds; Helios encodes prompts the same way). The attention mask
+    keeps rows independent."""
+    from diffusers.pipelines.wan.pipeline_wan import prompt_clean
+
+    tokens = tokenizer([prompt_clean(p) for p in prompts], padding="max_length", max_length=max_sequence_length,
+                       truncation=True, add_special_tokens=True, return_attention_mask=True, return_tensors="pt")
+    mask = tokens.attention_mask.to(device)
+    embeds = text_encoder(tokens.input_ids.to(device), mask).last_hidden_state
+    # Keep each prompt's first seq_len positions and zero the rest, as diffusers does.
+    seq_lens = mask.gt(0).sum(dim=1)
+    keep = torch.arange(max_sequence_length, device=device)[None, :] < seq_lens[:, None]
+    return (embeds * keep.unsqueeze(-1)).to(dtype)
 
 def latent_stats(vae: Any, num_channels: int, device: torch.device,
                  dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -23,6 +23,8 @@ from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
 EXTRAS = {"max_sequence_length": ExtraSpec(int, default=64, min=1, max=512)}
 SAMPLE_RATE = 16000
 TEXT = ["Hello", " from", " the", " fake", " model."]
+# What Qwen3-ASR writes when it detects the language itself (kind "asr").
+ASR_TEXT = ["language", " English", "<asr_text>", *TEXT]
 
 
 def spec(kind: str) -> PipelineSpec:
@@ -36,6 +38,10 @@ def spec(kind: str) -> PipelineSpec:
         stages = [StageSpec(id=0, name="thinker", kind="ar", output="text", final_output=True),
                   StageSpec(id=1, name="talker", kind="ar", output="tokens", inputs=(0,)),
                   StageSpec(id=2, name="vocoder", kind="generation", output="audio", inputs=(1,), final_output=True)]
+    elif kind == "asr":  # the real family's spec: its speech_to_text builds prompts and reads answers
+        from omnistage.models.qwen3_asr import QWEN3_ASR
+
+        return QWEN3_ASR
     elif kind == "tts":
         stages = [StageSpec(id=0, name="talker", kind="ar", output="tokens"),
                   StageSpec(id=1, name="codec", kind="generation", output="audio", inputs=(0,), final_output=True)]
@@ -62,7 +68,7 @@ class FakeEngine:
         """Each request's `session_id` (the body's `user`), as the route passed it."""
         self.healthy = True
         self.is_shut_down = False
-        self.text = list(TEXT)
+        self.text = list(ASR_TEXT if kind == "asr" else TEXT)
         """The pieces a text answer streams (tests set tool-call text here)."""
         self.finish_reason = "stop"
         """What the text outputs end with ("abort" to play an aborted request)."""
@@ -101,7 +107,7 @@ class FakeEngine:
                 yield OmniOutput(request_id, finished=True, video=frames, fps=params.fps or 8.0, finish_reason="stop")
             return
         text = ""
-        if self.kind in ("text", "omni"):
+        if self.kind in ("text", "omni", "asr"):
             limit = params.max_tokens if isinstance(params, SamplingParams) and params.max_tokens else len(self.text)
             for piece in self.text[:limit]:
                 await self._tick()

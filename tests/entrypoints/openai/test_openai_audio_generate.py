@@ -63,6 +63,15 @@ def test_wav_is_stereo_of_the_asked_duration_and_reproducible(http):
     assert wav(generate(http)).shape == (8192, 2)
 
 
+def test_the_reference_field_names_input_and_audio_length(http):
+    ours = generate(http, duration_seconds=0.5)
+    theirs = http.post("/v1/audio/generate", json={"input": "a hammer on wood", "audio_length": 0.5, **FAST})
+    assert theirs.status_code == 200, theirs.text
+    assert theirs.content == ours.content  # the same request under vLLM-Omni's names
+    same = generate(http, input="a hammer on wood", duration_seconds=0.5, audio_length=0.5)
+    assert same.content == ours.content  # both names, one value: fine
+
+
 @pytest.mark.parametrize("fmt", ["flac", "mp3"])
 def test_soundfile_formats_decode(http, fmt):
     response = generate(http, duration_seconds=0.5, response_format=fmt)
@@ -99,6 +108,10 @@ def test_pyav_formats_decode(http, fmt, container):
     ({"response_format": "ogg"}, "response_format"),
     ({"num_inference_steps": 0}, "num_inference_steps"),
     ({"prompt": ""}, "prompt"),
+    ({"prompt": None}, "prompt"),
+    ({"input": "a drum"}, "input"),  # vLLM-Omni's name for prompt, saying otherwise
+    ({"duration_seconds": 0.5, "audio_length": 0.25}, "audio_length"),
+    ({"audio_length": 5.0}, "audio_length"),
     ({"voice": "alloy"}, "voice"),  # not a field of the route nor an extra of the model
     ({"true_cfg_scale": 2.0}, "true_cfg_scale"),
 ])

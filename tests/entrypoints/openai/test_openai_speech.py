@@ -74,6 +74,7 @@ def test_sse_events(app_client):
         events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
     deltas = [e for e in events if e["type"] == "speech.audio.delta"]
     assert len(deltas) == 3 and events[-1]["type"] == "speech.audio.done"
+    assert {(e["response_format"], e["sample_rate"], e["channels"]) for e in deltas} == {("pcm", RATE, 1)}
     assert sum(len(base64.b64decode(e["audio"])) for e in deltas) == 2 * NUM_SAMPLES
 
 
@@ -85,7 +86,10 @@ def test_sse_events(app_client):
     ({"input": "x", "seed": -1}, "seed"),
     ({"input": "x", "speed": 9}, "speed"),
     ({"input": "x", "stream_format": "ws"}, "stream_format"),
-    ({"input": "x", "pitch": 2}, "pitch"),
+    ({"input": "x", "pitch": 2}, "pitch"),  # not a field, nor an extra the model declares
+    ({"input": "x", "stream": True}, "response_format"),  # mp3 is encoded once complete
+    ({"input": "x", "stream": True, "response_format": "wav", "speed": 2}, "speed"),
+    ({"input": "x", "max_new_tokens": 0}, "max_new_tokens"),
 ])
 def test_speech_errors(app_client, body, param):
     http, engine = app_client("tts")
@@ -104,3 +108,31 @@ def test_omni_model_speaks_through_chat_not_speech(app_client):
     http, _ = app_client("omni")
     resp = http.post("/v1/audio/speech", json={"input": "x", "response_format": "wav"})
     assert resp.status_code == 400 and "/v1/chat/completions" in resp.json()["error"]["message"]
+
+
+def test_seed_and_max_new_tokens_reach_the_talker(app_client):
+    http, engine = app_client("tts")
+    resp = http.post("/v1/audio/speech", json={"input": "hi", "seed": 5, "max_new_tokens": 7, "stream": True,
+                                               "response_format": "pcm"})
+    assert resp.status_code == 200 and len(resp.content) == 2 * NUM_SAMPLES
+    params = engine.raw_params[-1]["talker"]
+    assert (params.seed, params.max_tokens) == (5, 7) and params.fields_set == {"seed", "max_tokens"}
+
+
+def test_batch_items_fail_alone(app_client):
+    http, engine = app_client("tts")
+    resp = http.post("/v1/audio/speech/batch", json={"voice": "alloy", "items": [
+        {"input": "one"}, {"input": ""}, {"input": "three", "response_format": "flac"}]})
+    assert resp.status_code == 200, resp.text
+    results = resp.json()["results"]
+    assert [r["status"] for r in results] == ["success", "error", "success"]
+    assert results[1]["error"]["param"] == "items[1].input"
+    audio, rate = sf.read(io.BytesIO(base64.b64decode(results[0]["audio_data"])))  # the batch's default: wav
+    assert rate == RATE and len(audio) == NUM_SAMPLES and results[2]["media_type"] == "audio/flac"
+    assert [prompt for prompt, _, _ in engine.requests] == [{"prompt": "one", "voice": "alloy"},
+                                                            {"prompt": "three", "voice": "alloy"}]
+    for body, param in (({"items": []}, "items"), ({"items": [{"input": "x"}], "speed": 9}, "speed"),
+                        ({"items": [{"input": "x"}], "stream_format": "sse"}, "stream_format"),
+                        ({"items": [{"input": "x"}], "pitch": 2}, "pitch")):
+        resp = http.post("/v1/audio/speech/batch", json=body)
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == param

@@ -1,5 +1,5 @@
-"""Routes of the audio group. Handlers come from `app.state`: `speech_serving` (speech and
-its WebSocket stream), `voice_store` (voices), `audio_generate_serving` (text -> sound) and
+"""Routes of the audio group. Handlers come from `app.state`: `speech_serving` (speech, its
+batch and its WebSocket stream), `voice_store` (voices), `audio_generate_serving` (text -> sound) and
 `transcription_serving` (speech -> text)."""
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from fastapi.responses import Response, StreamingResponse
 from omnistage.entrypoints.openai.audio.generate import AudioGenerateServing
 from omnistage.entrypoints.openai.audio.protocol import (
     AudioGenerateRequest,
+    SpeechBatchRequest,
+    SpeechBatchResponse,
     SpeechRequest,
     TranscriptionRequest,
     TranslationRequest,
@@ -43,6 +45,12 @@ async def create_speech(body: SpeechRequest, handler: SpeechServing = Depends(se
     if isinstance(answer.body, bytes):
         return Response(answer.body, media_type=answer.media_type, headers=headers)
     return StreamingResponse(answer.body, media_type=answer.media_type, headers=headers)
+
+
+@router.post("/v1/audio/speech/batch", dependencies=[Depends(require_json)])
+async def create_speech_batch(body: SpeechBatchRequest, request: Request,
+                              handler: SpeechServing = Depends(serving)) -> SpeechBatchResponse:
+    return await handler.create_batch(body, request)
 
 
 def generate_serving(request: Request) -> AudioGenerateServing:

@@ -1,7 +1,8 @@
 """Audio generation: a description -> sound or music, from a diffusion audio model (Stable Audio).
 
-The prompt and the diffusion fields go to the diffusion stage as `DiffusionParams`;
-`duration_seconds` becomes the model's `audio_end_in_s` extra (after `audio_start_in_s`,
+The prompt and the diffusion fields go to the diffusion stage as `DiffusionParams`; vLLM-Omni's
+names `input` and `audio_length` are taken for `prompt` and `duration_seconds`, which
+becomes the model's `audio_end_in_s` extra (after `audio_start_in_s`,
 0 unless sent). The whole waveform is encoded once in `response_format` with the speech
 route's encoders (media/audio.py): mono or the model's channels (`x-audio-channels`), at
 the model's rate (`x-sample-rate`; 48 kHz for opus, whose encoder runs at that rate).
@@ -49,13 +50,14 @@ class AudioGenerateServing:
         if body.response_format == "opus" and not opus_available():
             raise bad_request("response_format: this server's PyAV has no libopus; use wav, pcm, flac or mp3",
                               param="response_format")
-        params = self._params(body)
+        prompt, params = body.text(), self._params(body)
         try:
-            out = await self.gateway.run(body.prompt, params, new_request_id("audio"), request)
+            out = await self.gateway.run(prompt, params, new_request_id("audio"), request)
         except APIError as e:
             # The engine checks the end second it was given; the client sent a duration.
-            if e.param == END_EXTRA and body.duration_seconds is not None:
-                raise bad_request(f"duration_seconds: {e.message}", param="duration_seconds") from None
+            if e.param == END_EXTRA and body.seconds() is not None:
+                name = "duration_seconds" if body.duration_seconds is not None else "audio_length"
+                raise bad_request(f"{name}: {e.message}", param=name) from None
             raise
         if out.audio is None:
             raise EngineError("the model produced no audio")
@@ -66,14 +68,15 @@ class AudioGenerateServing:
 
     def _params(self, body: AudioGenerateRequest) -> DiffusionParams:
         extras = body.extras()
-        if body.duration_seconds is not None:
+        seconds = body.seconds()
+        if seconds is not None:
             if END_EXTRA in extras:
                 raise bad_request(f"duration_seconds: give duration_seconds or {END_EXTRA}, not both",
                                   param="duration_seconds")
             start = extras.get(START_EXTRA, 0.0)
             if isinstance(start, bool) or not isinstance(start, int | float):
                 raise bad_request(f"{START_EXTRA} must be a number, got {type(start).__name__}", param=START_EXTRA)
-            extras[END_EXTRA] = float(start) + body.duration_seconds
+            extras[END_EXTRA] = float(start) + seconds
         try:
             return DiffusionParams(extras=extras, **body.diffusion_fields())
         except ValueError as e:

@@ -1,19 +1,28 @@
-"""The speech request (OpenAI's fields, plus vLLM-Omni's inline `ref_audio`/`ref_text` and `seed`),
-voices, the streaming session's messages, and the audio generation request."""
+"""The speech request (OpenAI's fields, plus vLLM-Omni's `stream`, `max_new_tokens`, inline
+`ref_audio`/`ref_text`, `seed` and the model's extras), its batch, voices, the streaming
+session's messages, and the audio generation request."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnistage.entrypoints.openai.common import DiffusionFields
+from omnistage.entrypoints.openai.errors import bad_request
 
 SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus", "aac"]
 
 
+STREAMABLE_FORMATS = ("pcm", "wav")
+"""The formats our encoders write chunk by chunk (WAV with an open-ended header)."""
+
+
 class SpeechRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Fields no route field names are the model's declared extras (Qwen3-TTS: `language`,
+    `non_streaming_mode`), checked against them by the serving; unknown ones are a 400."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     input: str = Field(min_length=1, max_length=4096)
@@ -23,6 +32,10 @@ class SpeechRequest(BaseModel):
     response_format: SpeechFormat = "mp3"
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
     stream_format: Literal["audio", "sse"] = "audio"
+    stream: bool = False
+    """vLLM-Omni's: the audio must go out as the model makes it (pcm or wav, speed 1; else a 400)."""
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    """vLLM-Omni's: the most codec frames the talker samples (default: the deploy's max_tokens)."""
     ref_audio: str | None = Field(default=None, max_length=64 * 1024 * 1024)
     """A reference clip to clone the voice from (base64 or a data URL), as vLLM-Omni's speech route
     takes it; models that clone voices only. Overrides `voice` (which the official client always sends)."""
@@ -33,6 +46,44 @@ class SpeechRequest(BaseModel):
     task_type: str | None = Field(default=None, max_length=64)
     """vLLM-Omni's TTS task (Qwen3-TTS: CustomVoice, VoiceDesign, Base); it must be the checkpoint's.
     Sent to the model as given; models without tasks refuse it by name."""
+
+
+# --- POST /v1/audio/speech/batch ------------------------------------------------------------
+
+MAX_BATCH_ITEMS = 32
+"""Most inputs one POST /v1/audio/speech/batch may carry (vLLM-Omni's limit)."""
+
+
+class SpeechBatchRequest(BaseModel):
+    """vLLM-Omni's batch: `items` are speech requests (each at least `input`); every other field
+    is a default the items share (an item's own value wins). Items are checked one by one, so a
+    bad item fails alone."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    items: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_BATCH_ITEMS)
+    response_format: SpeechFormat = "wav"
+
+
+class SpeechBatchResult(BaseModel):
+    index: int
+    status: Literal["success", "error"]
+    audio_data: str | None = None
+    """The encoded audio, base64."""
+    media_type: str | None = None
+    sample_rate: int | None = None
+    error: dict[str, Any] | None = None
+    """OpenAI's error object (message, type, param, code); `param` is located in the batch body
+    (`items[2].voice`)."""
+
+
+class SpeechBatchResponse(BaseModel):
+    id: str
+    results: list[SpeechBatchResult]
+    total: int
+    succeeded: int
+    failed: int
 
 
 # --- voices ------------------------------------------------------------------------------
@@ -93,10 +144,33 @@ class AudioGenerateRequest(DiffusionFields):
     (Stable Audio: `audio_start_in_s`), checked by the engine."""
 
     model: str | None = None
-    prompt: str = Field(min_length=1, max_length=32000)
+    prompt: str | None = Field(default=None, min_length=1, max_length=32000)
+    input: str | None = Field(default=None, min_length=1, max_length=32000)
+    """vLLM-Omni's name for `prompt`."""
     duration_seconds: float | None = Field(default=None, gt=0, le=3600)
     """Seconds of audio; None = the model's whole window (Stable Audio Open: 47.55 s)."""
+    audio_length: float | None = Field(default=None, gt=0, le=3600)
+    """vLLM-Omni's name for `duration_seconds`."""
     response_format: SpeechFormat = "wav"
+
+    def text(self) -> str:
+        text = _one_of(self, "prompt", "input")
+        if text is None:
+            raise bad_request("prompt: the description of the audio is required (or vLLM-Omni's input)",
+                              param="prompt")
+        return text
+
+    def seconds(self) -> float | None:
+        return _one_of(self, "duration_seconds", "audio_length")
+
+
+def _one_of(body: BaseModel, ours: str, theirs: str) -> Any:
+    """The value of a field sent under our name or vLLM-Omni's; both and different is a 400."""
+    mine, other = getattr(body, ours), getattr(body, theirs)
+    if mine is not None and other is not None and mine != other:
+        raise bad_request(f"{theirs}: vLLM-Omni's name for {ours}, which says otherwise ({other!r} vs {mine!r}); "
+                          f"send one", param=theirs)
+    return mine if mine is not None else other
 
 
 # --- transcriptions ------------------------------------------------------------------------
@@ -118,7 +192,8 @@ class TranscriptionRequest(BaseModel):
     temperature: float = Field(default=0.0, ge=0.0, le=1.0)
     stream: bool = False
     timestamp_granularities: Literal["segment"] | None = None
-    """Only "segment": the omni thinkers give no word times (their one segment is the clip)."""
+    """Only "segment": the omni thinkers give no word times (their one segment is the clip); refused
+    by a speech recognition family that gives no times (Qwen3-ASR)."""
 
 
 class TranslationRequest(BaseModel):

@@ -1,12 +1,17 @@
-"""Speech: run the TTS request and answer audio bytes, chunked bytes or SSE events.
+"""Speech: run the TTS request and answer audio bytes, chunked bytes or SSE events; and the
+batch of many speech requests answered in one JSON response.
 
-The engine prompt is `{"prompt": input}` plus `instructions` and `task_type` when given, and what the
-voice store makes of `voice` (the name of a built-in voice, or a registered voice's
-reference clip; see voices.py).
+The engine prompt is `{"prompt": input}` plus `instructions`, `task_type` and the model's
+declared extras when given (`PipelineSpec.request_extras`; unknown fields are a 400 naming
+them), and what the voice store makes of `voice` (the name of a built-in voice, or a
+registered voice's reference clip; see voices.py). `seed` and `max_new_tokens` go to the
+talker's sampling params.
 `pcm` and `wav` at speed 1 stream chunk by chunk as the model produces them (WAV with an
 open-ended header); any other format, or another speed, is encoded once the whole
-waveform exists and sent as one piece. `x-sample-rate` is the rate of the bytes sent
-(48 kHz for opus, whose encoder runs at that rate).
+waveform exists and sent as one piece. `stream: true` asks for the first kind and is a 400
+for the second. `x-sample-rate` is the rate of the bytes sent (48 kHz for opus, whose
+encoder runs at that rate). A client that leaves mid-stream aborts the engine request (the
+route's generator is cancelled; `audio_chunks` closes the stream).
 """
 
 from __future__ import annotations
@@ -21,13 +26,24 @@ from typing import Any
 
 import numpy as np
 
-from omnistage.entrypoints.openai.audio.protocol import SpeechRequest
+from omnistage.entrypoints.openai.audio.protocol import (
+    STREAMABLE_FORMATS,
+    SpeechBatchRequest,
+    SpeechBatchResponse,
+    SpeechBatchResult,
+    SpeechRequest,
+)
 from omnistage.entrypoints.openai.audio.voices import VoiceStore
 from omnistage.entrypoints.openai.capabilities import Capabilities
-from omnistage.entrypoints.openai.common import check_model
+from omnistage.entrypoints.openai.common import check_model, validate
 from omnistage.ar.sampling_params import SamplingParams
-from omnistage.entrypoints.openai.engine_client import EngineGateway, RequestStream, new_request_id
-from omnistage.entrypoints.openai.errors import APIError, EngineError, bad_request
+from omnistage.entrypoints.openai.engine_client import (
+    EngineGateway,
+    RequestStream,
+    cancel_on_disconnect,
+    new_request_id,
+)
+from omnistage.entrypoints.openai.errors import APIError, EngineError, bad_request, from_value_error
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.media.audio import MIME_TYPES, StreamingAudioEncoder, change_speed, encode_audio
 
@@ -52,12 +68,14 @@ class SpeechServing:
         self.voices = voices or VoiceStore(builtin=None, can_clone=False)
 
     async def create(self, body: SpeechRequest) -> SpeechAnswer:
+        if body.stream:
+            _check_streamable(body)
         stream, first = await self.start(body)
-        chunked = body.response_format in ("pcm", "wav") and body.speed == 1.0
+        chunked = body.response_format in STREAMABLE_FORMATS and body.speed == 1.0
         rate = first.sample_rate
         out_rate = OPUS_RATE if body.response_format == "opus" else rate
         if body.stream_format == "sse":
-            return SpeechAnswer("text/event-stream", out_rate, self._sse(stream, first, body, chunked))
+            return SpeechAnswer("text/event-stream", out_rate, self._sse(stream, first, body, chunked, out_rate))
         if chunked:
             return SpeechAnswer(MIME_TYPES[body.response_format], rate, self._chunks(stream, first, body))
         audio = await _whole(stream, first)
@@ -73,16 +91,18 @@ class SpeechServing:
                               param="response_format")
         if body.ref_text is not None and body.ref_audio is None:
             raise bad_request("ref_text: goes with ref_audio", param="ref_text")
+        extras = self._model_extras(body)
+        params = self._params(body)
         if body.ref_audio is not None:  # it overrides `voice`, which the official client always sends
             voice_fields = await asyncio.to_thread(self.voices.inline_clone_fields, body.ref_audio, body.ref_text)
         else:
             voice_fields = self.voices.prompt_fields(body.voice)
-        prompt = {"prompt": body.input, **voice_fields}
+        prompt = {"prompt": body.input, **voice_fields, **extras}
         if body.instructions is not None:
             prompt["instructions"] = body.instructions
         if body.task_type is not None:
             prompt["task_type"] = body.task_type
-        stream = await self.gateway.open(prompt, self._params(body), new_request_id("speech"))
+        stream = await self.gateway.open(prompt, params, new_request_id("speech"))
         try:
             first = await _first_audio(stream)
         except BaseException:
@@ -90,14 +110,67 @@ class SpeechServing:
             raise
         return stream, first
 
+    def _model_extras(self, body: SpeechRequest) -> dict[str, Any]:
+        """The fields the body sent beyond the route's: each must be an extra the model declares
+        (checked against its type and range), else a 400 naming it."""
+        declared = getattr(self.gateway.engine.spec, "request_extras", None) or {}
+        takes = sorted(name for name in declared if name not in SpeechRequest.model_fields)
+        extras = {}
+        for name, value in (body.model_extra or {}).items():
+            if name not in takes:
+                raise bad_request(f"{name}: unknown field; this model's extras are {takes}", param=name)
+            try:
+                extras[name] = declared[name].check(name, value)
+            except ValueError as e:
+                raise from_value_error(e) from None
+        return extras
+
     def _params(self, body: SpeechRequest) -> dict[str, SamplingParams] | None:
-        """The seed goes to the entry AR stage (the talker); the engine fills the rest from its deploy defaults."""
-        if body.seed is None:
+        """`seed` and `max_new_tokens` go to the entry AR stage (the talker); the engine fills
+        the rest from its deploy defaults."""
+        given = {"seed": body.seed, "max_tokens": body.max_new_tokens}
+        given = {k: v for k, v in given.items() if v is not None}
+        if not given:
             return None
         entry = self.gateway.engine.spec.entry_stages[0]
         if entry.kind != "ar":
-            raise bad_request("seed: this model's speech is not sampled", param="seed")
-        return {entry.name: SamplingParams(seed=body.seed)}
+            name = "seed" if body.seed is not None else "max_new_tokens"
+            raise bad_request(f"{name}: this model's speech is not sampled", param=name)
+        return {entry.name: SamplingParams(**given)}
+
+    async def create_batch(self, body: SpeechBatchRequest, request: Any) -> SpeechBatchResponse:
+        """Every item as its own speech request, all submitted together (the engine batches
+        them); each answered whole, with its own status: a bad item fails alone."""
+        self.capabilities.require("audio.speech")
+        check_model(body.model, self.settings)
+        shared = body.model_dump(exclude={"items"}, exclude_none=True)
+        _check_whole(shared)
+        # The shared fields' own errors fail the whole batch.
+        self._model_extras(validate(SpeechRequest, {**shared, "input": "-"}))
+        request_id = new_request_id("speechbatch")
+
+        async def one(index: int, item: dict[str, Any]) -> SpeechBatchResult:
+            try:
+                _check_whole(item)
+                speech = validate(SpeechRequest, {**shared, **item})
+                stream, first = await self.start(speech)
+                audio = await _whole(stream, first)
+                data = await asyncio.to_thread(_encode_whole, audio, first.sample_rate, speech)
+            except (APIError, ValueError) as e:
+                error = (e if isinstance(e, APIError) else from_value_error(e)).body()["error"]
+                error["param"] = f"items[{index}].{error['param']}" if error.get("param") else f"items[{index}]"
+                return SpeechBatchResult(index=index, status="error", error=error)
+            rate = OPUS_RATE if speech.response_format == "opus" else first.sample_rate
+            return SpeechBatchResult(index=index, status="success", audio_data=base64.b64encode(data).decode(),
+                                     media_type=MIME_TYPES[speech.response_format], sample_rate=rate)
+
+        async def run_all() -> list[SpeechBatchResult]:
+            return list(await asyncio.gather(*(one(i, item) for i, item in enumerate(body.items))))
+
+        results = await cancel_on_disconnect(request, run_all())
+        succeeded = sum(r.status == "success" for r in results)
+        return SpeechBatchResponse(id=request_id, results=results, total=len(results), succeeded=succeeded,
+                                   failed=len(results) - succeeded)
 
     async def _chunks(self, stream: RequestStream, first: Any, body: SpeechRequest) -> AsyncIterator[bytes]:
         encoder = StreamingAudioEncoder(first.sample_rate, body.response_format)
@@ -105,26 +178,45 @@ class SpeechServing:
             yield encoder.encode(chunk)
 
     async def _sse(self, stream: RequestStream, first: Any, body: SpeechRequest,
-                   chunked: bool) -> AsyncIterator[str]:
+                   chunked: bool, rate: int) -> AsyncIterator[str]:
         num_bytes = 0
         finished: list[Any] = []
+        # vLLM-Omni's delta fields beside OpenAI's `audio`: what the bytes are.
+        about = {"response_format": body.response_format, "sample_rate": rate, "channels": 1}
         try:
             if chunked:
                 encoder = StreamingAudioEncoder(first.sample_rate, body.response_format)
                 async for chunk in audio_chunks(stream, first, finished):
                     data = encoder.encode(chunk)
                     num_bytes += len(data)
-                    yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+                    yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode(), **about})
             else:
                 audio = await _whole(stream, first, finished)
                 data = await asyncio.to_thread(_encode_whole, audio, first.sample_rate, body)
                 num_bytes = len(data)
-                yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+                yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode(), **about})
             yield _event({"type": "speech.audio.done", "usage": speech_usage(body.input, finished[-1] if finished
                                                                              else None, body.speed),
                           "num_bytes": num_bytes})
         except APIError as e:
             yield _event({"type": "error", **e.body()})
+
+
+def _check_whole(fields: dict[str, Any]) -> None:
+    """Batch items are answered whole (base64 in JSON): no streaming asked of them."""
+    for name, streamed in (("stream", True), ("stream_format", "sse")):
+        if fields.get(name) == streamed:
+            raise bad_request(f"{name}: batch items are answered whole, as base64 audio_data", param=name)
+
+
+def _check_streamable(body: SpeechRequest) -> None:
+    """`stream: true`: the audio must leave as it is made, which only pcm and wav at speed 1 can."""
+    if body.response_format not in STREAMABLE_FORMATS:
+        raise bad_request(f"response_format: {body.response_format!r} is encoded once the audio is complete; "
+                          f"stream: true takes {list(STREAMABLE_FORMATS)}", param="response_format")
+    if body.speed != 1.0:
+        raise bad_request("speed: changing the speed needs the whole audio; stream: true takes speed 1",
+                          param="speed")
 
 
 async def _first_audio(stream: RequestStream) -> Any:

@@ -113,42 +113,13 @@ class VideoServing:
         control_urls = {name: form.fields.pop(name, None) for name in CONTROL_FIELDS}
         body: VideoCreateRequest = validate(VideoCreateRequest, form.fields)
         check_model(body.model, self.settings)
-        width, height = self._dims(body)
-        num_frames = body.num_frames
-        if body.seconds is not None:
-            if num_frames is not None:
-                raise bad_request("give num_frames or seconds, not both", param="seconds")
-            if body.fps is None:
-                raise bad_request("seconds: also give fps (frames = seconds * fps + 1), or give num_frames",
-                                  param="seconds")
-            num_frames = round(body.seconds * body.fps) + 1
-        extras = body.extras(decode_strings=True)
-        both = sorted(set(extras) & set(body.extra_params))
-        if both:
-            raise bad_request(f"{both} given both as fields and in extra_params", param="extra_params")
+        params = video_params(body, self.settings, decode_strings=True)
         images = await self._references(form, reference_url)
         media = {key: frames for name, key in CONTROL_FIELDS.items()
                  if (frames := await self._control(form, name, control_urls[name])) is not None}
-        try:
-            params = DiffusionParams(height=height, width=width, num_frames=num_frames, fps=body.fps,
-                                     guidance_scale_2=body.guidance_scale_2, extras={**body.extra_params, **extras},
-                                     **body.diffusion_fields())
-        except ValueError as e:
-            raise from_value_error(e) from None
         if images:
             media["image"] = images if len(images) > 1 else images[0]
         return body, ({"prompt": body.prompt, **media} if media else body.prompt), params
-
-    def _dims(self, body: VideoCreateRequest) -> tuple[int | None, int | None]:
-        if body.size is not None:
-            if body.width is not None or body.height is not None:
-                raise bad_request("give size or width/height, not both", param="size")
-            return parse_size(body.size, self.settings)
-        if (body.width is None) != (body.height is None):
-            raise bad_request("give both width and height", param="width" if body.width is None else "height")
-        if body.width is not None:
-            check_dims(body.width, body.height, self.settings, param="width")
-        return body.width, body.height
 
     async def _references(self, form: Form, url: str | None) -> list[Any]:
         """The input images: uploads, or a URL (fetched if its host is allowed, see media_fetch.py).
@@ -309,6 +280,42 @@ class VideoServing:
         for job_id in [i for i, e in self._jobs.items() if e.job.expires_at is not None and e.job.expires_at < now]:
             entry = self._jobs.pop(job_id)
             self.store.delete(job_id, entry.file_name)
+
+
+def video_params(body: VideoCreateRequest, settings: ServerSettings, decode_strings: bool = False) -> DiffusionParams:
+    """The diffusion params of a video request (a form, or `/v1/realtime/video`'s session.start);
+    a 400 naming the field. Form values arrive as strings (`decode_strings`)."""
+    width, height = _dims(body, settings)
+    num_frames = body.num_frames
+    if body.seconds is not None:
+        if num_frames is not None:
+            raise bad_request("give num_frames or seconds, not both", param="seconds")
+        if body.fps is None:
+            raise bad_request("seconds: also give fps (frames = seconds * fps + 1), or give num_frames",
+                              param="seconds")
+        num_frames = round(body.seconds * body.fps) + 1
+    extras = body.extras(decode_strings=decode_strings)
+    both = sorted(set(extras) & set(body.extra_params))
+    if both:
+        raise bad_request(f"{both} given both as fields and in extra_params", param="extra_params")
+    try:
+        return DiffusionParams(height=height, width=width, num_frames=num_frames, fps=body.fps,
+                               guidance_scale_2=body.guidance_scale_2, extras={**body.extra_params, **extras},
+                               **body.diffusion_fields())
+    except ValueError as e:
+        raise from_value_error(e) from None
+
+
+def _dims(body: VideoCreateRequest, settings: ServerSettings) -> tuple[int | None, int | None]:
+    if body.size is not None:
+        if body.width is not None or body.height is not None:
+            raise bad_request("give size or width/height, not both", param="size")
+        return parse_size(body.size, settings)
+    if (body.width is None) != (body.height is None):
+        raise bad_request("give both width and height", param="width" if body.width is None else "height")
+    if body.width is not None:
+        check_dims(body.width, body.height, settings, param="width")
+    return body.width, body.height
 
 
 @contextmanager

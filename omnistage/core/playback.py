@@ -1,0 +1,33 @@
+"""A listener's player: it starts playing a streamed answer when the first audio arrives and plays
+it in real time; whenever the next audio arrives after what it had ran out, it stalls (an
+underrun) until that audio is there. The server keeps one per streamed request (its audio
+metrics) and `omnistage bench serve` one per stream on the client side."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Playback:
+    underruns: list[float] = field(default_factory=list)
+    """Each stall, in seconds."""
+    runs_out_at: float | None = None
+    """The wall time at which the audio received so far has played (None before any audio)."""
+
+    def receive(self, seconds: float, now: float) -> float:
+        """`seconds` of audio arrived at wall time `now` (any monotonic clock); returns the stall it
+        ended (0.0 when the player still had audio)."""
+        stall = 0.0
+        if self.runs_out_at is None:
+            self.runs_out_at = now
+        elif now > self.runs_out_at:
+            stall = now - self.runs_out_at
+            self.underruns.append(stall)
+            self.runs_out_at = now
+        self.runs_out_at += seconds
+        return stall
+
+    def ahead(self, now: float) -> bool:
+        """Whether the player still has audio to play at `now`."""
+        return self.runs_out_at is not None and self.runs_out_at > now

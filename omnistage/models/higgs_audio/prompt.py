@@ -1,0 +1,99 @@
+"""What a Higgs-Audio v2 request says: the text, how the scene sounds, and whose voice.
+
+Higgs-Audio has no named speakers: without a reference clip the model picks a voice that
+suits the text and the scene ("smart voice"); with one it clones the clip's voice (the
+model card's zero-shot cloning: the clip's transcript as a user turn, the clip as the
+assistant's answer, then the text). A request is a str (the text) or a dict:
+
+    prompt           the text to speak (required)
+    instructions     the scene description, as the model card's `scene` turn ("Audio is
+                     recorded from a quiet room."); default `DEFAULT_SCENE`
+    ref_audio        a mono float clip to clone (with ref_sample_rate, Hz), at most
+                     `MAX_REF_SECONDS`; ref_text its transcript (may be empty)
+    voice            ignored: there are no built-in voices (OpenAI clients always send one)
+
+The system turn is the model card's `SYSTEM_PROMPT`. Every problem is a RequestError naming
+the key (HTTP 400). Torch-free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from omnistage.core.errors import RequestError
+
+PROMPT_KEYS = ("prompt", "instructions", "voice", "ref_audio", "ref_sample_rate", "ref_text")
+MAX_REF_SECONDS = 60.0
+"""Longest reference clip: its codes share the context with the text and the reply."""
+SYSTEM_PROMPT = "Generate audio following instruction."
+DEFAULT_SCENE = "Audio is recorded from a quiet room."
+
+
+@dataclass
+class HiggsPrompt:
+    text: str
+    scene: str
+    ref_audio: np.ndarray | None = None
+    """float32 mono clip to clone at `ref_sample_rate`, or None."""
+    ref_sample_rate: int | None = None
+    ref_text: str = ""
+
+    def conversation(self) -> list[dict]:
+        """The chat the processor's template renders (the model card's examples); a cloned voice's
+        clip is the assistant's audio turn (its `{"type": "audio"}` part)."""
+        chat = [{"role": "system", "content": [{"type": "text", "text": SYSTEM_PROMPT}]},
+                {"role": "scene", "content": [{"type": "text", "text": self.scene}]}]
+        if self.ref_audio is not None:
+            chat += [{"role": "user", "content": [{"type": "text", "text": self.ref_text}]},
+                     {"role": "assistant", "content": [{"type": "audio"}]}]
+        return chat + [{"role": "user", "content": [{"type": "text", "text": self.text}]}]
+
+
+def parse_prompt(inputs: Any) -> HiggsPrompt:
+    if isinstance(inputs, str):
+        inputs = {"prompt": inputs}
+    if not isinstance(inputs, Mapping):
+        raise RequestError("prompt", f"prompt: Higgs-Audio takes a str or a dict with keys {list(PROMPT_KEYS)}, "
+                           f"got {type(inputs).__name__}")
+    unknown = sorted(set(inputs) - set(PROMPT_KEYS))
+    if unknown:
+        raise RequestError(unknown[0], f"{unknown[0]}: unknown Higgs-Audio prompt key; expected {list(PROMPT_KEYS)}")
+    text = inputs.get("prompt")
+    if not isinstance(text, str) or not text.strip():
+        raise RequestError("prompt", "prompt: the text to speak must be a non-empty string")
+    scene = inputs.get("instructions")
+    if scene is None:
+        scene = DEFAULT_SCENE
+    if not isinstance(scene, str) or not scene.strip():
+        raise RequestError("instructions", "instructions: the scene description must be a non-empty string")
+    return HiggsPrompt(text, scene, *_reference(inputs))
+
+
+def _reference(inputs: Mapping[str, Any]) -> tuple:
+    """(ref_audio, ref_sample_rate, ref_text), checked; (None, None, "") without a clip."""
+    audio = inputs.get("ref_audio")
+    if audio is None:
+        for key in ("ref_sample_rate", "ref_text"):
+            if inputs.get(key):
+                raise RequestError(key, f"{key}: goes with ref_audio")
+        return None, None, ""
+    audio = np.asarray(audio)
+    if audio.ndim != 1 or audio.size == 0 or not np.issubdtype(audio.dtype, np.floating):
+        raise RequestError("ref_audio", f"ref_audio: expected a non-empty 1-D float array (mono), got {audio.dtype} "
+                           f"with shape {list(audio.shape)}")
+    if not np.isfinite(audio).all():
+        raise RequestError("ref_audio", "ref_audio: contains NaN or infinite samples")
+    rate = inputs.get("ref_sample_rate")
+    if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1000:
+        raise RequestError("ref_sample_rate", f"ref_sample_rate: the reference clip's sample rate (Hz, >= 1000) is "
+                           f"required, got {rate!r}")
+    if audio.size / rate > MAX_REF_SECONDS:
+        raise RequestError("ref_audio", f"ref_audio: {audio.size / rate:.1f} s is longer than {MAX_REF_SECONDS:.0f} s")
+    text = inputs.get("ref_text") or ""
+    if not isinstance(text, str):
+        raise RequestError("ref_text", f"ref_text: expected a string, got {type(text).__name__}")
+    return audio.astype(np.float32), rate, text

@@ -1,0 +1,20 @@
+"""JoyAI-Image-Edit (JD): an input image and an instruction -> image in one diffusion stage."""
+
+from omnistage.config import PipelineSpec, StageSpec, register_pipeline
+from omnistage.diffusion.registry import register_diffusion_pipeline
+
+JOYIMAGE_EDIT = PipelineSpec(
+    name="joyimage_edit",
+    stages=(
+        StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True,
+                  model="JoyImageEditPipeline",
+                  # Step mode by default: 1.063x request mode's throughput by CPU time (0.780x by wall clock
+                  # at load 13 on 2 cores) on the tiny joyai-image-edit at 64x64 (benchmarks/bench_step_mode.py
+                  # --models joyai-image-edit --no-write, one run on a shared machine; not yet in RESULTS.md).
+                  defaults={"step_execution": True},
+        ),
+    ),
+)
+
+register_pipeline("JoyImageEditPipeline", JOYIMAGE_EDIT, deploy_config="joyimage_edit.yaml")
+register_diffusion_pipeline("JoyImageEditPipeline", "omnistage.models.joyimage.pipeline:JoyImageEdit")
