@@ -240,7 +240,8 @@ def save_qwen_edit_pipeline(pipe, out_dir: Path, tokenizer, vision_pixels: int) 
     write_json(index_path, index)
 
 
-def write_qwen2_vl_processor(folder: Path, tokenizer, num_pixels: int, processor_class: str = "Qwen2VLProcessor") -> None:
+def write_qwen2_vl_processor(folder: Path, tokenizer, num_pixels: int,
+                             processor_class: str = "Qwen2VLProcessor") -> None:
     """A Qwen2VLProcessor (or `processor_class`, e.g. Qwen2_5_VLProcessor) folder in the Hub
     layout, written without constructing one."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil

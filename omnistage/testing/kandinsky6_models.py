@@ -30,7 +30,14 @@ from omnistage.testing.diffusion_components import (
     seed_everything,
     write_json,
 )
-from omnistage.testing.diffusion_models import NEGATIVE_PROMPT, NUM_FRAMES, PROMPT, SIZES, VIDEO_SIDE, write_qwen2_vl_processor
+from omnistage.testing.diffusion_models import (
+    NEGATIVE_PROMPT,
+    NUM_FRAMES,
+    PROMPT,
+    SIZES,
+    VIDEO_SIDE,
+    write_qwen2_vl_processor,
+)
 from omnistage.testing.tokenizers import build_clip_tokenizer, build_qwen2_tokenizer
 from omnistage.testing.zoo import ZooModel, register_zoo_model
 

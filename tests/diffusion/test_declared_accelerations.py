@@ -109,7 +109,8 @@ def _cases() -> dict[str, Case]:
         "ltx2-i2v": _case("ltx2-i2v", test_parity_ltx2_i2v.CALL, test_parity_ltx2_i2v.TestLTX2I2V),
         "ltx2-condition": _case("ltx2-condition", test_parity_ltx2_condition.CALL,
                                 test_parity_ltx2_condition.TestLTX2Condition),
-        "kandinsky6": _case("kandinsky6", test_parity_kandinsky6.CALL, test_parity_kandinsky6.TestKandinsky6),  # frame_rate -> fps
+        # frame_rate -> fps
+        "kandinsky6": _case("kandinsky6", test_parity_kandinsky6.CALL, test_parity_kandinsky6.TestKandinsky6),
         # The edit families' default size is about a megapixel: the tiny one is asked for.
         "longcat-image-edit": _case("longcat-image-edit", {**image, "height": 64, "width": 64}),
         "joyai-image-edit": _case("joyai-image-edit", image),

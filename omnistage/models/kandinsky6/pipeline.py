@@ -149,7 +149,8 @@ class Kandinsky6TI2VA(DiffusionPipelineBase):
         clip = self.tokenizer_2(texts, max_length=_CLIP_MAX_LENGTH, truncation=True, add_special_tokens=True,
                                 padding="max_length", return_tensors="pt").to(self.device)
         pooled = self.text_encoder_2(**clip)["pooler_output"].to(self.transformer.dtype)
-        return [{"embeds": e, "mask": m, "pooled": p} for e, m, p in zip(embeds.split(1), mask.split(1), pooled.split(1))]
+        return [{"embeds": e, "mask": m, "pooled": p}
+                for e, m, p in zip(embeds.split(1), mask.split(1), pooled.split(1))]
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:

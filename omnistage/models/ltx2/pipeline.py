@@ -267,8 +267,8 @@ class LTX2T2V(DiffusionPipelineBase):
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # One call needs equal video and audio token grids, prompt length and cross-timestep mode.
         def key(s: DenoiseState) -> tuple:
-            return (s.cond["video_shape"], s.latents.shape[1], s.cond["audio_shape"], s.cond["prompt"]["video"].shape[1],
-                    s.cond["use_cross_timestep"])
+            return (s.cond["video_shape"], s.latents.shape[1], s.cond["audio_shape"],
+                    s.cond["prompt"]["video"].shape[1], s.cond["use_cross_timestep"])
 
         for group in group_by(states, key):
             self._denoise_group(group)
