@@ -65,7 +65,7 @@ def _stream_ragged(dec: Code2Wav, codes: list[torch.Tensor]) -> list[np.ndarray]
             pieces[i].append(audio)
         k += 1
     for s in states:
-        assert all(keys is None or keys.shape[1] <= WINDOW - 1 for keys in s.keys)  # bounded by the window
+        assert all(keys is None or keys.shape[1] <= WINDOW - 1 for keys in s.kv.keys)  # bounded by the window
         dec.close_stream(s)
     assert not dec.live
     return [np.concatenate(p) for p in pieces]

@@ -6,7 +6,8 @@ per frame. Everything in it is causal, so a stream is decoded chunk by chunk wit
 state carried (as generation/mimi.py does for Mimi), and each chunk costs its own frames:
 
 - the transformer keeps, per layer, the keys and values of the stream's last
-  `sliding_window - 1` positions (all a new position can attend to): `_WindowCache`;
+  `sliding_window - 1` positions (all a new position can attend to:
+  generation/window_cache.py);
 - causal convolutions keep their last `padding` inputs as the next chunk's left context,
   instead of the zeros a fresh decode pads with;
 - causal transposed convolutions keep the part of their output that spills into the next
@@ -28,9 +29,9 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, CacheLayerMixin
 
 from omnistage.generation.decoder import Decoder
+from omnistage.generation.window_cache import WindowCache, WindowKV
 from omnistage.models.qwen3_omni.weights import load_code2wav
 
 SAMPLE_RATE = 24000  # a fact of the released model that its config does not store
@@ -38,91 +39,15 @@ SAMPLE_RATE = 24000  # a fact of the released model that its config does not sto
 
 class _Stream:
     def __init__(self, num_layers: int) -> None:
-        self.num_frames = 0  # transformer positions decoded so far
-        self.keys: list[torch.Tensor | None] = [None] * num_layers  # per layer [heads, <= window - 1, head_dim]
-        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.kv = WindowKV(num_layers)  # the transformer's keys and values within its window
         self.carry: dict[nn.Module, torch.Tensor] = {}  # per conv layer: left context or overlap-add tail, [C, n]
         self.prefix: torch.Tensor | None = None  # [n, G] frames decoded before the first chunk, not emitted
         self.drop = 0  # samples to cut from the head of the next output (the prefix's)
 
     def clear(self) -> None:
-        self.keys = [None] * len(self.keys)
-        self.values = [None] * len(self.values)
+        self.kv.clear()
         self.carry.clear()
         self.prefix = None
-
-
-class _WindowLayer(CacheLayerMixin):
-    """One layer's keys for one pass: the rows' cached keys (left-padded to `past` positions) + the new ones."""
-
-    is_compileable = False
-    is_sliding = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.past: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.seen: tuple[torch.Tensor, torch.Tensor] | None = None  # what the pass attended to
-
-    def lazy_initialization(self, key_states, value_states) -> None:
-        self.is_initialized = True
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if self.past is not None:
-            key_states = torch.cat([self.past[0], key_states], dim=2)
-            value_states = torch.cat([self.past[1], value_states], dim=2)
-        self.seen = (key_states, value_states)
-        return key_states, value_states
-
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return query_length + (0 if self.past is None else self.past[0].shape[2]), 0
-
-    def get_seq_length(self) -> int:
-        return 0 if self.past is None else self.past[0].shape[2]
-
-    def get_max_length(self) -> int:
-        return -1
-
-
-class _WindowCache(Cache):
-    """The transformer's keys and values of a pass's rows, gathered from and scattered back to their streams."""
-
-    def __init__(self, num_layers: int, window: int, states: list[_Stream], device: torch.device) -> None:
-        super().__init__(layers=[_WindowLayer() for _ in range(num_layers)])
-        self.window, self.states = window, states
-        self.num_past = [0 if s.keys[0] is None else s.keys[0].shape[1] for s in states]
-        self.past_len = max(self.num_past)
-        if self.past_len:
-            for i, layer in enumerate(self.layers):
-                layer.past = (self._gather([s.keys[i] for s in states]), self._gather([s.values[i] for s in states]))
-
-    def _gather(self, rows: list[torch.Tensor | None]) -> torch.Tensor:
-        like = next(r for r in rows if r is not None)
-        out = like.new_zeros(len(rows), like.shape[0], self.past_len, like.shape[2])
-        for i, r in enumerate(rows):
-            if r is not None:
-                out[i, :, self.past_len - r.shape[1]:] = r
-        return out
-
-    def mask(self, num_new: int, device: torch.device) -> torch.Tensor:
-        """[B, 1, T, past + T]: each query sees its stream's own keys within the window, causally."""
-        start = torch.tensor([s.num_frames for s in self.states], device=device)[:, None]
-        q = start + torch.arange(num_new, device=device)  # [B, T] absolute positions
-        k = start + torch.arange(-self.past_len, num_new, device=device)  # [B, past + T]
-        real = torch.arange(-self.past_len, 0, device=device) >= -torch.tensor(self.num_past, device=device)[:, None]
-        real = torch.cat([real, real.new_ones(len(self.states), num_new)], dim=1)
-        mask = real[:, None] & (k[:, None] <= q[..., None]) & (k[:, None] > q[..., None] - self.window)
-        return mask[:, None]
-
-    def scatter(self, lens: list[int]) -> None:
-        """Keep each stream's last window - 1 real keys and values (all its next positions can attend to)."""
-        keep = self.window - 1
-        for i, layer in enumerate(self.layers):
-            keys, values = layer.seen
-            for row, (st, n) in enumerate(zip(self.states, lens)):
-                lo, hi = self.past_len - self.num_past[row], self.past_len + n
-                lo = max(lo, hi - keep)
-                st.keys[i] = keys[row, :, lo:hi].clone() if hi > lo else None
-                st.values[i] = values[row, :, lo:hi].clone() if hi > lo else None
 
 
 class Code2Wav(Decoder):
@@ -226,15 +151,11 @@ class Code2Wav(Decoder):
 
     def _transformer(self, hidden: torch.Tensor, lens: list[int], states: list[_Stream]) -> torch.Tensor:
         t = hidden.shape[1]
-        cache = _WindowCache(self.num_layers, self.window, states, hidden.device)
+        cache = WindowCache([s.kv for s in states], self.window)
         mask = cache.mask(t, hidden.device)
-        positions = torch.tensor([s.num_frames for s in states], device=hidden.device)[:, None] + torch.arange(
-            t, device=hidden.device)
         out = self._run_transformer(hidden, attention_mask={"sliding_attention": mask, "full_attention": mask},
-                                    position_ids=positions, cache=cache, use_cache=True)
-        cache.scatter(lens)
-        for s, n in zip(states, lens):
-            s.num_frames += n
+                                    position_ids=cache.positions(t, hidden.device), cache=cache, use_cache=True)
+        cache.commit(lens)
         return out
 
     def _layer(self, layer: nn.Module, x: torch.Tensor, lens: list[int], states: list[_Stream]):
