@@ -51,8 +51,9 @@ def _omni(path: str) -> Code2Wav:
     return Code2Wav(_lively(load_code2wav(path, CPU)), CPU)
 
 
+@torch.inference_mode()
 def _stream_ragged(dec: Code2Wav, codes: list[torch.Tensor]) -> list[np.ndarray]:
-    """Each stream cut in chunks of changing sizes; every step one pass over the streams with frames left."""
+    """Each stream cut in chunks of changing sizes; every step one padded pass over the streams with frames left."""
     states = [dec.open_stream() for _ in codes]
     pieces, pos, sizes, k = [[] for _ in codes], [0] * len(codes), [1, 5, 3, 9, 2, 12], 0
     while any(p < c.shape[0] for p, c in zip(pos, codes)):
@@ -61,7 +62,8 @@ def _stream_ragged(dec: Code2Wav, codes: list[torch.Tensor]) -> list[np.ndarray]
         for i in rows:
             chunks.append(codes[i][pos[i]:pos[i] + sizes[(k + i) % len(sizes)]])
             pos[i] += chunks[-1].shape[0]
-        for i, audio in zip(rows, dec.decode(chunks, [states[i] for i in rows])):
+        # `_pass` pads the ragged rows into one pass (`decode` would group them by length first).
+        for i, audio in zip(rows, dec._pass(chunks, [states[i] for i in rows])):
             pieces[i].append(audio)
         k += 1
     for s in states:

@@ -16,10 +16,10 @@ state carried (as generation/mimi.py does for Mimi), and each chunk costs its ow
   right trim is the spill itself, never emitted.
 
 So the streamed waveform equals the one-shot decode of all the stream's frames up to float
-rounding (tests/models/test_code2wav_stream.py), whatever the chunking. Rows of several
-streams share one pass: frames are right-padded to a common length (causality keeps the
-padding out of every real sample; padded inputs are zeroed before transposed convolutions
-so they leave nothing in the carried tails) and the attention mask hides other positions.
+rounding (tests/models/test_code2wav_stream.py), whatever the chunking. Chunks of several
+streams share one pass (`_pass` takes rows of any lengths: right-padded, causality keeping
+the padding out of every real sample, padded inputs zeroed before transposed convolutions
+so they leave nothing in the carried tails); `decode` gives each chunk length its own pass.
 """
 
 from __future__ import annotations
@@ -117,10 +117,16 @@ class Code2Wav(Decoder):
             if st.prefix is not None and c.shape[0]:  # decoded with the first frames, its samples cut
                 c, st.prefix = torch.cat([st.prefix, c]), None
             rows.append(c)
-        live = [i for i, c in enumerate(rows) if c.shape[0]]
+        # One pass per chunk length: equal chunks of several streams batch well (the streams' first
+        # and last chunks are shorter), while padding a short chunk to a long one costs more than a
+        # pass of its own on CPU (benchmarks/bench_codec.py).
+        groups: dict[int, list[int]] = {}
+        for i, c in enumerate(rows):
+            if c.shape[0]:
+                groups.setdefault(c.shape[0], []).append(i)
         out = [np.zeros(0, dtype=np.float32) for _ in rows]
-        if live:
-            for i, wav in zip(live, self._pass([rows[i] for i in live], [states[i] for i in live])):
+        for group in groups.values():
+            for i, wav in zip(group, self._pass([rows[i] for i in group], [states[i] for i in group])):
                 out[i] = wav
         return out
 
