@@ -21,7 +21,9 @@ Requests (`StageRequest.inputs`), three ways:
 Any of these may also carry `"options"`: decoder-specific settings of the stream (e.g. a
 voice), taken from its first request and handed to `Decoder.open_stream(options)`.
 
-`params` is unused (None). Abort drops the request (and its stream) without an output.
+`params` is unused (None). Abort drops the request (and its stream) without an output;
+aborting a stream id drops the stream (the orchestrator does, for a request aborted while
+none of its stream's parts is in flight).
 The engine is driven by one caller; calls are not meant to be concurrent.
 """
 
@@ -152,9 +154,11 @@ class GenerationEngine:
                              f"more than the decoder's max_frames={limit}")
 
     def abort_request(self, request_id: str) -> None:
+        """Drop a request and its stream; or, given a stream id, the stream (and its state)."""
         req = self._requests.pop(request_id, None)
-        if req is not None:
-            self._end_stream(req.stream)
+        stream = req.stream if req is not None else self._streams.get(request_id)
+        if stream is not None:
+            self._end_stream(stream)
 
     # --- the step --------------------------------------------------------------------------------
 
