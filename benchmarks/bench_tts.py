@@ -56,14 +56,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(path: str, frames: int, threads: int, sampling: dict | None = None) -> tuple[subprocess.Popen, str]:
-    """`sampling`: more default sampling params of the talker (stage 0) than `max_tokens=frames`."""
+def start_server(path: str, frames: int, threads: int, sampling: dict | None = None,
+                 source: str | None = None) -> tuple[subprocess.Popen, str]:
+    """`sampling`: more default sampling params of the talker (stage 0) than `max_tokens=frames`;
+    `source`: a checkout of omnistage to serve from (another revision, for a before/after); default this one."""
     overrides = {"0": {"default_sampling_params": {"max_tokens": frames, **(sampling or {})}}, "*": {"max_num_seqs": 8}}
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    if source is not None:
+        env["PYTHONPATH"] = source
     proc = subprocess.Popen([sys.executable, "-m", "omnistage.entrypoints.cli", "serve", path, "--port", str(port),
                              "--stage-overrides", json.dumps(overrides), "--log-level", "warning"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=source)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 240
     while time.time() < deadline:

@@ -659,9 +659,15 @@ class Orchestrator:
     def _retire(self, state: _RequestState, status: str) -> None:
         """Forget a request: abort what is still running for it, record its metrics."""
         for run in state.runs.values():
+            in_flight = False
             for engine_id in run.engine_ids:
                 if self._engine_ids.pop((run.stage.id, engine_id), None) is not None:
                     self.handles[run.stage.id].abort_request(engine_id)
+                    in_flight = True
+            parts = run.stage.stream_input and run.stage.kind != "ar"  # one engine request per chunk (_send)
+            if parts and run.engine_ids and not run.finished and not in_flight:
+                # no part in flight, but the stage may hold the stream's state between parts: end it
+                self.handles[run.stage.id].abort_stream(state.request.request_id)
             if run.finished:
                 self.metrics.observe_stage(run.stage.name, run.metrics.as_dict())
         del self._requests[state.request.request_id]

@@ -107,6 +107,10 @@ class ReplicaSet:
         for replica in self.replicas:
             replica.abort_request(request_id)
 
+    def abort_stream(self, stream_id: str) -> None:
+        for replica in self.replicas:
+            replica.abort_stream(stream_id)
+
     def call(self, method: str, *args: Any) -> Future:
         """`method(*args)` on every replica; a Future of their replies in replica order, or of
         the first failure."""

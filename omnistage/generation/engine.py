@@ -23,7 +23,9 @@ voice), taken from its first request and handed to `Decoder.open_stream(options)
 stream's last request finishes, `Decoder.flush` gives the audio a decoder held back (a
 non-causal codec's lookahead), which ends that request's audio.
 
-`params` is unused (None). Abort drops the request (and its stream) without an output.
+`params` is unused (None). Abort drops the request (and its stream) without an output;
+aborting a stream id drops the stream (the orchestrator does, for a request aborted while
+none of its stream's parts is in flight).
 The engine is driven by one caller; calls are not meant to be concurrent.
 """
 
@@ -154,9 +156,11 @@ class GenerationEngine:
                              f"more than the decoder's max_frames={limit}")
 
     def abort_request(self, request_id: str) -> None:
+        """Drop a request and its stream; or, given a stream id, the stream (and its state)."""
         req = self._requests.pop(request_id, None)
-        if req is not None:
-            self._end_stream(req.stream)
+        stream = req.stream if req is not None else self._streams.get(request_id)
+        if stream is not None:
+            self._end_stream(stream)
 
     # --- the step --------------------------------------------------------------------------------
 

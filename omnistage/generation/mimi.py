@@ -7,8 +7,10 @@ here the same modules are run with state carried per stream:
 - the quantizer's dequantization is per frame: no state;
 - causal transposed convolutions (the 2x upsample, SEANet's upsampling stages) keep the
   part of their output that spills into the next chunk and add it there (overlap-add);
-- the decoder transformer keeps its keys and values in a slot of a `SlotKVCache` (one
-  slot per stream), so rows of different streams and lengths share one forward;
+- the decoder transformer keeps the keys and values of each stream's last
+  `sliding_window - 1` positions (generation/window_cache.py), so rows of different streams
+  and lengths share one forward and a chunk's attention costs the same wherever it is in
+  the stream;
 - causal convolutions keep their last `padding_total` inputs as the next chunk's left
   context, instead of the zero padding a fresh decode uses.
 
@@ -28,14 +30,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from omnistage.ar.kv_cache import SlotKVCache
 from omnistage.generation.decoder import Decoder
+from omnistage.generation.window_cache import WindowCache, WindowKV
 
 
 class _Stream:
-    def __init__(self, slot: int) -> None:
-        self.slot = slot
-        self.num_positions = 0  # transformer positions written to the slot
+    def __init__(self, num_layers: int) -> None:
+        self.kv = WindowKV(num_layers)  # the decoder transformer's keys and values within its window
         self.carry: dict[nn.Module, torch.Tensor] = {}  # per layer: left context or overlap-add tail, [C, n]
 
 
@@ -63,9 +64,9 @@ class MimiDecoder(Decoder):
         self.window = cfg.sliding_window
         up = decoder.upsample.conv.stride[0] if decoder.upsample is not None else 1
         self.samples_per_frame = up * math.prod(cfg.upsampling_ratios)
-        self.max_frames = cfg.max_position_embeddings // up
-        self.cache = SlotKVCache(cfg.num_hidden_layers, max_streams, cfg.max_position_embeddings, device)
-        self._free_slots = list(range(max_streams))
+        self.max_frames = cfg.max_position_embeddings // up  # the positions the model was made for
+        self.num_layers = cfg.num_hidden_layers
+        self.live: set[int] = set()  # ids of the open streams' states (freed by close_stream)
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype, max_streams: int) -> MimiDecoder:
@@ -98,12 +99,14 @@ class MimiDecoder(Decoder):
         return t.long()
 
     def open_stream(self) -> _Stream:
-        if not self._free_slots:
-            raise RuntimeError("no free Mimi stream slot; the engine opens at most max_num_seqs streams")
-        return _Stream(self._free_slots.pop())
+        stream = _Stream(self.num_layers)
+        self.live.add(id(stream))
+        return stream
 
     def close_stream(self, state: _Stream) -> None:
-        self._free_slots.append(state.slot)
+        state.kv.clear()
+        state.carry.clear()
+        self.live.discard(id(state))
 
     # --- the pass -----------------------------------------------------------------------------
 
@@ -124,16 +127,10 @@ class MimiDecoder(Decoder):
 
     def _transformer(self, x: torch.Tensor, lens: list[int], states: list[_Stream]) -> torch.Tensor:
         t = x.shape[-1]
-        start = torch.tensor([s.num_positions for s in states], device=x.device)
-        pos = start[:, None] + torch.arange(t, device=x.device)  # [B, T]
-        kv_len = int(start.max()) + t
-        keys = torch.arange(kv_len, device=x.device)
-        mask = (keys <= pos[..., None]) & (keys > pos[..., None] - self.window)  # causal, sliding window
-        self.cache.begin_extend(torch.tensor([s.slot for s in states], device=x.device), pos, kv_len)
-        out = self.transformer(x.transpose(1, 2), attention_mask=mask[:, None], position_ids=pos,
-                               cache=self.cache, use_cache=True)
-        for s, n in zip(states, lens):
-            s.num_positions += n
+        cache = WindowCache([s.kv for s in states], self.window)
+        out = self.transformer(x.transpose(1, 2), attention_mask=cache.mask(t, x.device),
+                               position_ids=cache.positions(t, x.device), cache=cache, use_cache=True)
+        cache.commit(lens)
         return out.last_hidden_state.transpose(1, 2)
 
     def _layer(self, layer: nn.Module, x: torch.Tensor, lens: list[int], states: list[_Stream]):

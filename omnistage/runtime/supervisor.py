@@ -159,6 +159,12 @@ class Supervisor:
         if self.held.pop(request_id, None) is not None and self.endpoint is not None:
             self.endpoint.send("abort", request_id)
 
+    def abort_stream(self, stream_id: str) -> None:
+        """End a streamed input (`StageRequest.stream_of`) that no held part belongs to: the engine
+        may keep state for it between parts (a decoder's stream)."""
+        if self.endpoint is not None:
+            self.endpoint.send("abort", stream_id)
+
     def call(self, method: str, *args: Any) -> Any:
         """Call `method(*args)` on the engine, from any thread; a Future that the reply resolves
         (on the orchestrator's thread), or that fails when the stage dies first."""

@@ -60,6 +60,22 @@ def test_ragged_chunks_of_three_streams_in_shared_passes(csm_path, reference_cod
         dec.close_stream(s)
 
 
+def test_keys_beyond_the_window_are_dropped_and_state_freed(csm_path, reference_codec, codes, monkeypatch):
+    # A window of 8 positions (the zoo's 250 is longer than any test stream): the stream keeps 7 keys a layer.
+    monkeypatch.setattr(reference_codec.decoder_transformer.config, "sliding_window", 8)  # the one-shot mask reads it
+    dec = MimiDecoder.load(csm_path, None, torch.device("cpu"), torch.float32, max_streams=1)
+    dec.window = 8
+    state = dec.open_stream()
+    pieces = [dec.decode([codes[0][i:i + 6]], [state])[0] for i in range(0, 30, 6)]
+    assert all(k.shape[1] == 7 for k in state.kv.keys)
+    ref = one_shot(reference_codec, codes[0])
+    np.testing.assert_allclose(np.concatenate(pieces), ref, atol=ATOL, rtol=0)
+    monkeypatch.setattr(reference_codec.decoder_transformer.config, "sliding_window", 250)
+    assert np.abs(one_shot(reference_codec, codes[0]) - ref).max() > 5 * ATOL  # the window is exercised
+    dec.close_stream(state)
+    assert not dec.live and state.kv.keys[0] is None
+
+
 def test_engine_streams_pieces_then_the_whole(csm_path, reference_codec, codes):
     eng = GenerationEngine(csm_path, STAGE, StageDeployConfig(devices=("cpu",), max_num_seqs=2), chunk_frames=8)
     for i, c in enumerate(codes):

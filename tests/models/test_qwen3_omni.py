@@ -182,7 +182,7 @@ def test_image_input_matches_transformers_generate(reference, omni):
     np.testing.assert_allclose(together[0].audio, ref_wav, rtol=0, atol=1e-5)
 
 
-def test_audio_streams_and_chunks_approximate_the_one_shot_decode(omni):
+def test_audio_streams_and_chunks_equal_the_one_shot_decode(omni):
     num_frames = 64  # chunks at 5, 30, 55 frames; the rest at the end
     chunking = Code2WavParams(first_chunk_frames=5, chunk_frames=25)
     params = greedy_params(num_frames, num_frames, chunking)
@@ -202,17 +202,10 @@ def test_audio_streams_and_chunks_approximate_the_one_shot_decode(omni):
     assert last.metrics["time_to_first_audio"] < last.metrics["e2e_time"]
     [whole] = omni.generate({"messages": MESSAGES}, greedy_params(num_frames, num_frames), use_tqdm=False)
     assert whole.token_ids == last.token_ids
-    # Same length (chunks join without a gap); the 25-frame left context approximates the full one.
+    # Chunks join without a gap, and code2wav's carried state makes them the one-shot decode.
     assert last.audio.shape == whole.audio.shape
     assert len(whole.audio) > (num_frames - 1) * SAMPLES_PER_FRAME
-    err = np.linalg.norm(last.audio - whole.audio) / np.linalg.norm(whole.audio)
-    print(f"chunked vs one-shot code2wav: relative L2 error {err:.2e}")
-    assert err < 5e-3, err  # measured 7.7e-4 on the zoo model
-    # With a left context as long as the utterance, chunked decoding is the one-shot decode.
-    full_context = Code2WavParams(first_chunk_frames=5, chunk_frames=25, left_context=num_frames)
-    [exact] = omni.generate({"messages": MESSAGES}, greedy_params(num_frames, num_frames, full_context),
-                            use_tqdm=False)
-    np.testing.assert_allclose(exact.audio, whole.audio, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(last.audio, whole.audio, rtol=0, atol=1e-5 * np.abs(whole.audio).max())
 
 
 def test_two_requests_at_once_match_each_alone(omni):

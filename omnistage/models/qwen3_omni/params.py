@@ -14,33 +14,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_LEFT_CONTEXT = 25
-"""Frames already voiced that each chunk's decode sees again: the reference's `chunked_decode` default."""
-
-
 @dataclass(frozen=True)
 class Code2WavParams:
     """How the talker's frames are cut into code2wav chunks (12.5 frames/s).
 
     The first chunk is small so the first audio leaves early; later chunks are larger, so
-    code2wav runs fewer, fuller passes. Each chunk is decoded with `left_context` frames
-    before it. Code2wav is causal (causal convolutions, sliding-window causal attention),
-    so with a left context as long as its receptive field a chunked decode equals the
-    one-shot one; with the reference's 25 frames it approximates it (tests state the
-    tolerance). `chunk_frames=0` decodes the whole utterance in one pass once the talker
-    has finished: exactly the reference `generate` for utterances up to 300 frames.
+    code2wav runs fewer, fuller passes. Code2wav is causal (causal convolutions,
+    sliding-window causal attention) and carries its state from chunk to chunk, so a
+    chunk costs its own frames and the streamed waveform equals the one-shot decode,
+    whatever the chunking. `chunk_frames=0` decodes the whole utterance in one pass once
+    the talker has finished (the reference `generate`, for utterances up to 300 frames).
     """
 
     first_chunk_frames: int = 5
     """Frames in the first chunk (>= 1; 0.4 s)."""
     chunk_frames: int = 25
     """Frames in each later chunk (>= 1, 2 s), or 0 for one pass over the whole utterance."""
-    left_context: int = DEFAULT_LEFT_CONTEXT
-    """Frames of left context per chunk (>= 1: the part after a chunk re-makes its last frame's cut tail)."""
 
     def __post_init__(self) -> None:
         problems = []
-        for name, low in (("first_chunk_frames", 1), ("chunk_frames", 0), ("left_context", 1)):
+        for name, low in (("first_chunk_frames", 1), ("chunk_frames", 0)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 problems.append(f"{name} must be an integer >= {low}, got {value!r}")

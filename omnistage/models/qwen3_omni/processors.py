@@ -123,8 +123,7 @@ def frame_chunks(request: Any, payload: Any, finished: bool, codec_stage: int) -
     end = num_frames if finished else params.boundary(num_frames)
     if end <= sent and not finished:
         return None
-    options = {"left_context": params.left_context}
+    part = {"codes": codes[sent:end].clone(), "stream_id": request.request_id, "is_last": finished}
     if payload.extras.get("context_codes") is not None:  # Qwen3-TTS: a cloned voice's reference codes
-        options["context_codes"] = payload.extras["context_codes"]
-    return {"codes": codes[sent:end].clone(), "stream_id": request.request_id, "is_last": finished,
-            "options": options}
+        part["options"] = {"context_codes": payload.extras["context_codes"]}
+    return part

@@ -281,8 +281,9 @@ def _pre_transformer_class():
             self.input_proj = nn.Linear(latent_dim, config.hidden_size)
             self.output_proj = nn.Linear(config.hidden_size, latent_dim)
 
-        def forward(self, latent: torch.Tensor) -> torch.Tensor:  # [B, T, latent] -> [B, T, latent]
-            hidden = super().forward(inputs_embeds=self.input_proj(latent)).last_hidden_state
+        def forward(self, latent: torch.Tensor, **kwargs) -> torch.Tensor:  # [B, T, latent] -> [B, T, latent]
+            # kwargs: a streamed decode's mask, positions and cache (qwen3_omni/code2wav.py)
+            hidden = super().forward(inputs_embeds=self.input_proj(latent), **kwargs).last_hidden_state
             return self.output_proj(hidden)
 
     return PreTransformer
