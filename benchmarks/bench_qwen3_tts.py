@@ -66,7 +66,7 @@ def checkout(rev: str):
 
 
 def serve_and_load(path: str, args, source: str | None = None) -> tuple[list[dict], float]:
-    proc, url = start_server(path, args.frames, args.threads, source)
+    proc, url = start_server(path, args.frames, args.threads, source=source)
     try:
         with PeakRSS(proc.pid) as rss:
             summaries = load(url, args.requests, args.repeats, proc.pid, voice=VOICE)
