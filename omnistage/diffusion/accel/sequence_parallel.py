@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from omnistage.diffusion.accel.parallel_groups import Degrees, degrees_of, parallel_groups
+from omnistage.diffusion.accel.sequence_split import SplitSequence, apply_plan
 
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
@@ -94,41 +95,49 @@ def apply(pipeline: Any, config: SequenceParallelConfig) -> None:
                              "token sequence to")
     groups = parallel_groups(config.degrees, pipeline.device)
     for model in models:
-        ring = plan.ring_processor if config.degrees.ring > 1 else None
-        _enable(model, plan, groups, pipeline.device, config, ring)
+        _enable(model, plan, groups, pipeline.device, config)
 
 
 def _attention_heads(model: Any) -> int:
     return next(m.heads for m in model.modules() if hasattr(m, "heads") and hasattr(m, "processor"))
 
 
-def _enable(model: Any, family: SequencePlan, groups: Any, device: torch.device, config: SequenceParallelConfig,
-            ring_processor: Callable | None) -> None:
+def _enable(model: Any, family: SequencePlan, groups: Any, device: torch.device,
+            config: SequenceParallelConfig) -> None:
     import torch.distributed as dist
     from diffusers import ContextParallelConfig, ParallelConfig
-    from diffusers.hooks.context_parallel import apply_context_parallel
 
     cp_config = ContextParallelConfig(ring_degree=config.degrees.ring, ulysses_degree=config.degrees.ulysses,
                                       mesh=groups.sequence_mesh)
     parallel_config = ParallelConfig(context_parallel_config=cp_config)
     parallel_config.setup(dist.get_rank(), dist.get_world_size(), device, mesh=groups.sequence_mesh)
     model._parallel_config = parallel_config  # what enable_parallelism records
+    split = SplitSequence(groups, config.ways)
+    # Ring, and padding (its mask), need the family's processor, which computes Ulysses and ring itself;
+    # otherwise diffusers' dispatcher runs Ulysses around the attention op.
+    own = config.degrees.ring > 1 or family.pads
     for module in family.attention(model):
         processor = getattr(module, "processor", None)
-        if processor is None or not hasattr(processor, "_parallel_config"):
+        if processor is None:
             continue
-        if ring_processor is not None:  # our processor computes Ulysses and ring itself
-            module.set_processor(ring_processor(groups))
-        else:  # diffusers' dispatcher runs Ulysses around the attention op
+        if own:
+            if (replacement := family.ring_processor(split, processor)) is not None:
+                module.set_processor(replacement)
+        elif hasattr(processor, "_parallel_config"):
             processor._parallel_config = parallel_config
-    # Our check runs before diffusers' split (its own is a bare assert).
-    model.register_forward_pre_hook(_length_check(family, config), with_kwargs=True)
-    apply_context_parallel(model, cp_config, family.plan(model))
+    # Runs before the split hooks (a torch pre-hook runs before the hooked forward).
+    model.register_forward_pre_hook(_record_lengths(family, config, split), with_kwargs=True)
+    apply_plan(model, cp_config, family.plan(model), split)
 
 
-def _length_check(family: SequencePlan, config: SequenceParallelConfig) -> Callable:
-    def check(model: Any, args: tuple, kwargs: dict) -> None:
-        for what, length in family.split_lengths(model, kwargs).items():
+def _record_lengths(family: SequencePlan, config: SequenceParallelConfig, split: SplitSequence) -> Callable:
+    def record(model: Any, args: tuple, kwargs: dict) -> None:
+        lengths = family.split_lengths(model, kwargs)
+        if family.pads:
+            hidden = kwargs["hidden_states"]
+            split.record(lengths, family.token_masks(model, kwargs), hidden.shape[0], hidden.device)
+            return
+        for what, length in lengths.items():
             if length % config.ways:
                 raise ValueError(f"{config.field} does not divide the {length} {what} of this request")
-    return check
+    return record
