@@ -5,20 +5,21 @@ included. Ring: key/value chunks go round the ring with an online softmax (ring_
 
 It is built on diffusers' own context-parallel machinery, configured through its public
 pieces: the transformer's context-parallel plan (`_cp_plan`, which names where the sequence
-is split and gathered) goes to `diffusers.hooks.context_parallel.apply_context_parallel`,
-and each attention processor gets the stage's `ParallelConfig`, so the attention dispatcher
+is split and gathered) goes to diffusers' split and gather hooks (sequence_split.py, which
+pads), and each attention processor gets the stage's `ParallelConfig`, so the attention dispatcher
 runs its Ulysses all-to-all around the ordinary attention op. `enable_parallelism` would do
 the same, but it picks the device by dividing by the accelerator count (zero on CPU), so
 this module sets the config up with the stage's own mesh (parallel_groups.py) and device.
 
 A family takes it by declaring a `SequencePlan` (declaration.py) next to its pipeline: most
-pass diffusers' own plan (`diffusers_plan`); Z-Image's transformer has none, so its family
-writes one that splits its unified [image, caption] sequence before the main layers and
-gathers it after them. `ring_degree` needs the plan's ring processor (ring_attention.py
-computes the attention; the family's processor calls it). Families without a plan (SD3,
-whose joint attention processor calls SDPA directly) are refused by name at start-up.
-A head count the degree does not divide is refused at load time; a request whose
-image or text token count it does not divide fails with both numbers named.
+pass diffusers' own plan (`diffusers_plan`); Z-Image's and SD3's transformers have none, so
+their families write one.
+`ring_degree` needs the plan's ring processor (ring_attention.py computes the attention; the
+family's processor calls it). A family whose plan `pads` (the joint text+image families:
+Qwen-Image, FLUX, FLUX.2, SD3) runs that processor at every degree, and a token count the
+degrees do not divide is padded and masked (sequence_split.py); for the others such a request
+fails with both numbers named (Z-Image pads its own sequence to a multiple of 32). A head
+count the Ulysses degree does not divide is refused at load time.
 """
 
 from __future__ import annotations
