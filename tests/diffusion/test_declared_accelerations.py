@@ -8,7 +8,7 @@ int8 weights and regional compile apply to the loaded pipeline (the VAE tiles, t
 transformer's linear weights are int8, its blocks are compiled), and LoRA finds the
 family's diffusers loader. Two ranks, one spawn for every family: CFG-parallel (with VAE
 patch parallel where declared; each rank computes one branch's forwards, and its denoiser
-half the rows), Ulysses and ring each equal one rank.
+half the rows), Ulysses and ring each equal one rank (ring once per ring-attention processor).
 """
 
 from __future__ import annotations
@@ -228,14 +228,30 @@ PROBES = [
 TWO = {"executor": "mp", "num_devices": 2}
 
 
-def parallel_runs(decl) -> dict[str, dict[str, Any]]:
-    """What each family runs on two ranks: its declared degrees, by label."""
+def _ring_runners() -> set[str]:
+    """The first family (in CASES order) of each ring-attention processor: the families that share
+    one (Qwen-Image's edit variants, FLUX Kontext, Wan's) differ from it in nothing the ring
+    touches that their Ulysses run, through the same processor and split, does not check."""
+    first: dict[Any, str] = {}
+    for name, case in CASES.items():
+        plan = pipeline_class(case.key).supported_accelerations.sequence_parallel
+        if plan is not None and plan.ring_processor is not None:
+            first.setdefault(plan.ring_processor, name)
+    return set(first.values())
+
+
+RING_RUNNERS = _ring_runners()
+
+
+def parallel_runs(name: str) -> dict[str, dict[str, Any]]:
+    """What a family runs on two ranks: its declared degrees, by label."""
+    decl = pipeline_class(CASES[name].key).supported_accelerations
     runs = {}
     if decl.cfg_parallel:  # VAE patch parallel shares out the decode of the same two ranks
         runs["cfg"] = {**TWO, "cfg_parallel_size": 2, "vae_patch_parallel_size": 2 if decl.vae_patch_parallel else 1}
     if decl.sequence_parallel is not None:
         runs["ulysses"] = {**TWO, "ulysses_degree": 2}
-    if decl.ring:
+    if decl.ring and name in RING_RUNNERS:
         runs["ring"] = {**TWO, "ring_degree": 2}
     return runs
 
@@ -249,7 +265,7 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
     try:
         for name, path in paths.items():
             case = CASES[name]
-            for label, fields in parallel_runs(pipeline_class(case.key).supported_accelerations).items():
+            for label, fields in parallel_runs(name).items():
                 pipeline = _load(case, path, **fields)
                 rows = denoiser_rows(pipeline)
                 arr, state = run(pipeline, case)
@@ -275,7 +291,7 @@ def test_declared_parallel_degrees_on_two_ranks_equal_one_rank(zoo, two_rank_res
     spawn for all families; one per family cost that start-up each time."""
     checked = []
     for name, case in CASES.items():
-        runs = parallel_runs(pipeline_class(case.key).supported_accelerations)
+        runs = parallel_runs(name)
         for label, fields in runs.items():
             got, metrics, applied, rows = two_rank_results[0][f"{name} {label}"]
             _, rank1_metrics, _, rank1_rows = two_rank_results[1][f"{name} {label}"]
