@@ -117,6 +117,7 @@ def _enable(model: Any, family: SequencePlan, groups: Any, device: torch.device,
     # Ring, and padding (its mask), need the family's processor, which computes Ulysses and ring itself;
     # otherwise diffusers' dispatcher runs Ulysses around the attention op.
     own = config.degrees.ring > 1 or family.pads
+    replaced = 0
     for module in family.attention(model):
         processor = getattr(module, "processor", None)
         if processor is None:
@@ -124,8 +125,12 @@ def _enable(model: Any, family: SequencePlan, groups: Any, device: torch.device,
         if own:
             if (replacement := family.ring_processor(split, processor)) is not None:
                 module.set_processor(replacement)
+                replaced += 1
         elif hasattr(processor, "_parallel_config"):
             processor._parallel_config = parallel_config
+    if own and not replaced:  # its attention would run over this rank's tokens alone
+        raise ValueError(f"{config.field}: {type(model).__name__} has none of the attention processors its "
+                         "family's ring processor replaces")
     # Runs before the split hooks (a torch pre-hook runs before the hooked forward).
     model.register_forward_pre_hook(_record_lengths(family, config, split), with_kwargs=True)
     apply_plan(model, cp_config, family.plan(model), split)
