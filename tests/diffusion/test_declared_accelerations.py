@@ -7,8 +7,8 @@ model offload (with the first cache) gives the plain output bit for bit; VAE til
 int8 weights and regional compile apply to the loaded pipeline (the VAE tiles, the
 transformer's linear weights are int8, its blocks are compiled), and LoRA finds the
 family's diffusers loader. Two ranks, one spawn for every family: CFG-parallel (with VAE
-patch parallel where declared; each rank computes one branch's forwards), Ulysses and ring
-each equal one rank.
+patch parallel where declared; each rank computes one branch's forwards, and its denoiser
+half the rows), Ulysses and ring each equal one rank (ring once per ring-attention processor).
 """
 
 from __future__ import annotations
@@ -63,9 +63,6 @@ class Case:
     """Changes to the zoo's call kwargs."""
     request: Any = None
     """(call, seed) -> our request, where it takes other kwargs than diffusers' call."""
-    split_call: dict[str, Any] = dataclass_field(default_factory=dict)
-    """Changes for the sequence-parallel runs: a request whose text token count the degree does
-    not divide is refused (naming both numbers), and an edit family's prompt + image tokens may be odd."""
 
     @property
     def key(self) -> str:
@@ -76,10 +73,9 @@ class Case:
         return (self.request or request_for)(call, seed, request_id)
 
 
-def _case(name: str, call: dict[str, Any] | None = None, parity_class: Any = None,
-          split_call: dict[str, Any] | None = None) -> Case:
+def _case(name: str, call: dict[str, Any] | None = None, parity_class: Any = None) -> Case:
     request = parity_class().request if parity_class is not None else None
-    return Case(name, call or {}, request, split_call or {})
+    return Case(name, call or {}, request)
 
 
 def _refiner_request(call: dict[str, Any], seed: int, request_id: str = "req"):
@@ -98,8 +94,7 @@ def _cases() -> dict[str, Case]:
         "flux-kontext": _case("flux-kontext", {**image, **true_cfg}, test_parity_flux_kontext.TestFluxKontext),
         "qwen-image-edit": _case("qwen-image-edit", image, test_parity_qwen_image_edit.TestQwenImageEdit),
         "qwen-image-edit-plus": _case("qwen-image-edit-plus", {"image": [default_input_image()]},
-                                      test_parity_qwen_image_edit.TestQwenImageEdit,
-                                      split_call={"prompt": "a red cat", "negative_prompt": None}),
+                                      test_parity_qwen_image_edit.TestQwenImageEdit),
         "wan-i2v": _case("wan-i2v", test_parity_wan.I2V_CALL),
         "hunyuan-video": _case("hunyuan-video", test_parity_hunyuan_video.CALL),
         "hunyuan-video-i2v": _case("hunyuan-video-i2v", test_parity_hunyuan_video.i2v_call()),
@@ -116,8 +111,7 @@ def _cases() -> dict[str, Case]:
         "joyai-image-edit": _case("joyai-image-edit", image),
         # An early start: the refiner runs all STEPS steps (the two-rank test counts them).
         "sdxl-refiner": Case("sdxl-refiner", {"denoising_start": 0.01}, _refiner_request),
-        "qwen-image-layered": _case("qwen-image-layered", {**image, "height": 64, "width": 64},
-                                    split_call={"prompt": "a red ball in front of a wall"}),  # 70 text tokens
+        "qwen-image-layered": _case("qwen-image-layered", {**image, "height": 64, "width": 64}),
         "sana-video": _case("sana-video", {}, test_parity_sana_video.TestSanaVideoT2V),  # `frames` -> num_frames
         "sana-video-i2v": _case("sana-video-i2v", test_parity_sana_video.I2V_CALL,
                                 test_parity_sana_video.TestSanaVideoI2V),
@@ -153,8 +147,9 @@ def test_declared_accelerations_run_and_the_rest_are_refused(zoo, name):
     decl = cls.supported_accelerations
     path = str(zoo(name))
     plain = _load(case, path)
+    rows = denoiser_rows(plain)
     want, state = run(plain, case)
-    PLAIN[name] = (want, plain.state_metrics(state))
+    PLAIN[name] = (want, plain.state_metrics(state), sum(rows))
 
     # Step caches at threshold 0: the plain output, with the cache deciding every step. The
     # first one also runs with model offload, which changes where weights wait, not the output.
@@ -204,9 +199,24 @@ def test_declared_accelerations_run_and_the_rest_are_refused(zoo, name):
         assert all(f"{field}=" in str(error.value) for field in refused) and case.key in str(error.value)
 
 
-PLAIN: dict[str, tuple[np.ndarray, dict]] = {}
-"""Each family's plain output and metrics, which the two-rank test compares with (it loads the
-family again when run alone)."""
+PLAIN: dict[str, tuple[np.ndarray, dict, int]] = {}
+"""Each family's plain output, metrics and denoiser rows, which the two-rank test compares with
+(it loads the family again when run alone)."""
+
+
+def denoiser_rows(pipeline) -> list[int]:
+    """Records the batch rows of each call of the pipeline's denoiser(s): one row per request and
+    CFG branch, whether a family batches its branches in one call or calls once per branch."""
+    rows: list[int] = []
+
+    def record(model, args, kwargs):
+        x = kwargs.get("hidden_states", kwargs.get("sample", args[0] if args else None))
+        rows.append(len(x))  # a batch tensor, or Z-Image's list of one latent per row
+
+    for name in ("transformer", "transformer_2", "unet"):
+        if (model := getattr(pipeline, name, None)) is not None:
+            model.register_forward_pre_hook(record, with_kwargs=True)
+    return rows
 
 PROBES = [
     *({"cache_backend": backend} for backend in CACHE_BACKENDS),
@@ -226,14 +236,30 @@ PROBES = [
 TWO = {"executor": "mp", "num_devices": 2}
 
 
-def parallel_runs(decl) -> dict[str, dict[str, Any]]:
-    """What each family runs on two ranks: its declared degrees, by label."""
+def _ring_runners() -> set[str]:
+    """The first family (in CASES order) of each ring-attention processor: the families that share
+    one (Qwen-Image's edit variants, FLUX Kontext, Wan's) differ from it in nothing the ring
+    touches that their Ulysses run, through the same processor and split, does not check."""
+    first: dict[Any, str] = {}
+    for name, case in CASES.items():
+        plan = pipeline_class(case.key).supported_accelerations.sequence_parallel
+        if plan is not None and plan.ring_processor is not None:
+            first.setdefault(plan.ring_processor, name)
+    return set(first.values())
+
+
+RING_RUNNERS = _ring_runners()
+
+
+def parallel_runs(name: str) -> dict[str, dict[str, Any]]:
+    """What a family runs on two ranks: its declared degrees, by label."""
+    decl = pipeline_class(CASES[name].key).supported_accelerations
     runs = {}
     if decl.cfg_parallel:  # VAE patch parallel shares out the decode of the same two ranks
         runs["cfg"] = {**TWO, "cfg_parallel_size": 2, "vae_patch_parallel_size": 2 if decl.vae_patch_parallel else 1}
     if decl.sequence_parallel is not None:
         runs["ulysses"] = {**TWO, "ulysses_degree": 2}
-    if decl.ring:
+    if decl.ring and name in RING_RUNNERS:
         runs["ring"] = {**TWO, "ring_degree": 2}
     return runs
 
@@ -247,19 +273,16 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
     try:
         for name, path in paths.items():
             case = CASES[name]
-            for label, fields in parallel_runs(pipeline_class(case.key).supported_accelerations).items():
+            for label, fields in parallel_runs(name).items():
                 pipeline = _load(case, path, **fields)
-                arr, state = run(pipeline, case, **_overrides(case, label))
-                results[f"{name} {label}"] = (arr, pipeline.state_metrics(state), pipeline.accelerations)
+                rows = denoiser_rows(pipeline)
+                arr, state = run(pipeline, case)
+                results[f"{name} {label}"] = (arr, pipeline.state_metrics(state), pipeline.accelerations, sum(rows))
     finally:  # rank 1 keeps its metrics only (rank 0's output is the one returned)
         if rank == 1:
-            results = {key: (None, metrics, applied) for key, (_, metrics, applied) in results.items()}
+            results = {key: (None, *rest) for key, (_, *rest) in results.items()}
         torch.save(results, os.path.join(out_dir, f"results-{rank}.pt"))
         dist.destroy_process_group()
-
-
-def _overrides(case: Case, label: str) -> dict[str, Any]:
-    return case.split_call if label in ("ulysses", "ring") else {}
 
 
 @pytest.fixture(scope="module")
@@ -276,24 +299,24 @@ def test_declared_parallel_degrees_on_two_ranks_equal_one_rank(zoo, two_rank_res
     spawn for all families; one per family cost that start-up each time."""
     checked = []
     for name, case in CASES.items():
-        runs = parallel_runs(pipeline_class(case.key).supported_accelerations)
-        plain = None
+        runs = parallel_runs(name)
         for label, fields in runs.items():
-            got, metrics, applied = two_rank_results[0][f"{name} {label}"]
-            rank1_metrics = two_rank_results[1][f"{name} {label}"][1]
-            overrides = _overrides(case, label)
-            if not overrides and name in PLAIN:
-                want, one_rank_metrics = PLAIN[name]
-            else:
-                plain = plain or _load(case, str(zoo(name)))
-                want, state = run(plain, case, **overrides)
-                one_rank_metrics = plain.state_metrics(state)
+            got, metrics, applied, rows = two_rank_results[0][f"{name} {label}"]
+            _, rank1_metrics, _, rank1_rows = two_rank_results[1][f"{name} {label}"]
+            if name not in PLAIN:  # this test runs without the one-rank test before it
+                plain = _load(case, str(zoo(name)))
+                one_rank_rows = denoiser_rows(plain)
+                want, state = run(plain, case)
+                PLAIN[name] = (want, plain.state_metrics(state), sum(one_rank_rows))
+            want, one_rank_metrics, one_rank_rows = PLAIN[name]
             vae = ["vae_patch_parallel"] if fields.get("vae_patch_parallel_size", 1) > 1 else []
             assert applied == {"cfg": ["cfg_parallel"] + vae}.get(label, ["sequence_parallel"]), (name, label)
             assert np.abs(got - want).max() <= TOLERANCE[label], (name, label)
             if label == "cfg":  # one rank ran both branches; with CFG parallel each rank runs one of them
                 assert one_rank_metrics["num_forwards_computed"] == 2 * STEPS, f"{name}: the call must guide"
                 assert metrics["num_forwards_computed"] == rank1_metrics["num_forwards_computed"] == STEPS, name
+                # ... and so does the denoiser: each rank computes half the rows one rank did (its branch's)
+                assert 2 * rows == 2 * rank1_rows == one_rank_rows, name
             checked.append(f"{name} {label}")
     assert checked
 

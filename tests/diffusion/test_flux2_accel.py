@@ -75,12 +75,6 @@ def test_cached_request_alone_equals_batched_at_other_steps(zoo):
         assert np.abs(arr - arr_alone).max() <= 1e-3
 
 
-def test_ring_attention_is_refused_by_name(zoo):
-    # Ulysses runs through diffusers' plan (test_sequence_parallel.py); ring has no FLUX.2 processors.
-    with pytest.raises(ValueError, match=r"ring_degree=2: Flux2KleinPipeline cannot take it"):
-        load(zoo("flux2-klein"), "flux2-klein", ring_degree=2, executor="mp", num_devices=2)
-
-
 def test_vae_tiling_applies(zoo):
     assert load(zoo("flux2"), "flux2", vae_use_tiling=True).accelerations == ["vae_tiling"]
 

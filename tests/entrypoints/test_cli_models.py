@@ -15,7 +15,7 @@ def test_models_prints_a_row_per_native_pipeline_from_its_declaration(capsys):
     for key in native_keys():
         decl = pipeline_class(key).supported_accelerations
         assert (", ".join(decl.step_caches) or "no") in rows[key]
-    assert "ring_degree: its joint-attention processor has no ring version here" in "\n".join(lines)
+    assert "ulysses_degree: its transformer has no sequence-parallel plan" in "\n".join(lines)
 
 
 def test_models_markdown_is_the_docs_table(capsys):

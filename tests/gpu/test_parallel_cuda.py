@@ -1,6 +1,7 @@
 """Parallel diffusion over nccl: the CPU suite's equality checks (tests/diffusion/
 test_sequence_parallel.py, test_declared_accelerations.py, test_vae_patch_parallel.py) on two CUDA
-ranks, one GPU each, fp32: Ulysses 2 (Z-Image, Wan, Qwen-Image, FLUX), ring 2 (Z-Image, Wan)
+ranks, one GPU each, fp32: Ulysses 2 (Z-Image, Wan, Qwen-Image, FLUX, SD3), ring 2 (Z-Image, Wan,
+Qwen-Image)
 and CFG parallel 2 with VAE patch parallel 2 (Z-Image, Wan) against one rank on cuda:0.
 NCCL takes one GPU per rank, so this needs two devices and skips on one."""
 
@@ -23,6 +24,8 @@ CASES = [  # (zoo name, diffusers class, deploy degrees)
     ("flux", "FluxPipeline", dict(ulysses_degree=2)),
     ("z-image", "ZImagePipeline", dict(ring_degree=2)),
     ("wan-t2v", "WanPipeline", dict(ring_degree=2)),
+    ("qwen-image", "QwenImagePipeline", dict(ring_degree=2)),
+    ("sd3", "StableDiffusion3Pipeline", dict(ulysses_degree=2)),  # 141 text tokens: padded and masked
     ("z-image", "ZImagePipeline", dict(cfg_parallel_size=2, vae_patch_parallel_size=2)),
     ("wan-t2v", "WanPipeline", dict(cfg_parallel_size=2, vae_patch_parallel_size=2)),
 ]

@@ -37,9 +37,17 @@ class SequencePlan:
     """The modules whose attention runs over the split sequence."""
     sequence_multiple: int | None = None
     """The multiple the transformer pads its sequence to, which the degrees must divide (Z-Image: 32)."""
-    ring_processor: Callable[[Any], Any] | None = None
-    """(parallel groups) -> the attention processor that runs ring attention (ring_attention.py);
-    None = `ring_degree` is refused (Ulysses only)."""
+    ring_processor: Callable[[Any, Any], Any] | None = None
+    """(the split (sequence_split.SplitSequence), an attention module's processor) -> the processor
+    that replaces it, running Ulysses and ring attention through the split (ring_attention.py), or
+    None to leave that module alone; None = `ring_degree` is refused (Ulysses only)."""
+    pads: bool = False
+    """Token counts the degrees do not divide are padded (sequence_split.py): the ring processor
+    then runs at every degree and masks the padding out of the attention keys; the plan gathers
+    the first sequence of `split_lengths`. False: such a request fails, naming both numbers."""
+    token_masks: Callable[[Any, dict], dict] = lambda model, kwargs: {}
+    """(transformer, forward kwargs) -> the request's own token masks of a split sequence, by the
+    name `split_lengths` gives it (Qwen-Image's mask over batched prompts of different lengths)."""
 
 
 @dataclass(frozen=True)

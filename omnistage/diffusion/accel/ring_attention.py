@@ -12,7 +12,8 @@ after.
 diffusers' own ring attention needs an attention op that returns the log-sum-exp, which
 no CPU (or fp32) backend of its dispatcher has, so a family that takes `ring_degree`
 declares its own attention processor (`SequencePlan.ring_processor`, in its folder, e.g.
-models/z_image/parallel.py) that calls `sequence_parallel_attention` here, which uses torch's
+models/z_image/parallel.py) that calls `sequence_parallel_attention` here (directly, or through
+sequence_split.SplitSequence with the mask of padded tokens), which uses torch's
 fused kernels that return it (`attention_with_lse`: flash on CPU, memory-efficient on CUDA,
 any dtype); families that declare none are refused by name.
 """

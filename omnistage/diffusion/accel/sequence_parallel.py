@@ -5,20 +5,21 @@ included. Ring: key/value chunks go round the ring with an online softmax (ring_
 
 It is built on diffusers' own context-parallel machinery, configured through its public
 pieces: the transformer's context-parallel plan (`_cp_plan`, which names where the sequence
-is split and gathered) goes to `diffusers.hooks.context_parallel.apply_context_parallel`,
-and each attention processor gets the stage's `ParallelConfig`, so the attention dispatcher
+is split and gathered) goes to diffusers' split and gather hooks (sequence_split.py, which
+pads), and each attention processor gets the stage's `ParallelConfig`, so the attention dispatcher
 runs its Ulysses all-to-all around the ordinary attention op. `enable_parallelism` would do
 the same, but it picks the device by dividing by the accelerator count (zero on CPU), so
 this module sets the config up with the stage's own mesh (parallel_groups.py) and device.
 
 A family takes it by declaring a `SequencePlan` (declaration.py) next to its pipeline: most
-pass diffusers' own plan (`diffusers_plan`); Z-Image's transformer has none, so its family
-writes one that splits its unified [image, caption] sequence before the main layers and
-gathers it after them. `ring_degree` needs the plan's ring processor (ring_attention.py
-computes the attention; the family's processor calls it). Families without a plan (SD3,
-whose joint attention processor calls SDPA directly) are refused by name at start-up.
-A head count the degree does not divide is refused at load time; a request whose
-image or text token count it does not divide fails with both numbers named.
+pass diffusers' own plan (`diffusers_plan`); Z-Image's and SD3's transformers have none, so
+their families write one.
+`ring_degree` needs the plan's ring processor (ring_attention.py computes the attention; the
+family's processor calls it). A family whose plan `pads` (the joint text+image families:
+Qwen-Image, FLUX, FLUX.2, SD3) runs that processor at every degree, and a token count the
+degrees do not divide is padded and masked (sequence_split.py); for the others such a request
+fails with both numbers named (Z-Image pads its own sequence to a multiple of 32). A head
+count the Ulysses degree does not divide is refused at load time.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from omnistage.diffusion.accel.parallel_groups import Degrees, degrees_of, parallel_groups
+from omnistage.diffusion.accel.sequence_split import SplitSequence, apply_plan
 
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
@@ -94,41 +96,54 @@ def apply(pipeline: Any, config: SequenceParallelConfig) -> None:
                              "token sequence to")
     groups = parallel_groups(config.degrees, pipeline.device)
     for model in models:
-        ring = plan.ring_processor if config.degrees.ring > 1 else None
-        _enable(model, plan, groups, pipeline.device, config, ring)
+        _enable(model, plan, groups, pipeline.device, config)
 
 
 def _attention_heads(model: Any) -> int:
     return next(m.heads for m in model.modules() if hasattr(m, "heads") and hasattr(m, "processor"))
 
 
-def _enable(model: Any, family: SequencePlan, groups: Any, device: torch.device, config: SequenceParallelConfig,
-            ring_processor: Callable | None) -> None:
+def _enable(model: Any, family: SequencePlan, groups: Any, device: torch.device,
+            config: SequenceParallelConfig) -> None:
     import torch.distributed as dist
     from diffusers import ContextParallelConfig, ParallelConfig
-    from diffusers.hooks.context_parallel import apply_context_parallel
 
     cp_config = ContextParallelConfig(ring_degree=config.degrees.ring, ulysses_degree=config.degrees.ulysses,
                                       mesh=groups.sequence_mesh)
     parallel_config = ParallelConfig(context_parallel_config=cp_config)
     parallel_config.setup(dist.get_rank(), dist.get_world_size(), device, mesh=groups.sequence_mesh)
     model._parallel_config = parallel_config  # what enable_parallelism records
+    split = SplitSequence(groups, config.ways)
+    # Ring, and padding (its mask), need the family's processor, which computes Ulysses and ring itself;
+    # otherwise diffusers' dispatcher runs Ulysses around the attention op.
+    own = config.degrees.ring > 1 or family.pads
+    replaced = 0
     for module in family.attention(model):
         processor = getattr(module, "processor", None)
-        if processor is None or not hasattr(processor, "_parallel_config"):
+        if processor is None:
             continue
-        if ring_processor is not None:  # our processor computes Ulysses and ring itself
-            module.set_processor(ring_processor(groups))
-        else:  # diffusers' dispatcher runs Ulysses around the attention op
+        if own:
+            if (replacement := family.ring_processor(split, processor)) is not None:
+                module.set_processor(replacement)
+                replaced += 1
+        elif hasattr(processor, "_parallel_config"):
             processor._parallel_config = parallel_config
-    # Our check runs before diffusers' split (its own is a bare assert).
-    model.register_forward_pre_hook(_length_check(family, config), with_kwargs=True)
-    apply_context_parallel(model, cp_config, family.plan(model))
+    if own and not replaced:  # its attention would run over this rank's tokens alone
+        raise ValueError(f"{config.field}: {type(model).__name__} has none of the attention processors its "
+                         "family's ring processor replaces")
+    # Runs before the split hooks (a torch pre-hook runs before the hooked forward).
+    model.register_forward_pre_hook(_record_lengths(family, config, split), with_kwargs=True)
+    apply_plan(model, cp_config, family.plan(model), split)
 
 
-def _length_check(family: SequencePlan, config: SequenceParallelConfig) -> Callable:
-    def check(model: Any, args: tuple, kwargs: dict) -> None:
-        for what, length in family.split_lengths(model, kwargs).items():
+def _record_lengths(family: SequencePlan, config: SequenceParallelConfig, split: SplitSequence) -> Callable:
+    def record(model: Any, args: tuple, kwargs: dict) -> None:
+        lengths = family.split_lengths(model, kwargs)
+        if family.pads:
+            hidden = kwargs["hidden_states"]
+            split.record(lengths, family.token_masks(model, kwargs), hidden.shape[0], hidden.device)
+            return
+        for what, length in lengths.items():
             if length % config.ways:
                 raise ValueError(f"{config.field} does not divide the {length} {what} of this request")
-    return check
+    return record

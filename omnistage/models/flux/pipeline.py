@@ -33,16 +33,15 @@ from omnistage.diffusion.pipeline import (
     split_per_state,
     unpack_latents,
 )
-from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations, SequencePlan
-from omnistage.diffusion.accel.sequence_parallel import diffusers_plan, joint_lengths
+from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations
+from omnistage.models.flux.parallel import SEQUENCE_PLAN
 
 
 class Flux(PatchImagePipeline):
     reference_class: ClassVar[str] = "FluxPipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
-        step_caches=CACHE_BACKENDS, cfg_parallel=True, sequence_parallel=SequencePlan(diffusers_plan, joint_lengths),
-        vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True, compile=True,
-        refused={"ring_degree": "its joint-attention processor has no ring version here (use ulysses_degree)"})
+        step_caches=CACHE_BACKENDS, cfg_parallel=True, sequence_parallel=SEQUENCE_PLAN,
+        vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True, compile=True)
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->text_encoder_2->transformer->vae"
     # Loaded when the checkpoint has them, unused: IP-Adapter is not supported.
     _optional_components: ClassVar[list[str]] = ["image_encoder", "feature_extractor"]

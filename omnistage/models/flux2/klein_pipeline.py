@@ -28,8 +28,7 @@ class Flux2Klein(Flux2):
 
     reference_class: ClassVar[str] = "Flux2KleinPipeline"
     supported_accelerations: ClassVar[Accelerations] = dataclasses.replace(
-        Flux2.supported_accelerations, cfg_parallel=True,
-        refused={"ring_degree": "its joint-attention processor has no ring version here (use ulysses_degree)"})
+        Flux2.supported_accelerations, cfg_parallel=True, refused={})
     text_encoder_out_layers: ClassVar[tuple[int, ...]] = (9, 18, 27)
     loader_overrides: ClassVar[dict[str, Any]] = {}
     takes_negative_prompt: ClassVar[bool] = True

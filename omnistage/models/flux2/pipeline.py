@@ -42,8 +42,8 @@ from omnistage.diffusion.pipeline import (
     split_per_state,
 )
 from omnistage.core.errors import RequestError
-from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations, SequencePlan
-from omnistage.diffusion.accel.sequence_parallel import diffusers_plan, joint_lengths
+from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations
+from omnistage.models.flux2.parallel import SEQUENCE_PLAN
 
 # Flux2Pipeline's limits on a reference image (Flux2ImageProcessor.check_image_input) and the
 # area it is scaled down to beyond that.
@@ -55,9 +55,8 @@ MAX_IMAGE_AREA = 1024 * 1024
 class Flux2(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "Flux2Pipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
-        step_caches=CACHE_BACKENDS, sequence_parallel=SequencePlan(diffusers_plan, joint_lengths), vae_tiling=True, offload=True, quantization=True, lora=True, compile=True,
-        refused={"cfg_parallel_size": "guidance-distilled: it runs no CFG branch",
-                 "ring_degree": "its joint-attention processor has no ring version here (use ulysses_degree)"})
+        step_caches=CACHE_BACKENDS, sequence_parallel=SEQUENCE_PLAN, vae_tiling=True, offload=True, quantization=True, lora=True, compile=True,
+        refused={"cfg_parallel_size": "guidance-distilled: it runs no CFG branch"})
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     # Flux2Pipeline.__call__ defaults; height/width (128 latent pixels times the VAE factor, or
     # the first reference image's size) are filled in per request.

@@ -11,6 +11,7 @@ import torch
 from omnistage.diffusion.accel.declaration import SequencePlan
 from omnistage.diffusion.accel.ring_attention import sequence_parallel_attention
 from omnistage.diffusion.accel.sequence_parallel import diffusers_plan
+from omnistage.diffusion.accel.sequence_split import SplitSequence
 
 
 def split_lengths(model: Any, kwargs: dict) -> dict[str, int]:
@@ -19,8 +20,11 @@ def split_lengths(model: Any, kwargs: dict) -> dict[str, int]:
     return {"video tokens": (frames // pt) * (height // ph) * (width // pw)}
 
 
-def ring_processor(groups: Any) -> Any:
+def ring_processor(split: SplitSequence, current: Any) -> Any:
     from diffusers.models.transformers.transformer_wan import WanAttnProcessor, _get_qkv_projections
+
+    if not isinstance(current, WanAttnProcessor):
+        return None
 
     class RingWanProcessor(WanAttnProcessor):
         """WanAttnProcessor (diffusers 0.42) with self-attention over the ring; cross-attention
@@ -35,7 +39,7 @@ def ring_processor(groups: Any) -> Any:
             query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
             if rotary_emb is not None:
                 query, key = _real_rope(query, *rotary_emb), _real_rope(key, *rotary_emb)
-            out = sequence_parallel_attention(query, key, value, None, groups).flatten(2, 3).type_as(query)
+            out = sequence_parallel_attention(query, key, value, None, split.groups).flatten(2, 3).type_as(query)
             return attn.to_out[1](attn.to_out[0](out))
 
     return RingWanProcessor()

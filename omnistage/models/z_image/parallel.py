@@ -15,6 +15,7 @@ import torch
 
 from omnistage.diffusion.accel.declaration import SequencePlan
 from omnistage.diffusion.accel.ring_attention import sequence_parallel_attention
+from omnistage.diffusion.accel.sequence_split import SplitSequence
 
 SEQ_MULTIPLE = 32
 
@@ -30,8 +31,11 @@ def sequence_plan(model: Any) -> dict:
     }
 
 
-def ring_processor(groups: Any) -> Any:
+def ring_processor(split: SplitSequence, current: Any) -> Any:
     from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnProcessor
+
+    if not isinstance(current, ZSingleStreamAttnProcessor):
+        return None
 
     class RingZImageProcessor(ZSingleStreamAttnProcessor):
         """ZSingleStreamAttnProcessor (diffusers 0.42) with the attention over the ring."""
@@ -46,7 +50,7 @@ def ring_processor(groups: Any) -> Any:
                 key = attn.norm_k(key)
             if freqs_cis is not None:
                 query, key = _complex_rope(query, freqs_cis), _complex_rope(key, freqs_cis)
-            out = sequence_parallel_attention(query, key, value, attention_mask, groups).flatten(2, 3)
+            out = sequence_parallel_attention(query, key, value, attention_mask, split.groups).flatten(2, 3)
             output = attn.to_out[0](out.to(query.dtype))
             return attn.to_out[1](output) if len(attn.to_out) > 1 else output
 
