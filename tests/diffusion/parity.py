@@ -169,6 +169,18 @@ def reference_av_outputs(reference: Any) -> Callable[[dict[str, Any], int], tupl
     return get
 
 
+def av_request(call_kwargs: dict[str, Any], seed: int, request_id: str = "req") -> DiffusionRequest:
+    """Our request for a video-with-audio call: diffusers' `frame_rate` is our `fps`, and LTX-2's
+    STG block list (one block in these tests) our `stg_block`."""
+    kwargs = dict(call_kwargs)
+    fps = kwargs.pop("frame_rate")
+    if "spatio_temporal_guidance_blocks" in kwargs:
+        kwargs["stg_block"] = kwargs.pop("spatio_temporal_guidance_blocks")[0]
+    request = request_for(kwargs, seed, request_id)
+    request.params = request.params.model_copy(update={"fps": fps})
+    return request
+
+
 class ReferenceFixtures:
     """The zoo model, diffusers' pipeline and ours, loaded once per test class.
 
@@ -211,6 +223,25 @@ class ReferenceFixtures:
     def request(self, call_kwargs: dict[str, Any], seed: int, request_id: str = "req") -> DiffusionRequest:
         """Our request for a reference call (override where the two take different kwargs)."""
         return request_for(call_kwargs, seed, request_id)
+
+
+class SoundtrackFixtures:
+    """Mixed into a video-with-audio family's parity class (before ParityTests): `reference_av`
+    (frames and soundtrack of one reference run per call and seed), `expected` from its frames,
+    and requests through `av_request`."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def reference_av(cls, reference):
+        return reference_av_outputs(reference)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def expected(cls, reference_av):
+        return lambda call, seed: reference_av(call, seed)[0]
+
+    def request(self, call_kwargs: dict[str, Any], seed: int, request_id: str = "req") -> DiffusionRequest:
+        return av_request(call_kwargs, seed, request_id)
 
 
 class ParityTests(ReferenceFixtures):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from parity import TOLERANCE, ReferenceFixtures, max_abs_diff, request_for
+from parity import TOLERANCE, ReferenceFixtures, av_request, max_abs_diff, request_for
 
 from omnistage.core.types import VideoPayload
 from omnistage.diffusion.params import DiffusionParams
@@ -133,12 +133,8 @@ class TestGenericVideoWithSound(ReferenceFixtures):
 
     def test_frames_and_soundtrack_match_diffusers(self, ours, reference, call):
         want = reference(**call, generator=torch.Generator("cpu").manual_seed(3), output_type="np")
-        kwargs = dict(call)
-        fps = kwargs.pop("frame_rate")  # the adapter's fps field is diffusers' frame_rate
-        request = request_for(kwargs, seed=3)
-        request.params = request.params.model_copy(update={"fps": fps})
-        (payload,) = ours.forward([request])
-        assert isinstance(payload, VideoPayload) and payload.fps == fps
+        (payload,) = ours.forward([av_request(call, seed=3)])  # the adapter's fps is diffusers' frame_rate
+        assert isinstance(payload, VideoPayload) and payload.fps == call["frame_rate"]
         frames = np.asarray(payload.frames, dtype=np.float64) / 255
         assert np.abs(frames - want.frames[0]).max() <= 1 / 255 + 1e-6
         assert payload.sample_rate == reference.vocoder.config.output_sampling_rate

@@ -15,8 +15,7 @@ from parity import (
     assert_rejected,
     load_reference,
     max_abs_diff,
-    reference_av_outputs,
-    request_for,
+    SoundtrackFixtures,
 )
 
 from omnistage.core.types import VideoPayload
@@ -34,7 +33,7 @@ def small(**fields) -> DiffusionParams:
     return DiffusionParams(**{"height": 64, "width": 64, "num_frames": 9, **fields})
 
 
-class TestKandinsky6(BatchSeededParityTests):
+class TestKandinsky6(SoundtrackFixtures, BatchSeededParityTests):
     zoo_name = "kandinsky6"
     reference_class = "Kandinsky6TI2VAPipeline"
     pipeline_class = Kandinsky6TI2VA
@@ -51,24 +50,6 @@ class TestKandinsky6(BatchSeededParityTests):
 
         # The Qwen2_5_VLProcessor built from its halves, as our loader does (no torchvision here).
         return load_reference(Kandinsky6TI2VAPipeline, path, **Kandinsky6TI2VA.loader_kwargs(str(path)))
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def reference_av(cls, reference):
-        return reference_av_outputs(reference)
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def expected(cls, reference_av):
-        return lambda call, seed: reference_av(call, seed)[0]
-
-    def request(self, call_kwargs, seed, request_id="req"):
-        # diffusers' frame_rate is our fps.
-        kwargs = dict(call_kwargs)
-        fps = kwargs.pop("frame_rate")
-        request = request_for(kwargs, seed, request_id)
-        request.params = request.params.model_copy(update={"fps": fps})
-        return request
 
     def batch_calls(self, call):
         # CFG off for the second, with another frame rate (so another audio length: its own group).

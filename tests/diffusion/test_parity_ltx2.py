@@ -14,8 +14,8 @@ from parity import (
     TOLERANCE,
     ParityTests,
     assert_rejected,
+    av_request,
     max_abs_diff,
-    request_for,
     run_staggered,
 )
 
@@ -55,13 +55,7 @@ class TestLTX2(ParityTests):
         return get
 
     def request(self, call_kwargs, seed, request_id="req"):
-        # diffusers' frame_rate is our fps; its STG block list is one block here.
-        kwargs = dict(call_kwargs)
-        fps = kwargs.pop("frame_rate")
-        blocks = kwargs.pop("spatio_temporal_guidance_blocks")
-        request = request_for(dict(kwargs, stg_block=blocks[0]), seed, request_id)
-        request.params = request.params.model_copy(update={"fps": fps})
-        return request
+        return av_request(call_kwargs, seed, request_id)
 
     def batch_calls(self, call):
         # CFG off for one (video and audio), another negative prompt with STG off and fewer

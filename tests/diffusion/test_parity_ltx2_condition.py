@@ -17,8 +17,7 @@ from parity import (
     assert_rejected,
     load_reference,
     max_abs_diff,
-    reference_av_outputs,
-    request_for,
+    SoundtrackFixtures,
 )
 
 from omnistage.diffusion.params import DiffusionParams
@@ -33,7 +32,7 @@ CALL = dict(zoo_call_kwargs("ltx2-condition"), num_inference_steps=2,
             condition_indices=[0, 2], condition_strengths=[1.0, 0.8])
 
 
-class TestLTX2Condition(BatchSeededParityTests):
+class TestLTX2Condition(SoundtrackFixtures, BatchSeededParityTests):
     zoo_name = "ltx2-condition"
     reference_class = "LTX2ConditionPipeline"
     pipeline_class = LTX2Condition
@@ -58,24 +57,6 @@ class TestLTX2Condition(BatchSeededParityTests):
             return pipe(conditions=conditions, **kwargs)
 
         return call
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def reference_av(cls, reference):
-        return reference_av_outputs(reference)
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def expected(cls, reference_av):
-        return lambda call, seed: reference_av(call, seed)[0]
-
-    def request(self, call_kwargs, seed, request_id="req"):
-        kwargs = dict(call_kwargs)
-        fps = kwargs.pop("frame_rate")
-        blocks = kwargs.pop("spatio_temporal_guidance_blocks")
-        request = request_for(dict(kwargs, stg_block=blocks[0]), seed, request_id)
-        request.params = request.params.model_copy(update={"fps": fps})
-        return request
 
     def batch_calls(self, call):
         # The second: one keyframe at the last latent frame at half strength, CFG off (fewer tokens:

@@ -15,8 +15,7 @@ from parity import (
     BatchSeededParityTests,
     assert_rejected,
     max_abs_diff,
-    reference_av_outputs,
-    request_for,
+    SoundtrackFixtures,
 )
 
 from omnistage.diffusion.params import DiffusionParams
@@ -28,7 +27,7 @@ from omnistage.testing.diffusion_models import default_input_image
 CALL = dict(zoo_call_kwargs("ltx2-i2v"), num_inference_steps=2, image=default_input_image(64))
 
 
-class TestLTX2I2V(BatchSeededParityTests):
+class TestLTX2I2V(SoundtrackFixtures, BatchSeededParityTests):
     zoo_name = "ltx2-i2v"
     reference_class = "LTX2ImageToVideoPipeline"
     pipeline_class = LTX2I2V
@@ -37,25 +36,6 @@ class TestLTX2I2V(BatchSeededParityTests):
     @classmethod
     def call(cls):
         return CALL
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def reference_av(cls, reference):
-        return reference_av_outputs(reference)
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def expected(cls, reference_av):
-        return lambda call, seed: reference_av(call, seed)[0]
-
-    def request(self, call_kwargs, seed, request_id="req"):
-        # diffusers' frame_rate is our fps; its STG block list is one block here.
-        kwargs = dict(call_kwargs)
-        fps = kwargs.pop("frame_rate")
-        blocks = kwargs.pop("spatio_temporal_guidance_blocks")
-        request = request_for(dict(kwargs, stg_block=blocks[0]), seed, request_id)
-        request.params = request.params.model_copy(update={"fps": fps})
-        return request
 
     def batch_calls(self, call):
         # Another image and negative prompt, CFG off, for the second.
