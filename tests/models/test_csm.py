@@ -162,7 +162,7 @@ def test_audio_metrics_are_exported(omni):
     ({"prompt": ""}, "prompt:"),
     ({"prompt": "hi", "ref_audio": np.zeros((2, 10), np.float32), "ref_sample_rate": 24000}, "ref_audio:"),
     ({"prompt": "hi", "ref_audio": np.zeros(10, np.float32)}, "ref_sample_rate:"),
-    ({"prompt": "hi", "ref_text": "words"}, "ref_text: given without ref_audio"),
+    ({"prompt": "hi", "ref_text": "words"}, "ref_text: goes with ref_audio"),
     ({"prompt": "hi", "speed": 2}, "speed: unknown CSM prompt key"),
 ])
 def test_bad_prompts_name_the_key(prompt, problem):

@@ -16,6 +16,7 @@ Torch-free: the server and the family registration import it.
 from __future__ import annotations
 
 from omnistage.core.errors import RequestError
+from omnistage.models.reference_clip import reference_clip
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +27,6 @@ import numpy as np
 BUILTIN_VOICES: dict[str, int] = {"alloy": 0, "echo": 1, "fable": 2, "onyx": 3, "nova": 4, "shimmer": 5}
 DEFAULT_VOICE = "alloy"
 PROMPT_KEYS = ("prompt", "voice", "ref_audio", "ref_sample_rate", "ref_text")
-MAX_REF_SECONDS = 60.0
-"""Longest reference clip: its codes share the backbone's context with the text and the reply."""
 
 
 @dataclass
@@ -60,25 +59,7 @@ def parse_prompt(inputs: Any) -> CsmPrompt:
     if voice not in BUILTIN_VOICES:
         raise RequestError("voice", f"voice: unknown voice {voice!r}; built-in voices: {', '.join(BUILTIN_VOICES)}")
     prompt = CsmPrompt(text=text, speaker=BUILTIN_VOICES[voice])
-    ref = inputs.get("ref_audio")
-    if ref is None:
-        for key in ("ref_sample_rate", "ref_text"):
-            if inputs.get(key) is not None:
-                raise ValueError(f"{key}: given without ref_audio")
-        return prompt
-    audio = np.asarray(ref)
-    if audio.ndim != 1 or audio.size == 0 or not np.issubdtype(audio.dtype, np.floating):
-        raise RequestError("ref_audio", f"ref_audio: expected a non-empty 1-D float array (mono), got {audio.dtype} "
-                         f"with shape {list(audio.shape)}")
-    if not np.isfinite(audio).all():
-        raise RequestError("ref_audio", "ref_audio: contains NaN or infinite samples")
-    rate = inputs.get("ref_sample_rate")
-    if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1000:
-        raise RequestError("ref_sample_rate", f"ref_sample_rate: the reference clip's sample rate (Hz, >= 1000) is required, got {rate!r}")
-    if audio.size / rate > MAX_REF_SECONDS:
-        raise RequestError("ref_audio", f"ref_audio: {audio.size / rate:.1f} s is longer than {MAX_REF_SECONDS:.0f} s")
-    ref_text = inputs.get("ref_text") or ""
-    if not isinstance(ref_text, str):
-        raise RequestError("ref_text", f"ref_text: expected a string, got {type(ref_text).__name__}")
-    prompt.ref_audio, prompt.ref_sample_rate, prompt.ref_text = audio.astype(np.float32), rate, ref_text
+    clip = reference_clip(inputs)
+    if clip is not None:
+        prompt.ref_audio, prompt.ref_sample_rate, prompt.ref_text = clip.audio, clip.sample_rate, clip.text
     return prompt

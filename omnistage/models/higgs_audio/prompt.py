@@ -9,7 +9,7 @@ assistant's answer, then the text). A request is a str (the text) or a dict:
     instructions     the scene description, as the model card's `scene` turn ("Audio is
                      recorded from a quiet room."); default `DEFAULT_SCENE`
     ref_audio        a mono float clip to clone (with ref_sample_rate, Hz), at most
-                     `MAX_REF_SECONDS`; ref_text its transcript (may be empty)
+                     60 s (reference_clip.py); ref_text its transcript (may be empty)
     voice            ignored: there are no built-in voices (OpenAI clients always send one)
 
 The system turn is the model card's `SYSTEM_PROMPT`. Every problem is a RequestError naming
@@ -25,10 +25,9 @@ from typing import Any
 import numpy as np
 
 from omnistage.core.errors import RequestError
+from omnistage.models.reference_clip import reference_clip
 
 PROMPT_KEYS = ("prompt", "instructions", "voice", "ref_audio", "ref_sample_rate", "ref_text")
-MAX_REF_SECONDS = 60.0
-"""Longest reference clip: its codes share the context with the text and the reply."""
 SYSTEM_PROMPT = "Generate audio following instruction."
 DEFAULT_SCENE = "Audio is recorded from a quiet room."
 
@@ -75,25 +74,5 @@ def parse_prompt(inputs: Any) -> HiggsPrompt:
 
 def _reference(inputs: Mapping[str, Any]) -> tuple:
     """(ref_audio, ref_sample_rate, ref_text), checked; (None, None, "") without a clip."""
-    audio = inputs.get("ref_audio")
-    if audio is None:
-        for key in ("ref_sample_rate", "ref_text"):
-            if inputs.get(key):
-                raise RequestError(key, f"{key}: goes with ref_audio")
-        return None, None, ""
-    audio = np.asarray(audio)
-    if audio.ndim != 1 or audio.size == 0 or not np.issubdtype(audio.dtype, np.floating):
-        raise RequestError("ref_audio", f"ref_audio: expected a non-empty 1-D float array (mono), got {audio.dtype} "
-                           f"with shape {list(audio.shape)}")
-    if not np.isfinite(audio).all():
-        raise RequestError("ref_audio", "ref_audio: contains NaN or infinite samples")
-    rate = inputs.get("ref_sample_rate")
-    if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1000:
-        raise RequestError("ref_sample_rate", f"ref_sample_rate: the reference clip's sample rate (Hz, >= 1000) is "
-                           f"required, got {rate!r}")
-    if audio.size / rate > MAX_REF_SECONDS:
-        raise RequestError("ref_audio", f"ref_audio: {audio.size / rate:.1f} s is longer than {MAX_REF_SECONDS:.0f} s")
-    text = inputs.get("ref_text") or ""
-    if not isinstance(text, str):
-        raise RequestError("ref_text", f"ref_text: expected a string, got {type(text).__name__}")
-    return audio.astype(np.float32), rate, text
+    clip = reference_clip(inputs)
+    return (None, None, "") if clip is None else (clip.audio, clip.sample_rate, clip.text)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from omnistage.core.errors import RequestError
+from omnistage.models.reference_clip import reference_clip
 
 PROMPT_KEYS = ("prompt", "voice", "instructions", "language", "task_type", "non_streaming_mode", "ref_audio",
                "ref_sample_rate", "ref_text")
@@ -114,35 +115,14 @@ def parse_prompt(inputs: Any, config: Mapping[str, Any]) -> TtsPrompt:
     return TtsPrompt(text, voice, instructions, language_id, non_streaming, *ref)
 
 
-MAX_REF_SECONDS = 60.0
-
-
 def _reference(inputs: Mapping[str, Any], task: str) -> tuple:
     """(ref_audio, ref_sample_rate, ref_text), checked; all None outside Base."""
-    audio = inputs.get("ref_audio")
     if task != "Base":
         for key in ("ref_audio", "ref_sample_rate", "ref_text"):
             if inputs.get(key) is not None:
                 raise RequestError(key, f"{key}: this {task} checkpoint does not clone voices (Base checkpoints do)")
         return None, None, None
-    if audio is None:
-        for key in ("ref_sample_rate", "ref_text"):
-            if inputs.get(key) is not None:
-                raise RequestError(key, f"{key}: goes with ref_audio")
+    clip = reference_clip(inputs)
+    if clip is None:
         raise RequestError("ref_audio", "ref_audio: a Base checkpoint clones a voice: give ref_audio (or a registered voice)")
-    audio = np.asarray(audio)
-    if audio.ndim != 1 or audio.size == 0 or not np.issubdtype(audio.dtype, np.floating):
-        raise RequestError("ref_audio", f"ref_audio: expected a non-empty 1-D float array (mono), got {audio.dtype} "
-                           f"with shape {list(audio.shape)}")
-    if not np.isfinite(audio).all():
-        raise RequestError("ref_audio", "ref_audio: contains NaN or infinite samples")
-    rate = inputs.get("ref_sample_rate")
-    if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1000:
-        raise RequestError("ref_sample_rate", f"ref_sample_rate: the reference clip's sample rate (Hz, >= 1000) is required, "
-                           f"got {rate!r}")
-    if audio.size / rate > MAX_REF_SECONDS:
-        raise RequestError("ref_audio", f"ref_audio: {audio.size / rate:.1f} s is longer than {MAX_REF_SECONDS:.0f} s")
-    text = inputs.get("ref_text") or None
-    if text is not None and not isinstance(text, str):
-        raise RequestError("ref_text", f"ref_text: expected a string, got {type(text).__name__}")
-    return audio.astype(np.float32), rate, text
+    return clip.audio, clip.sample_rate, clip.text or None
