@@ -21,7 +21,8 @@ class StageDeployConfig:
     runtime: str = "inline"
     """Where the orchestrator runs this stage's engine: "inline" | "process" | "ray"."""
     devices: tuple[str, ...] = ()
-    """Devices for this stage, e.g. ("cuda:0", "cuda:1"); empty = the platform default (cuda:0 or cpu)."""
+    """Devices for this stage, e.g. ("cuda:0", "cuda:1"); empty = the platform default (cuda:0 or cpu). Every
+    copy of a replicated stage runs on them; replica_devices gives each copy its own."""
     dtype: str = "auto"
     """"auto" (bf16 on GPU, fp32 on CPU) | "float32" | "bfloat16" | "float16"."""
     max_num_seqs: int = 1
