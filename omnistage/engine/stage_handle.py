@@ -91,7 +91,8 @@ def make_stage_handle(
             return InlineEndpoint(lambda: factory(model_path, stage, config))
         if config.runtime == "process":
             prefix = f"{shm_prefix}r{generation}" if replica is None else f"{shm_prefix}x{replica}r{generation}"
-            return ProcessEndpoint(stage.label, dataclasses.replace(build, config=own), Channel(connector, f"{prefix}p", threshold_bytes),
+            return ProcessEndpoint(stage.label, dataclasses.replace(build, config=own),
+                                   Channel(connector, f"{prefix}p", threshold_bytes),
                                    Channel(connector, f"{prefix}c", threshold_bytes))
         from omnistage.runtime import ray as ray_runtime  # Ray is optional
 
@@ -117,21 +118,16 @@ def make_stage_handle(
         label = f"{stage.label}[{i}]"
         slot = None if device_lists is None else device_lists.take()
         placement = None
-        try:
-            placement = None if bundles is None else bundles.take()
-        except BaseException:
+
+        def give_back() -> None:  # the copy's device list and bundle, once it stopped
             if slot is not None:
                 device_lists.give_back(slot)
-            raise
-
-        def give_back() -> None:  # a copy's bundle and device list, once it stopped
             if placement is not None:
                 bundles.give_back(placement)
-            if slot is not None:
-                device_lists.give_back(slot)
 
-        devices = None if slot is None else config.replica_devices[slot]
         try:
+            placement = None if bundles is None else bundles.take()
+            devices = None if slot is None else config.replica_devices[slot]
             return Supervisor(label, functools.partial(endpoint, replica=i, placement=placement, devices=devices),
                               restart_policy(config), crashes, on_close=give_back)
         except BaseException:
