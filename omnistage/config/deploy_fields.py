@@ -21,7 +21,8 @@ class StageDeployConfig:
     runtime: str = "inline"
     """Where the orchestrator runs this stage's engine: "inline" | "process" | "ray"."""
     devices: tuple[str, ...] = ()
-    """Devices for this stage, e.g. ("cuda:0", "cuda:1"); empty = the platform default (cuda:0 or cpu)."""
+    """Devices for this stage, e.g. ("cuda:0", "cuda:1"); empty = the platform default (cuda:0 or cpu). Every
+    copy of a replicated stage runs on them; replica_devices gives each copy its own."""
     dtype: str = "auto"
     """"auto" (bf16 on GPU, fp32 on CPU) | "float32" | "bfloat16" | "float16"."""
     max_num_seqs: int = 1
@@ -115,9 +116,15 @@ class StageDeployConfig:
     "STRICT_SPREAD"."""
     num_replicas: int = 1
     """Copies of this stage, each a full engine: its own process with `runtime: process`, its own Ray
-    actor with `runtime: ray` (each with the stage's devices and ray_resources). Each copy is supervised
-    and rebuilt on its own; a request whose copy is killed or hangs before it sent any output is re-run
-    on another. More than 1 needs runtime "process" or "ray"."""
+    actor with `runtime: ray` (each with the stage's ray_resources, and its devices or its own list of
+    replica_devices). Each copy is supervised and rebuilt on its own; a request whose copy is killed or
+    hangs before it sent any output is re-run on another. More than 1 needs runtime "process" or "ray"."""
+    replica_devices: tuple[tuple[str, ...], ...] = ()
+    """One device list per copy of a replicated stage, e.g. [[cuda:0], [cuda:1]], instead of `devices`
+    (which every copy would share): copy i runs on list i, a copy added by autoscaling on the first
+    list no running copy holds. It needs a list per copy (num_replicas, or max_replicas when set), each
+    of num_devices devices. With `runtime: ray` Ray still picks the GPUs; a copy sees its list as
+    Ray renumbers it (cuda:0 on)."""
     routing_policy: str = "least_outstanding"
     """Which replica takes a new request: "least_outstanding" (least work queued or running there: the
     steps or tokens its requests ask for) | "round_robin" | "affinity" (the same session key, else the same prompt prefix, goes to the same
@@ -231,6 +238,8 @@ def stage_consistency_problems(values: dict[str, Any]) -> list[str]:
         # Inline engines share the orchestrator's thread: copies would add memory, not throughput.
         problems.append(f"num_replicas={v['num_replicas']} needs runtime 'process' or 'ray'; runtime 'inline' "
                         f"runs one engine in the orchestrator's thread")
+    if v["replica_devices"]:
+        problems.extend(replica_devices_problems(v))
     if v["max_replicas"] is not None:
         if not v["min_replicas"] <= v["num_replicas"] <= v["max_replicas"]:
             problems.append(f"autoscaling needs min_replicas <= num_replicas <= max_replicas, got "
@@ -242,6 +251,29 @@ def stage_consistency_problems(values: dict[str, Any]) -> list[str]:
     elif v["min_replicas"] != 1:
         problems.append(f"min_replicas={v['min_replicas']} needs max_replicas (autoscaling); a fixed stage "
                         f"has num_replicas copies")
+    return problems
+
+
+def replica_devices_problems(v: dict[str, Any]) -> list[str]:
+    """`replica_devices` against the fields it must agree with (it is set)."""
+    lists = v["replica_devices"]
+    copies = v["num_replicas"] if v["max_replicas"] is None else v["max_replicas"]
+    problems = []
+    if v["devices"]:
+        problems.append(f"replica_devices and devices are both set: give each copy its list in replica_devices "
+                        f"and leave devices empty (devices={list(v['devices'])} would be shared by every copy)")
+    if v["runtime"] == "inline":
+        problems.append("replica_devices needs runtime 'process' or 'ray'; runtime 'inline' runs one engine")
+    elif copies == 1:
+        problems.append("replica_devices gives each copy of a replicated stage its devices; this stage has one "
+                        "copy (num_replicas=1, no max_replicas): set devices instead")
+    elif len(lists) < copies:
+        need = f"num_replicas={copies}" if v["max_replicas"] is None else f"max_replicas={copies}"
+        problems.append(f"replica_devices lists {len(lists)} device list(s), but {need} needs one per copy")
+    for i, devices in enumerate(lists):
+        if len(devices) != v["num_devices"]:
+            problems.append(f"replica_devices item {i} lists {len(devices)} device(s) {list(devices)}, but "
+                            f"num_devices={v['num_devices']}")
     return problems
 
 

@@ -13,7 +13,8 @@ The restart policy and the hang timeout come from the stage's deploy fields
 (`max_restarts`, `restart_backoff_s`, `stage_timeout_s`). A stage with `num_replicas` > 1
 is a `ReplicaSet` (replicas.py) of that many supervisors, one endpoint each, routed by its
 `routing_policy`; one with `max_replicas` is a `ReplicaSet` whose `Autoscaler` (autoscaling.py)
-adds and drains copies.
+adds and drains copies. With `replica_devices` each copy holds one device list (`DeviceLists`)
+and its engine gets it as its `devices`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import threading
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
@@ -81,12 +83,16 @@ def make_stage_handle(
         raise ValueError(f"stage {stage.label}: unknown runtime {config.runtime!r}")
     build = EngineBuilder(factory, model_path, portable_stage_fields(stage), config, in_child=True)
 
-    def endpoint(generation: int, replica: int | None = None, placement: tuple[Any, int] | None = None) -> Endpoint:
+    def endpoint(generation: int, replica: int | None = None, placement: tuple[Any, int] | None = None,
+                 devices: tuple[str, ...] | None = None) -> Endpoint:
+        # A copy with its own device list (replica_devices) runs a config whose devices are that list.
+        own = config if devices is None else dataclasses.replace(config, devices=devices, replica_devices=())
         if config.runtime == "inline":
             return InlineEndpoint(lambda: factory(model_path, stage, config))
         if config.runtime == "process":
             prefix = f"{shm_prefix}r{generation}" if replica is None else f"{shm_prefix}x{replica}r{generation}"
-            return ProcessEndpoint(stage.label, build, Channel(connector, f"{prefix}p", threshold_bytes),
+            return ProcessEndpoint(stage.label, dataclasses.replace(build, config=own),
+                                   Channel(connector, f"{prefix}p", threshold_bytes),
                                    Channel(connector, f"{prefix}c", threshold_bytes))
         from omnistage.runtime import ray as ray_runtime  # Ray is optional
 
@@ -94,9 +100,9 @@ def make_stage_handle(
         channel = Channel("ray" if connector == "ray" else "inline", "", threshold_bytes, config.ray_address)
         gpu = _ray_wants_gpu(config)
         # Ray makes the GPUs it gives the actor visible from cuda:0 on: the engine sees them so.
-        devices = ray_runtime.devices_in_actor(config.devices, config.num_devices, gpu)
-        actor_build = dataclasses.replace(build, config=dataclasses.replace(config, devices=devices))
-        return ray_runtime.RayEndpoint(stage.label, actor_build, channel, config, gpu, placement)
+        seen = ray_runtime.devices_in_actor(own.devices, own.num_devices, gpu)
+        actor_build = dataclasses.replace(build, config=dataclasses.replace(own, devices=seen))
+        return ray_runtime.RayEndpoint(stage.label, actor_build, channel, own, gpu, placement)
 
     if config.num_replicas == 1 and config.max_replicas is None:
         return Supervisor(stage.label, endpoint, restart_policy(config))
@@ -105,18 +111,27 @@ def make_stage_handle(
         from omnistage.runtime import ray as ray_runtime
 
         bundles = ray_runtime.BundlePool(config, _ray_wants_gpu(config), f"stage {stage.label}: num_replicas")
+    device_lists = DeviceLists(stage.label, config.replica_devices) if config.replica_devices else None
     crashes: dict[str, int] = {}  # shared: a request that crashed one copy counts against all
 
     def make_replica(i: int) -> Supervisor:
         label = f"{stage.label}[{i}]"
-        if bundles is None:
-            return Supervisor(label, functools.partial(endpoint, replica=i), restart_policy(config), crashes)
-        placement = bundles.take()
+        slot = None if device_lists is None else device_lists.take()
+        placement = None
+
+        def give_back() -> None:  # the copy's device list and bundle, once it stopped
+            if slot is not None:
+                device_lists.give_back(slot)
+            if placement is not None:
+                bundles.give_back(placement)
+
         try:
-            return Supervisor(label, functools.partial(endpoint, replica=i, placement=placement),
-                              restart_policy(config), crashes, on_close=lambda: bundles.give_back(placement))
+            placement = None if bundles is None else bundles.take()
+            devices = None if slot is None else config.replica_devices[slot]
+            return Supervisor(label, functools.partial(endpoint, replica=i, placement=placement, devices=devices),
+                              restart_policy(config), crashes, on_close=give_back)
         except BaseException:
-            bundles.give_back(placement)
+            give_back()
             raise
 
     replicas: list[Supervisor] = []
@@ -138,11 +153,36 @@ def make_stage_handle(
                       autoscaler=autoscaler)
 
 
+class DeviceLists:
+    """The `replica_devices` lists of a stage that no running copy holds. A copy takes the first
+    free one (the copies a stage starts with take list 0, 1, ... in order) and gives it back when
+    it stops; its rebuilds keep it. A copy added by autoscaling while every list is held (the copy
+    it replaces still stopping) fails to start, and the scaler tries again later."""
+
+    def __init__(self, label: str, lists: tuple[tuple[str, ...], ...]):
+        self.label = label
+        self.lists = lists
+        self._free = list(range(len(lists)))
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise RuntimeError(f"stage {self.label}: all {len(self.lists)} replica_devices lists are held by "
+                                   f"running copies")
+            return self._free.pop(0)
+
+    def give_back(self, slot: int) -> None:
+        with self._lock:
+            self._free = sorted(self._free + [slot])
+
+
 def _ray_wants_gpu(config: StageDeployConfig) -> bool:
     from omnistage.runtime import ray as ray_runtime
 
     cluster = ray_runtime.joined(config.ray_address)
-    return ray_runtime.wants_gpu(config.devices, cluster.cluster_resources().get("GPU", 0))
+    devices = config.devices or tuple(d for copy in config.replica_devices for d in copy)
+    return ray_runtime.wants_gpu(devices, cluster.cluster_resources().get("GPU", 0))
 
 
 def portable_stage_fields(stage: StageSpec) -> dict[str, Any]:

@@ -235,3 +235,11 @@ def test_bundled_file_loads_and_validates(name):
     if name != "base.yaml":
         # Every family file inherits base.yaml's pipeline-wide fields.
         assert cfg.body.pipeline_fields["connector"] == "inline"
+
+
+def test_replica_devices_loads_from_yaml_and_a_bad_shape_names_file_stage_and_key(write_yaml):
+    path = write_yaml("d.yaml", {"stages": [{"id": 0, "runtime": "process", "num_replicas": 2,
+                                             "replica_devices": [["cuda:0"], ["cuda:1"]]}]})
+    assert load_deploy_config(path).body.fields_for(0)["replica_devices"] == (("cuda:0",), ("cuda:1",))
+    bad = write_yaml("bad.yaml", {"stages": [{"id": 0, "replica_devices": ["cuda:0", "cuda:1"]}]})
+    assert f"{bad}: stage 0: replica_devices: expected list of list of string" in load_error(bad)

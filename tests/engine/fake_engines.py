@@ -3,7 +3,8 @@
 `FakeEngine` answers by the stage's output modality, one output per step:
 - "text": the string `"{stage name}({input text})"` in `num_tokens` pieces (TextPayload);
 - "image": `num_steps` ProgressPayloads, then one RGB image of `image_size` whose
-  `info["prompt"]` is the input text and `info["pid"]` the engine's process (ImagePayload);
+  `info["prompt"]` is the input text, `info["pid"]` the engine's process and `info["devices"]`
+  its config's devices (ImagePayload);
 - "audio": one AudioPayload of 10 samples per input character;
 - "video": like "image", then a VideoPayload of 3 frames of `image_size` at 8 fps.
 
@@ -148,6 +149,7 @@ class FakeEngine:
             image = Image.new("RGB", (self.image_size, self.image_size), (len(text) % 256, 0, 0))
             image.info["prompt"] = text
             image.info["pid"] = os.getpid()  # which replica drew it
+            image.info["devices"] = list(self.config.devices)  # and on what devices its config put it
             return StageOutput(rid, ImagePayload([image]), True, metrics={"queue_time": 0.0, "num_steps": self.num_steps})
         if kind == "audio":
             return StageOutput(rid, AudioPayload(np.full(10 * len(text), 0.5, np.float32), 16000), True)

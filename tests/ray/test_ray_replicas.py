@@ -28,8 +28,9 @@ def test_ray_replicas_are_actors_and_a_killed_one_fails_over(ray_cluster):
 
     # The actors import the fake engine from this test tree, which is not on their path.
     ray.cloudpickle.register_pickle_by_value(fake_engines)
+    lists = (("cpu:0",), ("cpu:1",))  # each copy's own devices (CPU ones: Ray leaves them as they are)
     config = StageDeployConfig(runtime="ray", num_replicas=2, ray_address=ray_cluster, ray_resources={"CPU": 1},
-                               ray_placement_strategy="SPREAD", restart_backoff_s=0.3)
+                               ray_placement_strategy="SPREAD", restart_backoff_s=0.3, replica_devices=lists)
     orch = Orchestrator(DRAW, "m", {0: config},
                         engine_factory=functools.partial(FakeEngine, num_steps=20, step_delay=0.01))
     orch.start()
@@ -44,6 +45,7 @@ def test_ray_replicas_are_actors_and_a_killed_one_fails_over(ray_cluster):
         for rid in rids:
             orch.submit(OmniRequest(rid, f"cat {rid}"), got.sink(rid))
         victim = handle.replicas[0]
+        first_pids = [replica.endpoint.pid for replica in handle.replicas]
         deadline = time.monotonic() + 30
         while len(victim.held) < 2:
             assert time.monotonic() < deadline
@@ -51,6 +53,11 @@ def test_ray_replicas_are_actors_and_a_killed_one_fails_over(ray_cluster):
         os.kill(victim.endpoint.pid, signal.SIGKILL)
         outs = [got.wait(rid) for rid in rids]
         assert all(out.error is None and out.images for out in outs), [out.error for out in outs]
+        # Each copy's engine ran on its own list (the killed copy's first process drew what it finished).
+        drawn = [out.images[0].info for out in outs]
+        assert {(info["pid"], tuple(info["devices"])) for info in drawn if info["pid"] in first_pids} <= {
+            (pid, lists[i]) for i, pid in enumerate(first_pids)}
+        assert any(info["pid"] == first_pids[1] for info in drawn)
         assert handle.num_reruns >= 2 and orch.check_health()
         while not victim.is_healthy():
             assert time.monotonic() < deadline + 60, "the killed copy was not rebuilt"

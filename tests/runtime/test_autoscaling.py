@@ -71,9 +71,10 @@ def test_autoscaling_fields_are_checked_naming_them():
 
 def test_a_burst_adds_copies_idle_drains_them_to_min_and_no_request_is_lost():
     # One copy, up to three, aiming at 2 requests per copy. A "linger" request takes 100 steps
-    # (about 2 s), a plain one 10.
+    # (about 2 s), a plain one 10. Each copy runs on its own device list.
+    lists = (("cuda:0",), ("cuda:1",), ("cuda:2",))
     config = StageDeployConfig(runtime="process", num_replicas=1, max_replicas=3, target_outstanding_per_replica=2,
-                               scale_down_delay_s=1.0)
+                               scale_down_delay_s=1.0, replica_devices=lists)
     orch = Orchestrator(DRAW, "m", {0: config}, engine_factory=functools.partial(FakeEngine, num_steps=10,
                                                                                  step_delay=0.02))
     orch.start()
@@ -108,6 +109,8 @@ def test_a_burst_adds_copies_idle_drains_them_to_min_and_no_request_is_lost():
         assert drawn_by(got.wait("late")) != drained_pid
         pids = {drawn_by(got.wait(f"w{i}")) for i in range(3)}
         assert len(pids) == 3 and drawn_by(got.wait(held)) == drained_pid  # it finished its own
+        # The copies added later took the lists the first copy left free.
+        assert {tuple(got.wait(f"w{i}").images[0].info["devices"]) for i in range(3)} == set(lists)
         # 3. Idle: one copy per cool-down leaves, down to min_replicas (1), not below.
         wait_until(lambda: len(handle.replicas) == 1 and not handle.draining)
         time.sleep(1.2)

@@ -24,6 +24,7 @@ from omnistage.core.types import StageRequest
 from omnistage.engine.orchestrator import OmniRequest, Orchestrator
 from omnistage.engine.replicas import ReplicaSet, count_states
 from omnistage.engine.routing import Affinity, LeastOutstanding, RoundRobin
+from omnistage.engine.stage_handle import DeviceLists
 from omnistage.entrypoints.omni import AsyncOmni
 from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
 
@@ -145,6 +146,49 @@ def test_each_replica_is_its_own_process_and_a_burst_is_spread_over_them(least_o
     outs = run_all(least_outstanding, [OmniRequest(f"b{i}", f"cat {i}") for i in range(6)])
     served = [drawn_by(out) for out in outs.values()]
     assert {pid: served.count(pid) for pid in pids} == dict.fromkeys(pids, 3)
+
+
+def test_each_copy_runs_on_its_own_replica_devices_list():
+    lists = (("cuda:0",), ("cuda:1",))
+    orch = start(DRAW, replicated("round_robin", replica_devices=lists), num_steps=1)
+    try:
+        outs = run_all(orch, [OmniRequest(f"d{i}", f"cat {i}") for i in range(4)])
+        # What each copy's engine got in its process, by the copy that drew the image.
+        seen = {drawn_by(out): tuple(out.images[0].info["devices"]) for out in outs.values()}
+        copies = orch.handles[0].replicas
+        assert seen == {copy.endpoint.pid: lists[i] for i, copy in enumerate(copies)}
+    finally:
+        orch.close()
+
+
+def test_replica_devices_is_checked_naming_the_field():
+    two = [["cuda:0"], ["cuda:1"]]
+    with pytest.raises(ValueError, match=r"replica_devices lists 2 device list\(s\), but num_replicas=3 needs one"):
+        StageDeployConfig(runtime="process", num_replicas=3, replica_devices=two)
+    with pytest.raises(ValueError, match=r"replica_devices lists 2 .*, but max_replicas=4 needs one per copy"):
+        StageDeployConfig(runtime="ray", num_replicas=2, max_replicas=4, replica_devices=two)
+    with pytest.raises(ValueError, match=r"replica_devices item 1 lists 1 device\(s\) \['cuda:1'\], but num_devices=2"):
+        StageDeployConfig(runtime="process", num_replicas=2, num_devices=2, executor="mp",
+                          replica_devices=[["cuda:0", "cuda:2"], ["cuda:1"]])
+    with pytest.raises(ValueError, match="replica_devices and devices are both set"):
+        StageDeployConfig(runtime="process", num_replicas=2, devices=["cuda:0"], replica_devices=two)
+    with pytest.raises(ValueError, match="replica_devices needs runtime 'process' or 'ray'"):
+        StageDeployConfig(replica_devices=[["cuda:0"]])
+    with pytest.raises(ValueError, match=r"this stage has one copy \(num_replicas=1, no max_replicas\)"):
+        StageDeployConfig(runtime="process", replica_devices=[["cuda:0"]])
+    with pytest.raises(ValueError, match="replica_devices: expected list of list of string"):
+        StageDeployConfig(runtime="process", num_replicas=2, replica_devices=["cuda:0", "cuda:1"])
+    config = StageDeployConfig(runtime="process", num_replicas=2, replica_devices=two)
+    assert config.replica_devices == (("cuda:0",), ("cuda:1",))  # YAML's lists, stored as tuples
+
+
+def test_a_copy_added_later_takes_the_first_device_list_no_running_copy_holds():
+    lists = DeviceLists("drawer", (("cuda:0",), ("cuda:1",), ("cuda:2",)))
+    assert [lists.take() for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(RuntimeError, match="all 3 replica_devices lists are held by running copies"):
+        lists.take()
+    lists.give_back(1)  # copy 1 drained
+    assert lists.take() == 1  # the next copy runs where it ran
 
 
 def test_affinity_sends_a_session_and_a_repeated_prompt_to_the_same_replica(affinity):
