@@ -6,9 +6,9 @@ One request per run (seed 0), the zoo's small Qwen-Image and Z-Image (256x256) a
 
 - ours, no cache: the native pipeline loaded through the stage's load path
   (`from_pretrained` with the deploy config), `denoise` + `decode_arrays`; the baseline;
-- ours with `cache_backend` first_block_cache / tea_cache / cache_dit at each threshold of
-  `--grid` (first_block_cache and cache_dit: `warmup_steps` / `max_warmup_steps` = `--warmup`,
-  cache_dit F1B0);
+- ours with `cache_backend` first_block_cache / tea_cache / easycache / cache_dit at each
+  threshold of `--grid` (first_block_cache, easycache and cache_dit: `warmup_steps` /
+  `max_warmup_steps` = `--warmup`, cache_dit F1B0);
 - diffusers, no cache, and cache-dit's DBCache (F1B0, the same grid and warm-up) applied to
   the diffusers pipeline itself with `cache_dit.enable_cache(pipe, ...)`.
 
@@ -18,14 +18,21 @@ diffusers), the ideal speed-up total / computed, their ratio (the cache's own ov
 goal >= 0.9), and PSNR of the output against its uncached baseline (same seed). Every
 timed run is preceded by a 2-step warm-up; the best of `--repeats` counts; each baseline is
 timed again between the groups of cached runs, and its best time counts (the machine is shared). Writes
-"## Step caches" in benchmarks/RESULTS.md unless `--no-write`.
+"## Step caches" (or `--section`) in benchmarks/RESULTS.md unless `--no-write`.
+
+`--targets N ...` compares the caches at equal work: the table keeps, per model, backend and
+target, the grid's row whose computed forwards are nearest N (thresholds mean different
+things to each cache, so the grid must span them all).
 
     .venv/bin/python benchmarks/bench_cache.py [--models qwen-image z-image wan-t2v] [--steps 50]
+    .venv/bin/python benchmarks/bench_cache.py --models qwen-image --backends easycache tea_cache \
+        first_block_cache --no-diffusers --targets 50 30 20 --section "Step caches: EasyCache"
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from functools import partial
 
@@ -35,8 +42,9 @@ import torch
 from common import add_device_args, synchronize, torch_dtype, write_section
 
 MODELS = {"qwen-image": "QwenImagePipeline", "z-image": "ZImagePipeline", "wan-t2v": "WanPipeline"}
-THRESHOLD = {"first_block_cache": "threshold", "tea_cache": "rel_l1_thresh", "cache_dit": "residual_diff_threshold"}
-WARMUP = {"first_block_cache": "warmup_steps", "cache_dit": "max_warmup_steps"}
+THRESHOLD = {"first_block_cache": "threshold", "tea_cache": "rel_l1_thresh", "easycache": "threshold",
+             "cache_dit": "residual_diff_threshold"}
+WARMUP = {"first_block_cache": "warmup_steps", "easycache": "warmup_steps", "cache_dit": "max_warmup_steps"}
 BATCHED_BRANCHES = {"z-image"}  # cond and uncond in one transformer call
 
 
@@ -155,6 +163,18 @@ def row(model: str, label: str, threshold: float, seconds: float, arr, computed:
             "seconds": seconds}
 
 
+def nearest(rows: list[dict], targets: list[int]) -> list[dict]:
+    """Per model, target and run, the row whose computed forwards are nearest the target (on a
+    tie, the one that computes more)."""
+    out = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for target in targets:
+            for run in dict.fromkeys(r["run"] for r in rows if r["model"] == model):
+                candidates = [r for r in rows if r["model"] == model and r["run"] == run]
+                out.append(min(candidates, key=lambda r: (abs(r["computed"] - target), -r["computed"])))
+    return out
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| model | run | threshold | forwards computed | wall speed-up | ideal (total / computed) | "
              "speed-up / ideal — goal >= 0.9 | PSNR vs no cache (dB) | seconds |",
@@ -177,6 +197,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--size", default="small", choices=["tiny", "small"])
     parser.add_argument("--no-diffusers", action="store_true", help="skip cache-dit on the diffusers pipeline")
+    parser.add_argument("--targets", nargs="+", type=int, help="keep, per backend, the rows nearest these "
+                        "computed forwards")
+    parser.add_argument("--section", default="Step caches", help="the RESULTS.md heading to write")
     parser.add_argument("--no-write", action="store_true")
     add_device_args(parser)
     args = parser.parse_args()
@@ -184,6 +207,7 @@ def main() -> None:
 
     from omnistage.testing import ensure
 
+    load_before = os.getloadavg()[0]
     rows = []
     for model in args.models:
         path = ensure(model, size=args.size)
@@ -210,15 +234,18 @@ def main() -> None:
             for label, threshold, seconds, arr, computed, total in measured:
                 rows.append(row(model, label, threshold, seconds, arr, computed, total, min(base_times), base_arr))
             print(table(rows), flush=True)
+    if args.targets:
+        rows = nearest(rows, args.targets)
     body = (f"One request, {args.steps} steps, CFG on, zoo {args.size} models (256x256 images; Wan 128x128, "
             f"5 frames), {args.dtype} on {args.device}, {args.threads} torch thread(s), best of {args.repeats}; "
-            f"first_block_cache and cache-dit F1B0 with {args.warmup} warm-up steps. Speed-ups are against "
+            f"first_block_cache, easycache and cache-dit F1B0 with {args.warmup} warm-up steps. Speed-ups are against "
             "the same side's uncached run in the same process (ours vs ours; diffusers + cache-dit vs "
             "diffusers). Random-weight models, not real checkpoints: the curves show the mechanics, not "
-            "the quality a real checkpoint keeps.\n\n" + table(rows))
+            f"the quality a real checkpoint keeps. Load average (1 min) {load_before:.1f} at the start, "
+            f"{os.getloadavg()[0]:.1f} at the end.\n\n" + table(rows))
     print(body)
     if not args.no_write:
-        write_section("Step caches", "benchmarks/bench_cache.py", body)
+        write_section(args.section, "benchmarks/bench_cache.py", body)
 
 
 if __name__ == "__main__":
