@@ -12,7 +12,7 @@ again. A request's result therefore never depends on who shares its batch; the c
 one extra head block per split call.
 
 The blocks are wrapped with diffusers' public hook registry (`diffusers.hooks.HookRegistry`),
-never patched. A skipped call runs the head (first-block cache) or nothing (TeaCache),
+never patched. A skipped call runs the head (first-block cache) or nothing (TeaCache, EasyCache),
 adds each request's cached residual of the skipped blocks, and passes the tail through;
 the transformer's own embeddings and output layers always run.
 """
@@ -83,7 +83,8 @@ class BranchCache:
     """One request's cache for one transformer and branch."""
 
     previous: torch.Tensor | None = None
-    """The tensor the next step is compared with (TeaCache: modulated input; FBC: head residual)."""
+    """The tensor the next step is compared with (TeaCache: modulated input; FBC: head residual;
+    EasyCache: the blocks' input)."""
     residual: torch.Tensor | None = None
     """[num_outputs, tokens, dim]: output minus input of the blocks a skipped step reuses."""
     accumulated: float = 0.0
@@ -131,7 +132,7 @@ class Call:
 
 
 class Policy:
-    """When a request's step computes. `probe_head = False` (TeaCache) decides before the
+    """When a request's step computes. `probe_head = False` (TeaCache, EasyCache) decides before the
     first block from its inputs, True (first-block cache) after the first block."""
 
     probe_head: bool
