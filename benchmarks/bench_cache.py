@@ -6,9 +6,9 @@ One request per run (seed 0), the zoo's small Qwen-Image and Z-Image (256x256) a
 
 - ours, no cache: the native pipeline loaded through the stage's load path
   (`from_pretrained` with the deploy config), `denoise` + `decode_arrays`; the baseline;
-- ours with `cache_backend` first_block_cache / tea_cache / cache_dit at each threshold of
-  `--grid` (first_block_cache and cache_dit: `warmup_steps` / `max_warmup_steps` = `--warmup`,
-  cache_dit F1B0);
+- ours with `cache_backend` first_block_cache / tea_cache / easycache / cache_dit at each
+  threshold of `--grid` (first_block_cache, easycache and cache_dit: `warmup_steps` /
+  `max_warmup_steps` = `--warmup`, cache_dit F1B0);
 - diffusers, no cache, and cache-dit's DBCache (F1B0, the same grid and warm-up) applied to
   the diffusers pipeline itself with `cache_dit.enable_cache(pipe, ...)`.
 
@@ -18,14 +18,21 @@ diffusers), the ideal speed-up total / computed, their ratio (the cache's own ov
 goal >= 0.9), and PSNR of the output against its uncached baseline (same seed). Every
 timed run is preceded by a 2-step warm-up; the best of `--repeats` counts; each baseline is
 timed again between the groups of cached runs, and its best time counts (the machine is shared). Writes
-"## Step caches" in benchmarks/RESULTS.md unless `--no-write`.
+"## Step caches" (or `--section`) in benchmarks/RESULTS.md unless `--no-write`.
+
+`--targets N ...` compares the caches at equal work: the table keeps, per model, backend and
+target, the grid's row whose computed forwards are nearest N (thresholds mean different
+things to each cache, so the grid must span them all).
 
     .venv/bin/python benchmarks/bench_cache.py [--models qwen-image z-image wan-t2v] [--steps 50]
+    .venv/bin/python benchmarks/bench_cache.py --models qwen-image --backends easycache tea_cache \
+        first_block_cache --no-diffusers --targets 50 30 20 --section "Step caches: EasyCache"
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from functools import partial
 
@@ -35,8 +42,9 @@ import torch
 from common import add_device_args, synchronize, torch_dtype, write_section
 
 MODELS = {"qwen-image": "QwenImagePipeline", "z-image": "ZImagePipeline", "wan-t2v": "WanPipeline"}
-THRESHOLD = {"first_block_cache": "threshold", "tea_cache": "rel_l1_thresh", "cache_dit": "residual_diff_threshold"}
-WARMUP = {"first_block_cache": "warmup_steps", "cache_dit": "max_warmup_steps"}
+THRESHOLD = {"first_block_cache": "threshold", "tea_cache": "rel_l1_thresh", "easycache": "threshold",
+             "cache_dit": "residual_diff_threshold"}
+WARMUP = {"first_block_cache": "warmup_steps", "easycache": "warmup_steps", "cache_dit": "max_warmup_steps"}
 BATCHED_BRANCHES = {"z-image"}  # cond and uncond in one transformer call
 
 
@@ -65,14 +73,17 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def timed(fn, repeats: int, device: str):
-    best, out = float("inf"), None
+    """((best wall seconds, best process CPU seconds), the last output). On a shared machine the
+    CPU time of a one-thread run is the steadier of the two."""
+    best, best_cpu, out = float("inf"), float("inf"), None
     for _ in range(repeats):
         synchronize(device)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         out = fn()
         synchronize(device)
         best = min(best, time.perf_counter() - start)
-    return best, out
+        best_cpu = min(best_cpu, time.process_time() - cpu)
+    return (best, best_cpu), out
 
 
 # -- ours --------------------------------------------------------------------------------
@@ -146,23 +157,35 @@ def load_diffusers(path, model: str, kwargs: dict, args, threshold: float | None
 # -- the table ----------------------------------------------------------------------------
 
 
-def row(model: str, label: str, threshold: float, seconds: float, arr, computed: int, total: int,
-        base_seconds: float, base_arr) -> dict:
-    speedup = base_seconds / seconds
+def row(model: str, label: str, threshold: float, seconds: tuple, arr, computed: int, total: int,
+        base_seconds: tuple, base_arr) -> dict:
+    speedup = base_seconds[0] / seconds[0]
     ideal = total / computed
     return {"model": model, "run": label, "threshold": threshold, "computed": computed, "total": total,
             "speedup": speedup, "ideal": ideal, "efficiency": speedup / ideal, "psnr": psnr(arr, base_arr),
-            "seconds": seconds}
+            "cpu_speedup": base_seconds[1] / seconds[1], "seconds": seconds[0]}
+
+
+def nearest(rows: list[dict], targets: list[int]) -> list[dict]:
+    """Per model, target and run, the row whose computed forwards are nearest the target (on a
+    tie, the one that computes more)."""
+    out = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        for target in targets:
+            for run in dict.fromkeys(r["run"] for r in rows if r["model"] == model):
+                candidates = [r for r in rows if r["model"] == model and r["run"] == run]
+                out.append(min(candidates, key=lambda r: (abs(r["computed"] - target), -r["computed"])))
+    return out
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| model | run | threshold | forwards computed | wall speed-up | ideal (total / computed) | "
-             "speed-up / ideal — goal >= 0.9 | PSNR vs no cache (dB) | seconds |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "speed-up / ideal — goal >= 0.9 | PSNR vs no cache (dB) | seconds | CPU-time speed-up |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['run']} | {r['threshold']} | {r['computed']}/{r['total']} | "
                      f"{r['speedup']:.2f}x | {r['ideal']:.2f}x | {r['efficiency']:.2f} | {r['psnr']:.1f} | "
-                     f"{r['seconds']:.2f} |")
+                     f"{r['seconds']:.2f} | {r['cpu_speedup']:.2f}x |")
     return "\n".join(lines)
 
 
@@ -177,6 +200,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--size", default="small", choices=["tiny", "small"])
     parser.add_argument("--no-diffusers", action="store_true", help="skip cache-dit on the diffusers pipeline")
+    parser.add_argument("--targets", nargs="+", type=int, help="keep, per backend, the rows nearest these "
+                        "computed forwards")
+    parser.add_argument("--section", default="Step caches", help="the RESULTS.md heading to write")
     parser.add_argument("--no-write", action="store_true")
     add_device_args(parser)
     args = parser.parse_args()
@@ -184,6 +210,7 @@ def main() -> None:
 
     from omnistage.testing import ensure
 
+    load_before = os.getloadavg()[0]
     rows = []
     for model in args.models:
         path = ensure(model, size=args.size)
@@ -207,18 +234,22 @@ def main() -> None:
                 print(label, threshold, measured[-1][2:3], measured[-1][4:], flush=True)
             seconds, _, _, _ = baseline()
             base_times.append(seconds)
+            best_base = (min(t[0] for t in base_times), min(t[1] for t in base_times))
             for label, threshold, seconds, arr, computed, total in measured:
-                rows.append(row(model, label, threshold, seconds, arr, computed, total, min(base_times), base_arr))
+                rows.append(row(model, label, threshold, seconds, arr, computed, total, best_base, base_arr))
             print(table(rows), flush=True)
+    if args.targets:
+        rows = nearest(rows, args.targets)
     body = (f"One request, {args.steps} steps, CFG on, zoo {args.size} models (256x256 images; Wan 128x128, "
             f"5 frames), {args.dtype} on {args.device}, {args.threads} torch thread(s), best of {args.repeats}; "
-            f"first_block_cache and cache-dit F1B0 with {args.warmup} warm-up steps. Speed-ups are against "
+            f"first_block_cache, easycache and cache-dit F1B0 with {args.warmup} warm-up steps. Speed-ups are against "
             "the same side's uncached run in the same process (ours vs ours; diffusers + cache-dit vs "
             "diffusers). Random-weight models, not real checkpoints: the curves show the mechanics, not "
-            "the quality a real checkpoint keeps.\n\n" + table(rows))
+            f"the quality a real checkpoint keeps. Load average (1 min) {load_before:.1f} at the start, "
+            f"{os.getloadavg()[0]:.1f} at the end.\n\n" + table(rows))
     print(body)
     if not args.no_write:
-        write_section("Step caches", "benchmarks/bench_cache.py", body)
+        write_section(args.section, "benchmarks/bench_cache.py", body)
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ TOLERANCE = {"cfg": 1e-4, "ulysses": 1e-3, "ring": 1e-3}
 ZERO = {  # threshold 0: every step computes
     "first_block_cache": {"threshold": 0.0, "warmup_steps": 0},
     "tea_cache": {"rel_l1_thresh": 0.0},
+    "easycache": {"threshold": 0.0, "warmup_steps": 0},
     "cache_dit": {"residual_diff_threshold": 0.0, "max_warmup_steps": 0},
 }
 

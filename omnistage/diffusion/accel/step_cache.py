@@ -1,4 +1,4 @@
-"""What the step caches (tea_cache.py, first_block_cache.py) share: hooks on a family's
+"""What the step caches (tea_cache.py, first_block_cache.py, easycache.py) share: hooks on a family's
 transformer blocks that skip the blocks on steps where their output barely changes,
 deciding per request.
 
@@ -12,7 +12,7 @@ again. A request's result therefore never depends on who shares its batch; the c
 one extra head block per split call.
 
 The blocks are wrapped with diffusers' public hook registry (`diffusers.hooks.HookRegistry`),
-never patched. A skipped call runs the head (first-block cache) or nothing (TeaCache),
+never patched. A skipped call runs the head (first-block cache) or nothing (TeaCache, EasyCache),
 adds each request's cached residual of the skipped blocks, and passes the tail through;
 the transformer's own embeddings and output layers always run.
 """
@@ -83,11 +83,17 @@ class BranchCache:
     """One request's cache for one transformer and branch."""
 
     previous: torch.Tensor | None = None
-    """The tensor the next step is compared with (TeaCache: modulated input; FBC: head residual)."""
+    """The tensor the next step is compared with (TeaCache: modulated input; FBC: head residual;
+    EasyCache: the blocks' input)."""
     residual: torch.Tensor | None = None
     """[num_outputs, tokens, dim]: output minus input of the blocks a skipped step reuses."""
     accumulated: float = 0.0
-    """TeaCache's accumulated rescaled distance since the last computed step."""
+    """TeaCache's accumulated rescaled distance (EasyCache's predicted change) since the last
+    computed step."""
+    output: torch.Tensor | None = None
+    """EasyCache: the blocks' output at the last computed step."""
+    rate: float | None = None
+    """EasyCache: output change / input change between the last two computed steps."""
 
 
 @dataclass
@@ -121,10 +127,12 @@ class Call:
     skipping: bool = False
     reference: torch.Tensor | None = None
     """The hidden states the residual of this call is measured from."""
+    mask: torch.Tensor | None = None
+    """The call's [B, tokens] mask of real tokens, if the family pads rows."""
 
 
 class Policy:
-    """When a request's step computes. `probe_head = False` (TeaCache) decides before the
+    """When a request's step computes. `probe_head = False` (TeaCache, EasyCache) decides before the
     first block from its inputs, True (first-block cache) after the first block."""
 
     probe_head: bool
@@ -142,6 +150,20 @@ class Policy:
     def update(self, cache: BranchCache, signal: torch.Tensor, mask: torch.Tensor | None,
                state: DenoiseState, compute: bool) -> None:
         raise NotImplementedError
+
+    def computed(self, cache: BranchCache, reference: torch.Tensor, output: torch.Tensor,
+                 mask: torch.Tensor | None) -> None:
+        """After a computed step, before `cache.residual` is replaced: the hidden states the
+        residual is measured from and the last block's output (EasyCache learns its rate here)."""
+
+
+def mean_abs(tensor: torch.Tensor, mask: torch.Tensor | None) -> float:
+    """mean |tensor| over a request's rows (real tokens only)."""
+    values = tensor.abs().float()
+    if mask is None:
+        return values.mean().item()
+    weight = mask.to(values.dtype).reshape(*mask.shape, *([1] * (values.ndim - mask.ndim)))
+    return ((values * weight).sum() / (weight.sum() * values[0, 0].numel()).clamp_min(1)).item()
 
 
 def relative_l1(current: torch.Tensor, previous: torch.Tensor, mask: torch.Tensor | None) -> float:
@@ -250,9 +272,13 @@ class StepCache:
         return torch.cat([fit_tokens(r, piece) for r, piece in zip(residuals, like.split(sizes))]).to(like.dtype)
 
     def store_residual(self, call: Call, chain_name: str, output: torch.Tensor) -> None:
-        residual = output - call.reference
-        for (state, branch), piece in zip(call.rows, residual.split(self.row_sizes(call, output))):
-            _state_cache(state).branch(chain_name, branch).residual = piece
+        sizes = self.row_sizes(call, output)
+        masks = call.mask.split(sizes) if call.mask is not None else [None] * len(sizes)
+        for (state, branch), reference, out, mask in zip(call.rows, call.reference.split(sizes), output.split(sizes),
+                                                         masks):
+            cache = _state_cache(state).branch(chain_name, branch)
+            self.policy.computed(cache, reference, out, mask)
+            cache.residual = out - reference
 
 
 def _state_cache(state: DenoiseState) -> StepCacheState:
@@ -298,8 +324,8 @@ def _head_forward(cache: StepCache, chain_name: str, forward: Callable, module: 
         return forward(*args, **kwargs)
     hidden = chain.hidden(args, kwargs)
     mask = chain.token_mask(args, kwargs)
-    call.chain_name, call.skipping = chain_name, False
-    if not cache.policy.probe_head:  # TeaCache: decide from the inputs, maybe skip every block
+    call.chain_name, call.skipping, call.mask = chain_name, False, mask
+    if not cache.policy.probe_head:  # TeaCache, EasyCache: decide from the inputs, maybe skip every block
         signal = cache.policy.signal(chain, module, args, kwargs, None)
         if cache.decide(call, chain_name, signal, mask, hidden):
             call.reference = hidden

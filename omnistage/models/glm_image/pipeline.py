@@ -41,7 +41,7 @@ from omnistage.diffusion.accel.declaration import Accelerations
 class GlmImage(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "GlmImagePipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
-        step_caches=("first_block_cache", "cache_dit"), cfg_parallel=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True,
+        step_caches=("first_block_cache", "easycache", "cache_dit"), cfg_parallel=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True,
         compile=True, refused={"cache_backend: tea_cache": "no modulated-input extractor for its blocks"})
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     # The AR model and its processor belong to the prior stage: this stage never loads them.
