@@ -5,6 +5,11 @@ browser; Playwright's own browser download is never used). Each test opens the p
 at `/`, works one tab as a user would and checks what the page shows against the
 server. A screenshot of each test's last state lands in test-artifacts/playground/
 (ignored by git), whether the test passed or not.
+
+Each model's API test (`omnistage serve` driven by the official clients; test_openai_server_e2e.py
+until it moved here) shares its tab's server: a start costs 10-40 s of imports and loading here,
+so each model and its arguments start once, and the tests of one model sit together. The API
+tests that stop their server come last.
 """
 
 from __future__ import annotations
@@ -13,14 +18,21 @@ import base64
 import io
 import json
 import re
+import signal
+import threading
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
+import openai
+import psutil
 import pytest
 import soundfile as sf
 from PIL import Image
-from remote_server import RemoteServer
+from remote_server import RemoteServer, finished_video_job
+
+from omnistage.media.video import decode_video
 
 pytestmark = pytest.mark.e2e
 
@@ -29,6 +41,15 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "playground"
 TIMEOUT_MS = 60_000  # the longest a page wait may take on a loaded CI machine
+FAST = {"num_inference_steps": 2}
+CSM_TALKER_CAP = json.dumps({"0": {"default_sampling_params": {"max_tokens": 160}}})  # see the speech tab's test
+# One Qwen2.5-Omni server for its three tests, with a key (the talk tab sends it). A random talker
+# rarely emits its end code: cap its codes so the reply stays short, and seed it with a floor on
+# its codes, so it never ends at once with no audio (flaky before). The thinker's cap of 6 is for
+# the realtime turns, which give none; the chat requests give their own.
+OMNI = ("qwen2.5-omni", "--served-model-name", "omni", "--stage-overrides", json.dumps({
+    "0": {"default_sampling_params": {"max_tokens": 6}},
+    "1": {"default_sampling_params": {"max_tokens": 32, "min_tokens": 8, "seed": 0}}}))
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +63,35 @@ def browser():
         browser.close()
 
 
+@pytest.fixture(scope="module")
+def served(zoo):
+    """`served(model, *serve_args, api_key=None)` -> the RemoteServer of that zoo model and those
+    arguments: started on first ask, reused while it runs, stopped when another is asked for
+    (one server at a time) and at the end of the module."""
+    current = {}
+
+    def get(model: str, *args: str, api_key: str | None = None) -> RemoteServer:
+        key = (model, args, api_key)
+        if key not in current or current[key].proc.poll() is not None:
+            for server in current.values():
+                server.__exit__(None, None, None)
+            current.clear()
+            current[key] = RemoteServer(zoo(model), *args, api_key=api_key)
+        return current[key]
+
+    yield get
+    for server in current.values():
+        server.__exit__(None, None, None)
+
+
 @pytest.fixture
-def playground(browser, request):
-    """`playground(model, *serve_args, **kwargs)` -> (server, page): `omnistage serve` and its
-    playground page. After the test the page is screenshotted, then the server stopped."""
+def playground(browser, served, request):
+    """`playground(model, *serve_args, **kwargs)` -> (server, page): `omnistage serve` (shared,
+    see `served`) and its playground page. After the test the page is screenshotted."""
     started = []
 
     def start(model, *args: str, **kwargs):
-        server = RemoteServer(model, *args, **kwargs)
+        server = served(model, *args, **kwargs)
         context = browser.new_context(viewport={"width": 960, "height": 640})
         context.set_default_timeout(TIMEOUT_MS)
         page = context.new_page()
@@ -64,9 +106,8 @@ def playground(browser, request):
     for server, context, page, errors in started:
         try:
             page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
-            context.close()
         finally:
-            server.__exit__(None, None, None)
+            context.close()
         assert not errors, f"the page raised: {errors}"
 
 
@@ -89,8 +130,8 @@ def _png_bytes(data_url: str) -> bytes:
     return base64.b64decode(data_url.split(",", 1)[1])
 
 
-def test_image_tab_generates_and_renders_with_the_api_key(zoo, playground):
-    server, page = playground(zoo("z-image"), "--served-model-name", "z-image", api_key="k3y")
+def test_image_tab_generates_and_renders_with_the_api_key(playground):
+    server, page = playground("z-image", "--served-model-name", "z-image", api_key="k3y")
     banner = page.locator("#banner")
     banner.wait_for()
     assert "API key" in banner.inner_text()  # 401 from /v1/models, said plainly
@@ -156,8 +197,72 @@ def test_image_tab_generates_and_renders_with_the_api_key(zoo, playground):
     assert "no live preview on this server" in again.inner_text("#image-status")
 
 
-def test_edit_tab_sends_the_images_and_a_drawn_mask(zoo, playground):
-    _, page = playground(zoo("qwen-image-edit"), "--served-model-name", "qwen-image-edit")
+def test_z_image_images_errors_auth_metrics_and_graceful_sigterm(served):
+    """Runs after the image tab's test: it stops their server."""
+    server = served("z-image", "--served-model-name", "z-image", api_key="k3y")
+    try:
+        client = server.client()
+        assert [m.id for m in client.models.list().data] == ["z-image"]
+
+        result = client.images.generate(model="z-image", prompt="a red square", n=2, size="64x64",
+                                        response_format="b64_json", extra_body={**FAST, "seed": 1})
+        assert len(result.data) == 2
+        assert Image.open(io.BytesIO(base64.b64decode(result.data[0].b64_json))).size == (64, 64)
+
+        result = client.images.generate(prompt="a blue circle", size="64x32", response_format="url", extra_body=FAST)
+        image = httpx.get(result.data[0].url)  # file URLs need no key
+        assert image.status_code == 200 and Image.open(io.BytesIO(image.content)).size == (64, 32)
+
+        # Streamed: partial images as the steps go, then the final image, through the SDK unmodified.
+        events = list(client.images.generate(prompt="a red square", size="64x64", stream=True, partial_images=2,
+                                             extra_body={"num_inference_steps": 6, "seed": 5}))
+        assert [e.type for e in events] == ["image_generation.partial_image"] * 2 + ["image_generation.completed"]
+        assert [e.partial_image_index for e in events[:2]] == [0, 1] and events[-1].size == "64x64"
+        whole = client.images.generate(prompt="a red square", size="64x64",
+                                       extra_body={"num_inference_steps": 6, "seed": 5})
+        assert events[-1].b64_json == whole.data[0].b64_json  # streaming changes nothing in the result
+
+        http = server.http()
+        for body, param in (({"prompt": "x", "size": "64"}, "size"), ({"prompt": "x", "sizes": "64x64"}, "sizes"),
+                            ({"prompt": "x", "n": 99}, "n")):
+            resp = http.post("/v1/images/generations", json=body)
+            assert resp.status_code == 400, resp.text
+            error = resp.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["param"] == param
+        resp = http.post("/v1/images/generations", json={"prompt": "x", "sizes": "1"})
+        assert "sizes" in resp.json()["error"]["message"]  # unknown fields are named
+        resp = http.post("/v1/images/generations", content=b"prompt=x", headers={"content-type": "text/plain"})
+        assert resp.status_code == 415 and "error" in resp.json()
+        with pytest.raises(openai.BadRequestError, match="does not serve"):
+            client.chat.completions.create(model="z-image", messages=[{"role": "user", "content": "hi"}],
+                                           modalities=["text", "audio"])
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).models.list()
+        assert httpx.post(f"{server.url}/v1/images/generations", json={"prompt": "x"}).status_code == 401
+
+        metrics = httpx.get(f"{server.url}/metrics").text
+        assert 'route="/v1/images/generations",status="200"' in metrics
+        assert 'omnistage_stage_run_time_seconds_count{pipeline="z_image",stage="diffusion"}' in metrics
+
+        # SIGTERM with a request in flight: it finishes, then everything stops, exit 0.
+        children = psutil.Process(server.proc.pid).children(recursive=True)
+        answer = {}
+        slow = threading.Thread(target=lambda: answer.update(resp=http.post("/v1/images/generations", json={
+            "prompt": "slow", "size": "64x64", "num_inference_steps": 12})))
+        slow.start()
+        deadline = time.time() + 30
+        while "omnistage_queue_depth 1.0" not in httpx.get(f"{server.url}/metrics").text and time.time() < deadline:
+            time.sleep(0.05)
+        assert server.stop(signal.SIGTERM) == 0, server.output()[-3000:]
+        slow.join()
+        assert answer["resp"].status_code == 200
+        assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        server.stop(signal.SIGKILL)
+
+
+def test_edit_tab_sends_the_images_and_a_drawn_mask(playground):
+    _, page = playground("qwen-image-edit", "--served-model-name", "qwen-image-edit")
     page.locator("#tabbtn-edit").wait_for()
     assert page.locator("#tabs button").all_inner_texts() == ["Edit", "Chat"]
     page.fill("#edit-steps", "2")
@@ -190,8 +295,19 @@ def test_edit_tab_sends_the_images_and_a_drawn_mask(zoo, playground):
     assert stroke != {(200, 30, 30)}  # and the edit shows through the painted stroke
 
 
-def test_video_tab_plays_a_job_and_cancels_one(zoo, playground):
-    server, page = playground(zoo("wan-t2v"), "--served-model-name", "wan-t2v")
+def test_qwen_image_edit_serves_edits_only(served):
+    server = served("qwen-image-edit", "--served-model-name", "qwen-image-edit")
+    client = server.client()
+    result = client.images.edit(image=("in.png", _png((32, 32), (200, 30, 30)), "image/png"), prompt="make it blue", n=2, size="32x32",
+                                response_format="b64_json", extra_body=FAST)
+    assert len(result.data) == 2
+    assert Image.open(io.BytesIO(base64.b64decode(result.data[1].b64_json))).size == (32, 32)
+    with pytest.raises(openai.BadRequestError, match="/v1/images/edits"):
+        client.images.generate(prompt="x", size="32x32")
+
+
+def test_video_tab_plays_a_job_and_cancels_one(playground):
+    server, page = playground("wan-t2v", "--served-model-name", "wan-t2v")
     page.locator("#tabbtn-video").wait_for()
     assert page.locator("#tab-video").is_visible()
     page.fill("#video-size", "32x32")
@@ -226,13 +342,48 @@ def test_video_tab_plays_a_job_and_cancels_one(zoo, playground):
     assert time.time() - cancelled < 5, "the cancelled job kept its slot"
 
 
-def test_speech_tab_plays_while_the_stream_runs(zoo, playground):
+def test_wan_t2v_video_job_and_sync(served):
+    """Runs after the video tab's test: it stops their server."""
+    server = served("wan-t2v", "--served-model-name", "wan-t2v")
+    http = server.http()
+    form = {"prompt": "waves", "size": "32x32", "num_frames": "5", "fps": "8", "num_inference_steps": "2"}
+    job = finished_video_job(http, http.post("/v1/videos", data=form).json())
+    assert job["status"] == "completed", job
+    frames, fps = decode_video(http.get(f"/v1/videos/{job['id']}/content").content)
+    assert frames.shape[:3] == (5, 32, 32) and fps == 8
+
+    resp = http.post("/v1/videos/sync", data={**form, "seed": "3"})
+    assert resp.status_code == 200 and resp.headers["x-num-frames"] == "5"
+    assert resp.content[4:8] == b"ftyp"
+
+    resp = http.post("/v1/videos/sync", data={**form, "num_frames": "6"})  # Wan needs 4k+1 frames
+    assert resp.status_code == 400 and "num_frames" in resp.json()["error"]["message"]
+    assert http.delete(f"/v1/videos/{job['id']}").json()["deleted"] is True
+
+    # A long job's progress moves while it runs, and DELETE stops its compute: the worker is
+    # free for the next request long before the job's remaining steps could have run.
+    start = time.time()
+    job = http.post("/v1/videos", data={**form, "num_inference_steps": "1000"}).json()
+    seen = set()
+    while job["progress"] < 3 and time.time() - start < 120:
+        time.sleep(0.05)
+        job = http.get(f"/v1/videos/{job['id']}").json()
+        seen.add(job["progress"])
+    assert job["status"] == "in_progress" and len(seen) >= 2, job
+    seconds_per_step = (time.time() - start) / 30
+    http.delete(f"/v1/videos/{job['id']}")
+    start = time.time()
+    assert http.post("/v1/videos/sync", data=form).status_code == 200
+    assert time.time() - start < 900 * seconds_per_step  # the ~970 steps left never ran
+    assert server.stop(signal.SIGTERM) == 0
+
+
+def test_speech_tab_plays_while_the_stream_runs(playground):
     # Random weights never say EOS: the talker stops at 160 frames (12.8 s of audio, sent in
     # chunks of 2, then 8). Long enough that the stream outlasts the browser's audio start even
     # when the browser is starved of CPU (at 24 frames played-at-end was 0 in CI; at 64 it was
     # once under a parallel run).
-    overrides = '{"0": {"default_sampling_params": {"max_tokens": 160}}}'
-    server, page = playground(zoo("csm"), "--served-model-name", "csm", "--stage-overrides", overrides)
+    server, page = playground("csm", "--served-model-name", "csm", "--stage-overrides", CSM_TALKER_CAP)
     page.locator("#tabbtn-speech").wait_for()
     page.wait_for_function("document.getElementById('speech-voice').options.length > 1")
     voices = page.eval_on_selector_all("#speech-voice option", "els => els.map(e => e.value)")
@@ -262,9 +413,52 @@ def test_speech_tab_plays_while_the_stream_runs(zoo, playground):
     assert 12.78 < duration < 12.83  # 160 Mimi frames at 12.5 Hz, replayable as one WAV
 
 
-def test_chat_tab_streams_a_reply(zoo, playground):
-    model = zoo("qwen2-llm")
-    server, page = playground(model, "--served-model-name", "qwen2-llm")
+def test_csm_speech_whole_streamed_and_sse(served):
+    """On the speech tab's server, whose deploy caps the talker at 160 frames (that test checks the
+    cap): each request here asks for 8 (random weights never say EOS)."""
+    with_8 = {"max_new_tokens": 8}
+    server = served("csm", "--served-model-name", "csm", "--stage-overrides", CSM_TALKER_CAP)
+    client = server.client()
+    wav = client.audio.speech.create(model="csm", voice="alloy", input="Hello there.", response_format="wav",
+                                     extra_body=with_8)
+    audio, rate = sf.read(io.BytesIO(wav.content))
+    assert rate == 24000 and wav.response.headers["x-sample-rate"] == "24000" and len(audio) > 0
+
+    with client.audio.speech.with_streaming_response.create(
+            model="csm", voice="alloy", input="Hello there.", response_format="pcm", extra_body=with_8) as resp:
+        assert resp.headers["x-sample-rate"] == "24000"
+        pcm = np.frombuffer(b"".join(resp.iter_bytes()), dtype="<i2")
+    assert len(pcm) == len(audio)  # 8 codec frames either way
+    http = server.http()
+    with http.stream("POST", "/v1/audio/speech", json={"input": "Hi.", "response_format": "pcm", **with_8,
+                                                       "stream_format": "sse"}) as resp:
+        events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "speech.audio.done"
+    assert sum(len(base64.b64decode(e["audio"])) for e in events if e["type"] == "speech.audio.delta") > 0
+
+    # The talker samples (temperature 0.9): a seed makes it reproducible.
+    seeded = [client.audio.speech.create(model="csm", voice="alloy", input="Hi.", response_format="pcm",
+                                         extra_body={**with_8, "seed": seed}).content for seed in (5, 5, 6)]
+    assert seeded[0] == seeded[1] != seeded[2]
+    aac = client.audio.speech.create(model="csm", input="Hi.", voice="alloy", response_format="aac",
+                                     extra_body=with_8)
+    assert aac.response.headers["content-type"] == "audio/aac" and aac.content[:2] in (b"\xff\xf1", b"\xff\xf9")
+    assert events[-1]["usage"]["output_tokens"] == 8 and events[-1]["usage"]["audio_seconds"] > 0
+    clip = io.BytesIO()
+    sf.write(clip, 0.3 * np.sin(np.arange(16000) / 8.0), 16000, format="WAV")
+    ref = "data:audio/wav;base64," + base64.b64encode(clip.getvalue()).decode()
+    cloned = client.audio.speech.create(model="csm", voice="alloy", input="Hi.", response_format="pcm",
+                                        extra_body={**with_8, "seed": 5, "ref_audio": ref, "ref_text": "A tone."})
+    assert len(cloned.content) == len(seeded[0]) and cloned.content != seeded[0]  # the clip changes the voice
+
+    resp = http.post("/v1/audio/speech", json={"input": "Hi.", "voice": "nobody"})
+    assert resp.status_code == 400 and "voice" in resp.json()["error"]["message"]
+    resp = http.post("/v1/audio/speech", json={"input": "Hi.", "instructions": "whisper"})
+    assert resp.status_code == 400 and "instructions" in resp.json()["error"]["message"]
+
+
+def test_chat_tab_streams_a_reply(playground):
+    server, page = playground("qwen2-llm", "--served-model-name", "qwen2-llm")
     page.locator("#tabbtn-chat").wait_for()
     assert page.locator(".audio-only").first.is_hidden()  # a text model: no spoken replies
     page.fill("#chat-input", "Say hello")
@@ -283,12 +477,31 @@ def test_chat_tab_streams_a_reply(zoo, playground):
     assert re.match(r"\d+ pieces in [\d.]+ s", page.inner_text("#chat-status"))
 
 
-def test_chat_tab_speaks_with_attachments_on_an_omni_model(zoo, playground):
-    # A random talker rarely emits its end code: cap its codes so the reply stays short, and
-    # seed it with a floor on its codes, so it never ends at once with no audio (flaky before).
-    talker_cap = '{"1": {"default_sampling_params": {"max_tokens": 32, "min_tokens": 8, "seed": 0}}}'
-    _, page = playground(zoo("qwen2.5-omni"), "--served-model-name", "qwen2.5-omni",
-                         "--stage-overrides", talker_cap)
+def test_qwen2_llm_chat_plain_and_streamed(zoo, served):
+    server = served("qwen2-llm", "--served-model-name", "qwen2-llm")
+    client = server.client()
+    messages = [{"role": "user", "content": "Say hello"}]
+    reply = client.chat.completions.create(model=str(zoo("qwen2-llm")), messages=messages, max_tokens=8,
+                                           temperature=0)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert reply.usage.completion_tokens >= 1 and reply.choices[0].message.role == "assistant"
+
+    stream = client.chat.completions.create(model=str(zoo("qwen2-llm")), messages=messages, max_tokens=8,
+                                            temperature=0, stream=True)
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == reply.choices[0].message.content  # greedy: the same tokens
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+    resp = server.http().post("/v1/images/generations", json={"prompt": "x"})
+    assert resp.status_code == 400 and "/v1/chat/completions" in resp.json()["error"]["message"]
+
+
+def test_chat_tab_speaks_with_attachments_on_an_omni_model(playground):
+    _, page = playground(*OMNI, api_key="k3y")
+    page.fill("#api-key", "k3y")
+    page.dispatch_event("#api-key", "change")
+    page.wait_for_function("document.getElementById('model-id').textContent === 'omni'")
     page.locator("#tabbtn-chat").wait_for()
     assert page.locator("#chat-audio").is_visible()  # text + audio out: spoken replies on offer
     page.check("#chat-audio")
@@ -314,7 +527,29 @@ def test_chat_tab_speaks_with_attachments_on_an_omni_model(zoo, playground):
     assert page.locator(".msg.user").get_attribute("data-attachments") == "2"
 
 
-def test_talk_tab_talks_over_the_realtime_route(zoo, browser, tmp_path, request):
+def test_qwen2_5_omni_chat_answers_with_audio(zoo, served):
+    model = str(zoo("qwen2.5-omni"))
+    server = served(*OMNI, api_key="k3y")
+    client = server.client()
+    messages = [{"role": "user", "content": "Say hello"}]
+    reply = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0,
+                                           modalities=["text", "audio"], audio={"voice": "Chelsie", "format": "wav"})
+    audio = reply.choices[0].message.audio
+    wave, rate = sf.read(io.BytesIO(base64.b64decode(audio.data)))
+    assert rate == 24000 and len(wave) > 0 and isinstance(audio.transcript, str)
+
+    chunks = list(client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0,
+                                                 stream=True, modalities=["text", "audio"],
+                                                 audio={"voice": "Chelsie", "format": "pcm16"}))
+    deltas = [c.choices[0].delta.audio for c in chunks if c.choices and c.choices[0].delta.audio]
+    assert sum(len(base64.b64decode(d.data)) for d in deltas if d.data) > 0
+    assert "".join(d.transcript or "" for d in deltas) == audio.transcript  # greedy: the same text
+
+    resp = server.http().post("/v1/audio/speech", json={"input": "hi"})
+    assert resp.status_code == 400 and "/v1/chat/completions" in resp.json()["error"]["message"]
+
+
+def test_talk_tab_talks_over_the_realtime_route(served, browser, tmp_path, request):
     """The microphone is Chromium's fake capture device playing a WAV of the synthetic voice
     (1 s of voice, 6 s of silence, looped): the server's VAD hears each turn, and the
     answer's audio reaches the page. The API key travels as a WebSocket subprotocol. The
@@ -325,36 +560,33 @@ def test_talk_tab_talks_over_the_realtime_route(zoo, browser, tmp_path, request)
     wav = tmp_path / "voice.wav"
     sf.write(wav, np.concatenate([synthetic_speech(1.0, rate=48000), np.zeros(6 * 48000, np.float32)]), 48000,
              subtype="PCM_16")
-    talker_cap = '{"0": {"default_sampling_params": {"max_tokens": 6}}, ' \
-                 '"1": {"default_sampling_params": {"max_tokens": 32, "min_tokens": 8, "seed": 0}}}'
+    server = served(*OMNI, api_key="k3y")
     mic = browser.browser_type.launch(executable_path=str(CHROMIUM), args=[
         *CHROMIUM_FLAGS, "--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
         f"--use-file-for-fake-audio-capture={wav}", "--autoplay-policy=no-user-gesture-required"])
-    with RemoteServer(zoo("qwen2.5-omni"), "--served-model-name", "omni", "--stage-overrides", talker_cap,
-                      api_key="k3y") as server:
-        context = mic.new_context(viewport={"width": 960, "height": 640})
-        context.set_default_timeout(TIMEOUT_MS)
-        page = context.new_page()
-        errors = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        try:
-            page.goto(server.url + "/")
-            page.fill("#api-key", "k3y")
-            page.dispatch_event("#api-key", "change")
-            # The model (and its tabs) loaded with the key; the page no longer moves under the click.
-            page.wait_for_function("document.getElementById('model-id').textContent === 'omni'")
-            page.locator("#tabbtn-talk").click()
-            page.click("#talk-start")
-            page.wait_for_function("Number(document.getElementById('talk-status').dataset.turns || 0) >= 1",
-                                   timeout=TIMEOUT_MS * 2)
-            status = page.locator("#talk-status")
-            assert int(status.get_attribute("data-audio-bytes") or 0) > 0, status.inner_text()  # the answer's audio
-            assert page.locator("#talk-log .msg.assistant").count() >= 1
-            page.click("#talk-stop")
-            assert status.inner_text() == "stopped"
-        finally:
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
-            context.close()
-            mic.close()
+    context = mic.new_context(viewport={"width": 960, "height": 640})
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        page.goto(server.url + "/")
+        page.fill("#api-key", "k3y")
+        page.dispatch_event("#api-key", "change")
+        # The model (and its tabs) loaded with the key; the page no longer moves under the click.
+        page.wait_for_function("document.getElementById('model-id').textContent === 'omni'")
+        page.locator("#tabbtn-talk").click()
+        page.click("#talk-start")
+        page.wait_for_function("Number(document.getElementById('talk-status').dataset.turns || 0) >= 1",
+                               timeout=TIMEOUT_MS * 2)
+        status = page.locator("#talk-status")
+        assert int(status.get_attribute("data-audio-bytes") or 0) > 0, status.inner_text()  # the answer's audio
+        assert page.locator("#talk-log .msg.assistant").count() >= 1
+        page.click("#talk-stop")
+        assert status.inner_text() == "stopped"
+    finally:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
+        context.close()
+        mic.close()
     assert not errors, f"the page raised: {errors}"
