@@ -1,4 +1,4 @@
-"""`omnistage serve` on the tiny Stable Audio zoo model in a real process: POST /v1/audio/generate
+"""`omnistage serve` on the tiny Stable Audio zoo model: POST /v1/audio/generate
 with httpx (the official `openai` client has no method for it), /v1/models, and a bad field."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.e2e
 
 
 def test_stable_audio_generates_wav_and_names_bad_fields(zoo):
-    with RemoteServer(zoo("stable-audio"), "--served-model-name", "stable-audio") as server:
+    with RemoteServer(zoo("stable-audio"), "--served-model-name", "stable-audio", in_process=True) as server:
         http = server.http()
         (model,) = http.get("/v1/models").json()["data"]
         assert model["routes"] == ["POST /v1/audio/generate"]

@@ -28,7 +28,7 @@ def _size(b64: str) -> tuple[int, int]:
 
 
 def test_flux2_generates_edits_and_names_bad_fields(zoo):
-    with RemoteServer(zoo("flux2")) as server:
+    with RemoteServer(zoo("flux2"), in_process=True) as server:
         client = server.client()
         result = client.images.generate(prompt="a cat", size="64x32", n=2, response_format="b64_json",
                                         extra_body=FAST)

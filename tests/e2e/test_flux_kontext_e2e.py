@@ -29,7 +29,7 @@ def _size(b64: str) -> tuple[int, int]:
 
 
 def test_flux_kontext_edits_generates_and_names_bad_fields(zoo):
-    with RemoteServer(zoo("flux-kontext")) as server:
+    with RemoteServer(zoo("flux-kontext"), in_process=True) as server:
         client = server.client()
         edited = client.images.edit(image=("in.png", _png((96, 64)), "image/png"), prompt="make it blue",
                                     size="64x32", n=2, response_format="b64_json", extra_body=FAST)

@@ -20,7 +20,7 @@ def test_glm_image_generations_match_the_reference(zoo):
     from diffusers import GlmImagePipeline
 
     path = zoo("glm-image")
-    with RemoteServer(path, "--served-model-name", "glm-image") as server:
+    with RemoteServer(path, "--served-model-name", "glm-image", in_process=True) as server:
         client = server.client()
         result = client.images.generate(model="glm-image", prompt="a red square", size="64x64",
                                         response_format="b64_json",

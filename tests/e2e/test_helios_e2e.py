@@ -32,7 +32,7 @@ START = {"type": "session.start", "prompt": "a wave", "size": "64x64", "fps": 8,
 
 @pytest.fixture(scope="module")
 def server(zoo):
-    server = RemoteServer(zoo("helios"), "--served-model-name", "helios", api_key=KEY)
+    server = RemoteServer(zoo("helios"), "--served-model-name", "helios", api_key=KEY, in_process=True)
     yield server
     assert server.stop() == 0
 

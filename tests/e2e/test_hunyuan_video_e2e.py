@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.filterwarnings("ignore:The Sora API:D
 
 
 def test_hunyuan_video_job_through_the_openai_client(zoo):
-    with RemoteServer(zoo("hunyuan-video")) as server:
+    with RemoteServer(zoo("hunyuan-video"), in_process=True) as server:
         client = server.client()
         extra = {"num_frames": 5, "fps": 8, "num_inference_steps": 2, "seed": 1}
         job = client.videos.create(prompt='a neon sign that says "open"', size="64x32", extra_body=extra)
@@ -37,7 +37,7 @@ def test_hunyuan_video_job_through_the_openai_client(zoo):
 def test_hunyuan_video_i2v_job_takes_the_image_aspect_ratio(zoo):
     buf = io.BytesIO()
     Image.new("RGB", (64, 32), (200, 30, 30)).save(buf, format="PNG")
-    with RemoteServer(zoo("hunyuan-video-i2v")) as server:
+    with RemoteServer(zoo("hunyuan-video-i2v"), in_process=True) as server:
         client = server.client()
         job = client.videos.create(prompt="a red wall", input_reference=("wall.png", buf.getvalue(), "image/png"),
                                    extra_body={"num_frames": 5, "fps": 8, "num_inference_steps": 2, "seed": 1})

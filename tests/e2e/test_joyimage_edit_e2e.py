@@ -38,7 +38,7 @@ def _expected(path, image: Image.Image, prompt: str) -> np.ndarray:
 
 def test_joyimage_edit_through_the_server(zoo):
     path, image = zoo("joyai-image-edit"), default_input_image()
-    with RemoteServer(path) as server:
+    with RemoteServer(path, in_process=True) as server:
         client = server.client()
         result = client.images.edit(image=("in.png", _png(image), "image/png"), prompt="make the sky purple",
                                     size="64x32", response_format="b64_json", extra_body=FIELDS)

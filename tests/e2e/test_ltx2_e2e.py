@@ -23,7 +23,7 @@ def test_ltx2_i2v_video_job_has_an_audio_track(zoo):
     buf = io.BytesIO()
     Image.new("RGB", (64, 64), (30, 120, 200)).save(buf, format="PNG")
     image = ("sea.png", buf.getvalue(), "image/png")
-    with RemoteServer(zoo("ltx2-i2v")) as server:
+    with RemoteServer(zoo("ltx2-i2v"), in_process=True) as server:
         client = server.client()
         # Our fields beyond OpenAI's ride in the multipart form (extra_body); STG on the zoo
         # transformer's last block (it has two).

@@ -23,7 +23,7 @@ def server(zoo):
     # A random talker rarely emits its end code: cap its codes so the test stays short; and, unseeded,
     # it may emit it first (no audio): a floor and a seed keep every answer audible.
     talker_cap = json.dumps({"1": {"default_sampling_params": {"max_tokens": 32, "min_tokens": 8, "seed": 0}}})
-    with RemoteServer(zoo("qwen2.5-omni"), "--served-model-name", "omni", "--stage-overrides", talker_cap) as s:
+    with RemoteServer(zoo("qwen2.5-omni"), "--served-model-name", "omni", "--stage-overrides", talker_cap, in_process=True) as s:
         yield s
 
 

@@ -35,7 +35,7 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
 @pytest.fixture(scope="module")
 def server(zoo):
     with RemoteServer(zoo("qwen2-llm"), "--served-model-name", "llm",
-                      "--stage-overrides", '{"0": {"max_model_len": 1024}}') as s:
+                      "--stage-overrides", '{"0": {"max_model_len": 1024}}', in_process=True) as s:
         yield s
 
 

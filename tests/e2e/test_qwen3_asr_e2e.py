@@ -26,7 +26,7 @@ MAX_TOKENS = 12  # a random decoder rarely stops by itself
 @pytest.fixture(scope="module")
 def server(zoo):
     overrides = {"0": {"default_sampling_params": {"temperature": 0, "max_tokens": MAX_TOKENS}}}
-    with RemoteServer(zoo("qwen3-asr"), "--served-model-name", "asr", "--stage-overrides", json.dumps(overrides)) as s:
+    with RemoteServer(zoo("qwen3-asr"), "--served-model-name", "asr", "--stage-overrides", json.dumps(overrides), in_process=True) as s:
         yield s
 
 

@@ -37,7 +37,7 @@ def _expected(path) -> np.ndarray:
 
 def test_generation_and_edit_routes(zoo):
     path = zoo(NAME)
-    with RemoteServer(path) as server:
+    with RemoteServer(path, in_process=True) as server:
         client = server.client()
         result = client.images.generate(prompt=PROMPT, size="64x32", response_format="b64_json", extra_body=FIELDS)
         (data,) = result.data

@@ -45,7 +45,7 @@ def _expected(path, images: list[Image.Image], prompt: str) -> np.ndarray:
 def test_edit_from_two_images_and_too_many_rejected(zoo):
     path = zoo(NAME)
     a, b = default_input_image(), ImageOps.mirror(default_input_image()).resize((64, 32))
-    with RemoteServer(path) as server:
+    with RemoteServer(path, in_process=True) as server:
         client = server.client()
         result = client.images.edit(image=[("a.png", _png(a), "image/png"), ("b.png", _png(b), "image/png")],
                                     prompt="put the cat from picture 1 into picture 2", size="64x32",

@@ -20,7 +20,7 @@ def test_sana_video_i2v_job_through_the_openai_client(zoo):
     buf = io.BytesIO()
     Image.new("RGB", (64, 32), (30, 200, 30)).save(buf, format="PNG")
     image = ("field.png", buf.getvalue(), "image/png")
-    with RemoteServer(zoo("sana-video-i2v")) as server:
+    with RemoteServer(zoo("sana-video-i2v"), in_process=True) as server:
         client = server.client()
         job = client.videos.create(prompt="a green field", input_reference=image, size="64x32",
                                    extra_body={"num_frames": 5, "fps": 8, "num_inference_steps": 2, "seed": 1})

@@ -33,7 +33,7 @@ def test_wan_vace_job_with_control_video_mask_and_references(zoo):
              ("input_reference", ("b.png", png((30, 30, 200), (48, 32)), "image/png"))]
     form = {"prompt": "a red ramp", "size": "64x32", "num_frames": "5", "fps": "8", "num_inference_steps": "2",
             "seed": "1", "extra_params": '{"conditioning_scale": 0.8}'}
-    with RemoteServer(zoo("wan-vace")) as server:
+    with RemoteServer(zoo("wan-vace"), in_process=True) as server:
         http = server.http()
         job = finished_video_job(http, http.post("/v1/videos", data=form, files=files).json())
         assert job["status"] == "completed", job

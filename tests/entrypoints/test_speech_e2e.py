@@ -1,5 +1,5 @@
-"""`omnistage serve` on the tiny CSM in a real process: streamed speech through the official
-`openai` client, voice cloning over multipart HTTP, and the WebSocket session over a real
+"""`omnistage serve` on the tiny CSM (served from the test process): streamed speech through
+the official `openai` client, voice cloning over multipart HTTP, and the WebSocket session over a real
 socket (uvicorn + websockets), all behind an API key."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ KEY = "k3y"
 @pytest.fixture(scope="module")
 def server(zoo):
     server = RemoteServer(zoo("csm"), "--served-model-name", "csm", "--stage-overrides", json.dumps(OVERRIDES),
-                          api_key=KEY)
+                          api_key=KEY, in_process=True)
     yield server
     assert server.stop() == 0
 

@@ -141,12 +141,39 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Terminated()
 
 
-def run(args: argparse.Namespace) -> int:
-    import uvicorn
+def build(args: argparse.Namespace) -> tuple[Any, Any, bool]:
+    """(engine, app, is_demo): what `omnistage serve` serves for `args`, not yet listening (the
+    tests' in-process servers start the same); ValueError for a bad model, deploy file or flag."""
     from prometheus_client import CollectorRegistry
 
     from omnistage.entrypoints.omni import AsyncOmni
     from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
+
+    path, name, is_demo = resolve_model(args.model)
+    settings = ServerSettings(
+        served_model_name=args.served_model_name or name, model_path=path, api_key=args.api_key,
+        max_upload_bytes=args.max_upload_bytes, max_n=args.max_n, max_pixels=args.max_pixels,
+        max_queued_requests=args.max_queued_requests, file_ttl_s=args.file_ttl,
+        max_input_pixels=args.max_input_pixels, allowed_media_domains=tuple(args.allowed_media_domains),
+        allowed_local_media_path=args.allowed_local_media_path, public_docs=args.public_docs,
+        protect_metrics=args.protect_metrics, files_dir=args.output_dir, playground=args.playground,
+        response_ttl_s=args.response_ttl, max_stored_responses=args.max_stored_responses,
+        realtime_max_session_s=args.realtime_max_session, realtime_max_buffer_s=args.realtime_max_buffer,
+        realtime_idle_timeout_s=args.realtime_idle_timeout)
+    registry = CollectorRegistry()
+    print(f"[omnistage] loading {path}", flush=True)
+    engine = AsyncOmni(path, deploy_config=demo_deploy_config(args.deploy_config, is_demo),
+                       stage_overrides=runtime_overrides(args), metrics_registry=registry)
+    try:
+        return engine, create_app(settings, engine, registry), is_demo
+    except BaseException:
+        engine.close()
+        raise
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
     from omnistage.entrypoints.openai.draining_server import DrainingServer
 
     # uvicorn re-raises the signal it stopped on once it has shut down; SIGTERM's default
@@ -154,25 +181,10 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     engine = None
     try:
-        path, name, is_demo = resolve_model(args.model)
-        settings = ServerSettings(
-            served_model_name=args.served_model_name or name, model_path=path, api_key=args.api_key,
-            max_upload_bytes=args.max_upload_bytes, max_n=args.max_n, max_pixels=args.max_pixels,
-            max_queued_requests=args.max_queued_requests, file_ttl_s=args.file_ttl,
-            max_input_pixels=args.max_input_pixels, allowed_media_domains=tuple(args.allowed_media_domains),
-            allowed_local_media_path=args.allowed_local_media_path, public_docs=args.public_docs,
-            protect_metrics=args.protect_metrics, files_dir=args.output_dir, playground=args.playground,
-            response_ttl_s=args.response_ttl, max_stored_responses=args.max_stored_responses,
-            realtime_max_session_s=args.realtime_max_session, realtime_max_buffer_s=args.realtime_max_buffer,
-            realtime_idle_timeout_s=args.realtime_idle_timeout)
-        registry = CollectorRegistry()
-        print(f"[omnistage] loading {path}", flush=True)
-        engine = AsyncOmni(path, deploy_config=demo_deploy_config(args.deploy_config, is_demo),
-                           stage_overrides=runtime_overrides(args), metrics_registry=registry)
-        app = create_app(settings, engine, registry)
+        engine, app, is_demo = build(args)
         url = f"http://{args.host}:{args.port}"
-        print(f"[omnistage] serving {settings.served_model_name} at {url}", flush=True)
-        if settings.playground:
+        print(f"[omnistage] serving {app.state.settings.served_model_name} at {url}", flush=True)
+        if app.state.settings.playground:
             print(f"[omnistage] playground: {url}/", flush=True)
         print(f"[omnistage] routes: {', '.join(app.state.capabilities.routes)}", flush=True)
         if is_demo:

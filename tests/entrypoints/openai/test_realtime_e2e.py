@@ -35,7 +35,7 @@ OVERRIDES = {"0": {"default_sampling_params": {"max_tokens": 6, "min_tokens": 2}
 @pytest.fixture(scope="module")
 def server(zoo):
     server = RemoteServer(zoo("qwen2.5-omni"), "--served-model-name", "omni",
-                          "--stage-overrides", json.dumps(OVERRIDES), api_key=KEY)
+                          "--stage-overrides", json.dumps(OVERRIDES), api_key=KEY, in_process=True)
     yield server
     assert server.stop() == 0
 

@@ -27,7 +27,7 @@ OVERRIDES = {"0": {"default_sampling_params": {"max_tokens": 6, "min_tokens": 2}
 @pytest.fixture(scope="module")
 def server(zoo):
     server = RemoteServer(zoo("qwen3-omni"), "--served-model-name", "omni3",
-                          "--stage-overrides", json.dumps(OVERRIDES))
+                          "--stage-overrides", json.dumps(OVERRIDES), in_process=True)
     yield server
     assert server.stop() == 0
 
