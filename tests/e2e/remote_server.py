@@ -75,6 +75,11 @@ class RemoteServer:
         self.stop(signal.SIGKILL)
         raise TimeoutError(f"the server was not healthy after {timeout} s:\n{self.output()[-4000:]}")
 
+    def is_running(self) -> bool:
+        if self.in_process is not None:
+            return self.in_process.thread.is_alive()
+        return self.proc.poll() is None
+
     def output(self) -> str:
         return Path(self.log.name).read_text()
 
