@@ -65,6 +65,9 @@ def path(zoo):
 
 
 def test_two_ranks_on_two_nodes_match_mp_and_a_killed_actor_fails_fast(ray_cluster, path):
+    """About 30-40 s on two cores: the mp reference spawns two ranks, then two rank actors each
+    import torch and load the model on a fresh Ray worker and form a process group across the two
+    nodes, then one is killed and the engine must fail fast. One test, so the ranks start once."""
     import ray
 
     parallel = dict(num_devices=2, ulysses_degree=2, max_num_seqs=2)
