@@ -28,7 +28,7 @@ import torch
 
 from omnistage.diffusion.accel.first_block_cache import block_chain
 from omnistage.diffusion.accel.step_cache import BlockChain, BranchCache, Policy, StepCache, config_from, \
-    fit_tokens, mean_abs
+    fit_tokens, mean_abs, threshold_problems
 
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
@@ -46,12 +46,7 @@ class EasyCacheConfig:
     """First steps of every request that always compute (the paper's 5 of 50)."""
 
     def problems(self) -> list[str]:
-        out = []
-        if self.threshold < 0:
-            out.append(f"cache_config.threshold: must be >= 0, got {self.threshold}")
-        if self.warmup_steps < 0:
-            out.append(f"cache_config.warmup_steps: must be >= 0, got {self.warmup_steps}")
-        return out
+        return threshold_problems(self.threshold, self.warmup_steps)
 
 
 def from_deploy(deploy: StageDeployConfig) -> EasyCacheConfig | None:

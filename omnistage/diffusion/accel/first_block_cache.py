@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from omnistage.diffusion.accel.step_cache import BlockChain, BranchCache, Policy, StepCache, config_from, \
-    fit_tokens, relative_l1
+    fit_tokens, relative_l1, threshold_problems
 
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
@@ -34,12 +34,7 @@ class FirstBlockCacheConfig:
     """First steps of every request that always compute."""
 
     def problems(self) -> list[str]:
-        out = []
-        if self.threshold < 0:
-            out.append(f"cache_config.threshold: must be >= 0, got {self.threshold}")
-        if self.warmup_steps < 0:
-            out.append(f"cache_config.warmup_steps: must be >= 0, got {self.warmup_steps}")
-        return out
+        return threshold_problems(self.threshold, self.warmup_steps)
 
 
 def from_deploy(deploy: StageDeployConfig) -> FirstBlockCacheConfig | None:

@@ -357,6 +357,16 @@ def _tail_forward(cache: StepCache, is_last: bool, forward: Callable, args: tupl
 _KINDS = {"float": float, "int": int, "bool": bool, "str": str}
 
 
+def threshold_problems(threshold: float, warmup_steps: int) -> list[str]:
+    """What a threshold cache's config (`threshold`, `warmup_steps`) must satisfy, naming the key."""
+    out = []
+    if threshold < 0:
+        out.append(f"cache_config.threshold: must be >= 0, got {threshold}")
+    if warmup_steps < 0:
+        out.append(f"cache_config.warmup_steps: must be >= 0, got {warmup_steps}")
+    return out
+
+
 def config_from(backend: str, config_class: type, cache_config: dict[str, Any]) -> Any:
     """`config_class` (a dataclass of float / int / bool / str fields with a `problems()`
     method) built from the deploy file's `cache_config`; an unknown key or a bad value raises
