@@ -105,6 +105,10 @@ def build_voxcpm2(out_dir: Path, size: str, seed: int) -> None:
         for name, p in model.named_parameters():
             if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
                 p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
+        # The stop head's two rows nearly equal, so some utterances stop after a few patches
+        # and others run to the length cap (independent rows stop every one at the first chance).
+        stop = model.stop_head.weight
+        stop[1] = stop[0] + 0.3 * torch.randn(stop.shape[1], generator=torch.Generator().manual_seed(seed)) - 0.05
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, out_dir / "model.safetensors",
               metadata={"format": "pt"})
