@@ -8,7 +8,10 @@ COSMOS3 = PipelineSpec(
     name="cosmos3",
     stages=(
         StageSpec(id=0, name="diffusion", kind="diffusion", output="video", final_output=True,
-                  model="Cosmos3OmniPipeline"),
+                  model="Cosmos3OmniPipeline",
+                  # Request mode, not measured: it serves one video at a time (deploy max_num_seqs 1).
+                  defaults={"step_execution": False},
+        ),
     ),
 )
 
