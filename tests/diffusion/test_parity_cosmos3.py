@@ -1,5 +1,6 @@
 """Cosmos3: our Cosmos3 against diffusers' Cosmos3OmniPipeline on the tiny zoo model (fp32, CPU):
-text-, image- and video-to-video alone, the three mixed in one batch, and staggered."""
+text-to-video alone and staggered, text-, image- and video-to-video mixed in one batch, and
+video-to-video with its extras."""
 
 from __future__ import annotations
 
