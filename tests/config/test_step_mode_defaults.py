@@ -27,7 +27,7 @@ EXPECTED = {
     # issue 32's image families
     "joyai-image-edit": True, "sdxl-refiner": False,
     # request mode, not measured: video families serve one request at a time (max_num_seqs 1)
-    "ltx2-i2v": False, "ltx2-condition": False, "kandinsky6": False,
+    "ltx2-i2v": False, "ltx2-condition": False, "kandinsky6": False, "cosmos3": False, "sana-wm": False,
 }
 
 
