@@ -31,3 +31,18 @@ class Playback:
     def ahead(self, now: float) -> bool:
         """Whether the player still has audio to play at `now`."""
         return self.runs_out_at is not None and self.runs_out_at > now
+
+
+STARVATION_BOUND_S = 0.5
+"""Deadline order (the AR scheduler, the generation engine): the longest a stream's lateness keeps
+a newcomer from its first chunk."""
+
+
+def deadline_key(playback: Playback, start: float, now: float, starvation_bound_s: float = STARVATION_BOUND_S) -> float:
+    """Earliest-deadline-first key of a stream whose output `playback` plays: the wall time its
+    listener runs out of audio, or `start` (when it arrived) before it has any, since its first
+    chunk is what it waits for. Lateness beyond `starvation_bound_s` buys no more priority, so a
+    stream far behind cannot keep a new one from its first chunk for longer than the bound: once
+    a newcomer has waited that long its key is the smallest. Sort ascending; ties keep order."""
+    deadline = start if playback.runs_out_at is None else playback.runs_out_at
+    return max(deadline, now - starvation_bound_s)
