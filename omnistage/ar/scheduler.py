@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 from omnistage.ar.block_manager import BlockManager
 from omnistage.ar.sequence import Sequence, SequenceStatus
-from omnistage.core.playback import STARVATION_BOUND_S, deadline_key
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
@@ -59,8 +58,7 @@ class ARSchedulerOutput:
 class Scheduler:
     def __init__(self, max_num_seqs: int, max_model_len: int, block_manager: BlockManager, *,
                  max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = True,
-                 packed: bool = False, deadline_order: bool = False,
-                 starvation_bound_s: float = STARVATION_BOUND_S) -> None:
+                 packed: bool = False, deadline_order: bool = False) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         self.max_num_seqs = max_num_seqs
@@ -76,7 +74,6 @@ class Scheduler:
         self.deadline_order = deadline_order
         """Audio streams (sequences with `frame_seconds`): more may be resident than a step runs
         (as the KV blocks allow), and each step runs the `max_num_seqs` nearest an underrun."""
-        self.starvation_bound_s = starvation_bound_s
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order: the last is preempted first
         self.num_preemptions = 0
@@ -112,7 +109,7 @@ class Scheduler:
 
     # --- the step ----------------------------------------------------------------------------
 
-    def schedule(self, now: float | None = None) -> ARSchedulerOutput | None:
+    def schedule(self) -> ARSchedulerOutput | None:
         """The next step, or None when there is nothing to run.
 
         NOTE: running sequences first, as vLLM v1: every decoding one gets its one token,
@@ -131,15 +128,14 @@ class Scheduler:
         With `deadline_order` (audio streams), waiting sequences are admitted first, while
         KV blocks allow (a seat is no longer the limit), and the step then takes up to
         `max_num_seqs` resident sequences, decodes and prompts alike, earliest deadline first
-        (`core.playback.deadline_key`): a newcomer's first frames before a stream that is
-        seconds ahead of its listener. When all fit, the order changes nothing.
+        (`Playback.deadline`, which also bounds how long late streams delay a newcomer): a
+        newcomer's first frames before a stream that is seconds ahead of its listener. When
+        all fit, the order changes nothing.
         """
         out = ARSchedulerOutput()
         if self.deadline_order:
             self._admit_resident()
-            now = time.monotonic() if now is None else now
-            groups = [sorted(self.running, key=lambda s: deadline_key(s.playback, s.arrival_time, now,
-                                                                       self.starvation_bound_s))]
+            groups = [sorted(self.running, key=lambda s: s.playback.deadline(s.arrival_time))]
         else:
             groups = [[s for s in self.running if not s.is_prefilling], [s for s in self.running if s.is_prefilling]]
         scheduled: set[int] = set()

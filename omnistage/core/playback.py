@@ -28,21 +28,18 @@ class Playback:
         self.runs_out_at += seconds
         return stall
 
+    def deadline(self, start: float) -> float:
+        """When the listener needs the next audio: the time the audio so far runs out, or `start`
+        (the stream's arrival) before it has any, its first chunk being what it waits for. The
+        streams nearest an underrun are the ones with the earliest deadline (EDF).
+
+        NOTE: the bound against starvation comes from the player itself. A late stream's player
+        stalls and restarts at its next audio, so its deadline is never earlier than the time
+        that audio came; a newcomer's stays its arrival. So once each late stream ahead of it
+        has had one turn, a newcomer's first chunk goes first, however late they are."""
+        return start if self.runs_out_at is None else self.runs_out_at
+
     def ahead(self, now: float) -> bool:
         """Whether the player still has audio to play at `now`."""
         return self.runs_out_at is not None and self.runs_out_at > now
 
-
-STARVATION_BOUND_S = 0.5
-"""Deadline order (the AR scheduler, the generation engine): the longest a stream's lateness keeps
-a newcomer from its first chunk."""
-
-
-def deadline_key(playback: Playback, start: float, now: float, starvation_bound_s: float = STARVATION_BOUND_S) -> float:
-    """Earliest-deadline-first key of a stream whose output `playback` plays: the wall time its
-    listener runs out of audio, or `start` (when it arrived) before it has any, since its first
-    chunk is what it waits for. Lateness beyond `starvation_bound_s` buys no more priority, so a
-    stream far behind cannot keep a new one from its first chunk for longer than the bound: once
-    a newcomer has waited that long its key is the smallest. Sort ascending; ties keep order."""
-    deadline = start if playback.runs_out_at is None else playback.runs_out_at
-    return max(deadline, now - starvation_bound_s)

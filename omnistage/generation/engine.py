@@ -29,8 +29,8 @@ none of its stream's parts is in flight).
 Scheduling: up to `OPEN_STREAMS_PER_SEAT` x max_num_seqs streams may be open (their decoder
 state is small); each pass decodes the max_num_seqs whose listener would run out of audio
 first (earliest deadline, from a real-time player of the audio each stream got so far; a
-stream with none yet is due at its arrival), lateness past `core.playback.STARVATION_BOUND_S` buying no
-more priority (`core.playback.deadline_key`). When all ready streams fit, the order changes
+stream with none yet is due at its arrival; `Playback.deadline`, which also bounds how long
+late streams delay a newcomer's first chunk). When all ready streams fit, the order changes
 nothing.
 
 The engine is driven by one caller; calls are not meant to be concurrent.
@@ -52,7 +52,7 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.core.device import device_scope, resolve_device, resolve_dtype
 from omnistage.core.parking import Parked, check_can_sleep
-from omnistage.core.playback import Playback, deadline_key
+from omnistage.core.playback import Playback
 from omnistage.core.types import AudioPayload, StageOutput, StageRequest
 from omnistage.generation.decoder import get_decoder_class
 
@@ -217,8 +217,7 @@ class GenerationEngine:
                 outputs.append(self._output(stream.requests[0], np.zeros(0, dtype=np.float32)))
             if stream.ready():
                 ready.append(stream)
-        now = time.monotonic()
-        ready.sort(key=lambda s: deadline_key(s.playback, s.arrival_time, now))
+        ready.sort(key=lambda s: s.playback.deadline(s.arrival_time))
         batch = []
         for stream in ready:
             if len(batch) >= self.max_num_seqs:
