@@ -3,6 +3,7 @@
 One `step()` reads like vLLM's `EngineCore.step`:
 
     _collect_inputs()    new requests and aborts from the inbox; entry stages get the prompt
+    _admit_queued()      start the audio requests the real-time budget now has room for
     _dispatch()          hand the queued stage inputs to their stage handles
     then per stage, downstream first:
     _collect_outputs()   step it (inline: one engine step; process: read its pipe)
@@ -365,6 +366,7 @@ class Orchestrator:
 
     def step(self) -> list[OmniOutput]:
         self._collect_inputs()
+        self._admit_queued()
         self._dispatch()
         delivered: list[OmniOutput] = []
         # Downstream stages first, each one's outputs routed and delivered before the next one steps:
@@ -427,7 +429,6 @@ class Orchestrator:
                 held, self._held = self._held, None
                 for request, held_sink in held:
                     self._queue_or_add(request, held_sink)
-        self._admit_queued()
 
     def _queue_or_add(self, request: OmniRequest, sink: Sink | None) -> None:
         """Start `request`, or queue it behind the others waiting for the real-time budget."""
