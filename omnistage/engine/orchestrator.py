@@ -434,6 +434,7 @@ class Orchestrator:
         """Start `request`, or queue it behind the others waiting for the real-time budget."""
         if self._needs_budget(request) and (self._queued or not self._admits()):
             self._queued.append((request, sink))
+            self.metrics.observe_audio_queued()
         else:
             self._add_request(request, sink)
 

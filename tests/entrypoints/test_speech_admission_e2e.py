@@ -65,7 +65,7 @@ def test_a_stream_past_the_capacity_waits_and_one_past_max_queued_is_refused(ser
     assert wait_for(lambda: "long" in first_audio)
     short = threading.Thread(target=stream, args=("short", 10))
     short.start()
-    assert wait_for(lambda: metric(server, "omnistage_audio_requests_queued") == 1.0)
+    assert wait_for(lambda: metric(server, "omnistage_audio_requests_waiting") == 1.0)
     assert "short" not in first_audio and long.is_alive()  # the long stream is still being made: short waits
 
     with server.http() as http:
@@ -77,5 +77,6 @@ def test_a_stream_past_the_capacity_waits_and_one_past_max_queued_is_refused(ser
     long.join(30)
     short.join(30)
     assert num_bytes["short"] == 2 * 10 * 1920 and first_audio["short"] > first_audio["long"]
-    assert metric(server, "omnistage_audio_requests_queued") == 0.0
+    assert metric(server, "omnistage_audio_requests_waiting") == 0.0
+    assert metric(server, "omnistage_audio_requests_queued_total") == 1.0
     assert metric(server, "omnistage_audio_capacity") == 1.5
