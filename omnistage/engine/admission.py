@@ -3,18 +3,25 @@ fast enough for every stream it has admitted.
 
 A stream needs one second of audio per wall second to stay ahead of its listener. The
 orchestrator measures the pipeline's capacity as it runs (`AudioMeter`: audio seconds its
-final stages made per wall second, while streams were being made) and admits a new stream
-when the streams it would then make, plus `HEADROOM`, fit that capacity and none of the
-admitted ones has already fallen behind its listener. Otherwise the request waits in the
-orchestrator's queue, in arrival order: its time to first audio grows, and the server answers
-429 once `--max-queued-requests` requests are queued or running. So an admitted stream never
-stalls because of a later one.
+final stages made per wall second, while streams were being made), and admits a new stream
+only while none of the admitted ones has fallen behind its listener, none still waits for
+its first audio, and each is made at least 1 + `HEADROOM` times faster than real time.
+Otherwise the request waits in the orchestrator's queue, in arrival order: its time to first
+audio grows, and the server answers 429 once `--max-queued-requests` requests are queued or
+running. So an admitted stream does not stall because of a later one.
 
-The capacity made at a given load is what the meter sees; more streams usually make more
-audio per second (batching), so the estimate grows with the load it admits. Until it has
-measured anything, one new stream at a time starts (the next once the last one's first audio
-came). A stage's deploy field `audio_capacity` fixes the capacity instead of measuring it, and
-`real_time_admission: false` admits every request at once.
+NOTE: a batch of streams makes more audio per second than one stream (a step costs about
+the same for 1 row as for 8), up to where the device saturates, which the meter cannot know
+before it gets there. So the measured rate is taken per stream: while the admitted streams
+each get their headroom, one more joins; the first newcomer that pushes them under it stops
+admission (one newcomer at a time, so the overshoot is one stream, spread over all of them).
+Budgeting the measured total for n + 1 streams instead would keep a pipeline whose single
+stream is made at 2x real time serving one stream at a time, however well it batches
+(benchmarks/RESULTS.md, "TTS under load").
+
+A stage's deploy field `audio_capacity` fixes the total instead (audio seconds per wall
+second at any load): then n + 1 streams with their headroom must fit it. `real_time_admission:
+false` admits every request at once.
 """
 
 from __future__ import annotations
@@ -72,7 +79,8 @@ class RealTimeAdmission:
             return True
         if num_behind:
             return False  # the admitted streams come first
-        capacity = self.capacity
-        if capacity is None:
-            return num_unstarted == 0  # not measured yet: one newcomer at a time
-        return (num_streams + 1) * (1 + HEADROOM) <= capacity
+        if self.fixed_capacity is not None:
+            return (num_streams + 1) * (1 + HEADROOM) <= self.fixed_capacity
+        if num_unstarted or self.meter.rate is None:
+            return False  # one newcomer at a time, and a rate measured with it
+        return self.meter.rate / num_streams >= 1 + HEADROOM

@@ -29,8 +29,9 @@ A request runs only the stages it needs (`needed_stages`): with `output_modaliti
 final stages making one of them and every stage upstream of those; the rest never see it.
 It finishes when every final stage it runs has; its last `OmniOutput` carries the media of
 all of them. A request making audio starts only while the real-time budget allows
-(admission.py); until then it waits in `_queued`, in arrival order. Any stage error fails only its request, naming the stage, and
-aborts the request everywhere else; `abort()` does the same with finish_reason "abort".
+(admission.py); until then it waits in `_queued`, in arrival order. Any stage error fails
+only its request, naming the stage, and aborts the request everywhere else; `abort()` does
+the same with finish_reason "abort".
 
 Threads: `submit()` and `abort()` may be called from any thread (they post to an inbox
 and wake the loop). Everything else runs on one thread: the loop `start()` runs, or a
