@@ -93,12 +93,12 @@ class StageDeployConfig:
     default_sampling_params: dict[str, Any] = field(default_factory=dict)
     """Defaults for request params (SamplingParams or DiffusionParams fields) of this stage."""
     real_time_admission: bool = True
-    """A final stage making audio: start a new request only while every admitted stream is made at
+    """A final stage streaming audio: start a new request only while every admitted stream is made at
     least 25% faster than real time (measured as it runs) and none is behind its listener; the others
     wait in the queue, in order (their time to first audio grows; past `--max-queued-requests` the
     server answers 429). False: every request starts at once and all streams share the capacity."""
     audio_capacity: float | None = None
-    """A final stage making audio, with real_time_admission: the seconds of audio it makes per wall
+    """A final stage streaming audio, with real_time_admission: the seconds of audio it makes per wall
     second in all, fixed (all the streams, with 25% to spare, must fit it); None = measured per stream."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment for this stage's worker processes (process plumbing only)."""

@@ -202,11 +202,13 @@ class Orchestrator:
         return {s.id: handles[s.id] for s in self.pipeline.stages}
 
     def _real_time_admission(self) -> tuple[RealTimeAdmission | None, frozenset[int]]:
-        """The admission of the final stages making audio with `real_time_admission` (their ids)."""
-        audio = {s.id for s in self.pipeline.final_stages if "audio" in s.modalities}
+        """The admission of the final stages streaming audio (fed in chunks as their upstream makes
+        them) with `real_time_admission` (their ids). Audio made whole (a diffusion stage, a
+        whole hand-off) has no real-time listener to keep ahead."""
+        audio = {s.id for s in self.pipeline.final_stages if "audio" in s.modalities and s.stream_input}
         for stage in self.pipeline.stages:
             if self.stage_configs[stage.id].audio_capacity is not None and stage.id not in audio:
-                raise ValueError(f"stage {stage.label}: audio_capacity is a field of a final stage making audio")
+                raise ValueError(f"stage {stage.label}: audio_capacity is a field of a final stage streaming audio")
         ids = frozenset(i for i in audio if self.stage_configs[i].real_time_admission)
         if not ids:
             return None, ids
