@@ -3,7 +3,7 @@ with the real-time admission on and off.
 
 Server: `omnistage serve` on each zoo checkpoint (tiny, fp32, inline, 1 torch thread, every stage at
 max_num_seqs 8), each request held to `--frames` codec frames (12.5 a second of 24 kHz audio); run
-twice, with the final audio stage's `real_time_admission` on (the default) and off. Both runs
+twice, with the final audio stage's `real_time_admission` on and off (the default). Both runs
 schedule earliest deadline first (that is not a switch).
 
 Client: `omnistage.bench` (`--task tts`: streamed POST /v1/audio/speech, pcm; Qwen3-Omni: `--task
@@ -100,7 +100,7 @@ def table(rows: list[dict], frames: int, started: float) -> str:
         "N requests sent at once at concurrency N, each stream played by a real-time player from its first audio. "
         "Underrun p99 = the p99 over streams of the time a stream's player stalled (goal <= 100 ms wherever "
         "the server admits the stream); queued = requests that waited for the real-time budget; refused = 429. "
-        "Admission on = `real_time_admission` (the default), off = every request starts at once; both schedule "
+        "Admission on = `real_time_admission: true`, off = every request starts at once; both schedule "
         "earliest deadline first. One run per row. Taken on the shared 2-core machine under load from other "
         "work (load average, 1 min, in the last column): wall times are noisy.",
         "",

@@ -92,8 +92,10 @@ class StageDeployConfig:
     in chunks beside the running decodes. None = 2048."""
     default_sampling_params: dict[str, Any] = field(default_factory=dict)
     """Defaults for request params (SamplingParams or DiffusionParams fields) of this stage."""
-    real_time_admission: bool = True
-    """A final stage streaming audio: start a new request only while every admitted stream is made at
+    real_time_admission: bool = False
+    """Off by default: measured on a loaded 2-core host it cut Qwen3-TTS's audio per wall second at
+    concurrency 8 by ~3x for ~2x shorter stalls (benchmarks/RESULTS.md, "TTS under load"), and it
+    also holds offline batches, which have no listener. On: a final stage streaming audio starts a new request only while every admitted stream is made at
     least 25% faster than real time (measured as it runs) and none is behind its listener; the others
     wait in the queue, in order (their time to first audio grows; past `--max-queued-requests` the
     server answers 429). False: every request starts at once and all streams share the capacity."""

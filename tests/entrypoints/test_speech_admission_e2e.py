@@ -20,7 +20,7 @@ from remote_server import RemoteServer  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
-OVERRIDES = {"0": {"default_sampling_params": {"temperature": 0, "ignore_eos": True}}, "1": {"audio_capacity": 1.5},
+OVERRIDES = {"0": {"default_sampling_params": {"temperature": 0, "ignore_eos": True}}, "1": {"real_time_admission": True, "audio_capacity": 1.5},
              "*": {"max_num_seqs": 4}}
 SPEECH = {"model": "csm", "voice": "alloy", "input": "Hello there.", "response_format": "pcm", "stream_format": "audio"}
 
