@@ -154,7 +154,7 @@ class AdapterSwitch:
             _check_transformer_only(self.loader, "lora.path")
         except Exception as exc:  # noqa: BLE001 - any failure of the file is the caller's: report it
             self.unload(name)
-            return f"cannot load adapter {name!r} from {path}: {first_line(exc)}"
+            return f"cannot load adapter {name!r} from {path}: {short_error(exc)}"
         return None
 
     def unload(self, name: str) -> None:
@@ -163,7 +163,8 @@ class AdapterSwitch:
             self.loader.delete_adapters(name)
 
 
-def first_line(exc: BaseException) -> str:
-    """An exception's first line: peft lists every mismatched tensor after it."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
+def short_error(exc: BaseException) -> str:
+    """An exception's first two lines: torch lists every mismatched tensor, one a line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
+    return f"{type(exc).__name__}: {' '.join(lines[:2])}{more}"
