@@ -109,6 +109,11 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
         "timeout_s": ("Longest wait for the running requests to finish on the old weights; requests arriving "
                       "meanwhile wait and run on the new ones.", 300.0),
     },
+    "LoadLoraAdapterRequest": {
+        "name": ("The name requests give in `lora: {\"name\": ...}`.", "ink"),
+        "path": ("A LoRA file on the server, in diffusers' safetensors format (a bad file is a 400 naming `path` "
+                 "and loads nothing).", "/loras/ink.safetensors"),
+    },
     "SpeechRequest": {
         "input": ("The text to read aloud.", "Hello there!"),
         "voice": ("A built-in voice (CSM: alloy, echo, fable, onyx, nova, shimmer; a Qwen3-TTS CustomVoice "
@@ -405,6 +410,6 @@ REQUEST_SCHEMAS = {"ImageGenerationRequest", "ImageEditRequest", "TranscriptionR
                    "ResponsesRequest", "MessageItem", "FunctionCallItem", "FunctionCallOutputItem", "InputText",
                    "OutputText", "InputImage", "InputAudioData", "InputFile", "Refusal", "FunctionTool",
                    "TextOptions", "TextFormatText", "TextFormatJSONObject", "TextFormatJSONSchema", "Reasoning",
-                   "SleepRequest", "UpdateWeightsRequest", "ChatCompletionBatchRequest",
+                   "SleepRequest", "UpdateWeightsRequest", "LoadLoraAdapterRequest", "ChatCompletionBatchRequest",
                    "SpeechBatchRequest"}
 """The schemas a request body may contain (the others describe answers)."""
