@@ -54,7 +54,7 @@ class StageDeployConfig:
     vae_use_tiling: bool = False
     """Diffusion: decode and encode through the diffusers VAE's own tiling (less memory, more time)."""
     cache_backend: str | None = None
-    """Diffusion step cache: None | "tea_cache" | "first_block_cache" | "easycache" | "cache_dit"."""
+    """Diffusion step cache: None | "tea_cache" | "first_block_cache" | "easycache" | "mag_cache" | "cache_dit"."""
     cache_config: dict[str, Any] = field(default_factory=dict)
     """Options of cache_backend, e.g. {threshold: 0.05} for first_block_cache; an unknown key or a bad
     value is refused at start-up naming cache_config.<key>."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
 
-CACHE_BACKENDS = ("first_block_cache", "tea_cache", "easycache", "cache_dit")
+CACHE_BACKENDS = ("first_block_cache", "tea_cache", "easycache", "mag_cache", "cache_dit")
 """Values of `cache_backend`, each the module of the same name."""
 
 
