@@ -27,8 +27,8 @@ from typing import Any
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.core.parking import check_can_sleep, check_can_update
 from omnistage.core.errors import ErrorKind, RequestError
+from omnistage.core.parking import check_can_sleep, check_can_update
 from omnistage.core.types import InputChunk, StageOutput, StageRequest
 from omnistage.diffusion.accel import check_family, check_supported
 from omnistage.diffusion.checkpoint import CheckpointConfigs
@@ -109,11 +109,10 @@ class DiffusionEngine:
         engine_request = EngineRequest(diffusion_request, freeze(key), arrival_time=self.clock(),
                                        num_steps=diffusion_request.params.num_inference_steps)
         with self._lock:  # the scheduler refuses a request_id already running
-            if lora_path is None or self.loras.acquire(diffusion_request.params.lora.name, lora_path,
-                                                       self._loras_in_use()):
-                self.scheduler.add_request(engine_request)
-            else:
+            if lora_path is not None and not self._take_slot(diffusion_request.params.lora.name, lora_path):
                 self._lora_waiting.append((engine_request, lora_path))
+            else:
+                self.scheduler.add_request(engine_request)
 
     def _add_update(self, request_id: str, update: dict) -> None:
         """Held for the request's next batch; ignored once it has ended (or where the family
@@ -171,7 +170,7 @@ class DiffusionEngine:
         """Load adapter `name` from `path` now (POST /v1/lora_adapters). RequestError naming `path`
         (a bad file, loads nothing) or `name`; RuntimeError when every slot holds an adapter in use."""
         with self._lock:
-            lora, lora_path = self.loras.resolve(LoraRequest(name=name, path=path), field="")
+            _, lora_path = self.loras.resolve(LoraRequest(name=name, path=path), field="")
             if lora_path is not None and not self.loras.acquire(name, lora_path, self._loras_in_use(), field=""):
                 raise RuntimeError(f"every one of the max_loras={self.loras.max_loras} adapter slots holds an adapter "
                                    f"a queued or running request uses; try again when one ends")
@@ -180,6 +179,13 @@ class DiffusionEngine:
         """Unload adapter `name` and forget it (DELETE /v1/lora_adapters/{name})."""
         with self._lock:
             self.loras.forget(name, self._loras_in_use())
+
+    def _take_slot(self, name: str, path: str) -> bool:
+        """Whether adapter `name` is loaded for a new request now (False: it waits). One that needs
+        a slot does not jump the requests already waiting for one."""
+        if self._lora_waiting and name not in self.loras.loaded:
+            return False
+        return self.loras.acquire(name, path, self._loras_in_use())
 
     def _loras_in_use(self) -> set[str]:
         return {r.request.params.lora.name for r in self.scheduler.requests.values() if r.request.params.lora}
