@@ -4,9 +4,8 @@ a small threshold skips some forwards and stays close to the uncached output; a 
 output and skip count are the same alone or batched with a request at another step; bad
 settings are refused by name.
 
-Not tested here: CFG parallel and Ulysses on two ranks (a rank spawn costs ~10 s, over this
-file's budget); the cache wraps the guidance function CFG parallel installs, as TeaCache and
-EasyCache do, and test_declared_accelerations.py runs it at threshold 0 on every family."""
+On two ranks (CFG parallel, Ulysses): test_declared_accelerations.py, in the spawn it already
+makes (`CACHED_PARALLEL`): the ranks skip what one rank skips and give its output."""
 
 from __future__ import annotations
 
