@@ -6,8 +6,8 @@ One request per run (seed 0), the zoo's small Qwen-Image and Z-Image (256x256) a
 
 - ours, no cache: the native pipeline loaded through the stage's load path
   (`from_pretrained` with the deploy config), `denoise` + `decode_arrays`; the baseline;
-- ours with `cache_backend` first_block_cache / tea_cache / easycache / cache_dit at each
-  threshold of `--grid` (first_block_cache, easycache and cache_dit: `warmup_steps` /
+- ours with `cache_backend` first_block_cache / tea_cache / easycache / mag_cache / cache_dit at
+  each threshold of `--grid` (first_block_cache, easycache, mag_cache and cache_dit: `warmup_steps` /
   `max_warmup_steps` = `--warmup`, cache_dit F1B0);
 - diffusers, no cache, and cache-dit's DBCache (F1B0, the same grid and warm-up) applied to
   the diffusers pipeline itself with `cache_dit.enable_cache(pipe, ...)`.
@@ -43,8 +43,9 @@ from common import add_device_args, synchronize, torch_dtype, write_section
 
 MODELS = {"qwen-image": "QwenImagePipeline", "z-image": "ZImagePipeline", "wan-t2v": "WanPipeline"}
 THRESHOLD = {"first_block_cache": "threshold", "tea_cache": "rel_l1_thresh", "easycache": "threshold",
-             "cache_dit": "residual_diff_threshold"}
-WARMUP = {"first_block_cache": "warmup_steps", "easycache": "warmup_steps", "cache_dit": "max_warmup_steps"}
+             "mag_cache": "threshold", "cache_dit": "residual_diff_threshold"}
+WARMUP = {"first_block_cache": "warmup_steps", "easycache": "warmup_steps", "mag_cache": "warmup_steps",
+          "cache_dit": "max_warmup_steps"}
 BATCHED_BRANCHES = {"z-image"}  # cond and uncond in one transformer call
 
 
@@ -195,7 +196,7 @@ def main() -> None:
     parser.add_argument("--backends", nargs="+", default=list(THRESHOLD), choices=list(THRESHOLD))
     parser.add_argument("--grid", nargs="+", type=float, default=[0.05, 0.1, 0.2, 0.4, 0.8, 1.5])
     parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--warmup", type=int, default=8, help="always-computed first steps (FBC, cache-dit)")
+    parser.add_argument("--warmup", type=int, default=8, help="always-computed first steps (FBC, EasyCache, MagCache, cache-dit)")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--size", default="small", choices=["tiny", "small"])
@@ -242,7 +243,7 @@ def main() -> None:
         rows = nearest(rows, args.targets)
     body = (f"One request, {args.steps} steps, CFG on, zoo {args.size} models (256x256 images; Wan 128x128, "
             f"5 frames), {args.dtype} on {args.device}, {args.threads} torch thread(s), best of {args.repeats}; "
-            f"first_block_cache, easycache and cache-dit F1B0 with {args.warmup} warm-up steps. Speed-ups are against "
+            f"first_block_cache, easycache, mag_cache and cache-dit F1B0 with {args.warmup} warm-up steps. Speed-ups are against "
             "the same side's uncached run in the same process (ours vs ours; diffusers + cache-dit vs "
             "diffusers). Random-weight models, not real checkpoints: the curves show the mechanics, not "
             f"the quality a real checkpoint keeps. Load average (1 min) {load_before:.1f} at the start, "

@@ -44,6 +44,7 @@ run benchmarks/bench_realtime.py
 run benchmarks/bench_asr.py
 run benchmarks/bench_cache.py
 run benchmarks/bench_memory.py --compile
+run benchmarks/bench_lora.py
 run benchmarks/bench_parallel.py --repeats 1
 run benchmarks/bench_ray.py
 run benchmarks/bench_replicas.py

@@ -54,7 +54,7 @@ class StageDeployConfig:
     vae_use_tiling: bool = False
     """Diffusion: decode and encode through the diffusers VAE's own tiling (less memory, more time)."""
     cache_backend: str | None = None
-    """Diffusion step cache: None | "tea_cache" | "first_block_cache" | "easycache" | "cache_dit"."""
+    """Diffusion step cache: None | "tea_cache" | "first_block_cache" | "easycache" | "mag_cache" | "cache_dit"."""
     cache_config: dict[str, Any] = field(default_factory=dict)
     """Options of cache_backend, e.g. {threshold: 0.05} for first_block_cache; an unknown key or a bad
     value is refused at start-up naming cache_config.<key>."""
@@ -71,6 +71,10 @@ class StageDeployConfig:
     """Diffusion: LoRA files fused into the weights at load: [{path, scale (default 1.0)}, ...]."""
     lora_adapters: dict[str, str] = field(default_factory=dict)
     """Diffusion: LoRA files loaded side by side, by name; a request picks one with `lora: {name, scale}`."""
+    max_loras: int = 0
+    """Diffusion: most LoRA adapters loaded by path while serving (a request's `lora: {name, path}`, or
+    `POST /v1/lora_adapters`), the least recently used one not in use unloaded to make room; 0 = no
+    adapter may be loaded by path. The `lora_adapters` ones stay loaded and are not counted."""
     compile: bool = False
     """Diffusion: regional torch.compile of the transformer's blocks. AR (native, CUDA only): decode
     steps replayed from CUDA graphs. AR (vllm): False = vLLM's enforce_eager."""
@@ -197,6 +201,7 @@ STAGE_CONSTRAINTS = {
     "max_num_batched_tokens": at_least(1),
     "audio_capacity": lambda v: None if v > 0 else f"must be > 0 audio seconds per wall second, got {v!r}",
     "lora": _check_lora_entries,
+    "max_loras": at_least(0),
     "ray_resources": lambda v: next((f"{k}: must be >= 0, got {n!r}" for k, n in v.items() if n < 0), None),
     "max_restarts": at_least(0),
     "restart_backoff_s": at_least(0),
@@ -335,7 +340,7 @@ _STAGE_DEFAULTS = {
 KIND_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
     "diffusion": ("step_execution", "cfg_parallel_size", "ulysses_degree", "ring_degree",
                   "vae_patch_parallel_size", "vae_use_tiling", "cache_backend", "cache_config",
-                  "offload_blocks_per_group", "lora_adapters"),
+                  "offload_blocks_per_group", "lora_adapters", "max_loras"),
     "ar": ("max_model_len", "ar_backend", "kv_cache_memory", "enable_prefix_caching", "max_num_batched_tokens"),
 }
 """Deploy fields only one stage kind reads; every other field applies to all kinds."""

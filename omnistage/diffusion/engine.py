@@ -19,6 +19,7 @@ refuses new work.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -26,12 +27,15 @@ from typing import Any
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
+from omnistage.core.errors import ErrorKind, RequestError
 from omnistage.core.parking import check_can_sleep, check_can_update
 from omnistage.core.types import InputChunk, StageOutput, StageRequest
 from omnistage.diffusion.accel import check_family, check_supported
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.executor import Executor, WorkerDiedError, get_executor_class
 from omnistage.diffusion.inputs import check_default_params, freeze, seeded, to_diffusion_request
+from omnistage.diffusion.lora_set import LoraSet
+from omnistage.diffusion.params import LoraRequest
 from omnistage.diffusion.progress import ProgressBar
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.diffusion.runner import error_message
@@ -70,6 +74,9 @@ class DiffusionEngine:
         self._updates: dict[str, list[dict]] = {}  # request_id -> prompt updates for the next batch
         self.executor: Executor = get_executor_class(config.executor)(
             WorkerConfig(self.model_path, self.pipeline_cls, devices, config))
+        self.loras = LoraSet(dict(config.lora_adapters), config.max_loras, self._load_lora, self._unload_lora)
+        self._lora_waiting: list[tuple[EngineRequest, str]] = []
+        """Requests whose adapter waits for a free `max_loras` slot, in arrival order, with its path."""
 
     def _make_scheduler(self, config: StageDeployConfig, clock: Callable[[], float]):
         cap = getattr(self.pipeline_cls, "max_batch_size", None)
@@ -87,7 +94,7 @@ class DiffusionEngine:
         checker = _pipeline_class(stage, configs).for_requests(configs, config)
 
         def check(request: StageRequest) -> None:
-            _prepare(checker, request)
+            _prepare(checker, request)  # an adapter by path is checked on arrival (the engine's LoraSet)
 
         return check
 
@@ -98,10 +105,14 @@ class DiffusionEngine:
             return self._add_update(request.request_id, request.inputs.inputs)
         if not self.is_healthy():
             raise RuntimeError(f"diffusion engine is unhealthy and takes no new requests: {self._dead}")
-        diffusion_request, key = _prepare(self.checker, request)
+        diffusion_request, key, lora_path = _prepare(self.checker, request, self.loras)
+        engine_request = EngineRequest(diffusion_request, freeze(key), arrival_time=self.clock(),
+                                       num_steps=diffusion_request.params.num_inference_steps)
         with self._lock:  # the scheduler refuses a request_id already running
-            self.scheduler.add_request(EngineRequest(diffusion_request, freeze(key), arrival_time=self.clock(),
-                                                     num_steps=diffusion_request.params.num_inference_steps))
+            if lora_path is not None and not self._take_slot(diffusion_request.params.lora.name, lora_path):
+                self._lora_waiting.append((engine_request, lora_path))
+            else:
+                self.scheduler.add_request(engine_request)
 
     def _add_update(self, request_id: str, update: dict) -> None:
         """Held for the request's next batch; ignored once it has ended (or where the family
@@ -115,17 +126,20 @@ class DiffusionEngine:
     def abort_request(self, request_id: str) -> None:
         with self._lock:
             self.scheduler.abort_request(request_id)
+            self._lora_waiting = [(r, p) for r, p in self._lora_waiting if r.request_id != request_id]
             self._updates.pop(request_id, None)
 
     def step(self) -> list[StageOutput]:
         if not self.is_healthy():
             raise WorkerDiedError(self._dead)
         with self._lock:
+            refused = self._admit_lora_waiting()
             batch = self.scheduler.schedule()
             batch.updates = {rid: self._updates.pop(rid) for rid in batch.req_ids if rid in self._updates}
         if batch.is_empty:
-            self._idle()
-            return []
+            if not refused:
+                self._idle()
+            return refused
         on_progress = self.progress.update if self.progress.enabled else None
         try:
             output = self.executor.execute(batch, on_progress=on_progress)
@@ -139,13 +153,67 @@ class DiffusionEngine:
             finished = self.scheduler.update(batch, output)
             for req in finished:
                 self._updates.pop(req.request_id, None)
-            outputs = self._outputs(output, finished)
+            outputs = refused + self._outputs(output, finished)
         if not self.has_unfinished_requests():
             self.progress.close()
         return outputs
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or bool(self._lora_waiting)
+
+    # -- LoRA adapters loaded by path (deploy max_loras; diffusion/lora_set.py) -----------
+
+    def list_lora_adapters(self) -> list[dict]:
+        return self.loras.describe()
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load adapter `name` from `path` now (POST /v1/lora_adapters). RequestError naming `path`
+        (a bad file, loads nothing) or `name`; RuntimeError when every slot holds an adapter in use."""
+        with self._lock:
+            _, lora_path = self.loras.resolve(LoraRequest(name=name, path=path), field="")
+            if lora_path is not None and not self.loras.acquire(name, lora_path, self._loras_in_use(), field=""):
+                raise RuntimeError(f"every one of the max_loras={self.loras.max_loras} adapter slots holds an adapter "
+                                   f"a queued or running request uses; try again when one ends")
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Unload adapter `name` and forget it (DELETE /v1/lora_adapters/{name})."""
+        with self._lock:
+            self.loras.forget(name, self._loras_in_use())
+
+    def _take_slot(self, name: str, path: str) -> bool:
+        """Whether adapter `name` is loaded for a new request now (False: it waits). One that needs
+        a slot does not jump the requests already waiting for one."""
+        if self._lora_waiting and name not in self.loras.loaded:
+            return False
+        return self.loras.acquire(name, path, self._loras_in_use())
+
+    def _loras_in_use(self) -> set[str]:
+        return {r.request.params.lora.name for r in self.scheduler.requests.values() if r.request.params.lora}
+
+    def _load_lora(self, name: str, path: str) -> str | None:
+        problems = [p for p in self.executor.collective_rpc("load_lora", name, path) if p is not None]
+        if problems:  # one rank failed: the others drop it too, so every rank holds the same set
+            self.executor.collective_rpc("unload_lora", name)
+        return problems[0] if problems else None
+
+    def _unload_lora(self, name: str) -> None:
+        self.executor.collective_rpc("unload_lora", name)
+
+    def _admit_lora_waiting(self) -> list[StageOutput]:
+        """Queue the waiting requests whose adapter now has a slot, in arrival order; the refusals
+        of those whose file did not load."""
+        refused = []
+        while self._lora_waiting:
+            request, path = self._lora_waiting[0]
+            try:
+                if not self.loras.acquire(request.request.params.lora.name, path, self._loras_in_use()):
+                    break
+                self.scheduler.add_request(request)
+            except RequestError as e:
+                refused.append(StageOutput(request.request_id, None, finished=True, error=e.message,
+                                           error_kind=ErrorKind.INVALID_REQUEST, error_param=e.param))
+            self._lora_waiting.pop(0)
+        return refused
 
     def sleep(self, level: int) -> int:
         """When idle: every rank moves its pipeline's weights off the accelerator (level 1), or frees
@@ -168,7 +236,7 @@ class DiffusionEngine:
         """Weights are copied into the loaded tensors by name: not into quantized or LoRA-fused ones,
         nor into layers that layerwise offload streams from its own host copies."""
         changed = [f"{name}={getattr(self.config, name)!r}" for name in ("quantization", "lora", "lora_adapters",
-                                                                         "offload")
+                                                                         "max_loras", "offload")
                    if getattr(self.config, name)]
         if changed:
             raise RuntimeError(f"{what}: not with {', '.join(changed)} (the loaded weights are not the "
@@ -236,7 +304,14 @@ def _pipeline_class(stage: StageSpec | None, configs: CheckpointConfigs) -> type
     return pipeline_class(stage.model if stage is not None and stage.model else configs.class_name)
 
 
-def _prepare(checker, request: StageRequest) -> tuple:
-    """(the checked, seeded request, its batch key); RequestError naming the field."""
+def _prepare(checker, request: StageRequest, loras: LoraSet | None = None) -> tuple:
+    """(the checked, seeded request, its batch key, the path its LoRA adapter loads from: None
+    when the engine needs not load one); RequestError naming the field."""
     diffusion_request = seeded(checker.prepare_request(to_diffusion_request(request)))
-    return diffusion_request, checker.batch_key(diffusion_request.params)
+    lora_path = None
+    if loras is not None and diffusion_request.params.lora is not None:
+        lora, lora_path = loras.resolve(diffusion_request.params.lora)
+        diffusion_request = dataclasses.replace(diffusion_request,
+                                                params=diffusion_request.params.model_copy(update={"lora": lora}))
+    return diffusion_request, checker.batch_key(diffusion_request.params), lora_path
+

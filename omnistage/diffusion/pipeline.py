@@ -32,6 +32,7 @@ from omnistage.core.types import ImagePayload, VideoPayload
 from omnistage.diffusion.accel.declaration import NONE, Accelerations, check_declared
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Predict, guided_predictions
+from omnistage.diffusion.lora_set import unknown_adapter
 from omnistage.diffusion.params import DiffusionParams, ExtraSpec, fill_defaults, validate_extras
 from omnistage.diffusion.request import DiffusionRequest
 
@@ -129,6 +130,9 @@ class DiffusionPipelineBase(ABC):
         them by adapter (accel/lora.py)."""
         self.lora_adapters: tuple[str, ...] = ()
         """Names of the LoRA adapters a request may choose (`lora_adapters` deploy field)."""
+        self.max_loras = 0
+        """Most adapters loaded by path (`max_loras` deploy field); above 0, the engine's LoraSet
+        checks a request's adapter (diffusion/lora_set.py), since only it knows which it loaded."""
         self.deploy_defaults: dict[str, Any] = {}
         """The stage's deploy `default_sampling_params`: they win over `request_defaults()`."""
         configs = configs or CheckpointConfigs({}, {})
@@ -152,6 +156,7 @@ class DiffusionPipelineBase(ABC):
         DiffusionPipelineBase.__init__(checker, {}, "cpu", torch.float32, configs)
         if deploy is not None:
             checker.lora_adapters = tuple(sorted(deploy.lora_adapters))
+            checker.max_loras = deploy.max_loras
             checker.deploy_defaults = dict(deploy.default_sampling_params)
         return checker
 
@@ -211,9 +216,11 @@ class DiffusionPipelineBase(ABC):
         """Fill defaults (the deploy's, then the family's) and validate extras; raises
         ValueError naming the field."""
         params = fill_defaults(params, self.deploy_defaults, self.request_defaults())
-        if params.lora is not None and params.lora.name not in self.lora_adapters:
-            served = ", ".join(self.lora_adapters) or "none (no lora_adapters in the deploy config)"
-            raise RequestError("lora.name", f"lora.name: unknown adapter {params.lora.name!r}; this model serves: {served}")
+        if params.lora is not None and not self.max_loras:
+            if params.lora.path is not None:
+                raise RequestError("lora.path", "lora.path: this stage loads no adapter by path (deploy max_loras: 0)")
+            if params.lora.name not in self.lora_adapters:
+                raise unknown_adapter(params.lora.name, self.lora_adapters)
         return params.model_copy(update={"extras": validate_extras(params.extras, self.extras)})
 
     def check_inputs(self, request: DiffusionRequest) -> None:

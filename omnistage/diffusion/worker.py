@@ -119,6 +119,15 @@ class DiffusionWorker:
         self._weights_path = path
         return num
 
+    def load_lora(self, name: str, path: str) -> str | None:
+        """Load LoRA adapter `name` from `path` (deploy `max_loras`); why it cannot, or None. A
+        reason, not an exception: it must reach the engine as the caller's mistake from every executor."""
+        with device_scope(self.device):
+            return self.runner.pipeline.step_runner.load(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        self.runner.pipeline.step_runner.unload(name)
+
     def _modules(self) -> dict[str, torch.nn.Module]:
         """The pipeline's torch components by name (the subfolders of its checkpoint)."""
         return {name: c for name, c in self.runner.pipeline.components.items() if isinstance(c, torch.nn.Module)}

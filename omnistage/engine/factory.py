@@ -46,7 +46,7 @@ def get_engine_class(kind: str, ar_backend: str = "native") -> type:
 
 
 NOT_YET_IMPLEMENTED = {
-    "offload": None, "quantization": None, "ignored_layers": (), "lora": None, "lora_adapters": {},
+    "offload": None, "quantization": None, "ignored_layers": (), "lora": None, "lora_adapters": {}, "max_loras": 0,
     "compile": False, "attention_backend": "sdpa", "tensor_parallel_size": 1,
 }
 """Deploy fields of AR and generation stages that the schema accepts but no engine of theirs

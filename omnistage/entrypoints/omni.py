@@ -269,6 +269,46 @@ class AsyncOmni:
             orchestrator.release()
         return reply[0] if isinstance(reply, list) else reply  # a replica set replies per copy
 
+    # --- LoRA adapters loaded by path -----------------------------------------------------------
+
+    async def list_lora_adapters(self) -> list[dict]:
+        """The LoRA adapters of every diffusion stage that serves some (deploy `lora_adapters` or
+        `max_loras`): name, path, loaded (held now, on the stage's first copy), source ("deploy"
+        or "path") and stage (its name)."""
+        adapters = []
+        for stage in self._lora_stages(hot=False):
+            reply = await asyncio.wrap_future(replicas_of(self.orchestrator.handles[stage.id])[0]
+                                              .call("list_lora_adapters"))
+            adapters += [{**adapter, "stage": stage.name} for adapter in reply]
+        return adapters
+
+    async def load_lora_adapter(self, name: str, path: str | Path) -> None:
+        """Load LoRA adapter `name` from file `path` now, on every copy of every stage with
+        `max_loras`, as a request's `lora: {name, path}` would on first use. RequestError naming
+        `path` (a missing file, an adapter for another model: nothing is loaded) or `name`;
+        RuntimeError when every slot holds an adapter that a queued or running request uses."""
+        await self._call_lora_stages("load_lora_adapter", name, str(Path(path).expanduser()))
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """Unload adapter `name` (loaded by path) and forget it. RequestError naming `name` for an
+        unknown or deploy-declared one; RuntimeError while a request uses it."""
+        await self._call_lora_stages("unload_lora_adapter", name)
+
+    async def _call_lora_stages(self, method: str, *args: Any) -> None:
+        calls = [replica.call(method, *args) for stage in self._lora_stages(hot=True)
+                 for replica in replicas_of(self.orchestrator.handles[stage.id])]
+        await asyncio.gather(*map(asyncio.wrap_future, calls))
+
+    def _lora_stages(self, hot: bool) -> list:
+        """The diffusion stages that load adapters by path (`hot`), or that serve any."""
+        def serves(config) -> bool:
+            return config.max_loras > 0 or (not hot and bool(config.lora_adapters))
+
+        stages = [s for s in self.spec.stages if s.kind == "diffusion" and serves(self.config.stage_config(s.id))]
+        if hot and not stages:
+            raise RuntimeError("no stage of this model loads LoRA adapters by path (deploy max_loras: 0)")
+        return stages
+
     def _stage_id(self, stage: str | int) -> int:
         for s in self.spec.stages:
             if stage in (s.id, s.name) and not isinstance(stage, bool):

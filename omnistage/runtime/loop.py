@@ -10,7 +10,8 @@ exceptions that escape:
                                       unhealthy, it panicked); `crashed` as in WorkerDiedError
     ("beat", slowest_step_s)          the loop is alive (process and Ray loops only)
     ("reply", call_id, ok, value[, invalid])  the answer to a control call (`invalid`: it
-                                      raised ValueError, the caller's arguments were wrong)
+                                      raised ValueError, the caller's arguments were wrong;
+                                      a RequestError travels as itself, naming its field)
 
 It tracks no requests: the supervisor on the other side of the endpoint does. An inline
 endpoint drives an `EngineServer` from the orchestrator's thread; `serve()` is the busy loop
@@ -26,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from omnistage.core.errors import ErrorKind
+from omnistage.core.errors import ErrorKind, RequestError
 from omnistage.core.types import StageOutput
 from omnistage.runtime.process import WorkerDiedError
 
@@ -62,6 +63,8 @@ class EngineServer:
             call_id, method, args = body
             try:
                 self._events.append(("reply", call_id, True, getattr(self.engine, method)(*args)))
+            except RequestError as e:  # typed: the field it names reaches the caller
+                self._events.append(("reply", call_id, False, e, True))
             except Exception as e:  # a ValueError is the caller's (bad arguments): it stays one on the other side
                 self._events.append(("reply", call_id, False, describe(e), isinstance(e, ValueError)))
 

@@ -273,7 +273,11 @@ class Supervisor:
     def _resolve(self, call_id: int, ok: bool, value: Any, invalid: bool = False) -> None:
         future = self._calls.pop(call_id, None)
         if future is not None:
-            future.set_result(value) if ok else future.set_exception((ValueError if invalid else RuntimeError)(value))
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value if isinstance(value, BaseException) else
+                                     (ValueError if invalid else RuntimeError)(value))
         elif not ok:  # a standing call no one waits for
             logger.error("stage %s: a standing call failed on the rebuilt engine: %s", self.label, value)
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
 
-CACHE_BACKENDS = ("first_block_cache", "tea_cache", "easycache", "cache_dit")
+CACHE_BACKENDS = ("first_block_cache", "tea_cache", "easycache", "mag_cache", "cache_dit")
 """Values of `cache_backend`, each the module of the same name."""
 
 
@@ -70,7 +70,7 @@ class Accelerations:
     quantization: bool = False
     """`quantization`: weight-only int8 / fp8 of its transformer's linear layers."""
     lora: bool = False
-    """`lora` and `lora_adapters`, through its diffusers pipeline's LoRA loader."""
+    """`lora`, `lora_adapters` and `max_loras`, through its diffusers pipeline's LoRA loader."""
     compile: bool = False
     """`compile: true`: regional compile of its transformer's repeated blocks."""
     refused: Mapping[str, str] = field(default_factory=dict)
@@ -107,6 +107,7 @@ def requested(deploy: StageDeployConfig) -> list[tuple[str, Any]]:
         ("quantization", deploy.quantization is not None, deploy.quantization),
         ("lora", bool(deploy.lora), "[...]"),
         ("lora_adapters", bool(deploy.lora_adapters), "{...}"),
+        ("max_loras", deploy.max_loras > 0, deploy.max_loras),
         ("compile", deploy.compile, deploy.compile),
     ]
     return [(name, value) for name, is_on, value in on if is_on]
@@ -125,6 +126,7 @@ def takes(decl: Accelerations, name: str, value: Any) -> bool:
         "quantization": decl.quantization,
         "lora": decl.lora,
         "lora_adapters": decl.lora,
+        "max_loras": decl.lora,
         "compile": decl.compile,
     }[name]
 

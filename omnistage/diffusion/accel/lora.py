@@ -11,6 +11,9 @@
   adapter (`set_adapters`, or `disable_lora` for requests without one) before its
   `denoise_step`. Per-request adapters may only touch the transformer: a text-encoder LoRA
   would have to follow the request into `encode` too, so it is refused by name.
+- `max_loras: N` (hot): adapters are also loaded and unloaded while the stage serves
+  (`AdapterSwitch.load` / `unload`, called by the worker). Which ones, and when, the engine
+  decides (diffusion/lora_set.py); here a failed load leaves nothing behind.
 
 The loader is the family's diffusers pipeline class (`load_lora_weights`, which converts
 the LoRA formats diffusers knows), built over our pipeline's own components, so the
@@ -21,6 +24,7 @@ is refused before this runs; its own diffusers pipeline would be the loader.)
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -42,12 +46,15 @@ class LoraConfig:
     """Fused at load, in order."""
     adapters: tuple[tuple[str, str], ...] = ()
     """(name, path) of the adapters requests choose from."""
+    max_loras: int = 0
+    """Most adapters loaded by path while serving (0: none)."""
 
 
 def from_deploy(deploy: StageDeployConfig) -> LoraConfig | None:
     static = tuple(StaticLora(str(e["path"]), float(e.get("scale", 1.0))) for e in deploy.lora or ())
     adapters = tuple(sorted(deploy.lora_adapters.items()))
-    return LoraConfig(static, adapters) if static or adapters else None
+    config = LoraConfig(static, adapters, deploy.max_loras)
+    return config if static or adapters or config.max_loras else None
 
 
 def apply(pipeline: Any, config: LoraConfig) -> None:
@@ -59,18 +66,24 @@ def apply(pipeline: Any, config: LoraConfig) -> None:
         loader.set_adapters(names, adapter_weights=[e.scale for e in config.static])
         loader.fuse_lora(adapter_names=names)
         loader.unload_lora_weights()  # the merged weights stay; the LoRA layers go
-    if config.adapters:
+    if config.adapters or config.max_loras:
+        field = "lora_adapters" if config.adapters else "max_loras"
         if "transformer" not in pipeline.components:
-            raise ValueError(f"lora_adapters: {pipeline.reference_class} has no transformer to switch adapters on")
+            raise ValueError(f"{field}: {pipeline.reference_class} has no transformer to switch adapters on")
         for name, path in config.adapters:
             _load(loader, path, name)
-        outside = {component: names for component, names in loader.get_list_adapters().items()
-                   if component != "transformer" and names}
-        if outside:
-            raise ValueError(f"lora_adapters: {outside} also adapt other components than the transformer; per-request "
-                             f"adapters may only adapt the transformer (fuse the others with the static `lora` field)")
+        _check_transformer_only(loader, "lora_adapters")
         pipeline.lora_adapters = tuple(name for name, _ in config.adapters)
-        pipeline.step_runner = AdapterSwitch(pipeline.components["transformer"])
+        pipeline.max_loras = config.max_loras
+        pipeline.step_runner = AdapterSwitch(pipeline.components["transformer"], loader)
+
+
+def _check_transformer_only(loader: Any, field: str) -> None:
+    outside = {component: names for component, names in loader.get_list_adapters().items()
+               if component != "transformer" and names}
+    if outside:
+        raise ValueError(f"{field}: {outside} also adapt other components than the transformer; per-request "
+                         f"adapters may only adapt the transformer (fuse the others with the static `lora` field)")
 
 
 def _load(loader: Any, path: str, name: str) -> None:
@@ -106,8 +119,9 @@ class AdapterSwitch:
     """The pipeline's step runner with per-request adapters: one `denoise_step` per group of
     states sharing (adapter, scale), that adapter active on the transformer while it runs."""
 
-    def __init__(self, transformer: Any):
+    def __init__(self, transformer: Any, loader: Any):
         self.transformer = transformer
+        self.loader = loader
         self.active: tuple[str, float] | None | str = "unset"
 
     def __call__(self, states: list[DenoiseState], denoise_step: Callable[[list[DenoiseState]], None]) -> None:
@@ -121,8 +135,36 @@ class AdapterSwitch:
         if key == self.active:
             return
         if key is None:
-            self.transformer.disable_lora()
+            if getattr(self.transformer, "peft_config", None):  # no adapter loaded yet: nothing to disable
+                self.transformer.disable_lora()
         else:
             self.transformer.enable_lora()
             self.transformer.set_adapters([key[0]], weights=[key[1]])
         self.active = key
+
+    def load(self, name: str, path: str) -> str | None:
+        """Load adapter `name` from LoRA file `path` beside the others; the reason it cannot
+        (a missing or unreadable file, an adapter for another model: shapes or module names
+        that do not match), with nothing of it left loaded, or None."""
+        if not Path(path).is_file():  # diffusers would take any other string for a hub repo id
+            return f"no LoRA file {path!r} on the server"
+        self.active = "unset"  # loading may change which adapters peft has active
+        try:
+            self.loader.load_lora_weights(path, adapter_name=name)
+            _check_transformer_only(self.loader, "lora.path")
+        except Exception as exc:  # noqa: BLE001 - any failure of the file is the caller's: report it
+            self.unload(name)
+            return f"cannot load adapter {name!r} from {path}: {short_error(exc)}"
+        return None
+
+    def unload(self, name: str) -> None:
+        self.active = "unset"
+        if any(name in names for names in self.loader.get_list_adapters().values()):
+            self.loader.delete_adapters(name)
+
+
+def short_error(exc: BaseException) -> str:
+    """An exception's first two lines: torch lists every mismatched tensor, one a line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
+    return f"{type(exc).__name__}: {' '.join(lines[:2])}{more}"

@@ -1,4 +1,4 @@
-"""What the step caches (tea_cache.py, first_block_cache.py, easycache.py) share: hooks on a family's
+"""What the step caches (tea_cache.py, first_block_cache.py, easycache.py, mag_cache.py) share: hooks on a family's
 transformer blocks that skip the blocks on steps where their output barely changes,
 deciding per request.
 
@@ -93,7 +93,14 @@ class BranchCache:
     output: torch.Tensor | None = None
     """EasyCache: the blocks' output at the last computed step."""
     rate: float | None = None
-    """EasyCache: output change / input change between the last two computed steps."""
+    """EasyCache: output change / input change between the last two computed steps. MagCache: the
+    per-step ratio of the residual's magnitude between them."""
+    ratio: float = 1.0
+    """MagCache: the product of the per-step ratios over the steps skipped since the last computed one."""
+    skipped: int = 0
+    """MagCache: steps skipped in a row."""
+    gap: int = 1
+    """MagCache: steps between the last two computed ones."""
 
 
 @dataclass

@@ -74,6 +74,8 @@ from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.entrypoints.openai.sleep.api_router import attach_router as attach_sleep
 from omnistage.entrypoints.openai.sleep.serving import SleepServing
 from omnistage.entrypoints.openai.weights.api_router import attach_router as attach_weights
+from omnistage.entrypoints.openai.lora.api_router import attach_router as attach_lora
+from omnistage.entrypoints.openai.lora.serving import LoraServing
 from omnistage.entrypoints.openai.weights.serving import WeightsServing
 from omnistage.entrypoints.openai.videos.api_router import attach_router as attach_videos
 from omnistage.entrypoints.openai.videos.serving import VideoServing
@@ -131,6 +133,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.audio_generate_serving = AudioGenerateServing(gateway, capabilities, settings)
     app.state.sleep_serving = SleepServing(engine)
     app.state.weights_serving = WeightsServing(engine)
+    app.state.lora_serving = LoraServing(engine)
     app.state.transcription_serving = TranscriptionServing(gateway, capabilities, settings)
     app.state.realtime_serving = RealtimeServing(gateway, capabilities, settings)
 
@@ -144,7 +147,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
 
     _attach_system_routes(app)
     for attach in (attach_images, attach_videos, attach_chat, attach_responses, attach_completions, attach_audio,
-                   attach_sleep, attach_weights, attach_realtime, attach_realtime_video):
+                   attach_sleep, attach_weights, attach_lora, attach_realtime, attach_realtime_video):
         attach(app)
     if settings.playground:
         attach_playground(app)

@@ -36,7 +36,8 @@ class DiffusionFields(BaseModel):
     true_cfg_scale: float | None = Field(default=None, ge=0)
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     lora: LoraRequest | None = None
-    """A LoRA adapter the stage preloaded (deploy `lora_adapters`): {"name": ..., "scale": ...}."""
+    """A LoRA adapter by name ({"name": ..., "scale": ...}), or a file loaded on first use
+    ({"name": ..., "path": ...}, deploy `max_loras`)."""
 
     def diffusion_fields(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in DiffusionFields.model_fields if getattr(self, k) is not None}

@@ -29,7 +29,7 @@ _WHY = {
     400: "Invalid request: the body names the field (`error.param`)",
     401: "Missing or invalid API key (when the server has one)",
     404: "Unknown model, route, file, video or voice",
-    409: "A voice of that name exists, or the video job has not completed",
+    409: "A voice of that name exists, the video job has not completed, or a LoRA adapter is in use",
     413: "Request body over the server's limit",
     415: "Wrong Content-Type",
     429: "Too many requests queued; retry after `retry-after` seconds",
@@ -54,6 +54,9 @@ _BY_ROUTE: dict[tuple[str, str], tuple[int, ...]] = {
     ("delete", "/v1/responses/{response_id}"): (401, 404, 500),
     ("post", "/v1/responses/{response_id}/cancel"): (400, 401, 404, 500),  # 400: not a running background one
     ("get", "/v1/responses/{response_id}/input_items"): (400, 401, 404, 500),  # `after` naming no item
+    ("get", "/v1/lora_adapters"): (401, 500),
+    ("post", "/v1/lora_adapters"): (400, 401, 409, 413, 415, 500),  # 409: no free slot, or max_loras: 0
+    ("delete", "/v1/lora_adapters/{name}"): (400, 401, 409, 500),  # 409: in use
 }
 
 _STREAMED_200: dict[tuple[str, str], tuple[str, ...]] = {

@@ -26,8 +26,9 @@ COMMON: dict[str, tuple[str, Any]] = {
                        "(FLUX, Qwen-Image); > 1 with a negative prompt turns it on.", 4.0),
     "seed": ("Seeds the sampling (the initial noise, or the AR sampler); with `n` > 1 sample i uses "
              "seed + i.", 0),
-    "lora": ("Diffusion: a LoRA adapter preloaded by the deploy field `lora_adapters`, by name, and its "
-             "scale; an unknown name is a 400.", {"name": "ink", "scale": 0.5}),
+    "lora": ("Diffusion: a LoRA adapter by name and its scale: one the stage serves (deploy `lora_adapters`, "
+             "or one loaded by path before), or a new one with its `path`, loaded on first use (deploy "
+             "`max_loras`); an unknown name or a bad file is a 400.", {"name": "ink", "scale": 0.5}),
     "n": ("How many outputs; at most the server's `--max-n`.", 1),
     "stream": ("Answer as Server-Sent Events.", False),
     "stream_options": ("With `stream`: `include_usage` adds a final chunk with `usage`.", {"include_usage": True}),
@@ -107,6 +108,11 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
                  "stage: a pipeline folder whose component subfolders hold them).", "/checkpoints/step-1000"),
         "timeout_s": ("Longest wait for the running requests to finish on the old weights; requests arriving "
                       "meanwhile wait and run on the new ones.", 300.0),
+    },
+    "LoadLoraAdapterRequest": {
+        "name": ("The name requests give in `lora: {\"name\": ...}`.", "ink"),
+        "path": ("A LoRA file on the server, in diffusers' safetensors format (a bad file is a 400 naming `path` "
+                 "and loads nothing).", "/loras/ink.safetensors"),
     },
     "SpeechRequest": {
         "input": ("The text to read aloud.", "Hello there!"),
@@ -276,7 +282,9 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
                            "parameters": ("The arguments' JSON Schema.", {"type": "object", "properties": {}}),
                            "strict": ("OpenAI's strict flag.", None)},
     "NamedToolChoice": {"function": ("The function the model must call.", {"name": "get_weather"})},
-    "LoraRequest": {"name": ("The adapter's name in `lora_adapters`.", "ink"),
+    "LoraRequest": {"name": ("The adapter's name: in `lora_adapters`, or one loaded by path.", "ink"),
+                    "path": ("A LoRA file on the server, loaded under `name` on first use (needs the "
+                             "deploy field `max_loras`).", "/loras/ink.safetensors"),
                     "scale": ("The adapter's weight.", 0.5)},
 }
 FIELDS["ChatCompletionBatchRequest"] = {
@@ -402,6 +410,6 @@ REQUEST_SCHEMAS = {"ImageGenerationRequest", "ImageEditRequest", "TranscriptionR
                    "ResponsesRequest", "MessageItem", "FunctionCallItem", "FunctionCallOutputItem", "InputText",
                    "OutputText", "InputImage", "InputAudioData", "InputFile", "Refusal", "FunctionTool",
                    "TextOptions", "TextFormatText", "TextFormatJSONObject", "TextFormatJSONSchema", "Reasoning",
-                   "SleepRequest", "UpdateWeightsRequest", "ChatCompletionBatchRequest",
+                   "SleepRequest", "UpdateWeightsRequest", "LoadLoraAdapterRequest", "ChatCompletionBatchRequest",
                    "SpeechBatchRequest"}
 """The schemas a request body may contain (the others describe answers)."""

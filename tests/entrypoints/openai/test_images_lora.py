@@ -1,5 +1,7 @@
 """Per-request LoRA through the images route: `extra_body={"lora": {...}}` over a real Z-Image
-engine whose deploy config preloads two adapters; an unknown adapter name is a 400 naming it."""
+engine whose deploy config preloads two adapters; an unknown adapter name is a 400 naming it.
+Without `max_loras` nothing loads by path: a request's `lora.path` is a 400 naming it, and the
+load route refuses (test_lora_adapters.py has the stage that does)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def client(zoo, tmp_path_factory):
+def server(zoo, tmp_path_factory):
     path = zoo("z-image")
     out = tmp_path_factory.mktemp("lora")
     adapters = {name: str(build_lora(path, out / f"{name}.safetensors", seed=seed))
@@ -29,8 +31,13 @@ def client(zoo, tmp_path_factory):
     with Omni(path, stage_overrides={"0": {"lora_adapters": adapters}}) as omni:
         app = create_app(ServerSettings(served_model_name="z-image", model_path=str(path)), omni.async_omni)
         with TestClient(app) as http:
-            yield openai.OpenAI(base_url=str(http.base_url) + "/v1", api_key="none", http_client=http,
-                                max_retries=0)
+            yield http, openai.OpenAI(base_url=str(http.base_url) + "/v1", api_key="none", http_client=http,
+                                      max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server[1]
 
 
 def generate(client, **extra) -> np.ndarray:
@@ -53,3 +60,13 @@ def test_unknown_adapter_is_a_400_naming_it(client):
     error = info.value.body
     assert "unknown adapter 'nope'" in error["message"] and "other, style" in error["message"]
     assert error["param"] == "lora.name"
+
+
+def test_no_adapter_loads_by_path_without_max_loras(server, tmp_path):
+    http, client = server
+    with pytest.raises(openai.BadRequestError) as info:
+        generate(client, lora={"name": "new", "path": str(tmp_path / "x.safetensors")})
+    assert info.value.body["param"] == "lora.path" and "max_loras: 0" in info.value.body["message"]
+    assert [a["name"] for a in http.get("/v1/lora_adapters").json()["data"]] == ["other", "style"]
+    answer = http.post("/v1/lora_adapters", json={"name": "new", "path": str(tmp_path / "x.safetensors")})
+    assert answer.status_code == 409 and "max_loras: 0" in answer.json()["error"]["message"]
