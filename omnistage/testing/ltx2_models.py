@@ -321,7 +321,8 @@ register_zoo_model(
         sizes=SIZES,
         description="LTX-2 latent upsampler: 2x spatial upsampling of the `ltx2` model's video latents, "
                     "the middle of its two-stage pipeline",
-        # Called with latents= (the ltx2 model's output_type="latent" video latents), no prompt.
-        call_kwargs={},
+        # Called with latents= (the ltx2 model's output_type="latent" video latents) and no prompt; its
+        # filters at diffusers' defaults (off).
+        call_kwargs=dict(adain_factor=0.0, tone_map_compression_ratio=0.0),
     )
 )

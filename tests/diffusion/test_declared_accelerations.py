@@ -87,6 +87,15 @@ def _refiner_request(call: dict[str, Any], seed: int, request_id: str = "req"):
     return request
 
 
+def _upsampler_request(call: dict[str, Any], seed: int, request_id: str = "req"):
+    """The LTX-2 latent upsampler takes a first stage's video latents: seeded ones stand in for them."""
+    from omnistage.diffusion.params import DiffusionParams
+    from omnistage.diffusion.request import DiffusionRequest
+
+    latents = torch.randn(1, 4, 2, 4, 4, generator=torch.Generator().manual_seed(seed))
+    return DiffusionRequest(request_id, "", DiffusionParams(seed=seed), condition={"latents": latents})
+
+
 def _cases() -> dict[str, Case]:
     image = {"image": default_input_image()}
     true_cfg = {"negative_prompt": "blurry", "true_cfg_scale": 2.0}  # FLUX guides only with both
@@ -112,6 +121,7 @@ def _cases() -> dict[str, Case]:
         "joyai-image-edit": _case("joyai-image-edit", image),
         # An early start: the refiner runs all STEPS steps (the two-rank test counts them).
         "sdxl-refiner": Case("sdxl-refiner", {"denoising_start": 0.01}, _refiner_request),
+        "ltx2-latent-upsampler": Case("ltx2-latent-upsampler", {}, _upsampler_request),
         "qwen-image-layered": _case("qwen-image-layered", {**image, "height": 64, "width": 64}),
         "sana-video": _case("sana-video", {}, test_parity_sana_video.TestSanaVideoT2V),  # `frames` -> num_frames
         "sana-video-i2v": _case("sana-video-i2v", test_parity_sana_video.I2V_CALL,
