@@ -14,6 +14,8 @@ which no seed reaches, so only a posterior without spread lets a parity test com
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from omnistage.testing.diffusion_components import (
@@ -121,3 +123,27 @@ register_zoo_model(ZooModel(name=f"{NAME}-plus", kind="diffusion", reference_cla
                             sides=IMAGE_SIDE,
                             description="JoyAI-Image-Edit-Plus: JoyAI-Image-Edit over several reference images, "
                                         "each at its own size, in one patch sequence"))
+
+
+def plus_references() -> list:
+    """Two reference images of different sizes (64x64 and 96x48) for the Plus model's calls."""
+    from PIL import Image
+
+    from omnistage.testing.diffusion_models import default_input_image
+
+    second = default_input_image().transpose(Image.Transpose.FLIP_LEFT_RIGHT).resize((96, 48))
+    return [default_input_image(), second]
+
+
+@contextmanager
+def small_buckets() -> Iterator[None]:
+    """Within it, JoyAI-Image's output-size buckets (diffusers' `find_best_bucket`, read by
+    diffusers' pipelines and ours alike) are each image's own size on the 16-pixel patch grid
+    instead of ~1 megapixel, whose VAE encode alone takes the tiny Plus model many seconds a
+    reference on a CPU: what tests run the Plus model in."""
+    from unittest import mock
+
+    from diffusers.pipelines.joyimage import image_processor
+
+    with mock.patch.object(image_processor, "find_best_bucket", lambda h, w, base: (h // 16 * 16, w // 16 * 16)):
+        yield

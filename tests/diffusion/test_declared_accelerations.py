@@ -13,6 +13,7 @@ half the rows), Ulysses and ring each equal one rank (ring once per ring-attenti
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -28,7 +29,7 @@ from omnistage.diffusion.accel import compile as regional_compile
 from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, requested, takes
 from omnistage.diffusion.registry import native_keys, pipeline_class
 from omnistage.testing import call_kwargs as zoo_call_kwargs
-from omnistage.testing import list_models
+from omnistage.testing import joyimage_models, list_models
 from omnistage.testing.diffusion_models import default_input_image
 
 import test_parity_flux_kontext
@@ -64,6 +65,8 @@ class Case:
     """Changes to the zoo's call kwargs."""
     request: Any = None
     """(call, seed) -> our request, where it takes other kwargs than diffusers' call."""
+    context: Any = contextlib.nullcontext
+    """What its runs are made in (JoyAI-Image-Edit-Plus: its references' buckets shrunk)."""
 
     @property
     def key(self) -> str:
@@ -119,6 +122,8 @@ def _cases() -> dict[str, Case]:
         # The edit families' default size is about a megapixel: the tiny one is asked for.
         "longcat-image-edit": _case("longcat-image-edit", {**image, "height": 64, "width": 64}),
         "joyai-image-edit": _case("joyai-image-edit", image),
+        "joyai-image-edit-plus": Case("joyai-image-edit-plus", {"image": joyimage_models.plus_references()},
+                                      context=joyimage_models.small_buckets),
         # An early start: the refiner runs all STEPS steps (the two-rank test counts them).
         "sdxl-refiner": Case("sdxl-refiner", {"denoising_start": 0.01}, _refiner_request),
         "ltx2-latent-upsampler": Case("ltx2-latent-upsampler", {}, _upsampler_request),
@@ -142,8 +147,9 @@ def test_every_native_pipeline_has_a_zoo_model():
 
 
 def run(pipeline, case: Case, seed: int = 3, **overrides):
-    (state,) = pipeline.denoise([case.make_request(seed, **overrides)])
-    (arr,) = pipeline.decode_arrays([state])
+    with case.context():
+        (state,) = pipeline.denoise([case.make_request(seed, **overrides)])
+        (arr,) = pipeline.decode_arrays([state])
     return arr, state
 
 

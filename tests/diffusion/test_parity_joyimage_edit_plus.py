@@ -4,38 +4,20 @@ transformer call when prompts and references match) and staggered, and the defau
 the last reference.
 
 diffusers resizes every reference to its ~1-megapixel bucket, whose VAE encode alone takes the
-tiny model many seconds: `small_buckets` has both sides bucket each image at its own size
-(snapped to the patch grid) through that one function, `find_best_bucket`; the rest is theirs.
+tiny model many seconds: `small_buckets` (the zoo's) has both sides bucket each image at its own
+size (snapped to the patch grid) through that one function, `find_best_bucket`; the rest is theirs.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from unittest import mock
-
 import pytest
-from PIL import Image
 
 from parity import BATCH_PROMPTS, BatchSeededParityTests, assert_rejected, load_reference, max_abs_diff
 
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.models.joyimage.plus import JoyImageEditPlus
-from omnistage.testing.diffusion_models import default_input_image
-
-
-@contextmanager
-def small_buckets():
-    """Each image's bucket is its own size rounded down to the 16-pixel patch grid."""
-    from diffusers.pipelines.joyimage import image_processor
-
-    with mock.patch.object(image_processor, "find_best_bucket", lambda h, w, base: (h // 16 * 16, w // 16 * 16)):
-        yield
-
-
-def references() -> list[Image.Image]:
-    """Two references of different sizes (64x64 and 96x48)."""
-    second = default_input_image().transpose(Image.Transpose.FLIP_LEFT_RIGHT).resize((96, 48))
-    return [default_input_image(), second]
+from omnistage.testing.joyimage_models import plus_references as references
+from omnistage.testing.joyimage_models import small_buckets
 
 
 class TestJoyImageEditPlus(BatchSeededParityTests):
