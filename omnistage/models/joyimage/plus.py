@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 
 from omnistage.core.errors import RequestError
+from omnistage.diffusion.accel.declaration import Accelerations
 from omnistage.diffusion.pipeline import DenoiseState, DiffusionRequest, check_divisible, current_timesteps, group_by
 from omnistage.diffusion.pipeline import split_per_state
 from omnistage.models.joyimage.pipeline import MAX_TEXT_TOKENS, SYSTEM_TOKENS, BUCKET_BASE, JoyImageEdit
@@ -45,6 +46,10 @@ def bucket(image: Any) -> tuple[int, int]:
 
 class JoyImageEditPlus(JoyImageEdit):
     reference_class: ClassVar[str] = "JoyImageEditPlusPipeline"
+    supported_accelerations: ClassVar[Accelerations] = dataclasses.replace(
+        JoyImageEdit.supported_accelerations,
+        refused={**JoyImageEdit.supported_accelerations.refused,
+                 "lora": "diffusers' JoyImageEditPlusPipeline has no LoRA loader"})
     # JoyImageEditPlusPipeline.__call__ defaults; height/width follow the last image (prepare_request).
     default_params: ClassVar[dict[str, Any]] = {"num_inference_steps": 30, "guidance_scale": 4.0}
 
