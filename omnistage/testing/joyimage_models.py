@@ -116,10 +116,9 @@ register_zoo_model(ZooModel(name=NAME, kind="diffusion", reference_class="diffus
 
 # Also needs images=[...]: the references (diffusion_models.default_input_image() gives one). diffusers
 # resizes each to its ~1-megapixel bucket; parity tests shrink the buckets for both sides.
-_PLUS_CALL_KWARGS = dict(_CALL_KWARGS, num_inference_steps=3)
 
 register_zoo_model(ZooModel(name=f"{NAME}-plus", kind="diffusion", reference_class="diffusers.JoyImageEditPlusPipeline",
-                            builder=build_joyimage_edit_plus, sizes=tuple(_DIMS), call_kwargs=_PLUS_CALL_KWARGS,
+                            builder=build_joyimage_edit_plus, sizes=tuple(_DIMS), call_kwargs=_CALL_KWARGS,
                             sides=IMAGE_SIDE,
                             description="JoyAI-Image-Edit-Plus: JoyAI-Image-Edit over several reference images, "
                                         "each at its own size, in one patch sequence"))
