@@ -51,9 +51,9 @@ class TestJoyImageEditPlus(BatchSeededParityTests):
         return lambda image, **kwargs: pipe(images=image, **kwargs)
 
     def batch_calls(self, call):
-        # The same prompt and references (one transformer call), then other ones of another length.
-        return [dict(call, prompt=BATCH_PROMPTS[0]), dict(call, prompt=BATCH_PROMPTS[0]),
-                dict(call, prompt=BATCH_PROMPTS[1], image=references()[1:])]
+        # Another prompt length with one reference: its own transformer calls (equal requests
+        # sharing one are the next test's).
+        return [dict(call, prompt=BATCH_PROMPTS[0]), dict(call, prompt=BATCH_PROMPTS[1], image=references()[1:])]
 
     def test_batch_of_equal_requests_is_one_call(self, ours, call):
         calls = []

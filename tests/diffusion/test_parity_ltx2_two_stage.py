@@ -2,8 +2,8 @@
 LTX2Pipeline(output_type="latent") -> LTX2LatentUpsamplePipeline(latents=) -> LTX2Pipeline(latents=,
 audio_latents=, noise_scale=, sigmas=STAGE_2_DISTILLED_SIGMA_VALUES) with one generator through the
 chain, as diffusers' LTX-2 docs do, on the tiny zoo models (fp32, CPU): the distilled recipe alone,
-two in a batch and the refiner staggered in step mode; the upsampler alone; the schedules; and the
-`ltx2_two_stage` deploy file selecting the three stages over a pipeline folder."""
+two in a batch and the refiner staggered in step mode; the three stages through `Omni` on a
+pipeline folder; the upsampler alone; the schedules; and the `ltx2_two_stage` deploy file."""
 
 from __future__ import annotations
 
@@ -26,7 +26,11 @@ from omnistage.testing import call_kwargs
 
 # One transformer pass a step (no CFG, STG or modality isolation) keeps the chain cheap; the
 # guidance passes are LTX2Pipeline's own, tested in test_parity_ltx2.py.
-CALL = dict(call_kwargs("ltx2"), guidance_scale=1.0, stg_scale=0.0, modality_scale=1.0, num_inference_steps=2)
+CALL = dict(call_kwargs("ltx2"), guidance_scale=1.0, stg_scale=0.0, modality_scale=1.0, num_inference_steps=2,
+            num_frames=5)
+# The batch test's calls (one at another length: its own group), which the staggered and the Omni
+# tests reuse, so the module's cached reference chains serve them all.
+CALLS = [dict(CALL, prompt=BATCH_PROMPTS[0]), dict(CALL, prompt=BATCH_PROMPTS[1], num_frames=9)]
 DISTILLED = {"schedule": "distilled", "num_inference_steps": 8}
 
 
@@ -109,24 +113,36 @@ def test_distilled_two_stage_alone_matches_diffusers(ours, expected):
     (request,) = _chain_requests(ours, [call], [BATCH_SEEDS[0]])
     ((video, audio),) = ours[0].decode_av(ours[0].denoise([request]))
     want_video, want_audio = expected(call, BATCH_SEEDS[0])
-    assert video.shape == (9, 128, 128, 3)  # twice the asked 64 x 64
+    assert video.shape == (5, 128, 128, 3)  # twice the asked 64 x 64
     assert max_abs_diff(video, want_video) <= TOLERANCE and max_abs_diff(audio, want_audio) <= TOLERANCE
 
 
 def test_batch_of_two_matches_each_alone(ours, expected):
-    calls = [dict(CALL, prompt=BATCH_PROMPTS[0]), dict(CALL, prompt=BATCH_PROMPTS[1], num_frames=5)]
-    requests = _chain_requests(ours, calls, BATCH_SEEDS[:2])
+    requests = _chain_requests(ours, CALLS, BATCH_SEEDS[:2])
     got = ours[0].decode_arrays(ours[0].denoise(requests))
-    assert_all_close(got, [expected(c, s)[0] for c, s in zip(calls, BATCH_SEEDS)])
+    assert_all_close(got, [expected(c, s)[0] for c, s in zip(CALLS, BATCH_SEEDS)])
 
 
 def test_staggered_refiner_requests_share_steps(ours, expected):
     from parity import run_staggered
 
-    calls = [dict(CALL, prompt=BATCH_PROMPTS[1]), dict(CALL, prompt=BATCH_PROMPTS[2])]
-    first, second = _chain_requests(ours, calls, BATCH_SEEDS[1:])
+    first, second = _chain_requests(ours, CALLS, BATCH_SEEDS[:2])
     got = run_staggered(ours[0], first, second, join_after=1)
-    assert_all_close(got, [expected(c, s)[0] for c, s in zip(calls, BATCH_SEEDS[1:])])
+    assert_all_close(got, [expected(c, s)[0] for c, s in zip(CALLS, BATCH_SEEDS)])
+
+
+def test_the_three_stages_through_omni(two_stage_folder, expected):
+    # The stage graph end to end: latents, audio latents and the generator handed from stage to stage.
+    from omnistage import Omni
+
+    call, seed = CALLS[0], BATCH_SEEDS[0]
+    base = av_request(call, seed).params
+    params = {"base": base, "upsampler": DiffusionParams(seed=seed),
+              "refiner": base.model_copy(update={"num_inference_steps": None})}  # the deploy's schedule
+    with Omni(str(two_stage_folder)) as omni:
+        (out,) = omni.generate([call["prompt"]], params, use_tqdm=False)
+    want = expected(call, seed)[0]
+    assert out.video.shape == want.shape and np.abs(out.video / 255 - want).max() <= 1 / 255 + 1e-6
 
 
 def test_upsampler_alone_matches_diffusers(ours, reference):
@@ -180,18 +196,24 @@ def test_image_to_video_takes_no_input_latents(paths):
         checker.prepare_request(request)
 
 
-def test_the_deploy_file_selects_base_upsampler_refiner(paths, tmp_path):
-    from omnistage.config.effective import resolve_config
-    from omnistage.engine.factory import stage_model_paths
-
-    folder = tmp_path / "two-stage"
+@pytest.fixture(scope="module")
+def two_stage_folder(paths, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ltx2") / "two-stage"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "ltx2_two_stage", "stage_models": {
         "base": str(paths[0]), "upsampler": str(paths[1]), "refiner": str(paths[0])}}))
-    config = resolve_config(folder)
+    return folder
+
+
+def test_the_deploy_file_selects_base_upsampler_refiner(paths, two_stage_folder):
+    from omnistage.config.effective import resolve_config
+    from omnistage.engine.factory import stage_model_paths
+
+    config = resolve_config(two_stage_folder)
     assert [(s.name, s.model, s.output) for s in config.pipeline.stages] == [
         ("base", "LTX2Pipeline", "latent"), ("upsampler", "LTX2LatentUpsamplePipeline", "latent"),
         ("refiner", "LTX2Pipeline", "video")]
     assert config.stage_config(2).default_sampling_params == {"guidance_scale": 1.0,
                                                               "extras": {"schedule": "distilled_stage_2"}}
-    assert stage_model_paths(str(folder), config.pipeline) == {0: str(paths[0]), 1: str(paths[1]), 2: str(paths[0])}
+    assert stage_model_paths(str(two_stage_folder), config.pipeline) == {0: str(paths[0]), 1: str(paths[1]),
+                                                                         2: str(paths[0])}

@@ -21,7 +21,7 @@ from omnistage.testing.joyimage_models import small_buckets
 
 pytestmark = pytest.mark.e2e
 
-FIELDS = {"num_inference_steps": 2, "seed": 5, "negative_prompt": "blurry", "guidance_scale": 3.0}
+FIELDS = {"num_inference_steps": 1, "seed": 5, "negative_prompt": "blurry", "guidance_scale": 3.0}
 
 
 def _png(image: Image.Image) -> bytes:
