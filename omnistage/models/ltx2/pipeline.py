@@ -88,6 +88,8 @@ class LTX2T2V(DiffusionPipelineBase):
     output_modality: ClassVar[str] = "video"
     takes_latents: ClassVar[bool] = True
     """Whether a request may bring a first stage's latents (condition.latents) to refine."""
+    noises_conditions: ClassVar[bool] = False
+    """Whether `noise_scale` also sets the noise level its conditions start from (without input latents)."""
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->connectors->transformer->vae->audio_vae->vocoder"
     # Prompt enhancement (a Gemma generate call) and LTX-2.5's duration head are not served.
     _optional_components: ClassVar[list[str]] = ["processor", "prompt_enhancer", "duration_head"]
@@ -203,7 +205,7 @@ class LTX2T2V(DiffusionPipelineBase):
         if video is None:
             if audio is not None:
                 raise RequestError("condition", "condition.audio_latents: only with condition.latents")
-            if request.params.extras.get("noise_scale") is not None:
+            if request.params.extras.get("noise_scale") is not None and not self.noises_conditions:
                 raise RequestError("noise_scale", "extras.noise_scale: only with input latents (condition.latents)")
             return
         for name, value, ndim, channels in (("latents", video, 5, self.latent_channels),
@@ -638,7 +640,10 @@ class LTX2Condition(LTX2I2V):
         "condition_indices": ExtraSpec(list, help="Latent frame of each input image, in order (negative counts "
                                                   "from the end; default [0] for one image)."),
         "condition_strengths": ExtraSpec(list, help="Strength in [0, 1] of each input image (default 1.0 each)."),
+        "noise_scale": ExtraSpec(float, min=0, max=1, help="Noise level the conditions start from (default: a "
+                                                           "fixed schedule's first sigma, else 1)."),
     }
+    noises_conditions: ClassVar[bool] = True
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         import PIL.Image
@@ -700,9 +705,16 @@ class LTX2Condition(LTX2I2V):
             clean = torch.cat([clean, *keyframes], dim=1)
             out["keyframe_coords"] = torch.cat(keyframe_coords, dim=2)
         noise = randn_tensor(latents.shape, generator=generator, device=self.device, dtype=latents.dtype)
-        scaled = (1 - mask)[..., None]
+        scaled = (1 - mask)[..., None] * self._noise_scale(request)
         return {**out, "latents": noise * scaled + latents * (1 - scaled), "conditioning_mask": mask,
                 "clean_latents": clean}
+
+    @staticmethod
+    def _noise_scale(request: DiffusionRequest) -> float:
+        """The noise level conditions start from (LTX2ConditionPipeline's `noise_scale`): given,
+        else a fixed schedule's first sigma, else 1."""
+        given, fixed = request.params.extras.get("noise_scale"), fixed_sigmas(request.params.extras["schedule"])
+        return given if given is not None else fixed[0] if fixed else 1.0
 
     def _condition_pixels(self, image: Any, params: Any) -> torch.Tensor:
         """LTX2ConditionPipeline.preprocess_conditions for one image: re-compressed, scaled to
