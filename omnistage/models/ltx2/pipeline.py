@@ -90,6 +90,8 @@ class LTX2T2V(DiffusionPipelineBase):
     """Whether a request may bring a first stage's latents (condition.latents) to refine."""
     noises_conditions: ClassVar[bool] = False
     """Whether `noise_scale` also sets the noise level its conditions start from (without input latents)."""
+    unscheduled_noise_scale: ClassVar[float] = 0.0
+    """`noise_scale`'s default without a fixed schedule: LTX2Pipeline's (input latents kept as they are)."""
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->connectors->transformer->vae->audio_vae->vocoder"
     # Prompt enhancement (a Gemma generate call) and LTX-2.5's duration head are not served.
     _optional_components: ClassVar[list[str]] = ["processor", "prompt_enhancer", "duration_head"]
@@ -162,9 +164,10 @@ class LTX2T2V(DiffusionPipelineBase):
 
     def prepare_params(self, params: DiffusionParams) -> DiffusionParams:
         # A fixed schedule's length is the step count, unless the request (or deploy) gives one.
-        schedule = fill_defaults(params, self.deploy_defaults).extras.get("schedule")
+        given = fill_defaults(params, self.deploy_defaults)
+        schedule = given.extras.get("schedule")
         sigmas = fixed_sigmas(schedule) if isinstance(schedule, str) else None
-        if sigmas is not None and fill_defaults(params, self.deploy_defaults).num_inference_steps is None:
+        if sigmas is not None and given.num_inference_steps is None:
             params = params.model_copy(update={"num_inference_steps": len(sigmas)})
         return super().prepare_params(params)
 
@@ -346,12 +349,11 @@ class LTX2T2V(DiffusionPipelineBase):
                              device=self.device, dtype=torch.float32)
         return {"latents": self._pack_video(noise)}
 
-    @staticmethod
-    def _noise_scale(request: DiffusionRequest) -> float:
-        """How much noise input latents get: `noise_scale`, else a fixed schedule's first sigma (what
-        diffusers' two-stage recipe passes), else LTX2Pipeline's default, none."""
+    def _noise_scale(self, request: DiffusionRequest) -> float:
+        """How much noise input latents (conditions) get: `noise_scale`, else a fixed schedule's first
+        sigma (what diffusers' two-stage recipe passes), else `unscheduled_noise_scale`."""
         given, fixed = request.params.extras.get("noise_scale"), fixed_sigmas(request.params.extras["schedule"])
-        return given if given is not None else fixed[0] if fixed else 0.0
+        return given if given is not None else fixed[0] if fixed else self.unscheduled_noise_scale
 
     def generator_for(self, request: DiffusionRequest) -> torch.Generator:
         # A second stage draws on from where the first stage's generator stopped, as diffusers'
@@ -644,6 +646,7 @@ class LTX2Condition(LTX2I2V):
                                                            "fixed schedule's first sigma, else 1)."),
     }
     noises_conditions: ClassVar[bool] = True
+    unscheduled_noise_scale: ClassVar[float] = 1.0  # LTX2ConditionPipeline's: the conditions start from noise
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         import PIL.Image
@@ -708,13 +711,6 @@ class LTX2Condition(LTX2I2V):
         scaled = (1 - mask)[..., None] * self._noise_scale(request)
         return {**out, "latents": noise * scaled + latents * (1 - scaled), "conditioning_mask": mask,
                 "clean_latents": clean}
-
-    @staticmethod
-    def _noise_scale(request: DiffusionRequest) -> float:
-        """The noise level conditions start from (LTX2ConditionPipeline's `noise_scale`): given,
-        else a fixed schedule's first sigma, else 1."""
-        given, fixed = request.params.extras.get("noise_scale"), fixed_sigmas(request.params.extras["schedule"])
-        return given if given is not None else fixed[0] if fixed else 1.0
 
     def _condition_pixels(self, image: Any, params: Any) -> torch.Tensor:
         """LTX2ConditionPipeline.preprocess_conditions for one image: re-compressed, scaled to
