@@ -62,7 +62,13 @@ AUDIO_MODELS = ("stable-audio",)
 # Families whose diffusers pipeline takes one prompt per call: no "batched" run.
 ONE_PROMPT_PER_CALL = {"qwen-image-edit-plus"}
 # Input images of each request, for families that edit (two each: Edit-Plus takes 1-3).
-INPUT_IMAGES = {"qwen-image-edit-plus": 2}
+INPUT_IMAGES = {"qwen-image-edit-plus": 2, "joyai-image-edit-plus": 2}
+# diffusers pipelines that take the input images as `images` (one list per prompt), not `image`.
+IMAGES_KWARG = {"joyai-image-edit-plus"}
+# Families run with their references' buckets shrunk to each image's own size, both sides, as in
+# the tests (omnistage.testing.joyimage_models.small_buckets): a ~1-megapixel reference's VAE
+# encode would be nearly all of a tiny model's time.
+SMALL_BUCKETS = {"joyai-image-edit-plus"}
 
 
 # -- inputs ------------------------------------------------------------------------------
@@ -108,7 +114,7 @@ def reference_loader_kwargs(model: str, path: str) -> dict:
         from transformers import Qwen2VLProcessor
 
         return {"processor": processor_from_parts(Qwen2VLProcessor, path)}
-    if model == "qwen-image-2.1":
+    if model in ("qwen-image-2.1", "joyai-image-edit-plus"):
         from transformers import Qwen3VLProcessor
 
         return {"processor": processor_from_parts(Qwen3VLProcessor, path)}
@@ -169,12 +175,22 @@ def run_omni(omni, kwargs: dict) -> list:
     return [out.images[0] for out in omni.generate(PROMPTS, params, use_tqdm=False)]
 
 
+def _reference_kwargs(pipe, kwargs: dict, num_prompts: int) -> dict:
+    """`kwargs` as the diffusers pipeline takes them (JoyAI-Image-Edit-Plus: `images`, a list per prompt)."""
+    if type(pipe).__name__ != "JoyImageEditPlusPipeline" or "image" not in kwargs:
+        return kwargs
+    kwargs = dict(kwargs)
+    images = kwargs.pop("image")
+    return {**kwargs, "images": images if num_prompts == 1 else [images] * num_prompts}
+
+
 def run_sequential(pipe, kwargs: dict) -> list:
+    kwargs = _reference_kwargs(pipe, kwargs, 1)
     return [_pipe_outputs(pipe(prompt=p, **kwargs, generator=generator(i)))[0] for i, p in enumerate(PROMPTS)]
 
 
 def run_batched(pipe, kwargs: dict) -> list:
-    kwargs = dict(kwargs)
+    kwargs = _reference_kwargs(pipe, kwargs, NUM_REQUESTS)
     if kwargs.get("negative_prompt") is not None:  # FLUX.2's pipelines take no negative_prompt
         kwargs["negative_prompt"] = [kwargs["negative_prompt"]] * NUM_REQUESTS
     return _pipe_outputs(pipe(prompt=PROMPTS, **kwargs, generator=[generator(i) for i in range(NUM_REQUESTS)]))
@@ -259,6 +275,15 @@ def single_latency(engine, kwargs: dict) -> float:
 
 
 def bench(model: str, size: str, repeats: int, device: str = "cpu", dtype: str = "float32") -> dict:
+    if model in SMALL_BUCKETS:
+        from omnistage.testing.joyimage_models import small_buckets
+
+        with small_buckets():
+            return _bench(model, size, repeats, device, dtype)
+    return _bench(model, size, repeats, device, dtype)
+
+
+def _bench(model: str, size: str, repeats: int, device: str = "cpu", dtype: str = "float32") -> dict:
     kwargs = call_kwargs(model, size)
     configs = tuple(c for c in CONFIGS if not (c == "batched" and model in ONE_PROMPT_PER_CALL))
     built = build(model, size, configs, device, dtype)

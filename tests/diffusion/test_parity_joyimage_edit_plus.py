@@ -51,21 +51,20 @@ class TestJoyImageEditPlus(BatchSeededParityTests):
         return lambda image, **kwargs: pipe(images=image, **kwargs)
 
     def batch_calls(self, call):
-        # Another prompt length with one reference: its own transformer calls (equal requests
-        # sharing one are the next test's).
-        return [dict(call, prompt=BATCH_PROMPTS[0]), dict(call, prompt=BATCH_PROMPTS[1], image=references()[1:])]
+        # Prompts of different lengths over the same references: one call, the shorter padded and masked.
+        return [dict(call, prompt=BATCH_PROMPTS[0]), dict(call, prompt=BATCH_PROMPTS[1])]
 
-    def test_batch_of_equal_requests_is_one_call(self, ours, call):
+    def test_requests_with_equal_references_share_one_call(self, ours, call):
         calls = []
         hook = ours.transformer.register_forward_pre_hook(lambda module, args, kwargs: calls.append(
             len(kwargs["hidden_states"])), with_kwargs=True)
-        requests = [self.request(dict(call, prompt=BATCH_PROMPTS[0], num_inference_steps=1), s, f"r{s}")
-                    for s in (1, 2)]
+        requests = [self.request(dict(call, prompt=p, num_inference_steps=1), s, f"r{s}")
+                    for s, p in zip((1, 2), BATCH_PROMPTS)]  # prompts of different lengths
         try:
             ours.denoise(requests)
         finally:
             hook.remove()
-        assert calls == [2, 2]  # cond and uncond, each over both requests
+        assert calls == [4]  # both branches of both requests
 
     def test_default_size_is_the_last_references_bucket(self, ours, expected, call):
         sized = {k: v for k, v in call.items() if k not in ("height", "width")}

@@ -11,7 +11,8 @@
 - the default output size is the last reference image's bucket.
 
 A request holds one prompt and its references (diffusers' `images=[...]` for one prompt), one
-output; requests with equal prompt lengths and reference sizes share a transformer call.
+output; requests whose references have the same sizes share a transformer call, both CFG branches
+and any prompt lengths in it.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ import torch
 
 from omnistage.core.errors import RequestError
 from omnistage.diffusion.accel.declaration import Accelerations
+from omnistage.diffusion.guidance import Guidance, Rows
 from omnistage.diffusion.pipeline import DenoiseState, DiffusionRequest, check_divisible, current_timesteps, group_by
-from omnistage.diffusion.pipeline import split_per_state
 from omnistage.models.joyimage.pipeline import MAX_TEXT_TOKENS, SYSTEM_TOKENS, BUCKET_BASE, JoyImageEdit
 from omnistage.models.qwen_image.vl_processor import prenorm_last_hidden_states
 
@@ -144,24 +145,29 @@ class JoyImageEditPlus(JoyImageEdit):
 
     # -- 3. denoise -----------------------------------------------------------------------
 
-    def _predict(self, rows: Any) -> list[torch.Tensor]:
-        """One branch's predictions: one transformer call per prompt length and item sizes."""
-        key = "prompt_embeds" if rows[0][1] == "cond" else "negative_prompt_embeds"
-        states = [s for s, _ in rows]
-        preds: dict[int, torch.Tensor] = {}
-        for group in group_by(states, lambda s: (s.cond[key].shape[1], s.cond["shape_list"])):
-            preds.update(zip(map(id, group), self._predict_group(group, key)))
-        return [preds[id(s)] for s in states]
+    guidance: ClassVar[Guidance] = dataclasses.replace(JoyImageEdit.guidance, batch_branches=True)
+    """As diffusers: both branches in one call, prompts of any length padded under the text mask."""
 
-    def _predict_group(self, states: list[DenoiseState], key: str) -> list[torch.Tensor]:
-        # One sequence per sample: the target's patches, then the references'.
-        target = [self._patchify(s.latents) for s in states]
-        items = torch.cat([torch.cat([t, s.cond["reference_patches"]], dim=1) for t, s in zip(target, states)])
-        text = torch.cat([s.cond[key] for s in states])
+    def _predict(self, rows: Rows) -> list[torch.Tensor]:
+        """Each row's prediction: one transformer call per set of item sizes, every branch and
+        prompt length in it (shorter prompts padded at the end and masked out, as diffusers pads
+        the negative prompt to the positive's length)."""
+        preds: dict[int, torch.Tensor] = {}
+        for group in group_by(rows, lambda row: row[0].cond["shape_list"]):
+            preds.update(zip(map(id, group), self._predict_group(group)))
+        return [preds[id(row)] for row in rows]
+
+    def _predict_group(self, rows: Rows) -> list[torch.Tensor]:
+        states = [s for s, _ in rows]
+        texts = [s.cond["prompt_embeds" if branch == "cond" else "negative_prompt_embeds"] for s, branch in rows]
+        length = max(t.shape[1] for t in texts)
+        text = torch.cat([torch.nn.functional.pad(t, (0, 0, 0, length - t.shape[1])) for t in texts])
+        mask = torch.stack([torch.arange(length, device=text.device) < t.shape[1] for t in texts]).long()
+        # One sequence per row: the target's patches, then the references'.
+        items = torch.cat([torch.cat([self._patchify(s.latents), s.cond["reference_patches"]], dim=1) for s in states])
         pred = self.transformer(hidden_states=items, timestep=current_timesteps(states).to(items.dtype),
-                                encoder_hidden_states=text,
-                                encoder_hidden_states_mask=text.new_ones(text.shape[:2], dtype=torch.long),
+                                encoder_hidden_states=text, encoder_hidden_states_mask=mask,
                                 shape_list=[list(s.cond["shape_list"]) for s in states], return_dict=False)[0]
         grid = states[0].cond["shape_list"][0]
         num_target = grid[0] * grid[1] * grid[2]
-        return split_per_state(torch.cat([self._unpatchify(p[None, :num_target], grid) for p in pred]), states)
+        return [self._unpatchify(p[None, :num_target], grid) for p in pred]
