@@ -76,25 +76,28 @@ class JoyImageEditPlus(JoyImageEdit):
 
     # -- 2. encode: the references for the encoder and the VAE, the target's noise ----------
 
-    def _prompt_embeds(self, text: str, images: list[Any]) -> torch.Tensor:
-        """[L, D]: `text` after one vision block per image, read with `images`, the system turn dropped."""
-        user = f"<|im_start|>user\n{VISION_BLOCK * len(images)}{text}<|im_end|>\n"
-        inputs = self.processor(text=[PROMPT_TEMPLATE.format(user)], images=images, padding=True,
+    def _prompt_embeds(self, texts: list[str], images: list[list[Any]]) -> list[torch.Tensor]:
+        """[L, D] per text: it after one vision block per image of its list, read with them, the
+        system turn dropped. One encoder call for all: padding is masked out and cut off, so each
+        is what it is alone."""
+        prompts = [PROMPT_TEMPLATE.format(f"<|im_start|>user\n{VISION_BLOCK * len(group)}{text}<|im_end|>\n")
+                   for text, group in zip(texts, images)]
+        inputs = self.processor(text=prompts, images=[image for group in images for image in group], padding=True,
                                 return_tensors="pt").to(self.device)
-        return prenorm_last_hidden_states(self.text_encoder, dict(inputs))[0, SYSTEM_TOKENS:][-MAX_TEXT_TOKENS:]
+        hidden = prenorm_last_hidden_states(self.text_encoder, dict(inputs))
+        return [row[mask.bool()][SYSTEM_TOKENS:][-MAX_TEXT_TOKENS:] for row, mask in zip(hidden, inputs.attention_mask)]
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        states = []
-        for request in requests:
-            images = [self.edit_image_processor.resize_center_crop(image.convert("RGB"), bucket(image))
-                      for image in request.images]
-            prompt = self._prompt_embeds(request.prompt, images)
-            guided = request.params.guidance_scale > 1
-            # diffusers' unguided branch reads a blank prompt after the images unless given one.
-            negative = self._prompt_embeds(request.params.negative_prompt or " ", images) if guided else None
-            states.append(self._plus_state(request, images, prompt, negative))
-        return states
+        images = [[self.edit_image_processor.resize_center_crop(image.convert("RGB"), bucket(image))
+                   for image in request.images] for request in requests]
+        # diffusers' unguided branch reads a blank prompt after the images unless given one.
+        guided = [i for i, r in enumerate(requests) if r.params.guidance_scale > 1]
+        texts = [r.prompt for r in requests] + [requests[i].params.negative_prompt or " " for i in guided]
+        embeds = self._prompt_embeds(texts, images + [images[i] for i in guided])
+        negatives = dict(zip(guided, embeds[len(requests):]))
+        return [self._plus_state(r, group, prompt, negatives.get(i))
+                for i, (r, group, prompt) in enumerate(zip(requests, images, embeds))]
 
     def _plus_state(self, request: DiffusionRequest, images: list[Any], prompt: torch.Tensor,
                     negative: torch.Tensor | None) -> DenoiseState:
