@@ -22,7 +22,8 @@ JOYIMAGE_EDIT_PLUS = PipelineSpec(
     stages=(
         StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True,
                   model="JoyImageEditPlusPipeline",
-                  # Request mode: step mode's throughput ratio on the tiny joyai-image-edit-plus is not measured.
+                  # Request mode: under staggered arrivals step mode's mean latency was 1.44x request mode's
+                  # on the tiny joyai-image-edit-plus (benchmarks/RESULTS.md "Diffusion: JoyAI-Image-Edit-Plus").
                   defaults={"step_execution": False},
         ),
     ),
