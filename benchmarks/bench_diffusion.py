@@ -25,7 +25,8 @@ them under "## Diffusion" in benchmarks/RESULTS.md (other sections are kept).
 
 Video families (`--models hunyuan-video`) get their own table, "## Diffusion: video": ours
 against the diffusers pipeline called once per request (see `bench_video`).
-Also: --models qwen-image-edit-plus (each request edits two input images) and qwen-image-2.1;
+Also: --models qwen-image-edit-plus (each request edits two input images), joyai-image-edit-plus,
+qwen-image-2.1 and ltx2-two-stage (printed only: see `bench_two_stage`);
 --one-prompt gives all 8 requests the first prompt (seeds still 0-7): Qwen-Image 2.1 batches
 only prompts of one token length in a transformer call.
 """
@@ -322,6 +323,92 @@ def _bench(model: str, size: str, repeats: int, device: str = "cpu", dtype: str 
             "max_pixel_diff": diff, "audio_seconds": audio_seconds}
 
 
+# -- LTX-2 two-stage: ours through Omni / diffusers' chained calls ----------------------------
+
+TWO_STAGE_MODELS = ("ltx2-two-stage",)
+"""LTX-2's two-stage pipeline on the zoo's ltx2 and ltx2-latent-upsampler: ours is `Omni.generate`
+on a pipeline folder naming them (base -> upsampler -> refiner, the bundled ltx2_two_stage.yaml's
+stage-2 distilled sigmas, every stage max_num_seqs 8); diffusers is its docs' recipe, LTX2Pipeline
+(latent) -> LTX2LatentUpsamplePipeline -> LTX2Pipeline(latents, audio_latents, the stage-2 sigmas,
+noise_scale = their first) with one generator per request through the chain: 8 chains one by one
+(sequential), or each call over the 8 (batched)."""
+
+
+def _two_stage_parts(size: str, dtype: str) -> tuple:
+    from diffusers import FlowMatchEulerDiscreteScheduler, LTX2LatentUpsamplePipeline, LTX2Pipeline
+
+    from omnistage.testing import ensure
+
+    cache = ROOT / ".omnistage-cache"
+    base_path, up_path = (str(ensure(m, size=size, cache_dir=cache / "zoo")) for m in ("ltx2", "ltx2-latent-upsampler"))
+    folder = cache / "bench" / f"ltx2-two-stage-{size}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "ltx2_two_stage", "stage_models": {
+        "base": base_path, "upsampler": up_path, "refiner": base_path}}))
+    base = LTX2Pipeline.from_pretrained(base_path, dtype=torch_dtype(dtype))
+    as_is = FlowMatchEulerDiscreteScheduler.from_config(base.scheduler.config, use_dynamic_shifting=False,
+                                                        shift_terminal=None)  # the docs' stage-2 scheduler
+    pipes = (base, LTX2LatentUpsamplePipeline.from_pretrained(up_path, dtype=torch_dtype(dtype)),
+             LTX2Pipeline(**{**base.components, "scheduler": as_is}))
+    for pipe in pipes:
+        pipe.set_progress_bar_config(disable=True)
+    return folder, pipes
+
+
+def run_two_stage_reference(pipes, kwargs: dict, prompts: list[str], generators: list) -> list:
+    from diffusers.pipelines.ltx2.utils import STAGE_2_DISTILLED_SIGMA_VALUES as SIGMAS
+
+    base, upsampler, refiner = pipes
+    kwargs = {k: v for k, v in kwargs.items() if k != "output_type"}
+    if len(prompts) > 1:
+        kwargs["negative_prompt"] = [kwargs["negative_prompt"]] * len(prompts)
+    video, audio = base(prompt=prompts, **kwargs, generator=generators, output_type="latent", return_dict=False)
+    video = upsampler(latents=video, output_type="latent", return_dict=False)[0]
+    second = {k: v for k, v in kwargs.items() if k not in ("height", "width", "num_frames", "num_inference_steps")}
+    frames, _ = refiner(prompt=prompts, **second, latents=video, audio_latents=audio, num_inference_steps=len(SIGMAS),
+                        sigmas=SIGMAS, noise_scale=SIGMAS[0], guidance_scale=1.0, generator=generators,
+                        output_type="np", return_dict=False)
+    return [(np.clip(f, 0.0, 1.0) * 255).round().astype(np.uint8) for f in frames]
+
+
+def run_two_stage_ours(omni, kwargs: dict) -> list:
+    params = []
+    for request in stage_requests(kwargs):
+        base = request.params
+        params.append({"base": base, "upsampler": type(base)(seed=base.seed),
+                       "refiner": base.model_copy(update={"num_inference_steps": None})})  # the deploy's schedule
+    return [out.video for out in omni.generate(PROMPTS, params, use_tqdm=False)]
+
+
+def bench_two_stage(size: str, repeats: int, dtype: str = "float32") -> dict:
+    from omnistage import Omni
+
+    kwargs = call_kwargs("ltx2", size)
+    folder, pipes = _two_stage_parts(size, dtype)
+    omni = Omni(str(folder), stage_overrides={"*": dict(max_num_seqs=NUM_REQUESTS, dtype=dtype)})
+    fns = {"ours": lambda: run_two_stage_ours(omni, kwargs),
+           "sequential": lambda: [run_two_stage_reference(pipes, kwargs, [p], generator(i))[0]
+                                  for i, p in enumerate(PROMPTS)],
+           "batched": lambda: run_two_stage_reference(pipes, kwargs, PROMPTS, [generator(i) for i in range(NUM_REQUESTS)])}
+    best, best_cpu, results = {n: float("inf") for n in fns}, {n: float("inf") for n in fns}, {}
+    with torch.inference_mode():
+        for name, fn in fns.items():  # warm-up
+            results[name] = fn()
+        for _ in range(repeats):
+            for name, fn in fns.items():
+                t0, c0 = time.perf_counter(), time.process_time()
+                results[name] = fn()
+                best[name] = min(best[name], time.perf_counter() - t0)
+                best_cpu[name] = min(best_cpu[name], time.process_time() - c0)
+    omni.close()
+    diff = max(int(np.abs(np.asarray(a, np.int16) - np.asarray(b, np.int16)).max())
+               for a, b in zip(results["ours"], results["sequential"]))
+    params = sum(p.numel() for pipe in pipes[:2] for c in pipe.components.values() if isinstance(c, torch.nn.Module)
+                 for p in c.parameters())
+    return {"model": "ltx2-two-stage", "size": size, "device": "cpu", "dtype": dtype, "params_m": params / 1e6,
+            "secs": best, "cpu_secs": best_cpu, "max_pixel_diff": diff}
+
+
 # -- peak RSS, one process per configuration ----------------------------------------------
 
 
@@ -482,7 +569,7 @@ def table(rows: list[dict]) -> str:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        if r["model"] in OMNI_MODELS:
+        if r["model"] in OMNI_MODELS + TWO_STAGE_MODELS:  # no staggered runs
             continue
         lat, m = r["latency"], r.get("rss", {})
         rss = f"{m['step_staggered']:.0f} / {m['request_staggered']:.0f} MiB" if m else "-"
@@ -544,7 +631,11 @@ def main() -> None:
         if not args.no_write:
             write_section("Diffusion: video", "benchmarks/bench_diffusion.py", video_table(video_rows))
     rows = []
-    for model in [m for m in args.models if m not in VIDEO_MODELS]:
+    for size in args.sizes if "ltx2-two-stage" in args.models else ():
+        row = bench_two_stage(size, args.repeats, args.dtype)
+        print(json.dumps(row), flush=True)
+        print(table([row]).split("\n\nStaggered")[0])  # printed only; no staggered runs
+    for model in [m for m in args.models if m not in VIDEO_MODELS + TWO_STAGE_MODELS]:
         for size in args.sizes:
             row = bench(model, size, args.repeats, args.device, args.dtype)
             if not args.no_memory:
