@@ -25,6 +25,7 @@ from typing import Any
 
 from omnistage.config import PipelineSpec, StageSpec, register_pipeline
 from omnistage.diffusion.registry import register_diffusion_pipeline
+from omnistage.models.diffusion_stages import prompt_of
 
 LTX2_T2V = PipelineSpec(
     name="ltx2_t2v",
@@ -62,28 +63,21 @@ LTX2_CONDITION = PipelineSpec(
 )
 
 
-def _prompt(request: Any) -> str:
-    prompt = request.prompt.get("prompt") if isinstance(request.prompt, Mapping) else request.prompt
-    if not isinstance(prompt, str):
-        raise ValueError(f"prompt must be a string (or {{'prompt': str}}), got {request.prompt!r}")
-    return prompt
-
-
 def base_input(request: Any, upstream: Mapping[int, Any]) -> dict[str, Any]:
     """The prompt, and the base's latents asked for instead of a video."""
-    return {"prompt": _prompt(request), "condition": {"output": "latents"}}
+    return {"prompt": prompt_of(request), "condition": {"output": "latents"}}
 
 
 def upsampler_input(request: Any, upstream: Mapping[int, Any]) -> dict[str, Any]:
     """The base's video latents to upsample; its audio latents and generator ride along."""
     base = upstream[0]
-    return {"prompt": _prompt(request), "condition": {"latents": base.latents, **base.extras, "output": "latents"}}
+    return {"prompt": prompt_of(request), "condition": {"latents": base.latents, **base.extras, "output": "latents"}}
 
 
 def refiner_input(request: Any, upstream: Mapping[int, Any]) -> dict[str, Any]:
     """The prompt, the upsampled video latents, the base's audio latents and generator."""
     upsampled = upstream[1]
-    return {"prompt": _prompt(request), "condition": {"latents": upsampled.latents, **upsampled.extras}}
+    return {"prompt": prompt_of(request), "condition": {"latents": upsampled.latents, **upsampled.extras}}
 
 
 LTX2_TWO_STAGE = PipelineSpec(
