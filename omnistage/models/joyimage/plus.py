@@ -25,7 +25,14 @@ import torch
 from omnistage.core.errors import RequestError
 from omnistage.diffusion.accel.declaration import Accelerations
 from omnistage.diffusion.guidance import Guidance, Rows
-from omnistage.diffusion.pipeline import DenoiseState, DiffusionRequest, check_divisible, current_timesteps, group_by
+from omnistage.diffusion.pipeline import (
+    DenoiseState,
+    DiffusionPipelineBase,
+    DiffusionRequest,
+    check_divisible,
+    current_timesteps,
+    group_by,
+)
 from omnistage.models.joyimage.pipeline import MAX_TEXT_TOKENS, SYSTEM_TOKENS, BUCKET_BASE, JoyImageEdit
 from omnistage.models.qwen_image.vl_processor import prenorm_last_hidden_states
 
@@ -57,8 +64,7 @@ class JoyImageEditPlus(JoyImageEdit):
     # -- 1. check inputs ----------------------------------------------------------------
 
     def check_inputs(self, request: DiffusionRequest) -> None:
-        if not request.images:
-            raise RequestError("image", "image: this model needs at least one reference image")
+        DiffusionPipelineBase.check_inputs(self, request)  # one image at least, no control video; any number
         if request.params.num_outputs_per_prompt != 1:
             raise RequestError("num_outputs_per_prompt", "num_outputs_per_prompt: JoyAI-Image-Edit-Plus makes one "
                                                          f"image per prompt, got {request.params.num_outputs_per_prompt}")
