@@ -23,8 +23,8 @@ them under "## Diffusion" in benchmarks/RESULTS.md (other sections are kept).
 
     .venv/bin/python benchmarks/bench_diffusion.py [--models z-image qwen-image] [--sizes tiny small]
 
-Video families (`--models hunyuan-video`) get their own table, "## Diffusion: video": ours
-against the diffusers pipeline called once per request (see `bench_video`).
+Video families (`--models hunyuan-video cosmos3 sana-wm`) get their own table, "## Diffusion:
+video": ours against the diffusers pipeline called once per request (see `bench_video`).
 Also: --models qwen-image-edit-plus (each request edits two input images), joyai-image-edit-plus,
 qwen-image-2.1 and ltx2-two-stage (printed only: see `bench_two_stage`);
 --one-prompt gives all 8 requests the first prompt (seeds still 0-7): Qwen-Image 2.1 batches
@@ -64,12 +64,12 @@ AUDIO_MODELS = ("stable-audio",)
 ONE_PROMPT_PER_CALL = {"qwen-image-edit-plus"}
 # Input images of each request, for families that edit (two each: Edit-Plus takes 1-3).
 INPUT_IMAGES = {"qwen-image-edit-plus": 2, "joyai-image-edit-plus": 2}
-# diffusers pipelines that take the input images as `images` (one list per prompt), not `image`.
-IMAGES_KWARG = {"joyai-image-edit-plus"}
 # Families run with their references' buckets shrunk to each image's own size, both sides, as in
 # the tests (omnistage.testing.joyimage_models.small_buckets): a ~1-megapixel reference's VAE
 # encode would be nearly all of a tiny model's time.
 SMALL_BUCKETS = {"joyai-image-edit-plus"}
+# Families that animate one input image (its first frame).
+FIRST_FRAME = {"sana-wm"}
 
 
 # -- inputs ------------------------------------------------------------------------------
@@ -90,6 +90,8 @@ def call_kwargs(model: str, size: str) -> dict:
     kwargs.pop("audio_end_in_s", None)  # audio: the model's whole window
     if "num_frames" in kwargs:  # video: compared as uint8 frames
         kwargs["output_type"] = "np"
+    if model in FIRST_FRAME:
+        kwargs["image"] = default_input_image(kwargs["height"])
     if model in INPUT_IMAGES:
         from PIL import ImageOps
 
@@ -437,10 +439,11 @@ def memory_probe(model: str, size: str, config: str, device: str = "cpu", dtype:
 # -- video families: ours / diffusers sequential ---------------------------------------------
 #
 # diffusers' HunyuanVideo15Pipeline cannot decode a batch (its VAE's mid-block attention mask
-# breaks at batch > 1), so a video family has no "diffusers batched" column: ours (request
-# mode, all requests submitted at once) against the diffusers pipeline called once per request.
+# breaks at batch > 1), and Cosmos3OmniPipeline and SanaWMPipeline take one prompt per call, so a
+# video family has no "diffusers batched" column: ours (request mode, all requests submitted at
+# once) against the diffusers pipeline called once per request.
 
-VIDEO_MODELS = ("hunyuan-video",)
+VIDEO_MODELS = ("hunyuan-video", "cosmos3", "sana-wm")
 NUM_VIDEO_REQUESTS = 4
 
 
@@ -457,9 +460,15 @@ def run_ours_video(engine, kwargs: dict) -> list:
 
 
 def run_sequential_video(pipe, kwargs: dict) -> list:
-    videos = [pipe(prompt=p, **kwargs, generator=generator(i)).frames[0]
-              for i, p in enumerate(PROMPTS[:NUM_VIDEO_REQUESTS])]
+    videos = [_video(pipe(prompt=p, **kwargs, generator=generator(i))) for i, p in enumerate(PROMPTS[:NUM_VIDEO_REQUESTS])]
     return [(np.clip(v, 0.0, 1.0) * 255).round().astype(np.uint8) for v in videos]
+
+
+def _video(out) -> np.ndarray:
+    """The one [F, H, W, 3] video of a diffusers call: `frames[0]` (a batch of one), or Cosmos3's
+    `video` and SANA-WM's unbatched `frames`."""
+    video = out.video if hasattr(out, "video") else out.frames
+    return np.asarray(video[0] if np.ndim(video) == 5 else video)
 
 
 def bench_video(model: str, size: str, repeats: int, device: str = "cpu", dtype: str = "float32") -> dict:
@@ -501,7 +510,8 @@ def video_table(rows: list[dict]) -> str:
     lines = [
         f"{NUM_VIDEO_REQUESTS} requests ({NUM_VIDEO_REQUESTS} prompts, seeds 0-{NUM_VIDEO_REQUESTS - 1}), the zoo's "
         "default call (4 steps, CFG on), best of the timed runs, wall clock (process CPU time in brackets). "
-        "No diffusers-batched column: diffusers' pipeline cannot decode a batch of videos.",
+        "No diffusers-batched column: diffusers' pipelines cannot run a batch of videos (HunyuanVideo-1.5's VAE "
+        "fails at batch > 1; Cosmos3's and SANA-WM's take one prompt per call).",
         "",
         "| model | params | video | ours, batch of 4 (videos/s) | ours, max_num_seqs=1 (videos/s) "
         "| sequential (videos/s) | ours batch / sequential | ours max_num_seqs=1 / sequential "

@@ -57,10 +57,13 @@ def free_port() -> int:
 
 
 def start_server(path: str, frames: int, threads: int, sampling: dict | None = None,
-                 source: str | None = None) -> tuple[subprocess.Popen, str]:
+                 source: str | None = None, stages: dict | None = None) -> tuple[subprocess.Popen, str]:
     """`sampling`: more default sampling params of the talker (stage 0) than `max_tokens=frames`;
-    `source`: a checkout of omnistage to serve from (another revision, for a before/after); default this one."""
+    `source`: a checkout of omnistage to serve from (another revision, for a before/after); default this one;
+    `stages`: more deploy fields by stage key (each stage's replace those above)."""
     overrides = {"0": {"default_sampling_params": {"max_tokens": frames, **(sampling or {})}}, "*": {"max_num_seqs": 8}}
+    for key, fields in (stages or {}).items():
+        overrides.setdefault(key, {}).update(fields)
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     if source is not None:

@@ -34,7 +34,9 @@ run benchmarks/bench_omni.py --clock cpu --repeats 5
 run benchmarks/bench_qwen3_omni.py
 run benchmarks/bench_tts.py
 run benchmarks/bench_qwen3_tts.py --repeats 2
+run benchmarks/bench_tts_load.py
 run benchmarks/bench_higgs_audio.py --repeats 2
+run benchmarks/bench_voxcpm2.py --repeats 2
 run benchmarks/bench_codec.py
 run benchmarks/bench_http.py
 run benchmarks/bench_responses.py

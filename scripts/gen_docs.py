@@ -205,7 +205,7 @@ What each native diffusion pipeline takes, read from its family's declaration
 (`supported_accelerations` on the pipeline class in `omnistage/models/<family>/`); `omnistage
 models` prints the same table. A deploy field turning on an acceleration marked "no" is
 refused at start-up with an error naming the field and the pipeline. "in" lists the request's
-inputs ("+ images": optional reference images), "default mode" the scheduling mode a stage
+inputs ("+ images", "+ video": optional reference images, a control or conditioning clip), "default mode" the scheduling mode a stage
 runs without `step_execution` in its deploy file ("per checkpoint": the spec is built from
 the checkpoint's files). The options themselves are in [Accelerations](../accelerations.md)
 and [Scaling out](../scaling.md). Any other diffusers pipeline runs through the generic

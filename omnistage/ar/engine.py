@@ -137,7 +137,8 @@ class AREngine:
         self.scheduler = Scheduler(config.max_num_seqs, self.max_model_len, self.block_manager,
                                    max_num_batched_tokens=budget,
                                    enable_chunked_prefill=self.model.supports_chunked_prefill,
-                                   packed=self.model.supports_packed_batch)
+                                   packed=self.model.supports_packed_batch,
+                                   deadline_order=self.model.audio_frame_rate is not None)
         self.runner = ModelRunner(self.model, self.block_size, num_blocks + 1, self.max_model_len, device)
         if config.compile:
             self.runner.enable_static_decode(config.max_num_seqs, capture=True)
@@ -195,6 +196,8 @@ class AREngine:
                        eos_token_ids=self.model.eos_token_ids, arrival_time=request.arrival_time,
                        detokenizer=detok, model_state=prompt.model_state, grammar=self._grammar(rid, params),
                        **flags)
+        if self.model.audio_frame_rate is not None:
+            seq.frame_seconds = 1.0 / self.model.audio_frame_rate
         if not self.model.is_token_reproducible(prompt) or prompt.streamed:
             seq.prefix_cacheable = seq.recomputable = False
         if prompt.streamed:

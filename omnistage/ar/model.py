@@ -139,6 +139,10 @@ class ARModel(ABC):
     supports_prepacked_linears: bool = False
     """`model`'s forward only calls its linear layers (never reads their `.weight`), so on CPU the
     engine may swap them for oneDNN ones with prepacked weights (ar/cpu_linear.py)."""
+    audio_frame_rate: float | None = None
+    """Set by a talker, from its checkpoint: each generated token is one codec frame of audio at
+    this many frames per second. The scheduler then knows how far each stream is ahead of a
+    listener and runs those nearest an underrun first (scheduler.py, `deadline_order`)."""
     model: Any = None
     """The family's torch module (None once closed)."""
     device: Any = None

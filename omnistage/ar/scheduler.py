@@ -7,6 +7,7 @@ the `BlockManager`, which it calls before every step.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -57,7 +58,7 @@ class ARSchedulerOutput:
 class Scheduler:
     def __init__(self, max_num_seqs: int, max_model_len: int, block_manager: BlockManager, *,
                  max_num_batched_tokens: int | None = None, enable_chunked_prefill: bool = True,
-                 packed: bool = False) -> None:
+                 packed: bool = False, deadline_order: bool = False) -> None:
         if max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         self.max_num_seqs = max_num_seqs
@@ -70,6 +71,9 @@ class Scheduler:
         self.packed = packed
         """The model runs decodes and prompt chunks in one packed forward: the budget counts real
         tokens, and any prompt that does not fit what is left is chunked (as vLLM v1)."""
+        self.deadline_order = deadline_order
+        """Audio streams (sequences with `frame_seconds`): more may be resident than a step runs
+        (as the KV blocks allow), and each step runs the `max_num_seqs` nearest an underrun."""
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # admission order: the last is preempted first
         self.num_preemptions = 0
@@ -120,16 +124,27 @@ class Scheduler:
         The budget counts what the forwards compute: one token per decode, and the prefill
         group padded to its longest row (rows x longest chunk), so ragged prompts do not
         pay for padding beyond it; with a packed forward, each row's real tokens.
+
+        With `deadline_order` (audio streams), waiting sequences are admitted first, while
+        KV blocks allow (a seat is no longer the limit), and the step then takes up to
+        `max_num_seqs` resident sequences, decodes and prompts alike, earliest deadline first
+        (`Playback.deadline`, which also bounds how long late streams delay a newcomer): a
+        newcomer's first frames before a stream that is seconds ahead of its listener. When
+        all fit, the order changes nothing.
         """
         out = ARSchedulerOutput()
+        if self.deadline_order:
+            self._admit_resident()
+            groups = [sorted(self.running, key=lambda s: s.playback.deadline(s.arrival_time))]
+        else:
+            groups = [[s for s in self.running if not s.is_prefilling], [s for s in self.running if s.is_prefilling]]
         scheduled: set[int] = set()
-        for decoding in (True, False):
-            i = 0
-            while i < len(self.running):
-                seq = self.running[i]
-                if seq.is_prefilling == decoding or id(seq) in scheduled or seq.awaiting_input:
-                    i += 1
-                    continue
+        for group in groups:
+            for seq in group:
+                if out.num_seqs >= self.max_num_seqs:
+                    break
+                if seq.status is not SequenceStatus.RUNNING or id(seq) in scheduled or seq.awaiting_input:
+                    continue  # preempted by an earlier one in this step, or waiting for streamed input
                 num_new = self._num_new(seq, out)
                 if num_new == 0:
                     break
@@ -140,11 +155,17 @@ class Scheduler:
                     if victim is seq:
                         break
                 if seq.status is not SequenceStatus.RUNNING:
-                    continue  # preempted itself; `running` shrank, same index is the next one
+                    continue  # preempted itself
                 self.blocks.append(seq, end)
                 self._add(out, seq, num_new)
                 scheduled.add(id(seq))
-                i += 1
+        if not self.deadline_order:
+            self._admit_and_schedule(out)
+        return out if out.items else None
+
+    def _admit_and_schedule(self, out: ARSchedulerOutput) -> None:
+        """Admit waiting sequences in arrival order into this step while a seat, the budget and
+        blocks allow; the first that does not fit stops admission."""
         for seq in list(self.waiting):
             if len(self.running) >= self.max_num_seqs or out.preempted:
                 break
@@ -154,16 +175,36 @@ class Scheduler:
             seq.num_computed_tokens = len(hits) * self.blocks.block_size
             num_new = self._num_new(seq, out)
             end = seq.num_computed_tokens + num_new
-            reserve = end if seq.recomputable else min(self.max_model_len, seq.num_prompt_tokens + seq.max_tokens)
+            reserve = self._reserve(seq, end)
             if num_new == 0 or not self.blocks.can_allocate(seq, hits, max(end, reserve)):
                 seq.num_computed_tokens = 0
                 break
-            self.waiting.remove(seq)
-            self.blocks.allocate(seq, hits, max(end, reserve))
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
+            self._admit(seq, hits, max(end, reserve))
             self._add(out, seq, num_new)
-        return out if out.items else None
+
+    def _admit_resident(self) -> None:
+        """Deadline order: admit waiting sequences in arrival order while blocks allow (whole
+        reservations, or the cached prefix of a recomputable one); the step picks from them all."""
+        for seq in list(self.waiting):
+            if seq.awaiting_input:
+                continue
+            hits = self.blocks.match_prefix(seq)
+            seq.num_computed_tokens = len(hits) * self.blocks.block_size
+            reserve = self._reserve(seq, seq.num_computed_tokens)
+            if not self.blocks.can_allocate(seq, hits, reserve):
+                seq.num_computed_tokens = 0
+                break
+            self._admit(seq, hits, reserve)
+
+    def _reserve(self, seq: Sequence, end: int) -> int:
+        """Tokens of blocks to hold at admission: a sequence that cannot be preempted holds its whole length."""
+        return end if seq.recomputable else min(self.max_model_len, seq.num_prompt_tokens + seq.max_tokens)
+
+    def _admit(self, seq: Sequence, hits: list[int], num_tokens: int) -> None:
+        self.waiting.remove(seq)
+        self.blocks.allocate(seq, hits, num_tokens)
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
 
     def _num_new(self, seq: Sequence, out: ARSchedulerOutput) -> int:
         """Tokens `seq` feeds this step: all it lacks, or a chunk of it; 0 if it must wait."""
@@ -214,11 +255,12 @@ class Scheduler:
         item = ScheduledSeq(seq, start, num_new, start + num_new == seq.num_tokens)
         (out.prefills if seq.is_prefilling else out.decodes).append(item)
 
-    def update(self, batch: ARSchedulerOutput, token_ids: dict[str, int]) -> list[Sequence]:
+    def update(self, batch: ARSchedulerOutput, token_ids: dict[str, int], now: float | None = None) -> list[Sequence]:
         """After the forward: count the fed tokens as computed, publish full blocks to the prefix
         cache, append the sampled token of every sequence that caught up (`token_ids` by request
         id); free and return the ones that finished. Sequences aborted meanwhile are skipped."""
         now_finished = []
+        now = time.monotonic() if now is None else now
         for item in batch.items:
             seq = item.seq
             if seq.is_finished:
@@ -226,7 +268,7 @@ class Scheduler:
             seq.num_computed_tokens = item.start + item.num_new
             self.blocks.cache_full_blocks(seq)
             if seq.request_id in token_ids:
-                seq.append_token(token_ids[seq.request_id])
+                seq.append_token(token_ids[seq.request_id], now)
                 if seq.is_finished:
                     now_finished.append(seq)
         if now_finished:

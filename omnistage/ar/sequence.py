@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from omnistage.ar.sampling_params import SamplingParams
+from omnistage.core.playback import Playback
 
 
 class SequenceStatus(enum.Enum):
@@ -73,6 +74,11 @@ class Sequence:
         """Streamed and its next step needs input that has not arrived: the scheduler passes it over."""
         self.finish_reason: str | None = None
         self.num_new_tokens = 0  # tokens appended by the last step (streamed as delta_token_ids)
+        self.frame_seconds: float | None = None
+        """Audio each output token stands for (a talker's codec frame), set by the engine for models
+        with an `audio_frame_rate`: the scheduler then runs the streams nearest an underrun first."""
+        self.playback = Playback()
+        """A real-time player of the audio this sequence's tokens stand for (its deadline)."""
         # metrics
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.first_scheduled_time: float | None = None
@@ -120,12 +126,15 @@ class Sequence:
 
     # --- state changes ---------------------------------------------------------------------
 
-    def append_token(self, token_id: int) -> None:
+    def append_token(self, token_id: int, now: float | None = None) -> None:
         """Add one sampled token, advance the text, and finish the sequence if a stop rule fires."""
+        now = time.monotonic() if now is None else now
         self.output_token_ids.append(token_id)
         self.num_new_tokens = 1
         if self.first_token_time is None:
-            self.first_token_time = time.monotonic()
+            self.first_token_time = now
+        if self.frame_seconds is not None:
+            self.playback.receive(self.frame_seconds, now)
         reason = self._check_stop(token_id)
         if reason is not None:
             self.finish(reason)

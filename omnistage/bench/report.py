@@ -35,7 +35,7 @@ def summarize(run: BenchRun) -> dict:
         "video_frames_per_s": sum(r.frames for r in ok) / run.duration if run.duration else None,
         "audio_seconds_per_s": audio / run.duration if run.duration else None,
         "tokens_per_s": sum(r.tokens for r in ok) / run.duration if run.duration else None,
-        "ttfp_p50_s": pct(ttfp, 50), "ttfp_p95_s": pct(ttfp, 95),
+        "ttfp_p50_s": pct(ttfp, 50), "ttfp_p95_s": pct(ttfp, 95), "ttfp_p99_s": pct(ttfp, 99),
         "rtf_mean": (float(np.mean([r.latency / r.audio_seconds for r in ok if r.audio_seconds > 0]))
                      if any(r.audio_seconds > 0 for r in ok) else None),
         "underruns": sum(len(r.underruns) for r in streamed) if streamed else None,
@@ -52,6 +52,7 @@ _ROWS = [("completed", "completed"), ("errors", "errors"), ("duration_s", "durat
          ("requests_per_s", "requests/s"), ("images_per_s", "images/s"), ("video_frames_per_s", "video frames/s"),
          ("audio_seconds_per_s", "audio s / wall s"), ("tokens_per_s", "tokens/s"),
          ("ttfp_p50_s", "time to first packet p50 (s)"), ("ttfp_p95_s", "time to first packet p95 (s)"),
+         ("ttfp_p99_s", "time to first packet p99 (s)"),
          ("rtf_mean", "real-time factor mean"), ("underruns", "player underruns"),
          ("streams_with_underruns", "streams with underruns"), ("underrun_p99_s", "underrun per stream p99 (s)")]
 

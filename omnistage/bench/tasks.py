@@ -34,6 +34,7 @@ class RequestResult:
     ok: bool
     latency: float = 0.0
     ttfp: float | None = None  # time to first packet/token of a streamed answer
+    ttfa: float | None = None  # time to its first audio, when it has audio
     images: int = 0
     frames: int = 0
     audio_seconds: float = 0.0
@@ -128,7 +129,7 @@ async def tts(client: httpx.AsyncClient, row: dict, opt: TaskOptions) -> Request
                 ttfp = now - t0
             player.receive(len(chunk) / 2 / rate, now)  # 16-bit mono pcm
             num_bytes += len(chunk)
-    return RequestResult(True, time.perf_counter() - t0, ttfp=ttfp, audio_seconds=num_bytes / 2 / rate,
+    return RequestResult(True, time.perf_counter() - t0, ttfp=ttfp, ttfa=ttfp, audio_seconds=num_bytes / 2 / rate,
                          underruns=player.underruns)
 
 
@@ -138,7 +139,8 @@ async def chat(client: httpx.AsyncClient, row: dict, opt: TaskOptions) -> Reques
     if opt.model:
         body["model"] = opt.model
     t0 = time.perf_counter()
-    ttft, tokens, audio_bytes = None, 0, 0
+    ttft, ttfa, tokens, audio_bytes = None, None, 0, 0
+    player = Playback()  # of the spoken answer (16-bit mono pcm at 24 kHz), when there is one
     async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
         if resp.status_code != 200:
             await resp.aread()
@@ -151,9 +153,12 @@ async def chat(client: httpx.AsyncClient, row: dict, opt: TaskOptions) -> Reques
                 ttft = time.perf_counter() - t0
             tokens += bool(delta.get("content"))
             if delta.get("audio", {}).get("data"):
-                audio_bytes += len(base64.b64decode(delta["audio"]["data"]))
-    return RequestResult(True, time.perf_counter() - t0, ttfp=ttft, tokens=tokens,
-                         audio_seconds=audio_bytes / 2 / 24000)
+                num_bytes, now = len(base64.b64decode(delta["audio"]["data"])), time.perf_counter()
+                ttfa = now - t0 if ttfa is None else ttfa
+                player.receive(num_bytes / 2 / 24000, now)
+                audio_bytes += num_bytes
+    return RequestResult(True, time.perf_counter() - t0, ttfp=ttft, ttfa=ttfa, tokens=tokens,
+                         audio_seconds=audio_bytes / 2 / 24000, underruns=player.underruns)
 
 
 TASKS = {"t2i": t2i, "edit": edit, "t2v": t2v, "tts": tts, "chat": chat}

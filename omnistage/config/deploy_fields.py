@@ -92,6 +92,16 @@ class StageDeployConfig:
     in chunks beside the running decodes. None = 2048."""
     default_sampling_params: dict[str, Any] = field(default_factory=dict)
     """Defaults for request params (SamplingParams or DiffusionParams fields) of this stage."""
+    real_time_admission: bool = False
+    """Off by default: measured on a loaded 2-core host it cut Qwen3-TTS's audio per wall second at
+    concurrency 8 by ~3x for ~2x shorter stalls (benchmarks/RESULTS.md, "TTS under load"), and it
+    also holds offline batches, which have no listener. On: a final stage streaming audio starts a new request only while every admitted stream is made at
+    least 25% faster than real time (measured as it runs) and none is behind its listener; the others
+    wait in the queue, in order (their time to first audio grows; past `--max-queued-requests` the
+    server answers 429). False: every request starts at once and all streams share the capacity."""
+    audio_capacity: float | None = None
+    """A final stage streaming audio, with real_time_admission: the seconds of audio it makes per wall
+    second in all, fixed (all the streams, with 25% to spare, must fit it); None = measured per stream."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment for this stage's worker processes (process plumbing only)."""
     ray_address: str | None = None
@@ -185,6 +195,7 @@ STAGE_CONSTRAINTS = {
     "ar_backend": one_of("native", "vllm"),
     "kv_cache_memory": lambda v: None if v > 0 else f"must be > 0 (bytes, or a fraction of the device memory), got {v!r}",
     "max_num_batched_tokens": at_least(1),
+    "audio_capacity": lambda v: None if v > 0 else f"must be > 0 audio seconds per wall second, got {v!r}",
     "lora": _check_lora_entries,
     "ray_resources": lambda v: next((f"{k}: must be >= 0, got {n!r}" for k, n in v.items() if n < 0), None),
     "max_restarts": at_least(0),

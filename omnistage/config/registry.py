@@ -9,7 +9,7 @@ first lookup, so registering a family is dropping a folder in `omnistage/models/
 `resolve(model)` tries, in order:
   1. the deploy file's `pipeline:` key;
   2. `config.json` `model_type`;
-  3. `config.json` `architectures`;
+  3. `config.json` `architectures` (or the single `architecture` some authors' packages write);
   4. `model_index.json` `_class_name`;
   then steps 2-4 again against pattern keys such as "*ForCausalLM" (fallbacks);
   5. for any other diffusers folder, a single generic diffusion stage.
@@ -192,6 +192,8 @@ def _candidates(files: ModelFiles) -> list[tuple[str, str]]:
     for arch in config.get("architectures") or []:
         if isinstance(arch, str):
             out.append(("config.json architectures", arch))
+    if isinstance(config.get("architecture"), str):  # VoxCPM's config.json
+        out.append(("config.json architecture", config["architecture"]))
     index = files.model_index or {}
     if isinstance(index.get("_class_name"), str):
         out.append(("model_index.json _class_name", index["_class_name"]))

@@ -28,6 +28,18 @@ class Playback:
         self.runs_out_at += seconds
         return stall
 
+    def deadline(self, start: float) -> float:
+        """When the listener needs the next audio: the time the audio so far runs out, or `start`
+        (the stream's arrival) before it has any, its first chunk being what it waits for. The
+        streams nearest an underrun are the ones with the earliest deadline (EDF).
+
+        NOTE: the bound against starvation comes from the player itself. A late stream's player
+        stalls and restarts at its next audio, so its deadline is never earlier than the time
+        that audio came; a newcomer's stays its arrival. So once each late stream ahead of it
+        has had one turn, a newcomer's first chunk goes first, however late they are."""
+        return start if self.runs_out_at is None else self.runs_out_at
+
     def ahead(self, now: float) -> bool:
         """Whether the player still has audio to play at `now`."""
         return self.runs_out_at is not None and self.runs_out_at > now
+

@@ -49,6 +49,8 @@ def rows() -> list[Row]:
     for key in native_keys():
         cls = pipeline_class(key)
         inputs = "text, image" if cls.needs_image else "text (+ images)" if cls.takes_image else "text"
+        if cls.takes_video:  # an optional control or conditioning clip (Wan-VACE, Cosmos3)
+            inputs = inputs.replace(")", ", video)") if "(" in inputs else inputs + " (+ video)"
         out.append(Row(key, cls.__module__.split(".")[2], inputs, cls.output_modality,
                        _default_mode(REGISTRY.spec_of(key), key), cls.supported_accelerations))
     return out

@@ -156,6 +156,17 @@ class PrometheusMetrics:
         self.audio_underrun_time = Histogram(
             "omnistage_audio_underrun_seconds", "How long each of those stalls lasted.", ["pipeline"],
             registry=registry, buckets=TIME_BUCKETS)
+        self.audio_waiting = Gauge(
+            "omnistage_audio_requests_waiting", "Requests making audio that wait now for the real-time budget before "
+            "they start.", ["pipeline"], registry=registry)
+        self.audio_queued = Counter(
+            "omnistage_audio_requests_queued", "Requests making audio that had to wait for the real-time budget "
+            "(their wait is in omnistage_stage_queue_time_seconds of the entry stages).", ["pipeline"],
+            registry=registry)
+        self.audio_capacity = Gauge(
+            "omnistage_audio_capacity", "Seconds of audio the final stages make per wall second, as the real-time "
+            "admission measured it (or its audio_capacity); 0 before it has measured any.", ["pipeline"],
+            registry=registry)
         self.num_running = Gauge(
             "omnistage_requests_running", "Requests in the orchestrator.", ["pipeline"], registry=registry)
         self.replicas = Gauge(
@@ -229,6 +240,14 @@ class PrometheusMetrics:
         """Export `count()` ({"ahead": n, "behind": m}), read when scraped."""
         for state in ("ahead", "behind"):
             self.audio_streams.labels(self.pipeline, state).set_function(lambda state=state: count()[state])
+
+    def watch_admission(self, num_waiting: Any, capacity: Any) -> None:
+        """Export the real-time admission's queue length and capacity (callables), read when scraped."""
+        self.audio_waiting.labels(self.pipeline).set_function(num_waiting)
+        self.audio_capacity.labels(self.pipeline).set_function(lambda: capacity() or 0.0)
+
+    def observe_audio_queued(self) -> None:
+        self.audio_queued.labels(self.pipeline).inc()
 
     def set_num_running(self, num: int) -> None:
         self.num_running.labels(self.pipeline).set(num)

@@ -3,6 +3,7 @@
 One `step()` reads like vLLM's `EngineCore.step`:
 
     _collect_inputs()    new requests and aborts from the inbox; entry stages get the prompt
+    _admit_queued()      start the audio requests the real-time budget now has room for
     _dispatch()          hand the queued stage inputs to their stage handles
     then per stage, downstream first:
     _collect_outputs()   step it (inline: one engine step; process: read its pipe)
@@ -27,8 +28,10 @@ Hand-off per edge (both ends agree; `PipelineSpec` validates it):
 A request runs only the stages it needs (`needed_stages`): with `output_modalities` set, the
 final stages making one of them and every stage upstream of those; the rest never see it.
 It finishes when every final stage it runs has; its last `OmniOutput` carries the media of
-all of them. Any stage error fails only its request, naming the stage, and
-aborts the request everywhere else; `abort()` does the same with finish_reason "abort".
+all of them. A request making audio starts only while the real-time budget allows
+(admission.py); until then it waits in `_queued`, in arrival order. Any stage error fails
+only its request, naming the stage, and aborts the request everywhere else; `abort()` does
+the same with finish_reason "abort".
 
 Threads: `submit()` and `abort()` may be called from any thread (they post to an inbox
 and wake the loop). Everything else runs on one thread: the loop `start()` runs, or a
@@ -43,6 +46,7 @@ import queue
 import secrets
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -53,6 +57,7 @@ from omnistage.config.spec import PipelineSpec, StageSpec
 from omnistage.core.errors import EngineUnavailableError, ErrorKind, RequestError
 from omnistage.core.playback import Playback
 from omnistage.core.types import InputChunk, ProgressPayload, StageOutput, StageInputs, StageRequest
+from omnistage.engine.admission import RealTimeAdmission
 from omnistage.engine.factory import EngineFactory, create_engine, request_checker, stage_model_paths
 from omnistage.engine.metrics import PrometheusMetrics, StageMetrics
 from omnistage.engine.outputs import Delta, OmniOutput, StageStream, fill_media
@@ -151,6 +156,10 @@ class Orchestrator:
         self.metrics_registry = metrics_registry if metrics_registry is not None else CollectorRegistry()
         self.metrics = PrometheusMetrics(self.metrics_registry, pipeline.name)
         self.metrics.watch_audio_streams(self.audio_streams)
+        self._admission, self._budget_stages = self._real_time_admission()
+        self._queued: deque[tuple[OmniRequest, Sink | None]] = deque()  # waiting for the real-time budget
+        if self._admission is not None:
+            self.metrics.watch_admission(lambda: len(self._queued), lambda: self._admission.capacity)
 
         self._requests: dict[str, _RequestState] = {}
         self._sinks: dict[str, Sink] = {}
@@ -191,6 +200,20 @@ class Orchestrator:
                 handle.close()
             raise
         return {s.id: handles[s.id] for s in self.pipeline.stages}
+
+    def _real_time_admission(self) -> tuple[RealTimeAdmission | None, frozenset[int]]:
+        """The admission of the final stages streaming audio (fed in chunks as their upstream makes
+        them) with `real_time_admission` (their ids). Audio made whole (a diffusion stage, a
+        whole hand-off) has no real-time listener to keep ahead."""
+        audio = {s.id for s in self.pipeline.final_stages if "audio" in s.modalities and s.stream_input}
+        for stage in self.pipeline.stages:
+            if self.stage_configs[stage.id].audio_capacity is not None and stage.id not in audio:
+                raise ValueError(f"stage {stage.label}: audio_capacity is a field of a final stage streaming audio")
+        ids = frozenset(i for i in audio if self.stage_configs[i].real_time_admission)
+        if not ids:
+            return None, ids
+        fixed = [self.stage_configs[i].audio_capacity for i in sorted(ids) if self.stage_configs[i].audio_capacity]
+        return RealTimeAdmission(min(fixed) if fixed else None), ids
 
     # --- called from any thread ------------------------------------------------------------
 
@@ -346,6 +369,7 @@ class Orchestrator:
 
     def step(self) -> list[OmniOutput]:
         self._collect_inputs()
+        self._admit_queued()
         self._dispatch()
         delivered: list[OmniOutput] = []
         # Downstream stages first, each one's outputs routed and delivered before the next one steps:
@@ -359,7 +383,7 @@ class Orchestrator:
         return delivered
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self._requests)
+        return bool(self._requests or self._queued)
 
     def _run_loop(self) -> None:
         try:
@@ -395,7 +419,7 @@ class Orchestrator:
             if kind == "add" and self._held is not None:
                 self._held.append((body, sink))
             elif kind == "add":
-                self._add_request(body, sink)
+                self._queue_or_add(body, sink)
             elif kind == "abort":
                 self._abort_request(body)
             elif kind == "update":
@@ -407,7 +431,38 @@ class Orchestrator:
             elif kind == "release" and self._held is not None:
                 held, self._held = self._held, None
                 for request, held_sink in held:
-                    self._add_request(request, held_sink)
+                    self._queue_or_add(request, held_sink)
+
+    def _queue_or_add(self, request: OmniRequest, sink: Sink | None) -> None:
+        """Start `request`, or queue it behind the others waiting for the real-time budget."""
+        if self._needs_budget(request) and (self._queued or not self._admits()):
+            self._queued.append((request, sink))
+            self.metrics.observe_audio_queued()
+        else:
+            self._add_request(request, sink)
+
+    def _admit_queued(self) -> None:
+        while self._queued and self._admits():
+            self._add_request(*self._queued.popleft())
+
+    def _needs_budget(self, request: OmniRequest) -> bool:
+        if self._admission is None:
+            return False
+        try:
+            return any(s.id in self._budget_stages for s in self.needed_stages(request))
+        except ValueError:
+            return False  # refused when it starts (_add_request answers it)
+
+    def _admits(self) -> bool:
+        """Whether one more audio stream fits the real-time budget now (admission.py)."""
+        now = time.monotonic()
+        streams = [state for state in self._requests.values()
+                   if any(i in self._budget_stages and not run.finished for i, run in state.runs.items())]
+        if not streams:
+            self._admission.meter.idle()
+        unstarted = sum(state.playback is None for state in streams)
+        behind = sum(state.playback is not None and not state.playback.ahead(now) for state in streams)
+        return self._admission.admits(len(streams), unstarted, behind)
 
     def _add_request(self, request: OmniRequest, sink: Sink | None) -> None:
         rid = request.request_id
@@ -434,10 +489,11 @@ class Orchestrator:
     def _abort_request(self, request_id: str) -> None:
         state = self._requests.get(request_id)
         if state is None:
-            waiting = next((item for item in self._held or () if item[0].request_id == request_id), None)
-            if waiting is not None:  # held back by `hold()`, never started
-                self._held.remove(waiting)
-                _deliver(waiting[1], OmniOutput(request_id, finished=True, finish_reason="abort"))
+            for waiting_list in (self._held or [], self._queued):  # held back by `hold()`, or queued: never started
+                waiting = next((item for item in waiting_list if item[0].request_id == request_id), None)
+                if waiting is not None:
+                    waiting_list.remove(waiting)
+                    _deliver(waiting[1], OmniOutput(request_id, finished=True, finish_reason="abort"))
             return
         text = next((run.stream.text for run in state.runs.values()
                      if run.stage.final_output and run.stream.text is not None), None)
@@ -570,7 +626,10 @@ class Orchestrator:
     def _emit(self, state: _RequestState, run: _StageRun, delta: Delta, finished: bool) -> None:
         stage, rid = run.stage, state.request.request_id
         if stage.final_output and delta.audio_chunk is not None:
-            self._on_audio(state, len(delta.audio_chunk) / delta.sample_rate if delta.sample_rate else 0.0)
+            seconds = len(delta.audio_chunk) / delta.sample_rate if delta.sample_rate else 0.0
+            self._on_audio(state, seconds)
+            if stage.id in self._budget_stages:
+                self._admission.meter.observe(seconds, time.monotonic())
         if stage.final_output and finished:
             state.final_pending.discard(stage.id)
             if not state.final_pending:
@@ -642,7 +701,8 @@ class Orchestrator:
                                           error_kind=ErrorKind.UNAVAILABLE))
             elif kind in ("barrier", "hold"):
                 body.set()
-        held, self._held = self._held or [], None
+        held, self._held = [*(self._held or []), *self._queued], None
+        self._queued.clear()
         for request, sink in held:
             _deliver(sink, OmniOutput(request.request_id, finished=True, finish_reason="error", error=reason,
                                       error_kind=ErrorKind.UNAVAILABLE))

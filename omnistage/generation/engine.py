@@ -1,6 +1,6 @@
 """`GenerationEngine`: batched, chunk-streaming single-pass decoders (vocoders, codec decoders).
 
-    step():  pick up to max_num_seqs streams with pending frames (oldest first)
+    step():  pick up to max_num_seqs streams with pending frames, nearest an underrun first
              take the next chunk of each (at most `chunk_frames` frames, one request's)
              Decoder.decode(chunks, stream states)     one batched pass
              -> AudioPayload(is_chunk=True) pieces, then one final AudioPayload per request
@@ -26,6 +26,13 @@ non-causal codec's lookahead), which ends that request's audio.
 `params` is unused (None). Abort drops the request (and its stream) without an output;
 aborting a stream id drops the stream (the orchestrator does, for a request aborted while
 none of its stream's parts is in flight).
+Scheduling: up to `OPEN_STREAMS_PER_SEAT` x max_num_seqs streams may be open (their decoder
+state is small); each pass decodes the max_num_seqs whose listener would run out of audio
+first (earliest deadline, from a real-time player of the audio each stream got so far; a
+stream with none yet is due at its arrival; `Playback.deadline`, which also bounds how long
+late streams delay a newcomer's first chunk). When all ready streams fit, the order changes
+nothing.
+
 The engine is driven by one caller; calls are not meant to be concurrent.
 """
 
@@ -45,10 +52,14 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.core.device import device_scope, resolve_device, resolve_dtype
 from omnistage.core.parking import Parked, check_can_sleep
+from omnistage.core.playback import Playback
 from omnistage.core.types import AudioPayload, StageOutput, StageRequest
 from omnistage.generation.decoder import get_decoder_class
 
 logger = logging.getLogger(__name__)
+
+OPEN_STREAMS_PER_SEAT = 4
+"""Open streams per batch seat: more streams than a pass decodes stay open, taking turns by deadline."""
 
 
 @dataclass
@@ -71,11 +82,13 @@ class _Request:
 @dataclass
 class _Stream:
     stream_id: str
+    arrival_time: float  # its first request's: the deadline of its first chunk
     requests: deque[_Request] = field(default_factory=deque)  # in order; the head is decoded first
     state: Any = None  # the decoder's, while open
     options: Any = None  # inputs["options"] of its first request, for open_stream
     is_open: bool = False
     num_frames: int = 0
+    playback: Playback = field(default_factory=Playback)  # a real-time player of the audio decoded so far
 
     def ready(self) -> bool:
         """Its head request has frames to decode, or has all its frames and only needs finishing."""
@@ -89,10 +102,12 @@ class GenerationEngine:
         self.device = device = resolve_device(config.devices)
         with device_scope(device):
             self.decoder = get_decoder_class(stage.model if stage else None).load(
-                model_path, stage, device, resolve_dtype(config.dtype, device), config.max_num_seqs)
+                model_path, stage, device, resolve_dtype(config.dtype, device),
+                OPEN_STREAMS_PER_SEAT * config.max_num_seqs)
         if device.type == "cpu" and self.decoder.supports_prepacked_linears:
             prepack_linears(self.decoder.model)  # a decode feeds many frames: packed for the batched case
         self.max_num_seqs = config.max_num_seqs
+        self.max_open_streams = OPEN_STREAMS_PER_SEAT * config.max_num_seqs
         self.chunk_frames = chunk_frames or self.decoder.chunk_frames
         self._streams: dict[str, _Stream] = {}  # by stream id, in arrival order
         self._requests: dict[str, _Request] = {}
@@ -117,9 +132,10 @@ class GenerationEngine:
         if sid is None:  # ways 1 and 2: the request is its own stream
             if rid in self._streams:
                 raise ValueError(f"request id {rid!r} is already a stream id")
-            stream, req = _Stream(rid), _Request(rid, None, request.arrival_time, ends_stream=True)
+            stream = _Stream(rid, request.arrival_time)
+            req = _Request(rid, None, request.arrival_time, ends_stream=True)
         else:  # way 3: one part of stream `sid`, whole on arrival
-            stream = self._streams.get(sid) or _Stream(sid)
+            stream = self._streams.get(sid) or _Stream(sid, request.arrival_time)
             req = _Request(rid, None, request.arrival_time, ends_stream=is_last)
             is_last = True
         self._check_length(stream, codes.shape[0])
@@ -185,22 +201,29 @@ class GenerationEngine:
             return outputs
         now = time.monotonic()
         for req, piece in zip(batch, audio):
+            req.stream.playback.receive(len(piece) / self.decoder.sample_rate, now)
             req.pieces.append(piece)
             req.first_audio_time = req.first_audio_time or now
             outputs.append(self._output(req, piece))
         return outputs
 
     def _schedule(self, outputs: list[StageOutput]) -> list[_Request]:
-        """Head requests of up to max_num_seqs ready streams, oldest stream first. Requests with
-        nothing left to decode (an empty last chunk) finish here, without a pass."""
-        batch = []
+        """Head requests of up to max_num_seqs ready streams, earliest deadline first (see the
+        module docstring). Requests with nothing left to decode (an empty last chunk) finish
+        here, without a pass."""
+        ready = []
         for stream in list(self._streams.values()):
             while stream.ready() and stream.requests[0].num_pending == 0:  # complete, nothing left to decode
                 outputs.append(self._output(stream.requests[0], np.zeros(0, dtype=np.float32)))
-            if not stream.ready() or len(batch) >= self.max_num_seqs:
-                continue
+            if stream.ready():
+                ready.append(stream)
+        ready.sort(key=lambda s: s.playback.deadline(s.arrival_time))
+        batch = []
+        for stream in ready:
+            if len(batch) >= self.max_num_seqs:
+                break
             if not stream.is_open:
-                if sum(s.is_open for s in self._streams.values()) >= self.max_num_seqs:
+                if sum(s.is_open for s in self._streams.values()) >= self.max_open_streams:
                     continue
                 options = () if stream.options is None else (stream.options,)
                 try:

@@ -91,11 +91,39 @@ def gemma3_text_encoder(tokenizer, *, hidden_size: int, num_layers: int):
     return Gemma3ForConditionalGeneration(config).eval()
 
 
+def ltx2_video_vae(latent_channels: int, block_out_channels: tuple[int, ...]):
+    """The LTX-2 video VAE: 4x4 pixel patches, then 2x per block in time and space (one block:
+    8x spatial / 2x temporal; two: 16x / 4x; LTX-2's own: 32x / 8x); the VAE's compression
+    ratios say which."""
+    from diffusers import AutoencoderKLLTX2Video
+
+    num_blocks = len(block_out_channels)
+    return AutoencoderKLLTX2Video(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=latent_channels,
+        block_out_channels=block_out_channels,
+        decoder_block_out_channels=block_out_channels,
+        layers_per_block=(1,) * num_blocks,
+        decoder_layers_per_block=(1,) * (num_blocks + 1),
+        spatio_temporal_scaling=(True,) * num_blocks,
+        decoder_spatio_temporal_scaling=(True,) * num_blocks,
+        decoder_inject_noise=(False,) * (num_blocks + 1),
+        downsample_type=("spatial",) * num_blocks,
+        upsample_residual=(False,) * num_blocks,
+        upsample_factor=(1,) * num_blocks,
+        timestep_conditioning=False,
+        patch_size=4,  # pixels folded into channels before the blocks, as in LTX-2
+        patch_size_t=1,
+        encoder_causal=True,
+        decoder_causal=False,
+    )
+
+
 def _ltx2_components(size: str) -> dict:
     import torch
     from diffusers import (
         AutoencoderKLLTX2Audio,
-        AutoencoderKLLTX2Video,
         FlowMatchEulerDiscreteScheduler,
         LTX2VideoTransformer3DModel,
     )
@@ -144,29 +172,7 @@ def _ltx2_components(size: str) -> dict:
         causal_temporal_positioning=False,
         rope_type="split",
     )
-    # 4x4 pixel patches, then 2x per block in time and space: 8x spatial / 2x temporal at
-    # tiny, 16x / 4x at small (LTX-2: 32x / 8x); the VAE's compression ratios say which.
-    num_blocks = len(dims["vae"])
-    vae = AutoencoderKLLTX2Video(
-        in_channels=3,
-        out_channels=3,
-        latent_channels=latent,
-        block_out_channels=dims["vae"],
-        decoder_block_out_channels=dims["vae"],
-        layers_per_block=(1,) * num_blocks,
-        decoder_layers_per_block=(1,) * (num_blocks + 1),
-        spatio_temporal_scaling=(True,) * num_blocks,
-        decoder_spatio_temporal_scaling=(True,) * num_blocks,
-        decoder_inject_noise=(False,) * (num_blocks + 1),
-        downsample_type=("spatial",) * num_blocks,
-        upsample_residual=(False,) * num_blocks,
-        upsample_factor=(1,) * num_blocks,
-        timestep_conditioning=False,
-        patch_size=4,  # pixels folded into channels before the blocks, as in LTX-2
-        patch_size_t=1,
-        encoder_causal=True,
-        decoder_causal=False,
-    )
+    vae = ltx2_video_vae(latent, dims["vae"])
     # The audio latents' normalisation has base_channels entries, one per packed feature
     # (latent_channels * mel_bins / 4), as in LTX-2 (128 = 8 * 64 / 4).
     audio_vae = AutoencoderKLLTX2Audio(

@@ -26,28 +26,34 @@ _DIMS = {
 }
 
 
+def gemma2_text_encoder(tokenizer, hidden_size: int):
+    """A 2-layer Gemma 2 text model (SANA's text encoder), with room for a long instruction prefix."""
+    from transformers import Gemma2Config, Gemma2Model
+
+    return Gemma2Model(Gemma2Config(
+        vocab_size=padded_vocab_size(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=hidden_size // 2,
+        max_position_embeddings=4096,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )).eval()
+
+
 def _components(size: str) -> dict:
     from diffusers import SanaVideoTransformer3DModel
-    from transformers import Gemma2Config, Gemma2Model
 
     dims = _DIMS[size]
     inner = dims["heads"] * dims["head_dim"]
     tokenizer = build_gemma_tokenizer()
     text = dims["text_hidden"]
     # The prompt is prefixed with the pipeline's complex human instruction (hundreds of tokens).
-    text_encoder = Gemma2Model(Gemma2Config(
-        vocab_size=padded_vocab_size(tokenizer),
-        hidden_size=text,
-        intermediate_size=2 * text,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=text // 2,
-        max_position_embeddings=4096,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )).eval()
+    text_encoder = gemma2_text_encoder(tokenizer, text)
     transformer = SanaVideoTransformer3DModel(
         in_channels=16,
         out_channels=16,

@@ -77,6 +77,9 @@ def _load_builders() -> None:
     from omnistage.testing import qwen3_asr_models  # noqa: F401
     from omnistage.testing import helios_models  # noqa: F401
     from omnistage.testing import kandinsky6_models  # noqa: F401
+    from omnistage.testing import voxcpm2_models  # noqa: F401
+    from omnistage.testing import cosmos3_models  # noqa: F401
+    from omnistage.testing import sana_wm_models  # noqa: F401
 
 
 def list_models() -> list[ZooModel]:

@@ -323,3 +323,56 @@ def test_sequences_awaiting_streamed_input_are_passed_over():
     assert ids(batch.decodes) == ["r0"] and not batch.prefills
     a.awaiting_input = True
     assert not sched.has_runnable() and sched.schedule() is None
+
+
+# --- deadline order (audio streams) ------------------------------------------------------------
+
+def timed_step(sched: Scheduler, now: float) -> list[str]:
+    """One schedule + update at wall time `now`; the ids the step ran."""
+    batch = sched.schedule()
+    sched.update(batch, {i.seq.request_id: 7 for i in batch.items if i.samples}, now=now)
+    return ids(batch.items)
+
+
+def audio_sequence(name: str, arrival: float, frame_seconds: float = 0.08) -> Sequence:
+    seq = Sequence(name, [10, 11, 12, 13], SamplingParams(max_tokens=200), max_model_len=256,
+                   eos_token_ids=(EOS,), arrival_time=arrival)
+    seq.frame_seconds = frame_seconds
+    return seq
+
+
+@pytest.mark.parametrize("deadline_order", [True, False])
+def test_deadline_order_runs_a_newcomer_before_streams_far_ahead(deadline_order):
+    """Two streams fill the batch (max_num_seqs=2) and are 0.8 s of audio ahead of their listeners;
+    a third arrives. Deadline order admits it beside them (the KV blocks allow) and its first
+    frames take a seat from a stream that can wait; arrival order keeps it waiting for a seat."""
+    sched = Scheduler(2, 256, BlockManager(64, BLOCK), deadline_order=deadline_order)
+    a, b = audio_sequence("a", 0.0), audio_sequence("b", 0.0)
+    sched.add(a), sched.add(b)
+    for i in range(10):
+        assert sorted(timed_step(sched, now=0.001 * i)) == ["a", "b"]  # room for both: the order changes nothing
+    assert a.playback.runs_out_at == pytest.approx(0.8)
+    sched.add(audio_sequence("new", 0.02))
+    ran = timed_step(sched, now=0.03)
+    if deadline_order:
+        assert sorted(ran) == ["a", "new"] and len(sched.running) == 3  # a, b tie: b, admitted last, waits
+        assert sorted(timed_step(sched, now=0.04)) == ["b", "new"]  # a got a frame more: b is due first
+    else:
+        assert sorted(ran) == ["a", "b"] and [s.request_id for s in sched.waiting] == ["new"]
+
+
+def test_deadline_order_bounds_how_long_late_streams_keep_a_newcomer_waiting():
+    """Three streams are late (their listeners ran out of audio long ago and each frame is 1 ms,
+    so they never catch up) and hold the batch of 2; a newcomer still gets its first frames
+    within two steps: a late stream's deadline restarts at its last audio (the player stalls
+    there), the newcomer's stays its arrival, so each late one has at most one turn before it."""
+    sched = Scheduler(2, 256, BlockManager(64, BLOCK), deadline_order=True)
+    late = [audio_sequence(name, 0.0, frame_seconds=0.001) for name in "abc"]
+    for seq in late:
+        sched.add(seq)
+    for i in range(3):
+        timed_step(sched, now=0.1 * i)  # prefills and a few frames, all far behind real time
+    sched.add(audio_sequence("new", 1.0))
+    first = next(i for i in range(10) if "new" in timed_step(sched, now=1.0 + 0.1 * i))
+    assert first <= 1  # c and one of a, b, whose deadlines came before its arrival, go first
+    assert all(seq.playback.runs_out_at < 1.3 for seq in late)  # they were late all along

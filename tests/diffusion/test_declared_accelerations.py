@@ -41,6 +41,7 @@ import test_parity_ltx2_condition
 import test_parity_ltx2_i2v
 import test_parity_qwen_image_edit
 import test_parity_sana_video
+import test_parity_sana_wm
 import test_parity_wan
 import test_parity_wan_vace
 from parity import request_for
@@ -132,6 +133,8 @@ def _cases() -> dict[str, Case]:
         "sana-video-i2v": _case("sana-video-i2v", test_parity_sana_video.I2V_CALL,
                                 test_parity_sana_video.TestSanaVideoI2V),
         "wan-vace": _case("wan-vace", test_parity_wan_vace.CALL, test_parity_wan_vace.TestWanVACE),
+        # An input image and a camera path (a None camera field is not sent).
+        "sana-wm": _case("sana-wm", test_parity_sana_wm.CALL, test_parity_sana_wm.TestSanaWM),
         # No CFG: Helios takes no CFG-parallel, and its two chunks cost twice a plain call's steps.
         "helios": _case("helios", {"guidance_scale": 1.0}),
     }

@@ -140,6 +140,20 @@ def test_at_most_max_num_seqs_streams_per_pass():
         np.testing.assert_array_equal(outs[f"r{i}"][-1].payload.audio, expected([i] * 4))
 
 
+def test_a_newcomer_is_decoded_before_a_stream_far_ahead():
+    """One seat (max_num_seqs=1): stream "old" has 3 s of audio out (a frame is 1 s here) and its next
+    part waiting; "new" arrives after it. Earliest deadline first, new's first chunk goes before
+    old's next one, and both stay open (more streams open than a pass decodes)."""
+    eng = make(max_num_seqs=1)
+    eng.add_request(StageRequest("old#0", {"codes": [1, 2, 3], "stream_id": "old", "is_last": False}))
+    eng.step()
+    eng.add_request(StageRequest("old#1", {"codes": [4, 5, 6], "stream_id": "old", "is_last": True}))
+    eng.add_request(StageRequest("new", [7, 8, 9, 10]))
+    assert [o.request_id for o in eng.step()] == ["new"]
+    assert eng.decoder.open == 2
+    assert [o.request_id for o in eng.step()] == ["old#1"]  # new has 3 s out too, got later: old is due first
+
+
 def test_abort_frees_the_stream_without_output():
     eng = make()
     eng.add_request(StageRequest("a", list(range(9))))

@@ -101,6 +101,7 @@ class CsmTalker(ARModel):
         self.audio_token_id = config.audio_token_id
         self.audio_eos_token_id = config.audio_eos_token_id
         self.sample_rate = config.codec_config.sampling_rate
+        self.audio_frame_rate = config.codec_config.frame_rate  # one backbone step: one Mimi frame
         self.eos_frame_id = config.vocab_size
         self.eos_token_ids = (self.eos_frame_id,)
         self.depth_sampler = Sampler(device)

@@ -79,6 +79,14 @@ def fixed_sigmas(schedule: str) -> list[float] | None:
 Pass = str  # "uncond" | "cond" | "stg" | "modality"
 
 
+def vae_ratios(vae: dict[str, Any]) -> tuple[int, int]:
+    """(spatial, temporal) compression of an LTX-2 video VAE from its config: 2x per scaling
+    block after its pixel patch (the ratios are properties, not config keys, in diffusers)."""
+    scaling = sum(vae.get("spatio_temporal_scaling", ()))
+    spatial = vae.get("spatial_compression_ratio") or vae.get("patch_size", 1) * 2 ** scaling
+    return spatial, vae.get("temporal_compression_ratio") or vae.get("patch_size_t", 1) * 2 ** scaling
+
+
 class LTX2T2V(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "LTX2Pipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
@@ -145,10 +153,7 @@ class LTX2T2V(DiffusionPipelineBase):
         self.video_processor = VideoProcessor(vae_scale_factor=self.vae_spatial_ratio)
 
     def configure(self, configs: CheckpointConfigs) -> None:
-        vae = configs.vae
-        scaling = sum(vae.get("spatio_temporal_scaling", ()))
-        self.vae_spatial_ratio = vae.get("spatial_compression_ratio") or vae.get("patch_size", 1) * 2 ** scaling
-        self.vae_temporal_ratio = vae.get("temporal_compression_ratio") or vae.get("patch_size_t", 1) * 2 ** scaling
+        self.vae_spatial_ratio, self.vae_temporal_ratio = vae_ratios(configs.vae)
         self.patch_size = configs.transformer.get("patch_size", 1)
         self.patch_size_t = configs.transformer.get("patch_size_t", 1)
         self.num_blocks = configs.transformer.get("num_layers", 0)

@@ -39,6 +39,7 @@ sees only generated codes, as the reference's (it generates from `inputs_embeds`
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +48,7 @@ import torch
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
 from omnistage.ar.sampler import Sampler
 from omnistage.ar.sampling_params import SamplingParams
+from omnistage.models.qwen3_omni.code2wav import SAMPLE_RATE
 from omnistage.models.qwen3_omni.weights import check_voice, load_talker, speaker_ids
 
 _INPUT_KEYS = ("thinker_hidden", "thinker_embeds", "token_ids", "num_prompt", "audio_seqlens", "image_grid_thw",
@@ -143,7 +145,11 @@ class Qwen3OmniTalker(ARModel):
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> Qwen3OmniTalker:
         from transformers import Qwen3OmniMoeConfig
 
-        return cls(load_talker(model_path, device, dtype), Qwen3OmniMoeConfig.from_pretrained(model_path), device)
+        omni_config = Qwen3OmniMoeConfig.from_pretrained(model_path)
+        talker = cls(load_talker(model_path, device, dtype), omni_config, device)
+        code2wav = omni_config.code2wav_config  # one frame: the product of its upsampling factors in samples
+        talker.audio_frame_rate = SAMPLE_RATE / math.prod([*code2wav.upsample_rates, *code2wav.upsampling_ratios])
+        return talker
 
     # --- prompt -------------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from omnistage.ar.model import PromptInputs
 from omnistage.ar.sampler import Sampler
 from omnistage.core.errors import RequestError
 from omnistage.models.qwen3_omni.talker import NUM_SUPPRESSED, Qwen3OmniTalker, TalkerState
-from omnistage.models.qwen3_tts.modeling import load_talker
+from omnistage.models.qwen3_tts.modeling import load_talker, read_config
 from omnistage.models.qwen3_tts.prompt import parse_prompt
 
 
@@ -78,6 +78,8 @@ class Qwen3TTSTalker(Qwen3OmniTalker):
 
         model, config = load_talker(model_path, device, dtype)
         talker = cls(model, config, AutoTokenizer.from_pretrained(model_path), device)
+        codec = read_config(f"{model_path}/speech_tokenizer")  # one frame: decode_upsample_rate samples
+        talker.audio_frame_rate = codec["output_sample_rate"] / codec["decode_upsample_rate"]
         if config.get("tts_model_type") == "base":
             from omnistage.models.qwen3_tts.cloning import VoiceCloner
 

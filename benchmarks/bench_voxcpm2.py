@@ -1,0 +1,129 @@
+"""TTS serving: VoxCPM2 behind `omnistage serve`, against the authors' own `generate` on the same text.
+
+The same serving measurement as bench_tts.py (CSM), on the zoo's tiny VoxCPM2 (base + residual
+MiniCPM-4 LMs and a local DiT making one latent patch per step with 10 Euler steps; the causal
+audio VAE decoder streamed with left context only; both at max_num_seqs 8, inline), the talker
+held to `--patches` patches per request (the stop head ends some earlier). The baseline is the
+authors' `voxcpm` 2.0.3 model (tests/models/voxcpm2_reference.py) in this process with as many
+torch threads as the server: `VoxCPM2Model._generate_with_prompt_cache` + its one-shot VAE
+decode, one request at a time. It has no batch (its KV cache holds one utterance), so its
+concurrency 8 is the same one-at-a-time loop; it does not stream either (its
+`generate_streaming` yields one patch at a time, unbatched). The tiny VAE makes 1 ms of audio
+per patch (the released one 40 ms), so audio seconds are small: compare ratios. Writes the
+"TTS: VoxCPM2" section of benchmarks/RESULTS.md.
+
+    .venv/bin/python benchmarks/bench_voxcpm2.py [--patches 64] [--requests 4 8 16] [--threads 1] [--repeats 3] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from bench_tts import PROMPTS, _VS, load, start_server
+from common import PeakRSS, ROOT, write_section
+
+
+def authors_baseline(path: str, patches: int, threads: int, repeats: int) -> dict:
+    """The authors' generate + decode on PROMPTS, one at a time (best of `repeats` per prompt)."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "tests" / "models"))
+    from voxcpm2_reference import reference_model
+
+    torch.set_num_threads(threads)
+    ref = reference_model(ROOT / ".omnistage-cache", path)
+
+    def speak(text: str) -> float:
+        gen = ref._generate_with_prompt_cache(target_text=text, prompt_cache=None, max_len=patches)
+        wav, _, _ = next(gen)
+        gen.close()
+        return wav.shape[-1] / ref.sample_rate
+
+    speak(PROMPTS[0])  # warm-up
+    alone = []  # (wall s, CPU s, audio s) per prompt, each the best of `repeats`
+    for text in PROMPTS:
+        runs = []
+        for _ in range(repeats):
+            wall, cpu = time.perf_counter(), time.process_time()
+            audio = speak(text)
+            runs.append((time.perf_counter() - wall, time.process_time() - cpu, audio))
+        alone.append(min(runs))
+    audio = sum(a for _, _, a in alone)
+    return {"latency_p50_s": float(np.median([w for w, _, _ in alone])),
+            "rtf_mean": float(np.mean([w / a for w, _, a in alone])),
+            "audio_per_s": audio / sum(w for w, _, _ in alone), "audio_per_cpu": audio / sum(c for _, c, _ in alone)}
+
+
+def _per_cpu(summary: dict) -> float:
+    return summary["audio_seconds_per_s"] * summary["duration_s"] / summary["server_cpu_s"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--patches", type=int, default=64, help="talker steps (latent patches) per request at most")
+    p.add_argument("--requests", type=int, nargs=3, default=[4, 8, 16], help="requests timed at concurrency 1, 4, 8")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the server and of the baseline")
+    p.add_argument("--repeats", type=int, default=3, help="runs per level (and per baseline call); the best counts")
+    p.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md as it is")
+    args = p.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from omnistage.testing import ensure
+
+    with open("/proc/loadavg") as f:
+        load_before = f.read().split()[0]
+    path = str(ensure("voxcpm2", cache_dir=ROOT / ".omnistage-cache" / "zoo"))
+    proc, url = start_server(path, args.patches, args.threads)
+    try:
+        with PeakRSS(proc.pid) as rss:
+            summaries = load(url, args.requests, args.repeats, proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    base = authors_baseline(path, args.patches, args.threads, args.repeats)
+    with open("/proc/loadavg") as f:
+        load_after = f.read().split()[0]
+
+    ours1, ours8 = summaries[0], summaries[-1]
+    rows = "\n".join(
+        f"| {s['max_concurrency']} | {s['completed']} | {s['ttfp_p50_s']:.3f} | {s['ttfp_p95_s']:.3f} | "
+        f"{s['latency_p50_s']:.3f} | {s['rtf_mean']:.3f} | {s['audio_seconds_per_s']:.3f} | "
+        f"{s['audio_seconds_per_s'] / ours1['audio_seconds_per_s']:.2f}x | "
+        f"{_per_cpu(s):.3f} |" for s in summaries)
+    body = f"""
+Zoo voxcpm2 (tiny), `omnistage serve` (talker and VAE at max_num_seqs 8, inline, fp32, {args.threads} torch
+thread(s)), loaded by `omnistage.bench` (`--task tts`: streamed `/v1/audio/speech`, `stream_format=audio`,
+`response_format=pcm`). Two-sentence inputs, unseeded, at most {args.patches} patches per request (the stop head ends
+some earlier); the tiny VAE voices 1 ms of 48 kHz audio per patch, so audio seconds are small and only ratios
+matter. VAE chunks of 5 patches, then 25. Client-side times; one warm-up request per level, best of {args.repeats}
+runs per level (by audio per wall second). Peak server RSS {rss.peak_mib:.0f} MiB.
+Load average {load_before} before, {load_after} after (2 shared cores, other jobs running): wall times are noisy.
+
+| concurrency | requests | TTFP p50 (s) | TTFP p95 (s) | latency p50 (s) | RTF mean | audio s / wall s | {_VS} |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+{rows}
+
+The authors' `voxcpm` 2.0.3 on the same 8 prompts, same process threads, `_generate_with_prompt_cache` + one-shot
+VAE decode, one at a time (it has no batch; best of {args.repeats}): latency p50 {base['latency_p50_s']:.3f} s
+(= its time to first audio), RTF mean {base['rtf_mean']:.3f}, {base['audio_per_s']:.3f} audio s / wall s,
+{base['audio_per_cpu']:.3f} audio s / CPU s.
+
+- Time to first audio at concurrency 1 (p50): **{ours1['ttfp_p50_s']:.3f} s** vs the authors' whole request
+  {base['latency_p50_s']:.3f} s (**{base['latency_p50_s'] / ours1['ttfp_p50_s']:.1f}x** sooner).
+- Audio per wall second: concurrency 1 **{ours1['audio_seconds_per_s']:.3f}**
+  (**{ours1['audio_seconds_per_s'] / base['audio_per_s']:.2f}x** the authors'), concurrency 8
+  **{ours8['audio_seconds_per_s']:.3f}** (**{ours8['audio_seconds_per_s'] / base['audio_per_s']:.2f}x** the authors'
+  one-at-a-time loop).
+- Audio per CPU second: server at concurrency 1 **{_per_cpu(ours1):.3f}**, at concurrency 8
+  **{_per_cpu(ours8):.3f}**, vs the authors' {base['audio_per_cpu']:.3f}.
+"""
+    print(body)
+    if not args.no_write:
+        write_section("TTS: VoxCPM2", "benchmarks/bench_voxcpm2.py", body)
+
+
+if __name__ == "__main__":
+    main()
