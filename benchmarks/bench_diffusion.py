@@ -25,7 +25,8 @@ them under "## Diffusion" in benchmarks/RESULTS.md (other sections are kept).
 
 Video families (`--models hunyuan-video cosmos3 sana-wm`) get their own table, "## Diffusion:
 video": ours against the diffusers pipeline called once per request (see `bench_video`).
-Also: --models qwen-image-edit-plus (each request edits two input images) and qwen-image-2.1;
+Also: --models qwen-image-edit-plus (each request edits two input images), joyai-image-edit-plus,
+qwen-image-2.1 and ltx2-two-stage (printed only: see `bench_two_stage`);
 --one-prompt gives all 8 requests the first prompt (seeds still 0-7): Qwen-Image 2.1 batches
 only prompts of one token length in a transformer call.
 """
@@ -62,7 +63,11 @@ AUDIO_MODELS = ("stable-audio",)
 # Families whose diffusers pipeline takes one prompt per call: no "batched" run.
 ONE_PROMPT_PER_CALL = {"qwen-image-edit-plus"}
 # Input images of each request, for families that edit (two each: Edit-Plus takes 1-3).
-INPUT_IMAGES = {"qwen-image-edit-plus": 2}
+INPUT_IMAGES = {"qwen-image-edit-plus": 2, "joyai-image-edit-plus": 2}
+# Families run with their references' buckets shrunk to each image's own size, both sides, as in
+# the tests (omnistage.testing.joyimage_models.small_buckets): a ~1-megapixel reference's VAE
+# encode would be nearly all of a tiny model's time.
+SMALL_BUCKETS = {"joyai-image-edit-plus"}
 # Families that animate one input image (its first frame).
 FIRST_FRAME = {"sana-wm"}
 
@@ -112,7 +117,7 @@ def reference_loader_kwargs(model: str, path: str) -> dict:
         from transformers import Qwen2VLProcessor
 
         return {"processor": processor_from_parts(Qwen2VLProcessor, path)}
-    if model == "qwen-image-2.1":
+    if model in ("qwen-image-2.1", "joyai-image-edit-plus"):
         from transformers import Qwen3VLProcessor
 
         return {"processor": processor_from_parts(Qwen3VLProcessor, path)}
@@ -173,12 +178,22 @@ def run_omni(omni, kwargs: dict) -> list:
     return [out.images[0] for out in omni.generate(PROMPTS, params, use_tqdm=False)]
 
 
+def _reference_kwargs(pipe, kwargs: dict, num_prompts: int) -> dict:
+    """`kwargs` as the diffusers pipeline takes them (JoyAI-Image-Edit-Plus: `images`, a list per prompt)."""
+    if type(pipe).__name__ != "JoyImageEditPlusPipeline" or "image" not in kwargs:
+        return kwargs
+    kwargs = dict(kwargs)
+    images = kwargs.pop("image")
+    return {**kwargs, "images": images if num_prompts == 1 else [images] * num_prompts}
+
+
 def run_sequential(pipe, kwargs: dict) -> list:
+    kwargs = _reference_kwargs(pipe, kwargs, 1)
     return [_pipe_outputs(pipe(prompt=p, **kwargs, generator=generator(i)))[0] for i, p in enumerate(PROMPTS)]
 
 
 def run_batched(pipe, kwargs: dict) -> list:
-    kwargs = dict(kwargs)
+    kwargs = _reference_kwargs(pipe, kwargs, NUM_REQUESTS)
     if kwargs.get("negative_prompt") is not None:  # FLUX.2's pipelines take no negative_prompt
         kwargs["negative_prompt"] = [kwargs["negative_prompt"]] * NUM_REQUESTS
     return _pipe_outputs(pipe(prompt=PROMPTS, **kwargs, generator=[generator(i) for i in range(NUM_REQUESTS)]))
@@ -263,6 +278,15 @@ def single_latency(engine, kwargs: dict) -> float:
 
 
 def bench(model: str, size: str, repeats: int, device: str = "cpu", dtype: str = "float32") -> dict:
+    if model in SMALL_BUCKETS:
+        from omnistage.testing.joyimage_models import small_buckets
+
+        with small_buckets():
+            return _bench(model, size, repeats, device, dtype)
+    return _bench(model, size, repeats, device, dtype)
+
+
+def _bench(model: str, size: str, repeats: int, device: str = "cpu", dtype: str = "float32") -> dict:
     kwargs = call_kwargs(model, size)
     configs = tuple(c for c in CONFIGS if not (c == "batched" and model in ONE_PROMPT_PER_CALL))
     built = build(model, size, configs, device, dtype)
@@ -299,6 +323,92 @@ def bench(model: str, size: str, repeats: int, device: str = "cpu", dtype: str =
     return {"model": model, "size": size, "device": device, "dtype": dtype, "params_m": params / 1e6, "secs": best, "cpu_secs": best_cpu,
             "gap": gap, "latency": latency,
             "max_pixel_diff": diff, "audio_seconds": audio_seconds}
+
+
+# -- LTX-2 two-stage: ours through Omni / diffusers' chained calls ----------------------------
+
+TWO_STAGE_MODELS = ("ltx2-two-stage",)
+"""LTX-2's two-stage pipeline on the zoo's ltx2 and ltx2-latent-upsampler: ours is `Omni.generate`
+on a pipeline folder naming them (base -> upsampler -> refiner, the bundled ltx2_two_stage.yaml's
+stage-2 distilled sigmas, every stage max_num_seqs 8); diffusers is its docs' recipe, LTX2Pipeline
+(latent) -> LTX2LatentUpsamplePipeline -> LTX2Pipeline(latents, audio_latents, the stage-2 sigmas,
+noise_scale = their first) with one generator per request through the chain: 8 chains one by one
+(sequential), or each call over the 8 (batched)."""
+
+
+def _two_stage_parts(size: str, dtype: str) -> tuple:
+    from diffusers import FlowMatchEulerDiscreteScheduler, LTX2LatentUpsamplePipeline, LTX2Pipeline
+
+    from omnistage.testing import ensure
+
+    cache = ROOT / ".omnistage-cache"
+    base_path, up_path = (str(ensure(m, size=size, cache_dir=cache / "zoo")) for m in ("ltx2", "ltx2-latent-upsampler"))
+    folder = cache / "bench" / f"ltx2-two-stage-{size}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": "ltx2_two_stage", "stage_models": {
+        "base": base_path, "upsampler": up_path, "refiner": base_path}}))
+    base = LTX2Pipeline.from_pretrained(base_path, dtype=torch_dtype(dtype))
+    as_is = FlowMatchEulerDiscreteScheduler.from_config(base.scheduler.config, use_dynamic_shifting=False,
+                                                        shift_terminal=None)  # the docs' stage-2 scheduler
+    pipes = (base, LTX2LatentUpsamplePipeline.from_pretrained(up_path, dtype=torch_dtype(dtype)),
+             LTX2Pipeline(**{**base.components, "scheduler": as_is}))
+    for pipe in pipes:
+        pipe.set_progress_bar_config(disable=True)
+    return folder, pipes
+
+
+def run_two_stage_reference(pipes, kwargs: dict, prompts: list[str], generators: list) -> list:
+    from diffusers.pipelines.ltx2.utils import STAGE_2_DISTILLED_SIGMA_VALUES as SIGMAS
+
+    base, upsampler, refiner = pipes
+    kwargs = {k: v for k, v in kwargs.items() if k != "output_type"}
+    if len(prompts) > 1:
+        kwargs["negative_prompt"] = [kwargs["negative_prompt"]] * len(prompts)
+    video, audio = base(prompt=prompts, **kwargs, generator=generators, output_type="latent", return_dict=False)
+    video = upsampler(latents=video, output_type="latent", return_dict=False)[0]
+    second = {k: v for k, v in kwargs.items() if k not in ("height", "width", "num_frames", "num_inference_steps")}
+    frames, _ = refiner(prompt=prompts, **second, latents=video, audio_latents=audio, num_inference_steps=len(SIGMAS),
+                        sigmas=SIGMAS, noise_scale=SIGMAS[0], guidance_scale=1.0, generator=generators,
+                        output_type="np", return_dict=False)
+    return [(np.clip(f, 0.0, 1.0) * 255).round().astype(np.uint8) for f in frames]
+
+
+def run_two_stage_ours(omni, kwargs: dict) -> list:
+    params = []
+    for request in stage_requests(kwargs):
+        base = request.params
+        params.append({"base": base, "upsampler": type(base)(seed=base.seed),
+                       "refiner": base.model_copy(update={"num_inference_steps": None})})  # the deploy's schedule
+    return [out.video for out in omni.generate(PROMPTS, params, use_tqdm=False)]
+
+
+def bench_two_stage(size: str, repeats: int, dtype: str = "float32") -> dict:
+    from omnistage import Omni
+
+    kwargs = call_kwargs("ltx2", size)
+    folder, pipes = _two_stage_parts(size, dtype)
+    omni = Omni(str(folder), stage_overrides={"*": dict(max_num_seqs=NUM_REQUESTS, dtype=dtype)})
+    fns = {"ours": lambda: run_two_stage_ours(omni, kwargs),
+           "sequential": lambda: [run_two_stage_reference(pipes, kwargs, [p], generator(i))[0]
+                                  for i, p in enumerate(PROMPTS)],
+           "batched": lambda: run_two_stage_reference(pipes, kwargs, PROMPTS, [generator(i) for i in range(NUM_REQUESTS)])}
+    best, best_cpu, results = {n: float("inf") for n in fns}, {n: float("inf") for n in fns}, {}
+    with torch.inference_mode():
+        for name, fn in fns.items():  # warm-up
+            results[name] = fn()
+        for _ in range(repeats):
+            for name, fn in fns.items():
+                t0, c0 = time.perf_counter(), time.process_time()
+                results[name] = fn()
+                best[name] = min(best[name], time.perf_counter() - t0)
+                best_cpu[name] = min(best_cpu[name], time.process_time() - c0)
+    omni.close()
+    diff = max(int(np.abs(np.asarray(a, np.int16) - np.asarray(b, np.int16)).max())
+               for a, b in zip(results["ours"], results["sequential"]))
+    params = sum(p.numel() for pipe in pipes[:2] for c in pipe.components.values() if isinstance(c, torch.nn.Module)
+                 for p in c.parameters())
+    return {"model": "ltx2-two-stage", "size": size, "device": "cpu", "dtype": dtype, "params_m": params / 1e6,
+            "secs": best, "cpu_secs": best_cpu, "max_pixel_diff": diff}
 
 
 # -- peak RSS, one process per configuration ----------------------------------------------
@@ -469,7 +579,7 @@ def table(rows: list[dict]) -> str:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        if r["model"] in OMNI_MODELS:
+        if r["model"] in OMNI_MODELS + TWO_STAGE_MODELS:  # no staggered runs
             continue
         lat, m = r["latency"], r.get("rss", {})
         rss = f"{m['step_staggered']:.0f} / {m['request_staggered']:.0f} MiB" if m else "-"
@@ -531,7 +641,11 @@ def main() -> None:
         if not args.no_write:
             write_section("Diffusion: video", "benchmarks/bench_diffusion.py", video_table(video_rows))
     rows = []
-    for model in [m for m in args.models if m not in VIDEO_MODELS]:
+    for size in args.sizes if "ltx2-two-stage" in args.models else ():
+        row = bench_two_stage(size, args.repeats, args.dtype)
+        print(json.dumps(row), flush=True)
+        print(table([row]).split("\n\nStaggered")[0])  # printed only; no staggered runs
+    for model in [m for m in args.models if m not in VIDEO_MODELS + TWO_STAGE_MODELS]:
         for size in args.sizes:
             row = bench(model, size, args.repeats, args.device, args.dtype)
             if not args.no_memory:

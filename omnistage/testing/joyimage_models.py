@@ -14,6 +14,8 @@ which no seed reaches, so only a posterior without spread lets a parity test com
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from omnistage.testing.diffusion_components import (
@@ -50,6 +52,20 @@ def _pinned_posterior(vae) -> None:
 
 def build_joyimage_edit(out_dir: Path, size: str, seed: int) -> None:
     from diffusers import JoyImageEditPipeline, JoyImageEditTransformer3DModel
+
+    _build(out_dir, size, seed, JoyImageEditPipeline, JoyImageEditTransformer3DModel)
+
+
+def build_joyimage_edit_plus(out_dir: Path, size: str, seed: int) -> None:
+    """JoyAI-Image-Edit-Plus: the same components, with the Plus transformer (patch sequences of
+    several references)."""
+    from diffusers import JoyImageEditPlusPipeline
+    from diffusers.models.transformers.transformer_joyimage_edit_plus import JoyImageEditPlusTransformer3DModel
+
+    _build(out_dir, size, seed, JoyImageEditPlusPipeline, JoyImageEditPlusTransformer3DModel)
+
+
+def _build(out_dir: Path, size: str, seed: int, pipeline_class, transformer_class) -> None:
     from transformers import Qwen3VLForConditionalGeneration, Qwen3VLProcessor
 
     from omnistage.models.qwen_image.vl_processor import processor_from_parts
@@ -59,7 +75,7 @@ def build_joyimage_edit(out_dir: Path, size: str, seed: int) -> None:
     tokenizer = build_qwen2_tokenizer()
     write_qwen3_vl_processor(out_dir / "processor", tokenizer, _VISION_PIXELS[size])
     text_encoder = Qwen3VLForConditionalGeneration(qwen3_vl_config(tokenizer, dims["text_hidden"], num_layers=2)).eval()
-    transformer = JoyImageEditTransformer3DModel(
+    transformer = transformer_class(
         patch_size=[1, 2, 2],
         in_channels=16,
         hidden_size=dims["hidden"],
@@ -70,7 +86,7 @@ def build_joyimage_edit(out_dir: Path, size: str, seed: int) -> None:
     )
     vae = wan_vae(size)
     _pinned_posterior(vae)
-    pipe = JoyImageEditPipeline(
+    pipe = pipeline_class(
         scheduler=flow_match_scheduler(num_train_timesteps=1000, shift=3.0),
         vae=vae,
         text_encoder=text_encoder,
@@ -97,3 +113,36 @@ register_zoo_model(ZooModel(name=NAME, kind="diffusion", reference_class="diffus
                             sides=IMAGE_SIDE,
                             description="JoyAI-Image-Edit: Qwen3-VL encoder reading the input image, "
                                         "double-stream 3-D DiT over input and target latents, Wan 2.1 VAE"))
+
+# Also needs images=[...]: the references (diffusion_models.default_input_image() gives one). diffusers
+# resizes each to its ~1-megapixel bucket; parity tests shrink the buckets for both sides.
+
+register_zoo_model(ZooModel(name=f"{NAME}-plus", kind="diffusion", reference_class="diffusers.JoyImageEditPlusPipeline",
+                            builder=build_joyimage_edit_plus, sizes=tuple(_DIMS), call_kwargs=_CALL_KWARGS,
+                            sides=IMAGE_SIDE,
+                            description="JoyAI-Image-Edit-Plus: JoyAI-Image-Edit over several reference images, "
+                                        "each at its own size, in one patch sequence"))
+
+
+def plus_references() -> list:
+    """Two reference images of different sizes (64x64 and 96x48) for the Plus model's calls."""
+    from PIL import Image
+
+    from omnistage.testing.diffusion_models import default_input_image
+
+    second = default_input_image().transpose(Image.Transpose.FLIP_LEFT_RIGHT).resize((96, 48))
+    return [default_input_image(), second]
+
+
+@contextmanager
+def small_buckets() -> Iterator[None]:
+    """Within it, JoyAI-Image's output-size buckets (diffusers' `find_best_bucket`, read by
+    diffusers' pipelines and ours alike) are each image's own size on the 16-pixel patch grid
+    instead of ~1 megapixel, whose VAE encode alone takes the tiny Plus model many seconds a
+    reference on a CPU: what tests run the Plus model in."""
+    from unittest import mock
+
+    from diffusers.pipelines.joyimage import image_processor
+
+    with mock.patch.object(image_processor, "find_best_bucket", lambda h, w, base: (h // 16 * 16, w // 16 * 16)):
+        yield

@@ -121,6 +121,7 @@ def ltx2_video_vae(latent_channels: int, block_out_channels: tuple[int, ...]):
 
 
 def _ltx2_components(size: str) -> dict:
+    import torch
     from diffusers import (
         AutoencoderKLLTX2Audio,
         FlowMatchEulerDiscreteScheduler,
@@ -204,6 +205,12 @@ def _ltx2_components(size: str) -> dict:
         leaky_relu_negative_slope=0.1,
         output_sampling_rate=16000,
     )
+    # Per-channel latent statistics as the real VAEs have (not the identity the classes start
+    # from), so every (de)normalisation on the way between latents and pixels is exercised.
+    with torch.no_grad():
+        for model, channels in ((vae, latent), (audio_vae, audio_vae.latents_mean.numel())):
+            model.latents_mean.copy_(0.2 * torch.randn(channels))
+            model.latents_std.copy_(0.5 + torch.rand(channels))
     # LTX-2's scheduler_config.json: flow matching with a resolution-dependent shift.
     scheduler = FlowMatchEulerDiscreteScheduler(
         use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05, base_image_seq_len=1024,
@@ -235,6 +242,26 @@ def build_ltx2_i2v(out_dir: Path, size: str, seed: int) -> None:
     save_pipeline(LTX2ImageToVideoPipeline(**_ltx2_components(size)), out_dir)
 
 
+def build_ltx2_latent_upsampler(out_dir: Path, size: str, seed: int) -> None:
+    """An `LTX2LatentUpsamplePipeline` folder (as the LTX-2 upsampler repos ship it): the `ltx2`
+    zoo model's VAE (same seed, same build) and a 2x spatial latent upsampler."""
+    from diffusers import LTX2LatentUpsamplePipeline
+    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
+
+    seed_everything(seed)
+    vae = _ltx2_components(size)["vae"]
+    upsampler = LTX2LatentUpsamplerModel(
+        in_channels=vae.config.latent_channels,
+        mid_channels=32,  # its GroupNorms take 32 groups
+        num_blocks_per_stage=1,
+        dims=3,
+        spatial_upsample=True,
+        temporal_upsample=False,
+        rational_spatial_scale=2.0,
+    )
+    save_pipeline(LTX2LatentUpsamplePipeline(vae=vae, latent_upsampler=upsampler), out_dir)
+
+
 # The reference call on `tiny`: diffusers' own guidance defaults (CFG, STG on block 1 of 2,
 # modality isolation, rescale) except a shorter prompt window and 4 steps.
 _CALL_KWARGS = dict(
@@ -256,6 +283,7 @@ register_zoo_model(
         reference_class="diffusers.LTX2Pipeline",
         builder=build_ltx2,
         sizes=SIZES,
+        revision=1,  # latent statistics
         description="LTX-2 text-to-video with audio: Gemma 3 encoder + connectors, audio-video DiT, video and "
                     "audio VAEs, vocoder",
         call_kwargs=_CALL_KWARGS,
@@ -269,6 +297,7 @@ register_zoo_model(
         reference_class="diffusers.LTX2ImageToVideoPipeline",
         builder=build_ltx2_i2v,
         sizes=SIZES,
+        revision=1,  # latent statistics
         description="LTX-2 image-to-video with audio: LTX-2 with the VAE-encoded image as the first latent frame",
         # Also needs image=: omnistage.testing.diffusion_models.default_input_image() gives one.
         call_kwargs=_CALL_KWARGS,
@@ -282,9 +311,24 @@ register_zoo_model(
         reference_class="diffusers.LTX2ConditionPipeline",
         builder=build_ltx2_condition,
         sizes=SIZES,
+        revision=1,  # latent statistics
         description="LTX-2 conditioned video with audio: LTX-2 with images at given latent frames",
         # Also needs conditions=: LTX2VideoCondition(frames=<image>, index=<latent frame>, strength=...).
         call_kwargs=_CALL_KWARGS,
         sides=VIDEO_SIDE,
+    )
+)
+register_zoo_model(
+    ZooModel(
+        name="ltx2-latent-upsampler",
+        kind="diffusion",
+        reference_class="diffusers.LTX2LatentUpsamplePipeline",
+        builder=build_ltx2_latent_upsampler,
+        sizes=SIZES,
+        description="LTX-2 latent upsampler: 2x spatial upsampling of the `ltx2` model's video latents, "
+                    "the middle of its two-stage pipeline",
+        # Called with latents= (the ltx2 model's output_type="latent" video latents) and no prompt; its
+        # filters at diffusers' defaults (off).
+        call_kwargs=dict(adain_factor=0.0, tone_map_compression_ratio=0.0),
     )
 )

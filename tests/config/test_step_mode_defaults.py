@@ -28,6 +28,9 @@ EXPECTED = {
     "joyai-image-edit": True, "sdxl-refiner": False,
     # request mode, not measured: video families serve one request at a time (max_num_seqs 1)
     "ltx2-i2v": False, "ltx2-condition": False, "kandinsky6": False, "cosmos3": False, "sana-wm": False,
+    # request mode: issue 32's LTX-2 upsampler (one pass a request, no steps to join) and
+    # JoyAI-Image-Edit-Plus (step mode's staggered latency 1.44x request mode's, bench_diffusion)
+    "ltx2-latent-upsampler": False, "joyai-image-edit-plus": False,
 }
 
 

@@ -13,6 +13,7 @@ half the rows), Ulysses and ring each equal one rank (ring once per ring-attenti
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -28,7 +29,7 @@ from omnistage.diffusion.accel import compile as regional_compile
 from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, requested, takes
 from omnistage.diffusion.registry import native_keys, pipeline_class
 from omnistage.testing import call_kwargs as zoo_call_kwargs
-from omnistage.testing import list_models
+from omnistage.testing import joyimage_models, list_models
 from omnistage.testing.diffusion_models import default_input_image
 
 import test_parity_flux_kontext
@@ -65,6 +66,8 @@ class Case:
     """Changes to the zoo's call kwargs."""
     request: Any = None
     """(call, seed) -> our request, where it takes other kwargs than diffusers' call."""
+    context: Any = contextlib.nullcontext
+    """What its runs are made in (JoyAI-Image-Edit-Plus: its references' buckets shrunk)."""
 
     @property
     def key(self) -> str:
@@ -86,6 +89,15 @@ def _refiner_request(call: dict[str, Any], seed: int, request_id: str = "req"):
     generator = torch.Generator().manual_seed(seed)
     request.condition["latents"] = torch.randn(call.get("num_images_per_prompt", 1), 4, 8, 8, generator=generator)
     return request
+
+
+def _upsampler_request(call: dict[str, Any], seed: int, request_id: str = "req"):
+    """The LTX-2 latent upsampler takes a first stage's video latents: seeded ones stand in for them."""
+    from omnistage.diffusion.params import DiffusionParams
+    from omnistage.diffusion.request import DiffusionRequest
+
+    latents = torch.randn(1, 4, 2, 4, 4, generator=torch.Generator().manual_seed(seed))
+    return DiffusionRequest(request_id, "", DiffusionParams(seed=seed), condition={"latents": latents})
 
 
 def _cases() -> dict[str, Case]:
@@ -111,8 +123,11 @@ def _cases() -> dict[str, Case]:
         # The edit families' default size is about a megapixel: the tiny one is asked for.
         "longcat-image-edit": _case("longcat-image-edit", {**image, "height": 64, "width": 64}),
         "joyai-image-edit": _case("joyai-image-edit", image),
+        "joyai-image-edit-plus": Case("joyai-image-edit-plus", {"image": joyimage_models.plus_references()[:1]},
+                                      context=joyimage_models.small_buckets),
         # An early start: the refiner runs all STEPS steps (the two-rank test counts them).
         "sdxl-refiner": Case("sdxl-refiner", {"denoising_start": 0.01}, _refiner_request),
+        "ltx2-latent-upsampler": Case("ltx2-latent-upsampler", {}, _upsampler_request),
         "qwen-image-layered": _case("qwen-image-layered", {**image, "height": 64, "width": 64}),
         "sana-video": _case("sana-video", {}, test_parity_sana_video.TestSanaVideoT2V),  # `frames` -> num_frames
         "sana-video-i2v": _case("sana-video-i2v", test_parity_sana_video.I2V_CALL,
@@ -135,8 +150,9 @@ def test_every_native_pipeline_has_a_zoo_model():
 
 
 def run(pipeline, case: Case, seed: int = 3, **overrides):
-    (state,) = pipeline.denoise([case.make_request(seed, **overrides)])
-    (arr,) = pipeline.decode_arrays([state])
+    with case.context():
+        (state,) = pipeline.denoise([case.make_request(seed, **overrides)])
+        (arr,) = pipeline.decode_arrays([state])
     return arr, state
 
 

@@ -71,6 +71,28 @@ class TestLTX2Condition(SoundtrackFixtures, BatchSeededParityTests):
         for (_, audio), c, s in zip(ours.decode_av(states), calls, BATCH_SEEDS):
             assert max_abs_diff(audio, reference_av(c, s)[1]) <= TOLERANCE
 
+    def test_stage_two_schedule_starts_the_conditions_at_its_first_sigma(self, ours, path, call):
+        # The distilled stage-2 sigmas, unshifted (diffusers' recipe swaps in this scheduler), and the
+        # conditions noised to their first sigma, LTX2ConditionPipeline's noise_scale default with sigmas.
+        import torch
+        from diffusers import FlowMatchEulerDiscreteScheduler, LTX2ConditionPipeline
+        from diffusers.pipelines.ltx2.pipeline_ltx2_condition import LTX2VideoCondition
+        from diffusers.pipelines.ltx2.utils import STAGE_2_DISTILLED_SIGMA_VALUES as SIGMAS
+
+        pipe = load_reference(LTX2ConditionPipeline, path)
+        pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config, use_dynamic_shifting=False,
+                                                                     shift_terminal=None)
+        plain = dict(call, guidance_scale=1.0, stg_scale=0.0, modality_scale=1.0)
+        kwargs = {k: v for k, v in plain.items() if k not in ("image", "condition_indices", "condition_strengths")}
+        conditions = [LTX2VideoCondition(frames=i, index=n, strength=s) for i, n, s in
+                      zip(plain["image"], plain["condition_indices"], plain["condition_strengths"])]
+        want = pipe(conditions=conditions, **{**kwargs, "num_inference_steps": len(SIGMAS)}, sigmas=SIGMAS,
+                    generator=torch.Generator().manual_seed(3), output_type="np").frames[0]
+        request = self.request(dict(plain, num_inference_steps=None, schedule="distilled_stage_2"), 3)
+        (state,) = ours.denoise([request])
+        assert state.num_steps == len(SIGMAS)
+        assert max_abs_diff(ours.decode_arrays([state])[0], want) <= TOLERANCE
+
     def test_keyframes_are_appended_tokens(self, ours, call):
         (state,) = ours.encode([ours.prepare_request(self.request(dict(call, prompt=BATCH_PROMPTS[0]), 0))])
         frames, h, w = state.cond["video_shape"]

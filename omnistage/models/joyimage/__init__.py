@@ -1,4 +1,5 @@
-"""JoyAI-Image-Edit (JD): an input image and an instruction -> image in one diffusion stage."""
+"""JoyAI-Image-Edit (JD): an input image and an instruction -> image in one diffusion stage; and
+JoyAI-Image-Edit-Plus: several reference images and an instruction -> image (plus.py)."""
 
 from omnistage.config import PipelineSpec, StageSpec, register_pipeline
 from omnistage.diffusion.registry import register_diffusion_pipeline
@@ -16,5 +17,19 @@ JOYIMAGE_EDIT = PipelineSpec(
     ),
 )
 
+JOYIMAGE_EDIT_PLUS = PipelineSpec(
+    name="joyimage_edit_plus",
+    stages=(
+        StageSpec(id=0, name="diffusion", kind="diffusion", output="image", final_output=True,
+                  model="JoyImageEditPlusPipeline",
+                  # Request mode: under staggered arrivals step mode's mean latency was 1.44x request mode's
+                  # on the tiny joyai-image-edit-plus (benchmarks/RESULTS.md "Diffusion: JoyAI-Image-Edit-Plus").
+                  defaults={"step_execution": False},
+        ),
+    ),
+)
+
 register_pipeline("JoyImageEditPipeline", JOYIMAGE_EDIT, deploy_config="joyimage_edit.yaml")
 register_diffusion_pipeline("JoyImageEditPipeline", "omnistage.models.joyimage.pipeline:JoyImageEdit")
+register_pipeline("JoyImageEditPlusPipeline", JOYIMAGE_EDIT_PLUS, deploy_config="joyimage_edit.yaml")
+register_diffusion_pipeline("JoyImageEditPlusPipeline", "omnistage.models.joyimage.plus:JoyImageEditPlus")

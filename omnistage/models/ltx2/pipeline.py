@@ -4,7 +4,12 @@ Reproduces `diffusers.LTX2Pipeline` (pipelines/ltx2/pipeline_ltx2.py) as `LTX2T2
 `LTX2ImageToVideoPipeline` (pipeline_ltx2_image2video.py) as `LTX2I2V` and `LTX2ConditionPipeline`
 (pipeline_ltx2_condition.py) as `LTX2Condition`, split at the encode / denoise_step / decode seams
 (the image and condition variants differ only in the initial latents and a per-token mask, see
-their classes):
+their classes). `LTX2T2V` also takes a first stage's latents (`condition["latents"]`, and
+`condition["audio_latents"]`), noised by `noise_scale`, as diffusers' `latents=` / `audio_latents=`:
+the refining stage of the two-stage pipeline (`__init__.py`), and hands its own latents on when
+asked (`condition["output"] == "latents"`, diffusers' `output_type="latent"`). The `schedule`
+extra picks the distilled checkpoints' fixed sigmas (diffusers' DISTILLED_SIGMA_VALUES and
+STAGE_2_DISTILLED_SIGMA_VALUES) instead of the shifted default:
 
 - encode: Gemma 3's stacked hidden states (left-padded prompts) go through the text
   connectors into a video and an audio context; each request draws its video noise, then
@@ -29,6 +34,7 @@ CFG-parallel and the step caches, which hook that seam, refuse it by name.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from typing import Any, ClassVar
 
@@ -36,7 +42,7 @@ import numpy as np
 import torch
 
 from omnistage.diffusion.checkpoint import CheckpointConfigs
-from omnistage.diffusion.params import ExtraSpec
+from omnistage.diffusion.params import DiffusionParams, ExtraSpec, fill_defaults
 from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
@@ -49,12 +55,25 @@ from omnistage.diffusion.pipeline import (
     map_groups,
 )
 from omnistage.core.errors import RequestError
-from omnistage.core.types import VideoPayload
+from omnistage.core.types import LatentPayload, VideoPayload
 from omnistage.diffusion.accel.declaration import Accelerations
 
 # diffusers' default STG block (LTX-2.3's recommendation; LTX-2.0's is 29). As in diffusers, a
 # default past the transformer's last block perturbs nothing.
 DEFAULT_STG_BLOCK = 28
+
+SCHEDULES = ("default", "distilled", "distilled_stage_2")
+"""`schedule` extra: the checkpoint's shifted flow schedule over `num_inference_steps`, or the fixed
+sigmas of LTX-2's distilled checkpoints (the whole 8 steps, or the 3 a two-stage pipeline's second
+stage runs), used as they are (no resolution shift), as the LTX-2 authors' pipelines do."""
+
+
+def fixed_sigmas(schedule: str) -> list[float] | None:
+    """The sigmas of a fixed `schedule` (diffusers' own constants), None for the default one."""
+    from diffusers.pipelines.ltx2.utils import DISTILLED_SIGMA_VALUES, STAGE_2_DISTILLED_SIGMA_VALUES
+
+    return {"distilled": DISTILLED_SIGMA_VALUES, "distilled_stage_2": STAGE_2_DISTILLED_SIGMA_VALUES}.get(schedule)
+
 
 # The passes of one step: which prompt each row uses and how the transformer runs it.
 Pass = str  # "uncond" | "cond" | "stg" | "modality"
@@ -75,6 +94,12 @@ class LTX2T2V(DiffusionPipelineBase):
         refused={"cfg_parallel_size": "it runs its own multi-pass guidance (CFG, STG, modality)",
                  "cache_backend": "its audio-video blocks have no cache hook"})
     output_modality: ClassVar[str] = "video"
+    takes_latents: ClassVar[bool] = True
+    """Whether a request may bring a first stage's latents (condition.latents) to refine."""
+    noises_conditions: ClassVar[bool] = False
+    """Whether `noise_scale` also sets the noise level its conditions start from (without input latents)."""
+    unscheduled_noise_scale: ClassVar[float] = 0.0
+    """`noise_scale`'s default without a fixed schedule: LTX2Pipeline's (input latents kept as they are)."""
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->connectors->transformer->vae->audio_vae->vocoder"
     # Prompt enhancement (a Gemma generate call) and LTX-2.5's duration head are not served.
     _optional_components: ClassVar[list[str]] = ["processor", "prompt_enhancer", "duration_head"]
@@ -111,6 +136,13 @@ class LTX2T2V(DiffusionPipelineBase):
                                      help="Timestep of a timestep-conditioned VAE decode."),
         "decode_noise_scale": ExtraSpec(float, min=0, max=1, help="Noise mixed in before such a decode "
                                                                   "(default: decode_timestep)."),
+        "schedule": ExtraSpec(str, default="default", choices=SCHEDULES,
+                              help="Sigmas: the checkpoint's shifted schedule over num_inference_steps, or a "
+                                   "distilled checkpoint's fixed 8 (distilled) or 3 (distilled_stage_2), whose "
+                                   "length is the step count."),
+        "noise_scale": ExtraSpec(float, min=0, max=1, help="Noise mixed into input latents (condition.latents, "
+                                                           "a second stage) before denoising (default: a fixed "
+                                                           "schedule's first sigma, else 0)."),
     }
 
     def __init__(self, components: dict[str, Any], device: torch.device | str = "cpu",
@@ -125,6 +157,7 @@ class LTX2T2V(DiffusionPipelineBase):
         self.patch_size = configs.transformer.get("patch_size", 1)
         self.patch_size_t = configs.transformer.get("patch_size_t", 1)
         self.num_blocks = configs.transformer.get("num_layers", 0)
+        self.latent_channels = configs.transformer.get("in_channels")
         # diffusers requires multiples of 32; the latent grid must also be whole.
         self.size_multiple_of = math.lcm(32, self.vae_spatial_ratio * self.patch_size)
         audio = configs.audio_vae
@@ -134,9 +167,33 @@ class LTX2T2V(DiffusionPipelineBase):
 
     # -- 1. check inputs ----------------------------------------------------------------
 
+    def prepare_params(self, params: DiffusionParams) -> DiffusionParams:
+        # A fixed schedule's length is the step count, unless the request (or deploy) gives one.
+        given = fill_defaults(params, self.deploy_defaults)
+        schedule = given.extras.get("schedule")
+        sigmas = fixed_sigmas(schedule) if isinstance(schedule, str) else None
+        if sigmas is not None and given.num_inference_steps is None:
+            params = params.model_copy(update={"num_inference_steps": len(sigmas)})
+        return super().prepare_params(params)
+
+    def prepare_request(self, request: DiffusionRequest) -> DiffusionRequest:
+        # Input latents give the size and length (diffusers reads them from the latents too).
+        latents = request.condition.get("latents")
+        if isinstance(latents, torch.Tensor) and latents.ndim == 5:
+            frames, h, w = latents.shape[2:]
+            fields = {"height": h * self.vae_spatial_ratio, "width": w * self.vae_spatial_ratio,
+                      "num_frames": (frames - 1) * self.vae_temporal_ratio + 1}
+            request = dataclasses.replace(request, params=request.params.model_copy(update=fields))
+        return super().prepare_request(request)
+
     def check_inputs(self, request: DiffusionRequest) -> None:
         super().check_inputs(request)
         params = request.params  # defaults filled (prepare_request)
+        sigmas = fixed_sigmas(params.extras["schedule"])
+        if sigmas is not None and params.num_inference_steps != len(sigmas):
+            raise RequestError("num_inference_steps", f"num_inference_steps: the {params.extras['schedule']} "
+                               f"schedule has {len(sigmas)} steps, got {params.num_inference_steps}")
+        self._check_latents(request)
         check_divisible(params, height=self.size_multiple_of, width=self.size_multiple_of)
         check_video_frames(params, self.vae_temporal_ratio)
         for name in ("true_cfg_scale", "guidance_scale_2"):
@@ -146,6 +203,28 @@ class LTX2T2V(DiffusionPipelineBase):
         if block is not None and block >= self.num_blocks:
             raise RequestError("stg_block", f"extras.stg_block must be < {self.num_blocks} (the transformer's blocks), "
                                f"got {block}")
+
+    def _check_latents(self, request: DiffusionRequest) -> None:
+        """Input latents (a first stage's, un-normalised as diffusers' latent output): video
+        [1, C, F, H, W], optionally audio [1, C, L, M]; `noise_scale` only with them."""
+        video, audio = request.condition.get("latents"), request.condition.get("audio_latents")
+        if video is not None and not self.takes_latents:
+            raise RequestError("condition", f"condition.latents: {self.reference_class} does not take input latents")
+        if video is None:
+            if audio is not None:
+                raise RequestError("condition", "condition.audio_latents: only with condition.latents")
+            if request.params.extras.get("noise_scale") is not None and not self.noises_conditions:
+                raise RequestError("noise_scale", "extras.noise_scale: only with input latents (condition.latents)")
+            return
+        for name, value, ndim, channels in (("latents", video, 5, self.latent_channels),
+                                            ("audio_latents", audio, 4, None)):
+            if value is None:
+                continue
+            if not isinstance(value, torch.Tensor) or value.ndim != ndim or value.shape[0] != 1 or \
+                    (channels is not None and value.shape[1] != channels):
+                shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise RequestError("condition", f"condition.{name}: expected a [1, {channels or 'C'}, ...] tensor of "
+                                                f"{ndim} dims, got {shape}")
 
     # -- 2. encode: prompts, noise, noise schedulers, positions ---------------------------
 
@@ -196,24 +275,27 @@ class LTX2T2V(DiffusionPipelineBase):
         latent_h, latent_w = params.height // self.vae_spatial_ratio, params.width // self.vae_spatial_ratio
         # 1. Video noise (and conditions), then audio noise, from the request's generator (diffusers' order).
         fps = conditioning_frame_rate(params.fps, extras["motion_speed"])
+        steps = params.num_inference_steps
+        fixed = fixed_sigmas(extras["schedule"])
+        sigmas = np.linspace(1.0, 1 / steps, steps) if fixed is None else fixed
         video_cond = self._video_latents(request, generator, (num_latent_frames, latent_h, latent_w), fps)
         latents = video_cond.pop("latents")
-        audio_frames = round(params.num_frames / params.fps * self.audio_latents_per_second)
         mel_bins = self.audio_vae.config.mel_bins // self.audio_latent_ratio
-        audio_latents = self._audio_noise(generator, audio_frames, mel_bins)
+        audio_latents = self._audio_latents(request, generator, mel_bins)
+        audio_frames = audio_latents.shape[1]
 
-        # 2. Flow-matching sigmas shifted by the video token count; audio has its own copy.
-        steps = params.num_inference_steps
+        # 2. Flow-matching sigmas shifted by the video token count (a fixed schedule's as they are:
+        # diffusers' recipe swaps in a scheduler without the shifts); audio has its own copy.
         config = self.noise_scheduler.config
         mu = calculate_shift(latents.shape[1], config.get("base_image_seq_len", 1024),
                              config.get("max_image_seq_len", 4096), config.get("base_shift", 0.95),
                              config.get("max_shift", 2.05))
-        sigmas = np.linspace(1.0, 1 / steps, steps)
         noise_schedulers = []
         # A checkpoint's own audio scheduler (LTX2ConditionPipeline's optional one), else the video's.
         audio_source = getattr(self, "audio_scheduler", None) or self.noise_scheduler
         for source in (self.noise_scheduler, audio_source):
-            noise_scheduler = copy.deepcopy(source)
+            noise_scheduler = copy.deepcopy(source) if fixed is None else type(source).from_config(
+                source.config, use_dynamic_shifting=False, shift_terminal=None)
             timesteps, _ = retrieve_timesteps(noise_scheduler, steps, self.device, sigmas=sigmas, mu=mu)
             noise_scheduler.set_begin_index(0)
             noise_schedulers.append(noise_scheduler)
@@ -237,6 +319,19 @@ class LTX2T2V(DiffusionPipelineBase):
         return DenoiseState(request=request, latents=latents, noise_scheduler=noise_schedulers[0],
                             timesteps=timesteps, cond=cond)
 
+    def _audio_latents(self, request: DiffusionRequest, generator: torch.Generator, mel_bins: int) -> torch.Tensor:
+        """The packed initial audio latents [1, L, C * M]: the input ones (normalised, noised by
+        `noise_scale`, LTX2Pipeline.prepare_audio_latents), else noise as long as the video."""
+        given = request.condition.get("audio_latents")
+        if given is None:
+            params = request.params
+            return self._audio_noise(generator, round(params.num_frames / params.fps * self.audio_latents_per_second),
+                                     mel_bins)
+        packed = given.to(self.device, torch.float32).transpose(1, 2).flatten(2, 3)
+        mean = self.audio_vae.latents_mean.to(packed.device, packed.dtype)
+        std = self.audio_vae.latents_std.to(packed.device, packed.dtype)
+        return _noised((packed - mean) / std, self._noise_scale(request), generator)
+
     def _audio_noise(self, generator: torch.Generator, frames: int, mel_bins: int) -> torch.Tensor:
         """The packed initial audio latents [1, L, C * M]: drawn as [1, C, L, M], then packed."""
         from diffusers.utils.torch_utils import randn_tensor
@@ -251,9 +346,40 @@ class LTX2T2V(DiffusionPipelineBase):
         (image-to-video, conditions): here plain noise over the latent grid `shape` (F, H, W)."""
         from diffusers.utils.torch_utils import randn_tensor
 
+        given = request.condition.get("latents")
+        if given is not None:  # LTX2Pipeline.prepare_latents with latents: normalised, packed, noised
+            latents = self._pack_video(self._normalize(given.to(self.device, torch.float32)))
+            return {"latents": _noised(latents, self._noise_scale(request), generator)}
         noise = randn_tensor((1, self.transformer.config.in_channels, *shape), generator=generator,
                              device=self.device, dtype=torch.float32)
         return {"latents": self._pack_video(noise)}
+
+    def _noise_scale(self, request: DiffusionRequest) -> float:
+        """How much noise input latents (conditions) get: `noise_scale`, else a fixed schedule's first
+        sigma (what diffusers' two-stage recipe passes), else `unscheduled_noise_scale`."""
+        given, fixed = request.params.extras.get("noise_scale"), fixed_sigmas(request.params.extras["schedule"])
+        return given if given is not None else fixed[0] if fixed else self.unscheduled_noise_scale
+
+    def generator_for(self, request: DiffusionRequest) -> torch.Generator:
+        # A second stage draws on from where the first stage's generator stopped, as diffusers'
+        # recipe passes one generator to both calls.
+        state = request.condition.get("generator_state")
+        if state is None:
+            return super().generator_for(request)
+        generator = torch.Generator("cpu")
+        generator.set_state(state)
+        return generator
+
+    def _normalize(self, latents: torch.Tensor) -> torch.Tensor:
+        """Un-normalised [B, C, F, H, W] video latents -> the transformer's."""
+        mean = self.vae.latents_mean.view(1, -1, 1, 1, 1).to(latents.device, latents.dtype)
+        std = self.vae.latents_std.view(1, -1, 1, 1, 1).to(latents.device, latents.dtype)
+        return (latents - mean) * self.vae.config.scaling_factor / std
+
+    def _denormalize(self, latents: torch.Tensor) -> torch.Tensor:
+        mean = self.vae.latents_mean.view(1, -1, 1, 1, 1).to(latents.device, latents.dtype)
+        std = self.vae.latents_std.view(1, -1, 1, 1, 1).to(latents.device, latents.dtype)
+        return latents * std / self.vae.config.scaling_factor + mean
 
     def _video_timestep(self, state: DenoiseState) -> torch.Tensor:
         """[1]: one timestep per sample (image-to-video: one per video token)."""
@@ -382,6 +508,16 @@ class LTX2T2V(DiffusionPipelineBase):
 
     @torch.no_grad()
     def decode(self, states: list[DenoiseState]) -> list[Any]:
+        # As a first stage (its input processor asks for it), the latents go on: un-normalised, as
+        # diffusers' output_type="latent", with the generator, which the second stage draws on from.
+        handed_on = {id(s): LatentPayload(latents=self._denormalize(self._video_grid(s)), extras={
+            "audio_latents": self._raw_audio(s), "generator_state": s.cond["generator"].get_state()})
+            for s in states if s.request.condition.get("output") == "latents"}
+        rest = [s for s in states if id(s) not in handed_on]
+        decoded = dict(zip(map(id, rest), self._decode_payloads(rest))) if rest else {}
+        return [handed_on.get(id(s)) or decoded[id(s)] for s in states]
+
+    def _decode_payloads(self, states: list[DenoiseState]) -> list[VideoPayload]:
         sample_rate = int(self.vocoder.config.output_sampling_rate)
         payloads = []
         for state, (video, audio) in zip(states, self.decode_av(states)):
@@ -393,11 +529,7 @@ class LTX2T2V(DiffusionPipelineBase):
     def _decode_videos(self, states: list[DenoiseState]) -> list[np.ndarray]:
         from diffusers.utils.torch_utils import randn_tensor
 
-        frames, h, w = states[0].cond["video_shape"]
-        # Keyframe conditions' tokens (after the video's) are not decoded.
-        tokens = (frames // self.patch_size_t) * (h // self.patch_size) * (w // self.patch_size)
-        latents = torch.cat([_unpack_latents(s.latents[:, :tokens], frames, h, w, self.patch_size, self.patch_size_t)
-                             for s in states]).to(self.transformer.dtype)
+        latents = torch.cat([self._video_grid(s) for s in states]).to(self.transformer.dtype)
         timestep = None
         if self.vae.config.timestep_conditioning:
             # Each request's decode noise comes after its latents in its own generator.
@@ -409,21 +541,30 @@ class LTX2T2V(DiffusionPipelineBase):
             timestep = torch.tensor(decode_t, device=self.device, dtype=latents.dtype)
             scale = torch.tensor(noise_scale, device=self.device, dtype=latents.dtype)[:, None, None, None, None]
             latents = (1 - scale) * latents + scale * noise
-        mean = self.vae.latents_mean.view(1, -1, 1, 1, 1).to(latents.device, latents.dtype)
-        std = self.vae.latents_std.view(1, -1, 1, 1, 1).to(latents.device, latents.dtype)
-        latents = (latents * std / self.vae.config.scaling_factor + mean).to(self.vae.dtype)
+        latents = self._denormalize(latents).to(self.vae.dtype)
         if timestep is None:
             video = self.vae_decode(latents)
         else:
             video = self.vae.decode(latents, timestep, return_dict=False)[0]
         return list(self.video_processor.postprocess_video(video, output_type="np"))
 
-    def _decode_audios(self, states: list[DenoiseState]) -> list[np.ndarray]:
-        audio_frames, mel_bins = states[0].cond["audio_shape"]
-        packed = torch.cat([s.cond["audio_latents"] for s in states])
+    def _video_grid(self, state: DenoiseState) -> torch.Tensor:
+        """The state's video latents as a [1, C, F, H, W] grid (keyframe conditions' tokens, after
+        the video's, dropped)."""
+        frames, h, w = state.cond["video_shape"]
+        tokens = (frames // self.patch_size_t) * (h // self.patch_size) * (w // self.patch_size)
+        return _unpack_latents(state.latents[:, :tokens], frames, h, w, self.patch_size, self.patch_size_t)
+
+    def _raw_audio(self, state: DenoiseState) -> torch.Tensor:
+        """The state's audio latents un-normalised, as a [1, C, L, M] spectrogram grid."""
+        _, mel_bins = state.cond["audio_shape"]
+        packed = state.cond["audio_latents"]
         mean = self.audio_vae.latents_mean.to(packed.device, packed.dtype)
         std = self.audio_vae.latents_std.to(packed.device, packed.dtype)
-        latents = (packed * std + mean).unflatten(2, (-1, mel_bins)).transpose(1, 2)  # [B, C, L, M]
+        return (packed * std + mean).unflatten(2, (-1, mel_bins)).transpose(1, 2)
+
+    def _decode_audios(self, states: list[DenoiseState]) -> list[np.ndarray]:
+        latents = torch.cat([self._raw_audio(s) for s in states])  # [B, C, L, M]
         mel = self.audio_vae.decode(latents.to(self.audio_vae.dtype), return_dict=False)[0]
         waveform = self.vocoder(mel)  # [B, channels, samples]
         return [w.float().cpu().numpy() for w in waveform]
@@ -436,6 +577,7 @@ class LTX2I2V(LTX2T2V):
 
     reference_class: ClassVar[str] = "LTX2ImageToVideoPipeline"
     needs_image: ClassVar[bool] = True
+    takes_latents: ClassVar[bool] = False
     # LTX2ImageToVideoPipeline.__call__ defaults.
     default_params: ClassVar[dict[str, Any]] = {**LTX2T2V.default_params, "width": 704, "num_frames": 161}
     extras: ClassVar[dict[str, ExtraSpec]] = {
@@ -505,7 +647,11 @@ class LTX2Condition(LTX2I2V):
         "condition_indices": ExtraSpec(list, help="Latent frame of each input image, in order (negative counts "
                                                   "from the end; default [0] for one image)."),
         "condition_strengths": ExtraSpec(list, help="Strength in [0, 1] of each input image (default 1.0 each)."),
+        "noise_scale": ExtraSpec(float, min=0, max=1, help="Noise level the conditions start from (default: a "
+                                                           "fixed schedule's first sigma, else 1)."),
     }
+    noises_conditions: ClassVar[bool] = True
+    unscheduled_noise_scale: ClassVar[float] = 1.0  # LTX2ConditionPipeline's: the conditions start from noise
 
     def check_inputs(self, request: DiffusionRequest) -> None:
         import PIL.Image
@@ -567,7 +713,7 @@ class LTX2Condition(LTX2I2V):
             clean = torch.cat([clean, *keyframes], dim=1)
             out["keyframe_coords"] = torch.cat(keyframe_coords, dim=2)
         noise = randn_tensor(latents.shape, generator=generator, device=self.device, dtype=latents.dtype)
-        scaled = (1 - mask)[..., None]
+        scaled = (1 - mask)[..., None] * self._noise_scale(request)
         return {**out, "latents": noise * scaled + latents * (1 - scaled), "conditioning_mask": mask,
                 "clean_latents": clean}
 
@@ -615,6 +761,14 @@ class LTX2Condition(LTX2I2V):
     def _blend_conditions(self, state: DenoiseState, x0: torch.Tensor) -> torch.Tensor:
         mask = state.cond["conditioning_mask"][..., None]
         return x0 * (1 - mask) + state.cond["clean_latents"] * mask
+
+
+def _noised(latents: torch.Tensor, noise_scale: float, generator: torch.Generator) -> torch.Tensor:
+    """LTX2Pipeline._create_noised_state: noise drawn (even at scale 0, as diffusers does) and mixed in."""
+    from diffusers.utils.torch_utils import randn_tensor
+
+    noise = randn_tensor(latents.shape, generator=generator, device=latents.device, dtype=latents.dtype)
+    return noise_scale * noise + (1 - noise_scale) * latents
 
 
 def _conditioning_image(image: Any, crf: int | None, text_encoder: Any) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 
 from omnistage.config import PipelineSpec, StageSpec, register_pipeline
 from omnistage.diffusion.registry import register_diffusion_pipeline
+from omnistage.models.diffusion_stages import prompt_of
 
 SDXL = PipelineSpec(
     name="sdxl",
@@ -35,21 +36,14 @@ SDXL = PipelineSpec(
 )
 
 
-def _prompt(request: Any) -> str:
-    prompt = request.prompt.get("prompt") if isinstance(request.prompt, Mapping) else request.prompt
-    if not isinstance(prompt, str):
-        raise ValueError(f"prompt must be a string (or {{'prompt': str}}), got {request.prompt!r}")
-    return prompt
-
-
 def base_input(request: Any, upstream: Mapping[int, Any]) -> dict[str, Any]:
     """The prompt, and the base's latents asked for instead of an image."""
-    return {"prompt": _prompt(request), "condition": {"output": "latents"}}
+    return {"prompt": prompt_of(request), "condition": {"output": "latents"}}
 
 
 def refiner_input(request: Any, upstream: Mapping[int, Any]) -> dict[str, Any]:
     """The prompt and the base's latents."""
-    return {"prompt": _prompt(request), "condition": {"latents": upstream[0].latents}}
+    return {"prompt": prompt_of(request), "condition": {"latents": upstream[0].latents}}
 
 
 SDXL_REFINER = PipelineSpec(
