@@ -2,11 +2,13 @@
 `rank_main(rank, port, *args)`, joins the group at `tcp://127.0.0.1:port`, and writes what
 the test checks to files; the parent only starts, waits and checks that both ranks returned.
 
-The two rank processes are spawned once per session and run every test's `rank_main` in
-turn (each on a new port, so a new process group): a spawn re-imports torch, diffusers and
-the test module, ~10 s a pair on a loaded 2-core machine, paid once instead of per test.
-A `rank_main` must destroy its process group before it returns (all of them do); after a
-failure or a timeout the pair is killed and the next call spawns a fresh one."""
+The two rank processes start once per session and run every test's `rank_main` in turn
+(each on a new port, so a new process group). They are forked from a fork server that has
+imported what a rank needs before its first pipeline loads (`PRELOAD` and the first test
+module that calls): those imports take ~10 s of CPU a process on the 2-core machine, paid
+once instead of once per rank. A `rank_main` must destroy its process group before it
+returns (all of them do); after a failure or a timeout the pair is killed and the next call
+forks a fresh one."""
 
 from __future__ import annotations
 
@@ -18,6 +20,11 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
+
+
+PRELOAD = ["torch.distributed", "diffusers.models.transformers", "diffusers.models.autoencoders",
+           "diffusers.models.unets"]
+"""Imported by the fork server: a first `from_pretrained` imports these packages whole."""
 
 
 def free_port() -> int:
@@ -44,8 +51,11 @@ def _serve(rank: int, conn: Connection) -> None:
 
 
 class _Pair:
-    def __init__(self) -> None:
-        ctx = mp.get_context("spawn")
+    def __init__(self, test_module: str) -> None:
+        # A fork server (a fresh interpreter, not a fork of this process and its threads) has
+        # one preload list, set before it starts: the first pair's.
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload([*PRELOAD, test_module])
         self.conns: list[Connection] = []
         self.procs = []
         for rank in range(2):
@@ -112,7 +122,7 @@ def run_two_ranks(rank_main: Callable[..., None], *args: Any, timeout: float = 4
     global _pair
     if _pair is None or not _pair.alive():
         _close_pair()
-        _pair = _Pair()
+        _pair = _Pair(rank_main.__module__)
     problems = _pair.run(rank_main, args, timeout)
     if problems:  # a rank may be stuck in a collective or hold its group: never reuse the pair
         for proc in _pair.procs:

@@ -3,7 +3,9 @@ official client: the same answer as chat completions for the same seed (one path
 schema'd answer that validates every time, a forced function call round trip, and a
 conversation continued across a server restart (responses stored under --output-dir).
 
-One server for the module, restarted once by the last test.
+One server for the module, restarted once by the last test. Both serve from a thread of the
+test process (`in_process=True`): the restarted one is a new app and engine that knows the
+first one's responses only through what it stored on disk.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def output_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(zoo, output_dir):
-    with RemoteServer(zoo("qwen2-llm"), *ARGS, "--output-dir", str(output_dir)) as s:
+    with RemoteServer(zoo("qwen2-llm"), *ARGS, "--output-dir", str(output_dir), in_process=True) as s:
         yield s
 
 
@@ -97,7 +99,7 @@ def test_previous_response_id_across_a_server_restart(zoo, server, client, outpu
     again = client.responses.create(model=MODEL, input="Remember the word kiwi.", max_output_tokens=4,
                                     store=False)
     server.stop()
-    with RemoteServer(zoo("qwen2-llm"), *ARGS, "--output-dir", str(output_dir)) as restarted:
+    with RemoteServer(zoo("qwen2-llm"), *ARGS, "--output-dir", str(output_dir), in_process=True) as restarted:
         client = restarted.client()
         assert client.responses.retrieve(first.id).output_text == first.output_text
         follow = client.responses.create(model=MODEL, previous_response_id=first.id, input="Which word?",
