@@ -80,6 +80,7 @@ def _load_builders() -> None:
     from omnistage.testing import voxcpm2_models  # noqa: F401
     from omnistage.testing import cosmos3_models  # noqa: F401
     from omnistage.testing import sana_wm_models  # noqa: F401
+    from omnistage.testing import moss_tts_models  # noqa: F401
 
 
 def list_models() -> list[ZooModel]:
