@@ -37,6 +37,7 @@ run benchmarks/bench_qwen3_tts.py --repeats 2
 run benchmarks/bench_tts_load.py
 run benchmarks/bench_higgs_audio.py --repeats 2
 run benchmarks/bench_voxcpm2.py --repeats 2
+run benchmarks/bench_moss_tts.py --repeats 2
 run benchmarks/bench_codec.py
 run benchmarks/bench_http.py
 run benchmarks/bench_responses.py

@@ -1,0 +1,133 @@
+"""TTS serving: MOSS-TTS behind `omnistage serve`, against the authors' own `generate` on the same text.
+
+The same serving measurement as bench_tts.py (CSM), on the zoo's tiny MOSS-TTS (a Qwen3 backbone
+over text + 32 codebooks in a delay pattern, the authors' sampling; MOSS-Audio-Tokenizer's causal
+transformer decoder streamed; both at max_num_seqs 8, inline), the talker held to `--steps` steps
+per request (the text head ends most earlier). The baseline is the authors' `moss-tts-lite` 1.1.0
+(tests/models/moss_tts_reference.py) in this process with as many torch threads as the server:
+their eager `generate` (the CPU path: their fast path needs CUDA) + their codec decode of each
+audio block, one request at a time. It has no batch (its KV cache holds one utterance), so its
+concurrency 8 is the same one-at-a-time loop, and it does not stream. The tiny codec voices
+80 ms of audio per frame, as the released one. Writes the "TTS: MOSS-TTS" section of
+benchmarks/RESULTS.md.
+
+    .venv/bin/python benchmarks/bench_moss_tts.py [--steps 64] [--requests 4 8 16] [--threads 1] [--repeats 3] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+from bench_tts import PROMPTS, _VS, load, start_server
+from common import PeakRSS, ROOT, write_section
+
+
+def authors_baseline(path: str, steps: int, threads: int, repeats: int) -> dict:
+    """The authors' generate + decode on PROMPTS, one at a time (best of `repeats` per prompt)."""
+    import torch
+    from safetensors.torch import load_file
+
+    sys.path.insert(0, str(ROOT / "tests" / "models"))
+    from moss_tts_reference import module
+
+    torch.set_num_threads(threads)
+    cache = ROOT / ".omnistage-cache"
+    generate, prompt, codec, model, bpe = (module(cache, m) for m in ("generate", "prompt", "codec", "model", "bpe"))
+    ref = model.MossTTSModel(load_file(f"{path}/model.safetensors"), device="cpu", dtype=torch.float32,
+                             max_seq_len=1024)
+    tok = bpe.QwenBPE(f"{path}/vocab.json", f"{path}/merges.txt", f"{path}/tokenizer.json")
+    decoder = codec.MossCodecDecoder(f"{path}/MOSS-Audio-Tokenizer", device="cpu")
+
+    def speak(text: str, seed: int) -> float:
+        res = generate.generate(ref, prompt.build_tts_prompt(text, tokenizer=tok), max_new_tokens=steps, seed=seed)
+        wavs = [decoder.decode(s) for s in codec.delayed_rows_to_segments(res.audio_frames)]
+        return sum(w.shape[0] for w in wavs) / 24000
+
+    speak(PROMPTS[0], 0)  # warm-up
+    alone = []  # (wall s, CPU s, audio s) per prompt, each the best of `repeats`
+    for i, text in enumerate(PROMPTS):
+        runs = []
+        for r in range(repeats):
+            wall, cpu = time.perf_counter(), time.process_time()
+            audio = speak(text, 100 * i + r)
+            runs.append((time.perf_counter() - wall, time.process_time() - cpu, audio))
+        alone.append(min(runs))
+    audio = sum(a for _, _, a in alone)
+    return {"latency_p50_s": float(np.median([w for w, _, _ in alone])),
+            "rtf_mean": float(np.mean([w / a for w, _, a in alone if a])),
+            "audio_per_s": audio / sum(w for w, _, _ in alone), "audio_per_cpu": audio / sum(c for _, c, _ in alone)}
+
+
+def _per_cpu(summary: dict) -> float:
+    return summary["audio_seconds_per_s"] * summary["duration_s"] / summary["server_cpu_s"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=64, help="talker steps per request at most")
+    p.add_argument("--requests", type=int, nargs=3, default=[4, 8, 16], help="requests timed at concurrency 1, 4, 8")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the server and of the baseline")
+    p.add_argument("--repeats", type=int, default=3, help="runs per level (and per baseline call); the best counts")
+    p.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md as it is")
+    args = p.parse_args()
+    sys.path.insert(0, str(ROOT))
+    from omnistage.testing import ensure
+
+    with open("/proc/loadavg") as f:
+        load_before = f.read().split()[0]
+    path = str(ensure("moss-tts", cache_dir=ROOT / ".omnistage-cache" / "zoo"))
+    proc, url = start_server(path, args.steps, args.threads)
+    try:
+        with PeakRSS(proc.pid) as rss:
+            summaries = load(url, args.requests, args.repeats, proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    base = authors_baseline(path, args.steps, args.threads, args.repeats)
+    with open("/proc/loadavg") as f:
+        load_after = f.read().split()[0]
+
+    ours1, ours8 = summaries[0], summaries[-1]
+    rows = "\n".join(
+        f"| {s['max_concurrency']} | {s['completed']} | {s['ttfp_p50_s']:.3f} | {s['ttfp_p95_s']:.3f} | "
+        f"{s['latency_p50_s']:.3f} | {s['rtf_mean']:.3f} | {s['audio_seconds_per_s']:.3f} | "
+        f"{s['audio_seconds_per_s'] / ours1['audio_seconds_per_s']:.2f}x | "
+        f"{_per_cpu(s):.3f} |" for s in summaries)
+    body = f"""
+Zoo moss-tts (tiny), `omnistage serve` (talker and codec at max_num_seqs 8, inline, fp32, {args.threads} torch
+thread(s)), loaded by `omnistage.bench` (`--task tts`: streamed `/v1/audio/speech`, `stream_format=audio`,
+`response_format=pcm`). Two-sentence inputs, unseeded, at most {args.steps} talker steps per request (the text head
+ends most earlier; the delay pattern spends 32 steps after the last frame's first code); the codec voices 80 ms
+of 24 kHz audio per frame. Codec chunks of 5 frames, then 25. Client-side times; one warm-up request per level,
+best of {args.repeats} runs per level (by audio per wall second). Peak server RSS {rss.peak_mib:.0f} MiB.
+Load average {load_before} before, {load_after} after (2 shared cores, other jobs running): wall times are noisy.
+
+| concurrency | requests | TTFP p50 (s) | TTFP p95 (s) | latency p50 (s) | RTF mean | audio s / wall s | {_VS} |
+| --- | --- | --- | --- | --- | --- | --- | --- | --- |
+{rows}
+
+The authors' `moss-tts-lite` 1.1.0 on the same 8 prompts, same process threads, eager `generate` + their codec
+decode, one at a time (it has no batch; best of {args.repeats}, seeded per run): latency p50
+{base['latency_p50_s']:.3f} s (= its time to first audio), RTF mean {base['rtf_mean']:.3f},
+{base['audio_per_s']:.3f} audio s / wall s, {base['audio_per_cpu']:.3f} audio s / CPU s.
+
+- Time to first audio at concurrency 1 (p50): **{ours1['ttfp_p50_s']:.3f} s** vs the authors' whole request
+  {base['latency_p50_s']:.3f} s (**{base['latency_p50_s'] / ours1['ttfp_p50_s']:.1f}x** sooner).
+- Audio per wall second: concurrency 1 **{ours1['audio_seconds_per_s']:.3f}**
+  (**{ours1['audio_seconds_per_s'] / base['audio_per_s']:.2f}x** the authors'), concurrency 8
+  **{ours8['audio_seconds_per_s']:.3f}** (**{ours8['audio_seconds_per_s'] / base['audio_per_s']:.2f}x** the authors'
+  one-at-a-time loop).
+- Audio per CPU second: server at concurrency 1 **{_per_cpu(ours1):.3f}**, at concurrency 8
+  **{_per_cpu(ours8):.3f}**, vs the authors' {base['audio_per_cpu']:.3f}.
+"""
+    print(body)
+    if not args.no_write:
+        write_section("TTS: MOSS-TTS", "benchmarks/bench_moss_tts.py", body)
+
+
+if __name__ == "__main__":
+    main()
