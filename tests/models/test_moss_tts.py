@@ -33,6 +33,7 @@ PROMPTS = (TEXT, {"prompt": "The sun rises in the east.", "language": "English"}
            {"prompt": "Please describe the image in one sentence.", "instructions": "a calm, deep voice"}, TEXT)
 SEEDS = (0, 1, 5, 0)
 TEMPERATURES = (1.7, 1.7, 1.7, 0.0)  # the authors' audio temperature; 0: their greedy
+PENALTIES = (1.0, 1.0, 1.3, 1.0)  # the authors' audio repetition penalty
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def reference(moss_tts):
     tok = bpe.QwenBPE(f"{moss_tts}/vocab.json", f"{moss_tts}/merges.txt", f"{moss_tts}/tokenizer.json")
     decoder = codec.MossCodecDecoder(f"{moss_tts}/MOSS-Audio-Tokenizer", device="cpu")
     results = []
-    for p, seed, temperature in zip(PROMPTS, SEEDS, TEMPERATURES):
+    for p, seed, temperature, penalty in zip(PROMPTS, SEEDS, TEMPERATURES, PENALTIES):
         p = p if isinstance(p, dict) else {"prompt": p}
         if "instructions" in p:  # the authors' prompt builder with its Instruction field set
             ids = tok.encode(prompt._apply_chat_template_user(prompt._render_user_inst(
@@ -61,7 +62,8 @@ def reference(moss_tts):
             inputs = {"input_ids": prompt._unified(ids)}
         else:
             inputs = prompt.build_tts_prompt(p["prompt"], language=p.get("language"), tokenizer=tok)
-        res = generate.generate(ref, inputs, max_new_tokens=MAX_STEPS, seed=seed, greedy=temperature == 0)
+        res = generate.generate(ref, inputs, max_new_tokens=MAX_STEPS, seed=seed, greedy=temperature == 0,
+                                audio_repetition_penalty=penalty)
         segments = codec.delayed_rows_to_segments(res.audio_frames)
         wav = np.concatenate([decoder.decode(s) for s in segments])
         results.append((res, segments, wav))
@@ -71,7 +73,8 @@ def reference(moss_tts):
 def _talker(engine: AREngine, count: int) -> tuple[list, int]:
     """The first `count` prompts' frames from the talker's AR engine alone, run as one batch; and the largest batch."""
     for i in range(count):
-        params = SamplingParams(temperature=TEMPERATURES[i], top_p=0.8, top_k=25, max_tokens=MAX_STEPS, seed=SEEDS[i])
+        params = SamplingParams(temperature=TEMPERATURES[i], top_p=0.8, top_k=25, max_tokens=MAX_STEPS, seed=SEEDS[i],
+                                repetition_penalty=PENALTIES[i])
         engine.add_request(StageRequest(str(i), PROMPTS[i], params))
     frames, largest = {}, 0
     while engine.has_unfinished_requests():
@@ -119,6 +122,24 @@ def test_codes_and_waveform_match_the_authors(moss_tts, reference):
         assert out.sample_rate == 24000 and out.audio.dtype == np.float32
         assert out.audio.shape == wav.shape == (sum(s.shape[0] for s in segments) * 1920,)
         np.testing.assert_allclose(out.audio, wav, atol=1e-5 * np.abs(wav).max())
+
+
+def test_two_audio_blocks_reach_the_codec_apart():
+    """A reply with two audio blocks (padding rows between): the talker's frames are the authors'
+    blocks (`delayed_rows_to_segments`), the second after an all-padding break frame."""
+    from omnistage.models.moss_tts.talker import DelayState
+
+    prompt, codec = module(REFERENCE_CACHE, "prompt"), module(REFERENCE_CACHE, "codec")
+    g = torch.Generator().manual_seed(0)
+    blocks = [torch.randint(0, 1024, (n, 32), generator=g) for n in (4, 3)]
+    pad = torch.full((2, 32), 1024)
+    rows = torch.cat([pad[:1], prompt.apply_delay_pattern(blocks[0]), pad, prompt.apply_delay_pattern(blocks[1]), pad])
+    state = DelayState()
+    added = [state.add_row(row) for row in rows]
+    assert added.count(2) == 1 and sum(added) == state.num_frames == 4 + 1 + 3  # the break goes with a frame; none after
+    ours = _blocks(state.codes())
+    reference = codec.delayed_rows_to_segments(rows)
+    assert len(ours) == len(reference) == 2 and all(torch.equal(a, b) for a, b in zip(ours, reference))
 
 
 def test_codec_restarts_at_a_new_audio_block(moss_tts):

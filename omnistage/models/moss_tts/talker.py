@@ -18,9 +18,9 @@ over a continuous batch:
 
 Frames: row r's codebook c belongs to frame r - c, so frame f is complete at row f + 31;
 the frames go out in `TextPayload.extras["audio_codes"]` ([frames, 32] CPU long) with
-`extras["num_new_frames"]` (0 or 1), for the codec stage. Padding frames (before the audio,
-and between audio blocks when a reply has more than one) are dropped, except one all-padding
-frame where a later block starts: the codec restarts its stream there, as the authors decode
+`extras["num_new_frames"]`, for the codec stage. Padding frames (before, between and after
+audio blocks) are dropped, except one all-padding frame before a later block's first frame
+when a reply has more than one: the codec restarts its stream there, as the authors decode
 each block on its own.
 
 Draws come from a per-request generator seeded with the request's seed, in the authors'
@@ -73,6 +73,25 @@ class DelayState:
     frames: torch.Tensor | None = None
     """[capacity, 32] CPU long: the non-padding frames, `num_frames` of them valid."""
     num_frames: int = 0
+    in_gap: bool = False
+    """Padding frames came after audio frames: the next audio frame starts a new block."""
+
+    def add_row(self, codes: torch.Tensor) -> int:
+        """Keep a generated row [32]; returns 1 when it completes a frame that goes out."""
+        self.rows.append(codes)
+        if len(self.rows) < N_VQ:
+            return 0
+        first = len(self.rows) - N_VQ  # frame f's codebook c is in row f + c
+        frame = torch.stack([self.rows[first + c][c] for c in range(N_VQ)])
+        if bool((frame == AUDIO_PAD_CODE).all()):
+            self.in_gap = self.num_frames > 0
+            return 0
+        added = 1
+        if self.in_gap:  # a padding frame marks where the next audio block starts
+            self.add_frame(torch.full_like(frame, AUDIO_PAD_CODE))
+            self.in_gap, added = False, 2
+        self.add_frame(frame)
+        return added
 
     def add_frame(self, frame: torch.Tensor) -> None:
         if self.frames is None or self.num_frames == self.frames.shape[0]:
@@ -156,16 +175,8 @@ class MossTTSTalker(ARModel):
         for i, seq in enumerate(batch.seqs):
             st: DelayState = seq.model_state
             text, codes = self._step(st, seq.params, text_logits[i], code_logits[i])
-            st.rows.append(codes)
+            num_new = st.add_row(codes)
             st.last_codes = codes
-            num_new = 0
-            if len(st.rows) >= N_VQ:  # frame f's codebook c is in row f + c
-                first = len(st.rows) - N_VQ
-                frame = torch.stack([st.rows[first + c][c] for c in range(N_VQ)])
-                gap = bool((frame == AUDIO_PAD_CODE).all())
-                if not gap or (st.num_frames and not bool((st.frames[st.num_frames - 1] == AUDIO_PAD_CODE).all())):
-                    st.add_frame(frame)  # a gap's first padding frame marks where the next audio block starts
-                    num_new = 1
             st.step += 1
             token_ids[i] = text
             extras.append({"audio_codes": st.codes(), "num_new_frames": num_new})
