@@ -129,8 +129,10 @@ class MossCodec(Decoder):
         for index, spec in enumerate(specs):
             if spec["module_type"] != "Transformer":
                 continue
-            patch = specs[index + 1]
-            assert patch["module_type"] == "PatchedPretransform", patch
+            patch = specs[index + 1] if index + 1 < len(specs) else {}
+            if patch.get("module_type") != "PatchedPretransform":
+                raise ValueError(f"{folder}/config.json: decoder_kwargs[{index + 1}] should be the patch step after "
+                                 f"transformer {index}, got {patch}")
             self.stages.append((_Transformer(weights, f"decoder.{index}", spec, int(frame_rate * seconds), device),
                                 patch["patch_size"]))
             frame_rate *= patch["patch_size"]
