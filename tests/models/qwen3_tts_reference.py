@@ -1,23 +1,17 @@
 """The parity reference for Qwen3-TTS: the authors' `qwen-tts` 0.1.1 modules, adapted to transformers 5.
 
-`qwen-tts` pins transformers 4.57.3, so it is not installed: its wheel is fetched with
-`pip download --no-deps` (once, into the zoo cache folder), and the modules the
-CustomVoice / VoiceDesign paths run are copied into a private package with the edits in
-`ADAPTATIONS`, each a literal replacement that must match (a changed wheel fails here, not
-silently). Nothing in transformers or omnistage is patched; the package's own
-`__init__` files (which import the 25 Hz tokenizer and librosa) are replaced by empty ones.
+`qwen-tts` pins transformers 4.57.3, so it is not installed: the modules the CustomVoice /
+VoiceDesign paths run are copied from its wheel into a private package with the edits in
+`ADAPTATIONS` (vendored_wheel.py); the package's own `__init__` files (which import the 25 Hz
+tokenizer and librosa) are replaced by empty ones.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
-import pytest
+from vendored_wheel import vendor
 
 WHEEL = "qwen-tts==0.1.1"
 PACKAGE = "_qwen_tts_reference"
@@ -147,44 +141,15 @@ def _default_rope(config, device=None):
 '''
 
 
-def _wheel(cache: Path) -> Path:
-    folder = cache / "qwen-tts-wheel"
-    found = sorted(folder.glob("qwen_tts-0.1.1-*.whl"))
-    if not found:
-        folder.mkdir(parents=True, exist_ok=True)
-        run = subprocess.run([sys.executable, "-m", "pip", "download", WHEEL, "--no-deps", "-d", str(folder)],
-                             capture_output=True, text=True, timeout=300)
-        found = sorted(folder.glob("qwen_tts-0.1.1-*.whl"))
-        if run.returncode != 0 or not found:
-            pytest.skip(f"the reference package {WHEEL} could not be downloaded: {run.stderr[-300:]}")
-    return found[0]
+def _pick(name: str) -> str | None:
+    return name.removeprefix("qwen_tts/") if name.removeprefix("qwen_tts/") in FILES else None
 
 
 def load_reference(cache: Path):
     """The vendored `qwen_tts` package (adapted), importable as `_qwen_tts_reference`."""
-    if PACKAGE in sys.modules:
-        return sys.modules[PACKAGE]
-    digest = hashlib.sha256(repr((ADAPTATIONS, DEFAULT_ROPE)).encode()).hexdigest()[:12]
-    root = cache / f"qwen-tts-reference-{digest}"  # rebuilt when the adaptations change
-    package = root / PACKAGE
-    if not (package / ".complete").exists():
-        with zipfile.ZipFile(_wheel(cache)) as wheel:
-            sources = {name: wheel.read(f"qwen_tts/{name}").decode() for name in FILES}
-        for name, old, new, why in ADAPTATIONS:
-            if old not in sources[name]:
-                raise AssertionError(f"adaptation for {name} ({why}) no longer matches the wheel")
-            sources[name] = sources[name].replace(old, new)
-            if new == "_default_rope" and DEFAULT_ROPE not in sources[name]:
-                sources[name] += DEFAULT_ROPE
-        for name, text in sources.items():
-            path = package / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-        for sub in ("", "core", "core/models", "core/tokenizer_12hz", "inference"):
-            (package / sub / "__init__.py").write_text("")
-        (package / ".complete").write_text("")
-    sys.path.insert(0, str(root))
-    return importlib.import_module(PACKAGE)
+    empty = [f"{sub}__init__.py" for sub in ("", "core/", "core/models/", "core/tokenizer_12hz/", "inference/")]
+    appends = {name: DEFAULT_ROPE for name, _, new, _ in ADAPTATIONS if new == "_default_rope"}
+    return vendor(cache, WHEEL, PACKAGE, _pick, ADAPTATIONS, empty=empty, appends=appends)
 
 
 def reference_model(cache: Path, model_path: str):

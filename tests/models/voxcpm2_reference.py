@@ -1,10 +1,8 @@
 """The parity reference for VoxCPM2: the authors' `voxcpm` 2.0.3 model modules.
 
 `voxcpm` requires torchaudio, torchcodec, gradio, funasr and more, none of which the model
-itself runs, so it is not installed: its wheel is fetched with `pip download --no-deps`
-(once, into the zoo cache folder), and `voxcpm/model/` and `voxcpm/modules/` are copied into
-a private package with the edits in `ADAPTATIONS`, each a literal replacement that must match
-(a changed wheel fails here, not silently). The package's own `__init__` files (which import
+itself runs, so it is not installed: `voxcpm/model/` and `voxcpm/modules/` are copied from its
+wheel into a private package with the edits in `ADAPTATIONS` (vendored_wheel.py). The package's own `__init__` files (which import
 the CLI's, the denoiser's and VoxCPM1's dependencies) are replaced by empty ones. Nothing in
 transformers or omnistage is patched.
 
@@ -15,14 +13,10 @@ mismatch fails instead of leaving random weights behind.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
-import pytest
+from vendored_wheel import vendor
 
 WHEEL = "voxcpm==2.0.3"
 PACKAGE = "_voxcpm_reference"
@@ -43,42 +37,15 @@ ADAPTATIONS = (
 )
 
 
-def _wheel(cache: Path) -> Path:
-    folder = cache / "voxcpm-wheel"
-    found = sorted(folder.glob("voxcpm-2.0.3-*.whl"))
-    if not found:
-        folder.mkdir(parents=True, exist_ok=True)
-        run = subprocess.run([sys.executable, "-m", "pip", "download", WHEEL, "--no-deps", "-d", str(folder)],
-                             capture_output=True, text=True, timeout=300)
-        found = sorted(folder.glob("voxcpm-2.0.3-*.whl"))
-        if run.returncode != 0 or not found:
-            pytest.skip(f"the reference package {WHEEL} could not be downloaded: {run.stderr[-300:]}")
-    return found[0]
+def _pick(name: str) -> str | None:
+    if name.startswith(("voxcpm/model/", "voxcpm/modules/")) and name.endswith(".py"):
+        return name[len("voxcpm/"):]
+    return None
 
 
 def load_reference(cache: Path):
     """The vendored `voxcpm` model package (adapted), importable as `_voxcpm_reference`."""
-    if PACKAGE in sys.modules:
-        return sys.modules[PACKAGE]
-    digest = hashlib.sha256(repr(ADAPTATIONS).encode()).hexdigest()[:12]
-    root = cache / f"voxcpm-reference-{digest}"  # rebuilt when the adaptations change
-    package = root / PACKAGE
-    if not (package / ".complete").exists():
-        with zipfile.ZipFile(_wheel(cache)) as wheel:
-            sources = {name[len("voxcpm/"):]: wheel.read(name).decode() for name in wheel.namelist()
-                       if name.startswith(("voxcpm/model/", "voxcpm/modules/")) and name.endswith(".py")}
-        for name, old, new, why in ADAPTATIONS:
-            if old not in sources[name]:
-                raise AssertionError(f"adaptation for {name} ({why}) no longer matches the wheel")
-            sources[name] = sources[name].replace(old, new)
-        sources["__init__.py"] = sources["model/__init__.py"] = ""
-        for name, text in sources.items():
-            path = package / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-        (package / ".complete").write_text("")
-    sys.path.insert(0, str(root))
-    return importlib.import_module(PACKAGE)
+    return vendor(cache, WHEEL, PACKAGE, _pick, ADAPTATIONS, empty=("__init__.py", "model/__init__.py"))
 
 
 def reference_model(cache: Path, model_path: str):
