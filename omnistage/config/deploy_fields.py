@@ -90,6 +90,11 @@ class StageDeployConfig:
     max_num_batched_tokens: int | None = None
     """AR (native): most tokens one step feeds (decodes + prompt chunks); longer prompts are prefilled
     in chunks beside the running decodes. None = 2048."""
+    paged_attention: str = "auto"
+    """AR (native): how attention reads the paged KV cache. "kernel": in place, block by block (a C++
+    CPU kernel built on first use; no CUDA kernel yet), "gather": each sequence's blocks copied
+    together, then SDPA; "auto": the kernel where it runs (CPU, a transformers LLM of plain causal
+    attention, the kernel built), else gather."""
     default_sampling_params: dict[str, Any] = field(default_factory=dict)
     """Defaults for request params (SamplingParams or DiffusionParams fields) of this stage."""
     env: dict[str, str] = field(default_factory=dict)
@@ -185,6 +190,7 @@ STAGE_CONSTRAINTS = {
     "ar_backend": one_of("native", "vllm"),
     "kv_cache_memory": lambda v: None if v > 0 else f"must be > 0 (bytes, or a fraction of the device memory), got {v!r}",
     "max_num_batched_tokens": at_least(1),
+    "paged_attention": one_of("auto", "kernel", "gather"),
     "lora": _check_lora_entries,
     "ray_resources": lambda v: next((f"{k}: must be >= 0, got {n!r}" for k, n in v.items() if n < 0), None),
     "max_restarts": at_least(0),
@@ -325,6 +331,7 @@ KIND_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
     "diffusion": ("step_execution", "cfg_parallel_size", "ulysses_degree", "ring_degree",
                   "vae_patch_parallel_size", "vae_use_tiling", "cache_backend", "cache_config",
                   "offload_blocks_per_group", "lora_adapters"),
-    "ar": ("max_model_len", "ar_backend", "kv_cache_memory", "enable_prefix_caching", "max_num_batched_tokens"),
+    "ar": ("max_model_len", "ar_backend", "kv_cache_memory", "enable_prefix_caching", "max_num_batched_tokens",
+           "paged_attention"),
 }
 """Deploy fields only one stage kind reads; every other field applies to all kinds."""
