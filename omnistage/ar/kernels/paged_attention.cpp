@@ -33,9 +33,10 @@
 namespace {
 
 constexpr int64_t kBlock = 16;  // the engine's block size (omnistage/ar/block_manager.py)
-constexpr int64_t kQueryTile = 16;  // queries of one row per task
+constexpr int64_t kQueryTile = 32;  // queries of one row per task
 constexpr int64_t kRows = 4;  // query vectors per register tile
 typedef float vf8 __attribute__((vector_size(32)));
+typedef int32_t vi8 __attribute__((vector_size(32)));
 
 inline vf8 load8(const float* p) {
   vf8 v;
@@ -45,23 +46,37 @@ inline vf8 load8(const float* p) {
 inline void store8(float* p, vf8 v) { std::memcpy(p, &v, sizeof(v)); }
 inline vf8 splat(float x) { return vf8{x, x, x, x, x, x, x, x}; }
 
-// exp for x <= 0 (Cephes' expf polynomial, about 1e-7 relative): plain arithmetic, so the
-// compiler vectorizes the loops that call it, where std::exp stays one call per score.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
+// exp for x <= 0 (Cephes' expf polynomial, about 1e-7 relative), exactly 0 below -87 (a masked
+// key's -inf included); vector arithmetic only, where std::exp is one call per score.
+inline vf8 exp8(vf8 x) {
+  const vf8 lo = splat(-87.f), big = splat(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
+  const vf8 xc = x > lo ? x : lo;
+  const vf8 n = (xc * splat(1.44269504088896341f) + big) - big;
+  const vf8 r = xc - n * splat(0.693359375f) + n * splat(2.12194440e-4f);
+  vf8 p = splat(1.9875691500e-4f);
+  p = p * r + splat(1.3981999507e-3f);
+  p = p * r + splat(8.3334519073e-3f);
+  p = p * r + splat(4.1665795894e-2f);
+  p = p * r + splat(1.6666665459e-1f);
+  p = p * r + splat(5.0000001201e-1f);
+  p = p * r * r + r + splat(1.f);
+  const vi8 bits = (__builtin_convertvector(n, vi8) + 127) << 23;
+  const vf8 y = p * reinterpret_cast<const vf8&>(bits);
+  return x > lo ? y : splat(0.f);
+}
+
+inline float exp_nonpositive(float x) { return exp8(splat(x))[0]; }
+
+inline float hmax(vf8 v) {
+  float m = v[0];
+  for (int k = 1; k < 8; ++k) m = std::max(m, v[k]);
+  return m;
+}
+
+inline float hsum(vf8 v) {
+  float s = 0.f;
+  for (int k = 0; k < 8; ++k) s += v[k];
+  return s;
 }
 
 // s[u][0..16) = q[u] . keys of the block, for kRows query vectors (kt: [head_dim][kBlock])
@@ -81,10 +96,31 @@ inline void scores(const float* q, const float* kt, int64_t head_dim, float* s) 
   }
 }
 
-// acc[u] += sum_j p[u][j] * v[j] for kRows query vectors (v[j] at v + j * v_stride)
+// acc[u] += sum_j p[u][j] * v[j] for kRows query vectors (v[j] at v + j * v_stride), 16 floats of
+// the value at a time: two vector loads of v[j] serve 8 FMAs
 inline void accumulate(const float* p, const float* v, int64_t v_stride, int64_t value_dim, int64_t num_keys,
                        float* acc) {
-  for (int64_t d = 0; d < value_dim; d += 8) {
+  int64_t d = 0;
+  for (; d + 16 <= value_dim; d += 16) {
+    vf8 a[kRows][2];
+    for (int64_t u = 0; u < kRows; ++u) {
+      a[u][0] = load8(acc + u * value_dim + d);
+      a[u][1] = load8(acc + u * value_dim + d + 8);
+    }
+    for (int64_t j = 0; j < num_keys; ++j) {
+      const vf8 v0 = load8(v + j * v_stride + d), v1 = load8(v + j * v_stride + d + 8);
+      for (int64_t u = 0; u < kRows; ++u) {
+        const vf8 b = splat(p[u * kBlock + j]);
+        a[u][0] += b * v0;
+        a[u][1] += b * v1;
+      }
+    }
+    for (int64_t u = 0; u < kRows; ++u) {
+      store8(acc + u * value_dim + d, a[u][0]);
+      store8(acc + u * value_dim + d + 8, a[u][1]);
+    }
+  }
+  for (; d < value_dim; d += 8) {  // a value_dim of 8 mod 16
     vf8 a[kRows];
     for (int64_t u = 0; u < kRows; ++u) a[u] = load8(acc + u * value_dim + d);
     for (int64_t j = 0; j < num_keys; ++j) {
@@ -176,25 +212,19 @@ void attend(const scalar_t* query, int64_t q_token_stride, int64_t q_head_stride
               continue;
             }
             for (int64_t j = nv; j < kBlock; ++j) si[j] = -std::numeric_limits<float>::infinity();
-            float block_max = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : block_max)
-            for (int64_t j = 0; j < kBlock; ++j) block_max = std::max(block_max, si[j]);
-            const float new_max = std::max(m[i], block_max);
+            const vf8 s0 = load8(si), s1 = load8(si + 8);
+            const float new_max = std::max(m[i], hmax(s0 > s1 ? s0 : s1));
             if (new_max > m[i] && l[i] > 0.f) {  // rescale what the earlier blocks added
               const float c = exp_nonpositive(m[i] - new_max);
               l[i] *= c;
               float* ai = &acc[i * value_dim];
-#pragma omp simd
-              for (int64_t d = 0; d < value_dim; ++d) ai[d] *= c;
+              for (int64_t d = 0; d < value_dim; d += 8) store8(ai + d, load8(ai + d) * splat(c));
             }
             m[i] = new_max;
-            float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-            for (int64_t j = 0; j < kBlock; ++j) {
-              const float p = j < nv ? exp_nonpositive(si[j] - new_max) : 0.f;
-              si[j] = p;
-              sum += p;
-            }
+            const vf8 p0 = exp8(s0 - splat(new_max)), p1 = exp8(s1 - splat(new_max));
+            store8(si, p0);
+            store8(si + 8, p1);
+            const float sum = hsum(p0 + p1);
             l[i] += sum;
           }
           accumulate(st, v_block, v_stride, value_dim, tile_visible, &acc[i0 * value_dim]);
