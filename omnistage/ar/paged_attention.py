@@ -107,8 +107,6 @@ def kernel_for(device: torch.device) -> Any:
 @functools.cache
 def _load_cpu_kernel() -> tuple[Any, str | None]:
     """Compile (or load the cached build of) kernels/paged_attention.cpp; logs the outcome once."""
-    from torch.utils import cpp_extension
-
     build_dir = kernel_cache_dir()
     try:
         if shutil.which("ninja") is None:  # the `ninja` wheel's binary, when no system one is on PATH
@@ -117,9 +115,16 @@ def _load_cpu_kernel() -> tuple[Any, str | None]:
             os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
         build_dir.mkdir(parents=True, exist_ok=True)
         # a plain library that registers torch.ops.omnistage_paged (no pybind11: compiles in a third of the time)
-        cpp_extension.load(name=f"omnistage_{build_dir.name}", sources=[str(SOURCE)],
-                           extra_cflags=["-O3", "-march=native", "-fopenmp"], extra_ldflags=["-fopenmp"],
-                           build_directory=str(build_dir), is_python_module=False, verbose=False)
+        name = f"omnistage_{build_dir.name}"
+        built = build_dir / f"{name}.so"
+        if built.exists():  # the directory's name covers the source, torch and the CPU: never stale
+            torch.ops.load_library(str(built))
+        else:
+            from torch.utils import cpp_extension  # imports setuptools: only when it compiles
+
+            cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                               extra_ldflags=["-fopenmp"], build_directory=str(build_dir), is_python_module=False,
+                               verbose=False)
         module = torch.ops.omnistage_paged
     except Exception as e:  # a compiler or header missing: the gather path still runs everywhere
         lines = str(e).strip().splitlines() or [""]
