@@ -79,9 +79,10 @@ def test_kernel_equals_gather_and_sdpa_on_random_block_tables(dtype, heads, kv_h
 
 
 def test_the_engine_reads_blocks_in_place_with_generates_and_the_gather_paths_tokens(llm_path, hf_model):
-    """A stream decodes while two 40-token prompts join and prefill in chunks of the 16-token budget
+    """A stream decodes while two 40-token prompts join, prefilled in chunks of the 16-token budget
     beside it; the second shares the first's 32-token prefix, so with prefix caching it starts after
-    the cached blocks of it that the first had filled. Every step of the kernel's engine attends through a `PagedLayout`."""
+    the cached blocks of it that the first had filled. Every step of the kernel's engine attends
+    through a `PagedLayout`."""
     params = SamplingParams(max_tokens=10, temperature=0.0, logprobs=0)
     short, first = token_prompts(1, 5, seed=3) + token_prompts(1, 40, seed=4)
     second = first[:32] + token_prompts(1, 8, seed=5)[0]

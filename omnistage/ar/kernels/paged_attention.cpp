@@ -179,6 +179,15 @@ void attend(const scalar_t* query, int64_t q_token_stride, int64_t q_head_stride
         const int64_t block = tables[r * table_width + k0 / kBlock];
         const scalar_t* kb = keys + (block * kv_heads + g) * head_dim * kBlock;
         const scalar_t* vb = values + block * kBlock * value_stride + g * value_dim;
+        if (k0 + kBlock < num_keys) {  // the next block is anywhere in the pool: no hardware prefetcher guesses it
+          const int64_t next = tables[r * table_width + k0 / kBlock + 1];
+          const char* nk_ptr = reinterpret_cast<const char*>(keys + (next * kv_heads + g) * head_dim * kBlock);
+          for (int64_t x = 0; x < head_dim * kBlock * int64_t(sizeof(scalar_t)); x += 64) __builtin_prefetch(nk_ptr + x);
+          for (int64_t j = 0; j < kBlock; ++j) {
+            const char* nv_ptr = reinterpret_cast<const char*>(values + (next * kBlock + j) * value_stride + g * value_dim);
+            for (int64_t x = 0; x < value_dim * int64_t(sizeof(scalar_t)); x += 64) __builtin_prefetch(nv_ptr + x);
+          }
+        }
         const float* kt_block;
         const float* v_block;
         int64_t v_stride;
