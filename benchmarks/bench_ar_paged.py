@@ -267,7 +267,8 @@ def attention_share(path: str, runs: int = 3) -> dict:
     prompts, 64 new tokens each, the engine alone), the part spent in attention: the layers' KV
     cache update (writing the new keys, and gathering the cached ones on the gather path) and the
     attention function. Timed by wrapping the two in this process (a timer call per layer and
-    step: a few us against ms-long steps); the median run of `runs` after a warm-up."""
+    step: a few us against ms-long steps); the median run of `runs` after a warm-up, the two settings
+    alternating."""
     from transformers import AttentionInterface
 
     from omnistage.ar.packed_attention import ATTN_IMPLEMENTATION, packed_sdpa
@@ -286,25 +287,29 @@ def attention_share(path: str, runs: int = 3) -> dict:
         return wrapper
 
     AttentionInterface.register(ATTN_IMPLEMENTATION, timed(packed_sdpa))
-    result = {}
+    settings = ("gather", "kernel")
+    engines = {name: engine_for(path, max_num_seqs=8, enable_prefix_caching=False, paged_attention=name)
+               for name in settings}
     try:
-        for setting in ("gather", "kernel"):
-            engine = engine_for(path, max_num_seqs=8, enable_prefix_caching=False, paged_attention=setting)
+        for engine in engines.values():
             for layer in engine.runner.cache.layers:
                 layer.update = timed(layer.update)
-            measured = []
-            for _ in range(runs + 1):
+        measured = {name: [] for name in settings}
+        for _ in range(runs + 1):  # the two alternate run by run: a machine's drift moves both alike
+            for name, engine in engines.items():
                 spent[0] = 0.0
                 t0 = CLOCK[0]()
                 drive(engine, [req(f"l{i}", p, max_tokens=64, min_tokens=64) for i, p in enumerate(prompts)])
-                measured.append((CLOCK[0]() - t0, spent[0]))
-            measured = sorted(measured[1:])
-            total, attention = measured[len(measured) // 2]
-            result[setting] = {"total": total, "attention": attention}
-            engine.close()
+                measured[name].append((CLOCK[0]() - t0, spent[0]))
+        result = {}
+        for name, runs_ in measured.items():
+            total, attention = sorted(runs_[1:])[len(runs_[1:]) // 2]
+            result[name] = {"total": total, "attention": attention, "runs": runs_[1:]}
+        return result
     finally:
         AttentionInterface.register(ATTN_IMPLEMENTATION, packed_sdpa)
-    return result
+        for engine in engines.values():
+            engine.close()
 
 
 # --- report ------------------------------------------------------------------------------------
