@@ -117,7 +117,9 @@ def _load_cpu_kernel() -> tuple[Any, str | None]:
         # a plain library that registers torch.ops.omnistage_paged (no pybind11: compiles in a third of the time)
         name = f"omnistage_{build_dir.name}"
         built = build_dir / f"{name}.so"
-        if built.exists():  # the directory's name covers the source, torch and the CPU: never stale
+        # the directory's name covers the source, torch and the CPU: never stale; torch holds a "lock"
+        # file there while another process builds it
+        if built.exists() and not (build_dir / "lock").exists():
             torch.ops.load_library(str(built))
         else:
             from torch.utils import cpp_extension  # imports setuptools: only when it compiles
