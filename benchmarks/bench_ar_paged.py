@@ -49,10 +49,15 @@ CHUNK_CASES = ((2048, True), (256, True), (64, True), (64, False), (32, True), (
 and prompt chunk in one forward, else two (decodes, then the chunk: the engine before packing)."""
 
 
+PAGED_ATTENTION = ["auto"]
+"""The engines' `paged_attention` (`--paged-attention`): "auto" is the in-place kernel where it built."""
+
+
 def engine_for(path: str, **config):
     from omnistage.ar.engine import AREngine
     from omnistage.config.deploy_fields import StageDeployConfig
 
+    config.setdefault("paged_attention", PAGED_ATTENTION[0])
     return AREngine(path, config=StageDeployConfig(devices=("cpu",), dtype="float32",
                                                    max_model_len=MAX_MODEL_LEN, **config))
 
@@ -105,7 +110,7 @@ def throughput(path: str, model, pad_id: int, vllm_python: str | None, pairs: in
     for name, prompts in workloads.items():
         engine = engine_for(path, max_num_seqs=8, enable_prefix_caching=False)
         omni = Omni(path, devices=("cpu",), dtype="float32", max_model_len=MAX_MODEL_LEN, max_num_seqs=8,
-                    enable_prefix_caching=False)
+                    enable_prefix_caching=False, paged_attention=PAGED_ATTENTION[0])
 
         def ours():
             outs = drive(engine, [req(f"l{i}", p, max_tokens=new, min_tokens=new) for i, p in enumerate(prompts)])
@@ -254,6 +259,59 @@ def paged_vs_slot(path: str) -> dict:
             "preemptions": preemptions}
 
 
+# --- 5. attention's share -----------------------------------------------------------------------
+
+
+def attention_share(path: str, runs: int = 3) -> dict:
+    """Per `paged_attention` ("gather", "kernel"): of the long-prompt workload's CPU time (8 ~1k-token
+    prompts, 64 new tokens each, the engine alone), the part spent in attention: the layers' KV
+    cache update (writing the new keys, and gathering the cached ones on the gather path) and the
+    attention function. Timed by wrapping the two in this process (a timer call per layer and
+    step: a few us against ms-long steps); the median run of `runs` after a warm-up, the two settings
+    alternating."""
+    from transformers import AttentionInterface
+
+    from omnistage.ar.packed_attention import ATTN_IMPLEMENTATION, packed_sdpa
+
+    rng = random.Random(0)
+    prompts = [token_ids(rng, 1000 + 8 * i) for i in range(8)]
+    spent = [0.0]
+
+    def timed(fn):
+        def wrapper(*args, **kwargs):
+            t0 = CLOCK[0]()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[0] += CLOCK[0]() - t0
+        return wrapper
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, timed(packed_sdpa))
+    settings = ("gather", "kernel")
+    engines = {name: engine_for(path, max_num_seqs=8, enable_prefix_caching=False, paged_attention=name)
+               for name in settings}
+    try:
+        for engine in engines.values():
+            for layer in engine.runner.cache.layers:
+                layer.update = timed(layer.update)
+        measured = {name: [] for name in settings}
+        for _ in range(runs + 1):  # the two alternate run by run: a machine's drift moves both alike
+            for name, engine in engines.items():
+                spent[0] = 0.0
+                t0 = CLOCK[0]()
+                drive(engine, [req(f"l{i}", p, max_tokens=64, min_tokens=64) for i, p in enumerate(prompts)])
+                measured[name].append((CLOCK[0]() - t0, spent[0]))
+        result = {}
+        for name, runs_ in measured.items():
+            total, attention = sorted(runs_[1:])[len(runs_[1:]) // 2]
+            result[name] = {"total": total, "attention": attention, "runs": runs_[1:]}
+        return result
+    finally:
+        AttentionInterface.register(ATTN_IMPLEMENTATION, packed_sdpa)
+        for engine in engines.values():
+            engine.close()
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -268,6 +326,20 @@ def bench_size(size: str, vllm_python: str | None, pairs: int) -> dict:
     with torch.inference_mode():
         return {"size": size, "throughput": throughput(path, model, tok.pad_token_id, vllm_python, pairs),
                 "prefix": prefix_caching(path), "chunked": chunked_prefill(path), "slots": paged_vs_slot(path)}
+
+
+def only_case(case: str, size: str, vllm_python: str | None, pairs: int) -> dict:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from omnistage.testing import ensure
+
+    path = str(ensure("qwen2-llm", size=size, cache_dir=ROOT / ".omnistage-cache" / "zoo"))
+    if case == "attention-share":
+        return attention_share(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
+    with torch.inference_mode():
+        return throughput(path, model, tok.pad_token_id, vllm_python, pairs)
 
 
 def table(rows: list[dict], use_vllm: bool, clock: str, load: float) -> str:
@@ -326,10 +398,21 @@ def main() -> None:
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                         help="time every case by process CPU time (default: the machine is shared) or wall clock")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--paged-attention", choices=("auto", "kernel", "gather"), default="auto",
+                        help="how the engines' attention reads the KV blocks (deploy field paged_attention)")
+    parser.add_argument("--only", choices=("throughput", "attention-share"),
+                        help="run one case and print it (RESULTS.md is left alone)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     CLOCK[0] = time.process_time if args.clock == "cpu" else time.perf_counter
+    PAGED_ATTENTION[0] = args.paged_attention
     load = os.getloadavg()[0]
+    if args.only:
+        print(f"load average {load:.1f} at the start, paged_attention: {args.paged_attention}")
+        for size in args.sizes:
+            print(size, only_case(args.only, size, args.vllm_python, args.pairs))
+        print(f"load average {os.getloadavg()[0]:.1f} at the end")
+        return
     rows = [bench_size(size, args.vllm_python, args.pairs) for size in args.sizes]
     body = table(rows, bool(args.vllm_python), args.clock, load)
     print(body)

@@ -23,5 +23,11 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$WANT" ]; then
   fi
   echo "[omnistage] installing omnistage (editable) with dev extras"
   "$VENV/bin/pip" install -q -e "$ROOT[dev]"
+  # The CPU paged-attention kernel (omnistage/ar/kernels/paged_attention.cpp), compiled once now into
+  # the user's cache so that an AR stage's first request does not wait for the compiler. Without a
+  # C++ compiler it does not build, and AR stages gather their KV blocks instead (paged_attention: auto).
+  echo "[omnistage] building the CPU paged-attention kernel"
+  "$VENV/bin/python" -c "import torch; from omnistage.ar.paged_attention import kernel_for; kernel_for(torch.device('cpu'))" \
+    || echo "[omnistage] the CPU paged-attention kernel did not build: AR stages will gather their KV blocks"
   echo "$WANT" > "$STAMP"
 fi

@@ -13,6 +13,8 @@ KV cache: paged (block_manager.py, kv_cache.py). Its size is the stage's
 `max_num_seqs` sequences of `max_model_len` tokens; `enable_prefix_caching` (default on)
 reuses cached blocks of a prompt's prefix; `max_num_batched_tokens` bounds the tokens
 one step feeds, longer prompts being prefilled in chunks next to the running decodes.
+`paged_attention` picks how attention reads the blocks: in place, by a kernel (CPU:
+kernels/paged_attention.cpp), or gathered into one tensor per row first (paged_attention.py).
 `compile: true` (CUDA only) replays decode-only steps from CUDA graphs (cuda_graphs.py).
 
 Inputs (`StageRequest.inputs`) for the generic causal LM: a str, or a dict with one of
@@ -42,6 +44,7 @@ from omnistage.ar.cpu_linear import prepack_linears
 from omnistage.ar.detokenizer import IncrementalDetokenizer
 from omnistage.ar.model import get_ar_model_class
 from omnistage.ar.model_runner import ModelRunner
+from omnistage.ar.paged_attention import uses_kernel
 from omnistage.ar.sampling_params import SamplingParams, admit
 from omnistage.ar.scheduler import Scheduler
 from omnistage.ar.sequence import Sequence
@@ -139,7 +142,8 @@ class AREngine:
                                    enable_chunked_prefill=self.model.supports_chunked_prefill,
                                    packed=self.model.supports_packed_batch,
                                    deadline_order=self.model.audio_frame_rate is not None)
-        self.runner = ModelRunner(self.model, self.block_size, num_blocks + 1, self.max_model_len, device)
+        in_place = uses_kernel(config.paged_attention, device, self.model.supports_paged_attention)
+        self.runner = ModelRunner(self.model, self.block_size, num_blocks + 1, self.max_model_len, device, in_place)
         if config.compile:
             self.runner.enable_static_decode(config.max_num_seqs, capture=True)
 

@@ -38,6 +38,9 @@ class HFCausalLM(ARModel):
         layer_types = getattr(text_config, "layer_types", None) or ["full_attention"] * self.num_layers
         self.mask_types = sorted(set(layer_types))
         self.sliding_window = getattr(text_config, "sliding_window", None)
+        # the in-place kernel knows plain causal attention only (no sliding window), through the packed
+        # layout (a subclass with its own forward says supports_packed_batch = False)
+        self.supports_paged_attention = self.supports_packed_batch and self.mask_types == ["full_attention"]
         unsupported = set(self.mask_types) - {"full_attention", "sliding_attention"}
         if unsupported:
             raise ValueError(f"HFCausalLM supports full and sliding attention layers, not {sorted(unsupported)}")

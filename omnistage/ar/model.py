@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     import torch
 
     from omnistage.ar.packed_attention import PackedAttention
+    from omnistage.ar.paged_attention import PagedLayout
 
     from omnistage.ar.sequence import Sequence
     from omnistage.config.spec import StageSpec
@@ -62,9 +63,10 @@ class ModelInput:
     """[B, T] long; padding positions hold 0. Packed: [1, N]."""
     positions: torch.Tensor
     """[B, T] long: each token's position in its sequence. Packed: [1, N]."""
-    attention_mask: torch.Tensor | PackedAttention
+    attention_mask: torch.Tensor | PackedAttention | PagedLayout
     """[B, 1, T, kv_len] bool, True = attend: causal, within the row's real tokens. Packed: a
-    `PackedAttention` (which keys each row's tokens see), read by `packed_sdpa`."""
+    `PackedAttention` (which keys each row's tokens see), or with the KV blocks read in place a
+    `PagedLayout` (each row's block table), read by `packed_sdpa`."""
     last_indices: torch.Tensor | None
     """Prefill: [B] index of each row's last real token (where logits are taken); decode: None.
     Packed: [B] index into N of each row's last token."""
@@ -131,6 +133,10 @@ class ARModel(ABC):
     `packed_attention.packed_sdpa`: a step with prompt chunks beside decodes or other chunks
     then runs as one forward, and the token budget counts real tokens. Else such a step is
     two forwards (decodes, then padded prompt chunks)."""
+    supports_paged_attention: bool = False
+    """`forward` takes the packed layout with a `paged_attention.PagedLayout` as its mask (its layers
+    attend through `packed_sdpa`), and every layer is plain causal attention over the whole context:
+    the engine may then read the KV blocks in place (deploy field `paged_attention`)."""
     supports_cuda_graphs: bool = False
     """`forward` can be replayed from a CUDA graph at static shapes (`compile: true`, see
     cuda_graphs.py): in a decode it reads only the tensors of `ModelInput` (never `seqs`,

@@ -30,6 +30,7 @@ from omnistage.ar.cuda_graphs import StaticDecode
 from omnistage.ar.kv_cache import PagedKVCache
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput
 from omnistage.ar.packed_attention import PackedAttention, PromptRow
+from omnistage.ar.paged_attention import PagedLayout
 from omnistage.ar.sampler import Sampler
 from omnistage.ar.scheduler import ScheduledSeq, ARSchedulerOutput
 from omnistage.ar.sequence import Sequence
@@ -70,13 +71,15 @@ class _StateRows:
 
 class ModelRunner:
     def __init__(self, model: ARModel, block_size: int, max_num_blocks: int, max_model_len: int,
-                 device: torch.device) -> None:
+                 device: torch.device, in_place: bool = False) -> None:
         self.model = model
         self.device = device
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.max_num_blocks = max_num_blocks
-        self.cache = PagedKVCache(model.num_layers, block_size, max_num_blocks)
+        self.in_place = in_place
+        """Attention reads the KV blocks in place (paged_attention.py) in every step that reads cached keys."""
+        self.cache = PagedKVCache(model.num_layers, block_size, max_num_blocks, in_place)
         self.sampler = Sampler(device)
         self._arange = torch.arange(max(max_model_len, block_size) + 1, device=device)
         self.hidden: dict[str, _StateRows] = {}
@@ -85,6 +88,8 @@ class ModelRunner:
 
     def enable_static_decode(self, max_num_seqs: int, *, capture: bool) -> None:
         """Run decode-only steps at static shapes, replayed from CUDA graphs when `capture`."""
+        if self.in_place:  # its graphs read gathered blocks; the in-place kernel is CPU-only anyway
+            raise ValueError("static decode (compile: true) needs paged_attention: gather")
         self.static_decode = StaticDecode(self.model, self.cache, self.block_size, max_num_seqs,
                                           self.max_model_len, self.device, capture=capture)
 
@@ -96,6 +101,10 @@ class ModelRunner:
         if self.static_decode is not None and not batch.prefills and self.static_decode.fits(batch.decodes):
             inp, output = self.static_decode.run(batch.decodes, num_blocks)  # static shapes, a CUDA graph
             self._run_group(batch.decodes, inp, out, output)
+            return out
+        if self.in_place and (batch.decodes or len(batch.prefills) > 1 or batch.prefills[0].start):
+            inp = self._prepare_in_place(batch.decodes, batch.prefills, num_blocks)
+            self._run_group(batch.decodes + batch.prefills, inp, out)
             return out
         if self.model.supports_packed_batch and batch.prefills and (batch.decodes or len(batch.prefills) > 1
                                                                     or _after_fewer_cached_keys(batch.prefills[0])):
@@ -233,6 +242,38 @@ class ModelRunner:
             context_lens=[item.start for item in items], packed=True,
         )
 
+    def _prepare_in_place(self, decodes: list[ScheduledSeq], prompts: list[ScheduledSeq],
+                          num_blocks: int) -> ModelInput:
+        """Every row's tokens end to end (`[1, N]`, as `_prepare_packed`), the attention mask a
+        `PagedLayout`: each row's block table, where its tokens start in N, its keys after this
+        forward. The kernel reads the blocks where they are, so nothing is padded or gathered."""
+        dev, size = self.device, self.block_size
+        items = decodes + prompts
+        width = -(-max(item.start + item.num_new for item in items) // size)
+        tables, fed, positions, starts, ends = [], [], [], [0], []
+        for i, item in enumerate(items):
+            seq, start, n = item.seq, item.start, item.num_new
+            tables += seq.block_table[:width] + [0] * (width - len(seq.block_table))  # past its blocks: scratch
+            fed += [seq.last_token_id] if i < len(decodes) else seq.all_token_ids[start:start + n]
+            positions += range(start, start + n)
+            starts.append(starts[-1] + n)
+            ends.append(start + n)
+        blocks, query_starts, context_lens = to_device([tables, starts, ends], dev, torch.int32)
+        input_ids, positions_t = to_device([fed, positions], dev)
+        blocks = blocks.view(len(items), width)
+        row = torch.repeat_interleave(torch.arange(len(items), device=dev), query_starts.diff().long())
+        write = blocks[row, positions_t // size].long() * size + positions_t % size
+        self.cache.begin(num_blocks, write, None, width * size, in_place=True)
+        seqs = [item.seq for item in items]
+        want_hidden, want_embeds = _wants(seqs)
+        return ModelInput(
+            input_ids=input_ids[None], positions=positions_t[None],
+            attention_mask=PagedLayout(blocks, query_starts, context_lens),
+            last_indices=query_starts[1:].long() - 1, query_lens=[item.num_new for item in items],
+            kv_len=width * size, seqs=seqs, is_prefill=True, output_hidden_states=want_hidden,
+            output_input_embeds=want_embeds, context_lens=[item.start for item in items], packed=True,
+        )
+
     # --- per-request state outputs ----------------------------------------------------------
 
     def _keep(self, store: dict[str, _StateRows], inp: ModelInput, states: torch.Tensor, flag: str) -> None:
@@ -252,7 +293,7 @@ class ModelRunner:
         """Drop the KV pools (a sleeping engine; nothing may be running): a fresh cache starts
         small and grows again. Returns the bytes freed."""
         freed = self.cache.num_bytes
-        self.cache = PagedKVCache(self.model.num_layers, self.block_size, self.max_num_blocks)
+        self.cache = PagedKVCache(self.model.num_layers, self.block_size, self.max_num_blocks, self.in_place)
         return freed
 
     def close(self) -> None:

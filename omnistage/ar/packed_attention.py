@@ -10,8 +10,9 @@ and hands the layers a `PackedAttention` in place of a mask tensor. `packed_sdpa
 with transformers' `AttentionInterface` (its public door for attention kernels), then runs
 transformers' own SDPA attention once over the decode rows, batched `[B_d, 1] x [B_d, M]`,
 and once per prompt row, `[n] x [context]`: the same work as the padded layout's forwards,
-where one mask over all of N x K would grow with every row's context. Anything else (a
-mask tensor or None: the padded layouts) goes straight to SDPA.
+where one mask over all of N x K would grow with every row's context. A `PagedLayout` (the same
+flattened tokens, the keys read from the KV blocks in place) goes to paged_attention.py's
+kernel. Anything else (a mask tensor or None: the padded layouts) goes straight to SDPA.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from omnistage.ar.paged_attention import PagedLayout, attend_in_place
 
 ATTN_IMPLEMENTATION = "omnistage_packed_sdpa"  # "sdpa" in the name: transformers checks SDPA support
 
@@ -70,6 +73,8 @@ class PackedAttention:
 
 
 def packed_sdpa(module, query, key, value, attention_mask, **kwargs):
+    if isinstance(attention_mask, PagedLayout):  # key and value are the KV pools (paged_attention.py)
+        return attend_in_place(module, query, key, value, attention_mask, **kwargs)
     if not isinstance(attention_mask, PackedAttention):
         return sdpa(module, query, key, value, attention_mask, **kwargs)
     layout, outputs = attention_mask, []

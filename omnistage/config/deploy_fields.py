@@ -94,15 +94,21 @@ class StageDeployConfig:
     max_num_batched_tokens: int | None = None
     """AR (native): most tokens one step feeds (decodes + prompt chunks); longer prompts are prefilled
     in chunks beside the running decodes. None = 2048."""
+    paged_attention: str = "auto"
+    """AR (native): how attention reads the paged KV cache. "kernel": in place, block by block (a C++
+    CPU kernel built on first use; no CUDA kernel yet), "gather": each sequence's blocks copied
+    together, then SDPA; "auto": the kernel where it runs (CPU, a transformers LLM of plain causal
+    attention, the kernel built), else gather."""
     default_sampling_params: dict[str, Any] = field(default_factory=dict)
     """Defaults for request params (SamplingParams or DiffusionParams fields) of this stage."""
     real_time_admission: bool = False
     """Off by default: measured on a loaded 2-core host it cut Qwen3-TTS's audio per wall second at
     concurrency 8 by ~3x for ~2x shorter stalls (benchmarks/RESULTS.md, "TTS under load"), and it
-    also holds offline batches, which have no listener. On: a final stage streaming audio starts a new request only while every admitted stream is made at
-    least 25% faster than real time (measured as it runs) and none is behind its listener; the others
-    wait in the queue, in order (their time to first audio grows; past `--max-queued-requests` the
-    server answers 429). False: every request starts at once and all streams share the capacity."""
+    also holds offline batches, which have no listener. On: a final stage streaming audio starts a new
+    request only while every admitted stream is made at least 25% faster than real time (measured as
+    it runs) and none is behind its listener; the others wait in the queue, in order (their time to
+    first audio grows; past `--max-queued-requests` the server answers 429). Off: every request starts
+    at once and all streams share the capacity."""
     audio_capacity: float | None = None
     """A final stage streaming audio, with real_time_admission: the seconds of audio it makes per wall
     second in all, fixed (all the streams, with 25% to spare, must fit it); None = measured per stream."""
@@ -200,6 +206,7 @@ STAGE_CONSTRAINTS = {
     "kv_cache_memory": lambda v: None if v > 0 else f"must be > 0 (bytes, or a fraction of the device memory), got {v!r}",
     "max_num_batched_tokens": at_least(1),
     "audio_capacity": lambda v: None if v > 0 else f"must be > 0 audio seconds per wall second, got {v!r}",
+    "paged_attention": one_of("auto", "kernel", "gather"),
     "lora": _check_lora_entries,
     "max_loras": at_least(0),
     "ray_resources": lambda v: next((f"{k}: must be >= 0, got {n!r}" for k, n in v.items() if n < 0), None),
@@ -341,6 +348,7 @@ KIND_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
     "diffusion": ("step_execution", "cfg_parallel_size", "ulysses_degree", "ring_degree",
                   "vae_patch_parallel_size", "vae_use_tiling", "cache_backend", "cache_config",
                   "offload_blocks_per_group", "lora_adapters", "max_loras"),
-    "ar": ("max_model_len", "ar_backend", "kv_cache_memory", "enable_prefix_caching", "max_num_batched_tokens"),
+    "ar": ("max_model_len", "ar_backend", "kv_cache_memory", "enable_prefix_caching", "max_num_batched_tokens",
+           "paged_attention"),
 }
 """Deploy fields only one stage kind reads; every other field applies to all kinds."""

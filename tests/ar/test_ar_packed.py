@@ -1,6 +1,8 @@
 """The packed forward (decodes and prompt chunks of one step end to end in one row) on the zoo's
 tiny qwen2-llm, fp32: a mixed step is one forward, and tokens, hidden states and a sliding
-window equal transformers'."""
+window equal transformers'. These engines gather the KV blocks (`paged_attention: gather`, the
+path without the in-place kernel, and the one a model with sliding windows takes);
+test_paged_attention.py has the kernel's."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from omnistage.core.types import StageRequest
 from test_ar_paged import assert_no_leak, token_prompts
 
 GREEDY = SamplingParams(max_tokens=10, temperature=0.0, logprobs=0)
+GATHER = {"paged_attention": "gather"}
 
 
 def record_forwards(engine) -> list[tuple[bool, int, int]]:
@@ -40,7 +43,7 @@ def generate(model, ids: list[int], max_new: int) -> list[int]:
 
 
 def test_a_mixed_step_is_one_packed_forward_with_the_same_tokens(llm_path, hf_model):
-    engine = make_engine(llm_path, max_num_seqs=4, max_num_batched_tokens=16, enable_prefix_caching=False)
+    engine = make_engine(llm_path, **GATHER, max_num_seqs=4, max_num_batched_tokens=16, enable_prefix_caching=False)
     calls = record_forwards(engine)
     short, *longs = token_prompts(1, 5, seed=3) + token_prompts(2, 40, seed=4)
     steps: list[int] = []
@@ -58,7 +61,7 @@ def test_a_mixed_step_is_one_packed_forward_with_the_same_tokens(llm_path, hf_mo
 
 def test_packed_hidden_states_equal_the_models(llm_path, hf_model):
     # "s" decodes with hidden states while "a" (whole, with hidden states) and "b" (chunked) prefill
-    engine = make_engine(llm_path, max_num_seqs=4, max_num_batched_tokens=16, enable_prefix_caching=False)
+    engine = make_engine(llm_path, **GATHER, max_num_seqs=4, max_num_batched_tokens=16, enable_prefix_caching=False)
     calls = record_forwards(engine)
     short, mid, long = token_prompts(1, 5, seed=5) + token_prompts(1, 12, seed=6) + token_prompts(1, 33, seed=7)
     wants = {"return_hidden_states": True}
@@ -85,7 +88,7 @@ def test_packed_hidden_states_equal_the_models(llm_path, hf_model):
 def test_a_chunk_after_fewer_cached_keys_than_its_own_equals_generate(llm_path, hf_model):
     # budget 32: s's decode, "a" (20 tokens) and b's first 11 in one step; then b's other 29 after its
     # 11 cached keys, which attention runs as the last rows of a causal square (packed_attention._causal_rows)
-    engine = make_engine(llm_path, max_num_seqs=4, max_num_batched_tokens=32, enable_prefix_caching=False)
+    engine = make_engine(llm_path, **GATHER, max_num_seqs=4, max_num_batched_tokens=32, enable_prefix_caching=False)
     chunks = record_packed_chunks(engine)
     short, a, b = token_prompts(1, 5, seed=9) + token_prompts(1, 20, seed=10) + token_prompts(1, 40, seed=11)
     outputs = join_two_long_prompts(engine, short, [a, b], LOGPROBS)
@@ -99,7 +102,7 @@ def test_a_chunk_after_fewer_cached_keys_than_its_own_equals_generate(llm_path, 
 
 def test_a_lone_prompt_after_a_short_prefix_hit_is_packed_and_equals_generate(llm_path, hf_model):
     # 16 cached keys (one block of the shared prefix), then a 30-token rest alone in its step
-    engine = make_engine(llm_path, max_num_seqs=4, enable_prefix_caching=True)
+    engine = make_engine(llm_path, **GATHER, max_num_seqs=4, enable_prefix_caching=True)
     calls = record_forwards(engine)
     prefix = token_prompts(1, 20, seed=12)[0]
     warm, hit = token_prompts(1, 4, seed=13, prefix=prefix) + token_prompts(1, 26, seed=14, prefix=prefix)
@@ -148,7 +151,7 @@ def sliding_llm(llm_path, tmp_path_factory):
 @pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
 def test_sliding_window_layers_equal_generate(sliding_llm, packed):
     path, model = sliding_llm
-    engine = make_engine(path, max_num_seqs=4, max_num_batched_tokens=16, enable_prefix_caching=False)
+    engine = make_engine(path, **GATHER, max_num_seqs=4, max_num_batched_tokens=16, enable_prefix_caching=False)
     if not packed:  # every step in the padded layouts, as a model without packing runs
         engine.scheduler.packed = engine.model.supports_packed_batch = False
     calls = record_forwards(engine)

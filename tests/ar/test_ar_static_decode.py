@@ -110,7 +110,7 @@ def pool_addresses(engine) -> list[int]:
 @pytest.fixture(scope="module", params=["static", "replayed"])
 def static(llm_path, request):
     """The static path run eagerly, and "replayed" from eagerly recorded stand-in graphs."""
-    eng = make_engine(llm_path, max_num_seqs=4)
+    eng = make_engine(llm_path, max_num_seqs=4, paged_attention="gather")  # static decode gathers
     eng.runner.enable_static_decode(4, capture=False)
     if request.param == "replayed":
         recorder = EagerRecorder()
@@ -194,7 +194,7 @@ def test_context_crossing_a_key_length_bucket(eager, static):
 
 def test_steps_above_max_graph_keys_stay_eager(eager, llm_path):
     """With room for 2 x 256 keys only, the two rows past 256 tokens of context run eagerly."""
-    eng = make_engine(llm_path, max_num_seqs=4)
+    eng = make_engine(llm_path, max_num_seqs=4, paged_attention="gather")
     try:
         runner = eng.runner
         runner.static_decode = StaticDecode(runner.model, runner.cache, runner.block_size, 4, runner.max_model_len,
@@ -223,7 +223,7 @@ def test_steps_wanting_hidden_states_stay_eager(eager, static):
 def test_the_captured_forward_never_syncs_with_the_host(llm_path):
     """What `capture()` records, at every (batch size, key length), reads nothing back on the host
     (the check itself catches a sync: the second half)."""
-    eng = make_engine(llm_path, max_num_seqs=4)
+    eng = make_engine(llm_path, max_num_seqs=4, paged_attention="gather")
     try:
         eng.runner.enable_static_decode(4, capture=False)
         recorder = EagerRecorder()

@@ -38,7 +38,10 @@ def _zero_cached(runner: ModelRunner, batch, keep_last: int | None) -> int:
         for layer in runner.cache.layers:
             if layer.is_initialized:
                 with torch.inference_mode():  # the pools are inference tensors
-                    layer.keys[slots] = 0
+                    if layer.transposed_keys:  # [blocks, heads, dim, block_size] (paged_attention.py)
+                        layer.keys[slots // size, :, :, slots % size] = 0
+                    else:
+                        layer.keys[slots] = 0
                     if keep_last is None:
                         layer.values[slots] = 0
     return hit

@@ -1,0 +1,329 @@
+// Attention that reads the AR engine's paged KV pools in place (CPU).
+//
+// Rows are a step's sequences, their query tokens laid end to end (`query_starts`); row r
+// has `context_lens[r]` keys, the last `n_r` of them its own tokens, so its query j sits at
+// position context_lens[r] - n_r + j and attends to keys 0..that position (causal; a decode
+// row is the case n_r = 1). Pools hold blocks of kBlock tokens, the row's blocks in position
+// order in `block_tables[r]`:
+//   keys   [num_blocks, kv_heads, head_dim, kBlock]  (each block transposed: a score row is
+//          then whole-vector FMAs over the block's keys, no horizontal sums, no shuffles)
+//   values [num_blocks * kBlock, kv_heads, value_dim] (slot = block * kBlock + offset)
+//
+// One task = one row, one key head and up to kQueryTile of the row's queries, with every
+// query head of that key head's group (GQA): each key block is read once for all of them.
+// Over the blocks, an online softmax (running max, running sum, rescaled accumulator), so the
+// keys are read once, where gathering them first reads them, writes a copy and reads that.
+// Sums are in fp32 whatever the pools hold (fp32, bf16 or fp16). The inner loops work on
+// 8-float vectors (GCC/Clang vector extensions: one AVX register, or two NEON ones) in
+// register tiles of 4 query vectors.
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kBlock = 16;  // the engine's block size (omnistage/ar/block_manager.py)
+constexpr int64_t kQueryTile = 32;  // queries of one row per task
+constexpr int64_t kRows = 4;  // query vectors per register tile
+typedef float vf8 __attribute__((vector_size(32)));
+typedef int32_t vi8 __attribute__((vector_size(32)));
+
+inline vf8 load8(const float* p) {
+  vf8 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+inline void store8(float* p, vf8 v) { std::memcpy(p, &v, sizeof(v)); }
+inline vf8 splat(float x) { return vf8{x, x, x, x, x, x, x, x}; }
+
+// exp for x <= 0 (Cephes' expf polynomial, about 1e-7 relative), exactly 0 below -87 (a masked
+// key's -inf included); vector arithmetic only, where std::exp is one call per score.
+inline vf8 exp8(vf8 x) {
+  const vf8 lo = splat(-87.f), big = splat(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
+  const vf8 xc = x > lo ? x : lo;
+  const vf8 n = (xc * splat(1.44269504088896341f) + big) - big;
+  const vf8 r = xc - n * splat(0.693359375f) + n * splat(2.12194440e-4f);
+  vf8 p = splat(1.9875691500e-4f);
+  p = p * r + splat(1.3981999507e-3f);
+  p = p * r + splat(8.3334519073e-3f);
+  p = p * r + splat(4.1665795894e-2f);
+  p = p * r + splat(1.6666665459e-1f);
+  p = p * r + splat(5.0000001201e-1f);
+  p = p * r * r + r + splat(1.f);
+  const vi8 bits = (__builtin_convertvector(n, vi8) + 127) << 23;
+  const vf8 y = p * reinterpret_cast<const vf8&>(bits);
+  return x > lo ? y : splat(0.f);
+}
+
+inline float exp_nonpositive(float x) { return exp8(splat(x))[0]; }
+
+inline float hmax(vf8 v) {
+  float m = v[0];
+  for (int k = 1; k < 8; ++k) m = std::max(m, v[k]);
+  return m;
+}
+
+inline float hsum(vf8 v) {
+  float s = 0.f;
+  for (int k = 0; k < 8; ++k) s += v[k];
+  return s;
+}
+
+// s[u][0..16) = q[u] . keys of the block, for kRows query vectors (kt: [head_dim][kBlock])
+inline void scores(const float* q, const float* kt, int64_t head_dim, float* s) {
+  vf8 a[kRows][2] = {};
+  for (int64_t d = 0; d < head_dim; ++d) {
+    const vf8 k0 = load8(kt + d * kBlock), k1 = load8(kt + d * kBlock + 8);
+    for (int64_t u = 0; u < kRows; ++u) {
+      const vf8 b = splat(q[u * head_dim + d]);
+      a[u][0] += b * k0;
+      a[u][1] += b * k1;
+    }
+  }
+  for (int64_t u = 0; u < kRows; ++u) {
+    store8(s + u * kBlock, a[u][0]);
+    store8(s + u * kBlock + 8, a[u][1]);
+  }
+}
+
+// acc[u] += sum_j p[u][j] * v[j] for kRows query vectors (v[j] at v + j * v_stride), 16 floats of
+// the value at a time: two vector loads of v[j] serve 8 FMAs
+inline void accumulate(const float* p, const float* v, int64_t v_stride, int64_t value_dim, int64_t num_keys,
+                       float* acc) {
+  int64_t d = 0;
+  for (; d + 16 <= value_dim; d += 16) {
+    vf8 a[kRows][2];
+    for (int64_t u = 0; u < kRows; ++u) {
+      a[u][0] = load8(acc + u * value_dim + d);
+      a[u][1] = load8(acc + u * value_dim + d + 8);
+    }
+    for (int64_t j = 0; j < num_keys; ++j) {
+      const vf8 v0 = load8(v + j * v_stride + d), v1 = load8(v + j * v_stride + d + 8);
+      for (int64_t u = 0; u < kRows; ++u) {
+        const vf8 b = splat(p[u * kBlock + j]);
+        a[u][0] += b * v0;
+        a[u][1] += b * v1;
+      }
+    }
+    for (int64_t u = 0; u < kRows; ++u) {
+      store8(acc + u * value_dim + d, a[u][0]);
+      store8(acc + u * value_dim + d + 8, a[u][1]);
+    }
+  }
+  for (; d < value_dim; d += 8) {  // a value_dim of 8 mod 16
+    vf8 a[kRows];
+    for (int64_t u = 0; u < kRows; ++u) a[u] = load8(acc + u * value_dim + d);
+    for (int64_t j = 0; j < num_keys; ++j) {
+      const vf8 vj = load8(v + j * v_stride + d);
+      for (int64_t u = 0; u < kRows; ++u) a[u] += splat(p[u * kBlock + j]) * vj;
+    }
+    for (int64_t u = 0; u < kRows; ++u) store8(acc + u * value_dim + d, a[u]);
+  }
+}
+
+template <typename scalar_t>
+void attend(const scalar_t* query, int64_t q_token_stride, int64_t q_head_stride,
+            const scalar_t* keys, const scalar_t* values, const int32_t* tables, int64_t table_width,
+            const int32_t* query_starts, const int32_t* context_lens, int64_t num_rows,
+            int64_t num_heads, int64_t kv_heads, int64_t head_dim, int64_t value_dim, float scale, scalar_t* out) {
+  const int64_t group = num_heads / kv_heads;
+  // tasks: (row, first query of the tile); each runs once per key head
+  std::vector<std::pair<int32_t, int32_t>> tiles;
+  for (int64_t r = 0; r < num_rows; ++r) {
+    const int32_t n = query_starts[r + 1] - query_starts[r];
+    for (int32_t q0 = 0; q0 < n; q0 += kQueryTile) tiles.emplace_back(static_cast<int32_t>(r), q0);
+  }
+  const int64_t num_tasks = static_cast<int64_t>(tiles.size()) * kv_heads;
+  const int64_t value_stride = kv_heads * value_dim;
+  constexpr bool is_float = std::is_same<scalar_t, float>::value;
+
+  at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
+    const int64_t rows_max = (kQueryTile * group + kRows - 1) / kRows * kRows;
+    std::vector<float> q(rows_max * head_dim), acc(rows_max * value_dim), m(rows_max), l(rows_max);
+    std::vector<float> s(rows_max * kBlock), kt(is_float ? 0 : head_dim * kBlock), v(is_float ? 0 : kBlock * value_dim);
+    std::vector<int64_t> visible(rows_max);
+    for (int64_t task = begin; task < end; ++task) {
+      const auto [r, q0] = tiles[task / kv_heads];
+      const int64_t g = task % kv_heads;
+      const int64_t n = query_starts[r + 1] - query_starts[r];
+      const int64_t num_q = std::min<int64_t>(kQueryTile, n - q0);
+      const int64_t first_pos = context_lens[r] - n + q0;  // position of the tile's first query
+      const int64_t num_keys = first_pos + num_q;  // the last query sees keys 0..num_keys-1
+      const int64_t rows = num_q * group;  // query vectors: i = (query i / group, head g * group + i % group)
+      const int64_t padded = (rows + kRows - 1) / kRows * kRows;
+      for (int64_t i = 0; i < padded; ++i) {
+        float* qi = &q[i * head_dim];
+        if (i < rows) {
+          const scalar_t* src = query + (query_starts[r] + q0 + i / group) * q_token_stride +
+                                (g * group + i % group) * q_head_stride;
+          for (int64_t d = 0; d < head_dim; ++d) qi[d] = static_cast<float>(src[d]) * scale;
+        } else {
+          std::fill(qi, qi + head_dim, 0.f);  // padding of the last register tile
+        }
+        m[i] = -std::numeric_limits<float>::infinity();
+        l[i] = 0.f;
+      }
+      std::fill(acc.begin(), acc.begin() + padded * value_dim, 0.f);
+      for (int64_t k0 = 0; k0 < num_keys; k0 += kBlock) {
+        const int64_t nk = std::min(kBlock, num_keys - k0);
+        const int64_t block = tables[r * table_width + k0 / kBlock];
+        const scalar_t* kb = keys + (block * kv_heads + g) * head_dim * kBlock;
+        const scalar_t* vb = values + block * kBlock * value_stride + g * value_dim;
+        if (k0 + kBlock < num_keys) {  // the next block is anywhere in the pool: no hardware prefetcher guesses it
+          const int64_t next = tables[r * table_width + k0 / kBlock + 1];
+          const char* nk_ptr = reinterpret_cast<const char*>(keys + (next * kv_heads + g) * head_dim * kBlock);
+          for (int64_t x = 0; x < head_dim * kBlock * int64_t(sizeof(scalar_t)); x += 64) __builtin_prefetch(nk_ptr + x);
+          for (int64_t j = 0; j < kBlock; ++j) {
+            const char* nv_ptr = reinterpret_cast<const char*>(values + (next * kBlock + j) * value_stride + g * value_dim);
+            for (int64_t x = 0; x < value_dim * int64_t(sizeof(scalar_t)); x += 64) __builtin_prefetch(nv_ptr + x);
+          }
+        }
+        const float* kt_block;
+        const float* v_block;
+        int64_t v_stride;
+        if constexpr (is_float) {
+          kt_block = kb;
+          v_block = vb;
+          v_stride = value_stride;
+        } else {  // one fp32 copy of the block, shared by every query vector of the task
+          for (int64_t x = 0; x < head_dim * kBlock; ++x) kt[x] = static_cast<float>(kb[x]);
+          for (int64_t j = 0; j < nk; ++j)
+            for (int64_t d = 0; d < value_dim; ++d) v[j * value_dim + d] = static_cast<float>(vb[j * value_stride + d]);
+          kt_block = kt.data();
+          v_block = v.data();
+          v_stride = value_dim;
+        }
+        for (int64_t i0 = 0; i0 < padded; i0 += kRows) {
+          // causal: query vector i sees the block's keys up to its own position
+          int64_t tile_visible = 0;
+          for (int64_t i = i0; i < i0 + kRows; ++i) {
+            visible[i] = i < rows ? std::min(nk, first_pos + i / group - k0 + 1) : 0;
+            tile_visible = std::max(tile_visible, visible[i]);
+          }
+          if (tile_visible <= 0) continue;
+          float* st = &s[i0 * kBlock];
+          scores(&q[i0 * head_dim], kt_block, head_dim, st);
+          for (int64_t i = i0; i < i0 + kRows; ++i) {
+            float* si = st + (i - i0) * kBlock;
+            const int64_t nv = visible[i];
+            if (nv <= 0) {
+              std::fill(si, si + kBlock, 0.f);
+              continue;
+            }
+            for (int64_t j = nv; j < kBlock; ++j) si[j] = -std::numeric_limits<float>::infinity();
+            const vf8 s0 = load8(si), s1 = load8(si + 8);
+            const float new_max = std::max(m[i], hmax(s0 > s1 ? s0 : s1));
+            if (new_max > m[i] && l[i] > 0.f) {  // rescale what the earlier blocks added
+              const float c = exp_nonpositive(m[i] - new_max);
+              l[i] *= c;
+              float* ai = &acc[i * value_dim];
+              for (int64_t d = 0; d < value_dim; d += 8) store8(ai + d, load8(ai + d) * splat(c));
+            }
+            m[i] = new_max;
+            const vf8 p0 = exp8(s0 - splat(new_max)), p1 = exp8(s1 - splat(new_max));
+            store8(si, p0);
+            store8(si + 8, p1);
+            const float sum = hsum(p0 + p1);
+            l[i] += sum;
+          }
+          accumulate(st, v_block, v_stride, value_dim, tile_visible, &acc[i0 * value_dim]);
+        }
+      }
+      for (int64_t i = 0; i < rows; ++i) {
+        scalar_t* dst = out + ((query_starts[r] + q0 + i / group) * num_heads + g * group + i % group) * value_dim;
+        const float inv = 1.f / l[i];
+        for (int64_t d = 0; d < value_dim; ++d) dst[d] = static_cast<scalar_t>(acc[i * value_dim + d] * inv);
+      }
+    }
+  });
+}
+
+void check_tables(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kInt && t.is_contiguous() && t.device().is_cpu(),
+              "paged_attention: ", name, " must be a contiguous int32 CPU tensor");
+}
+
+}  // namespace
+
+// query [N, H, D] (the last dim contiguous), key_pool [B, H_kv, D, kBlock] and value_pool
+// [B * kBlock, H_kv, Dv] contiguous, block_tables [R, W], query_starts [R + 1] and
+// context_lens [R] int32. Returns [N, H, Dv] in the query's dtype.
+at::Tensor paged_attention(const at::Tensor& query, const at::Tensor& key_pool,
+                              const at::Tensor& value_pool, const at::Tensor& block_tables,
+                              const at::Tensor& query_starts, const at::Tensor& context_lens, double scale) {
+  TORCH_CHECK(query.device().is_cpu() && key_pool.device().is_cpu() && value_pool.device().is_cpu(),
+              "paged_attention: CPU tensors only");
+  TORCH_CHECK(query.dim() == 3 && key_pool.dim() == 4 && value_pool.dim() == 3, "paged_attention: tensor ranks");
+  TORCH_CHECK(query.stride(2) == 1, "paged_attention: the query's head dim must be contiguous");
+  TORCH_CHECK(key_pool.is_contiguous() && value_pool.is_contiguous(), "paged_attention: contiguous pools");
+  TORCH_CHECK(query.scalar_type() == key_pool.scalar_type() && key_pool.scalar_type() == value_pool.scalar_type(),
+              "paged_attention: query and pools must share a dtype");
+  check_tables(block_tables, "block_tables");
+  check_tables(query_starts, "query_starts");
+  check_tables(context_lens, "context_lens");
+  const int64_t num_heads = query.size(1), kv_heads = key_pool.size(1);
+  const int64_t head_dim = query.size(2), value_dim = value_pool.size(2);
+  TORCH_CHECK(key_pool.size(3) == kBlock && value_pool.size(0) == key_pool.size(0) * kBlock,
+              "paged_attention: blocks of ", kBlock, " tokens");
+  TORCH_CHECK(num_heads % kv_heads == 0 && value_pool.size(1) == kv_heads,
+              "paged_attention: query heads must be a multiple of key heads");
+  TORCH_CHECK(key_pool.size(2) == head_dim && value_dim % 8 == 0, "paged_attention: head dims");
+  TORCH_CHECK(query_starts.numel() == context_lens.numel() + 1 && block_tables.size(0) == context_lens.numel(),
+              "paged_attention: one table, start and length per row");
+  auto out = at::empty({query.size(0), num_heads, value_dim}, query.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, query.scalar_type(), "paged_attention", [&] {
+    attend<scalar_t>(query.data_ptr<scalar_t>(), query.stride(0), query.stride(1), key_pool.data_ptr<scalar_t>(),
+                     value_pool.data_ptr<scalar_t>(), block_tables.data_ptr<int32_t>(), block_tables.size(1),
+                     query_starts.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(), context_lens.size(0),
+                     num_heads, kv_heads, head_dim, value_dim, static_cast<float>(scale), out.data_ptr<scalar_t>());
+  });
+  return out;
+}
+
+// keys [N, H_kv, D] into key_pool [B, H_kv, D, kBlock] at `slots` [N] (int64; slot = block * kBlock + offset)
+void write_keys(const at::Tensor& key_pool, const at::Tensor& keys, const at::Tensor& slots) {
+  TORCH_CHECK(key_pool.is_contiguous() && key_pool.dim() == 4 && key_pool.size(3) == kBlock,
+              "write_keys: a contiguous [B, H_kv, D, 16] pool");
+  TORCH_CHECK(keys.dim() == 3 && keys.size(1) == key_pool.size(1) && keys.size(2) == key_pool.size(2) &&
+                  keys.scalar_type() == key_pool.scalar_type(),
+              "write_keys: keys [N, H_kv, D] of the pool's dtype");
+  TORCH_CHECK(slots.scalar_type() == at::kLong && slots.is_contiguous() && slots.numel() == keys.size(0),
+              "write_keys: one int64 slot per key");
+  const int64_t n = keys.size(0), heads = keys.size(1), dim = keys.size(2);
+  const int64_t num_slots = key_pool.size(0) * kBlock;
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < n; ++t) TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "write_keys: slot out of range");
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, keys.scalar_type(), "write_keys", [&] {
+    const auto src = keys.accessor<scalar_t, 3>();
+    scalar_t* pool = key_pool.data_ptr<scalar_t>();
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t block = slot[t] / kBlock, offset = slot[t] % kBlock;
+      for (int64_t h = 0; h < heads; ++h) {
+        scalar_t* dst = pool + ((block * heads + h) * dim) * kBlock + offset;
+        for (int64_t d = 0; d < dim; ++d) dst[d * kBlock] = src[t][h][d];
+      }
+    }
+  });
+}
+
+// Ops under torch.ops.omnistage_paged (loaded as a plain library: no pybind11 to compile).
+TORCH_LIBRARY(omnistage_paged, m) {
+  m.def("paged_attention(Tensor query, Tensor key_pool, Tensor value_pool, Tensor block_tables, "
+        "Tensor query_starts, Tensor context_lens, float scale) -> Tensor");
+  m.def("write_keys(Tensor(a!) key_pool, Tensor keys, Tensor slots) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(omnistage_paged, CPU, m) {
+  m.impl("paged_attention", &paged_attention);
+  m.impl("write_keys", &write_keys);
+}
