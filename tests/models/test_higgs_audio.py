@@ -82,6 +82,7 @@ def test_codes_and_waveform_match_transformers(higgs, reference, omni):
     assert not torch.equal(ref_codes[0], ref_codes[1]) and not torch.equal(ref_codes[0], ref_codes[2])
 
     engine = AREngine(higgs, HIGGS_AUDIO.stages[0], StageDeployConfig(max_num_seqs=3))
+    assert engine.model.audio_frame_rate == 24000 / (8 * 5 * 4 * 2 * 3)  # the zoo codec's frames: deadline order
     [alone], _ = _talker_codes(engine, [TEXT])
     assert torch.equal(alone, ref_codes[0])
     batched, largest = _talker_codes(engine, [TEXT, SCENED, CLONED])

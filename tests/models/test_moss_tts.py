@@ -103,6 +103,7 @@ def test_codes_and_waveform_match_the_authors(moss_tts, reference):
     # Greedy never takes the delay slot here: its reply runs out of steps mid-audio.
     assert [[s.shape[0] for s in segments] for _, segments, _ in reference] == [[5], [9], [9], [16]]
     engine = AREngine(moss_tts, MOSS_TTS.stages[0], StageDeployConfig(max_num_seqs=4))
+    assert engine.model.audio_frame_rate == 24000 / 1920  # the codec's frames: deadline order counts them
     [alone], _ = _talker(engine, 1)
     assert [torch.equal(a, b) for a, b in zip(_blocks(alone), reference[0][1])] == [True]
     batched, largest = _talker(engine, len(PROMPTS))

@@ -91,6 +91,7 @@ def test_patches_and_waveform_match_the_authors(voxcpm2, reference):
     lengths = [patches.shape[0] for patches, _ in reference]
     assert all(3 < n for n in lengths) and MAX_PATCHES in lengths and min(lengths) < MAX_PATCHES, lengths
     engine = AREngine(voxcpm2, VOXCPM2.stages[0], StageDeployConfig(max_num_seqs=4))
+    assert engine.model.audio_frame_rate == 48000 / (2 * 24)  # the zoo's patch (2 latent frames) voices 1 ms
     [alone], _ = _talker_patches(engine, [TEXT], [SEEDS[0]])
     torch.testing.assert_close(alone, reference[0][0], rtol=0, atol=1e-5)
     batched, largest = _talker_patches(engine, PROMPTS, SEEDS)

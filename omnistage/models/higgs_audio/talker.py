@@ -165,7 +165,10 @@ class HiggsAudioTalker(ARModel):
             raise ValueError(f"{model_path}: no processor chat template (chat_template.jinja, or "
                              "processor_config.json's chat_template)")
         encoder = HiggsCodecEncoder.from_pretrained(tokenizer_folder(model_path), device)
-        return cls(model.to(device).eval(), tokenizer, template, encoder, device)
+        talker = cls(model.to(device).eval(), tokenizer, template, encoder, device)
+        # One step completes one codec frame (after the delay pattern's first rows): deadline order.
+        talker.audio_frame_rate = encoder.config.sample_rate / encoder.config.hop_length
+        return talker
 
     @property
     def vocab_size(self) -> int | None:

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
+from omnistage.models.moss_tts.codec import CODEC_FOLDER
 from omnistage.models.moss_tts.modeling import AUDIO_PAD_CODE, N_VQ, MossTTSBackbone
 from omnistage.models.moss_tts.prompt import parse_prompt
 from omnistage.models.moss_tts.sampling import repetition_penalty, sample
@@ -133,8 +134,12 @@ class MossTTSTalker(ARModel):
         config = json.loads((folder / "config.json").read_text())
         language = config.get("language_config") or {}
         model = MossTTSBackbone(weights, dtype).to(device).eval()
-        return cls(model, Tokenizer.from_file(str(folder / "tokenizer.json")), device,
-                   language.get("max_position_embeddings", 40960))
+        talker = cls(model, Tokenizer.from_file(str(folder / "tokenizer.json")), device,
+                     language.get("max_position_embeddings", 40960))
+        # One step makes one codec frame: deadline order counts its audio.
+        codec = json.loads((folder / CODEC_FOLDER / "config.json").read_text())
+        talker.audio_frame_rate = codec["sampling_rate"] / codec["downsample_rate"]
+        return talker
 
     @property
     def vocab_size(self) -> int | None:

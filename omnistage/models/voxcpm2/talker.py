@@ -105,6 +105,8 @@ class VoxCPM2Talker(ARModel):
         self.kv_dims = (lm.num_key_value_heads, lm.head_dim)
         self.max_position_embeddings = lm.max_position_embeddings
         self.patch_size, self.feat_dim = model.patch_size, model.feat_dim
+        # One step makes one patch of latent frames: deadline order counts its audio.
+        self.audio_frame_rate = self.vae_config.out_sample_rate / (self.patch_size * self.vae_config.decode_hop_length)
         # Multi-character Chinese tokens are split into characters (the authors' tokenizer wrapper).
         self.multichar = {t for t in tokenizer.get_vocab() if len(t) >= 2 and all("\u4e00" <= c <= "\u9fff" for c in t)}
 
