@@ -20,10 +20,9 @@ import argparse
 import sys
 import time
 
-import numpy as np
 
-from bench_tts import PROMPTS, _VS, load, start_server
-from common import PeakRSS, ROOT, write_section
+from bench_tts import PROMPTS, _VS, level_rows, load_average, one_at_a_time, per_cpu, serve_levels
+from common import ROOT, write_section
 
 FRAME_RATE = 25  # the audio tokenizer's frames per second (24 kHz / 960)
 
@@ -40,30 +39,15 @@ def transformers_baseline(path: str, rows: int, threads: int, repeats: int) -> d
     torch.set_num_threads(threads)
     ref = HiggsReference(path)
     chats = [parse_prompt(p).conversation() for p in PROMPTS]
-    ref.generate(chats[:1], rows)  # warm-up
-    alone = []  # (wall s, CPU s, audio s) per prompt, each the best of `repeats`
-    for chat in chats:
-        runs = []
-        for _ in range(repeats):
-            wall, cpu = time.perf_counter(), time.process_time()
-            _, [wav] = ref.generate([chat], rows)
-            runs.append((time.perf_counter() - wall, time.process_time() - cpu, len(wav) / 24000))
-        alone.append(min(runs))
+    alone = one_at_a_time(lambda i, text, r: len(ref.generate([chats[i]], rows)[1][0]) / 24000, repeats)
     batch = []
     for _ in range(repeats):
         wall, cpu = time.perf_counter(), time.process_time()
         _, wavs = ref.generate(chats, rows)
         batch.append((time.perf_counter() - wall, time.process_time() - cpu, sum(len(w) for w in wavs) / 24000))
     batch_wall, batch_cpu, batch_audio = min(batch)
-    audio = sum(a for _, _, a in alone)
-    return {"latency_p50_s": float(np.median([w for w, _, _ in alone])),
-            "rtf_mean": float(np.mean([w / a for w, _, a in alone])),
-            "audio_per_s_1": audio / sum(w for w, _, _ in alone), "audio_per_cpu_1": audio / sum(c for _, c, _ in alone),
+    return {**alone, "audio_per_s_1": alone["audio_per_s"], "audio_per_cpu_1": alone["audio_per_cpu"],
             "batch_s": batch_wall, "audio_per_s_8": batch_audio / batch_wall, "audio_per_cpu_8": batch_audio / batch_cpu}
-
-
-def _per_cpu(summary: dict) -> float:
-    return summary["audio_seconds_per_s"] * summary["duration_s"] / summary["server_cpu_s"]
 
 
 def main() -> None:
@@ -77,33 +61,22 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from omnistage.testing import ensure
 
-    with open("/proc/loadavg") as f:
-        load_before = f.read().split()[0]
+    load_before = load_average()
     path = str(ensure("higgs-audio-v2", cache_dir=ROOT / ".omnistage-cache" / "zoo"))
-    proc, url = start_server(path, args.rows, args.threads, sampling={"temperature": 0})
-    try:
-        with PeakRSS(proc.pid) as rss:
-            summaries = load(url, args.requests, args.repeats, proc.pid)
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    summaries, peak_mib = serve_levels(path, args.rows, args.threads, args.requests, args.repeats,
+                                       sampling={"temperature": 0})
     base_hf = transformers_baseline(path, args.rows, args.threads, args.repeats)
-    with open("/proc/loadavg") as f:
-        load_after = f.read().split()[0]
+    load_after = load_average()
 
     ours1, ours8 = summaries[0], summaries[-1]
-    rows = "\n".join(
-        f"| {s['max_concurrency']} | {s['completed']} | {s['ttfp_p50_s']:.3f} | {s['ttfp_p95_s']:.3f} | "
-        f"{s['latency_p50_s']:.3f} | {s['rtf_mean']:.3f} | {s['audio_seconds_per_s']:.2f} | "
-        f"{s['audio_seconds_per_s'] / ours1['audio_seconds_per_s']:.2f}x | "
-        f"{_per_cpu(s):.1f} |" for s in summaries)
+    rows = level_rows(summaries, audio_digits=2, cpu_digits=1)
     body = f"""
 Zoo higgs-audio-v2 (tiny), `omnistage serve` (talker and codec at max_num_seqs 8, inline, fp32, {args.threads} torch
 thread(s)), loaded by `omnistage.bench` (`--task tts`: streamed `/v1/audio/speech`, `stream_format=audio`,
 `response_format=pcm`). Two-sentence inputs, greedy, at most {args.rows} talker steps = {args.rows - 4} frames =
 {(args.rows - 4) / FRAME_RATE:.2f} s of 24 kHz audio per request (some end their stream earlier); codec chunks of 2
 frames, then 8, voiced 12 frames behind (the DAC decoder's receptive field). Client-side times; one warm-up request
-per level, best of {args.repeats} runs per level (by audio per wall second). Peak server RSS {rss.peak_mib:.0f} MiB.
+per level, best of {args.repeats} runs per level (by audio per wall second). Peak server RSS {peak_mib:.0f} MiB.
 Load average {load_before} before, {load_after} after (2 shared cores): wall times are noisy.
 
 | concurrency | requests | TTFP p50 (s) | TTFP p95 (s) | latency p50 (s) | RTF mean | audio s / wall s | {_VS} |
@@ -122,8 +95,8 @@ all 8 in one padded batch {base_hf['batch_s']:.3f} s, {base_hf['audio_per_s_8']:
   **{ours8['audio_seconds_per_s']:.2f}** (streamed over HTTP, requests arriving over time) vs {base_hf['audio_per_s_8']:.2f}
   (one batch of 8 in process, **{ours8['audio_seconds_per_s'] / base_hf['audio_per_s_8']:.2f}x**).
 - Audio per CPU second (what a loaded machine does not blur): server at concurrency 1
-  **{_per_cpu(ours1):.1f}** vs transformers alone {base_hf['audio_per_cpu_1']:.1f}; at concurrency 8
-  **{_per_cpu(ours8):.1f}** vs transformers' batch of 8 {base_hf['audio_per_cpu_8']:.1f}.
+  **{per_cpu(ours1):.1f}** vs transformers alone {base_hf['audio_per_cpu_1']:.1f}; at concurrency 8
+  **{per_cpu(ours8):.1f}** vs transformers' batch of 8 {base_hf['audio_per_cpu_8']:.1f}.
 """
     print(body)
     if not args.no_write:

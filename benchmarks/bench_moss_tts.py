@@ -18,12 +18,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
-import numpy as np
-
-from bench_tts import PROMPTS, _VS, load, start_server
-from common import PeakRSS, ROOT, write_section
+from bench_tts import _VS, level_rows, load_average, one_at_a_time, per_cpu, serve_levels
+from common import ROOT, write_section
 
 
 def authors_baseline(path: str, steps: int, threads: int, repeats: int) -> dict:
@@ -42,28 +39,13 @@ def authors_baseline(path: str, steps: int, threads: int, repeats: int) -> dict:
     tok = bpe.QwenBPE(f"{path}/vocab.json", f"{path}/merges.txt", f"{path}/tokenizer.json")
     decoder = codec.MossCodecDecoder(f"{path}/MOSS-Audio-Tokenizer", device="cpu")
 
-    def speak(text: str, seed: int) -> float:
-        res = generate.generate(ref, prompt.build_tts_prompt(text, tokenizer=tok), max_new_tokens=steps, seed=seed)
+    def speak(i: int, text: str, r: int) -> float:
+        res = generate.generate(ref, prompt.build_tts_prompt(text, tokenizer=tok), max_new_tokens=steps,
+                                seed=100 * i + r)
         wavs = [decoder.decode(s) for s in codec.delayed_rows_to_segments(res.audio_frames)]
         return sum(w.shape[0] for w in wavs) / 24000
 
-    speak(PROMPTS[0], 0)  # warm-up
-    alone = []  # (wall s, CPU s, audio s) per prompt, each the best of `repeats`
-    for i, text in enumerate(PROMPTS):
-        runs = []
-        for r in range(repeats):
-            wall, cpu = time.perf_counter(), time.process_time()
-            audio = speak(text, 100 * i + r)
-            runs.append((time.perf_counter() - wall, time.process_time() - cpu, audio))
-        alone.append(min(runs))
-    audio = sum(a for _, _, a in alone)
-    return {"latency_p50_s": float(np.median([w for w, _, _ in alone])),
-            "rtf_mean": float(np.mean([w / a for w, _, a in alone if a])),
-            "audio_per_s": audio / sum(w for w, _, _ in alone), "audio_per_cpu": audio / sum(c for _, c, _ in alone)}
-
-
-def _per_cpu(summary: dict) -> float:
-    return summary["audio_seconds_per_s"] * summary["duration_s"] / summary["server_cpu_s"]
+    return one_at_a_time(speak, repeats)
 
 
 def main() -> None:
@@ -77,33 +59,21 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from omnistage.testing import ensure
 
-    with open("/proc/loadavg") as f:
-        load_before = f.read().split()[0]
+    load_before = load_average()
     path = str(ensure("moss-tts", cache_dir=ROOT / ".omnistage-cache" / "zoo"))
-    proc, url = start_server(path, args.steps, args.threads)
-    try:
-        with PeakRSS(proc.pid) as rss:
-            summaries = load(url, args.requests, args.repeats, proc.pid)
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    summaries, peak_mib = serve_levels(path, args.steps, args.threads, args.requests, args.repeats)
     base = authors_baseline(path, args.steps, args.threads, args.repeats)
-    with open("/proc/loadavg") as f:
-        load_after = f.read().split()[0]
+    load_after = load_average()
 
     ours1, ours8 = summaries[0], summaries[-1]
-    rows = "\n".join(
-        f"| {s['max_concurrency']} | {s['completed']} | {s['ttfp_p50_s']:.3f} | {s['ttfp_p95_s']:.3f} | "
-        f"{s['latency_p50_s']:.3f} | {s['rtf_mean']:.3f} | {s['audio_seconds_per_s']:.3f} | "
-        f"{s['audio_seconds_per_s'] / ours1['audio_seconds_per_s']:.2f}x | "
-        f"{_per_cpu(s):.3f} |" for s in summaries)
+    rows = level_rows(summaries)
     body = f"""
 Zoo moss-tts (tiny), `omnistage serve` (talker and codec at max_num_seqs 8, inline, fp32, {args.threads} torch
 thread(s)), loaded by `omnistage.bench` (`--task tts`: streamed `/v1/audio/speech`, `stream_format=audio`,
 `response_format=pcm`). Two-sentence inputs, unseeded, at most {args.steps} talker steps per request (the text head
 ends most earlier; the delay pattern spends 32 steps after the last frame's first code); the codec voices 80 ms
 of 24 kHz audio per frame. Codec chunks of 5 frames, then 25. Client-side times; one warm-up request per level,
-best of {args.repeats} runs per level (by audio per wall second). Peak server RSS {rss.peak_mib:.0f} MiB.
+best of {args.repeats} runs per level (by audio per wall second). Peak server RSS {peak_mib:.0f} MiB.
 Load average {load_before} before, {load_after} after (2 shared cores, other jobs running): wall times are noisy.
 
 | concurrency | requests | TTFP p50 (s) | TTFP p95 (s) | latency p50 (s) | RTF mean | audio s / wall s | {_VS} |
@@ -121,8 +91,8 @@ decode, one at a time (it has no batch; best of {args.repeats}, seeded per run):
   (**{ours1['audio_seconds_per_s'] / base['audio_per_s']:.2f}x** the authors'), concurrency 8
   **{ours8['audio_seconds_per_s']:.3f}** (**{ours8['audio_seconds_per_s'] / base['audio_per_s']:.2f}x** the authors'
   one-at-a-time loop).
-- Audio per CPU second: server at concurrency 1 **{_per_cpu(ours1):.3f}**, at concurrency 8
-  **{_per_cpu(ours8):.3f}**, vs the authors' {base['audio_per_cpu']:.3f}.
+- Audio per CPU second: server at concurrency 1 **{per_cpu(ours1):.3f}**, at concurrency 8
+  **{per_cpu(ours8):.3f}**, vs the authors' {base['audio_per_cpu']:.3f}.
 """
     print(body)
     if not args.no_write:

@@ -114,6 +114,56 @@ def load(url: str, requests: list[int], repeats: int, server_pid: int, voice: st
     return summaries
 
 
+def serve_levels(path: str, frames: int, threads: int, requests: list[int], repeats: int,
+                 sampling: dict | None = None) -> tuple[list[dict], float]:
+    """`omnistage serve` on `path`, loaded at each concurrency level: (summaries, peak server RSS MiB)."""
+    proc, url = start_server(path, frames, threads, sampling=sampling)
+    try:
+        with PeakRSS(proc.pid) as rss:
+            summaries = load(url, requests, repeats, proc.pid)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    return summaries, rss.peak_mib
+
+
+def one_at_a_time(speak, repeats: int) -> dict:
+    """A reference's requests alone: `speak(i, text, r)` -> audio seconds of PROMPTS[i] (run r), each
+    prompt the best of `repeats` after one warm-up; latency p50, RTF mean, audio per wall and CPU second."""
+    speak(0, PROMPTS[0], 0)  # warm-up
+    alone = []  # (wall s, CPU s, audio s) per prompt, each the best of `repeats`
+    for i, text in enumerate(PROMPTS):
+        runs = []
+        for r in range(repeats):
+            wall, cpu = time.perf_counter(), time.process_time()
+            audio = speak(i, text, r)
+            runs.append((time.perf_counter() - wall, time.process_time() - cpu, audio))
+        alone.append(min(runs))
+    audio = sum(a for _, _, a in alone)
+    return {"latency_p50_s": float(np.median([w for w, _, _ in alone])),
+            "rtf_mean": float(np.mean([w / a for w, _, a in alone if a])),
+            "audio_per_s": audio / sum(w for w, _, _ in alone), "audio_per_cpu": audio / sum(c for _, c, _ in alone)}
+
+
+def per_cpu(summary: dict) -> float:
+    """Audio seconds per server CPU second of one level."""
+    return summary["audio_seconds_per_s"] * summary["duration_s"] / summary["server_cpu_s"]
+
+
+def level_rows(summaries: list[dict], audio_digits: int = 3, cpu_digits: int = 3) -> str:
+    """The table rows (under `_VS`'s header) of one server's levels."""
+    first = summaries[0]["audio_seconds_per_s"]
+    return "\n".join(
+        f"| {s['max_concurrency']} | {s['completed']} | {s['ttfp_p50_s']:.3f} | {s['ttfp_p95_s']:.3f} | "
+        f"{s['latency_p50_s']:.3f} | {s['rtf_mean']:.3f} | {s['audio_seconds_per_s']:.{audio_digits}f} | "
+        f"{s['audio_seconds_per_s'] / first:.2f}x | {per_cpu(s):.{cpu_digits}f} |" for s in summaries)
+
+
+def load_average() -> str:
+    with open("/proc/loadavg") as f:
+        return f.read().split()[0]
+
+
 def chunked_vs_whole(path: str, frames: int) -> dict:
     """Greedy codes from the talker; our streamed waveform vs transformers' one-shot Mimi decode."""
     import torch

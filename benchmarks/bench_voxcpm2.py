@@ -19,12 +19,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
-import numpy as np
-
-from bench_tts import PROMPTS, _VS, load, start_server
-from common import PeakRSS, ROOT, write_section
+from bench_tts import _VS, level_rows, load_average, one_at_a_time, per_cpu, serve_levels
+from common import ROOT, write_section
 
 
 def authors_baseline(path: str, patches: int, threads: int, repeats: int) -> dict:
@@ -37,29 +34,13 @@ def authors_baseline(path: str, patches: int, threads: int, repeats: int) -> dic
     torch.set_num_threads(threads)
     ref = reference_model(ROOT / ".omnistage-cache", path)
 
-    def speak(text: str) -> float:
+    def speak(i: int, text: str, r: int) -> float:
         gen = ref._generate_with_prompt_cache(target_text=text, prompt_cache=None, max_len=patches)
         wav, _, _ = next(gen)
         gen.close()
         return wav.shape[-1] / ref.sample_rate
 
-    speak(PROMPTS[0])  # warm-up
-    alone = []  # (wall s, CPU s, audio s) per prompt, each the best of `repeats`
-    for text in PROMPTS:
-        runs = []
-        for _ in range(repeats):
-            wall, cpu = time.perf_counter(), time.process_time()
-            audio = speak(text)
-            runs.append((time.perf_counter() - wall, time.process_time() - cpu, audio))
-        alone.append(min(runs))
-    audio = sum(a for _, _, a in alone)
-    return {"latency_p50_s": float(np.median([w for w, _, _ in alone])),
-            "rtf_mean": float(np.mean([w / a for w, _, a in alone])),
-            "audio_per_s": audio / sum(w for w, _, _ in alone), "audio_per_cpu": audio / sum(c for _, c, _ in alone)}
-
-
-def _per_cpu(summary: dict) -> float:
-    return summary["audio_seconds_per_s"] * summary["duration_s"] / summary["server_cpu_s"]
+    return one_at_a_time(speak, repeats)
 
 
 def main() -> None:
@@ -73,33 +54,21 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from omnistage.testing import ensure
 
-    with open("/proc/loadavg") as f:
-        load_before = f.read().split()[0]
+    load_before = load_average()
     path = str(ensure("voxcpm2", cache_dir=ROOT / ".omnistage-cache" / "zoo"))
-    proc, url = start_server(path, args.patches, args.threads)
-    try:
-        with PeakRSS(proc.pid) as rss:
-            summaries = load(url, args.requests, args.repeats, proc.pid)
-    finally:
-        proc.terminate()
-        proc.wait(60)
+    summaries, peak_mib = serve_levels(path, args.patches, args.threads, args.requests, args.repeats)
     base = authors_baseline(path, args.patches, args.threads, args.repeats)
-    with open("/proc/loadavg") as f:
-        load_after = f.read().split()[0]
+    load_after = load_average()
 
     ours1, ours8 = summaries[0], summaries[-1]
-    rows = "\n".join(
-        f"| {s['max_concurrency']} | {s['completed']} | {s['ttfp_p50_s']:.3f} | {s['ttfp_p95_s']:.3f} | "
-        f"{s['latency_p50_s']:.3f} | {s['rtf_mean']:.3f} | {s['audio_seconds_per_s']:.3f} | "
-        f"{s['audio_seconds_per_s'] / ours1['audio_seconds_per_s']:.2f}x | "
-        f"{_per_cpu(s):.3f} |" for s in summaries)
+    rows = level_rows(summaries)
     body = f"""
 Zoo voxcpm2 (tiny), `omnistage serve` (talker and VAE at max_num_seqs 8, inline, fp32, {args.threads} torch
 thread(s)), loaded by `omnistage.bench` (`--task tts`: streamed `/v1/audio/speech`, `stream_format=audio`,
 `response_format=pcm`). Two-sentence inputs, unseeded, at most {args.patches} patches per request (the stop head ends
 some earlier); the tiny VAE voices 1 ms of 48 kHz audio per patch, so audio seconds are small and only ratios
 matter. VAE chunks of 5 patches, then 25. Client-side times; one warm-up request per level, best of {args.repeats}
-runs per level (by audio per wall second). Peak server RSS {rss.peak_mib:.0f} MiB.
+runs per level (by audio per wall second). Peak server RSS {peak_mib:.0f} MiB.
 Load average {load_before} before, {load_after} after (2 shared cores, other jobs running): wall times are noisy.
 
 | concurrency | requests | TTFP p50 (s) | TTFP p95 (s) | latency p50 (s) | RTF mean | audio s / wall s | {_VS} |
@@ -117,8 +86,8 @@ VAE decode, one at a time (it has no batch; best of {args.repeats}): latency p50
   (**{ours1['audio_seconds_per_s'] / base['audio_per_s']:.2f}x** the authors'), concurrency 8
   **{ours8['audio_seconds_per_s']:.3f}** (**{ours8['audio_seconds_per_s'] / base['audio_per_s']:.2f}x** the authors'
   one-at-a-time loop).
-- Audio per CPU second: server at concurrency 1 **{_per_cpu(ours1):.3f}**, at concurrency 8
-  **{_per_cpu(ours8):.3f}**, vs the authors' {base['audio_per_cpu']:.3f}.
+- Audio per CPU second: server at concurrency 1 **{per_cpu(ours1):.3f}**, at concurrency 8
+  **{per_cpu(ours8):.3f}**, vs the authors' {base['audio_per_cpu']:.3f}.
 """
     print(body)
     if not args.no_write:
