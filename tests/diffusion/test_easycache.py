@@ -16,7 +16,7 @@ from omnistage.diffusion.accel import check_family, check_supported
 from omnistage.diffusion.registry import pipeline_class
 
 from parity import BATCH_PROMPTS, BATCH_SEEDS, request_for
-from test_step_cache import FAMILIES, call_kwargs, run
+from test_step_cache import FAMILIES, alone_and_staggered, call_kwargs, psnr, run
 
 STEPS = 12
 
@@ -24,12 +24,6 @@ STEPS = 12
 def load(zoo, name: str, **cache_config):
     deploy = StageDeployConfig(cache_backend="easycache" if cache_config else None, cache_config=cache_config)
     return pipeline_class(FAMILIES[name]).from_pretrained(str(zoo(name)), deploy=deploy)
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    """Of outputs in [0, 1]."""
-    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
-    return float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
 
 
 def test_threshold_zero_is_plain_and_a_positive_one_skips_close_to_plain(zoo):
@@ -54,22 +48,11 @@ def test_alone_equals_batched_at_other_steps(zoo):
     pipeline = load(zoo, "z-image", threshold=0.2, warmup_steps=1)
     requests = [request_for(call_kwargs("z-image", prompt=BATCH_PROMPTS[i], num_inference_steps=STEPS),
                             seed=BATCH_SEEDS[i], request_id=f"r{i}") for i in range(2)]
-    alone = []
-    for request in requests:
-        (state,) = pipeline.denoise([request])
-        alone.append((pipeline.decode_arrays([state])[0], pipeline.state_metrics(state)))
-
     # The second request joins after two steps: every later call mixes requests at different steps.
-    states = pipeline.encode([pipeline.prepare_request(requests[0])])
-    pipeline.denoise_step(states)
-    pipeline.denoise_step(states)
-    states += pipeline.encode([pipeline.prepare_request(requests[1])])
-    while any(not s.is_done for s in states):
-        pipeline.denoise_step([s for s in states if not s.is_done])
-
-    assert pipeline.step_cache.num_split_calls > 0  # the two requests decided differently on some step
-    for state, arr, (arr_alone, metrics_alone) in zip(states, pipeline.decode_arrays(states), alone):
-        assert pipeline.state_metrics(state) == metrics_alone and metrics_alone["num_forwards_skipped"] > 0
+    alone, staggered, splits = alone_and_staggered(pipeline, requests, join_after=2)
+    assert splits > 0  # the two requests decided differently on some step
+    for (arr, metrics), (arr_alone, metrics_alone) in zip(staggered, alone):
+        assert metrics == metrics_alone and metrics_alone["num_forwards_skipped"] > 0
         assert np.abs(arr - arr_alone).max() <= 1e-3
 
 

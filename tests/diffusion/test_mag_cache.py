@@ -17,8 +17,7 @@ from omnistage.diffusion.accel import check_supported
 from omnistage.diffusion.registry import pipeline_class
 
 from parity import BATCH_PROMPTS, BATCH_SEEDS, request_for
-from test_easycache import psnr
-from test_step_cache import FAMILIES, call_kwargs, run
+from test_step_cache import FAMILIES, alone_and_staggered, call_kwargs, psnr, run
 
 STEPS = 12
 
@@ -53,20 +52,10 @@ def test_alone_equals_batched_at_other_steps(zoo):
     pipeline = load(zoo, "z-image", threshold=0.3, warmup_steps=1)
     requests = [request_for(call_kwargs("z-image", prompt=BATCH_PROMPTS[i], num_inference_steps=STEPS),
                             seed=BATCH_SEEDS[i], request_id=f"r{i}") for i in range(2)]
-    alone = []
-    for request in requests:
-        (state,) = pipeline.denoise([request])
-        alone.append((pipeline.decode_arrays([state])[0], pipeline.state_metrics(state)))
-
-    states = pipeline.encode([pipeline.prepare_request(requests[0])])
-    pipeline.denoise_step(states)
-    pipeline.denoise_step(states)
-    states += pipeline.encode([pipeline.prepare_request(requests[1])])
-    while any(not s.is_done for s in states):
-        pipeline.denoise_step([s for s in states if not s.is_done])
-
-    for state, arr, (arr_alone, metrics_alone) in zip(states, pipeline.decode_arrays(states), alone):
-        assert pipeline.state_metrics(state) == metrics_alone and metrics_alone["num_forwards_skipped"] > 0
+    # The second request joins after two steps: every later call mixes requests at different steps.
+    alone, staggered, _ = alone_and_staggered(pipeline, requests, join_after=2)
+    for (arr, metrics), (arr_alone, metrics_alone) in zip(staggered, alone):
+        assert metrics == metrics_alone and metrics_alone["num_forwards_skipped"] > 0
         assert np.abs(arr - arr_alone).max() <= 1e-3
 
 

@@ -57,6 +57,30 @@ def run(pipeline, name: str, seed: int = 3, **overrides):
     return arr, pipeline.state_metrics(state)
 
 
+def alone_and_staggered(pipeline, requests: list, join_after: int) -> tuple[list, list, int]:
+    """Each request's (output, metrics) run alone, then both in step mode with the second joining
+    after `join_after` steps of the first (every later call mixes requests at different steps);
+    with the number of calls the step cache had to split in the staggered run."""
+    alone = []
+    for request in requests:
+        (state,) = pipeline.denoise([request])
+        alone.append((pipeline.decode_arrays([state])[0], pipeline.state_metrics(state)))
+    splits_before = pipeline.step_cache.num_split_calls
+    states = pipeline.encode([pipeline.prepare_request(requests[0])])
+    for _ in range(join_after):
+        pipeline.denoise_step(states)
+    states += pipeline.encode([pipeline.prepare_request(requests[1])])
+    while any(not s.is_done for s in states):
+        pipeline.denoise_step([s for s in states if not s.is_done])
+    staggered = [(arr, pipeline.state_metrics(s)) for s, arr in zip(states, pipeline.decode_arrays(states))]
+    return alone, staggered, pipeline.step_cache.num_split_calls - splits_before
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """Of outputs in [0, 1]."""
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
+
 @pytest.fixture(scope="module")
 def uncached(zoo):
     cache = {}
@@ -104,21 +128,8 @@ def test_alone_equals_batched_at_other_steps(zoo, name, backend, threshold):
     pipeline = load(zoo, name, backend, threshold)
     requests = [request_for(call_kwargs(name, prompt=BATCH_PROMPTS[i]), seed=BATCH_SEEDS[i], request_id=f"r{i}")
                 for i in range(2)]
-    alone = []
-    for request in requests:
-        (state,) = pipeline.denoise([request])
-        alone.append((pipeline.decode_arrays([state])[0], pipeline.state_metrics(state)))
-    splits_before = pipeline.step_cache.num_split_calls
-
-    # The second request joins after one step: every later call mixes requests at different steps.
-    states = pipeline.encode([pipeline.prepare_request(requests[0])])
-    pipeline.denoise_step(states)
-    states += pipeline.encode([pipeline.prepare_request(requests[1])])
-    while any(not s.is_done for s in states):
-        pipeline.denoise_step([s for s in states if not s.is_done])
-    batched = [(arr, pipeline.state_metrics(s)) for s, arr in zip(states, pipeline.decode_arrays(states))]
-
-    assert pipeline.step_cache.num_split_calls > splits_before  # some calls had to split
+    alone, batched, splits = alone_and_staggered(pipeline, requests, join_after=1)
+    assert splits > 0  # some calls had to split
     for (arr, metrics), (arr_alone, metrics_alone) in zip(batched, alone):
         assert metrics == metrics_alone and metrics["num_forwards_skipped"] > 0
         assert np.abs(arr - arr_alone).max() <= 1e-3
