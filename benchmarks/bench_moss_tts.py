@@ -16,10 +16,9 @@ benchmarks/RESULTS.md.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from bench_tts import _VS, level_rows, load_average, one_at_a_time, per_cpu, serve_levels
+from bench_tts import _VS, family_args, level_rows, load_average, one_at_a_time, per_cpu, serve_levels
 from common import ROOT, write_section
 
 
@@ -49,13 +48,7 @@ def authors_baseline(path: str, steps: int, threads: int, repeats: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=64, help="talker steps per request at most")
-    p.add_argument("--requests", type=int, nargs=3, default=[4, 8, 16], help="requests timed at concurrency 1, 4, 8")
-    p.add_argument("--threads", type=int, default=1, help="torch threads of the server and of the baseline")
-    p.add_argument("--repeats", type=int, default=3, help="runs per level (and per baseline call); the best counts")
-    p.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md as it is")
-    args = p.parse_args()
+    args = family_args(__doc__, "--steps", "talker steps per request at most")
     sys.path.insert(0, str(ROOT))
     from omnistage.testing import ensure
 

@@ -114,6 +114,17 @@ def load(url: str, requests: list[int], repeats: int, server_pid: int, voice: st
     return summaries
 
 
+def family_args(doc: str, steps_flag: str, steps_help: str) -> argparse.Namespace:
+    """The command line of a TTS family's bench (bench_higgs_audio, bench_voxcpm2, bench_moss_tts)."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
+    p.add_argument(steps_flag, type=int, default=64, help=steps_help)
+    p.add_argument("--requests", type=int, nargs=3, default=[4, 8, 16], help="requests timed at concurrency 1, 4, 8")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of the server and of the baseline")
+    p.add_argument("--repeats", type=int, default=3, help="runs per level (and per baseline call); the best counts")
+    p.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md as it is")
+    return p.parse_args()
+
+
 def serve_levels(path: str, frames: int, threads: int, requests: list[int], repeats: int,
                  sampling: dict | None = None) -> tuple[list[dict], float]:
     """`omnistage serve` on `path`, loaded at each concurrency level: (summaries, peak server RSS MiB)."""
