@@ -574,12 +574,13 @@ def test_talk_tab_talks_over_the_realtime_route(served, browser, tmp_path, reque
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
-        page.goto(server.url + "/")
+        # "#talk" asks for the talk tab: whichever model load builds the tabs last shows it.
+        page.goto(server.url + "/#talk")
         page.fill("#api-key", "k3y")
         page.dispatch_event("#api-key", "change")
         # The model (and its tabs) loaded with the key; the page no longer moves under the click.
         page.wait_for_function("document.getElementById('model-id').textContent === 'omni'")
-        page.locator("#tabbtn-talk").click()
+        page.wait_for_selector("#talk-start", state="visible")
         page.click("#talk-start")
         page.wait_for_function("Number(document.getElementById('talk-status').dataset.turns || 0) >= 1",
                                timeout=TIMEOUT_MS * 2)

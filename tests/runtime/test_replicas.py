@@ -258,7 +258,8 @@ def test_a_request_that_already_streamed_fails_cleanly_when_its_replica_dies():
 
 
 def test_through_the_server_a_killed_replica_costs_no_request_and_health_stays_200(tmp_path):
-    factory = functools.partial(FakeEngine, num_steps=10, step_delay=0.01)
+    # Requests of ~1 s: a loaded machine must not finish the victim's requests before the kill lands.
+    factory = functools.partial(FakeEngine, num_steps=50, step_delay=0.02)
     engine = AsyncOmni(tmp_path, pipeline=DRAW, engine_factory=factory,
                        stage_overrides={"0": {"runtime": "process", "num_replicas": 2, "restart_backoff_s": 0.3}})
     app = create_app(ServerSettings(served_model_name="fake", model_path=str(tmp_path)), engine,
