@@ -126,7 +126,8 @@ def test_num_replicas_and_routing_policy_are_checked_naming_the_field():
 
 @pytest.fixture(scope="module")
 def least_outstanding():
-    orch = start(DRAW, replicated("least_outstanding"), num_steps=10, step_delay=0.01)
+    # Requests of ~0.5 s: a loaded machine must not finish the victim's requests before its kill lands.
+    orch = start(DRAW, replicated("least_outstanding"), num_steps=10, step_delay=0.05)
     yield orch
     orch.close()
 
