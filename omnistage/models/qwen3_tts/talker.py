@@ -36,6 +36,7 @@ from omnistage.core.errors import RequestError
 from omnistage.models.qwen3_omni.talker import NUM_SUPPRESSED, Qwen3OmniTalker, TalkerState
 from omnistage.models.qwen3_tts.modeling import load_talker, read_config
 from omnistage.models.qwen3_tts.prompt import parse_prompt
+from omnistage.models.talker_codec.frames import FrameBuffer
 
 
 @dataclass
@@ -129,8 +130,7 @@ class Qwen3TTSTalker(Qwen3OmniTalker):
         prompt_embeds = torch.cat(parts)
         length = prompt_embeds.shape[0]
         positions = torch.arange(length, device=self.device).expand(3, -1)
-        frames = torch.zeros(64, self.num_code_groups, dtype=torch.long)
-        state = TtsTalkerState(prompt_embeds, trailing, tts_pad, positions, 0, frames,
+        state = TtsTalkerState(prompt_embeds, trailing, tts_pad, positions, 0, FrameBuffer((self.num_code_groups,)),
                                context_codes=None if context is None else context.cpu())
         return PromptInputs([self.codec_pad] * length, state)
 
