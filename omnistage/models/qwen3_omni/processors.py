@@ -9,7 +9,7 @@
   (the projections into the talker's width need the talker's weights, so they run there):
   the whole hand-off.
 - `thinker_chunks`: the same rows as the thinker makes them, so the talker starts after the
-  thinker's second token and follows it (`talker_stream_inputs` passes them on).
+  thinker's second token and follows it (`qwen_omni.handoff.talker_stream_inputs` passes them on).
 - `talker_chunks`: the talker's frames so far -> the next part of the code2wav stream
   (`models.talker_codec`'s `FrameChunks`, sized by `Code2WavParams`).
 
@@ -20,9 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# The thinker's inputs are built as for Qwen2.5-Omni; thinker_only_inputs is the same function.
-from omnistage.models.qwen2_5_omni.processors import omni_thinker_inputs, thinker_only_inputs  # noqa: F401
 from omnistage.models.qwen3_omni.params import Code2WavParams
+from omnistage.models.qwen_omni.handoff import omni_thinker_inputs
 from omnistage.models.talker_codec import FrameChunks
 
 THINKER, TALKER, CODE2WAV = 0, 1, 2
@@ -33,7 +32,7 @@ DEFAULT_VOICE = "Ethan"  # the reference generate()'s default speaker
 
 
 def thinker_inputs(request: Any, upstream: dict) -> dict:
-    """Prompt -> thinker inputs, asking for what the talker needs (as Qwen2.5-Omni's)."""
+    """Prompt -> thinker inputs, asking for what the talker needs (`qwen_omni.handoff`)."""
     return omni_thinker_inputs(request, DEFAULT_VOICE)
 
 
@@ -73,11 +72,6 @@ def thinker_chunks(request: Any, payload: Any, finished: bool) -> dict | None:
             return talker_inputs(request, {THINKER: payload})
         return {**_talker_prompt(payload, hidden, embeds, _prompt_ids(payload)), "streamed": True}
     return {"reply_rows": embeds, "final": finished}
-
-
-def talker_stream_inputs(request: Any, upstream: dict) -> dict:
-    """A streamed thinker chunk is already the talker's input (see `thinker_chunks`)."""
-    return upstream[THINKER]
 
 
 def _prompt_ids(out: Any) -> Any:

@@ -47,7 +47,8 @@ import torch
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
 from omnistage.ar.sampler import Sampler
 from omnistage.models.qwen3_omni.code2wav import SAMPLE_RATE
-from omnistage.models.qwen3_omni.weights import check_voice, load_talker, speaker_ids
+from omnistage.models.qwen3_omni.weights import load_talker, speaker_ids
+from omnistage.models.qwen_omni.handoff import check_voice
 from omnistage.models.talker_codec.frames import FrameBuffer, frame_extras
 from omnistage.models.talker_codec.side_sampling import SideRow
 
@@ -143,7 +144,7 @@ class Qwen3OmniTalker(ARModel):
             got = keys if keys is not None else type(inputs).__name__
             raise ValueError(f"talker inputs must be a dict with keys {list(_INPUT_KEYS)} (and optionally "
                              f"'streamed'), built by the thinker -> talker processor; got {got}")
-        check_voice(self.speakers, inputs["voice"])
+        check_voice(self.speakers, inputs["voice"], any_case=True)
         dtype = self.embed.weight.dtype
         hidden = inputs["thinker_hidden"].to(self.device, dtype)
         embeds = inputs["thinker_embeds"].to(self.device, dtype)
