@@ -18,6 +18,8 @@ talker and codec shares live here, one job a module:
   the request's seed and temperature, without the rules of the talker's own token stream;
 - `window.ContextWindow`: a non-causal or causal codec decoder's stream, voiced with left
   context (and a lookahead where it needs one), so chunked audio equals the one-shot decode.
+- `request.speech_request` / `text_to_speak` and `reference_clip`: the opening of every
+  family's request parsing, and the voice-cloning fields.
 
 Qwen3-Omni's talker -> code2wav edge is the same recipe behind a thinker (its own
 three-stage spec uses `FrameChunks` and the talker pieces). Torch-free at import.
