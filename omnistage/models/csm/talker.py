@@ -34,12 +34,11 @@ import torch
 
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
-from omnistage.ar.sampler import Sampler
 from omnistage.core.errors import RequestError
 from omnistage.media.audio import resample
 from omnistage.models.csm.prompt import parse_prompt
 from omnistage.models.talker_codec.frames import FrameBuffer, frame_extras
-from omnistage.models.talker_codec.side_sampling import SideRow
+from omnistage.models.talker_codec.side_sampling import SideSampler
 
 
 @dataclass
@@ -56,7 +55,6 @@ class TalkerState:
     """The frames to voice so far ([N] CPU long each)."""
     last_frame: torch.Tensor | None = None
     """[N] on the model's device: the next decode step's input."""
-    depth_row: SideRow | None = None
 
 
 class CsmTalker(ARModel):
@@ -80,7 +78,7 @@ class CsmTalker(ARModel):
         self.audio_frame_rate = config.codec_config.frame_rate  # one backbone step: one Mimi frame
         self.eos_frame_id = config.vocab_size
         self.eos_token_ids = (self.eos_frame_id,)
-        self.depth_sampler = Sampler(device)
+        self.depth_sampler = SideSampler(device)
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> CsmTalker:
@@ -169,7 +167,7 @@ class CsmTalker(ARModel):
         from transformers import DynamicCache
 
         depth = self.model.depth_decoder
-        rows = [self._depth_row(seq) for seq in seqs]
+        rows = [self.depth_sampler.row(seq) for seq in seqs]
         cache = DynamicCache(config=depth.config)
         # Position 0 is a placeholder the model replaces with the backbone's hidden state.
         ids = torch.stack([torch.zeros_like(first), first], dim=1)
@@ -184,14 +182,8 @@ class CsmTalker(ARModel):
             ids = token[:, None]
         return torch.stack(codes, dim=1)
 
-    def _depth_row(self, seq) -> SideRow:
-        st: TalkerState = seq.model_state
-        if st.depth_row is None:
-            st.depth_row = SideRow.of(seq)
-        return st.depth_row
-
     def release(self, seq) -> None:
-        self.depth_sampler.release(seq.request_id)
+        self.depth_sampler.release(seq)
 
     def close(self) -> None:
         self.model = self.processor = None

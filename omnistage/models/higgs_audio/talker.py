@@ -42,13 +42,12 @@ import torch
 
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
-from omnistage.ar.sampler import Sampler
 from omnistage.media.audio import resample
 from omnistage.models.higgs_audio.codec import tokenizer_folder
 from omnistage.models.higgs_audio.codec_model import HiggsCodecEncoder
 from omnistage.models.higgs_audio.prompt import parse_prompt
 from omnistage.models.talker_codec.frames import FrameBuffer, frame_extras
-from omnistage.models.talker_codec.side_sampling import SideRow
+from omnistage.models.talker_codec.side_sampling import SideSampler
 
 AUDIO_PLACEHOLDER = "<|AUDIO_OUT|>"
 """The chat template's audio part; the processor expands it to one token per delayed row."""
@@ -80,7 +79,6 @@ class TalkerState:
     """The undelayed, clipped frames ([N] CPU long each)."""
     last_row: torch.Tensor | None = None
     """[N] on the model's device: the next decode step's input."""
-    code_row: SideRow | None = None
 
     def __post_init__(self) -> None:
         self.frames = FrameBuffer((self.num_codebooks,))
@@ -122,7 +120,7 @@ class HiggsAudioTalker(ARModel):
         self.audio_token_id = config.audio_token_id
         self.delay_token_id = config.audio_delay_token_id
         self.eos_token_ids = (config.eos_token_id,)
-        self.code_sampler = Sampler(device)
+        self.code_sampler = SideSampler(device)
         generation = model.generation_config
         self.ras_window = getattr(generation, "ras_win_len", None) or 0
         self.ras_max_repeat = getattr(generation, "ras_win_max_num_repeat", None) or 0
@@ -240,7 +238,7 @@ class HiggsAudioTalker(ARModel):
 
     def on_sampled(self, batch: ModelInput, output: HiggsOutput, token_ids: torch.Tensor) -> list[dict]:
         b, n, c = output.code_logits.shape
-        rows = [self._code_row(seq) for seq in batch.seqs for _ in range(n - 1)]
+        rows = [self.code_sampler.row(seq) for seq in batch.seqs for _ in range(n - 1)]
         rest = self.code_sampler(output.code_logits[:, 1:].reshape(b * (n - 1), c), rows).view(b, n - 1)
         sampled = torch.cat([token_ids[:, None], rest], dim=1)
         if self.ras_window and self.ras_max_repeat:
@@ -295,14 +293,8 @@ class HiggsAudioTalker(ARModel):
         st.frames.add(frame.clamp(0, self.stream_bos - 1))
         return 1
 
-    def _code_row(self, seq) -> SideRow:
-        st: TalkerState = seq.model_state
-        if st.code_row is None:
-            st.code_row = SideRow.of(seq)
-        return st.code_row
-
     def release(self, seq) -> None:
-        self.code_sampler.release(seq.request_id)
+        self.code_sampler.release(seq)
 
     def close(self) -> None:
         self.model = self.text_tokenizer = self.encoder = None

@@ -45,12 +45,11 @@ from typing import Any
 import torch
 
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
-from omnistage.ar.sampler import Sampler
 from omnistage.models.qwen3_omni.code2wav import SAMPLE_RATE
 from omnistage.models.qwen3_omni.weights import load_talker, speaker_ids
 from omnistage.models.qwen_omni.handoff import check_voice
 from omnistage.models.talker_codec.frames import FrameBuffer, frame_extras
-from omnistage.models.talker_codec.side_sampling import SideRow
+from omnistage.models.talker_codec.side_sampling import SideSampler
 
 _INPUT_KEYS = ("thinker_hidden", "thinker_embeds", "token_ids", "num_prompt", "audio_seqlens", "image_grid_thw",
                "video_grid_thw", "video_second_per_grid", "tts_embeds", "voice")
@@ -81,7 +80,6 @@ class TalkerState:
     num_decoded: int = 0
     next_embed: torch.Tensor | None = None
     """[H]: the last frame's summed embeddings (the next decode step's codec input)."""
-    predictor_row: SideRow | None = None
     tts_eos: torch.Tensor | None = None
     """[H]: ends the reply rows once a streaming thinker has sent them all."""
     bos_codec: torch.Tensor | None = None
@@ -119,7 +117,7 @@ class Qwen3OmniTalker(ARModel):
         self.user, self.tts_pad_id = omni_config.user_token_id, omni_config.tts_pad_token_id
         thinker = omni_config.thinker_config
         self.media_ids = (thinker.audio_token_id, thinker.image_token_id, thinker.video_token_id)
-        self.predictor_sampler = Sampler(device)
+        self.predictor_sampler = SideSampler(device, top_k=self.predictor_top_k, top_p=self.predictor_top_p)
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> Qwen3OmniTalker:
@@ -292,7 +290,7 @@ class Qwen3OmniTalker(ARModel):
 
         predictor = self.predictor
         tables = predictor.get_input_embeddings()
-        rows = [self._predictor_row(seq) for seq in seqs]
+        rows = [self.predictor_sampler.row(seq) for seq in seqs]
         cache = DynamicCache(config=predictor.config)
         first_embed = self.embed(first)
         x = torch.stack([hidden, first_embed], dim=1)  # [B, 2, H]
@@ -307,14 +305,8 @@ class Qwen3OmniTalker(ARModel):
         # Summed as the reference does (one reduction over the stacked codebooks: the same floats).
         return torch.stack(codes, dim=1), torch.cat(parts, dim=1).sum(1)
 
-    def _predictor_row(self, seq) -> SideRow:
-        st: TalkerState = seq.model_state
-        if st.predictor_row is None:
-            st.predictor_row = SideRow.of(seq, top_k=self.predictor_top_k, top_p=self.predictor_top_p)
-        return st.predictor_row
-
     def release(self, seq) -> None:
-        self.predictor_sampler.release(seq.request_id)
+        self.predictor_sampler.release(seq)
 
     def close(self) -> None:
         self.model = self.embed = self.predictor = None

@@ -31,12 +31,12 @@ import torch
 
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import PromptInputs
-from omnistage.ar.sampler import Sampler
 from omnistage.core.errors import RequestError
 from omnistage.models.qwen3_omni.talker import NUM_SUPPRESSED, Qwen3OmniTalker, TalkerState
 from omnistage.models.qwen3_tts.modeling import load_talker, read_config
 from omnistage.models.qwen3_tts.prompt import parse_prompt
 from omnistage.models.talker_codec.frames import FrameBuffer
+from omnistage.models.talker_codec.side_sampling import SideSampler
 
 
 @dataclass
@@ -71,7 +71,7 @@ class Qwen3TTSTalker(Qwen3OmniTalker):
         self.suppressed = [i for i in range(max(0, vocab - NUM_SUPPRESSED), vocab) if i != self.codec_eos]
         self.speaker_ids = {name.lower(): int(i) for name, i in (talker.get("spk_id") or {}).items()}
         self.tts_ids = [config["tts_bos_token_id"], config["tts_eos_token_id"], config["tts_pad_token_id"]]
-        self.predictor_sampler = Sampler(device)
+        self.predictor_sampler = SideSampler(device, top_k=self.predictor_top_k, top_p=self.predictor_top_p)
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> Qwen3TTSTalker:

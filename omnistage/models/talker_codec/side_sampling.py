@@ -12,6 +12,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import torch
+
+from omnistage.ar.sampler import Sampler
 from omnistage.ar.sampling_params import SamplingParams
 
 
@@ -23,9 +26,29 @@ class SideRow:
     needs_min_tokens_mask: bool = False
     stop_ids: frozenset = frozenset()
 
-    @classmethod
-    def of(cls, seq, **overrides) -> SideRow:
-        """The row for `seq`, its params with `overrides` (e.g. the reference's top_k / top_p)."""
-        params = dataclasses.replace(seq.params, **overrides, repetition_penalty=1.0, min_tokens=0,
-                                     stop_token_ids=[])
-        return cls(seq.request_id, params)
+
+class SideSampler:
+    """The talker's second sampler: one `SideRow` per request, made on its first step and
+    dropped (with the sampler's per-request state) when the talker releases the request."""
+
+    def __init__(self, device: torch.device, **overrides) -> None:
+        self.sampler = Sampler(device)
+        self.overrides = overrides
+        """Params the reference samples these codes with, whatever the request says (top_k, top_p)."""
+        self.rows: dict[str, SideRow] = {}
+
+    def row(self, seq) -> SideRow:
+        row = self.rows.get(seq.request_id)
+        if row is None:
+            params = dataclasses.replace(seq.params, **self.overrides, repetition_penalty=1.0, min_tokens=0,
+                                         stop_token_ids=[])
+            row = self.rows[seq.request_id] = SideRow(seq.request_id, params)
+        return row
+
+    def __call__(self, logits: torch.Tensor, rows: list[SideRow]) -> torch.Tensor:
+        """[len(rows), V] logits -> [len(rows)] codes, each row sampled with its request's params."""
+        return self.sampler(logits, rows)
+
+    def release(self, seq) -> None:
+        self.rows.pop(seq.request_id, None)
+        self.sampler.release(seq.request_id)
