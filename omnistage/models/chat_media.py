@@ -1,6 +1,6 @@
 """The media parts of chat messages, as the AR families that hear or see take them (the Qwen
 omni thinkers, Qwen3-ASR): `{"type": "audio", "audio", "sample_rate"}`, `{"type": "image",
-"image"}` and `{"type": "video", "video", ...}` (see `qwen2_5_omni.video`). Torch-free."""
+"image"}` and `{"type": "video", "video", ...}` (see `qwen_omni.video`). Torch-free."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ class ChatMedia:
     images: list[Any] = field(default_factory=list)
     """PIL image or uint8 [H, W, 3] array per image part."""
     videos: list[dict] = field(default_factory=list)
-    """The video parts as given (see `qwen2_5_omni.video`: encoded bytes or frames + fps)."""
+    """The video parts as given (see `qwen_omni.video`: encoded bytes or frames + fps)."""
 
 
 def chat_media(inputs: Any) -> ChatMedia:
     """The media parts of the chat messages: `{"type": "audio", "audio", "sample_rate"}`,
-    `{"type": "image", "image"}` and `{"type": "video", "video", ...}` (see `qwen2_5_omni.video`)."""
+    `{"type": "image", "image"}` and `{"type": "video", "video", ...}` (see `qwen_omni.video`)."""
     media = ChatMedia()
     if not isinstance(inputs, dict) or not isinstance(inputs.get("messages"), list):
         return media

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from omnistage.models.qwen2_5_omni.video import VideoRules, sample_frame_indices, video_pixels
+from omnistage.models.qwen_omni.video import VideoRules, sample_frame_indices, video_pixels
 
 
 @dataclass

@@ -24,7 +24,7 @@ import torch
 from omnistage import AsyncOmni, Omni, OmniRequestError, SamplingParams
 from omnistage.config import PipelineDeployConfig
 from omnistage.models.qwen2_5_omni import Token2WavParams, resolve_qwen2_5_omni
-from omnistage.models.qwen2_5_omni.video import VideoRules, sample_frame_indices, video_pixels
+from omnistage.models.qwen_omni.video import VideoRules, sample_frame_indices, video_pixels
 from omnistage.testing.speech_models import DEFAULT_GENERATE_KWARGS, OMNI_SAMPLE_RATE
 
 from omni_reference import OmniReference, moving_frames, tone

@@ -21,7 +21,7 @@ import torch
 
 from omnistage import Omni, OmniRequestError, SamplingParams
 from omnistage.config import PipelineDeployConfig
-from omnistage.models.qwen2_5_omni.video import VideoRules
+from omnistage.models.qwen_omni.video import VideoRules
 from omnistage.models.qwen3_omni import Code2WavParams, resolve_qwen3_omni
 from omnistage.testing.omni_models import (
     QWEN3_OMNI_AUDIO_IN_SAMPLE_RATE,

@@ -5,17 +5,17 @@
     stage 1 "codec"  (generation)  frames -> 24 kHz audio: the checkpoint's Mimi decoder,
                                    streamed (generation/mimi.py)
 
-The talker streams its frames to the codec in chunks (`processors.talker_chunks`,
-sized by `CsmCodecParams`), so the first audio leaves after the first few frames. Both
+The recipe is `models.talker_codec`'s: the talker streams its frames to the codec in chunks
+(sized by `CsmCodecParams`), so the first audio leaves after the first few frames. Both
 stages load the one CSM checkpoint. Prompts and voices: `prompt.py`.
 """
 
 from omnistage.ar.model import register_ar_model
-from omnistage.config import PipelineSpec, StageSpec, register_pipeline
+from omnistage.config import PipelineSpec, register_pipeline
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.models.csm.params import CsmCodecParams
-from omnistage.models.csm.processors import CODEC, TALKER, talker_chunks
 from omnistage.models.csm.prompt import BUILTIN_VOICES, DEFAULT_VOICE
+from omnistage.models.talker_codec import TalkerCodec
 
 __all__ = ["CSM", "CsmCodecParams"]
 
@@ -24,14 +24,11 @@ __all__ = ["CSM", "CsmCodecParams"]
 # not max_model_len's minutes; a deploy file's default_sampling_params may raise it.
 TALKER_SAMPLING = {"temperature": 0.9, "top_k": 50, "max_tokens": 750}
 
+TALKER_CODEC = TalkerCodec(talker="csm.talker", codec="mimi", sampling=TALKER_SAMPLING, chunking=CsmCodecParams())
+
 CSM = PipelineSpec(
     name="csm",
-    stages=(
-        StageSpec(id=TALKER, name="talker", kind="ar", output="tokens", model="csm.talker",
-                  chunk_processor=talker_chunks, defaults={"default_sampling_params": TALKER_SAMPLING}),
-        StageSpec(id=CODEC, name="codec", kind="generation", output="audio", inputs=(TALKER,), final_output=True,
-                  model="mimi", stream_input=True),
-    ),
+    stages=TALKER_CODEC.stages(),
     request_extras={
         "voice": ExtraSpec(str, default=DEFAULT_VOICE, choices=tuple(BUILTIN_VOICES),
                            help="Built-in voice: a named CSM speaker id."),

@@ -9,19 +9,20 @@ codes, spoken by the same speaker. So:
   transcript (`ref_text`, may be empty), prepended as a context turn.
 
 Prompts are a str (the text, default voice) or a dict with the keys in `PROMPT_KEYS`.
-Every problem raises ValueError naming the key, so the server answers 400.
+Every problem is a RequestError naming the key (HTTP 400).
 Torch-free: the server and the family registration import it.
 """
 
 from __future__ import annotations
 
-from omnistage.core.errors import RequestError
-from omnistage.models.reference_clip import reference_clip
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from omnistage.core.errors import RequestError
+from omnistage.models.talker_codec.reference_clip import reference_clip
+from omnistage.models.talker_codec.request import speech_request, text_to_speak
 
 # OpenAI's voice names, so that OpenAI clients work unchanged; each is one CSM speaker id.
 BUILTIN_VOICES: dict[str, int] = {"alloy": 0, "echo": 1, "fable": 2, "onyx": 3, "nova": 4, "shimmer": 5}
@@ -41,19 +42,10 @@ class CsmPrompt:
 
 def parse_prompt(inputs: Any) -> CsmPrompt:
     """A user prompt (str, or dict with `PROMPT_KEYS`) -> `CsmPrompt`; ValueError names the bad key."""
-    if isinstance(inputs, str):
-        inputs = {"prompt": inputs}
-    if not isinstance(inputs, Mapping):
-        raise RequestError("prompt", f"prompt: CSM takes a str or a dict with keys {list(PROMPT_KEYS)}, "
-                         f"got {type(inputs).__name__}")
+    inputs = speech_request(inputs, "CSM", PROMPT_KEYS, refused=("instructions",))
     if "instructions" in inputs:
         raise RequestError("instructions", "instructions: CSM does not follow instructions; choose a voice, or clone one")
-    unknown = sorted(set(inputs) - set(PROMPT_KEYS))
-    if unknown:
-        raise ValueError(f"{unknown[0]}: unknown CSM prompt key; expected {list(PROMPT_KEYS)}")
-    text = inputs.get("prompt")
-    if not isinstance(text, str) or not text.strip():
-        raise RequestError("prompt", "prompt: the text to speak must be a non-empty string")
+    text = text_to_speak(inputs)
     voice = inputs.get("voice")
     voice = DEFAULT_VOICE if voice is None else voice
     if voice not in BUILTIN_VOICES:

@@ -27,19 +27,18 @@ heads) are masked: Mimi cannot decode them (the reference fails on them).
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs
-from omnistage.ar.sampler import Sampler
-from omnistage.ar.sampling_params import SamplingParams
 from omnistage.core.errors import RequestError
 from omnistage.media.audio import resample
 from omnistage.models.csm.prompt import parse_prompt
+from omnistage.models.talker_codec.frames import FrameBuffer, frame_extras
+from omnistage.models.talker_codec.side_sampling import SideSampler
 
 
 @dataclass
@@ -49,38 +48,13 @@ class CsmOutput(ModelOutput):
 
 
 @dataclass
-class _DepthRow:
-    """What the sampler reads of a sequence, for depth-decoder tokens: the request's temperature,
-    top-k/p and seed, without the backbone-only rules (repetition penalty over codebook-0 ids, min_tokens)."""
-
-    request_id: str
-    params: SamplingParams
-    all_token_ids: list[int] = field(default_factory=list)
-    needs_min_tokens_mask: bool = False
-    stop_ids: frozenset = frozenset()
-
-
-@dataclass
 class TalkerState:
     prompt_embeds: torch.Tensor | None
     """[L, H] prefill embeddings; dropped after prefill."""
-    frames: torch.Tensor
-    """[capacity, N] CPU long: the generated frames, `num_frames` of them valid."""
-    num_frames: int = 0
+    frames: FrameBuffer
+    """The frames to voice so far ([N] CPU long each)."""
     last_frame: torch.Tensor | None = None
     """[N] on the model's device: the next decode step's input."""
-    depth_row: _DepthRow | None = None
-
-    def add_frame(self, frame: torch.Tensor) -> None:
-        if self.num_frames == self.frames.shape[0]:
-            grown = self.frames.new_zeros(2 * self.frames.shape[0], self.frames.shape[1])
-            grown[:self.num_frames] = self.frames
-            self.frames = grown  # earlier outputs keep views of the old buffer, whose rows are final
-        self.frames[self.num_frames] = frame
-        self.num_frames += 1
-
-    def codes(self) -> torch.Tensor:
-        return self.frames[:self.num_frames]
 
 
 class CsmTalker(ARModel):
@@ -104,7 +78,7 @@ class CsmTalker(ARModel):
         self.audio_frame_rate = config.codec_config.frame_rate  # one backbone step: one Mimi frame
         self.eos_frame_id = config.vocab_size
         self.eos_token_ids = (self.eos_frame_id,)
-        self.depth_sampler = Sampler(device)
+        self.depth_sampler = SideSampler(device)
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> CsmTalker:
@@ -131,8 +105,7 @@ class CsmTalker(ARModel):
         embeds = self.model.embed_text_tokens(ids)
         if clips:
             self._embed_audio(ids, embeds, enc["input_values"][0, :, :enc["input_values_cutoffs"][0, 0]])
-        frames = torch.zeros(64, self.num_codebooks, dtype=torch.long)
-        return PromptInputs(ids.tolist(), TalkerState(embeds, frames))
+        return PromptInputs(ids.tolist(), TalkerState(embeds, FrameBuffer((self.num_codebooks,))))
 
     def _embed_audio(self, ids: torch.Tensor, embeds: torch.Tensor, clip: torch.Tensor) -> None:
         """Put the clip's code embeddings on its <|AUDIO|> positions and an EOS frame's on <|audio_eos|>."""
@@ -183,10 +156,10 @@ class CsmTalker(ARModel):
             st: TalkerState = seq.model_state
             st.last_frame = frames[i]
             if not silent[i]:
-                st.add_frame(frames_cpu[i])
+                st.frames.add(frames_cpu[i])
             if stops[i] and seq.num_output_tokens + 1 >= seq.params.min_tokens:
                 token_ids[i] = self.eos_frame_id  # the engine's stop rule sees this model's one EOS id
-            extras.append({"audio_codes": st.codes(), "num_new_frames": 0 if silent[i] else 1})
+            extras.append(frame_extras(st.frames, 0 if silent[i] else 1))
         return extras
 
     def _depth_decode(self, hidden: torch.Tensor, first: torch.Tensor, seqs: list) -> torch.Tensor:
@@ -194,7 +167,7 @@ class CsmTalker(ARModel):
         from transformers import DynamicCache
 
         depth = self.model.depth_decoder
-        rows = [self._depth_row(seq) for seq in seqs]
+        rows = [self.depth_sampler.row(seq) for seq in seqs]
         cache = DynamicCache(config=depth.config)
         # Position 0 is a placeholder the model replaces with the backbone's hidden state.
         ids = torch.stack([torch.zeros_like(first), first], dim=1)
@@ -209,15 +182,8 @@ class CsmTalker(ARModel):
             ids = token[:, None]
         return torch.stack(codes, dim=1)
 
-    def _depth_row(self, seq) -> _DepthRow:
-        st: TalkerState = seq.model_state
-        if st.depth_row is None:
-            params = dataclasses.replace(seq.params, repetition_penalty=1.0, min_tokens=0, stop_token_ids=[])
-            st.depth_row = _DepthRow(seq.request_id, params)
-        return st.depth_row
-
     def release(self, seq) -> None:
-        self.depth_sampler.release(seq.request_id)
+        self.depth_sampler.release(seq)
 
     def close(self) -> None:
         self.model = self.processor = None

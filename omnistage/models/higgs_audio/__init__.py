@@ -6,16 +6,16 @@
     stage 1 "codec"  (generation)  frames -> 24 kHz audio: the audio tokenizer's DAC decoder,
                                    streamed with a lookahead (codec.py)
 
-The talker streams its frames to the codec in chunks (CSM's `talker_chunks`, sized by
-`CsmCodecParams` as the request's "codec" params). The talker loads the checkpoint folder;
+The recipe is `models.talker_codec`'s: the talker streams its frames to the codec in chunks
+(CSM's sizes by default; `FrameChunkParams` as the request's "codec" params). The talker loads the checkpoint folder;
 the codec loads the audio tokenizer its `processor_config.json` names. Prompts: prompt.py.
 """
 
 from omnistage.ar.model import register_ar_model
-from omnistage.config import PipelineSpec, StageSpec, register_pipeline
+from omnistage.config import PipelineSpec, register_pipeline
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.generation.decoder import register_decoder
-from omnistage.models.csm.processors import CODEC, TALKER, talker_chunks
+from omnistage.models.talker_codec import FrameChunkParams, TalkerCodec
 
 __all__ = ["HIGGS_AUDIO"]
 
@@ -24,14 +24,12 @@ __all__ = ["HIGGS_AUDIO"]
 # default_sampling_params may raise it.
 TALKER_SAMPLING = {"temperature": 0.3, "top_k": 50, "top_p": 0.95, "max_tokens": 1500}
 
+TALKER_CODEC = TalkerCodec(talker="higgs_audio.talker", codec="higgs_audio.codec", sampling=TALKER_SAMPLING,
+                           chunking=FrameChunkParams(first_chunk_frames=2, chunk_frames=8))
+
 HIGGS_AUDIO = PipelineSpec(
     name="higgs_audio",
-    stages=(
-        StageSpec(id=TALKER, name="talker", kind="ar", output="tokens", model="higgs_audio.talker",
-                  chunk_processor=talker_chunks, defaults={"default_sampling_params": TALKER_SAMPLING}),
-        StageSpec(id=CODEC, name="codec", kind="generation", output="audio", inputs=(TALKER,), final_output=True,
-                  model="higgs_audio.codec", stream_input=True),
-    ),
+    stages=TALKER_CODEC.stages(),
     request_extras={
         "instructions": ExtraSpec(str, help="The scene: how the recording sounds (default: a quiet room)."),
         "ref_audio": ExtraSpec(object, help="Voice cloning: a mono float clip (with ref_sample_rate, and its "

@@ -13,8 +13,6 @@ it see, and chunked audio equals the one-shot decode (up to float rounding), at 
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ import torch
 
 from omnistage.generation.decoder import Decoder
 from omnistage.models.higgs_audio.codec_model import HiggsCodecDecoder
+from omnistage.models.talker_codec.window import ContextWindow, receptive_frames
 
 
 def tokenizer_folder(model_path: str) -> Path:
@@ -40,27 +39,6 @@ def tokenizer_folder(model_path: str) -> Path:
     return Path(snapshot_download(name, allow_patterns=["config.json", "*.safetensors"]))
 
 
-def receptive_frames(decoder: torch.nn.Module) -> int:
-    """How many frames on each side reach an output frame's samples, from the convolutions in
-    forward order (each at its layer's rate: a transposed convolution multiplies it)."""
-    reach, rate = 0.0, 1
-    for module in decoder.modules():
-        if isinstance(module, torch.nn.ConvTranspose1d):
-            reach += math.ceil(module.kernel_size[0] / module.stride[0]) / rate
-            rate *= module.stride[0]
-        elif isinstance(module, torch.nn.Conv1d):
-            reach += (module.kernel_size[0] - 1) * module.dilation[0] / 2 / rate
-    return math.ceil(reach)
-
-
-@dataclass
-class _Stream:
-    history: torch.Tensor | None = None
-    """[N, <= context] the last voiced frames (left context), on the device."""
-    pending: torch.Tensor | None = None
-    """[N, <= context] frames received, not voiced yet (the lookahead)."""
-
-
 class HiggsCodec(Decoder):
     supports_prepacked_linears = True  # the decoder only calls its linears
     chunk_frames = None  # all pending frames of a stream in one pass
@@ -72,7 +50,7 @@ class HiggsCodec(Decoder):
         self.hop_length = model.hop_length
         self.num_quantizers = model.config.num_quantizers
         self.codebook_size = model.config.codebook_size
-        self.context = receptive_frames(model.acoustic_decoder)
+        self.context = receptive_frames(model.acoustic_decoder, causal=False)
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype, max_streams: int) -> HiggsCodec:
@@ -92,34 +70,20 @@ class HiggsCodec(Decoder):
                              f"got [{int(t.min())}, {int(t.max())}]")
         return t.to(self.device)
 
-    def open_stream(self, options: Any = None) -> _Stream:
-        return _Stream()
+    def open_stream(self, options: Any = None) -> ContextWindow:
+        return ContextWindow()
 
     @torch.inference_mode()
-    def decode(self, codes: list[torch.Tensor], states: list[_Stream]) -> list[np.ndarray]:
+    def decode(self, codes: list[torch.Tensor], states: list[ContextWindow]) -> list[np.ndarray]:
         # Rows differ in window length: one pass per row.
         return [self._voice(st, frames.T, keep=self.context) for frames, st in zip(codes, states)]
 
     @torch.inference_mode()
-    def flush(self, state: _Stream) -> np.ndarray:
+    def flush(self, state: ContextWindow) -> np.ndarray:
         return self._voice(state, None, keep=0)
 
-    def _voice(self, st: _Stream, new: torch.Tensor | None, keep: int) -> np.ndarray:
-        """Add `new` [N, n] frames and voice all unvoiced frames but the last `keep`."""
-        parts = [t for t in (st.pending, new) if t is not None and t.shape[1]]
-        todo = torch.cat(parts, dim=1) if parts else None
-        num_voiced = 0 if todo is None else todo.shape[1] - keep
-        if num_voiced <= 0:
-            st.pending = todo
-            return np.zeros(0, dtype=np.float32)
-        left = 0 if st.history is None else st.history.shape[1]
-        window = todo if st.history is None else torch.cat([st.history, todo], dim=1)
-        wav = self.model(window[None])[0, 0]
-        out = wav[left * self.hop_length:(left + num_voiced) * self.hop_length]
-        voiced = window[:, :left + num_voiced]
-        st.history = voiced[:, -self.context:]
-        st.pending = todo[:, num_voiced:]
-        return out.float().cpu().numpy()
+    def _voice(self, st: ContextWindow, new: torch.Tensor | None, keep: int) -> np.ndarray:
+        return st.voice(self.model, new, context=self.context, keep=keep, hop_length=self.hop_length)
 
     def close(self) -> None:
         self.model = None

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from omnistage.core.errors import RequestError
-from omnistage.models.reference_clip import reference_clip
+from omnistage.models.talker_codec.reference_clip import reference_clip
+from omnistage.models.talker_codec.request import speech_request, text_to_speak
 
 PROMPT_KEYS = ("prompt", "instructions", "voice", "ref_audio", "ref_sample_rate", "ref_text")
 SYSTEM_PROMPT = "Generate audio following instruction."
@@ -53,17 +54,8 @@ class HiggsPrompt:
 
 
 def parse_prompt(inputs: Any) -> HiggsPrompt:
-    if isinstance(inputs, str):
-        inputs = {"prompt": inputs}
-    if not isinstance(inputs, Mapping):
-        raise RequestError("prompt", f"prompt: Higgs-Audio takes a str or a dict with keys {list(PROMPT_KEYS)}, "
-                           f"got {type(inputs).__name__}")
-    unknown = sorted(set(inputs) - set(PROMPT_KEYS))
-    if unknown:
-        raise RequestError(unknown[0], f"{unknown[0]}: unknown Higgs-Audio prompt key; expected {list(PROMPT_KEYS)}")
-    text = inputs.get("prompt")
-    if not isinstance(text, str) or not text.strip():
-        raise RequestError("prompt", "prompt: the text to speak must be a non-empty string")
+    inputs = speech_request(inputs, "Higgs-Audio", PROMPT_KEYS)
+    text = text_to_speak(inputs)
     scene = inputs.get("instructions")
     if scene is None:
         scene = DEFAULT_SCENE

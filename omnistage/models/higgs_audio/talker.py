@@ -34,7 +34,6 @@ in one draw per step as the reference, so even greedy requests vary from run to 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,12 +42,12 @@ import torch
 
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
-from omnistage.ar.sampler import Sampler
-from omnistage.ar.sampling_params import SamplingParams
 from omnistage.media.audio import resample
 from omnistage.models.higgs_audio.codec import tokenizer_folder
 from omnistage.models.higgs_audio.codec_model import HiggsCodecEncoder
 from omnistage.models.higgs_audio.prompt import parse_prompt
+from omnistage.models.talker_codec.frames import FrameBuffer, frame_extras
+from omnistage.models.talker_codec.side_sampling import SideSampler
 
 AUDIO_PLACEHOLDER = "<|AUDIO_OUT|>"
 """The chat template's audio part; the processor expands it to one token per delayed row."""
@@ -60,18 +59,6 @@ class HiggsOutput(ModelOutput):
     """[B, N, C] every codebook's masked logits (codebook 0's are also `logits`)."""
     raw_logits: torch.Tensor | None = None
     """[B, N, C] the logits before the delay mask, when repetition-aware sampling is on."""
-
-
-@dataclass
-class _CodeRow:
-    """What the sampler reads of a sequence for codebooks 1..N-1: the request's temperature,
-    top-k/p and seed, without the rules about its token stream (penalties, min_tokens)."""
-
-    request_id: str
-    params: SamplingParams
-    all_token_ids: list[int] = field(default_factory=list)
-    needs_min_tokens_mask: bool = False
-    stop_ids: frozenset = frozenset()
 
 
 @dataclass
@@ -88,26 +75,13 @@ class TalkerState:
     last_text: int | None = None
     rows: list[torch.Tensor] = field(default_factory=list)
     """The last delayed rows [N] (CPU long) after the all-BOS row, fewer than N of them."""
-    frames: torch.Tensor | None = None
-    """[capacity, N] CPU long: the undelayed, clipped frames, `num_frames` of them valid."""
-    num_frames: int = 0
+    frames: FrameBuffer = field(init=False)
+    """The undelayed, clipped frames ([N] CPU long each)."""
     last_row: torch.Tensor | None = None
     """[N] on the model's device: the next decode step's input."""
-    code_row: _CodeRow | None = None
 
-    def add_frame(self, frame: torch.Tensor) -> None:
-        if self.frames is None or self.num_frames == self.frames.shape[0]:
-            grown = torch.zeros(max(64, 2 * self.num_frames), self.num_codebooks, dtype=torch.long)
-            if self.num_frames:
-                grown[:self.num_frames] = self.frames[:self.num_frames]
-            self.frames = grown  # earlier outputs keep views of the old buffer, whose rows are final
-        self.frames[self.num_frames] = frame
-        self.num_frames += 1
-
-    def codes(self) -> torch.Tensor:
-        if self.frames is None:
-            return torch.zeros(0, self.num_codebooks, dtype=torch.long)
-        return self.frames[:self.num_frames]
+    def __post_init__(self) -> None:
+        self.frames = FrameBuffer((self.num_codebooks,))
 
 
 def processor_chat_template(folder: Path) -> str | None:
@@ -146,7 +120,7 @@ class HiggsAudioTalker(ARModel):
         self.audio_token_id = config.audio_token_id
         self.delay_token_id = config.audio_delay_token_id
         self.eos_token_ids = (config.eos_token_id,)
-        self.code_sampler = Sampler(device)
+        self.code_sampler = SideSampler(device)
         generation = model.generation_config
         self.ras_window = getattr(generation, "ras_win_len", None) or 0
         self.ras_max_repeat = getattr(generation, "ras_win_max_num_repeat", None) or 0
@@ -264,7 +238,7 @@ class HiggsAudioTalker(ARModel):
 
     def on_sampled(self, batch: ModelInput, output: HiggsOutput, token_ids: torch.Tensor) -> list[dict]:
         b, n, c = output.code_logits.shape
-        rows = [self._code_row(seq) for seq in batch.seqs for _ in range(n - 1)]
+        rows = [self.code_sampler.row(seq) for seq in batch.seqs for _ in range(n - 1)]
         rest = self.code_sampler(output.code_logits[:, 1:].reshape(b * (n - 1), c), rows).view(b, n - 1)
         sampled = torch.cat([token_ids[:, None], rest], dim=1)
         if self.ras_window and self.ras_max_repeat:
@@ -288,7 +262,7 @@ class HiggsAudioTalker(ARModel):
             if self.ras_window:
                 st.window = (st.window + [row])[-self.ras_window:]
             token_ids[i] = text  # the engine's stop rule sees this model's EOS id
-            extras.append({"audio_codes": st.codes(), "num_new_frames": num_new})
+            extras.append(frame_extras(st.frames, num_new))
         return extras
 
     def _resample_repeats(self, seqs: list, raw_logits: torch.Tensor, sampled: torch.Tensor) -> None:
@@ -308,7 +282,7 @@ class HiggsAudioTalker(ARModel):
     def _add_row(self, st: TalkerState, row: torch.Tensor) -> int:
         """Keep a delayed row; returns 1 when it completes an undelayed frame."""
         n = self.num_codebooks
-        if bool((row == self.stream_bos).all()) and not st.num_frames:
+        if bool((row == self.stream_bos).all()) and not st.frames.num_frames:
             st.rows.clear()  # the audio starts after the last all-BOS row (the processor's batch_decode)
             return 0
         st.rows.append(row)
@@ -316,18 +290,11 @@ class HiggsAudioTalker(ARModel):
             return 0
         frame = torch.stack([st.rows[k][k] for k in range(n)])  # the diagonal: codebook k is k rows late
         st.rows.pop(0)
-        st.add_frame(frame.clamp(0, self.stream_bos - 1))
+        st.frames.add(frame.clamp(0, self.stream_bos - 1))
         return 1
 
-    def _code_row(self, seq) -> _CodeRow:
-        st: TalkerState = seq.model_state
-        if st.code_row is None:
-            params = dataclasses.replace(seq.params, repetition_penalty=1.0, min_tokens=0, stop_token_ids=[])
-            st.code_row = _CodeRow(seq.request_id, params)
-        return st.code_row
-
     def release(self, seq) -> None:
-        self.code_sampler.release(seq.request_id)
+        self.code_sampler.release(seq)
 
     def close(self) -> None:
         self.model = self.text_tokenizer = self.encoder = None

@@ -6,39 +6,29 @@
     stage 1 "codec"  (generation)  frames -> 24 kHz audio: MOSS-Audio-Tokenizer's causal
                                    transformer decoder, streamed (codec.py)
 
-The talker streams its frames to the codec in chunks (Qwen3-Omni's `frame_chunks`, sized by
-`Code2WavParams` as the request's "codec" params). Both stages load the checkpoint folder the
+The recipe is `models.talker_codec`'s: the talker streams its frames to the codec in chunks
+(sized by `FrameChunkParams` as the request's "codec" params). Both stages load the checkpoint folder the
 authors' package loads, with the audio tokenizer in its `MOSS-Audio-Tokenizer/` folder.
 Prompts and voices: prompt.py.
 """
 
 from omnistage.ar.model import register_ar_model
-from omnistage.config import PipelineSpec, StageSpec, register_pipeline
+from omnistage.config import PipelineSpec, register_pipeline
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.generation.decoder import register_decoder
-from omnistage.models.qwen3_omni.processors import frame_chunks
+from omnistage.models.talker_codec import TalkerCodec
 
 __all__ = ["MOSS_TTS"]
-
-TALKER, CODEC = 0, 1
 
 # The authors' audio sampling defaults; a bare request speaks at most 4096 steps (the
 # authors' max_new_tokens: about 5 minutes at 12.5 frames/s).
 TALKER_SAMPLING = {"temperature": 1.7, "top_p": 0.8, "top_k": 25, "max_tokens": 4096}
 
-
-def talker_chunks(request, payload, finished: bool) -> dict | None:
-    return frame_chunks(request, payload, finished, CODEC)
-
+TALKER_CODEC = TalkerCodec(talker="moss_tts.talker", codec="moss_tts.codec", sampling=TALKER_SAMPLING)
 
 MOSS_TTS = PipelineSpec(
     name="moss_tts",
-    stages=(
-        StageSpec(id=TALKER, name="talker", kind="ar", output="tokens", model="moss_tts.talker",
-                  chunk_processor=talker_chunks, defaults={"default_sampling_params": TALKER_SAMPLING}),
-        StageSpec(id=CODEC, name="codec", kind="generation", output="audio", inputs=(TALKER,), final_output=True,
-                  model="moss_tts.codec", stream_input=True),
-    ),
+    stages=TALKER_CODEC.stages(),
     request_extras={
         "language": ExtraSpec(str, help="The spoken language as the model card names it (e.g. 'English', "
                                         "'Chinese'): the prompt's Language field."),

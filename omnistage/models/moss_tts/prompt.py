@@ -24,6 +24,7 @@ from typing import Any
 
 from omnistage.core.errors import RequestError
 from omnistage.models.moss_tts.normalizer import normalize_tts_text
+from omnistage.models.talker_codec.request import speech_request
 
 PROMPT_KEYS = ("prompt", "language", "instructions", "voice")
 CLONE_KEYS = ("ref_audio", "ref_sample_rate", "ref_text")
@@ -58,19 +59,12 @@ def _optional_text(inputs: Mapping, key: str) -> str | None:
 
 
 def parse_prompt(inputs: Any) -> MossPrompt:
-    if isinstance(inputs, str):
-        inputs = {"prompt": inputs}
-    if not isinstance(inputs, Mapping):
-        raise RequestError("prompt", f"prompt: MOSS-TTS takes a str or a dict with keys {list(PROMPT_KEYS)}, "
-                           f"got {type(inputs).__name__}")
+    inputs = speech_request(inputs, "MOSS-TTS", PROMPT_KEYS, refused=CLONE_KEYS)
     for key in CLONE_KEYS:
         value = inputs.get(key)
         if value is not None and not (isinstance(value, str) and not value):
             raise RequestError(key, f"{key}: MOSS-TTS clones a voice from its audio tokenizer's codes of the clip, "
                                     "and this model's audio tokenizer has no encoder; send no reference clip")
-    unknown = sorted(set(inputs) - set(PROMPT_KEYS) - set(CLONE_KEYS))
-    if unknown:
-        raise RequestError(unknown[0], f"{unknown[0]}: unknown MOSS-TTS prompt key; expected {list(PROMPT_KEYS)}")
     text = inputs.get("prompt")
     if not isinstance(text, str) or not normalize_tts_text(text):
         raise RequestError("prompt", "prompt: the text to speak must be a non-empty string")

@@ -42,6 +42,7 @@ from omnistage.models.moss_tts.codec import CODEC_FOLDER
 from omnistage.models.moss_tts.modeling import AUDIO_PAD_CODE, N_VQ, MossTTSBackbone
 from omnistage.models.moss_tts.prompt import parse_prompt
 from omnistage.models.moss_tts.sampling import repetition_penalty, sample
+from omnistage.models.talker_codec.frames import FrameBuffer, frame_extras
 
 PAD, IM_END = 151643, 151645
 AUDIO_START, AUDIO_END, GEN_SLOT, DELAY_SLOT = 151652, 151653, 151656, 151662
@@ -71,9 +72,8 @@ class DelayState:
     rows: list[torch.Tensor] = field(default_factory=list)
     """Every generated row's 32 codes (CPU long), for the frames and the repetition penalty."""
     last_codes: torch.Tensor | None = None
-    frames: torch.Tensor | None = None
-    """[capacity, 32] CPU long: the non-padding frames, `num_frames` of them valid."""
-    num_frames: int = 0
+    frames: FrameBuffer = field(default_factory=lambda: FrameBuffer((N_VQ,)))
+    """The frames that go out ([32] CPU long each): no padding frames but a block break."""
     in_gap: bool = False
     """Padding frames came after audio frames: the next audio frame starts a new block."""
 
@@ -89,22 +89,17 @@ class DelayState:
             return 0
         added = 1
         if self.in_gap:  # a padding frame marks where the next audio block starts
-            self.add_frame(torch.full_like(frame, AUDIO_PAD_CODE))
+            self.frames.add(torch.full_like(frame, AUDIO_PAD_CODE))
             self.in_gap, added = False, 2
-        self.add_frame(frame)
+        self.frames.add(frame)
         return added
 
-    def add_frame(self, frame: torch.Tensor) -> None:
-        if self.frames is None or self.num_frames == self.frames.shape[0]:
-            grown = torch.zeros(max(64, 2 * self.num_frames), N_VQ, dtype=torch.long)
-            if self.num_frames:
-                grown[:self.num_frames] = self.frames[:self.num_frames]
-            self.frames = grown  # earlier outputs keep views of the old buffer, whose rows are final
-        self.frames[self.num_frames] = frame
-        self.num_frames += 1
+    @property
+    def num_frames(self) -> int:
+        return self.frames.num_frames
 
     def codes(self) -> torch.Tensor:
-        return self.frames[:self.num_frames] if self.frames is not None else torch.zeros(0, N_VQ, dtype=torch.long)
+        return self.frames.codes()
 
 
 class MossTTSTalker(ARModel):
@@ -184,7 +179,7 @@ class MossTTSTalker(ARModel):
             st.last_codes = codes
             st.step += 1
             token_ids[i] = text
-            extras.append({"audio_codes": st.codes(), "num_new_frames": num_new})
+            extras.append(frame_extras(st.frames, num_new))
         return extras
 
     def _step(self, st: DelayState, params, text_logits: torch.Tensor, code_logits: torch.Tensor):

@@ -9,26 +9,16 @@
 Every stage loads from the one full checkpoint (thinker.* / talker.* / token2wav.*). The
 thinker-only variant serves checkpoints with `enable_audio_output: false` and deploys
 whose `output_modalities` leave out audio. The voice is `prompt["voice"]` (a name in
-`spk_dict.pt`, default "Chelsie"); token2wav knobs are `Token2WavParams`.
+`spk_dict.pt`, default "Chelsie"); token2wav knobs are `Token2WavParams`. The recipe's shared
+pieces (thinker inputs, the hand-off variants, media and video input) are `models.qwen_omni`'s.
 """
 
-import dataclasses
-
 from omnistage.ar.model import register_ar_model
-from omnistage.config import ModelFiles, PipelineDeployConfig, PipelineSpec, StageSpec, register_pipeline
+from omnistage.config import ModelFiles, PipelineDeployConfig, PipelineSpec, register_pipeline
 from omnistage.generation.decoder import register_decoder
 from omnistage.models.qwen2_5_omni.params import Token2WavParams
-from omnistage.models.qwen2_5_omni.processors import (
-    TALKER,
-    THINKER,
-    TOKEN2WAV,
-    talker_chunks,
-    talker_inputs,
-    talker_stream_inputs,
-    thinker_chunks,
-    thinker_inputs,
-    thinker_only_inputs,
-)
+from omnistage.models.qwen2_5_omni.processors import talker_chunks, talker_inputs, thinker_chunks, thinker_inputs
+from omnistage.models.qwen_omni.recipe import QwenOmni, audio_wanted
 
 __all__ = ["QWEN2_5_OMNI_WHOLE_HANDOFF", "Token2WavParams", "resolve_qwen2_5_omni"]
 
@@ -36,48 +26,12 @@ __all__ = ["QWEN2_5_OMNI_WHOLE_HANDOFF", "Token2WavParams", "resolve_qwen2_5_omn
 # (the reference's 4096 new tokens cannot fit a 4096-position talker after its prompt).
 TALKER_SAMPLING = {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "repetition_penalty": 1.05, "max_tokens": None}
 
-THINKER_STAGE = StageSpec(
-    id=THINKER, name="thinker", kind="ar", output="text", final_output=True,
-    model="qwen2_5_omni.thinker", input_processor=thinker_inputs, chunk_processor=thinker_chunks,
-)
-TALKER_STAGE = StageSpec(
-    id=TALKER, name="talker", kind="ar", output="tokens", inputs=(THINKER,), stream_input=True,
-    model="qwen2_5_omni.talker", input_processor=talker_stream_inputs, chunk_processor=talker_chunks,
-    defaults={"default_sampling_params": TALKER_SAMPLING},
-)
-TOKEN2WAV_STAGE = StageSpec(
-    id=TOKEN2WAV, name="token2wav", kind="generation", output="audio", inputs=(TALKER,), final_output=True,
-    model="qwen2_5_omni.token2wav", stream_input=True,
-)
-
-QWEN2_5_OMNI = PipelineSpec(name="qwen2_5_omni", stages=(THINKER_STAGE, TALKER_STAGE, TOKEN2WAV_STAGE))
-
-
-def whole_handoff(name: str, thinker: StageSpec, talker: StageSpec, vocoder: StageSpec,
-                  whole_inputs) -> PipelineSpec:
-    """An omni pipeline whose talker starts from the thinker's finished output (`whole_inputs`)
-    instead of following its stream: the same greedy output, later. Shared by the Qwen omni families."""
-    return PipelineSpec(name=name, stages=(
-        dataclasses.replace(thinker, chunk_processor=None),
-        dataclasses.replace(talker, stream_input=False, input_processor=whole_inputs), vocoder))
-
-
-def audio_wanted(files: ModelFiles, deploy: PipelineDeployConfig) -> bool:
-    """Whether an omni checkpoint can speak and the deploy wants it to (else the thinker runs alone)."""
-    audio_in_checkpoint = (files.config or {}).get("enable_audio_output", True)
-    return audio_in_checkpoint and (deploy.output_modalities is None or "audio" in deploy.output_modalities)
-
-
-QWEN2_5_OMNI_WHOLE_HANDOFF = whole_handoff("qwen2_5_omni_whole_handoff", THINKER_STAGE, TALKER_STAGE,
-                                           TOKEN2WAV_STAGE, talker_inputs)
-"""The talker starts once the thinker has finished (`Omni(path, pipeline=QWEN2_5_OMNI_WHOLE_HANDOFF)`):
-the same tokens and audio as the streamed hand-off under greedy decoding, later."""
-QWEN2_5_OMNI_THINKER_ONLY = PipelineSpec(
-    name="qwen2_5_omni_thinker_only",
-    stages=(StageSpec(id=THINKER, name="thinker", kind="ar", output="text", final_output=True,
-                      model="qwen2_5_omni.thinker", input_processor=thinker_only_inputs),),
-    dropped_stages=(TALKER, TOKEN2WAV),
-)
+RECIPE = QwenOmni("qwen2_5_omni", "token2wav", thinker_inputs, thinker_chunks, talker_inputs, talker_chunks,
+                  TALKER_SAMPLING)
+THINKER_STAGE, TALKER_STAGE, TOKEN2WAV_STAGE = RECIPE.stages()
+QWEN2_5_OMNI, QWEN2_5_OMNI_WHOLE_HANDOFF, QWEN2_5_OMNI_THINKER_ONLY = RECIPE.pipelines()
+# Streamed; the whole hand-off (`Omni(path, pipeline=QWEN2_5_OMNI_WHOLE_HANDOFF)`: the talker starts once the
+# thinker has finished, the same tokens and audio under greedy decoding, later); the thinker alone.
 
 
 def resolve_qwen2_5_omni(files: ModelFiles, deploy: PipelineDeployConfig) -> PipelineSpec:

@@ -9,7 +9,7 @@
   thinker's finished output exactly as `Qwen2_5OmniForConditionalGeneration.generate` does
   (the whole hand-off).
 - `thinker_chunks`: the same rows as the thinker makes them, so the talker starts after
-  the thinker's second token and follows it (`talker_stream_inputs` passes them on).
+  the thinker's second token and follows it (`qwen_omni.handoff.talker_stream_inputs` passes them on).
 - `talker_chunks`: cuts the talker's codes into chunks with context for token2wav,
   one engine request each (see `Token2WavParams` for chunk size and context).
 
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omnistage.models.qwen2_5_omni.params import Token2WavParams
+from omnistage.models.qwen_omni.handoff import omni_thinker_inputs
 
 THINKER, TALKER, TOKEN2WAV = 0, 1, 2
 DEFAULT_VOICE = "Chelsie"  # the reference generate()'s default speaker
@@ -52,35 +53,6 @@ class ChunkOptions:
 def thinker_inputs(request: Any, upstream: dict) -> dict:
     """Prompt -> thinker inputs, asking for what the talker needs (see `omni_thinker_inputs`)."""
     return omni_thinker_inputs(request, DEFAULT_VOICE)
-
-
-def omni_thinker_inputs(request: Any, default_voice: str) -> dict:
-    """Prompt -> an omni thinker's inputs, asking for what the talker needs; a request that
-    wants no audio runs no talker, so it asks for nothing more than the thinker-only variant.
-    Shared by the Qwen omni families, which differ only in their default voice."""
-    if request.output_modalities is not None and "audio" not in request.output_modalities:
-        return thinker_only_inputs(request, {})
-    inputs = _prompt_dict(request.prompt)
-    inputs["voice"] = inputs.get("voice") or default_voice
-    inputs["return_hidden_states"] = True
-    inputs["return_input_embeds"] = True
-    return inputs
-
-
-def thinker_only_inputs(request: Any, upstream: dict) -> dict:
-    """Prompt -> thinker inputs when no audio is made (a voice in the prompt is not used)."""
-    inputs = _prompt_dict(request.prompt)
-    inputs.pop("voice", None)
-    return inputs
-
-
-def _prompt_dict(prompt: Any) -> dict:
-    if isinstance(prompt, str):
-        return {"prompt": prompt}
-    if isinstance(prompt, dict):
-        return dict(prompt)
-    raise TypeError(f"omni prompts are a str or a dict ({{'messages': [...], 'voice': ...}}), "
-                    f"got {type(prompt).__name__}")
 
 
 # --- thinker -> talker -----------------------------------------------------------------------
@@ -155,11 +127,6 @@ def thinker_chunks(request: Any, payload: Any, finished: bool) -> dict | None:
     if finished:
         rows = torch.cat([rows, text_eos, text_pad])
     return {"reply_rows": rows, "final": finished}
-
-
-def talker_stream_inputs(request: Any, upstream: dict) -> dict:
-    """A streamed thinker chunk is already the talker's input (see `thinker_chunks`)."""
-    return upstream[THINKER]
 
 
 # --- talker -> token2wav -----------------------------------------------------------------------

@@ -33,11 +33,12 @@ import torch
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
-from omnistage.models.qwen2_5_omni.media import OmniMedia, prompt_options
+from omnistage.models.qwen_omni.media import OmniMedia, image_processor, prompt_options
 from omnistage.models.chat_media import chat_media
 from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE
-from omnistage.models.qwen2_5_omni.video import VideoRules, interleave_in_chunks
-from omnistage.models.qwen2_5_omni.weights import check_voice, load_speakers, load_thinker
+from omnistage.models.qwen_omni.video import VideoRules, interleave_in_chunks
+from omnistage.models.qwen2_5_omni.weights import load_speakers, load_thinker
+from omnistage.models.qwen_omni.handoff import check_voice
 
 
 
@@ -113,7 +114,7 @@ class OmniThinker(OmniMedia, ARModel):
 
         Chat messages may hold audio parts `{"type": "audio", "audio": float array, "sample_rate": int}`,
         image parts `{"type": "image", "image": PIL image or uint8 [H, W, 3] array}` and video parts
-        (see `qwen2_5_omni.video`).
+        (see `qwen_omni.video`).
         """
         inputs, voice, with_audio = prompt_options(inputs, DEFAULT_VOICE)
         if voice is not None:
@@ -208,17 +209,4 @@ class OmniThinker(OmniMedia, ARModel):
 
     def close(self) -> None:
         self.model = self.lm = None
-
-
-def image_processor(model_path: str, cls):
-    """The checkpoint's image processor, or None when its preprocessor_config.json has no image fields."""
-    import json
-    from pathlib import Path
-
-    from transformers.utils import cached_file
-
-    path = cached_file(model_path, "preprocessor_config.json", _raise_exceptions_for_missing_entries=False)
-    if path is None or "image_processor_type" not in json.loads(Path(path).read_text()):
-        return None  # image input is refused at admission
-    return cls.from_pretrained(model_path)
 

@@ -38,7 +38,8 @@ from omnistage.models.qwen2_5_omni.dit_velocity import GUIDANCE_OFF, DiTVelocity
 from omnistage.models.qwen2_5_omni.params import Token2WavParams
 from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE, ChunkOptions
 from omnistage.models.qwen2_5_omni.vocoder import BigVGANPass
-from omnistage.models.qwen2_5_omni.weights import check_voice, load_speakers, load_token2wav
+from omnistage.models.qwen2_5_omni.weights import load_speakers, load_token2wav
+from omnistage.models.qwen_omni.handoff import check_voice
 
 SAMPLE_RATE = 24000  # a fact of the released model that its config does not store
 

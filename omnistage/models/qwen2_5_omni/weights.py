@@ -62,7 +62,3 @@ def load_speakers(model_path: str) -> dict[str, dict[str, Any]]:
     path = cached_file(model_path, SPEAKER_FILE)
     return torch.load(path, weights_only=True, map_location="cpu")
 
-
-def check_voice(speakers: dict[str, Any], voice: str) -> None:
-    if voice not in speakers:
-        raise ValueError(f"unknown voice {voice!r}; this checkpoint has {sorted(speakers)}")

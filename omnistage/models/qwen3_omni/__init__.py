@@ -12,57 +12,28 @@ thinker-only variant serves checkpoints with `enable_audio_output: false` and de
 whose `output_modalities` leave out audio. The voice is `prompt["voice"]` (a name of the
 talker config's `speaker_id`, any case, default "Ethan"); chunking is `Code2WavParams`.
 
-Video parts are read on the PIL/numpy path of `qwen2_5_omni.video` (transformers 5's video
-processors are torchvision-only); `use_audio_in_video` takes text output only (see the thinker).
+The recipe's shared pieces are `models.qwen_omni`'s; video parts are read on its PIL/numpy path
+(`qwen_omni.video`: transformers 5's video processors are torchvision-only); `use_audio_in_video`
+takes text output only (see the thinker).
 """
 
 from omnistage.ar.model import register_ar_model
-from omnistage.config import ModelFiles, PipelineDeployConfig, PipelineSpec, StageSpec, register_pipeline
+from omnistage.config import ModelFiles, PipelineDeployConfig, PipelineSpec, register_pipeline
 from omnistage.generation.decoder import register_decoder
-from omnistage.models.qwen2_5_omni import audio_wanted, whole_handoff
 from omnistage.models.qwen3_omni.params import Code2WavParams
-from omnistage.models.qwen3_omni.processors import (
-    CODE2WAV,
-    TALKER,
-    THINKER,
-    talker_chunks,
-    talker_inputs,
-    talker_stream_inputs,
-    thinker_chunks,
-    thinker_inputs,
-    thinker_only_inputs,
-)
+from omnistage.models.qwen3_omni.processors import talker_chunks, talker_inputs, thinker_chunks, thinker_inputs
+from omnistage.models.qwen_omni.recipe import QwenOmni, audio_wanted
 
 __all__ = ["QWEN3_OMNI_WHOLE_HANDOFF", "Code2WavParams", "resolve_qwen3_omni"]
 
 # The reference generate()'s talker sampling defaults; max_tokens None = up to max_model_len.
 TALKER_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05, "max_tokens": None}
 
-THINKER_STAGE = StageSpec(
-    id=THINKER, name="thinker", kind="ar", output="text", final_output=True,
-    model="qwen3_omni.thinker", input_processor=thinker_inputs, chunk_processor=thinker_chunks,
-)
-TALKER_STAGE = StageSpec(
-    id=TALKER, name="talker", kind="ar", output="tokens", inputs=(THINKER,), stream_input=True,
-    model="qwen3_omni.talker", input_processor=talker_stream_inputs, chunk_processor=talker_chunks,
-    defaults={"default_sampling_params": TALKER_SAMPLING},
-)
-CODE2WAV_STAGE = StageSpec(
-    id=CODE2WAV, name="code2wav", kind="generation", output="audio", inputs=(TALKER,), final_output=True,
-    model="qwen3_omni.code2wav", stream_input=True,
-)
-
-QWEN3_OMNI = PipelineSpec(name="qwen3_omni", stages=(THINKER_STAGE, TALKER_STAGE, CODE2WAV_STAGE))
-QWEN3_OMNI_WHOLE_HANDOFF = whole_handoff("qwen3_omni_whole_handoff", THINKER_STAGE, TALKER_STAGE, CODE2WAV_STAGE,
-                                         talker_inputs)
-"""The talker starts once the thinker has finished (`Omni(path, pipeline=QWEN3_OMNI_WHOLE_HANDOFF)`):
-the same tokens and audio as the streamed hand-off under greedy decoding, later."""
-QWEN3_OMNI_THINKER_ONLY = PipelineSpec(
-    name="qwen3_omni_thinker_only",
-    stages=(StageSpec(id=THINKER, name="thinker", kind="ar", output="text", final_output=True,
-                      model="qwen3_omni.thinker", input_processor=thinker_only_inputs),),
-    dropped_stages=(TALKER, CODE2WAV),
-)
+RECIPE = QwenOmni("qwen3_omni", "code2wav", thinker_inputs, thinker_chunks, talker_inputs, talker_chunks, TALKER_SAMPLING)
+THINKER_STAGE, TALKER_STAGE, CODE2WAV_STAGE = RECIPE.stages()
+QWEN3_OMNI, QWEN3_OMNI_WHOLE_HANDOFF, QWEN3_OMNI_THINKER_ONLY = RECIPE.pipelines()
+# Streamed; the whole hand-off (`Omni(path, pipeline=QWEN3_OMNI_WHOLE_HANDOFF)`: the talker starts once the
+# thinker has finished, the same tokens and audio under greedy decoding, later); the thinker alone.
 
 
 def resolve_qwen3_omni(files: ModelFiles, deploy: PipelineDeployConfig) -> PipelineSpec:

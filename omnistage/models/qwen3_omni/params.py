@@ -14,34 +14,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-@dataclass(frozen=True)
-class Code2WavParams:
-    """How the talker's frames are cut into code2wav chunks (12.5 frames/s).
+from omnistage.models.talker_codec.chunks import FrameChunkParams
 
-    The first chunk is small so the first audio leaves early; later chunks are larger, so
-    code2wav runs fewer, fuller passes. Code2wav is causal (causal convolutions,
-    sliding-window causal attention) and carries its state from chunk to chunk, so a
-    chunk costs its own frames and the streamed waveform equals the one-shot decode,
-    whatever the chunking. `chunk_frames=0` decodes the whole utterance in one pass once
-    the talker has finished (the reference `generate`, for utterances up to 300 frames).
+
+@dataclass(frozen=True)
+class Code2WavParams(FrameChunkParams):
+    """How the talker's frames are cut into code2wav chunks (12.5 frames/s): `FrameChunkParams`
+    with Qwen3-Omni's defaults.
+
+    Code2wav is causal (causal convolutions, sliding-window causal attention) and carries its
+    state from chunk to chunk, so a chunk costs its own frames and the streamed waveform equals
+    the one-shot decode, whatever the chunking. `chunk_frames=0` decodes the whole utterance in
+    one pass once the talker has finished (the reference `generate`, for utterances up to 300
+    frames).
     """
 
     first_chunk_frames: int = 5
     """Frames in the first chunk (>= 1; 0.4 s)."""
     chunk_frames: int = 25
     """Frames in each later chunk (>= 1, 2 s), or 0 for one pass over the whole utterance."""
-
-    def __post_init__(self) -> None:
-        problems = []
-        for name, low in (("first_chunk_frames", 1), ("chunk_frames", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                problems.append(f"{name} must be an integer >= {low}, got {value!r}")
-        if problems:
-            raise ValueError("invalid Code2WavParams: " + "; ".join(problems))
-
-    def boundary(self, num_frames: int) -> int:
-        """The last chunk boundary at or below `num_frames`."""
-        if self.chunk_frames == 0 or num_frames < self.first_chunk_frames:
-            return 0
-        return self.first_chunk_frames + (num_frames - self.first_chunk_frames) // self.chunk_frames * self.chunk_frames

@@ -9,9 +9,9 @@
   (the projections into the talker's width need the talker's weights, so they run there):
   the whole hand-off.
 - `thinker_chunks`: the same rows as the thinker makes them, so the talker starts after the
-  thinker's second token and follows it (`talker_stream_inputs` passes them on).
+  thinker's second token and follows it (`qwen_omni.handoff.talker_stream_inputs` passes them on).
 - `talker_chunks`: the talker's frames so far -> the next part of the code2wav stream
-  (sized by `Code2WavParams`).
+  (`models.talker_codec`'s `FrameChunks`, sized by `Code2WavParams`).
 
 Stateless: each call reads only its arguments. Torch-free at import.
 """
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-# The thinker's inputs are built as for Qwen2.5-Omni; thinker_only_inputs is the same function.
-from omnistage.models.qwen2_5_omni.processors import omni_thinker_inputs, thinker_only_inputs  # noqa: F401
 from omnistage.models.qwen3_omni.params import Code2WavParams
+from omnistage.models.qwen_omni.handoff import omni_thinker_inputs
+from omnistage.models.talker_codec import FrameChunks
 
 THINKER, TALKER, CODE2WAV = 0, 1, 2
 DEFAULT_VOICE = "Ethan"  # the reference generate()'s default speaker
@@ -32,7 +32,7 @@ DEFAULT_VOICE = "Ethan"  # the reference generate()'s default speaker
 
 
 def thinker_inputs(request: Any, upstream: dict) -> dict:
-    """Prompt -> thinker inputs, asking for what the talker needs (as Qwen2.5-Omni's)."""
+    """Prompt -> thinker inputs, asking for what the talker needs (`qwen_omni.handoff`)."""
     return omni_thinker_inputs(request, DEFAULT_VOICE)
 
 
@@ -74,11 +74,6 @@ def thinker_chunks(request: Any, payload: Any, finished: bool) -> dict | None:
     return {"reply_rows": embeds, "final": finished}
 
 
-def talker_stream_inputs(request: Any, upstream: dict) -> dict:
-    """A streamed thinker chunk is already the talker's input (see `thinker_chunks`)."""
-    return upstream[THINKER]
-
-
 def _prompt_ids(out: Any) -> Any:
     if "tts_embeds" not in out.extras:
         raise ValueError("the thinker output has no hidden states / input embeddings for the talker")
@@ -98,32 +93,5 @@ def _talker_prompt(out: Any, hidden: Any, embeds: Any, token_ids: Any) -> dict:
 
 # --- talker -> code2wav -----------------------------------------------------------------------
 
-
-def talker_chunks(request: Any, payload: Any, finished: bool) -> dict | None:
-    """The talker's frames so far -> the next part of request's code2wav stream (`frame_chunks`)."""
-    return frame_chunks(request, payload, finished, CODE2WAV)
-
-
-def frame_chunks(request: Any, payload: Any, finished: bool, codec_stage: int) -> dict | None:
-    """The talker's frames so far -> the next part of request's code2wav stream, or None.
-
-    Chunk boundaries are at `first_chunk_frames`, then every `chunk_frames` frames; a chunk
-    goes as soon as the frame count passes a boundary, and when the talker finishes, what is
-    left goes in a last part (possibly empty: it closes the stream). Which frames were sent
-    follows from the previous frame count (this one minus the step's new frames).
-    """
-    codes = payload.extras.get("audio_codes") if payload is not None else None
-    if codes is None:
-        return None  # an aborted or failed talker: the orchestrator drops the code2wav stream
-    params = request.params.get(codec_stage) or Code2WavParams()
-    if not isinstance(params, Code2WavParams):
-        raise TypeError(f"code2wav params must be Code2WavParams, got {type(params).__name__}")
-    num_frames = codes.shape[0]
-    sent = params.boundary(num_frames - payload.extras.get("num_new_frames", 0))
-    end = num_frames if finished else params.boundary(num_frames)
-    if end <= sent and not finished:
-        return None
-    part = {"codes": codes[sent:end].clone(), "stream_id": request.request_id, "is_last": finished}
-    if payload.extras.get("context_codes") is not None:  # Qwen3-TTS: a cloned voice's reference codes
-        part["options"] = {"context_codes": payload.extras["context_codes"]}
-    return part
+talker_chunks = FrameChunks(CODE2WAV, Code2WavParams())
+"""The talker's frames so far -> the next part of the request's code2wav stream."""

@@ -38,18 +38,18 @@ sees only generated codes, as the reference's (it generates from `inputs_embeds`
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
-from omnistage.ar.sampler import Sampler
-from omnistage.ar.sampling_params import SamplingParams
 from omnistage.models.qwen3_omni.code2wav import SAMPLE_RATE
-from omnistage.models.qwen3_omni.weights import check_voice, load_talker, speaker_ids
+from omnistage.models.qwen3_omni.weights import load_talker, speaker_ids
+from omnistage.models.qwen_omni.handoff import check_voice
+from omnistage.models.talker_codec.frames import FrameBuffer, frame_extras
+from omnistage.models.talker_codec.side_sampling import SideSampler
 
 _INPUT_KEYS = ("thinker_hidden", "thinker_embeds", "token_ids", "num_prompt", "audio_seqlens", "image_grid_thw",
                "video_grid_thw", "video_second_per_grid", "tts_embeds", "voice")
@@ -65,18 +65,6 @@ class TalkerOutput(ModelOutput):
 
 
 @dataclass
-class _PredictorRow:
-    """What the sampler reads of a sequence for code-predictor tokens: the request's temperature and
-    seed with the reference's top-k/p, without the talker-only rules (repetition penalty, min_tokens)."""
-
-    request_id: str
-    params: SamplingParams
-    all_token_ids: list[int] = field(default_factory=list)
-    needs_min_tokens_mask: bool = False
-    stop_ids: frozenset = frozenset()
-
-
-@dataclass
 class TalkerState:
     prompt_embeds: torch.Tensor | None
     """[P, H] prefill embeddings; dropped after prefill."""
@@ -87,27 +75,17 @@ class TalkerState:
     mrope_positions: torch.Tensor
     """[3, P]"""
     rope_delta: int
-    frames: torch.Tensor
-    """[capacity, G] CPU long: the generated frames, `num_frames` of them valid."""
-    num_frames: int = 0
+    frames: FrameBuffer
+    """The generated frames ([G] CPU long each)."""
     num_decoded: int = 0
     next_embed: torch.Tensor | None = None
     """[H]: the last frame's summed embeddings (the next decode step's codec input)."""
-    predictor_row: _PredictorRow | None = None
     tts_eos: torch.Tensor | None = None
     """[H]: ends the reply rows once a streaming thinker has sent them all."""
     bos_codec: torch.Tensor | None = None
     """[H]: the codec part of the prompt's last row, waiting for reply row 3 (streamed start only)."""
     input_complete: bool = True
     """False while a streaming thinker has more rows to send."""
-
-    def add_frame(self, frame: torch.Tensor) -> None:
-        if self.num_frames == self.frames.shape[0]:
-            grown = self.frames.new_zeros(2 * self.frames.shape[0], self.frames.shape[1])
-            grown[:self.num_frames] = self.frames
-            self.frames = grown  # earlier outputs keep views of the old buffer, whose rows are final
-        self.frames[self.num_frames] = frame
-        self.num_frames += 1
 
 
 class Qwen3OmniTalker(ARModel):
@@ -139,7 +117,7 @@ class Qwen3OmniTalker(ARModel):
         self.user, self.tts_pad_id = omni_config.user_token_id, omni_config.tts_pad_token_id
         thinker = omni_config.thinker_config
         self.media_ids = (thinker.audio_token_id, thinker.image_token_id, thinker.video_token_id)
-        self.predictor_sampler = Sampler(device)
+        self.predictor_sampler = SideSampler(device, top_k=self.predictor_top_k, top_p=self.predictor_top_p)
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> Qwen3OmniTalker:
@@ -164,7 +142,7 @@ class Qwen3OmniTalker(ARModel):
             got = keys if keys is not None else type(inputs).__name__
             raise ValueError(f"talker inputs must be a dict with keys {list(_INPUT_KEYS)} (and optionally "
                              f"'streamed'), built by the thinker -> talker processor; got {got}")
-        check_voice(self.speakers, inputs["voice"])
+        check_voice(self.speakers, inputs["voice"], any_case=True)
         dtype = self.embed.weight.dtype
         hidden = inputs["thinker_hidden"].to(self.device, dtype)
         embeds = inputs["thinker_embeds"].to(self.device, dtype)
@@ -218,8 +196,7 @@ class Qwen3OmniTalker(ARModel):
             mrope, delta = pos[:, 0], int(delta.item())
         else:
             mrope, delta = torch.arange(talker_ids.shape[0], device=self.device).expand(3, -1), 0
-        frames = torch.zeros(64, self.num_code_groups, dtype=torch.long)
-        state = TalkerState(prompt_embeds, trailing, tts_pad, mrope, delta, frames)
+        state = TalkerState(prompt_embeds, trailing, tts_pad, mrope, delta, FrameBuffer((self.num_code_groups,)))
         if streamed:
             state.trailing, state.tts_eos, state.bos_codec = trailing[:0], tts_eos, codec_part[-1]
             state.input_complete = False
@@ -300,10 +277,10 @@ class Qwen3OmniTalker(ARModel):
             new = 0
             if frames is not None and i in speaking:
                 k = speaking.index(i)
-                st.add_frame(frames_cpu[k])
+                st.frames.add(frames_cpu[k])
                 st.next_embed = embeds[k]
                 new = 1
-            extras.append({"audio_codes": st.frames[:st.num_frames], "num_new_frames": new})
+            extras.append(frame_extras(st.frames, new))
         return extras
 
     def _predict(self, hidden: torch.Tensor, first: torch.Tensor, seqs: list) -> tuple[torch.Tensor, torch.Tensor]:
@@ -313,7 +290,7 @@ class Qwen3OmniTalker(ARModel):
 
         predictor = self.predictor
         tables = predictor.get_input_embeddings()
-        rows = [self._predictor_row(seq) for seq in seqs]
+        rows = [self.predictor_sampler.row(seq) for seq in seqs]
         cache = DynamicCache(config=predictor.config)
         first_embed = self.embed(first)
         x = torch.stack([hidden, first_embed], dim=1)  # [B, 2, H]
@@ -328,16 +305,8 @@ class Qwen3OmniTalker(ARModel):
         # Summed as the reference does (one reduction over the stacked codebooks: the same floats).
         return torch.stack(codes, dim=1), torch.cat(parts, dim=1).sum(1)
 
-    def _predictor_row(self, seq) -> _PredictorRow:
-        st: TalkerState = seq.model_state
-        if st.predictor_row is None:
-            params = dataclasses.replace(seq.params, top_k=self.predictor_top_k, top_p=self.predictor_top_p,
-                                         repetition_penalty=1.0, min_tokens=0, stop_token_ids=[])
-            st.predictor_row = _PredictorRow(seq.request_id, params)
-        return st.predictor_row
-
     def release(self, seq) -> None:
-        self.predictor_sampler.release(seq.request_id)
+        self.predictor_sampler.release(seq)
 
     def close(self) -> None:
         self.model = self.embed = self.predictor = None

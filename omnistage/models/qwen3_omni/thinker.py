@@ -13,7 +13,7 @@ Per request (`ThinkerState`), prepared once at admission:
   checkpoint's image processor on its PIL/numpy path (`Qwen2VLImageProcessorPil`, no
   torchvision), one token per merged patch; the encoder's deepstack features are added to
   the outputs of the first decoder layers at those positions (`deepstack_visual_embeds`);
-- videos: frames sampled and patched on the PIL/numpy path (`qwen2_5_omni.video`), encoded
+- videos: frames sampled and patched on the PIL/numpy path (`qwen_omni.video`), encoded
   like images (deepstack included); with `use_audio_in_video` their frame tokens and their
   own audio's are merged by time, as `Qwen3OmniMoeProcessor` lays them out;
 - M-RoPE positions `[3, L]` and the decode offset (`rope_delta`) from the model's own
@@ -37,13 +37,12 @@ import torch
 
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
-# The Qwen2.5-Omni helpers for chat media and the image processor: the same checkpoint layout.
-from omnistage.models.qwen2_5_omni.media import MediaPrompt, OmniMedia, joint_deepstack, prompt_options
+from omnistage.models.qwen_omni.media import MediaPrompt, OmniMedia, image_processor, joint_deepstack, prompt_options
 from omnistage.models.chat_media import chat_media
-from omnistage.models.qwen2_5_omni.thinker import image_processor
-from omnistage.models.qwen2_5_omni.video import VideoRules, interleave_by_time
+from omnistage.models.qwen_omni.video import VideoRules, interleave_by_time
 from omnistage.models.qwen3_omni.processors import DEFAULT_VOICE
-from omnistage.models.qwen3_omni.weights import check_voice, load_thinker, speaker_ids
+from omnistage.models.qwen3_omni.weights import load_thinker, speaker_ids
+from omnistage.models.qwen_omni.handoff import check_voice
 
 
 
@@ -122,7 +121,7 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
         and `use_audio_in_video`; chat media parts as Qwen2.5-Omni's (`models.chat_media`)."""
         inputs, voice, with_audio = prompt_options(inputs, DEFAULT_VOICE)
         if voice is not None:
-            check_voice(self.speakers, voice)
+            check_voice(self.speakers, voice, any_case=True)
             if with_audio:
                 # NOTE: the reference talker cannot place a video's own audio: its get_rope_index reads
                 # `talker_config.audio_config`, which the config does not have (transformers 5.24), so

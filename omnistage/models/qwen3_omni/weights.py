@@ -64,7 +64,3 @@ def speaker_ids(talker_config) -> dict[str, int]:
     """{voice name (lower case): codec id} from the checkpoint's talker config."""
     return {name.lower(): int(codec_id) for name, codec_id in (talker_config.speaker_id or {}).items()}
 
-
-def check_voice(speakers: dict[str, int], voice: str) -> None:
-    if voice.lower() not in speakers:
-        raise ValueError(f"unknown voice {voice!r}; this checkpoint has {sorted(speakers)}")

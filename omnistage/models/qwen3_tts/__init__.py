@@ -5,6 +5,8 @@
     stage 1 "codec"  (generation)  frames -> 24 kHz audio: the speech tokenizer's decoder,
                                    streamed in chunks (codec.py, sized by `Code2WavParams`)
 
+The recipe is `models.talker_codec`'s, with Qwen3-Omni's talker loop and code2wav stream.
+
 Both stages load the one checkpoint folder (the codec from its `speech_tokenizer/`). The
 networks are transformers classes (modeling.py): no Qwen3-TTS code is needed at run time.
 What a request may say, per checkpoint task (CustomVoice / VoiceDesign / Base voice
@@ -12,11 +14,11 @@ cloning): prompt.py; cloning's speaker embedding and reference codes: cloning.py
 """
 
 from omnistage.ar.model import register_ar_model
-from omnistage.config import ModelFiles, PipelineDeployConfig, PipelineSpec, StageSpec, register_pipeline
+from omnistage.config import ModelFiles, PipelineDeployConfig, PipelineSpec, register_pipeline
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.generation.decoder import register_decoder
 from omnistage.models.qwen3_omni.params import Code2WavParams
-from omnistage.models.qwen3_tts.processors import CODEC, TALKER, talker_chunks
+from omnistage.models.talker_codec import TalkerCodec
 
 __all__ = ["Code2WavParams", "resolve_qwen3_tts"]
 
@@ -26,12 +28,9 @@ __all__ = ["Code2WavParams", "resolve_qwen3_tts"]
 TALKER_SAMPLING = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05, "min_tokens": 2,
                    "max_tokens": 750}
 
-STAGES = (
-    StageSpec(id=TALKER, name="talker", kind="ar", output="tokens", model="qwen3_tts.talker",
-              chunk_processor=talker_chunks, defaults={"default_sampling_params": TALKER_SAMPLING}),
-    StageSpec(id=CODEC, name="codec", kind="generation", output="audio", inputs=(TALKER,), final_output=True,
-              model="qwen3_tts.codec", stream_input=True),
-)
+TALKER_CODEC = TalkerCodec(talker="qwen3_tts.talker", codec="qwen3_tts.codec", sampling=TALKER_SAMPLING,
+                           chunking=Code2WavParams())
+STAGES = TALKER_CODEC.stages()
 
 
 def resolve_qwen3_tts(files: ModelFiles, deploy: PipelineDeployConfig) -> PipelineSpec:

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from omnistage.core.errors import RequestError
-from omnistage.models.reference_clip import reference_clip
+from omnistage.models.talker_codec.reference_clip import reference_clip
+from omnistage.models.talker_codec.request import speech_request, text_to_speak
 
 PROMPT_KEYS = ("prompt", "voice", "instructions", "language", "task_type", "non_streaming_mode", "ref_audio",
                "ref_sample_rate", "ref_text")
@@ -64,17 +65,8 @@ def speakers(config: Mapping[str, Any]) -> list[str]:
 
 
 def parse_prompt(inputs: Any, config: Mapping[str, Any]) -> TtsPrompt:
-    if isinstance(inputs, str):
-        inputs = {"prompt": inputs}
-    if not isinstance(inputs, Mapping):
-        raise RequestError("prompt", f"prompt: Qwen3-TTS takes a str or a dict with keys {list(PROMPT_KEYS)}, "
-                           f"got {type(inputs).__name__}")
-    unknown = sorted(set(inputs) - set(PROMPT_KEYS))
-    if unknown:
-        raise RequestError(unknown[0], f"{unknown[0]}: unknown Qwen3-TTS prompt key; expected {list(PROMPT_KEYS)}")
-    text = inputs.get("prompt")
-    if not isinstance(text, str) or not text.strip():
-        raise RequestError("prompt", "prompt: the text to speak must be a non-empty string")
+    inputs = speech_request(inputs, "Qwen3-TTS", PROMPT_KEYS)
+    text = text_to_speak(inputs)
     task = task_type(config)
     asked = inputs.get("task_type")
     if asked is not None and asked != task:

@@ -31,11 +31,12 @@ import torch
 
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import PromptInputs
-from omnistage.ar.sampler import Sampler
 from omnistage.core.errors import RequestError
 from omnistage.models.qwen3_omni.talker import NUM_SUPPRESSED, Qwen3OmniTalker, TalkerState
 from omnistage.models.qwen3_tts.modeling import load_talker, read_config
 from omnistage.models.qwen3_tts.prompt import parse_prompt
+from omnistage.models.talker_codec.frames import FrameBuffer
+from omnistage.models.talker_codec.side_sampling import SideSampler
 
 
 @dataclass
@@ -70,7 +71,7 @@ class Qwen3TTSTalker(Qwen3OmniTalker):
         self.suppressed = [i for i in range(max(0, vocab - NUM_SUPPRESSED), vocab) if i != self.codec_eos]
         self.speaker_ids = {name.lower(): int(i) for name, i in (talker.get("spk_id") or {}).items()}
         self.tts_ids = [config["tts_bos_token_id"], config["tts_eos_token_id"], config["tts_pad_token_id"]]
-        self.predictor_sampler = Sampler(device)
+        self.predictor_sampler = SideSampler(device, top_k=self.predictor_top_k, top_p=self.predictor_top_p)
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> Qwen3TTSTalker:
@@ -129,8 +130,7 @@ class Qwen3TTSTalker(Qwen3OmniTalker):
         prompt_embeds = torch.cat(parts)
         length = prompt_embeds.shape[0]
         positions = torch.arange(length, device=self.device).expand(3, -1)
-        frames = torch.zeros(64, self.num_code_groups, dtype=torch.long)
-        state = TtsTalkerState(prompt_embeds, trailing, tts_pad, positions, 0, frames,
+        state = TtsTalkerState(prompt_embeds, trailing, tts_pad, positions, 0, FrameBuffer((self.num_code_groups,)),
                                context_codes=None if context is None else context.cpu())
         return PromptInputs([self.codec_pad] * length, state)
 

@@ -6,40 +6,30 @@
     stage 1 "vae"    (generation)  patches -> 48 kHz audio: the causal audio VAE's decoder,
                                    streamed with left context only (codec.py)
 
-The talker streams its patches to the VAE in chunks (Qwen3-Omni's `frame_chunks`, sized by
-`Code2WavParams` as the request's "vae" params). Both stages load the checkpoint folder the
+The recipe is `models.talker_codec`'s: the talker streams its patches to the VAE in chunks
+(sized by `FrameChunkParams` as the request's "vae" params). Both stages load the checkpoint folder the
 authors' `VoxCPM2Model.from_local` loads (config.json with "architecture": "voxcpm2").
 Prompts, designed and cloned voices: prompt.py.
 """
 
 from omnistage.ar.model import register_ar_model
-from omnistage.config import PipelineSpec, StageSpec, register_pipeline
+from omnistage.config import PipelineSpec, register_pipeline
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.generation.decoder import register_decoder
-from omnistage.models.qwen3_omni.processors import frame_chunks
+from omnistage.models.talker_codec import TalkerCodec
 
 __all__ = ["VOXCPM2"]
-
-TALKER, VAE = 0, 1
 
 # A bare request speaks at most 1500 patches (60 s at 25 patches/s for the released model);
 # the authors' cap of 6 patches per text token + 10 usually ends it first. The engine's
 # sampling of the stop head's two logits is not used (the authors take the argmax).
 TALKER_SAMPLING = {"temperature": 0.0, "max_tokens": 1500}
 
-
-def talker_chunks(request, payload, finished: bool) -> dict | None:
-    return frame_chunks(request, payload, finished, VAE)
-
+TALKER_CODEC = TalkerCodec(talker="voxcpm2.talker", codec="voxcpm2.vae", sampling=TALKER_SAMPLING, codec_name="vae")
 
 VOXCPM2 = PipelineSpec(
     name="voxcpm2",
-    stages=(
-        StageSpec(id=TALKER, name="talker", kind="ar", output="tokens", model="voxcpm2.talker",
-                  chunk_processor=talker_chunks, defaults={"default_sampling_params": TALKER_SAMPLING}),
-        StageSpec(id=VAE, name="vae", kind="generation", output="audio", inputs=(TALKER,), final_output=True,
-                  model="voxcpm2.vae", stream_input=True),
-    ),
+    stages=TALKER_CODEC.stages(),
     request_extras={
         "instructions": ExtraSpec(str, help="Voice design: the voice and style described in words."),
         "ref_audio": ExtraSpec(object, help="Voice cloning: a mono float clip (with ref_sample_rate; with its "

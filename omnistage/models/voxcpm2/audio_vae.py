@@ -2,8 +2,9 @@
 (16 kHz audio -> latents) and decoder (latents -> 48 kHz audio, conditioned on the output rate).
 
 Every convolution is causal (left-padded; a transposed one trimmed on the right), so an output
-sample depends only on latents at or before it: `left_context` latent steps of history make a
-window's decode equal the one-shot decode, which is how the codec stage streams (codec.py).
+sample depends only on latents at or before it: its receptive field of history
+(`talker_codec.window.receptive_frames`) makes a window's decode equal the one-shot decode,
+which is how the codec stage streams (codec.py).
 
 The checkpoint stores weight-normed convolutions (`weight_g`, `weight_v`); they are folded into
 plain weights at load (`fold_weight_norm`), as inference never changes them.
@@ -184,18 +185,6 @@ class RateCondition(nn.Module):
 
     def forward(self, x: torch.Tensor, bucket: torch.Tensor) -> torch.Tensor:
         return x * self.scale_embed(bucket)[..., None] + self.bias_embed(bucket)[..., None]
-
-
-def left_context(decoder: Decoder) -> int:
-    """Latent steps of history that reach a decoded sample (the causal receptive field, rounded up)."""
-    reach, rate = 0.0, 1
-    for module in decoder.modules():
-        if isinstance(module, nn.ConvTranspose1d):
-            reach += math.ceil(module.kernel_size[0] / module.stride[0]) / rate
-            rate *= module.stride[0]
-        elif isinstance(module, nn.Conv1d):
-            reach += (module.kernel_size[0] - 1) * module.dilation[0] / rate
-    return math.ceil(reach)
 
 
 def fold_weight_norm(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -11,7 +11,6 @@ cut, as the authors decode them before the generated patches and cut their share
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +18,8 @@ import numpy as np
 import torch
 
 from omnistage.generation.decoder import Decoder
-from omnistage.models.voxcpm2.audio_vae import AudioVAEConfig, left_context, load_vae_part
-
-
-@dataclass
-class _Stream:
-    history: torch.Tensor | None = None
-    """[D, <= context] the last latent steps decoded (left context), on the device."""
+from omnistage.models.talker_codec.window import ContextWindow, receptive_frames
+from omnistage.models.voxcpm2.audio_vae import AudioVAEConfig, load_vae_part
 
 
 class VoxCPM2Codec(Decoder):
@@ -37,7 +31,7 @@ class VoxCPM2Codec(Decoder):
         self.sample_rate = config.out_sample_rate
         self.hop_length = config.decode_hop_length
         self.latent_dim, self.patch_size = config.latent_dim, patch_size
-        self.context = left_context(model)
+        self.context = receptive_frames(model, causal=True)
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype, max_streams: int) -> VoxCPM2Codec:
@@ -61,8 +55,8 @@ class VoxCPM2Codec(Decoder):
             raise ValueError("VoxCPM2 latents must be finite")
         return t.to(self.device, torch.float32)
 
-    def open_stream(self, options: dict | None = None) -> _Stream:
-        stream = _Stream()
+    def open_stream(self, options: dict | None = None) -> ContextWindow:
+        stream = ContextWindow()
         context = (options or {}).get("context_codes")
         if context is not None and len(context):
             stream.history = self._steps(self.parse(context))
@@ -73,18 +67,10 @@ class VoxCPM2Codec(Decoder):
         return patches.permute(2, 0, 1).reshape(self.latent_dim, -1)
 
     @torch.inference_mode()
-    def decode(self, codes: list[torch.Tensor], states: list[_Stream]) -> list[np.ndarray]:
-        # Rows differ in window length: one pass per row.
-        return [self._voice(st, self._steps(patches)) for patches, st in zip(codes, states)]
-
-    def _voice(self, st: _Stream, new: torch.Tensor) -> np.ndarray:
-        if not new.shape[1]:
-            return np.zeros(0, dtype=np.float32)
-        left = 0 if st.history is None else st.history.shape[1]
-        window = new if st.history is None else torch.cat([st.history, new], dim=1)
-        wav = self.model(window[None])[0, 0, left * self.hop_length:]
-        st.history = window[:, -self.context:]
-        return wav.float().cpu().numpy()
+    def decode(self, codes: list[torch.Tensor], states: list[ContextWindow]) -> list[np.ndarray]:
+        # Rows differ in window length: one pass per row; causal: nothing held back.
+        return [st.voice(self.model, self._steps(patches), context=self.context, keep=0, hop_length=self.hop_length)
+                for patches, st in zip(codes, states)]
 
     def close(self) -> None:
         self.model = None

@@ -20,14 +20,14 @@ Every problem is a RequestError naming the key (HTTP 400). Torch-free.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from omnistage.core.errors import RequestError
-from omnistage.models.reference_clip import reference_clip
+from omnistage.models.talker_codec.reference_clip import reference_clip
+from omnistage.models.talker_codec.request import speech_request, text_to_speak
 
 PROMPT_KEYS = ("prompt", "instructions", "voice", "ref_audio", "ref_sample_rate", "ref_text")
 
@@ -49,17 +49,8 @@ class VoxPrompt:
 
 
 def parse_prompt(inputs: Any) -> VoxPrompt:
-    if isinstance(inputs, str):
-        inputs = {"prompt": inputs}
-    if not isinstance(inputs, Mapping):
-        raise RequestError("prompt", f"prompt: VoxCPM2 takes a str or a dict with keys {list(PROMPT_KEYS)}, "
-                           f"got {type(inputs).__name__}")
-    unknown = sorted(set(inputs) - set(PROMPT_KEYS))
-    if unknown:
-        raise RequestError(unknown[0], f"{unknown[0]}: unknown VoxCPM2 prompt key; expected {list(PROMPT_KEYS)}")
-    text = inputs.get("prompt")
-    if not isinstance(text, str) or not text.strip():
-        raise RequestError("prompt", "prompt: the text to speak must be a non-empty string")
+    inputs = speech_request(inputs, "VoxCPM2", PROMPT_KEYS)
+    text = text_to_speak(inputs)
     control = inputs.get("instructions")
     if control is not None and (not isinstance(control, str) or not control.strip()):
         raise RequestError("instructions", "instructions: the voice description must be a non-empty string")

@@ -40,6 +40,7 @@ from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, s
 from omnistage.media.audio import resample
 from omnistage.models.voxcpm2.audio_vae import AudioVAEConfig, load_vae_part
 from omnistage.models.voxcpm2.modeling import VoxCPM2
+from omnistage.models.talker_codec.frames import FrameBuffer, frame_extras
 from omnistage.models.voxcpm2.prompt import VoxPrompt, parse_prompt
 
 AUDIO_START, REF_START, REF_END = 101, 103, 104
@@ -75,18 +76,8 @@ class TalkerState:
     """[<= 3, P, D] continuation: the prompt patches the VAE decodes first."""
     generator: torch.Generator | None = None
     next_embed: torch.Tensor | None = None
-    frames: torch.Tensor | None = None
-    """[capacity, P, D] CPU float: the generated patches, `num_patches` of them valid."""
-    num_patches: int = 0
-
-    def add_patch(self, patch: torch.Tensor) -> None:
-        if self.frames is None or self.num_patches == self.frames.shape[0]:
-            grown = patch.new_zeros(max(64, 2 * self.num_patches), *patch.shape)
-            if self.num_patches:
-                grown[:self.num_patches] = self.frames[:self.num_patches]
-            self.frames = grown  # earlier outputs keep views of the old buffer, whose rows are final
-        self.frames[self.num_patches] = patch
-        self.num_patches += 1
+    patches: FrameBuffer | None = None
+    """The generated patches ([P, D] CPU float each)."""
 
 
 class VoxCPM2Talker(ARModel):
@@ -164,7 +155,8 @@ class VoxCPM2Talker(ARModel):
         feats_t = torch.cat(feats)
         max_patches = int(len(self.tokenize(prompt.text)) * 6.0 + 10)  # the authors' retry_badcase_ratio_threshold
         state = TalkerState(feats_t, torch.tensor(mask), feats_t[-1].clone(), max_patches,
-                            context=None if prompt_patches is None else prompt_patches[-CONTEXT_PATCHES:].clone())
+                            context=None if prompt_patches is None else prompt_patches[-CONTEXT_PATCHES:].clone(),
+                            patches=FrameBuffer((p, d), torch.float32))
         return PromptInputs(ids, state)
 
     def _encode_clip(self, prompt: VoxPrompt, pad_left: bool) -> torch.Tensor:
@@ -226,15 +218,12 @@ class VoxCPM2Talker(ARModel):
         extras = []
         for i, seq in enumerate(batch.seqs):
             st: TalkerState = seq.model_state
-            index = st.num_patches
-            st.add_patch(patches[i])
+            index = st.patches.num_frames
+            st.patches.add(patches[i])
             st.prev_patch, st.next_embed = output.patches[i], output.next_embeds[i]
-            stop = (index > MIN_PATCHES and wants_stop[i]) or st.num_patches >= st.max_patches
+            stop = (index > MIN_PATCHES and wants_stop[i]) or st.patches.num_frames >= st.max_patches
             token_ids[i] = STOP if stop else CONTINUE
-            extra = {"audio_codes": st.frames[:st.num_patches], "num_new_frames": 1}
-            if st.context is not None:
-                extra["context_codes"] = st.context
-            extras.append(extra)
+            extras.append(frame_extras(st.patches, 1, st.context))
         return extras
 
     def close(self) -> None:

@@ -72,7 +72,7 @@ class OmniMedia:
         """Encode every media part and lay its placeholder out as the processor does: one
         <|AUDIO|> per audio frame, one <|IMAGE|> / <|VIDEO|> per merged patch, and with
         `use_audio_in_video` a video's frame and audio tokens interleaved in 2-second chunks."""
-        from omnistage.models.qwen2_5_omni.video import read_clip
+        from omnistage.models.qwen_omni.video import read_clip
 
         slots = [t for t in ids if t in (self.audio_token_id, self.image_token_id, self.video_token_id)]
         for token, parts, kind in ((self.audio_token_id, media.audios, "audio"), (self.image_token_id, media.images,
@@ -142,7 +142,7 @@ class OmniMedia:
     def _encode_videos(self, prompt: MediaPrompt, clips: list, audio_counts: list[int]) -> list[list[int]]:
         """Each clip's pixels (`video_pixels`) through the vision encoder; returns each video's tokens,
         its frames' interleaved with its own audio's (`audio_counts`, one per clip) when it is heard."""
-        from omnistage.models.qwen2_5_omni.video import frame_positions, video_pixels
+        from omnistage.models.qwen_omni.video import frame_positions, video_pixels
 
         if self.image_processor is None:
             raise ValueError("this checkpoint has no image processor (preprocessor_config.json image fields)")
@@ -162,3 +162,16 @@ class OmniMedia:
             order = self._interleave(times, num_audio)
             layouts.append([self.audio_bos_id, *(tokens[k] for k in order), self.audio_eos_id])
         return layouts
+
+
+def image_processor(model_path: str, cls):
+    """The checkpoint's image processor, or None when its preprocessor_config.json has no image fields."""
+    import json
+    from pathlib import Path
+
+    from transformers.utils import cached_file
+
+    path = cached_file(model_path, "preprocessor_config.json", _raise_exceptions_for_missing_entries=False)
+    if path is None or "image_processor_type" not in json.loads(Path(path).read_text()):
+        return None  # image input is refused at admission
+    return cls.from_pretrained(model_path)
