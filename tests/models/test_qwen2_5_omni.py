@@ -391,6 +391,22 @@ def test_prefix_cache_hits_keep_text_and_waveform(reference, omni):
         np.testing.assert_array_equal(out.audio, ref_wav)
     assert cached == [0, 48, 48]  # three blocks of 16: the system prompt's, then up to the last prompt token
 
+    # Aborted after its first output, a hit leaves the thinker's blocks and rows as they were.
+    async def abort_after_first_output():
+        async for _ in omni.async_omni.generate({"messages": second}, params, request_id="hit-abort"):
+            await omni.async_omni.abort("hit-abort")
+            break
+
+    asyncio.run(abort_after_first_output())
+    thinker = omni.async_omni.orchestrator.handles[0].endpoint.server.engine
+    deadline = time.monotonic() + 10
+    while thinker._seqs and time.monotonic() < deadline:  # the orchestrator thread delivers the abort
+        time.sleep(0.01)
+    blocks = thinker.block_manager
+    assert not thinker._seqs and blocks.num_free_blocks == blocks.num_blocks
+    assert not thinker.runner.hidden and not thinker.runner.embeds
+    assert all(b.key is not None for b in blocks.blocks if b.states)  # stored rows only on cached blocks
+
 
 def test_text_only_request_runs_the_thinker_alone(reference, omni):
     # The full three-stage pipeline, asked for text: the talker and token2wav never run, and the
