@@ -32,6 +32,7 @@ else
 fi
 run benchmarks/bench_omni.py --clock cpu --repeats 5
 run benchmarks/bench_qwen3_omni.py
+run benchmarks/bench_omni_prefix_cache.py --repeats 5 --clock cpu
 run benchmarks/bench_tts.py
 run benchmarks/bench_qwen3_tts.py --repeats 2
 run benchmarks/bench_tts_load.py

@@ -15,6 +15,12 @@ last reference goes away stays cached in the free queue until it is handed out a
 the queue is LRU, and a freed sequence's blocks enter it tail first, so the end of a
 prompt is evicted before its (more shared) beginning. Blocks holding nothing reusable
 (never filled, or filled while an equal block was already cached) go to the front.
+
+A request that returns hidden states / input embeddings (an omni thinker feeding its talker)
+needs those rows for the cached positions too: a block published by such a request says
+which it holds (`Block.states`; the rows are in the runner's block_states.py pools), and
+such a request reuses only blocks that hold all it returns. A block published without
+them is replaced in the cache by an equal one computed with them.
 """
 
 from __future__ import annotations
@@ -29,12 +35,18 @@ BlockKey = tuple  # (key hash of the block before, token ids of this block)
 
 
 class Block:
-    __slots__ = ("block_id", "ref_count", "key")
+    __slots__ = ("block_id", "ref_count", "key", "states")
 
     def __init__(self, block_id: int) -> None:
         self.block_id = block_id
         self.ref_count = 0
         self.key: BlockKey | None = None  # set while the block is in the prefix cache
+        self.states: frozenset[str] = frozenset()
+        """Per-position rows its slots hold in the side storage (`Sequence.state_kinds`), while cached."""
+
+    def uncache(self) -> None:
+        self.key = None
+        self.states = frozenset()
 
 
 class BlockManager:
@@ -75,7 +87,7 @@ class BlockManager:
         for i in range((len(tokens) - 1) // size):
             key = (parent, tuple(tokens[i * size:(i + 1) * size]))
             block_id = self.cached.get(key)
-            if block_id is None:
+            if block_id is None or not seq.state_kinds <= self.blocks[block_id].states:
                 break
             hits.append(block_id)
             parent = hash(key)
@@ -95,9 +107,16 @@ class BlockManager:
             key = (parent, tuple(tokens[i * size:(i + 1) * size]))
             seq.block_keys.append(key)
             block = self.blocks[seq.block_table[i]]
-            if block.key is None and key not in self.cached:
-                block.key = key
-                self.cached[key] = block.block_id
+            if block.key is not None:
+                continue  # a cache hit: published already
+            held = self.cached.get(key)
+            if held is not None:
+                old = self.blocks[held]
+                if not seq.state_kinds > old.states:
+                    continue
+                self._forget(old)  # this copy also holds the rows the cached one lacks
+            block.key, block.states = key, seq.state_kinds
+            self.cached[key] = block.block_id
 
     # --- allocation -------------------------------------------------------------------------
 
@@ -148,10 +167,9 @@ class BlockManager:
         for _ in range(need):
             block_id, _ = self.free_queue.popitem(last=False)  # least recently used
             block = self.blocks[block_id]
-            if block.key is not None:  # evict it from the prefix cache
-                del self.cached[block.key]
-                block.key = None
             block.ref_count = 1
+            if block.key is not None:  # evict it from the prefix cache
+                self._forget(block)
             seq.block_table.append(block_id)
             self.max_block_id = max(self.max_block_id, block_id)
 
@@ -160,5 +178,11 @@ class BlockManager:
         for block_id in list(self.free_queue):
             block = self.blocks[block_id]
             if block.key is not None:
-                del self.cached[block.key]
-                block.key = None
+                self._forget(block)
+
+    def _forget(self, block: Block) -> None:
+        """Take `block` out of the prefix cache (its KV and side rows stay until it is handed out)."""
+        del self.cached[block.key]
+        block.uncache()
+        if block.ref_count == 0:
+            self.free_queue.move_to_end(block.block_id, last=False)  # nothing to reuse: hand it out first

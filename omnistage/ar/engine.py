@@ -27,6 +27,8 @@ transformers). Every output carries this step's rows, `[num_new_rows, hidden]`, 
 first output, then one row per token); the finished output also carries all rows in
 `TextPayload.hidden_states` / `extras["input_embeds"]`. Unlike token ids and text they
 are not repeated cumulatively on every output: a process stage would ship O(n^2) bytes.
+Such requests use the prefix cache too: the rows of a cached block's positions are stored
+beside its KV (block_states.py), so a hit still returns a row for every prompt position.
 Tensors stay on the model's device. Engine-wide defaults come from the constructor.
 
 The engine is driven by one caller: `add_request`, `abort_request` and `step` are not
@@ -143,7 +145,8 @@ class AREngine:
                                    packed=self.model.supports_packed_batch,
                                    deadline_order=self.model.audio_frame_rate is not None)
         in_place = uses_kernel(config.paged_attention, device, self.model.supports_paged_attention)
-        self.runner = ModelRunner(self.model, self.block_size, num_blocks + 1, self.max_model_len, device, in_place)
+        self.runner = ModelRunner(self.model, self.block_size, num_blocks + 1, self.max_model_len, device, in_place,
+                                  keep_block_states=config.enable_prefix_caching)
         if config.compile:
             self.runner.enable_static_decode(config.max_num_seqs, capture=True)
 

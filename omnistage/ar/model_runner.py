@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from omnistage.ar.block_states import BlockStates
 from omnistage.ar.cuda_graphs import StaticDecode
 from omnistage.ar.kv_cache import PagedKVCache
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput
@@ -53,12 +54,16 @@ class _StateRows:
 
     def __init__(self, capacity: int, width: int, like: torch.Tensor) -> None:
         self.buf = like.new_empty(capacity, width)
-        self.n = 0
+        self.n = 0  # rows held: positions 0 .. n-1
         self.sent = 0  # rows already in an output's delta
 
-    def add(self, rows: torch.Tensor) -> None:
-        self.buf[self.n:self.n + rows.shape[0]] = rows
-        self.n += rows.shape[0]
+    def put(self, start: int, rows: torch.Tensor) -> None:
+        """The rows of positions start.. ; those held already are kept (a recompute after a
+        preemption feeds them again: what was sent stays what the request returns)."""
+        skip = self.n - start
+        if skip < rows.shape[0]:
+            self.buf[self.n:start + rows.shape[0]] = rows[max(skip, 0):]
+            self.n = start + rows.shape[0]
 
     def view(self, start: int = 0) -> torch.Tensor:
         return self.buf[start:self.n]
@@ -71,7 +76,7 @@ class _StateRows:
 
 class ModelRunner:
     def __init__(self, model: ARModel, block_size: int, max_num_blocks: int, max_model_len: int,
-                 device: torch.device, in_place: bool = False) -> None:
+                 device: torch.device, in_place: bool = False, keep_block_states: bool = False) -> None:
         self.model = model
         self.device = device
         self.block_size = block_size
@@ -84,6 +89,10 @@ class ModelRunner:
         self._arange = torch.arange(max(max_model_len, block_size) + 1, device=device)
         self.hidden: dict[str, _StateRows] = {}
         self.embeds: dict[str, _StateRows] = {}
+        self.keep_block_states = keep_block_states
+        """Store a prefix-cacheable request's rows beside its KV blocks, and give a prefix-cache hit
+        the rows of its cached positions from there (block_states.py)."""
+        self.block_states = {kind: BlockStates(block_size, max_num_blocks) for kind in ("hidden_states", "input_embeds")}
         self.static_decode: StaticDecode | None = None  # compile: true (cuda_graphs.py)
 
     def enable_static_decode(self, max_num_seqs: int, *, capture: bool) -> None:
@@ -137,9 +146,9 @@ class ModelRunner:
                 if logprobs is not None and logprobs[j] is not None:
                     result.logprobs[rid] = logprobs[j]
         if out.hidden_states is not None:
-            self._keep(self.hidden, inp, out.hidden_states, "return_hidden_states")
+            self._keep(self.hidden, items, inp, out.hidden_states, "hidden_states")
         if out.input_embeds is not None:
-            self._keep(self.embeds, inp, out.input_embeds, "return_input_embeds")
+            self._keep(self.embeds, items, inp, out.input_embeds, "input_embeds")
 
     # --- inputs ------------------------------------------------------------------------------
 
@@ -276,24 +285,40 @@ class ModelRunner:
 
     # --- per-request state outputs ----------------------------------------------------------
 
-    def _keep(self, store: dict[str, _StateRows], inp: ModelInput, states: torch.Tensor, flag: str) -> None:
+    def _keep(self, store: dict[str, _StateRows], items: list[ScheduledSeq], inp: ModelInput,
+              states: torch.Tensor, kind: str) -> None:
+        """Each row's fed positions' `kind` rows, after those of the cached positions its forward
+        skipped (read from the block states); with `keep_block_states`, stored there too."""
         first = 0
-        for i, (seq, n) in enumerate(zip(inp.seqs, inp.query_lens)):
+        side = self.block_states[kind]
+        slots, stored = [], []
+        for i, (item, n) in enumerate(zip(items, inp.query_lens)):
+            seq, start = item.seq, item.start
             row = states[0, first:first + n] if inp.packed else states[i, :n]
             first += n
-            if not getattr(seq, flag):
+            if kind not in seq.state_kinds:
                 continue
             rows = store.get(seq.request_id)
             if rows is None:
                 capacity = seq.num_prompt_tokens + seq.max_tokens
                 rows = store[seq.request_id] = _StateRows(capacity, states.shape[-1], states)
-            rows.add(row)
+            if rows.n < start:  # a prefix-cache hit: its blocks hold these rows
+                rows.put(rows.n, side.read(side.slots(seq.block_table, rows.n, start)))
+            rows.put(start, row)
+            if self.keep_block_states and seq.prefix_cacheable:
+                slots += side.slots(seq.block_table, start, start + n)
+                stored.append(rows.buf[start:start + n])
+        if slots:
+            side.write(slots, torch.cat(stored))
 
     def free_cache(self) -> int:
         """Drop the KV pools (a sleeping engine; nothing may be running): a fresh cache starts
         small and grows again. Returns the bytes freed."""
         freed = self.cache.num_bytes
         self.cache = PagedKVCache(self.model.num_layers, self.block_size, self.max_num_blocks, self.in_place)
+        for side in self.block_states.values():
+            freed += side.num_bytes
+            side.pool = None
         return freed
 
     def close(self) -> None:

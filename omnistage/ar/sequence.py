@@ -64,9 +64,12 @@ class Sequence:
         self.block_keys: list[tuple] = []  # prefix-cache keys of the full blocks so far
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at admission
-        self.prefix_cacheable = not (return_hidden_states or return_input_embeds)
-        """May reuse and publish cached blocks (a request that streams hidden states needs every row computed)."""
-        self.recomputable = self.prefix_cacheable
+        self.state_kinds = frozenset(kind for kind, wanted in (("hidden_states", return_hidden_states),
+                                                               ("input_embeds", return_input_embeds)) if wanted)
+        """Per-position rows it returns: a cached block it reuses must hold them too (block_states.py)."""
+        self.prefix_cacheable = True
+        """May reuse and publish cached blocks."""
+        self.recomputable = True
         """May be preempted and recomputed later (else it reserves its blocks for its whole length at admission)."""
         self.num_preemptions = 0
         self.streamed = False  # inputs still arriving from a streaming upstream (ARModel.extend_prompt)

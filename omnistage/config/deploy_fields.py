@@ -90,7 +90,9 @@ class StageDeployConfig:
     """AR (native): KV-cache budget, bytes (> 1) or a fraction (<= 1) of the device's memory (host RAM
     on CPU); None = room for max_num_seqs sequences of max_model_len tokens."""
     enable_prefix_caching: bool = True
-    """AR (native): reuse the cached KV blocks of a prompt's prefix computed by an earlier request."""
+    """AR (native): reuse the cached KV blocks of a prompt's prefix computed by an earlier request; also
+    for requests that hand hidden states to the next stage (omni thinkers), whose rows are stored with
+    the blocks."""
     max_num_batched_tokens: int | None = None
     """AR (native): most tokens one step feeds (decodes + prompt chunks); longer prompts are prefilled
     in chunks beside the running decodes. None = 2048."""

@@ -158,10 +158,11 @@ def test_blocks_come_back_after_aborts_and_failed_forwards(llm_path):
     engine.close()
 
 
-def test_hidden_state_requests_prefill_whole_past_the_budget_and_reuse_nothing(llm_path, hf_model):
-    # A request that returns hidden states needs every row computed by its own forward: its
-    # 30-token prompt runs whole (alone, past the 8-token budget), hits no cached block, and
-    # its rows come with the first token.
+def test_hidden_state_requests_chunk_and_skip_blocks_without_rows(llm_path, hf_model):
+    # A request that returns hidden states prefills its 30-token prompt in chunks of the 8-token
+    # budget, and all its rows come with the first token. The same prompt's cached blocks hold no
+    # rows (a request without hidden states published them), so it reuses none of them
+    # (test_ar_block_states.py: the hits on blocks that do).
     engine = make_engine(llm_path, max_num_seqs=2, max_num_batched_tokens=8)
     p = token_prompts(1, 30, seed=7)[0]
     run(engine, requests([p], "warm"))  # the same prompt's blocks are in the prefix cache
@@ -174,7 +175,7 @@ def test_hidden_state_requests_prefill_whole_past_the_budget_and_reuse_nothing(l
     with torch.inference_mode():
         ref = hf_model(fed, output_hidden_states=True).hidden_states[-1][0]
     torch.testing.assert_close(payload.hidden_states, ref, atol=1e-5, rtol=1e-5)
-    assert outputs["h"][-1].metrics["num_cached_tokens"] == 0  # hidden-state requests never reuse blocks
+    assert outputs["h"][-1].metrics["num_cached_tokens"] == 0
     engine.close()
 
 

@@ -372,6 +372,42 @@ def test_thinker_text_prompts_chunk_and_hit_the_prefix_cache(path, reference):
     engine.close()
 
 
+def test_prefix_cache_hits_keep_text_and_waveform(reference, omni):
+    # A request that speaks reuses the thinker's cached blocks of an earlier one with the same
+    # system prompt, and of itself when repeated; the talker still gets the hidden states and
+    # embeddings of every prompt position (stored with the blocks), so text and waveform (and
+    # with it the talker's codes, which the waveform is made of) stay the uncached reference's.
+    system = {"role": "system", "content": "You are a prefix-cache test. Answer in one short line, please."}
+    first = [system, {"role": "user", "content": "Hello, who are you?"}]
+    second = [system, {"role": "user", "content": "Tell me a story."}]
+    params = greedy_params(talker_tokens=24)
+    refs = {id(m): reference(m, talker_max_new_tokens=24) for m in (first, second)}
+    cached = []
+    for messages in (first, second, first):
+        [out] = omni.generate({"messages": messages}, params, use_tqdm=False)
+        cached.append(out.metrics["stages"]["thinker"]["num_cached_tokens"])
+        ref_ids, ref_wav = refs[id(messages)]
+        assert out.token_ids == ref_ids
+        np.testing.assert_array_equal(out.audio, ref_wav)
+    assert cached == [0, 48, 48]  # three blocks of 16: the system prompt's, then up to the last prompt token
+
+    # Aborted after its first output, a hit leaves the thinker's blocks and rows as they were.
+    async def abort_after_first_output():
+        async for _ in omni.async_omni.generate({"messages": second}, params, request_id="hit-abort"):
+            await omni.async_omni.abort("hit-abort")
+            break
+
+    asyncio.run(abort_after_first_output())
+    thinker = omni.async_omni.orchestrator.handles[0].endpoint.server.engine
+    deadline = time.monotonic() + 10
+    while thinker._seqs and time.monotonic() < deadline:  # the orchestrator thread delivers the abort
+        time.sleep(0.01)
+    blocks = thinker.block_manager
+    assert not thinker._seqs and blocks.num_free_blocks == blocks.num_blocks
+    assert not thinker.runner.hidden and not thinker.runner.embeds
+    assert all(b.key is not None for b in blocks.blocks if b.states)  # stored rows only on cached blocks
+
+
 def test_text_only_request_runs_the_thinker_alone(reference, omni):
     # The full three-stage pipeline, asked for text: the talker and token2wav never run, and the
     # thinker skips the hidden states it would return for the talker; the text is the reference's.

@@ -219,6 +219,27 @@ def test_two_requests_at_once_match_each_alone(omni):
     assert together[0].token_ids != together[1].token_ids
 
 
+def test_prefix_cache_hits_keep_text_codes_and_waveform(reference, omni):
+    # As Qwen2.5-Omni's: the thinker reuses cached blocks of an earlier request with the same system
+    # prompt, and of the same request repeated, and hands the talker the rows of every prompt position
+    # (stored with the blocks): text, the number of frames and the waveform made of them stay the
+    # uncached reference's.
+    system = {"role": "system", "content": "You are a prefix-cache test. Answer in one short line, please."}
+    first = [system, {"role": "user", "content": "Hello, who are you?"}]
+    second = [system, {"role": "user", "content": "Tell me a story."}]
+    refs = {id(m): reference(m) for m in (first, second)}
+    cached = []
+    for messages in (first, second, first):
+        [out] = omni.generate({"messages": messages, "voice": "Ethan"}, greedy_params(), use_tqdm=False)
+        stages = out.metrics["stages"]
+        cached.append(stages["thinker"]["num_cached_tokens"])
+        ref_ids, ref_codes, ref_wav = refs[id(messages)]
+        assert out.token_ids == ref_ids
+        assert stages["talker"]["num_generated_tokens"] == ref_codes.shape[0]
+        np.testing.assert_array_equal(out.audio, ref_wav)
+    assert cached == [0, 32, 48]  # blocks of 16: the system prompt's, then up to the last prompt token
+
+
 def test_thinker_only_variant(path, reference, tmp_path):
     deploy = tmp_path / "text.yaml"
     deploy.write_text("base_config: bundled:qwen3_omni.yaml\noutput_modalities: [text]\n")

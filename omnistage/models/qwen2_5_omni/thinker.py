@@ -39,6 +39,7 @@ from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE
 from omnistage.models.qwen_omni.video import VideoRules, interleave_in_chunks
 from omnistage.models.qwen2_5_omni.weights import load_speakers, load_thinker
 from omnistage.models.qwen_omni.handoff import check_voice
+from omnistage.models.qwen_omni.positions import mrope_positions
 
 
 
@@ -156,7 +157,7 @@ class OmniThinker(OmniMedia, ARModel):
         talker_embeds = embeds
         if batch.is_prefill:
             embeds, talker_embeds = self._merge_media(batch, embeds)
-        out = self.lm(inputs_embeds=embeds, position_ids=self._positions(batch),
+        out = self.lm(inputs_embeds=embeds, position_ids=mrope_positions(batch),
                       attention_mask={"full_attention": sdpa_mask(batch)}, cache=cache, use_cache=True)
         hidden = out.last_hidden_state
         if batch.is_prefill:
@@ -191,21 +192,6 @@ class OmniThinker(OmniMedia, ARModel):
                 zeroed[i, mask] = 0
             state.media = None  # only the prefill reads them
         return merged, zeroed
-
-    def _positions(self, batch: ModelInput) -> torch.Tensor:
-        """[3, B, T] M-RoPE positions: the prompt's own in it, position + rope_delta after it
-        (decode, or a prefill recomputing generated tokens after a preemption)."""
-        states = [s.model_state for s in batch.seqs]
-        if batch.is_prefill:
-            pos = batch.positions.new_zeros(3, *batch.positions.shape)
-            for i, st in enumerate(states):
-                start, n, prompt_len = batch.context_lens[i], batch.query_lens[i], st.mrope_positions.shape[1]
-                split = max(0, min(n, prompt_len - start))  # this row's positions inside the prompt
-                pos[:, i, :split] = st.mrope_positions[:, start:start + split]
-                pos[:, i, split:n] = batch.positions[i, split:n] + st.rope_delta
-            return pos
-        delta = torch.tensor([st.rope_delta for st in states], device=batch.positions.device)
-        return (batch.positions + delta[:, None]).expand(3, -1, -1)
 
     def close(self) -> None:
         self.model = self.lm = None

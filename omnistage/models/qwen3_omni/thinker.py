@@ -39,6 +39,7 @@ from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
 from omnistage.models.qwen_omni.media import MediaPrompt, OmniMedia, image_processor, joint_deepstack, prompt_options
 from omnistage.models.chat_media import chat_media
+from omnistage.models.qwen_omni.positions import mrope_positions
 from omnistage.models.qwen_omni.video import VideoRules, interleave_by_time
 from omnistage.models.qwen3_omni.processors import DEFAULT_VOICE
 from omnistage.models.qwen3_omni.weights import load_thinker, speaker_ids
@@ -64,6 +65,10 @@ class ThinkerState:
 class Qwen3OmniThinker(OmniMedia, ARModel):
     # Qwen3OmniMoeProcessor's audio settings: a request's clips padded to the longest of them.
     audio_feature_kwargs = {"padding": True, "truncation": False}
+    # Text prompts are token ids with M-RoPE positions known per position, so they chunk, hit the
+    # prefix cache (with the talker's rows, ar/block_states.py) and recompute; prompts with media
+    # are prefilled whole (below).
+    supports_chunked_prefill = True
     supports_prepacked_linears = True  # transformers' towers and layers only call their linears (experts are no nn.Linear)
 
     def __init__(self, model, tokenizer, feature_extractor, speakers: dict[str, int], tts_ids: tuple[int, int, int],
@@ -148,6 +153,11 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
                              talker_extras=extras)
         return PromptInputs(prompt.ids, state)
 
+    def is_token_reproducible(self, prompt: PromptInputs) -> bool:
+        # A media placeholder id is the same for every clip, image and video: its keys follow
+        # from the media, not the ids, so such prompts are neither shared nor recomputed from ids.
+        return prompt.model_state.media is None
+
     def _store_features(self, prompt: MediaPrompt, token: int, out: Any) -> None:
         prompt.embeds[token] = torch.cat(out.pooler_output)
         prompt.deepstack[token] = [torch.cat(per_item) for per_item in out.deepstack_features]
@@ -169,7 +179,7 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
         if batch.is_prefill:
             embeds, visual = self._merge_media(batch, embeds)
         want_hidden = batch.output_hidden_states
-        out = self.lm(inputs_embeds=embeds, position_ids=self._positions(batch), attention_mask=sdpa_mask(batch),
+        out = self.lm(inputs_embeds=embeds, position_ids=mrope_positions(batch), attention_mask=sdpa_mask(batch),
                       cache=cache, use_cache=True,
                       output_hidden_states=[self.accept_hidden_layer] if want_hidden else False, **visual)
         hidden = out.last_hidden_state
@@ -210,17 +220,6 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
             return embeds, {}
         deepstack = [torch.cat(layers[k]).to(embeds.dtype) for k in sorted(layers)]
         return embeds, {"visual_pos_masks": visual, "deepstack_visual_embeds": deepstack}
-
-    def _positions(self, batch: ModelInput) -> torch.Tensor:
-        """[3, B, T] M-RoPE positions: the prompt's own at prefill, position + rope_delta after."""
-        states = [s.model_state for s in batch.seqs]
-        if batch.is_prefill:
-            pos = batch.positions.new_zeros(3, *batch.positions.shape)
-            for i, st in enumerate(states):
-                pos[:, i, :st.mrope_positions.shape[1]] = st.mrope_positions
-            return pos
-        delta = torch.tensor([st.rope_delta for st in states], device=batch.positions.device)
-        return (batch.positions + delta[:, None]).expand(3, -1, -1)
 
     def close(self) -> None:
         self.model = self.lm = None
