@@ -195,4 +195,3 @@ class OmniThinker(OmniMedia, ARModel):
 
     def close(self) -> None:
         self.model = self.lm = None
-
