@@ -83,10 +83,18 @@ def test_tokens_and_codes_match_the_reference(moshi, model):
     assert got["whole"][0] != silent_tokens  # what the user says changes the reply
 
 
-def test_waveform_matches_the_reference(moshi, model):
+def test_waveform_matches_the_reference_with_packed_linears(moshi, model, monkeypatch):
+    """The whole pipeline (Moshi, then the streamed Mimi decoder), with every linear layer
+    packed (ar/cpu_linear.py; the zoo model's are all below the size where that pays): the
+    reference's text and its waveform up to rounding."""
+    from packed_linears import assert_every_stage_packed, pack_every_linear
+
+    pack_every_linear(monkeypatch)
     clip = _clip()
-    _, _, ref_audio = reference_duplex(model, clip, NUM_STEPS)
+    ref_tokens, _, ref_audio = reference_duplex(model, clip, NUM_STEPS)
     with Omni(moshi) as omni:
+        assert_every_stage_packed(omni)
         out = omni.generate({"audio": clip, "final": True}, {"moshi": GREEDY}, use_tqdm=False)[0]
+    assert out.token_ids == ref_tokens
     assert out.sample_rate == RATE and out.audio.shape == ref_audio.shape == ((NUM_STEPS - 1) * 1920,)
     np.testing.assert_allclose(out.audio, ref_audio, atol=1e-4 * np.abs(ref_audio).max())

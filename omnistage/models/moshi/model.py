@@ -91,7 +91,7 @@ class MoshiState:
 
 
 class MoshiDuplex(ARModel):
-    supports_prepacked_linears = False  # the depth decoder's MoshiFlexibleLinear reads its weight
+    supports_prepacked_linears = True  # transformers' layers only call their linears (MoshiFlexibleLinear is no nn.Linear)
 
     def __init__(self, model, tokenizer, device: torch.device) -> None:
         config = model.config

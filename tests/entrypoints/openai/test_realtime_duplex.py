@@ -53,11 +53,10 @@ def events_until(ws, kind: str, timeout: float = 60) -> list[dict]:
             return events
 
 
-@pytest.mark.parametrize("path", ["/v1/realtime?model=moshi&duplex=1", "/v1/duplex"])
-def test_speaks_while_the_user_is_still_sending(server, path):
+def test_speaks_while_the_user_is_still_sending(server):
     voice = synthetic_speech(1.6)
     frames = [voice[i:i + FRAME] for i in range(0, len(voice) - FRAME + 1, FRAME)]  # 20 frames
-    with connect(server.url.replace("http", "ws") + path) as ws:
+    with connect(server.url.replace("http", "ws") + "/v1/realtime?model=moshi&duplex=1") as ws:
         created = json.loads(ws.recv(timeout=30))
         assert created["type"] == "session.created"
         caps = created["session"]["capabilities"]
@@ -97,7 +96,8 @@ def test_speaks_while_the_user_is_still_sending(server, path):
 
 def test_a_dropped_session_frees_the_engine_and_duplex_0_is_refused(server):
     url = server.url.replace("http", "ws")
-    with connect(url + "/v1/realtime?duplex=1") as ws:
+    with connect(url + "/v1/duplex") as ws:  # the native route: the same session
+        assert json.loads(ws.recv(timeout=30))["session"]["capabilities"]["duplex"] is True
         events_until(ws, "response.created")
         append(ws, np.zeros(3 * FRAME, np.float32))
         events_until(ws, "response.output_audio.delta")
