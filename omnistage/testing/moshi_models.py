@@ -14,6 +14,9 @@ from pathlib import Path
 from omnistage.testing.tokenizers import build_bpe_tokenizer
 from omnistage.testing.zoo import ZooModel, register_zoo_model
 
+# 16 audio embedding tables of 2049 rows dominate the size: widths of 32 (temporal) and 16
+# (depth) keep the folder under 10 MB.
+
 # Moshi's SentencePiece puts <unk> <s> </s> first and its text padding token at id 3
 # (the token the model writes while it has nothing to say).
 MOSHI_SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
@@ -32,11 +35,11 @@ def build_moshi(out_dir: Path, size: str, seed: int) -> None:
         raise ValueError(f"tokenizer has {len(tok)} tokens, more than the model's {MOSHI_TEXT_VOCAB}")
     nq, cb = MOSHI_NUM_CODEBOOKS, MOSHI_CODEBOOK_SIZE
     config = MoshiConfig(
-        vocab_size=MOSHI_TEXT_VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=4, head_dim=16, ffn_dim=256, max_position_embeddings=3000, sliding_window=3000,
+        vocab_size=MOSHI_TEXT_VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=16, ffn_dim=128, max_position_embeddings=3000, sliding_window=3000,
         num_codebooks=nq, audio_vocab_size=cb, pad_token_id=3,
-        depth_decoder_config=dict(vocab_size=MOSHI_TEXT_VOCAB, hidden_size=32, input_size=64, num_hidden_layers=1,
-                                  num_attention_heads=2, num_key_value_heads=2, head_dim=16, ffn_dim=128,
+        depth_decoder_config=dict(vocab_size=MOSHI_TEXT_VOCAB, hidden_size=16, input_size=32, num_hidden_layers=1,
+                                  num_attention_heads=2, num_key_value_heads=2, head_dim=8, ffn_dim=64,
                                   num_codebooks=nq, audio_vocab_size=cb, max_position_embeddings=nq + 1,
                                   sliding_window=nq),
         audio_encoder_config=dict(model_type="mimi", sampling_rate=MOSHI_SAMPLE_RATE, hidden_size=32, num_filters=4,
@@ -73,4 +76,5 @@ register_zoo_model(ZooModel(
     sizes=("tiny",),
     description="Moshi temporal transformer + depth decoder + Mimi codec (8 x 2048 codes, 24 kHz, "
                 "12.5 frames/s), text vocab 512, fp32.",
+    revision=1,  # 1: narrower (under 10 MB)
 ))
