@@ -98,3 +98,22 @@ def test_waveform_matches_the_reference_with_packed_linears(moshi, model, monkey
     assert out.token_ids == ref_tokens
     assert out.sample_rate == RATE and out.audio.shape == ref_audio.shape == ((NUM_STEPS - 1) * 1920,)
     np.testing.assert_allclose(out.audio, ref_audio, atol=1e-4 * np.abs(ref_audio).max())
+
+
+def test_a_waiting_stream_is_freed_by_abort(moshi):
+    """A streamed request waits for the user's next frame without running steps; aborting it
+    (a session that ends) frees its place in the batch and its KV blocks."""
+    engine = AREngine(moshi, MOSHI.stages[0], StageDeployConfig(max_num_seqs=2))
+    free_blocks = engine.block_manager.num_free_blocks
+    engine.add_request(StageRequest("s", {"audio": _clip(2)}, GREEDY))
+    steps = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+    assert steps == 3  # position 0, then one step per frame heard; then it waits
+    engine.abort_request("s")
+    [out] = engine.step()
+    assert out.finished and out.payload.finish_reason == "abort"
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+    assert engine.block_manager.num_free_blocks == free_blocks
+    engine.close()

@@ -69,6 +69,8 @@ class MoshiState:
     """User samples not yet a whole frame."""
     user_frames: list[torch.Tensor]
     """The user's Mimi codes, [8] each on the model's device, one per 80 ms frame."""
+    frames: torch.Tensor
+    """[capacity, 8] CPU long: Moshi's audio frames, `num_frames` of them so far."""
     input_final: bool = False
     encoder_cache: Any = None
     padding_cache: Any = None
@@ -76,8 +78,6 @@ class MoshiState:
     """The next forward's position."""
     last_codes: torch.Tensor | None = None
     """[8] Moshi's codes from the last depth decode (`m_{p-1}`)."""
-    frames: torch.Tensor = field(default_factory=lambda: torch.zeros(64, 8, dtype=torch.long))
-    """[capacity, 8] CPU long: Moshi's audio frames, `num_frames` of them so far."""
     num_frames: int = 0
     depth_row: _DepthRow | None = None
 
@@ -91,7 +91,7 @@ class MoshiState:
 
 
 class MoshiDuplex(ARModel):
-    supports_prepacked_linears = True  # transformers' layers only call their linears (MoshiFlexibleLinear is no nn.Linear)
+    supports_prepacked_linears = True  # its layers only call their linears (MoshiFlexibleLinear is no nn.Linear)
 
     def __init__(self, model, tokenizer, device: torch.device) -> None:
         config = model.config

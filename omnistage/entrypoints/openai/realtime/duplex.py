@@ -24,7 +24,6 @@ import asyncio
 import base64
 import binascii
 import json
-import logging
 from typing import Any
 
 import numpy as np
@@ -39,8 +38,6 @@ from omnistage.entrypoints.openai.realtime import audio_format
 from omnistage.entrypoints.openai.realtime.conversation import new_id
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.entrypoints.openai.text_generation import entry_sampling_params
-
-logger = logging.getLogger(__name__)
 
 FORMAT = "audio/pcm"  # 16-bit PCM; its rate is the model's (checked at the route)
 CLIENT_EVENTS = ("input_audio_buffer.append", "session.update", "session.create", "session.close")
