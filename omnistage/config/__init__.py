@@ -24,7 +24,7 @@ from omnistage.config.registry import (
     resolve,
     resolve_pipeline,
 )
-from omnistage.config.spec import MODALITIES, STAGE_KINDS, PipelineSpec, SpeechToText, StageSpec
+from omnistage.config.spec import MODALITIES, STAGE_KINDS, Duplex, PipelineSpec, SpeechToText, StageSpec
 
 __all__ = [
     "ALL_STAGES",
@@ -33,6 +33,7 @@ __all__ = [
     "STAGE_KINDS",
     "DeployConfig",
     "DeployLayer",
+    "Duplex",
     "EffectiveConfig",
     "ModelFiles",
     "PipelineDeployConfig",

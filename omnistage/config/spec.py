@@ -141,6 +141,24 @@ class SpeechToText:
 
 
 @dataclass(frozen=True)
+class Duplex:
+    """How a full-duplex family hears a live audio stream (WS /v1/realtime?duplex=1, WS
+    /v1/duplex): a session is one engine request that runs while the user speaks. Its prompt
+    opens the stream and each `AsyncOmni.update` carries the next audio, both as `inputs`
+    builds them; the entry AR stage waits for audio it has not heard yet."""
+
+    sample_rate: int
+    """The rate of the audio the model hears and speaks (Hz)."""
+    frame_ms: float
+    """One model step: the audio it hears and speaks per step (the sessions' `chunk_period_ms`)."""
+    inputs: Callable[..., Any]
+    """(audio: float32 mono at `sample_rate`, final: bool) -> the entry stage's prompt or update."""
+    params: Callable[[], dict[str, Any]]
+    """() -> a session's per-stage params beside the entry stage's sampling (e.g. a codec's
+    chunking: one frame at a time)."""
+
+
+@dataclass(frozen=True)
 class PipelineSpec:
     name: str
     stages: tuple[StageSpec, ...]
@@ -148,6 +166,8 @@ class PipelineSpec:
     """Model-declared request extras: name -> ExtraSpec (type, range, default)."""
     speech_to_text: SpeechToText | None = None
     """Set by a speech recognition family (audio in, text out): transcriptions ask it through this."""
+    duplex: Duplex | None = None
+    """Set by a full-duplex family (it listens while it speaks): realtime sessions run through this."""
     dropped_stages: tuple[int, ...] = ()
     """Ids of the family's full pipeline that this variant leaves out (e.g. an omni model's
     audio stages when only text is served): deploy-file entries for them are ignored, not

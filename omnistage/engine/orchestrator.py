@@ -237,9 +237,10 @@ class Orchestrator:
         self._wake()
 
     def update(self, request_id: str, inputs: dict) -> None:
-        """New inputs for running request `request_id` (a prompt update, `{"event_id", "prompt",
-        "transition_chunks"}`), sent to its running diffusion stages as an `InputChunk`; a
-        request that has ended ignores it."""
+        """New inputs for running request `request_id`, sent as an `InputChunk` to its running
+        diffusion stages (a prompt update, `{"event_id", "prompt", "transition_chunks"}`) and,
+        in a full-duplex pipeline (`PipelineSpec.duplex`), to its entry AR stage (the next
+        audio of a session); a request that has ended ignores it."""
         self._inbox.put(("update", request_id, inputs))
         self._wake()
 
@@ -483,7 +484,8 @@ class Orchestrator:
     def _update_request(self, request_id: str, inputs: dict) -> None:
         state = self._requests.get(request_id)
         for run in state.runs.values() if state is not None else ():
-            if run.stage.kind == "diffusion" and request_id in run.engine_ids and not run.finished:
+            takes = run.stage.kind == "diffusion" or (self.pipeline.duplex is not None and not run.stage.inputs)
+            if takes and request_id in run.engine_ids and not run.finished:
                 self._to_dispatch.append((run.stage.id, StageRequest(request_id, InputChunk(inputs))))
 
     def _abort_request(self, request_id: str) -> None:

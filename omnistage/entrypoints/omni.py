@@ -161,7 +161,9 @@ class AsyncOmni:
 
     async def update(self, request_id: str, inputs: dict) -> None:
         """New inputs for a running request: a prompt update of a chunked video model (Helios),
-        `{"event_id", "prompt", "transition_chunks"}`, applied from its next chunk."""
+        `{"event_id", "prompt", "transition_chunks"}`, applied from its next chunk; or the next
+        audio of a full-duplex model's stream (Moshi: `{"audio", "final"}`). The request must
+        be running (its first output came): an update that arrives before is dropped."""
         self.orchestrator.update(request_id, inputs)
 
     async def check_health(self) -> bool:

@@ -70,20 +70,23 @@ class MimiDecoder(Decoder):
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype, max_streams: int) -> MimiDecoder:
-        """A Mimi checkpoint, or the `codec_model` of a CSM checkpoint (only its weights are read)."""
+        """A Mimi checkpoint, or the codec inside a CSM (`codec_model`) or Moshi (`audio_encoder`)
+        checkpoint (only its weights are read)."""
         from transformers import AutoConfig, MimiModel
 
         config = AutoConfig.from_pretrained(model_path)
         if config.model_type == "mimi":
             model = MimiModel.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa")
-        elif getattr(config, "codec_config", None) is not None and config.codec_config.model_type == "mimi":
-            state = _load_prefixed(Path(model_path), "codec_model.")
-            model = MimiModel.from_pretrained(None, config=config.codec_config, state_dict=state, dtype=dtype,
-                                              attn_implementation="sdpa")
-        else:
-            raise ValueError(f"{model_path} is neither a Mimi checkpoint nor one with a Mimi codec_config "
-                             f"(model_type={config.model_type!r})")
-        return cls(model.to(device).eval(), max_streams, device)
+            return cls(model.to(device).eval(), max_streams, device)
+        for key, prefix in (("codec_config", "codec_model."), ("audio_encoder_config", "audio_encoder.")):
+            codec_config = getattr(config, key, None)
+            if codec_config is not None and codec_config.model_type == "mimi":
+                state = _load_prefixed(Path(model_path), prefix)
+                model = MimiModel.from_pretrained(None, config=codec_config, state_dict=state, dtype=dtype,
+                                                  attn_implementation="sdpa")
+                return cls(model.to(device).eval(), max_streams, device)
+        raise ValueError(f"{model_path} is neither a Mimi checkpoint nor one with a Mimi codec_config or "
+                         f"audio_encoder_config (model_type={config.model_type!r})")
 
     # --- requests ---------------------------------------------------------------------------
 

@@ -123,7 +123,7 @@ def test_builds_are_byte_deterministic(zoo, tmp_path):
         assert changed == expected, name
 
 
-@pytest.mark.parametrize("name", ["qwen2-llm", "qwen2.5-omni", "csm"])
+@pytest.mark.parametrize("name", ["qwen2-llm", "qwen2.5-omni", "csm", "moshi"])
 def test_checkpoints_are_small(zoo, name):
     size = sum(p.stat().st_size for p in zoo(name).iterdir())
     assert size < 10_000_000

@@ -52,15 +52,21 @@ class Capabilities:
     """Whether a video request may carry a control video and its mask (Wan-VACE)."""
     speech_to_text: bool = False
     """A speech recognition family (its spec's `speech_to_text`, e.g. Qwen3-ASR): it transcribes."""
+    duplex: bool = False
+    """A full-duplex family (its spec's `duplex`, e.g. Moshi): it serves realtime sessions only,
+    in which it listens while it speaks (realtime/duplex.py)."""
 
     @classmethod
     def from_spec(cls, model: str, spec: Any) -> Capabilities:
         outputs = frozenset(m for stage in spec.final_stages for m in stage.modalities)
         diffusion = frozenset(m for stage in spec.final_stages if stage.kind == "diffusion" for m in stage.modalities)
         return cls(model=model, outputs=outputs, image_input=_image_input(spec), diffusion_outputs=diffusion,
-                   video_input=_video_input(spec), speech_to_text=getattr(spec, "speech_to_text", None) is not None)
+                   video_input=_video_input(spec), speech_to_text=getattr(spec, "speech_to_text", None) is not None,
+                   duplex=getattr(spec, "duplex", None) is not None)
 
     def serves(self, task: str) -> bool:
+        if self.duplex:  # its prompt is a live audio stream: no other route can ask it anything
+            return task == "realtime"
         if task == "images.generations":
             return "image" in self.outputs and self.image_input != "required"
         if task == "images.edits":

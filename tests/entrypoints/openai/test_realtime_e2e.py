@@ -176,3 +176,25 @@ def test_reference_variant_client(server):
     assert done["usage"]["prompt_tokens"] > 0 and events[-1]["has_audio"]
     assert {e["sample_rate_hz"] for e in events if e["type"] == "response.audio.delta"} == {24000}
     wait_idle(server)
+
+
+def test_duplex_falls_back_to_turns_on_a_model_without_duplex(server):
+    # As the reference: `?duplex=1` on a turn-based model gets the turn-based session, which says
+    # so in its capabilities; the duplex-only route is refused.
+    url = server.url.replace("http", "ws")
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with connect(url + "/v1/realtime?model=omni&duplex=1", additional_headers=auth) as ws:
+        created = json.loads(ws.recv(timeout=30))
+        assert created["type"] == "session.created"
+        caps = created["session"]["capabilities"]
+        assert caps["duplex"] is False and caps["supports_client_commit"] is True
+        ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.updated"
+        speech = audio_format.encode(synthetic_speech(0.2), 24000, "audio/pcm")
+        ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(speech).decode()}))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "input_audio_buffer.committed"  # a turn, by commit
+    with connect(url + "/v1/duplex?model=omni", additional_headers=auth) as ws:
+        error = json.loads(ws.recv(timeout=30))
+        assert error["type"] == "error" and error["error"]["code"] == "unsupported_route"
+        assert "Duplex API is not available" in error["error"]["message"]

@@ -1,5 +1,11 @@
 """What a WS /v1/realtime upgrade is checked against before its session starts: the model
-must answer in text and audio (an omni model) and take audio in."""
+must answer in text and audio (an omni model) and take audio in; and which session it gets.
+
+A full-duplex family (`PipelineSpec.duplex`, e.g. Moshi) gets a duplex session (duplex.py)
+on WS /v1/duplex and on WS /v1/realtime, whose `duplex=0` it refuses (it has no turns).
+Any other model gets the turn-based session; there `?duplex=1` falls back to it, as the
+reference does, and `session.created.session.capabilities` says so (`"duplex": false`),
+while WS /v1/duplex is refused ("Duplex API is not available")."""
 
 from __future__ import annotations
 
@@ -7,14 +13,17 @@ import asyncio
 
 from starlette.websockets import WebSocket
 
+from omnistage.config import Duplex
 from omnistage.entrypoints.openai.capabilities import Capabilities, media_inputs
 from omnistage.entrypoints.openai.common import accepted_subprotocol, check_model
 from omnistage.entrypoints.openai.engine_client import EngineGateway
 from omnistage.entrypoints.openai.errors import APIError, bad_request
+from omnistage.entrypoints.openai.realtime.duplex import DuplexSession, capabilities
 from omnistage.entrypoints.openai.realtime.session import POLICY_VIOLATION, RealtimeSession
 from omnistage.entrypoints.openai.settings import ServerSettings
 
 _UNREAD = object()
+_FLAGS = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}
 
 
 class RealtimeServing:
@@ -23,6 +32,11 @@ class RealtimeServing:
         self.capabilities = capabilities
         self.settings = settings
         self._media_inputs = _UNREAD
+
+    @property
+    def duplex(self) -> Duplex | None:
+        """The family's full-duplex hooks, or None (a turn-based model; a test's fake engine)."""
+        return getattr(getattr(self.gateway.engine, "spec", None), "duplex", None)
 
     async def check(self, model: str | None) -> None:
         """400 (as an error event) when this server cannot hold a realtime session for `model`."""
@@ -35,13 +49,35 @@ class RealtimeServing:
         if self._media_inputs is not None and "audio" not in self._media_inputs:
             raise bad_request(f"model {self.capabilities.model!r} takes no audio input", code="unsupported_modality")
 
-    async def serve(self, websocket: WebSocket, model: str | None) -> None:
+    def session_mode(self, duplex: str | None, native: bool) -> tuple[bool, bool]:
+        """(run a duplex session, the client asked for one) for `?duplex=` and the route."""
+        asked = True if native else _FLAGS.get(duplex.lower()) if duplex is not None else None
+        if duplex is not None and asked is None:
+            raise bad_request(f"duplex: {duplex!r} is not one of {sorted(_FLAGS)}", param="duplex")
+        if self.duplex is None:
+            if native:
+                raise bad_request(f"Duplex API is not available: model {self.capabilities.model!r} is not a "
+                                  "full-duplex model; use WS /v1/realtime", code="unsupported_route")
+            return False, bool(asked)
+        if asked is False:
+            raise bad_request(f"duplex: model {self.capabilities.model!r} serves full-duplex sessions only",
+                              param="duplex")
+        return True, True
+
+    async def serve(self, websocket: WebSocket, model: str | None, duplex: str | None = None,
+                    native: bool = False) -> None:
         try:
             await self.check(model)
+            is_duplex, asked = self.session_mode(duplex, native)
         except APIError as e:
             await websocket.accept(subprotocol=accepted_subprotocol(websocket))
             await websocket.send_json({"type": "error", "error": {"type": e.type, "code": e.code,
                                                                   "message": e.message, "param": e.param}})
             await websocket.close(code=POLICY_VIOLATION)
             return
-        await RealtimeSession(websocket, self.gateway, self.settings, self.settings.served_model_name).run()
+        name = self.settings.served_model_name
+        if is_duplex:
+            await DuplexSession(websocket, self.gateway, self.settings, name, self.duplex).run()
+            return
+        fallback = capabilities(None) if asked else None  # a turn-based session says so when duplex was asked
+        await RealtimeSession(websocket, self.gateway, self.settings, name, capabilities=fallback).run()

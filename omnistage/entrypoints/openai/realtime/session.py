@@ -73,8 +73,11 @@ class SessionLimit(Exception):
 
 class RealtimeSession:
     def __init__(self, websocket: WebSocket, gateway: EngineGateway, settings: ServerSettings, model: str,
-                 detector_factory: Any = SileroDetector):
+                 detector_factory: Any = SileroDetector, capabilities: dict[str, Any] | None = None):
         self.ws = websocket
+        self.capabilities = capabilities
+        """Shown in the session object when the client asked for a duplex session (`?duplex=1`) and
+        got this turn-based one instead (serving.py)."""
         self.gateway = gateway
         self.limits = settings
         self.settings = SessionSettings(model=model)
@@ -401,7 +404,8 @@ class RealtimeSession:
     # --- server events --------------------------------------------------------------------
 
     def _session_object(self) -> dict[str, Any]:
-        return {"id": self.id, **self.settings.as_openai()}
+        extra = {"capabilities": self.capabilities} if self.capabilities is not None else {}
+        return {"id": self.id, **self.settings.as_openai(), **extra}
 
     async def _send(self, event: dict[str, Any]) -> None:
         async with self._send_lock:
