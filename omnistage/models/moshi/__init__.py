@@ -10,8 +10,8 @@
 The model listens while it speaks: a request's input is the user's audio, and it may go on
 arriving while the model runs (`AsyncOmni.update` -> `MoshiDuplex.extend_prompt`): each
 step waits for the next user frame, so the user's audio paces the model. Frames go to the
-codec in chunks (Qwen3-Omni's `frame_chunks`, sized by `Code2WavParams` as the request's
-"codec" params; a duplex session sends every frame at once). Both stages load the one
+codec in chunks (`models.talker_codec`'s `FrameChunks`, sized by `FrameChunkParams` as the
+request's "codec" params; a duplex session sends every frame at once). Both stages load the one
 checkpoint, in transformers' `MoshiForConditionalGeneration` format.
 
 Sampling is the checkpoint's generation config (the text token; the depth decoder's codes
@@ -23,16 +23,11 @@ against its checkpoint.
 
 from omnistage.ar.model import register_ar_model
 from omnistage.config import Duplex, PipelineSpec, StageSpec, register_pipeline
-from omnistage.models.qwen3_omni.params import Code2WavParams
-from omnistage.models.qwen3_omni.processors import frame_chunks
+from omnistage.models.talker_codec import FrameChunkParams, FrameChunks
 
 __all__ = ["MOSHI"]
 
 MOSHI_STAGE, CODEC = 0, 1
-
-
-def moshi_chunks(request, payload, finished: bool) -> dict | None:
-    return frame_chunks(request, payload, finished, CODEC)
 
 
 def duplex_inputs(audio, final: bool) -> dict:
@@ -40,14 +35,14 @@ def duplex_inputs(audio, final: bool) -> dict:
 
 
 def duplex_params() -> dict:
-    return {"codec": Code2WavParams(first_chunk_frames=1, chunk_frames=1)}  # every 80 ms frame at once
+    return {"codec": FrameChunkParams(first_chunk_frames=1, chunk_frames=1)}  # every 80 ms frame at once
 
 
 MOSHI = PipelineSpec(
     name="moshi",
     stages=(
         StageSpec(id=MOSHI_STAGE, name="moshi", kind="ar", output="text", model="moshi.duplex", final_output=True,
-                  chunk_processor=moshi_chunks),
+                  chunk_processor=FrameChunks(CODEC)),
         StageSpec(id=CODEC, name="codec", kind="generation", output="audio", inputs=(MOSHI_STAGE,),
                   final_output=True, model="mimi", stream_input=True),
     ),
