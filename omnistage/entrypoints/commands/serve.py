@@ -93,6 +93,10 @@ def register(subparsers) -> None:
                    help="most stored responses kept; the oldest go first (default: 10000)")
     p.add_argument("--no-playground", dest="playground", action="store_false",
                    help="do not serve the web playground at /")
+    p.add_argument("--api-server-count", type=int, default=1, metavar="N",
+                   help="HTTP server processes sharing the port and one engine: encoding answers (PNG, base64, "
+                        "JSON, audio) runs in them, off the engine's process; a dead one is restarted "
+                        "(default: %(default)s, the engine and the server in one process)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=run)
 
@@ -144,10 +148,22 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def build(args: argparse.Namespace) -> tuple[Any, Any, bool]:
     """(engine, app, is_demo): what `omnistage serve` serves for `args`, not yet listening (the
     tests' in-process servers start the same); ValueError for a bad model, deploy file or flag."""
+    from omnistage.entrypoints.openai.api_server import create_app
+
+    engine, settings, registry, is_demo = build_engine(args)
+    try:
+        return engine, create_app(settings, engine, registry), is_demo
+    except BaseException:
+        engine.close()
+        raise
+
+
+def build_engine(args: argparse.Namespace) -> tuple[Any, Any, Any, bool]:
+    """(engine, server settings, the engine's metrics registry, is_demo) for `args`."""
     from prometheus_client import CollectorRegistry
 
     from omnistage.entrypoints.omni import AsyncOmni
-    from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
+    from omnistage.entrypoints.openai.settings import ServerSettings
 
     path, name, is_demo = resolve_model(args.model)
     settings = ServerSettings(
@@ -159,21 +175,21 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, bool]:
         protect_metrics=args.protect_metrics, files_dir=args.output_dir, playground=args.playground,
         response_ttl_s=args.response_ttl, max_stored_responses=args.max_stored_responses,
         realtime_max_session_s=args.realtime_max_session, realtime_max_buffer_s=args.realtime_max_buffer,
-        realtime_idle_timeout_s=args.realtime_idle_timeout)
+        realtime_idle_timeout_s=args.realtime_idle_timeout, api_server_count=args.api_server_count)
     registry = CollectorRegistry()
     print(f"[omnistage] loading {path}", flush=True)
     engine = AsyncOmni(path, deploy_config=demo_deploy_config(args.deploy_config, is_demo),
                        stage_overrides=runtime_overrides(args), metrics_registry=registry)
-    try:
-        return engine, create_app(settings, engine, registry), is_demo
-    except BaseException:
-        engine.close()
-        raise
+    return engine, settings, registry, is_demo
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
+
     import uvicorn
 
+    from omnistage.entrypoints.openai import api_servers
+    from omnistage.entrypoints.openai.capabilities import Capabilities
     from omnistage.entrypoints.openai.draining_server import DrainingServer
 
     # uvicorn re-raises the signal it stopped on once it has shut down; SIGTERM's default
@@ -181,18 +197,16 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     engine = None
     try:
-        engine, app, is_demo = build(args)
-        url = f"http://{args.host}:{args.port}"
-        print(f"[omnistage] serving {app.state.settings.served_model_name} at {url}", flush=True)
-        if app.state.settings.playground:
-            print(f"[omnistage] playground: {url}/", flush=True)
-        print(f"[omnistage] routes: {', '.join(app.state.capabilities.routes)}", flush=True)
-        if is_demo:
-            print("[omnistage] the demo model has random weights: its images are noise.", flush=True)
-        print(f"[omnistage] try: {example_curl(url, app.state.capabilities, bool(args.api_key))}", flush=True)
-        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                timeout_graceful_shutdown=args.graceful_timeout)
-        DrainingServer(config, app.state.gateway).run()
+        if args.api_server_count > 1:
+            engine, settings, _, is_demo = build_engine(args)
+            announce(args, settings, Capabilities.from_spec(settings.served_model_name, engine.spec), is_demo)
+            asyncio.run(api_servers.serve(engine, settings, args.host, args.port,
+                                          uvicorn_options(args), api_server_policy(args)))
+        else:
+            engine, app, is_demo = build(args)
+            announce(args, app.state.settings, app.state.capabilities, is_demo)
+            config = uvicorn.Config(app, host=args.host, port=args.port, **uvicorn_options(args))
+            DrainingServer(config, app.state.gateway).run()
     except (KeyboardInterrupt, _Terminated):
         pass
     except ValueError as e:  # bad deploy config, stage overrides, model or flags
@@ -203,6 +217,29 @@ def run(args: argparse.Namespace) -> int:
             engine.close()  # the app's lifespan has closed it unless startup failed; closing twice is a no-op
     print("[omnistage] stopped", flush=True)
     return 0
+
+
+def announce(args: argparse.Namespace, settings: Any, capabilities: Any, is_demo: bool) -> None:
+    url = f"http://{args.host}:{args.port}"
+    processes = f" ({args.api_server_count} API server processes)" if args.api_server_count > 1 else ""
+    print(f"[omnistage] serving {settings.served_model_name} at {url}{processes}", flush=True)
+    if settings.playground:
+        print(f"[omnistage] playground: {url}/", flush=True)
+    print(f"[omnistage] routes: {', '.join(capabilities.routes)}", flush=True)
+    if is_demo:
+        print("[omnistage] the demo model has random weights: its images are noise.", flush=True)
+    print(f"[omnistage] try: {example_curl(url, capabilities, bool(args.api_key))}", flush=True)
+
+
+def uvicorn_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"log_level": args.log_level, "timeout_graceful_shutdown": args.graceful_timeout}
+
+
+def api_server_policy(args: argparse.Namespace) -> Any:
+    """How a dead API server process is rebuilt: as a stage is (`--no-restart`: never)."""
+    from omnistage.runtime.supervisor import RestartPolicy
+
+    return RestartPolicy(max_restarts=0) if args.no_restart else RestartPolicy()
 
 
 def example_curl(url: str, capabilities: Any, with_key: bool) -> str:

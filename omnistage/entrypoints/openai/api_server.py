@@ -164,6 +164,9 @@ def _attach_system_routes(app: FastAPI) -> None:
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
+        sync = getattr(request.app.state.engine, "sync_metrics", None)
+        if sync is not None:  # an engine in another process (api_servers.py): fetch its metrics first
+            await sync()
         return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")

@@ -5,7 +5,8 @@ Names are 32 random URL-safe bytes plus an extension, so a URL is its own capabi
 written and is deleted at the next write or read past that time. In the default
 temporary folder files end with the server; in a given folder (`--output-dir`) they
 outlive it: a restarted server serves the ones a previous run wrote until they expire,
-as it does its video jobs.
+as it does its video jobs. API server processes sharing one engine (`--api-server-count`)
+share one folder: each serves the files the others wrote.
 """
 
 from __future__ import annotations
@@ -55,8 +56,13 @@ class FileStore:
 
     def path(self, name: str) -> Path | None:
         """The file's path, or None when the name is unknown or expired."""
-        if not _NAME.match(name) or name not in self._expiry:
+        if not _NAME.match(name):
             return None
+        if name not in self._expiry:  # in a shared folder, another API server process may have written it
+            on_disk = self._given / name if self._given is not None else None
+            if on_disk is None or not on_disk.is_file():
+                return None
+            self._expiry[name] = on_disk.stat().st_mtime + self.ttl_s
         if self._expiry[name] < time.time():
             self.delete(name)
             return None

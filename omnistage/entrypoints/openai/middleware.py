@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import re
 import secrets
 import time
@@ -195,3 +196,23 @@ class BodySizeLimitMiddleware:
             return event
 
         await self.app(scope, receive_wrapper, send)
+
+
+class ServerIdMiddleware:
+    """Names the API server process that answered (`x-omnistage-api-server: <pid>`), where several
+    share one port (`--api-server-count`): a client or a test can tell which one served it."""
+
+    def __init__(self, app: Any):
+        self.app = app
+        self.header = (b"x-omnistage-api-server", str(os.getpid()).encode())
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_id(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)

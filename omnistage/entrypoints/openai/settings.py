@@ -55,11 +55,14 @@ class ServerSettings:
     """A realtime session with no client event (and no response running) this long is closed (1008)."""
     playground: bool = True
     """Serve the web playground at `/` (`--no-playground` turns it off)."""
+    api_server_count: int = 1
+    """HTTP server processes sharing the port and one engine process (api_servers.py); 1: the
+    server and the engine in one process."""
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be >= 1, got {getattr(self, name)}"
                     for name in ("max_upload_bytes", "max_n", "max_pixels", "max_input_pixels", "max_queued_requests",
-                             "max_stored_responses")
+                             "max_stored_responses", "api_server_count")
                     if getattr(self, name) < 1]
         for name in ("max_input_audio_seconds", "media_fetch_timeout_s", "realtime_max_session_s",
                      "realtime_max_buffer_s", "realtime_idle_timeout_s"):

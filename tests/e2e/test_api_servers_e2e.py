@@ -1,0 +1,131 @@
+"""`omnistage serve --api-server-count 2`: two API server processes over one engine process.
+
+One server (the zoo's tiny Z-Image) for the whole file: both processes answer, answers are
+whole, /metrics brings the engine's stage metrics, sleep state is the engine's, a client
+that leaves a stream aborts its engine request, and a killed API server process loses
+nothing but its own connections (its engine request is aborted) and is replaced."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import re
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import psutil
+import pytest
+from PIL import Image
+from remote_server import RemoteServer
+
+pytestmark = pytest.mark.e2e
+
+HEADER = "x-omnistage-api-server"
+LONG_CHAT = {"messages": [{"role": "user", "content": "a cat"}], "stream": True, "size": "64x64",
+             "num_inference_steps": 1000}  # half a minute on the 2-core machine: only an abort ends it soon
+
+
+@pytest.fixture(scope="module")
+def server(zoo):
+    with RemoteServer(zoo("z-image"), "--api-server-count", "2") as server:
+        yield server
+
+
+def aborted(http: httpx.Client) -> float:
+    """The engine's count of requests that ended by an abort (from the engine process)."""
+    found = re.search(r'^omnistage_requests_total\{[^}]*status="abort"[^}]*\} (\S+)$', http.get("/metrics").text,
+                      re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_two_processes_answer_concurrent_requests(server):
+    def generate(_: int) -> httpx.Response:
+        with httpx.Client(base_url=server.url, timeout=120) as http:  # a connection of its own
+            return http.post("/v1/images/generations", json={"prompt": "x", "size": "64x64",
+                                                             "num_inference_steps": 1})
+
+    pids = set()
+    with ThreadPoolExecutor(8) as pool:
+        for _ in range(3):  # the kernel picks the process; two rounds nearly always reach both
+            for resp in pool.map(generate, range(8)):
+                assert resp.status_code == 200, resp.text
+                image = Image.open(io.BytesIO(base64.b64decode(resp.json()["data"][0]["b64_json"])))
+                assert image.size == (64, 64)
+                pids.add(int(resp.headers[HEADER]))
+            if len(pids) == 2:
+                break
+    assert len(pids) == 2, pids
+    assert os.getpid() not in pids and server.proc.pid not in pids  # neither is the engine's process
+    http = server.http()
+    metrics = http.get("/metrics").text
+    assert 'omnistage_stage_steps_total{pipeline=' in metrics  # the engine's, fetched from its process
+    assert "omnistage_http_requests_total" in metrics  # this API server's own
+
+
+def test_sleep_state_is_the_engines(server):
+    with ThreadPoolExecutor(6) as pool:
+        def state(_: int) -> tuple[int, bool]:
+            with httpx.Client(base_url=server.url, timeout=60) as http:
+                resp = http.get("/v1/omni/is_sleeping")
+                return int(resp.headers[HEADER]), resp.json()["is_sleeping"]
+
+        with server.http() as http:
+            assert http.post("/v1/omni/sleep", json={"level": 1}).json()["is_sleeping"] is True
+            answers = list(pool.map(state, range(6)))
+            refused = http.post("/v1/images/generations", json={"prompt": "x", "size": "64x64"})
+            assert refused.status_code == 503, refused.text
+            assert http.post("/v1/omni/wakeup").json()["is_sleeping"] is False
+    assert all(sleeping for _, sleeping in answers), answers
+
+
+def test_leaving_a_stream_aborts_the_engine_request(server):
+    http = server.http()
+    before = aborted(http)
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        with client.stream("POST", "/v1/chat/completions", json=LONG_CHAT) as resp:
+            assert resp.status_code == 200
+            assert next(resp.iter_lines()).startswith("data: ")
+    wait_for(lambda: aborted(http) > before, 15, "the engine request ran on after its client left")
+
+
+def test_a_killed_api_server_is_replaced_and_its_request_aborted(server):
+    http = server.http()
+    before = aborted(http)
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        with client.stream("POST", "/v1/chat/completions", json=LONG_CHAT) as resp:
+            lines = resp.iter_lines()
+            assert next(lines).startswith("data: ")
+            victim = int(resp.headers[HEADER])
+            os.kill(victim, signal.SIGKILL)
+            with pytest.raises(httpx.HTTPError):  # cut mid-stream
+                for _ in lines:
+                    pass
+    # The other process serves meanwhile, and the engine drops what the dead one held.
+    assert http.get("/health", headers={"connection": "close"}).status_code == 200
+    wait_for(lambda: aborted(http) > before, 15, "the dead API server's engine request ran on")
+    wait_for(lambda: not psutil.pid_exists(victim) or psutil.Process(victim).status() == psutil.STATUS_ZOMBIE,
+             10, "the killed process is still there")
+
+    seen = set()
+
+    def answering() -> int:
+        with httpx.Client(base_url=server.url, timeout=60) as c:  # a connection of its own
+            return int(c.get("/health").headers[HEADER])
+
+    with ThreadPoolExecutor(6) as pool:
+        def replaced() -> bool:
+            seen.update(pool.map(lambda _: answering(), range(6)))
+            return len(seen - {victim}) == 2  # the survivor and the new one
+
+        wait_for(replaced, 60, f"the killed API server was not replaced (answered: {seen})")
+    assert victim not in seen
