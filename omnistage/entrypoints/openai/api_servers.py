@@ -87,9 +87,15 @@ class APIServers:
         self._uvicorn_options = uvicorn_options
         self._loop = asyncio.get_running_loop()
         self._stopping = threading.Event()
-        self.supervisors = [Supervisor(f"api-server-{i}", self._builder(i), policy) for i in range(count)]
-        for sup in self.supervisors:
-            sup.wait_ready(READY_TIMEOUT_S)
+        self.supervisors: list[Supervisor] = []
+        try:
+            self.supervisors = [Supervisor(f"api-server-{i}", self._builder(i), policy) for i in range(count)]
+            for sup in self.supervisors:  # they start side by side; wait for each
+                sup.wait_ready(READY_TIMEOUT_S)
+        except BaseException:
+            for sup in self.supervisors:
+                sup.close()
+            raise
         self._watcher = threading.Thread(target=self._watch, name="omnistage-api-servers", daemon=True)
         self._watcher.start()
 

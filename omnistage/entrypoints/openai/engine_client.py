@@ -38,7 +38,10 @@ from omnistage.entrypoints.openai.metrics import ServerMetrics
 
 
 class EngineClient(Protocol):
-    """What the server needs from `AsyncOmni`."""
+    """What the server needs from `AsyncOmni`. Optional beyond these: `check` (see
+    `EngineGateway.check`), `sync_metrics` (an engine in another process copies its metrics into
+    the server's registry before /metrics renders it: remote_engine.py), and the sleep, weights
+    and LoRA calls their routes use."""
 
     spec: Any
     """The resolved PipelineSpec (final stages' output modalities decide the routes)."""
