@@ -41,6 +41,7 @@ run benchmarks/bench_voxcpm2.py --repeats 2
 run benchmarks/bench_moss_tts.py --repeats 2
 run benchmarks/bench_codec.py
 run benchmarks/bench_http.py
+run benchmarks/bench_frontends.py
 run benchmarks/bench_responses.py
 run benchmarks/bench_realtime.py
 run benchmarks/bench_asr.py
