@@ -129,3 +129,10 @@ def test_a_killed_api_server_is_replaced_and_its_request_aborted(server):
 
         wait_for(replaced, 60, f"the killed API server was not replaced (answered: {seen})")
     assert victim not in seen
+
+
+def test_a_bad_count_is_refused_naming_the_field(capsys):
+    from omnistage.entrypoints.cli import main
+
+    assert main(["serve", "some-model", "--api-server-count", "0"]) == 2
+    assert "api_server_count must be >= 1, got 0" in capsys.readouterr().err

@@ -109,10 +109,6 @@ class APIServers:
                                    stop_timeout_s=grace + 5.0)
         return build
 
-    @property
-    def pids(self) -> list[int | None]:
-        return [getattr(sup.endpoint, "pid", None) for sup in self.supervisors]
-
     def _watch(self) -> None:
         """Step the supervisors whenever a process ends (they rebuild it)."""
         while not self._stopping.is_set():
@@ -160,10 +156,10 @@ def api_server_main(conn: Any, prefix: str, sock: socket.socket, settings: Any, 
                     uvicorn_options: dict) -> None:
     """Body of an API server process: the app over a `RemoteEngine`, on the shared socket."""
     process.prepare_child()
-    try:
-        asyncio.run(_serve_app(conn, prefix, sock, settings, spec, config, uvicorn_options))
-    except KeyboardInterrupt:
-        pass  # Ctrl-C reaches the whole process group; the engine process stops us in order
+    # Out of the terminal's process group: Ctrl-C reaches the engine process alone, which stops
+    # the API servers in order (one that stopped by itself first would be restarted).
+    os.setpgrp()
+    asyncio.run(_serve_app(conn, prefix, sock, settings, spec, config, uvicorn_options))
 
 
 async def _serve_app(conn: Any, prefix: str, sock: socket.socket, settings: Any, spec: Any, config: Any,
