@@ -72,6 +72,15 @@ def test_two_processes_answer_concurrent_requests(server):
     assert "omnistage_http_requests_total" in metrics  # this API server's own
 
 
+def test_a_streamed_chat_arrives_whole(server):
+    with server.http() as http, http.stream("POST", "/v1/chat/completions", json={
+            **LONG_CHAT, "num_inference_steps": 2}) as resp:
+        assert resp.status_code == 200 and HEADER in resp.headers
+        events = [line.removeprefix("data: ") for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert '"image_url"' in "".join(events)  # the image, encoded in the API server process
+
+
 def test_sleep_state_is_the_engines(server):
     with ThreadPoolExecutor(6) as pool:
         def state(_: int) -> tuple[int, bool]:
