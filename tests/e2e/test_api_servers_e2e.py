@@ -3,7 +3,7 @@
 One server (the zoo's tiny Z-Image) for the whole file: both processes answer, answers are
 whole, /metrics brings the engine's stage metrics, sleep state is the engine's, a client
 that leaves a stream aborts its engine request, and a killed API server process loses
-nothing but its own connections (its engine request is aborted) and is replaced."""
+nothing but its own connections (its engine request is aborted)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import psutil
 import pytest
 from PIL import Image
 from remote_server import RemoteServer
@@ -30,7 +29,7 @@ LONG_CHAT = {"messages": [{"role": "user", "content": "a cat"}], "stream": True,
 
 @pytest.fixture(scope="module")
 def server(zoo):
-    with RemoteServer(zoo("z-image"), "--api-server-count", "2") as server:
+    with RemoteServer(zoo("z-image"), "--api-server-count", "2", "--no-restart") as server:
         yield server
 
 
@@ -107,7 +106,7 @@ def test_leaving_a_stream_aborts_the_engine_request(server):
     wait_for(lambda: aborted(http) > before, 15, "the engine request ran on after its client left")
 
 
-def test_a_killed_api_server_is_replaced_and_its_request_aborted(server):
+def test_a_killed_api_server_loses_only_its_own_connections(server):
     http = server.http()
     before = aborted(http)
     with httpx.Client(base_url=server.url, timeout=60) as client:
@@ -119,25 +118,20 @@ def test_a_killed_api_server_is_replaced_and_its_request_aborted(server):
             with pytest.raises(httpx.HTTPError):  # cut mid-stream
                 for _ in lines:
                     pass
-    # The other process serves meanwhile, and the engine drops what the dead one held.
-    assert http.get("/health", headers={"connection": "close"}).status_code == 200
+    # The engine drops what the dead process held, and the other one serves.
     wait_for(lambda: aborted(http) > before, 15, "the dead API server's engine request ran on")
-    wait_for(lambda: not psutil.pid_exists(victim) or psutil.Process(victim).status() == psutil.STATUS_ZOMBIE,
-             10, "the killed process is still there")
+    with ThreadPoolExecutor(4) as pool:
+        def generate(_: int) -> httpx.Response:
+            with httpx.Client(base_url=server.url, timeout=60) as c:  # a connection of its own
+                return c.post("/v1/images/generations", json={"prompt": "x", "size": "64x64",
+                                                              "num_inference_steps": 1})
 
-    seen = set()
-
-    def answering() -> int:
-        with httpx.Client(base_url=server.url, timeout=60) as c:  # a connection of its own
-            return int(c.get("/health").headers[HEADER])
-
-    with ThreadPoolExecutor(6) as pool:
-        def replaced() -> bool:
-            seen.update(pool.map(lambda _: answering(), range(6)))
-            return len(seen - {victim}) == 2  # the survivor and the new one
-
-        wait_for(replaced, 60, f"the killed API server was not replaced (answered: {seen})")
-    assert victim not in seen
+        answers = list(pool.map(generate, range(4)))
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    assert victim not in {int(a.headers[HEADER]) for a in answers}
+    # Rebuilding a dead API server process (the Supervisor, as for a stage) is tested in
+    # tests/runtime/test_service.py; this server runs with --no-restart to skip a fresh
+    # interpreter's start-up here.
 
 
 def test_a_bad_count_is_refused_naming_the_field(capsys):
