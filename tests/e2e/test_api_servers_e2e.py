@@ -139,3 +139,17 @@ def test_a_bad_count_is_refused_naming_the_field(capsys):
 
     assert main(["serve", "some-model", "--api-server-count", "0"]) == 2
     assert "api_server_count must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_dead_engine_process_takes_the_api_servers_down(server):
+    """Last: it ends the file's server. The API servers see the engine's pipe close and exit
+    (instead of holding the port with nothing behind it)."""
+    import psutil
+
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        survivors = {int(client.get("/health").headers[HEADER])}
+    os.kill(server.proc.pid, signal.SIGKILL)
+    wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                             for pid in survivors), 30, "an API server outlived the engine process")
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{server.url}/health", timeout=5)
