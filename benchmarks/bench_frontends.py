@@ -74,7 +74,8 @@ def main() -> None:
     load_after = os.getloadavg()[0]
     med = {count: statistics.median(values) for count, values in rps.items()}
     body_md = (
-        f"Zoo Z-Image (tiny), 1 step, {args.side}x{args.side}, b64 PNG answers, servers at 1 torch thread; {args.requests} requests from "
+        f"Zoo Z-Image (tiny), 1 step, {args.side}x{args.side}, b64 PNG answers, servers at 1 torch thread; "
+        f"{args.requests} requests from "
         f"{args.concurrency} client threads per round (a connection each), {args.rounds} alternating rounds, "
         f"median requests/s. Load average {load_before:.2f} before, {load_after:.2f} after ({os.cpu_count()} "
         "cores, shared with other jobs).\n\n"

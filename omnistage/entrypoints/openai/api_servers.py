@@ -104,8 +104,11 @@ class APIServers:
             prefix = f"omnistage-api-{os.getpid()}-{index}-{generation}-"
             args = (prefix, self._sock, self._settings, self._engine.spec, self._engine.config, self._uvicorn_options)
             grace = self._uvicorn_options.get("timeout_graceful_shutdown") or 0
-            return ServiceEndpoint(f"api-server-{index}", api_server_main, args,
-                                   on_ready=lambda conn: self._loop.call_soon_threadsafe(self.host.attach, conn, prefix),
+
+            def on_ready(conn: Any) -> None:  # called on the supervisor's thread; the host lives on the loop
+                self._loop.call_soon_threadsafe(self.host.attach, conn, prefix)
+
+            return ServiceEndpoint(f"api-server-{index}", api_server_main, args, on_ready=on_ready,
                                    stop_timeout_s=grace + 5.0)
         return build
 
