@@ -96,6 +96,15 @@ def test_sleep_state_is_the_engines(server):
     assert all(sleeping for _, sleeping in answers), answers
 
 
+def test_update_weights_goes_to_the_engine(server, zoo):
+    with server.http() as http:
+        resp = http.post("/v1/omni/update_weights", json={"stage": "diffusion", "path": str(zoo("z-image"))})
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["stage"] == "diffusion" and resp.json()["num_tensors"] > 0
+        bad = http.post("/v1/omni/update_weights", json={"stage": "nope", "path": str(zoo("z-image"))})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "stage", bad.text  # typed, across processes
+
+
 def test_leaving_a_stream_aborts_the_engine_request(server):
     http = server.http()
     before = aborted(http)
