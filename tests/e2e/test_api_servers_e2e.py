@@ -28,8 +28,10 @@ LONG_CHAT = {"messages": [{"role": "user", "content": "a cat"}], "stream": True,
 
 
 @pytest.fixture(scope="module")
-def server(zoo):
-    with RemoteServer(zoo("z-image"), "--api-server-count", "2", "--no-restart") as server:
+def server(zoo, tmp_path_factory):
+    # --output-dir: the last test SIGKILLs the engine process, which would leave its temporary folder behind.
+    with RemoteServer(zoo("z-image"), "--api-server-count", "2", "--no-restart",
+                      "--output-dir", str(tmp_path_factory.mktemp("api-servers"))) as server:
         yield server
 
 
