@@ -31,6 +31,7 @@ order: video jobs (their engine requests are aborted), the engine, the served fi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -80,19 +81,35 @@ from omnistage.entrypoints.openai.weights.serving import WeightsServing
 from omnistage.entrypoints.openai.videos.api_router import attach_router as attach_videos
 from omnistage.entrypoints.openai.videos.serving import VideoServing
 
-__all__ = ["ServerSettings", "create_app", "openai_error"]
+__all__ = ["EngineFacts", "ServerSettings", "create_app", "openai_error"]
 
 
-def create_app(settings: ServerSettings, engine: Any = None, registry: CollectorRegistry | None = None) -> FastAPI:
+@dataclasses.dataclass(frozen=True)
+class EngineFacts:
+    """What the app reads from the engine's declarations once, at build: its routes and each
+    stage's request defaults. Working them out imports the model registries (and so torch),
+    which is why an API server process gets them made by the engine's process."""
+
+    capabilities: Capabilities
+    defaults: dict[str, dict[str, Any]]
+
+    @classmethod
+    def of(cls, settings: ServerSettings, engine: Any) -> EngineFacts:
+        if engine is None:
+            return cls(Capabilities(settings.served_model_name, frozenset()), {})
+        return cls(Capabilities.from_spec(settings.served_model_name, engine.spec), effective_defaults(engine))
+
+
+def create_app(settings: ServerSettings, engine: Any = None, registry: CollectorRegistry | None = None,
+               facts: EngineFacts | None = None) -> FastAPI:
     """Build the app around `engine` (an AsyncOmni or anything with its surface; None
-    serves only metadata). `registry` is the Prometheus registry the engine exports into."""
+    serves only metadata). `registry` is the Prometheus registry the engine exports into;
+    `facts` default to `EngineFacts.of(settings, engine)`."""
     metrics = ServerMetrics(registry)
     files = FileStore(settings.file_ttl_s, settings.files_dir)
     media = InputMedia(settings)
-    if engine is not None:
-        capabilities = Capabilities.from_spec(settings.served_model_name, engine.spec)
-    else:
-        capabilities = Capabilities(settings.served_model_name, frozenset())
+    facts = facts or EngineFacts.of(settings, engine)
+    capabilities = facts.capabilities
     gateway = EngineGateway(engine, settings.max_queued_requests, metrics)
     video_serving = VideoServing(gateway, capabilities, settings, files, media)
     chat_serving = ChatServing(gateway, capabilities, settings)
@@ -116,7 +133,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.metrics = metrics
     app.state.files = files
     app.state.capabilities = capabilities
-    app.state.defaults = effective_defaults(engine)
+    app.state.defaults = facts.defaults
     app.state.model_facts = None
     # What /v1/models lists beside the routes (the playground shows it).
     app.state.stages = [{"id": st.id, "name": st.name, "kind": st.kind, "output": st.output}
