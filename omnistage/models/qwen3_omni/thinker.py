@@ -37,7 +37,8 @@ import torch
 
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
-from omnistage.models.qwen_omni.media import MediaPrompt, OmniMedia, image_processor, joint_deepstack, prompt_options
+from omnistage.models.qwen_omni.media import (MediaPrompt, OmniMedia, fed_rows, image_processor, joint_deepstack,
+                                              prompt_options)
 from omnistage.models.chat_media import chat_media
 from omnistage.models.qwen_omni.positions import mrope_positions
 from omnistage.models.qwen_omni.video import VideoRules, interleave_by_time
@@ -65,9 +66,9 @@ class ThinkerState:
 class Qwen3OmniThinker(OmniMedia, ARModel):
     # Qwen3OmniMoeProcessor's audio settings: a request's clips padded to the longest of them.
     audio_feature_kwargs = {"padding": True, "truncation": False}
-    # Text prompts are token ids with M-RoPE positions known per position, so they chunk, hit the
+    # Prompts are token ids with M-RoPE positions known per position, so they chunk, hit the
     # prefix cache (with the talker's rows, ar/block_states.py) and recompute; prompts with media
-    # are prefilled whole (below).
+    # hit it by their items' digests (`PromptInputs.media`) and are prefilled whole after the hit.
     supports_chunked_prefill = True
     supports_prepacked_linears = True  # transformers' towers and layers only call their linears (experts are no nn.Linear)
 
@@ -151,12 +152,7 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
         state = ThinkerState(positions[:, 0], int(delta.item()), media=prompt.embeds or None,
                              deepstack=joint_deepstack(prompt, (self.image_token_id, self.video_token_id)),
                              talker_extras=extras)
-        return PromptInputs(prompt.ids, state)
-
-    def is_token_reproducible(self, prompt: PromptInputs) -> bool:
-        # A media placeholder id is the same for every clip, image and video: its keys follow
-        # from the media, not the ids, so such prompts are neither shared nor recomputed from ids.
-        return prompt.model_state.media is None
+        return PromptInputs(prompt.ids, state, media=prompt.spans)
 
     def _store_features(self, prompt: MediaPrompt, token: int, out: Any) -> None:
         prompt.embeds[token] = torch.cat(out.pooler_output)
@@ -200,8 +196,8 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
         return output.extras  # the runner publishes what this hook returns as TextPayload.extras
 
     def _merge_media(self, batch: ModelInput, embeds: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """Scatter each row's audio, image and video encoder outputs into its placeholder positions, and
-        gather the rows' deepstack features in the order the language model adds them (row-major over
+        """Scatter each row's audio, image and video encoder outputs into the placeholder positions it feeds,
+        and gather the rows' deepstack features in the order the language model adds them (row-major over
         the batch's image and video positions)."""
         states = [s.model_state for s in batch.seqs]
         if all(st.media is None for st in states):
@@ -212,9 +208,10 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
         layers: dict[int, list[torch.Tensor]] = {}
         for i, st in enumerate(states):
             for token, features in (st.media or {}).items():
-                embeds[i, batch.input_ids[i] == token] = features.to(embeds.dtype)
+                mask = batch.input_ids[i] == token
+                embeds[i, mask] = fed_rows(features, mask).to(embeds.dtype)
             for k, feature in enumerate(st.deepstack or ()):
-                layers.setdefault(k, []).append(feature)
+                layers.setdefault(k, []).append(fed_rows(feature, visual[i]))
             st.media = st.deepstack = None  # only the prefill reads them
         if not layers:
             return embeds, {}

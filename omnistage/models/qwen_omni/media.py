@@ -4,7 +4,9 @@
 own encoders for each kind: one <|AUDIO|> per audio frame, one <|IMAGE|> / <|VIDEO|> per
 merged patch, and with `use_audio_in_video` a video's frame tokens interleaved with its own
 audio's (the family's `_interleave`: Qwen2.5-Omni in 2-second chunks, Qwen3-Omni by time),
-between <|audio_bos|> and <|audio_eos|>, as the families' processors do.
+between <|audio_bos|> and <|audio_eos|>, as the families' processors do. It also says where
+each item's tokens sit and digests what it was made of (`MediaPrompt.spans`), so the prefix
+cache can tell one image from another behind the same placeholder ids (ar/media_spans.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from omnistage.ar.media_spans import MediaSpan, media_digest
 from omnistage.models.chat_media import ChatMedia
 
 AUDIO_SAMPLE_RATE = 16000  # the Whisper feature extractor's input rate
@@ -32,6 +35,8 @@ class MediaPrompt:
     seconds_per_grid: torch.Tensor | None = None
     deepstack: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     """Placeholder id -> per deepstack layer, [its tokens, H] (thinkers with deepstack vision features)."""
+    spans: tuple[MediaSpan, ...] = ()
+    """Each item's positions in `ids` and its digest, in prompt order (`PromptInputs.media`)."""
 
 
 def prompt_options(inputs: Any, default_voice: str) -> tuple[Any, str | None, bool]:
@@ -60,6 +65,13 @@ def joint_deepstack(prompt: MediaPrompt, tokens: tuple[int, ...]) -> list[torch.
             joint[(visual == token).to(joint.device)] = features[k]
         layers.append(joint)
     return layers
+
+
+def fed_rows(features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The rows of `features` (one per placeholder of the prompt, in order) for the placeholders a
+    prefill feeds (`mask` over its ids): the last ones, since a prefix-cache hit skips a prompt's
+    start and a media prompt's prefill is the rest of it, whole."""
+    return features[len(features) - int(mask.sum()):]
 
 
 class OmniMedia:
@@ -96,8 +108,16 @@ class OmniMedia:
         image_counts = self._encode_images(prompt, media.images) if media.images else []
         video_layouts = self._encode_videos(prompt, clips, video_audio_counts) if clips else []
         audio_counts, image_counts, layouts = iter(audio_counts), iter(image_counts), iter(video_layouts)
+        # What each item's features and token positions follow from: its samples, its pixels,
+        # and for a video its sampling and, when heard, its audio.
+        digests = {self.audio_token_id: iter(media_digest("audio", np.asarray(a), rate) for a, rate in media.audios),
+                   self.image_token_id: iter(media_digest("image", np.asarray(image)) for image in media.images),
+                   self.video_token_id: iter(media_digest("video", c.frames, c.seconds_per_grid, with_audio,
+                                                          *(c.audio if with_audio else ())) for c in clips)}
         expanded: list[int] = []
+        spans: list[MediaSpan] = []
         for t in ids:
+            start = len(expanded)
             if t == self.audio_token_id:
                 expanded += [t] * next(audio_counts)
             elif t == self.image_token_id:
@@ -106,7 +126,9 @@ class OmniMedia:
                 expanded += next(layouts)
             else:
                 expanded.append(t)
-        prompt.ids = expanded
+                continue
+            spans.append(MediaSpan(start, len(expanded) - start, next(digests[t])))
+        prompt.ids, prompt.spans = expanded, tuple(spans)
         return prompt
 
     def _encode_audio(self, prompt: MediaPrompt, audios: list[tuple[Any, int]]) -> list[int]:
