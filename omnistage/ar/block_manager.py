@@ -34,7 +34,7 @@ from omnistage.ar.media_spans import block_digests
 if TYPE_CHECKING:
     from omnistage.ar.sequence import Sequence
 
-BlockKey = tuple  # (key hash of the block before, token ids of this block, digests of the media behind them)
+BlockKey = tuple  # (key hash of the block before, token ids of this block[, digests of the media behind them])
 
 
 class Block:
@@ -122,7 +122,8 @@ class BlockManager:
 
     def _key(self, seq: Sequence, tokens: list[int], i: int, parent: int | None) -> BlockKey:
         start, end = i * self.block_size, (i + 1) * self.block_size
-        return parent, tuple(tokens[start:end]), block_digests(seq.media_spans, start, end)
+        digests = block_digests(seq.media_spans, start, end)
+        return (parent, tuple(tokens[start:end])) + ((digests,) if digests else ())
 
     # --- allocation -------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ before it too.
 A digest is made from what the encoder reads (pixels after the image processor, samples
 after resampling) plus the options that change the features or the positions of the item's
 tokens (grids, seconds per frame, whether a video's audio is heard): `media_digest(...)`.
+On a hit the family's prefill merges features into the positions it feeds only (`fed_rows`).
 """
 
 from __future__ import annotations
@@ -54,3 +55,10 @@ def media_digest(*parts: Any) -> bytes:
 def block_digests(spans: tuple[MediaSpan, ...], start: int, end: int) -> tuple[bytes, ...]:
     """The digests of the items whose positions overlap [start, end), in prompt order."""
     return tuple(s.digest for s in spans if s.start < end and s.end > start)
+
+
+def fed_rows(features: Any, mask: Any) -> Any:
+    """The rows of `features` (one per placeholder of the prompt, in order) for the placeholders a
+    prefill feeds (`mask` over its ids): the last ones, since a prefix-cache hit skips the prompt's
+    start and a media prompt's prefill is all the rest (the engine never chunks or recomputes it)."""
+    return features[len(features) - int(mask.sum()):]

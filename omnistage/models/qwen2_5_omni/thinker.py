@@ -32,8 +32,9 @@ import torch
 
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.kv_cache import kv_dims
+from omnistage.ar.media_spans import fed_rows
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
-from omnistage.models.qwen_omni.media import OmniMedia, fed_rows, image_processor, prompt_options
+from omnistage.models.qwen_omni.media import OmniMedia, image_processor, prompt_options
 from omnistage.models.chat_media import chat_media
 from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE
 from omnistage.models.qwen_omni.video import VideoRules, interleave_in_chunks

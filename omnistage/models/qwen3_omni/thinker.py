@@ -36,9 +36,9 @@ from typing import Any
 import torch
 
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
+from omnistage.ar.media_spans import fed_rows
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
-from omnistage.models.qwen_omni.media import (MediaPrompt, OmniMedia, fed_rows, image_processor, joint_deepstack,
-                                              prompt_options)
+from omnistage.models.qwen_omni.media import MediaPrompt, OmniMedia, image_processor, joint_deepstack, prompt_options
 from omnistage.models.chat_media import chat_media
 from omnistage.models.qwen_omni.positions import mrope_positions
 from omnistage.models.qwen_omni.video import VideoRules, interleave_by_time

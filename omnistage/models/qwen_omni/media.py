@@ -67,13 +67,6 @@ def joint_deepstack(prompt: MediaPrompt, tokens: tuple[int, ...]) -> list[torch.
     return layers
 
 
-def fed_rows(features: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """The rows of `features` (one per placeholder of the prompt, in order) for the placeholders a
-    prefill feeds (`mask` over its ids): the last ones, since a prefix-cache hit skips a prompt's
-    start and a media prompt's prefill is the rest of it, whole."""
-    return features[len(features) - int(mask.sum()):]
-
-
 class OmniMedia:
     """Mixin for a thinker with `audio_token_id`, `image_token_id`, `video_token_id`,
     `audio_bos_id`, `audio_eos_id`, `feature_extractor`, `image_processor`, `video_rules`, `model`
