@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from omnistage.ar.hf_model import eos_token_ids
+from omnistage.ar.media_spans import MediaSpan, fed_rows, media_digest
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
 from omnistage.core.errors import RequestError
@@ -27,6 +29,9 @@ from omnistage.models.chat_media import chat_media
 
 
 class Qwen3ASR(ARModel):
+    # Plain positions: a prefill may start at any cached position. A prompt with audio hits the
+    # prefix cache by its clip's digest (`PromptInputs.media`) and is prefilled whole after the hit.
+    supports_chunked_prefill = True
     supports_prepacked_linears = True  # transformers' encoder and decoder only call their linears
 
     def __init__(self, model, processor, eos: tuple[int, ...], device: torch.device) -> None:
@@ -80,7 +85,10 @@ class Qwen3ASR(ARModel):
             features = enc["input_features"].to(self.device, self.model.dtype)
             mask = enc["input_features_mask"].to(self.device)
             embeds = self.model.get_audio_features(features, mask).pooler_output
-        return PromptInputs(enc["input_ids"][0].tolist(), embeds)
+        ids = enc["input_ids"][0].tolist()
+        start = ids.index(self.audio_token_id)
+        span = MediaSpan(start, ids.count(self.audio_token_id), media_digest("audio", np.asarray(audio), rate))
+        return PromptInputs(ids, embeds, media=(span,))
 
     # --- the forward ---------------------------------------------------------------------------
 
@@ -100,13 +108,14 @@ class Qwen3ASR(ARModel):
                            input_embeds=embeds if batch.output_input_embeds else None)
 
     def _merge_audio(self, batch: ModelInput, embeds: torch.Tensor) -> torch.Tensor:
-        """Each row's audio embeddings into its `<|audio_pad|>` positions (prefills are whole prompts)."""
+        """Each row's audio embeddings into the `<|audio_pad|>` positions it feeds."""
         rows = [(i, seq.model_state) for i, seq in enumerate(batch.seqs) if seq.model_state is not None]
         if not rows:
             return embeds
         embeds = embeds.clone()
         for i, audio in rows:
-            embeds[i, batch.input_ids[i] == self.audio_token_id] = audio.to(embeds.dtype)
+            mask = batch.input_ids[i] == self.audio_token_id
+            embeds[i, mask] = fed_rows(audio, mask).to(embeds.dtype)
             batch.seqs[i].model_state = None  # only the prefill reads it
         return embeds
 
