@@ -373,9 +373,10 @@ def test_thinker_text_prompts_chunk_and_hit_the_prefix_cache(path, reference):
 
 
 def test_image_prompts_hit_the_prefix_cache_by_their_pixels(path, reference):
-    # The same image and question again reuses the blocks over the image; another image behind
-    # the same placeholder ids hits no block that overlaps it (its digest keys them); a prompt
-    # that appends a frame to earlier ones hits the blocks over those. Greedy text stays the reference's.
+    # The same image and question again reuses the blocks over the image and skips its encoder;
+    # another image behind the same placeholder ids hits no block that overlaps it (its digest keys
+    # them); a prompt that appends a frame to earlier ones hits the blocks over those and encodes
+    # only the images it feeds positions of. Greedy text stays the reference's.
     from omnistage.ar.engine import AREngine
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.core.types import StageRequest
@@ -390,6 +391,9 @@ def test_image_prompts_hit_the_prefix_cache_by_their_pixels(path, reference):
 
     engine = AREngine(path, THINKER_STAGE, StageDeployConfig(devices=("cpu",), dtype="float32", max_num_seqs=2))
     size, params = engine.block_size, greedy_params()["thinker"]
+    encoded = []  # images per vision encoder call
+    engine.model.model.model.visual.register_forward_hook(
+        lambda module, args, kwargs, out: encoded.append(len(kwargs["grid_thw"])), with_kwargs=True)
 
     def run(messages) -> tuple[int, int]:
         """(cached tokens, end of the last image's tokens), after checking the text against the reference."""
@@ -408,9 +412,10 @@ def test_image_prompts_hit_the_prefix_cache_by_their_pixels(path, reference):
     image_start = end - 16
     cached, _ = run(prompt(b))
     assert cached <= image_start // size * size  # none past the block the image starts in
-    _, end_ab = run(prompt(a, b))
+    _, end_ab = run(prompt(a, b))  # hits a's first block, which ends inside a: a is encoded again
     cached, _ = run(prompt(a, b, c))
     assert cached >= end_ab // size * size > image_start + size  # the blocks over frames a and b
+    assert encoded == [1, 1, 2, 2]  # a; none (a cached whole); b; a and b; b (partly cached) and c
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     engine.close()
 
