@@ -10,12 +10,13 @@ Block 0 is never handed out: it is the scratch block that padding positions writ
 
 Prefix caching: a full block is keyed by its token ids, the digests of the media items
 its positions overlap (media_spans.py: placeholder ids alone do not say which image they
-stand for) and the key of the block before it, so equal keys mean equal prefixes. A new sequence takes every cached block its
-prompt starts with (one more reference each) and computes only the rest. A block whose
-last reference goes away stays cached in the free queue until it is handed out again:
-the queue is LRU, and a freed sequence's blocks enter it tail first, so the end of a
-prompt is evicted before its (more shared) beginning. Blocks holding nothing reusable
-(never filled, or filled while an equal block was already cached) go to the front.
+stand for) and the key of the block before it, so equal keys mean equal prefixes. A new
+sequence takes every cached block its prompt starts with (one more reference each) and
+computes only the rest. A block whose last reference goes away stays cached in the free
+queue until it is handed out again: the queue is LRU, and a freed sequence's blocks enter
+it tail first, so the end of a prompt is evicted before its (more shared) beginning.
+Blocks holding nothing reusable (never filled, or filled while an equal block was already
+cached) go to the front.
 
 A request that returns hidden states / input embeddings (an omni thinker feeding its talker)
 needs those rows for the cached positions too: a block published by such a request says

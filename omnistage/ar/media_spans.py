@@ -8,10 +8,11 @@ that block's key (`block_digests`), so two blocks key alike only if their tokens
 media behind them are equal. Block keys chain, so a later block's key covers all media
 before it too.
 
-A digest is made from what the encoder reads (pixels after the image processor, samples
-after resampling) plus the options that change the features or the positions of the item's
-tokens (grids, seconds per frame, whether a video's audio is heard): `media_digest(...)`.
-On a hit the family's prefill merges features into the positions it feeds only (`fed_rows`).
+A digest (`media_digest`) is made from the item's decoded content (an image's pixel array,
+a clip's samples and rate, a video's sampled frames) plus the request options that change
+its features or its tokens' positions (seconds per frame, whether a video's audio is heard);
+the processing in between is the model's own, the same for every request. On a hit the
+family's prefill merges features into the positions it feeds only (`fed_rows`).
 """
 
 from __future__ import annotations
