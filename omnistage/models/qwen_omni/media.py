@@ -97,7 +97,8 @@ class OmniMedia:
         temporal = self.image_processor.temporal_patch_size if self.image_processor is not None else 2
         clips = [read_clip(part, self.video_rules, temporal, with_audio) for part in media.videos]
         # Audio in the order its tokens come: audio parts and videos' own audio; each slot is one item.
-        heard_by = [i for i, t in enumerate(slots) if t == self.audio_token_id or (t == self.video_token_id and with_audio)]
+        heard_by = [i for i, t in enumerate(slots)
+                    if t == self.audio_token_id or (t == self.video_token_id and with_audio)]
         audio_parts, videos_left = iter(media.audios), iter(clips)
         heard = [next(audio_parts) if slots[i] == self.audio_token_id else next(videos_left).audio for i in heard_by]
         prompt = MediaPrompt(ids, owners={"audio": heard_by, **{kind: [i for i, t in enumerate(slots) if t == token]
