@@ -8,13 +8,15 @@ lives in slot `block_table[p // block_size] * block_size + p % block_size`.
 Block 0 is never handed out: it is the scratch block that padding positions write into
 (vLLM's null block), so ids run 1..num_blocks.
 
-Prefix caching: a full block is keyed by its token ids and the key of the block before
-it, so equal keys mean equal prefixes. A new sequence takes every cached block its
-prompt starts with (one more reference each) and computes only the rest. A block whose
-last reference goes away stays cached in the free queue until it is handed out again:
-the queue is LRU, and a freed sequence's blocks enter it tail first, so the end of a
-prompt is evicted before its (more shared) beginning. Blocks holding nothing reusable
-(never filled, or filled while an equal block was already cached) go to the front.
+Prefix caching: a full block is keyed by its token ids, the digests of the media items
+its positions overlap (media_spans.py: placeholder ids alone do not say which image they
+stand for) and the key of the block before it, so equal keys mean equal prefixes. A new
+sequence takes every cached block its prompt starts with (one more reference each) and
+computes only the rest. A block whose last reference goes away stays cached in the free
+queue until it is handed out again: the queue is LRU, and a freed sequence's blocks enter
+it tail first, so the end of a prompt is evicted before its (more shared) beginning.
+Blocks holding nothing reusable (never filled, or filled while an equal block was already
+cached) go to the front.
 
 A request that returns hidden states / input embeddings (an omni thinker feeding its talker)
 needs those rows for the cached positions too: a block published by such a request says
@@ -28,10 +30,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from omnistage.ar.media_spans import block_digests
+
 if TYPE_CHECKING:
     from omnistage.ar.sequence import Sequence
 
-BlockKey = tuple  # (key hash of the block before, token ids of this block)
+BlockKey = tuple  # (key hash of the block before, token ids of this block[, digests of the media behind them])
 
 
 class Block:
@@ -81,11 +85,11 @@ class BlockManager:
         left to compute: its forward gives the logits of the next token."""
         if not (self.enable_prefix_caching and seq.prefix_cacheable):
             return []
-        tokens, size = seq.all_token_ids, self.block_size
+        tokens = seq.all_token_ids
         hits: list[int] = []
         parent = None
-        for i in range((len(tokens) - 1) // size):
-            key = (parent, tuple(tokens[i * size:(i + 1) * size]))
+        for i in range((len(tokens) - 1) // self.block_size):
+            key = self._key(seq, tokens, i, parent)
             block_id = self.cached.get(key)
             if block_id is None or not seq.state_kinds <= self.blocks[block_id].states:
                 break
@@ -97,14 +101,13 @@ class BlockManager:
         """Key every block of `seq` that is now full of computed tokens (after its forward)."""
         if not (self.enable_prefix_caching and seq.prefix_cacheable):
             return
-        size = self.block_size
-        num_full = seq.num_computed_tokens // size
+        num_full = seq.num_computed_tokens // self.block_size
         if len(seq.block_keys) >= num_full:
             return
         tokens = seq.all_token_ids
         for i in range(len(seq.block_keys), num_full):
             parent = hash(seq.block_keys[-1]) if seq.block_keys else None
-            key = (parent, tuple(tokens[i * size:(i + 1) * size]))
+            key = self._key(seq, tokens, i, parent)
             seq.block_keys.append(key)
             block = self.blocks[seq.block_table[i]]
             if block.key is not None:
@@ -117,6 +120,11 @@ class BlockManager:
                 self._forget(old)  # this copy also holds the rows the cached one lacks
             block.key, block.states = key, seq.state_kinds
             self.cached[key] = block.block_id
+
+    def _key(self, seq: Sequence, tokens: list[int], i: int, parent: int | None) -> BlockKey:
+        start, end = i * self.block_size, (i + 1) * self.block_size
+        digests = block_digests(seq.media_spans, start, end)
+        return (parent, tuple(tokens[start:end])) + ((digests,) if digests else ())
 
     # --- allocation -------------------------------------------------------------------------
 

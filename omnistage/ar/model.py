@@ -31,6 +31,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from omnistage.ar.media_spans import MediaSpan
 from omnistage.config.registry import REGISTRY
 from omnistage.core.errors import RequestError
 from omnistage.core.registry import ComponentRegistry, import_target
@@ -52,6 +53,10 @@ class PromptInputs:
     """Per-request state the family's forward reads back from `seq.model_state`."""
     streamed: bool = False
     """More inputs follow through `ARModel.extend_prompt` (a streaming upstream stage)."""
+    media: tuple[MediaSpan, ...] = ()
+    """The media items behind its placeholder tokens (positions and digests, in prompt order): the
+    prefix cache keys its blocks by them. A family gives them for every item or for none; its first
+    prefill must then merge features only into the positions it feeds (a hit skips the rest)."""
 
 
 @dataclass
@@ -230,10 +235,11 @@ class ARModel(ABC):
         return PromptInputs(self.tokenizer(inputs["prompt"])["input_ids"])
 
     def is_token_reproducible(self, prompt: PromptInputs) -> bool:
-        """Do this prompt's keys and values follow from its token ids alone? Then its blocks may be
-        shared through the prefix cache and recomputed after a preemption. Default: when the model
-        `supports_chunked_prefill`; a family whose ids stand for other inputs (audio
-        placeholders) says False for those prompts."""
+        """Do this prompt's keys and values follow from its token ids, and the digests of its
+        `media`, alone? Then its blocks may be shared through the prefix cache; if it has no media,
+        it may also be recomputed after a preemption (media features are encoded once, for the
+        first prefill). Default: when the model `supports_chunked_prefill`; a family whose ids
+        stand for other inputs it gives no digests for says False for those prompts."""
         return self.supports_chunked_prefill
 
     def extend_prompt(self, seq: Sequence, inputs: Any) -> None:

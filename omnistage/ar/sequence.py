@@ -9,6 +9,7 @@ import enum
 import time
 from typing import Any
 
+from omnistage.ar.media_spans import MediaSpan
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.core.playback import Playback
 
@@ -42,6 +43,7 @@ class Sequence:
         return_input_embeds: bool = False,
         model_state: Any = None,
         grammar: Any = None,
+        media_spans: tuple[MediaSpan, ...] = (),
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -67,6 +69,8 @@ class Sequence:
         self.state_kinds = frozenset(kind for kind, wanted in (("hidden_states", return_hidden_states),
                                                                ("input_embeds", return_input_embeds)) if wanted)
         """Per-position rows it returns: a cached block it reuses must hold them too (block_states.py)."""
+        self.media_spans = media_spans
+        """Where its prompt's media items sit and their digests: the prefix cache keys them (media_spans.py)."""
         self.prefix_cacheable = True
         """May reuse and publish cached blocks."""
         self.recomputable = True

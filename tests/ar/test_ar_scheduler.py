@@ -3,9 +3,11 @@ runner's output (the shape of vLLM's tests/v1/core/utils.py)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from omnistage.ar.block_manager import BlockManager
+from omnistage.ar.media_spans import MediaSpan, media_digest
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.ar.scheduler import Scheduler
 from omnistage.ar.sequence import Sequence, SequenceStatus
@@ -152,6 +154,28 @@ def test_prefix_cache_hit_skips_the_cached_blocks():
     sched.add(exact)
     batch, _ = step(sched)
     assert batch.prefills[0].start == 8 and batch.prefills[0].num_new == 4
+    assert_no_leak(sched)
+
+
+def test_media_digests_key_the_blocks_they_overlap():
+    # Placeholder ids 9 at positions 2..5 (blocks 0 and 1) stand for an image: the same ids with
+    # another image's digest hit no block over it, the same image hits them, and a prompt that
+    # appends a second image hits the blocks over the first.
+    sched = create_scheduler()
+    ids = [50, 51, 9, 9, 9, 9, 52, 53, 54, 55, 56, 57, 1]
+    image = MediaSpan(2, 4, media_digest("image", np.zeros((2, 2, 3), np.uint8)))
+    other = MediaSpan(2, 4, media_digest("image", np.ones((2, 2, 3), np.uint8)))
+
+    def cached(rid, spans, prompt=ids):
+        seq = Sequence(rid, prompt, SamplingParams(max_tokens=1), max_model_len=64, media_spans=spans)
+        sched.add(seq)
+        step(sched)
+        return seq.num_cached_tokens
+
+    assert cached("a", (image,)) == 0
+    assert cached("same", (image,)) == 12
+    assert cached("other", (other,)) == 0
+    assert cached("appended", (image, MediaSpan(10, 4, other.digest)), ids[:10] + [9] * 4 + [1]) == 8
     assert_no_leak(sched)
 
 

@@ -372,6 +372,54 @@ def test_thinker_text_prompts_chunk_and_hit_the_prefix_cache(path, reference):
     engine.close()
 
 
+def test_image_prompts_hit_the_prefix_cache_by_their_pixels(path, reference):
+    # The same image and question again reuses the blocks over the image and skips its encoder;
+    # another image behind the same placeholder ids hits no block that overlaps it (its digest keys
+    # them); a prompt that appends a frame to earlier ones hits the blocks over those and encodes
+    # only the images it feeds positions of. Greedy text stays the reference's.
+    from omnistage.ar.engine import AREngine
+    from omnistage.config.deploy_fields import StageDeployConfig
+    from omnistage.core.types import StageRequest
+    from omnistage.models.qwen2_5_omni import THINKER_STAGE
+
+    rng = np.random.RandomState(1)
+    a, b, c = ((rng.rand(112, 112, 3) * 255).astype(np.uint8) for _ in range(3))  # 16 tokens each
+
+    def prompt(*images):
+        parts = [{"type": "image", "image": image} for image in images]
+        return [{"role": "user", "content": [*parts, {"type": "text", "text": "Describe the image."}]}]
+
+    engine = AREngine(path, THINKER_STAGE, StageDeployConfig(devices=("cpu",), dtype="float32", max_num_seqs=2))
+    size, params = engine.block_size, greedy_params()["thinker"]
+    encoded = []  # images per vision encoder call
+    engine.model.model.model.visual.register_forward_hook(
+        lambda module, args, kwargs, out: encoded.append(len(kwargs["grid_thw"])), with_kwargs=True)
+
+    def run(messages) -> tuple[int, int]:
+        """(cached tokens, end of the last image's tokens), after checking the text against the reference."""
+        rid = f"r{engine.block_manager.num_prefix_queries}"
+        engine.add_request(StageRequest(rid, {"messages": messages}, params))
+        last_image_end = engine._seqs[rid].media_spans[-1].end
+        outs = []
+        while engine.has_unfinished_requests():
+            outs += engine.step()
+        assert outs[-1].payload.token_ids == reference(messages, generation_mode="text")[0]
+        return outs[-1].metrics["num_cached_tokens"], last_image_end
+
+    assert run(prompt(a))[0] == 0
+    cached, end = run(prompt(a))
+    assert cached >= end // size * size > 0  # every full block over the image
+    image_start = end - 16
+    cached, _ = run(prompt(b))
+    assert cached <= image_start // size * size  # none past the block the image starts in
+    _, end_ab = run(prompt(a, b))  # hits a's first block, which ends inside a: a is encoded again
+    cached, _ = run(prompt(a, b, c))
+    assert cached >= end_ab // size * size > image_start + size  # the blocks over frames a and b
+    assert encoded == [1, 1, 2, 2]  # a; none (a cached whole); b; a and b; b (partly cached) and c
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+    engine.close()
+
+
 def test_prefix_cache_hits_keep_text_and_waveform(reference, omni):
     # A request that speaks reuses the thinker's cached blocks of an earlier one with the same
     # system prompt, and of itself when repeated; the talker still gets the hidden states and

@@ -91,3 +91,20 @@ def test_partial_text_holds_the_language_tag():
     assert parse_transcript("language English<asr_text> Hel", final=False) == ("English", "Hel")
     assert parse_transcript("language None<asr_text>", final=True) == (None, "")
     assert parse_transcript("language Eng", final=True) == (None, "language Eng")  # never finished the tag
+
+
+def test_the_same_clip_again_hits_the_prefix_cache(omni, reference):
+    # Equal lengths: the two clips' prompts have the same token ids, so only the clip's digest in
+    # the block keys keeps the second clip off the first one's blocks over the audio. A hit over the
+    # whole clip skips the audio encoder.
+    clips = asr_clips((1.25, 1.25))
+    engine = omni.async_omni.orchestrator.handles[0].endpoint.server.engine
+    encoded = []  # audio encoder calls
+    hook = engine.model.model.model.audio_tower.register_forward_hook(lambda *_: encoded.append(1))
+    runs = [transcribe(omni, [clip])[0] for clip in (clips[0], clips[0], clips[1])]
+    hook.remove()
+    assert [r.token_ids for r in runs] == [generate(reference, [clips[i]])[0] for i in (0, 0, 1)]
+    cached = [r.metrics["stages"]["asr"]["num_cached_tokens"] for r in runs]
+    assert cached[0] == 0 and cached[1] >= 32  # the blocks up to the last prompt token, the audio's too
+    assert cached[2] == 0  # the audio starts in the first block
+    assert len(encoded) == 2  # the clip again: the hit covers its audio, which is not encoded again

@@ -240,6 +240,29 @@ def test_prefix_cache_hits_keep_text_codes_and_waveform(reference, omni):
     assert cached == [0, 32, 48]  # blocks of 16: the system prompt's, then up to the last prompt token
 
 
+def test_image_prompt_hits_keep_text_codes_and_waveform(reference, omni):
+    # An image prompt repeated reuses the blocks over its image; one that adds a second image hits
+    # only the first block, which ends inside the first image: the prefill merges the encoder's and
+    # deepstack's rows of the positions it feeds only. Text, frames and waveform stay the reference's.
+    rng = np.random.RandomState(2)
+    a, b = ((rng.rand(128, 128, 3) * 255).astype(np.uint8) for _ in range(2))  # 16 tokens each
+
+    def prompt(*images):
+        parts = [{"type": "image", "image": image} for image in images]
+        return [{"role": "user", "content": [*parts, {"type": "text", "text": "Describe the image."}]}]
+
+    cached = []
+    for messages in (prompt(a), prompt(a), prompt(a, b)):
+        [out] = omni.generate({"messages": messages, "voice": "Ethan"}, greedy_params(), use_tqdm=False)
+        stages = out.metrics["stages"]
+        cached.append(stages["thinker"]["num_cached_tokens"])
+        ref_ids, ref_codes, ref_wav = reference(messages)
+        assert out.token_ids == ref_ids
+        assert stages["talker"]["num_generated_tokens"] == ref_codes.shape[0]
+        np.testing.assert_array_equal(out.audio, ref_wav)
+    assert cached == [0, 32, 16]
+
+
 def test_thinker_only_variant(path, reference, tmp_path):
     deploy = tmp_path / "text.yaml"
     deploy.write_text("base_config: bundled:qwen3_omni.yaml\noutput_modalities: [text]\n")

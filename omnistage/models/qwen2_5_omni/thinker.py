@@ -32,8 +32,9 @@ import torch
 
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.kv_cache import kv_dims
+from omnistage.ar.media_spans import fed_rows
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
-from omnistage.models.qwen_omni.media import OmniMedia, image_processor, prompt_options
+from omnistage.models.qwen_omni.media import MediaPrompt, OmniMedia, image_processor, prompt_options
 from omnistage.models.chat_media import chat_media
 from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE
 from omnistage.models.qwen_omni.video import VideoRules, interleave_in_chunks
@@ -49,9 +50,8 @@ class ThinkerState:
     """[3, L] long: the prompt's M-RoPE positions."""
     rope_delta: int
     """Decode position = sequence position + rope_delta."""
-    media: dict[int, torch.Tensor] | None = None
-    """Placeholder id (<|AUDIO|>, <|IMAGE|>, <|VIDEO|>) -> [its tokens, H] encoder outputs, in
-    prompt order; dropped after prefill."""
+    media: MediaPrompt | None = None
+    """The prompt's media, prepared for the encoders, which the first prefill runs; dropped after it."""
     talker_embeds: torch.Tensor | None = None
     """[3, H]: embeddings of the voice's text-BOS, tts_text_eos, tts_text_pad."""
 
@@ -60,8 +60,9 @@ class OmniThinker(OmniMedia, ARModel):
     # Qwen2_5OmniProcessor's audio settings: every clip padded to the feature extractor's length.
     audio_feature_kwargs = {"padding": "max_length"}
 
-    # Text prompts are token ids with M-RoPE positions known per position, so they chunk,
-    # hit the prefix cache and recompute; prompts with audio are prefilled whole (below).
+    # Prompts are token ids with M-RoPE positions known per position, so they chunk, hit the
+    # prefix cache and recompute; prompts with media hit it by their items' digests
+    # (`PromptInputs.media`) and are prefilled whole after the hit (the engine's rule).
     supports_chunked_prefill = True
     supports_prepacked_linears = True  # transformers' towers and layers only call their linears
 
@@ -123,7 +124,7 @@ class OmniThinker(OmniMedia, ARModel):
         media = chat_media(inputs)
         ids = super().build_prompt(inputs).token_ids
         with torch.inference_mode():
-            prompt = self._encode_media(ids, media, with_audio)
+            prompt = self._prepare_media(ids, media, with_audio)
             ids_t = torch.tensor([prompt.ids], device=self.device)
             positions, delta = self.model.get_rope_index(
                 ids_t, prompt.image_grid, prompt.video_grid, torch.ones_like(ids_t), with_audio,
@@ -132,14 +133,9 @@ class OmniThinker(OmniMedia, ARModel):
             if voice is not None:
                 special = [self.speakers[voice]["bos_token"], *self.talker_text_ids]
                 talker_embeds = self.lm.embed_tokens(torch.tensor(special, device=self.device))
-        state = ThinkerState(positions[:, 0], int(delta.item()), media=prompt.embeds or None,
+        state = ThinkerState(positions[:, 0], int(delta.item()), media=prompt if prompt.spans else None,
                              talker_embeds=talker_embeds)
-        return PromptInputs(prompt.ids, state)
-
-    def is_token_reproducible(self, prompt: PromptInputs) -> bool:
-        # A media placeholder id is the same for every clip, image and video: its keys follow
-        # from the media, not the ids, so such prompts are neither shared nor recomputed from ids.
-        return prompt.model_state.media is None
+        return PromptInputs(prompt.ids, state, media=prompt.spans)
 
     def _interleave(self, times, num_audio: int) -> list[str]:
         return interleave_in_chunks(times, num_audio, self.video_rules)
@@ -178,7 +174,7 @@ class OmniThinker(OmniMedia, ARModel):
         return output.extras  # the runner publishes what this hook returns as TextPayload.extras
 
     def _merge_media(self, batch: ModelInput, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scatter each row's audio, image and video encoder outputs into their placeholder positions;
+        """Encode each row's media items it feeds and scatter their outputs into its placeholder positions;
         the talker's copy of the embeddings keeps zeros there instead (the reference's masked_scatter_)."""
         rows = [i for i, s in enumerate(batch.seqs) if s.model_state.media is not None]
         if not rows:
@@ -186,9 +182,10 @@ class OmniThinker(OmniMedia, ARModel):
         merged, zeroed = embeds.clone(), embeds.clone()
         for i in rows:
             state = batch.seqs[i].model_state
-            for token, features in state.media.items():
+            features_by_token, _ = self._encode_fed(state.media, batch.context_lens[i])
+            for token, features in features_by_token.items():
                 mask = batch.input_ids[i] == token
-                merged[i, mask] = features.to(embeds.dtype)
+                merged[i, mask] = fed_rows(features, mask).to(embeds.dtype)
                 zeroed[i, mask] = 0
             state.media = None  # only the prefill reads them
         return merged, zeroed

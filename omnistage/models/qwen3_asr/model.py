@@ -2,9 +2,10 @@
 
 Wraps `Qwen3ASRForConditionalGeneration` without patching it. At admission (`build_prompt`)
 the checkpoint's own `Qwen3ASRProcessor` lays the prompt out (chat template, one
-`<|audio_pad|>` per audio-encoder output, the log-mel features) and the audio encoder and
-projector run once; their output waits in `seq.model_state` until the prefill scatters it into
-the placeholder positions, as the reference's forward does. Every forward then runs the Qwen3
+`<|audio_pad|>` per audio-encoder output, the log-mel features), which wait in
+`seq.model_state` until the prefill runs the audio encoder and projector and scatters their
+output into the placeholder positions, as the reference's forward does (a prefix-cache hit
+that covers the clip whole skips the encoder). Every forward then runs the Qwen3
 decoder with the engine's masks and paged KV cache (`cache=`) and the tied LM head on the last
 positions. Positions are plain (the released `-hf` config has no M-RoPE).
 
@@ -17,9 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from omnistage.ar.hf_model import eos_token_ids
+from omnistage.ar.media_spans import MediaSpan, fed_rows, media_digest
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
 from omnistage.core.errors import RequestError
@@ -27,6 +30,9 @@ from omnistage.models.chat_media import chat_media
 
 
 class Qwen3ASR(ARModel):
+    # Plain positions: a prefill may start at any cached position. A prompt with audio hits the
+    # prefix cache by its clip's digest (`PromptInputs.media`) and is prefilled whole after the hit.
+    supports_chunked_prefill = True
     supports_prepacked_linears = True  # transformers' encoder and decoder only call their linears
 
     def __init__(self, model, processor, eos: tuple[int, ...], device: torch.device) -> None:
@@ -76,11 +82,11 @@ class Qwen3ASR(ARModel):
         wave = resample(audio, rate, self.sample_rate)
         # The processor's own call: its placeholder expansion and feature settings (its audio_kwargs).
         enc = self.processor(text=[text], audio=[wave], sampling_rate=self.sample_rate, return_tensors="pt")
-        with torch.inference_mode():
-            features = enc["input_features"].to(self.device, self.model.dtype)
-            mask = enc["input_features_mask"].to(self.device)
-            embeds = self.model.get_audio_features(features, mask).pooler_output
-        return PromptInputs(enc["input_ids"][0].tolist(), embeds)
+        features = enc["input_features"].to(self.device, self.model.dtype), enc["input_features_mask"].to(self.device)
+        ids = enc["input_ids"][0].tolist()
+        start = ids.index(self.audio_token_id)
+        span = MediaSpan(start, ids.count(self.audio_token_id), media_digest("audio", np.asarray(audio), rate))
+        return PromptInputs(ids, features, media=(span,))
 
     # --- the forward ---------------------------------------------------------------------------
 
@@ -100,13 +106,16 @@ class Qwen3ASR(ARModel):
                            input_embeds=embeds if batch.output_input_embeds else None)
 
     def _merge_audio(self, batch: ModelInput, embeds: torch.Tensor) -> torch.Tensor:
-        """Each row's audio embeddings into its `<|audio_pad|>` positions (prefills are whole prompts)."""
+        """Each row's clip encoded into the `<|audio_pad|>` positions it feeds (none: a hit covered the clip)."""
         rows = [(i, seq.model_state) for i, seq in enumerate(batch.seqs) if seq.model_state is not None]
         if not rows:
             return embeds
         embeds = embeds.clone()
         for i, audio in rows:
-            embeds[i, batch.input_ids[i] == self.audio_token_id] = audio.to(embeds.dtype)
+            mask = batch.input_ids[i] == self.audio_token_id
+            if mask.any():
+                audio = self.model.get_audio_features(*audio).pooler_output
+                embeds[i, mask] = fed_rows(audio, mask).to(embeds.dtype)
             batch.seqs[i].model_state = None  # only the prefill reads it
         return embeds
 

@@ -36,8 +36,9 @@ from typing import Any
 import torch
 
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
+from omnistage.ar.media_spans import fed_rows
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
-from omnistage.models.qwen_omni.media import MediaPrompt, OmniMedia, image_processor, joint_deepstack, prompt_options
+from omnistage.models.qwen_omni.media import MediaPrompt, OmniMedia, image_processor, prompt_options
 from omnistage.models.chat_media import chat_media
 from omnistage.models.qwen_omni.positions import mrope_positions
 from omnistage.models.qwen_omni.video import VideoRules, interleave_by_time
@@ -53,11 +54,8 @@ class ThinkerState:
     """[3, L] long: the prompt's M-RoPE positions."""
     rope_delta: int
     """Decode position = sequence position + rope_delta."""
-    media: dict[int, torch.Tensor] | None = None
-    """Placeholder id (audio, image, video) -> [its tokens, H] encoder outputs; dropped after prefill."""
-    deepstack: list[torch.Tensor] | None = None
-    """Per deepstack layer, [num image and video tokens, H] features added after that decoder layer, in
-    prompt order; dropped after prefill."""
+    media: MediaPrompt | None = None
+    """The prompt's media, prepared for the encoders, which the first prefill runs; dropped after it."""
     talker_extras: dict | None = None
     """What the talker reads besides the hidden states (None: no talker downstream)."""
 
@@ -65,9 +63,9 @@ class ThinkerState:
 class Qwen3OmniThinker(OmniMedia, ARModel):
     # Qwen3OmniMoeProcessor's audio settings: a request's clips padded to the longest of them.
     audio_feature_kwargs = {"padding": True, "truncation": False}
-    # Text prompts are token ids with M-RoPE positions known per position, so they chunk, hit the
+    # Prompts are token ids with M-RoPE positions known per position, so they chunk, hit the
     # prefix cache (with the talker's rows, ar/block_states.py) and recompute; prompts with media
-    # are prefilled whole (below).
+    # hit it by their items' digests (`PromptInputs.media`) and are prefilled whole after the hit.
     supports_chunked_prefill = True
     supports_prepacked_linears = True  # transformers' towers and layers only call their linears (experts are no nn.Linear)
 
@@ -137,7 +135,7 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
         media = chat_media(inputs)
         ids = super().build_prompt(inputs).token_ids
         with torch.inference_mode():
-            prompt = self._encode_media(ids, media, with_audio)
+            prompt = self._prepare_media(ids, media, with_audio)
             ids_t = torch.tensor([prompt.ids], device=self.device)
             positions, delta = self.model.get_rope_index(
                 ids_t, prompt.image_grid, prompt.video_grid, torch.ones_like(ids_t), with_audio, prompt.audio_seqlens,
@@ -148,19 +146,12 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
                 extras = {"prompt_token_ids": ids_t[0], "audio_seqlens": prompt.audio_seqlens,
                           "image_grid_thw": prompt.image_grid, "video_grid_thw": prompt.video_grid,
                           "video_second_per_grid": prompt.seconds_per_grid, "tts_embeds": special, "voice": voice}
-        state = ThinkerState(positions[:, 0], int(delta.item()), media=prompt.embeds or None,
-                             deepstack=joint_deepstack(prompt, (self.image_token_id, self.video_token_id)),
+        state = ThinkerState(positions[:, 0], int(delta.item()), media=prompt if prompt.spans else None,
                              talker_extras=extras)
-        return PromptInputs(prompt.ids, state)
+        return PromptInputs(prompt.ids, state, media=prompt.spans)
 
-    def is_token_reproducible(self, prompt: PromptInputs) -> bool:
-        # A media placeholder id is the same for every clip, image and video: its keys follow
-        # from the media, not the ids, so such prompts are neither shared nor recomputed from ids.
-        return prompt.model_state.media is None
-
-    def _store_features(self, prompt: MediaPrompt, token: int, out: Any) -> None:
-        prompt.embeds[token] = torch.cat(out.pooler_output)
-        prompt.deepstack[token] = [torch.cat(per_item) for per_item in out.deepstack_features]
+    def _vision_features(self, out: Any) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        return torch.cat(out.pooler_output), [torch.cat(per_item) for per_item in out.deepstack_features]
 
     def _interleave(self, times, num_audio: int) -> list[str]:
         return interleave_by_time(times, num_audio)
@@ -200,8 +191,8 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
         return output.extras  # the runner publishes what this hook returns as TextPayload.extras
 
     def _merge_media(self, batch: ModelInput, embeds: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """Scatter each row's audio, image and video encoder outputs into its placeholder positions, and
-        gather the rows' deepstack features in the order the language model adds them (row-major over
+        """Encode each row's media items it feeds and scatter their outputs into its placeholder positions,
+        and gather the rows' deepstack features in the order the language model adds them (row-major over
         the batch's image and video positions)."""
         states = [s.model_state for s in batch.seqs]
         if all(st.media is None for st in states):
@@ -211,11 +202,15 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
                                                           device=batch.input_ids.device))
         layers: dict[int, list[torch.Tensor]] = {}
         for i, st in enumerate(states):
-            for token, features in (st.media or {}).items():
-                embeds[i, batch.input_ids[i] == token] = features.to(embeds.dtype)
-            for k, feature in enumerate(st.deepstack or ()):
-                layers.setdefault(k, []).append(feature)
-            st.media = st.deepstack = None  # only the prefill reads them
+            if st.media is None:
+                continue
+            features_by_token, deepstack = self._encode_fed(st.media, batch.context_lens[i])
+            for token, features in features_by_token.items():
+                mask = batch.input_ids[i] == token
+                embeds[i, mask] = fed_rows(features, mask).to(embeds.dtype)
+            for k, feature in enumerate(deepstack or ()):
+                layers.setdefault(k, []).append(fed_rows(feature, visual[i]))
+            st.media = None  # only the prefill reads it
         if not layers:
             return embeds, {}
         deepstack = [torch.cat(layers[k]).to(embeds.dtype) for k in sorted(layers)]

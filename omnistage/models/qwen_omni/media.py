@@ -1,10 +1,14 @@
 """How a Qwen omni thinker lays out and encodes a prompt's media (shared by Qwen2.5-Omni and Qwen3-Omni).
 
-`OmniMedia._encode_media` walks the prompt's placeholders in order and asks the thinker's
-own encoders for each kind: one <|AUDIO|> per audio frame, one <|IMAGE|> / <|VIDEO|> per
+`OmniMedia._prepare_media` walks the prompt's placeholders in order and prepares each kind
+for the thinker's own encoders: one <|AUDIO|> per audio frame, one <|IMAGE|> / <|VIDEO|> per
 merged patch, and with `use_audio_in_video` a video's frame tokens interleaved with its own
 audio's (the family's `_interleave`: Qwen2.5-Omni in 2-second chunks, Qwen3-Omni by time),
-between <|audio_bos|> and <|audio_eos|>, as the families' processors do.
+between <|audio_bos|> and <|audio_eos|>, as the families' processors do. It also says where
+each item's tokens sit and digests what it was made of (`MediaPrompt.spans`), so the prefix
+cache can tell one image from another behind the same placeholder ids (ar/media_spans.py).
+The encoders run at the first prefill (`_encode_fed`), on the items it feeds only: an item a
+prefix-cache hit covers whole is never encoded.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from omnistage.ar.media_spans import MediaSpan, media_digest
 from omnistage.models.chat_media import ChatMedia
 
 AUDIO_SAMPLE_RATE = 16000  # the Whisper feature extractor's input rate
@@ -22,16 +27,22 @@ AUDIO_SAMPLE_RATE = 16000  # the Whisper feature extractor's input rate
 
 @dataclass
 class MediaPrompt:
-    """A prompt's ids with its media encoded (built by `OmniMedia._encode_media`)."""
+    """A prompt's ids with its media laid out and prepared for the encoders (built by
+    `OmniMedia._prepare_media`); `OmniMedia._encode_fed` encodes it at the first prefill."""
 
     ids: list[int]
-    embeds: dict[int, torch.Tensor] = field(default_factory=dict)
+    spans: tuple[MediaSpan, ...] = ()
+    """Each item's positions in `ids` and its digest, in prompt order (`PromptInputs.media`)."""
     audio_seqlens: torch.Tensor | None = None
     image_grid: torch.Tensor | None = None
     video_grid: torch.Tensor | None = None
     seconds_per_grid: torch.Tensor | None = None
-    deepstack: dict[int, list[torch.Tensor]] = field(default_factory=dict)
-    """Placeholder id -> per deepstack layer, [its tokens, H] (thinkers with deepstack vision features)."""
+    audio_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
+    """(features, mask) of every heard clip (audio parts and videos' own audio), in token order."""
+    image_pixels: list[torch.Tensor] = field(default_factory=list)
+    video_pixels: list[torch.Tensor] = field(default_factory=list)
+    owners: dict[str, list[int]] = field(default_factory=dict)
+    """"audio" / "image" / "video" -> the item (index into `spans`) of each heard clip / image / video."""
 
 
 def prompt_options(inputs: Any, default_voice: str) -> tuple[Any, str | None, bool]:
@@ -44,19 +55,20 @@ def prompt_options(inputs: Any, default_voice: str) -> tuple[Any, str | None, bo
     return inputs, voice, bool(inputs.pop("use_audio_in_video", False))
 
 
-def joint_deepstack(prompt: MediaPrompt, tokens: tuple[int, ...]) -> list[torch.Tensor] | None:
-    """Per deepstack layer, the features of every visual position (of any of `tokens`) in prompt
+def joint_deepstack(ids: list[int], deepstack: dict[int, list[torch.Tensor]],
+                    tokens: tuple[int, ...]) -> list[torch.Tensor] | None:
+    """Per deepstack layer, the features of every visual position (of any of `tokens`) of `ids` in
     order, as the language model adds them; None when no vision encoder ran."""
-    if not prompt.deepstack:
+    if not deepstack:
         return None
-    ids = torch.tensor(prompt.ids)
+    ids = torch.tensor(ids)
     visual = ids[torch.isin(ids, torch.tensor(tokens))]
-    num_layers = len(next(iter(prompt.deepstack.values())))
+    num_layers = len(next(iter(deepstack.values())))
     layers = []
     for k in range(num_layers):
-        any_layer = next(iter(prompt.deepstack.values()))[k]
+        any_layer = next(iter(deepstack.values()))[k]
         joint = any_layer.new_zeros(len(visual), any_layer.shape[-1])
-        for token, features in prompt.deepstack.items():
+        for token, features in deepstack.items():
             joint[(visual == token).to(joint.device)] = features[k]
         layers.append(joint)
     return layers
@@ -68,36 +80,46 @@ class OmniMedia:
     and `device`; the family gives `audio_feature_kwargs` (its processor's padding),
     `_audio_token_counts(seqlens)` and `_interleave(times, num_audio)`."""
 
-    def _encode_media(self, ids: list[int], media: ChatMedia, with_audio: bool) -> MediaPrompt:
-        """Encode every media part and lay its placeholder out as the processor does: one
-        <|AUDIO|> per audio frame, one <|IMAGE|> / <|VIDEO|> per merged patch, and with
-        `use_audio_in_video` a video's frame and audio tokens interleaved in 2-second chunks."""
+    def _prepare_media(self, ids: list[int], media: ChatMedia, with_audio: bool) -> MediaPrompt:
+        """Prepare every media part for its encoder and lay its placeholder out as the processor does:
+        one <|AUDIO|> per audio frame, one <|IMAGE|> / <|VIDEO|> per merged patch, and with
+        `use_audio_in_video` a video's frame and audio tokens interleaved. The encoders run later,
+        at the first prefill, on the items it feeds (`_encode_fed`)."""
         from omnistage.models.qwen_omni.video import read_clip
 
-        slots = [t for t in ids if t in (self.audio_token_id, self.image_token_id, self.video_token_id)]
-        for token, parts, kind in ((self.audio_token_id, media.audios, "audio"), (self.image_token_id, media.images,
-                                   "image"), (self.video_token_id, media.videos, "video")):
+        kinds = {self.audio_token_id: "audio", self.image_token_id: "image", self.video_token_id: "video"}
+        slots = [t for t in ids if t in kinds]
+        for token, parts in ((self.audio_token_id, media.audios), (self.image_token_id, media.images),
+                             (self.video_token_id, media.videos)):
             if slots.count(token) != len(parts):
+                kind = kinds[token]
                 raise ValueError(f"the prompt has {slots.count(token)} {kind} placeholders but {len(parts)} {kind} inputs")
         temporal = self.image_processor.temporal_patch_size if self.image_processor is not None else 2
         clips = [read_clip(part, self.video_rules, temporal, with_audio) for part in media.videos]
-        # Audio features in the order their tokens come: audio parts and videos' own audio.
+        # Audio in the order its tokens come: audio parts and videos' own audio; each slot is one item.
+        heard_by = [i for i, t in enumerate(slots)
+                    if t == self.audio_token_id or (t == self.video_token_id and with_audio)]
         audio_parts, videos_left = iter(media.audios), iter(clips)
-        heard = [next(audio_parts) if t == self.audio_token_id else next(videos_left).audio
-                 for t in slots if t == self.audio_token_id or (t == self.video_token_id and with_audio)]
-        prompt = MediaPrompt(ids)
-        heard_counts = iter(self._encode_audio(prompt, heard) if heard else [])
+        heard = [next(audio_parts) if slots[i] == self.audio_token_id else next(videos_left).audio for i in heard_by]
+        prompt = MediaPrompt(ids, owners={"audio": heard_by, **{kind: [i for i, t in enumerate(slots) if t == token]
+                                                                for token, kind in kinds.items() if kind != "audio"}})
+        heard_counts = iter(self._prepare_audio(prompt, heard) if heard else [])
         audio_counts, video_audio_counts = [], []  # per audio part; per video's own audio
-        for t in slots:
-            if t == self.audio_token_id:
-                audio_counts.append(next(heard_counts))
-            elif t == self.video_token_id and with_audio:
-                video_audio_counts.append(next(heard_counts))
-        image_counts = self._encode_images(prompt, media.images) if media.images else []
-        video_layouts = self._encode_videos(prompt, clips, video_audio_counts) if clips else []
+        for i in heard_by:
+            (audio_counts if slots[i] == self.audio_token_id else video_audio_counts).append(next(heard_counts))
+        image_counts = self._prepare_images(prompt, media.images) if media.images else []
+        video_layouts = self._prepare_videos(prompt, clips, video_audio_counts) if clips else []
         audio_counts, image_counts, layouts = iter(audio_counts), iter(image_counts), iter(video_layouts)
+        # What each item's features and token positions follow from: its samples, its pixels,
+        # and for a video its sampling and, when heard, its audio.
+        digests = {self.audio_token_id: iter(media_digest("audio", np.asarray(a), rate) for a, rate in media.audios),
+                   self.image_token_id: iter(media_digest("image", np.asarray(image)) for image in media.images),
+                   self.video_token_id: iter(media_digest("video", c.frames, c.seconds_per_grid, with_audio,
+                                                          *(c.audio if with_audio else ())) for c in clips)}
         expanded: list[int] = []
+        spans: list[MediaSpan] = []
         for t in ids:
+            start = len(expanded)
             if t == self.audio_token_id:
                 expanded += [t] * next(audio_counts)
             elif t == self.image_token_id:
@@ -106,12 +128,14 @@ class OmniMedia:
                 expanded += next(layouts)
             else:
                 expanded.append(t)
-        prompt.ids = expanded
+                continue
+            spans.append(MediaSpan(start, len(expanded) - start, next(digests[t])))
+        prompt.ids, prompt.spans = expanded, tuple(spans)
         return prompt
 
-    def _encode_audio(self, prompt: MediaPrompt, audios: list[tuple[Any, int]]) -> list[int]:
-        """The clips through the Whisper features (the family's `audio_feature_kwargs`) and the audio
-        encoder; returns each clip's token count."""
+    def _prepare_audio(self, prompt: MediaPrompt, audios: list[tuple[Any, int]]) -> list[int]:
+        """The clips through the Whisper features (the family's `audio_feature_kwargs`); returns each
+        clip's token count."""
         from omnistage.media.audio import resample
 
         if self.feature_extractor is None:
@@ -121,27 +145,22 @@ class OmniMedia:
                                           return_tensors="pt", **self.audio_feature_kwargs)
         mask = features["attention_mask"].to(self.device)
         prompt.audio_seqlens = mask.sum(-1)
-        features = features["input_features"].to(self.device, self.model.dtype)
-        prompt.embeds[self.audio_token_id] = self.model.get_audio_features(features, mask).last_hidden_state
+        prompt.audio_inputs = features["input_features"].to(self.device, self.model.dtype), mask
         return self._audio_token_counts(prompt.audio_seqlens)
 
-    def _encode_images(self, prompt: MediaPrompt, images: list[Any]) -> list[int]:
+    def _prepare_images(self, prompt: MediaPrompt, images: list[Any]) -> list[int]:
         """Pixels by the checkpoint's image processor (PIL path), one placeholder per merged patch."""
         if self.image_processor is None:
             raise ValueError("this checkpoint has no image processor (preprocessor_config.json image fields)")
         pixels = self.image_processor(images=images, return_tensors="pt")
         prompt.image_grid = pixels["image_grid_thw"].to(self.device)
-        self._store_features(prompt, self.image_token_id, self.model.get_image_features(
-            pixels["pixel_values"].to(self.device, self.model.dtype), prompt.image_grid))
+        rows = prompt.image_grid.prod(-1).tolist()
+        prompt.image_pixels = list(pixels["pixel_values"].to(self.device, self.model.dtype).split(rows))
         return (prompt.image_grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
 
-    def _store_features(self, prompt: MediaPrompt, token: int, out: Any) -> None:
-        """A vision encoder output for `token`'s positions (a deepstack thinker also keeps its layers)."""
-        prompt.embeds[token] = torch.cat(out.pooler_output)
-
-    def _encode_videos(self, prompt: MediaPrompt, clips: list, audio_counts: list[int]) -> list[list[int]]:
-        """Each clip's pixels (`video_pixels`) through the vision encoder; returns each video's tokens,
-        its frames' interleaved with its own audio's (`audio_counts`, one per clip) when it is heard."""
+    def _prepare_videos(self, prompt: MediaPrompt, clips: list, audio_counts: list[int]) -> list[list[int]]:
+        """Each clip's pixels (`video_pixels`); returns each video's tokens, its frames' interleaved
+        with its own audio's (`audio_counts`, one per clip) when it is heard."""
         from omnistage.models.qwen_omni.video import frame_positions, video_pixels
 
         if self.image_processor is None:
@@ -150,8 +169,7 @@ class OmniMedia:
         pixels, grids = zip(*(video_pixels(self.image_processor, clip.frames, rules) for clip in clips))
         prompt.video_grid = torch.tensor(grids, device=self.device)
         prompt.seconds_per_grid = torch.tensor([clip.seconds_per_grid for clip in clips])
-        values = torch.from_numpy(np.concatenate(pixels)).to(self.device, self.model.dtype)
-        self._store_features(prompt, self.video_token_id, self.model.get_video_features(values, prompt.video_grid))
+        prompt.video_pixels = [torch.from_numpy(p).to(self.device, self.model.dtype) for p in pixels]
         merge = self.image_processor.merge_size
         if not audio_counts:
             return [[self.video_token_id] * (t * h * w // merge**2) for t, h, w in grids]
@@ -162,6 +180,36 @@ class OmniMedia:
             order = self._interleave(times, num_audio)
             layouts.append([self.audio_bos_id, *(tokens[k] for k in order), self.audio_eos_id])
         return layouts
+
+    def _encode_fed(self, prompt: MediaPrompt, start: int) -> tuple[dict[int, torch.Tensor], list[torch.Tensor] | None]:
+        """Run the encoders on the items a prefill from position `start` feeds (any with a token at or
+        after it: a prefix-cache hit skips the items wholly before it). Returns placeholder id ->
+        [its tokens in those items, H], and per deepstack layer the features of their visual tokens
+        (None without deepstack); `fed_rows` then takes the rows of the fed positions."""
+        fed = [i for i, span in enumerate(prompt.spans) if span.end > start]
+        if not fed:
+            return {}, None
+        embeds: dict[int, torch.Tensor] = {}
+        deepstack: dict[int, list[torch.Tensor]] = {}
+        heard = [j for j, item in enumerate(prompt.owners["audio"]) if item >= fed[0]]
+        if heard:
+            features, mask = prompt.audio_inputs
+            embeds[self.audio_token_id] = self.model.get_audio_features(features[heard], mask[heard]).last_hidden_state
+        for kind, token, pixels, grid, encode in (
+                ("image", self.image_token_id, prompt.image_pixels, prompt.image_grid, self.model.get_image_features),
+                ("video", self.video_token_id, prompt.video_pixels, prompt.video_grid, self.model.get_video_features)):
+            chosen = [j for j, item in enumerate(prompt.owners[kind]) if item >= fed[0]]
+            if chosen:
+                out = encode(torch.cat([pixels[j] for j in chosen]), grid[chosen])
+                embeds[token], layers = self._vision_features(out)
+                if layers is not None:
+                    deepstack[token] = layers
+        tail = prompt.ids[prompt.spans[fed[0]].start:]
+        return embeds, joint_deepstack(tail, deepstack, (self.image_token_id, self.video_token_id))
+
+    def _vision_features(self, out: Any) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """A vision encoder output -> [its tokens, H] (and per deepstack layer, for a deepstack thinker)."""
+        return torch.cat(out.pooler_output), None
 
 
 def image_processor(model_path: str, cls):

@@ -164,8 +164,8 @@ class ResponseRun:
         usage = None
         if done:
             prompt, completion = prompt_tokens(self._final), completion_tokens(self._final)
-            # Prompts with audio are never prefix-cached (their placeholder ids stand for the audio,
-            # see the thinker's is_token_reproducible), so this is 0 on audio turns.
+            # Audio turns hit the prefix cache too: blocks over a clip key it by its digest
+            # (ar/media_spans.py), so an earlier turn's audio counts once the conversation repeats it.
             cached = cached_tokens(self._final, self.gateway.engine.spec.entry_stages[0].name)
             usage = {"total_tokens": prompt + completion, "input_tokens": prompt, "output_tokens": completion,
                      "input_token_details": {"cached_tokens": cached}, "output_token_details": {}}

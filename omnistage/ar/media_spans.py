@@ -1,0 +1,65 @@
+"""Media items behind a prompt's placeholder tokens, as the prefix cache keys them.
+
+A placeholder id (<|IMAGE|>, <|AUDIO|>, ...) is the same for every clip, image and video,
+so a block's token ids alone do not say what its keys were computed from. As vLLM does, a
+family that encodes media says where each item sits in the prompt and gives it a content
+digest (`MediaSpan`); the block manager folds the digests of the items a block overlaps into
+that block's key (`block_digests`), so two blocks key alike only if their tokens and the
+media behind them are equal. Block keys chain, so a later block's key covers all media
+before it too.
+
+A digest (`media_digest`) is made from the item's decoded content (an image's pixel array,
+a clip's samples and rate, a video's sampled frames) plus the request options that change
+its features or its tokens' positions (seconds per frame, whether a video's audio is heard);
+the processing in between is the model's own, the same for every request. On a hit the
+family's prefill merges features into the positions it feeds only (`fed_rows`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class MediaSpan:
+    """One media item of a prompt: the positions [start, start + length) its tokens take, and its digest."""
+
+    start: int
+    length: int
+    digest: bytes
+
+    @property
+    def end(self) -> int:
+        return self.start + self.length
+
+
+def media_digest(*parts: Any) -> bytes:
+    """A content digest of `parts`: arrays (numpy or torch: dtype, shape and bytes) and plain values (their repr)."""
+    h = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        if hasattr(part, "detach"):  # a torch tensor
+            part = part.detach().cpu().contiguous().numpy()
+        if isinstance(part, np.ndarray):
+            part = np.ascontiguousarray(part)
+            h.update(f"{part.dtype.str}{part.shape}".encode())
+            h.update(part.data)
+        else:
+            h.update(repr(part).encode())
+        h.update(b"\x00")
+    return h.digest()
+
+
+def block_digests(spans: tuple[MediaSpan, ...], start: int, end: int) -> tuple[bytes, ...]:
+    """The digests of the items whose positions overlap [start, end), in prompt order."""
+    return tuple(s.digest for s in spans if s.start < end and s.end > start)
+
+
+def fed_rows(features: Any, mask: Any) -> Any:
+    """The rows of `features` (one per placeholder of the prompt, in order) for the placeholders a
+    prefill feeds (`mask` over its ids): the last ones, since a prefix-cache hit skips the prompt's
+    start and a media prompt's prefill is all the rest (the engine never chunks or recomputes it)."""
+    return features[len(features) - int(mask.sum()):]
