@@ -69,7 +69,7 @@ class BlockManager:
         left to compute: its forward gives the logits of the next token."""
         if not (self.enable_prefix_caching and seq.prefix_cacheable):
             return []
-        tokens, size = seq.all_token_ids, self.block_size
+        tokens, size = seq.cache_token_ids, self.block_size
         hits: list[int] = []
         parent = None
         for i in range((len(tokens) - 1) // size):
@@ -89,7 +89,7 @@ class BlockManager:
         num_full = seq.num_computed_tokens // size
         if len(seq.block_keys) >= num_full:
             return
-        tokens = seq.all_token_ids
+        tokens = seq.cache_token_ids
         for i in range(len(seq.block_keys), num_full):
             parent = hash(seq.block_keys[-1]) if seq.block_keys else None
             key = (parent, tuple(tokens[i * size:(i + 1) * size]))

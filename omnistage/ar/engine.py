@@ -203,7 +203,10 @@ class AREngine:
         if self.model.audio_frame_rate is not None:
             seq.frame_seconds = 1.0 / self.model.audio_frame_rate
         if not self.model.is_token_reproducible(prompt) or prompt.streamed:
-            seq.prefix_cacheable = seq.recomputable = False
+            seq.recomputable = False
+            # Ids that stand for media are shared only under keys that name the media.
+            seq.prefix_cacheable = seq.prefix_cacheable and prompt.cache_ids is not None and not prompt.streamed
+            seq.prompt_cache_ids = prompt.cache_ids
         if prompt.streamed:
             seq.streamed = True
             seq.awaiting_input = not self.model.input_ready(seq)

@@ -52,6 +52,11 @@ class PromptInputs:
     """Per-request state the family's forward reads back from `seq.model_state`."""
     streamed: bool = False
     """More inputs follow through `ARModel.extend_prompt` (a streaming upstream stage)."""
+    cache_ids: list | None = None
+    """Per prompt position, what the prefix cache keys it by, for a prompt that is not
+    `is_token_reproducible`: a media placeholder's entry names its media (a digest), so equal
+    entries mean equal keys and values and such prompts still share cached blocks. None: not
+    shared. The prompt is still never recomputed (its media is read once, at prefill)."""
 
 
 @dataclass

@@ -68,6 +68,8 @@ class Sequence:
         """May reuse and publish cached blocks (a request that streams hidden states needs every row computed)."""
         self.recomputable = self.prefix_cacheable
         """May be preempted and recomputed later (else it reserves its blocks for its whole length at admission)."""
+        self.prompt_cache_ids: list | None = None
+        """What the prefix cache keys the prompt by when its ids alone do not say it (`PromptInputs.cache_ids`)."""
         self.num_preemptions = 0
         self.streamed = False  # inputs still arriving from a streaming upstream (ARModel.extend_prompt)
         self.awaiting_input = False
@@ -105,6 +107,11 @@ class Sequence:
     @property
     def all_token_ids(self) -> list[int]:
         return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def cache_token_ids(self) -> list:
+        """The keys of the prefix cache: the tokens, with media placeholders named by their media."""
+        return (self.prompt_cache_ids or self.prompt_token_ids) + self.output_token_ids
 
     @property
     def num_uncomputed_tokens(self) -> int:

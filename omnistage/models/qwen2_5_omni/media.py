@@ -32,6 +32,35 @@ class MediaPrompt:
     seconds_per_grid: torch.Tensor | None = None
     deepstack: dict[int, list[torch.Tensor]] = field(default_factory=dict)
     """Placeholder id -> per deepstack layer, [its tokens, H] (thinkers with deepstack vision features)."""
+    cache_ids: list | None = None
+    """`ids` with each media position named by its media, `(id, digest)`: the prefix cache's keys."""
+
+
+def media_digest(part: Any) -> str:
+    """A digest of one media input's content (array, PIL image, bytes, or a video part's dict)."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+
+    def feed(value: Any) -> None:
+        if isinstance(value, dict):
+            for key in sorted(value):
+                h.update(str(key).encode())
+                feed(value[key])
+        elif isinstance(value, (tuple, list)):
+            for v in value:
+                feed(v)
+        elif isinstance(value, (bytes, bytearray, memoryview)):
+            h.update(value)
+        elif hasattr(value, "__array_interface__") or isinstance(value, np.ndarray):  # PIL images too
+            array = np.ascontiguousarray(np.asarray(value))
+            h.update(f"{array.dtype}{array.shape}".encode())
+            h.update(array.tobytes())
+        else:
+            h.update(repr(value).encode())
+
+    feed(part)
+    return h.hexdigest()
 
 
 def prompt_options(inputs: Any, default_voice: str) -> tuple[Any, str | None, bool]:
@@ -96,17 +125,26 @@ class OmniMedia:
         image_counts = self._encode_images(prompt, media.images) if media.images else []
         video_layouts = self._encode_videos(prompt, clips, video_audio_counts) if clips else []
         audio_counts, image_counts, layouts = iter(audio_counts), iter(image_counts), iter(video_layouts)
+        digests = {self.audio_token_id: iter(media.audios), self.image_token_id: iter(media.images),
+                   self.video_token_id: iter(media.videos)}
         expanded: list[int] = []
+        keys: list = []
         for t in ids:
             if t == self.audio_token_id:
-                expanded += [t] * next(audio_counts)
+                span = [t] * next(audio_counts)
             elif t == self.image_token_id:
-                expanded += [t] * next(image_counts)
+                span = [t] * next(image_counts)
             elif t == self.video_token_id:
-                expanded += next(layouts)
+                span = next(layouts)
             else:
                 expanded.append(t)
-        prompt.ids = expanded
+                keys.append(t)
+                continue
+            # Every placeholder id is the same for all media: the cache keys name the media too.
+            digest = media_digest((next(digests[t]), with_audio))
+            expanded += span
+            keys += [(k, digest) for k in span]
+        prompt.ids, prompt.cache_ids = expanded, keys
         return prompt
 
     def _encode_audio(self, prompt: MediaPrompt, audios: list[tuple[Any, int]]) -> list[int]:

@@ -132,11 +132,12 @@ class OmniThinker(OmniMedia, ARModel):
                 talker_embeds = self.lm.embed_tokens(torch.tensor(special, device=self.device))
         state = ThinkerState(positions[:, 0], int(delta.item()), media=prompt.embeds or None,
                              talker_embeds=talker_embeds)
-        return PromptInputs(prompt.ids, state)
+        return PromptInputs(prompt.ids, state, cache_ids=prompt.cache_ids if prompt.embeds else None)
 
     def is_token_reproducible(self, prompt: PromptInputs) -> bool:
         # A media placeholder id is the same for every clip, image and video: its keys follow
-        # from the media, not the ids, so such prompts are neither shared nor recomputed from ids.
+        # from the media, not the ids, so such prompts are never recomputed from ids, and are
+        # shared only under `cache_ids`, which name the media.
         return prompt.model_state.media is None
 
     def _interleave(self, times, num_audio: int) -> list[str]:
@@ -183,12 +184,15 @@ class OmniThinker(OmniMedia, ARModel):
             return embeds, embeds
         merged, zeroed = embeds.clone(), embeds.clone()
         for i in rows:
-            state = batch.seqs[i].model_state
-            for token, features in state.media.items():
+            seq = batch.seqs[i]
+            start = batch.context_lens[i] if batch.context_lens else 0
+            for token, features in seq.model_state.media.items():
                 mask = batch.input_ids[i] == token
-                merged[i, mask] = features.to(embeds.dtype)
+                # A prefix-cache hit already holds the first placeholders' keys: skip their features.
+                skip = seq.prompt_token_ids[:start].count(token)
+                merged[i, mask] = features[skip:skip + int(mask.sum())].to(embeds.dtype)
                 zeroed[i, mask] = 0
-            state.media = None  # only the prefill reads them
+            seq.model_state.media = None  # only the prefill reads them
         return merged, zeroed
 
     def _positions(self, batch: ModelInput) -> torch.Tensor:
