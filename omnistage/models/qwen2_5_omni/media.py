@@ -93,8 +93,8 @@ def joint_deepstack(prompt: MediaPrompt, tokens: tuple[int, ...]) -> list[torch.
 
 class OmniMedia:
     """Mixin for a thinker with `audio_token_id`, `image_token_id`, `video_token_id`,
-    `audio_bos_id`, `audio_eos_id`, `feature_extractor`, `image_processor`, `video_rules`, `model`
-    and `device`; the family gives `audio_feature_kwargs` (its processor's padding),
+    `audio_bos_id`, `audio_eos_id`, `feature_extractor`, `image_processor`, `encoder_cache`,
+    `video_rules`, `model` and `device`; the family gives `audio_feature_kwargs` (its processor's padding),
     `_audio_token_counts(seqlens)` and `_interleave(times, num_audio)`."""
 
     def _encode_media(self, ids: list[int], media: ChatMedia, with_audio: bool) -> MediaPrompt:
@@ -164,13 +164,31 @@ class OmniMedia:
         return self._audio_token_counts(prompt.audio_seqlens)
 
     def _encode_images(self, prompt: MediaPrompt, images: list[Any]) -> list[int]:
-        """Pixels by the checkpoint's image processor (PIL path), one placeholder per merged patch."""
+        """Pixels by the checkpoint's image processor (PIL path), one placeholder per merged patch.
+        Images encoded before (`encoder_cache`, by digest) are not encoded again."""
+        from types import SimpleNamespace
+
+        from omnistage.models.qwen2_5_omni.encoder_cache import EncodedImage
+
         if self.image_processor is None:
             raise ValueError("this checkpoint has no image processor (preprocessor_config.json image fields)")
-        pixels = self.image_processor(images=images, return_tensors="pt")
-        prompt.image_grid = pixels["image_grid_thw"].to(self.device)
-        self._store_features(prompt, self.image_token_id, self.model.get_image_features(
-            pixels["pixel_values"].to(self.device, self.model.dtype), prompt.image_grid))
+        digests = [media_digest(image) for image in images]
+        missing = list(dict.fromkeys(d for d in digests if self.encoder_cache.get(d) is None))
+        if missing:
+            first = {d: images[digests.index(d)] for d in missing}
+            pixels = self.image_processor(images=list(first.values()), return_tensors="pt")
+            grids = pixels["image_grid_thw"].to(self.device)
+            out = self.model.get_image_features(pixels["pixel_values"].to(self.device, self.model.dtype), grids)
+            deep = getattr(out, "deepstack_features", None)
+            for j, digest in enumerate(missing):
+                self.encoder_cache.put(digest, EncodedImage(grids[j], out.pooler_output[j],
+                                                            [layer[j] for layer in deep] if deep else None))
+        entries = [self.encoder_cache.get(d) for d in digests]
+        prompt.image_grid = torch.stack([e.grid for e in entries])
+        deep = None if entries[0].deepstack is None else [[e.deepstack[k] for e in entries]
+                                                          for k in range(len(entries[0].deepstack))]
+        self._store_features(prompt, self.image_token_id,
+                             SimpleNamespace(pooler_output=[e.features for e in entries], deepstack_features=deep))
         return (prompt.image_grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
 
     def _store_features(self, prompt: MediaPrompt, token: int, out: Any) -> None:

@@ -33,6 +33,7 @@ import torch
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.kv_cache import kv_dims
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
+from omnistage.models.qwen2_5_omni.encoder_cache import EncoderCache
 from omnistage.models.qwen2_5_omni.media import OmniMedia, prompt_options
 from omnistage.models.chat_media import chat_media
 from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE
@@ -74,6 +75,7 @@ class OmniThinker(OmniMedia, ARModel):
         self.tokenizer = tokenizer
         self.feature_extractor = feature_extractor
         self.image_processor = image_processor
+        self.encoder_cache = EncoderCache()  # vision outputs by image digest, across requests
         self.speakers = speakers
         self.talker_text_ids = talker_text_ids  # (tts_text_eos, tts_text_pad), thinker-vocab ids
         self.eos_token_ids = eos
@@ -212,6 +214,7 @@ class OmniThinker(OmniMedia, ARModel):
 
     def close(self) -> None:
         self.model = self.lm = None
+        self.encoder_cache.clear()
 
 
 def image_processor(model_path: str, cls):

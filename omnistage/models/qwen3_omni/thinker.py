@@ -38,6 +38,7 @@ import torch
 from omnistage.ar.hf_model import eos_token_ids, load_tokenizer
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
 # The Qwen2.5-Omni helpers for chat media and the image processor: the same checkpoint layout.
+from omnistage.models.qwen2_5_omni.encoder_cache import EncoderCache
 from omnistage.models.qwen2_5_omni.media import MediaPrompt, OmniMedia, joint_deepstack, prompt_options
 from omnistage.models.chat_media import chat_media
 from omnistage.models.qwen2_5_omni.thinker import image_processor
@@ -78,6 +79,7 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
         self.tokenizer = tokenizer
         self.feature_extractor = feature_extractor
         self.image_processor = image_processor
+        self.encoder_cache = EncoderCache()  # vision outputs by image digest, across requests
         self.speakers = speakers
         self.tts_ids = tts_ids  # (tts_bos, tts_eos, tts_pad), thinker-vocab ids
         self.accept_hidden_layer = accept_hidden_layer
@@ -225,3 +227,4 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
 
     def close(self) -> None:
         self.model = self.lm = None
+        self.encoder_cache.clear()
