@@ -89,6 +89,7 @@ class Answer:
             await self.send({"type": "response.created", "response": self._response("in_progress")})
             await self.warmer.settle()  # a running warm-up computes this prompt's prefix: let it finish
             await self._stream()
+            self.warmer.answered(cached_tokens(self._final, self.gateway.engine.spec.entry_stages[0].name))
             if self._final is not None and self._final.finish_reason == "length":
                 status, details = "incomplete", {"type": "incomplete", "reason": "max_output_tokens"}
         except asyncio.CancelledError:
