@@ -235,3 +235,11 @@ def test_the_api_key_is_checked_on_the_upgrade(served):
         with client.websocket_connect(URL) as ws:
             ws.receive_json()
     assert e.value.code == 1008
+
+
+def test_serve_flag_turns_incremental_prefill_off():
+    from omnistage.entrypoints.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["serve", "m"]).video_chat_prefill is True
+    assert parser.parse_args(["serve", "m", "--no-video-chat-prefill"]).video_chat_prefill is False
