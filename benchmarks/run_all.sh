@@ -44,6 +44,7 @@ run benchmarks/bench_http.py
 run benchmarks/bench_frontends.py
 run benchmarks/bench_responses.py
 run benchmarks/bench_realtime.py
+run benchmarks/bench_video_chat.py
 run benchmarks/bench_asr.py
 run benchmarks/bench_cache.py
 run benchmarks/bench_memory.py --compile

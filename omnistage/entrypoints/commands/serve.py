@@ -62,6 +62,9 @@ def register(subparsers) -> None:
     limits.add_argument("--realtime-idle-timeout", type=float, default=defaults.realtime_idle_timeout_s,
                         metavar="SECONDS", help="a realtime session silent this long, with no response running, "
                                                 "is closed (default: %(default)s)")
+    limits.add_argument("--no-video-chat-prefill", dest="video_chat_prefill", action="store_false",
+                        help="WS /v1/video/chat/stream: prefill each query's whole prompt when it comes instead of "
+                             "prefilling the frames as they arrive")
     limits.add_argument("--graceful-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish at shutdown (default: %(default)s)")
     media = p.add_argument_group("media URLs")
@@ -175,7 +178,8 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, Any, Any, bool]:
         protect_metrics=args.protect_metrics, files_dir=args.output_dir, playground=args.playground,
         response_ttl_s=args.response_ttl, max_stored_responses=args.max_stored_responses,
         realtime_max_session_s=args.realtime_max_session, realtime_max_buffer_s=args.realtime_max_buffer,
-        realtime_idle_timeout_s=args.realtime_idle_timeout, api_server_count=args.api_server_count)
+        realtime_idle_timeout_s=args.realtime_idle_timeout, api_server_count=args.api_server_count,
+        video_chat_prefill=args.video_chat_prefill)
     registry = CollectorRegistry()
     print(f"[omnistage] loading {path}", flush=True)
     engine = AsyncOmni(path, deploy_config=demo_deploy_config(args.deploy_config, is_demo),

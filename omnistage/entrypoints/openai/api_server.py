@@ -22,6 +22,7 @@ build an app around any engine client. What a request can reach:
                                            /v1/audio/translations: speech -> English text)
     /v1/realtime            realtime/     (WebSocket, OpenAI's Realtime protocol: omni models, voice in and out)
     /v1/realtime/video      realtime_video/ (WebSocket: video models, the video streamed as fragmented MP4)
+    /v1/video/chat/stream   video_chat/   (WebSocket: live video in, answers out: omni models)
 
 Every /v1 route needs the API key when one is set, and so do /openapi.json, /docs and
 /redoc unless `public_docs`, and /metrics with `protect_metrics`. The app's lifespan shuts down, in
@@ -69,6 +70,8 @@ from omnistage.entrypoints.openai.playground import attach_playground
 from omnistage.entrypoints.openai.realtime.api_router import attach_router as attach_realtime
 from omnistage.entrypoints.openai.realtime.serving import RealtimeServing
 from omnistage.entrypoints.openai.realtime_video.api_router import attach_router as attach_realtime_video
+from omnistage.entrypoints.openai.video_chat.api_router import attach_router as attach_video_chat
+from omnistage.entrypoints.openai.video_chat.serving import VideoChatServing
 from omnistage.entrypoints.openai.responses.api_router import attach_router as attach_responses
 from omnistage.entrypoints.openai.responses.serving import ResponsesServing
 from omnistage.entrypoints.openai.settings import ServerSettings
@@ -153,6 +156,7 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
     app.state.lora_serving = LoraServing(engine)
     app.state.transcription_serving = TranscriptionServing(gateway, capabilities, settings)
     app.state.realtime_serving = RealtimeServing(gateway, capabilities, settings)
+    app.state.video_chat_serving = VideoChatServing(gateway, capabilities, settings, media)
 
     install_error_handlers(app)
     # Added last = runs first: metrics see every answer, the error boundary makes each one
@@ -164,7 +168,8 @@ def create_app(settings: ServerSettings, engine: Any = None, registry: Collector
 
     _attach_system_routes(app)
     for attach in (attach_images, attach_videos, attach_chat, attach_responses, attach_completions, attach_audio,
-                   attach_sleep, attach_weights, attach_lora, attach_realtime, attach_realtime_video):
+                   attach_sleep, attach_weights, attach_lora, attach_realtime, attach_realtime_video,
+                   attach_video_chat):
         attach(app)
     if settings.playground:
         attach_playground(app)

@@ -53,6 +53,9 @@ class ServerSettings:
     """Most audio a realtime session's input buffer holds uncommitted; more: error event and close 1009."""
     realtime_idle_timeout_s: float = 300.0
     """A realtime session with no client event (and no response running) this long is closed (1008)."""
+    video_chat_prefill: bool = True
+    """WS /v1/video/chat/stream prefills the prompt as frames arrive, so a query pays only for its
+    question (`--no-video-chat-prefill`: each query prefills its whole prompt)."""
     playground: bool = True
     """Serve the web playground at `/` (`--no-playground` turns it off)."""
     api_server_count: int = 1
