@@ -60,8 +60,10 @@ ZERO = {  # threshold 0: every step computes
     "cache_dit": {"residual_diff_threshold": 0.0, "max_warmup_steps": 0},
 }
 CHECKED_ELSEWHERE = {(name, backend) for name in test_step_cache.FAMILIES for backend in test_step_cache.THRESHOLD}
-"""(family, step cache) pairs that test_step_cache.py runs at threshold 0 (the plain output bit for
-bit, nothing skipped, at more steps) and at a high threshold (it skips): not run again here."""
+CHECKED_ELSEWHERE.add(("qwen-image-edit-plus", "first_block_cache"))  # test_accel_qwen_image_v2.py
+"""(family, step cache) pairs that test_step_cache.py (or test_accel_qwen_image_v2.py) runs at threshold
+0 (the plain output bit for bit, nothing skipped, at more steps) and at a high threshold (it skips): not
+run again here."""
 
 
 @dataclass(frozen=True)
