@@ -3,7 +3,7 @@ and everything it does not declare is refused at start-up naming the field and t
 
 One process, per family: each declared step cache at threshold 0 gives the plain output
 bit for bit, with its hooks having run for the request (its per-branch state is filled;
-the pairs test_step_cache.py checks so are left to it);
+the pairs test_step_cache.py and the families' accel tests check so are left to them);
 model offload (with the first cache) gives the plain output bit for bit; VAE tiling,
 int8 weights and regional compile apply to the loaded pipeline (the VAE tiles, the
 transformer's linear weights are int8, its blocks are compiled), and LoRA finds the
@@ -34,6 +34,7 @@ from omnistage.testing import call_kwargs as zoo_call_kwargs
 from omnistage.testing import joyimage_models, list_models
 from omnistage.testing.diffusion_models import default_input_image
 
+import test_hunyuan_video_accel
 import test_parity_flux_kontext
 import test_parity_glm_image
 import test_parity_hunyuan_video
@@ -59,10 +60,13 @@ ZERO = {  # threshold 0: every step computes
     "easycache": {"threshold": 0.0, "warmup_steps": 0},
     "cache_dit": {"residual_diff_threshold": 0.0, "max_warmup_steps": 0},
 }
-CHECKED_ELSEWHERE = {(name, backend) for name in test_step_cache.FAMILIES for backend in test_step_cache.THRESHOLD}
-CHECKED_ELSEWHERE.add(("qwen-image-edit-plus", "first_block_cache"))  # test_accel_qwen_image_v2.py
-"""(family, step cache) pairs that test_step_cache.py (or test_accel_qwen_image_v2.py) runs at threshold
-0 (the plain output bit for bit, nothing skipped, at more steps) and at a high threshold (it skips): not
+CHECKED_ELSEWHERE = {
+    *((name, backend) for name in test_step_cache.FAMILIES for backend in test_step_cache.THRESHOLD),
+    *((test_hunyuan_video_accel.NAME, backend) for backend in test_hunyuan_video_accel.THRESHOLD),
+    ("qwen-image-edit-plus", "first_block_cache"),  # test_accel_qwen_image_v2.py
+}
+"""(family, step cache) pairs that test_step_cache.py (or the family's accel test) runs at threshold 0
+(the plain output bit for bit, nothing skipped, at more steps) and at a high threshold (it skips): not
 run again here."""
 
 
