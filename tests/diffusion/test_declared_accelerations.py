@@ -2,13 +2,15 @@
 and everything it does not declare is refused at start-up naming the field and the family.
 
 One process, per family: each declared step cache at threshold 0 gives the plain output
-bit for bit, with its hooks having run for the request (its per-branch state is filled);
+bit for bit, with its hooks having run for the request (its per-branch state is filled;
+the pairs test_step_cache.py and the families' accel tests check so are left to them);
 model offload (with the first cache) gives the plain output bit for bit; VAE tiling,
 int8 weights and regional compile apply to the loaded pipeline (the VAE tiles, the
 transformer's linear weights are int8, its blocks are compiled), and LoRA finds the
 family's diffusers loader. Two ranks, one spawn for every family: CFG-parallel (with VAE
 patch parallel where declared; each rank computes one branch's forwards, and its denoiser
-half the rows), Ulysses and ring each equal one rank (ring once per ring-attention processor).
+half the rows), Ulysses and ring each equal one rank (ring once per ring-attention processor;
+the families and processors test_sequence_parallel.py runs are left to it).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from omnistage.testing import call_kwargs as zoo_call_kwargs
 from omnistage.testing import joyimage_models, list_models
 from omnistage.testing.diffusion_models import default_input_image
 
+import test_hunyuan_video_accel
 import test_parity_flux_kontext
 import test_parity_glm_image
 import test_parity_hunyuan_video
@@ -44,6 +47,8 @@ import test_parity_sana_video
 import test_parity_sana_wm
 import test_parity_wan
 import test_parity_wan_vace
+import test_sequence_parallel
+import test_step_cache
 from parity import request_for
 from two_ranks import run_two_ranks
 
@@ -55,6 +60,14 @@ ZERO = {  # threshold 0: every step computes
     "easycache": {"threshold": 0.0, "warmup_steps": 0},
     "cache_dit": {"residual_diff_threshold": 0.0, "max_warmup_steps": 0},
 }
+CHECKED_ELSEWHERE = {
+    *((name, backend) for name in test_step_cache.FAMILIES for backend in test_step_cache.THRESHOLD),
+    *((test_hunyuan_video_accel.NAME, backend) for backend in test_hunyuan_video_accel.THRESHOLD),
+    ("qwen-image-edit-plus", "first_block_cache"),  # test_accel_qwen_image_v2.py
+}
+"""(family, step cache) pairs that test_step_cache.py (or the family's accel test) runs at threshold 0
+(the plain output bit for bit, nothing skipped, at more steps) and at a high threshold (it skips): not
+run again here."""
 
 
 @dataclass(frozen=True)
@@ -175,7 +188,8 @@ def test_declared_accelerations_run_and_the_rest_are_refused(zoo, name):
     # first one also runs with model offload, which changes where weights wait, not the output.
     # mag_cache is not rerun here: it hooks where easycache does and decides at the same point (before
     # the first block), so this loop would prove nothing new for ~10 s more; test_mag_cache.py runs it.
-    for i, backend in enumerate(b for b in decl.step_caches if b in ZERO):
+    caches = [b for b in decl.step_caches if b in ZERO and (name, b) not in CHECKED_ELSEWHERE]
+    for i, backend in enumerate(caches):
         fields = {"cache_backend": backend, "cache_config": ZERO[backend]}
         if backend == "cache_dit":  # it runs one request at a time
             fields["max_num_seqs"] = 1
@@ -188,7 +202,7 @@ def test_declared_accelerations_run_and_the_rest_are_refused(zoo, name):
         assert state.step_cache is not None and state.step_cache.num_skipped == 0
         if backend != "cache_dit":  # cache-dit keeps its state on the transformer
             assert state.step_cache.branches, f"{backend}: no block hook ran"
-    if decl.offload and not decl.step_caches:
+    if decl.offload and not caches:
         offloaded = _load(case, path, offload="model")
         assert offloaded.accelerations == ["offload"] and np.array_equal(run(offloaded, case)[0], want)
 
@@ -256,18 +270,22 @@ PROBES = [
 # -- two ranks: every family's declared parallel degrees in one spawn --------------------------
 
 TWO = {"executor": "mp", "num_devices": 2}
+ULYSSES = {**TWO, "ulysses_degree": 2}
 
 
 def _ring_runners() -> set[str]:
     """The first family (in CASES order) of each ring-attention processor: the families that share
     one (Qwen-Image's edit variants, FLUX Kontext, Wan's) differ from it in nothing the ring
-    touches that their Ulysses run, through the same processor and split, does not check."""
+    touches that their Ulysses run, through the same processor and split, does not check. None for
+    the processors test_sequence_parallel.py runs ring through (Z-Image's, Wan's)."""
     first: dict[Any, str] = {}
     for name, case in CASES.items():
         plan = pipeline_class(case.key).supported_accelerations.sequence_parallel
         if plan is not None and plan.ring_processor is not None:
             first.setdefault(plan.ring_processor, name)
-    return set(first.values())
+    ring_checked = {pipeline_class(CASES[name].key).supported_accelerations.sequence_parallel.ring_processor
+                    for name in test_sequence_parallel.RING_FAMILIES}
+    return {name for processor, name in first.items() if processor not in ring_checked}
 
 
 RING_RUNNERS = _ring_runners()
@@ -279,8 +297,8 @@ def parallel_runs(name: str) -> dict[str, dict[str, Any]]:
     runs = {}
     if decl.cfg_parallel:  # VAE patch parallel shares out the decode of the same two ranks
         runs["cfg"] = {**TWO, "cfg_parallel_size": 2, "vae_patch_parallel_size": 2 if decl.vae_patch_parallel else 1}
-    if decl.sequence_parallel is not None:
-        runs["ulysses"] = {**TWO, "ulysses_degree": 2}
+    if decl.sequence_parallel is not None and name not in test_sequence_parallel.FAMILIES:  # checked there, tighter
+        runs["ulysses"] = ULYSSES
     if decl.ring and name in RING_RUNNERS:
         runs["ring"] = {**TWO, "ring_degree": 2}
     return runs
@@ -307,8 +325,8 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
                 arr, state = run(pipeline, case)
                 results[f"{name} {label}"] = (arr, pipeline.state_metrics(state), pipeline.accelerations, sum(rows))
         name, cache_fields, steps = CACHED_PARALLEL
-        for label in ("cfg", "ulysses"):
-            pipeline = _load(CASES[name], paths[name], **parallel_runs(name)[label], **cache_fields)
+        for label, fields in (("cfg", parallel_runs(name)["cfg"]), ("ulysses", ULYSSES)):
+            pipeline = _load(CASES[name], paths[name], **fields, **cache_fields)
             arr, state = run(pipeline, CASES[name], num_inference_steps=steps)
             results[f"{name} {label} cached"] = (arr, pipeline.state_metrics(state), pipeline.accelerations, 0)
     finally:  # rank 1 keeps its metrics only (rank 0's output is the one returned)

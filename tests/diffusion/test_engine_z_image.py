@@ -107,13 +107,15 @@ def test_step_mode_staggered_joins_and_abort_match_alone(path, alone):
     engine.close()
 
 
-def test_mp_two_ranks_match_uni_and_survive_a_killed_worker(path, alone):
+def test_mp_two_ranks_match_uni_stream_progress_and_survive_a_killed_worker(path, alone):
+    """One mp engine start (each worker pays the torch import): the progress and abort checks of
+    request mode, then a killed worker."""
     children_before = child_pids()
-    config = StageDeployConfig(executor="mp", num_devices=2, cfg_parallel_size=2, max_num_seqs=2)
+    config = StageDeployConfig(executor="mp", num_devices=2, cfg_parallel_size=2, max_num_seqs=2,
+                               request_batch_max_wait_ms=1000)
     engine = DiffusionEngine(path, config=config)
     try:
-        engine.add_request(req("r0", PROMPTS[0], seed=0))
-        assert_same_image(pixels(run(engine)["r0"][-1]), alone[0])
+        assert_progress_is_live_and_abort_stops_within_a_step(engine, alone)
 
         engine.add_request(req("long", PROMPTS[1], seed=1, steps=1000))
         threading.Timer(1.0, os.kill, (engine.executor.pids[0], signal.SIGKILL)).start()
@@ -131,32 +133,33 @@ def test_mp_two_ranks_match_uni_and_survive_a_killed_worker(path, alone):
     assert not [name for name in os.listdir("/dev/shm") if name.startswith("omnistage_")]
 
 
-@pytest.mark.parametrize("executor", ["uni", "mp"])
-def test_request_mode_progress_is_live_and_abort_stops_within_a_step(path, alone, executor):
-    """Request mode is step-wise too: each engine step is one denoising step, so progress
-    leaves as it happens and an aborted request stops computing at once, while the other
-    request of its batch finishes with the image it has alone."""
-    engine = DiffusionEngine(path, config=StageDeployConfig(executor=executor, max_num_seqs=2,
-                                                            request_batch_max_wait_ms=1000))
+def test_request_mode_progress_is_live_and_abort_stops_within_a_step(path, alone):
+    engine = DiffusionEngine(path, config=StageDeployConfig(max_num_seqs=2, request_batch_max_wait_ms=1000))
     try:
-        engine.add_request(req("r0", PROMPTS[0], seed=0))
-        engine.add_request(req("gone", PROMPTS[1], seed=1))
-        first = engine.step()
-        assert {(o.request_id, o.payload.step) for o in first} == {("r0", 1), ("gone", 1)}
-        engine.abort_request("gone")
-        outs = run(engine)
-        assert set(outs) == {"r0"}  # nothing more for the aborted one
-        assert [o.payload.step for o in outs["r0"][:-1]] == [2, 3]
-        assert_same_image(pixels(outs["r0"][-1]), alone[0])
-
-        engine.scheduler.max_wait = 0  # a lone request: no burst to wait for
-        engine.add_request(req("long", PROMPTS[2], seed=2, steps=1000))
-        for step in (1, 2, 3):
-            (progress,) = engine.step()
-            assert (progress.payload.step, progress.payload.num_steps, progress.finished) == (step, 1000, False)
-        engine.abort_request("long")
-        assert engine.step() == [] and not engine.has_unfinished_requests()  # freed; 997 steps never run
-        if executor == "uni":
-            assert engine.executor.worker.runner.states == {}
+        assert_progress_is_live_and_abort_stops_within_a_step(engine, alone)
+        assert engine.executor.worker.runner.states == {}
     finally:
         engine.close()
+
+
+def assert_progress_is_live_and_abort_stops_within_a_step(engine: DiffusionEngine, alone) -> None:
+    """Request mode is step-wise too: each engine step is one denoising step, so progress
+    leaves as it happens and an aborted request stops computing at once, while the other
+    request of its batch finishes with the image it has alone (uni and mp executors)."""
+    engine.add_request(req("r0", PROMPTS[0], seed=0))
+    engine.add_request(req("gone", PROMPTS[1], seed=1))
+    first = engine.step()
+    assert {(o.request_id, o.payload.step) for o in first} == {("r0", 1), ("gone", 1)}
+    engine.abort_request("gone")
+    outs = run(engine)
+    assert set(outs) == {"r0"}  # nothing more for the aborted one
+    assert [o.payload.step for o in outs["r0"][:-1]] == [2, 3]
+    assert_same_image(pixels(outs["r0"][-1]), alone[0])
+
+    engine.scheduler.max_wait = 0  # a lone request: no burst to wait for (left so)
+    engine.add_request(req("long", PROMPTS[2], seed=2, steps=1000))
+    for step in (1, 2, 3):
+        (progress,) = engine.step()
+        assert (progress.payload.step, progress.payload.num_steps, progress.finished) == (step, 1000, False)
+    engine.abort_request("long")
+    assert engine.step() == [] and not engine.has_unfinished_requests()  # freed; 997 steps never run

@@ -1,4 +1,5 @@
-"""kill -9 a stage's worker mid-request on a real server: the request answers 503 with
+"""kill -9 a stage's worker mid-request on a real server (after the panic request of
+test_openai_request_bounds.py has been refused by it): the request answers 503 with
 Retry-After in OpenAI's body, /health turns 503, requests meanwhile get 503 (never 500),
 and the stage comes back by itself: /health 200 and new requests succeed.
 
@@ -53,6 +54,14 @@ def test_kill_9_mid_request_then_the_stage_serves_again(zoo, overrides, monkeypa
     with RemoteServer(zoo("z-image"), "--stage-overrides", json.dumps(overrides), in_process=True) as server:
         http = server.http(timeout=120)
         [victim] = spawned_children() - before
+        # First the panic request (a max_sequence_length of 2**62 once panicked the tokenizer in the
+        # stage's own process): a 400 naming the field, and the stage keeps serving.
+        cheap = {"prompt": "a cat", "size": "32x32", "num_inference_steps": 1}
+        resp = http.post("/v1/images/generations", json={**cheap, "max_sequence_length": 2**62})
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "max_sequence_length", resp.text
+        assert http.get("/health").status_code == 200
+        assert http.post("/v1/images/generations", json=cheap).status_code == 200
+        assert spawned_children() - before == {victim}
         answer = {}
         slow = threading.Thread(target=lambda: answer.update(resp=http.post("/v1/images/generations", json={
             "prompt": "slow", "size": "64x64", "num_inference_steps": 1000})))

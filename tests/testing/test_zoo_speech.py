@@ -1,5 +1,6 @@
 """The AR / omni / speech half of the zoo: each checkpoint loads in its reference class and
-generates, and the same (name, size, seed) always writes the same bytes."""
+generates, and the same (name, size, seed) always writes the same bytes (Qwen3-Omni's too,
+whose generation test_zoo_omni.py runs)."""
 
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ def test_csm_generates_audio(zoo):
 
 
 def test_builds_are_byte_deterministic(zoo, tmp_path):
-    names = ["qwen2-llm", "qwen2.5-omni"]
+    names = ["qwen2-llm", "qwen2.5-omni", "qwen3-omni"]  # one fresh process for all: its imports cost ~8 s CPU
     for name in names:
         build(name, tmp_path / "s1" / name, seed=1)
     # The second seed-0 build runs in a fresh process: its own hash seed, tokenizer trainer
@@ -123,7 +124,7 @@ def test_builds_are_byte_deterministic(zoo, tmp_path):
         assert changed == expected, name
 
 
-@pytest.mark.parametrize("name", ["qwen2-llm", "qwen2.5-omni", "csm", "moshi"])
+@pytest.mark.parametrize("name", ["qwen2-llm", "qwen2.5-omni", "qwen3-omni", "csm", "moshi"])
 def test_checkpoints_are_small(zoo, name):
     size = sum(p.stat().st_size for p in zoo(name).iterdir())
     assert size < 10_000_000
