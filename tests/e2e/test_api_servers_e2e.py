@@ -129,7 +129,9 @@ def test_a_killed_api_server_loses_only_its_own_connections(server):
             with pytest.raises(httpx.HTTPError):  # cut mid-stream
                 for _ in lines:
                     pass
-    # The engine drops what the dead process held, and the other one serves.
+    # The engine drops what the dead process held, and the other one serves. A new client: the
+    # first one's kept-alive connection may have been the victim's.
+    http = server.http()
     wait_for(lambda: aborted(http) > before, 15, "the dead API server's engine request ran on")
     with ThreadPoolExecutor(4) as pool:
         def generate(_: int) -> httpx.Response:
