@@ -1,5 +1,5 @@
-"""Tensor parallel on two CPU ranks (gloo): Z-Image's and Qwen-Image's transformer blocks
-sharded over the ranks (QKV and first MLP projections by output features, attention output and second MLP
+"""Tensor parallel on two CPU ranks (gloo): the transformer blocks of Z-Image and of Qwen-Image
+(with its edit and layered variants, which inherit its plan) sharded over the ranks (QKV and first MLP projections by output features, attention output and second MLP
 projections by input features, all-reduced) give the output of one rank (fp32), with half
 of the sharded layers' weight bytes on each rank. Families without a plan, and the fields it
 does not combine with yet, are refused by name."""
@@ -17,6 +17,7 @@ from omnistage.diffusion.accel.declaration import check_declared
 from omnistage.diffusion.accel.tensor_parallel import from_deploy
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.testing import call_kwargs as zoo_call_kwargs
+from omnistage.testing.diffusion_models import default_input_image
 
 from two_ranks import run_two_ranks
 from parity import request_for
@@ -24,7 +25,10 @@ from parity import request_for
 FAMILIES = {  # zoo name -> diffusers class name, the second prompt of a batch of two
     "z-image": ("ZImagePipeline", "a small brown dog " * 8),  # caption runs padded to different lengths
     "qwen-image": ("QwenImagePipeline", "a red fox"),  # prompts of different lengths under a mask
+    "qwen-image-edit": ("QwenImageEditPipeline", "a red fox"),  # its plan is Qwen-Image's (a subclass)
+    "qwen-image-layered": ("QwenImageLayeredPipeline", "a red fox"),
 }
+INPUT_IMAGE = {"qwen-image-edit", "qwen-image-layered"}
 TP_2 = dict(executor="mp", num_devices=2, tensor_parallel_size=2)
 TOLERANCE = 1e-4
 """Far inside the brief's 1/255 of a pixel: only the order of the sums differs from one rank."""
@@ -47,6 +51,9 @@ def run_checks(name: str, path: str, deploy: StageDeployConfig | None) -> dict:
     cls, second_prompt = FAMILIES[name]
     pipeline = pipeline_class(cls).from_pretrained(path, deploy=deploy)
     call = {**zoo_call_kwargs(name), "num_inference_steps": 2}
+    if name in INPUT_IMAGE:
+        call.update(image=default_input_image(), height=64, width=64)
+        call.pop("max_sequence_length", None)  # an extra of diffusers' call that these pipelines do not take
     first, second = request_for(call, seed=4, request_id="a"), request_for(
         {**call, "prompt": second_prompt}, seed=5, request_id="b")
     images = pipeline.decode_arrays(pipeline.denoise([first, second]))
