@@ -30,7 +30,7 @@ class Row:
 
     def cells(self) -> list[str]:
         a = self.accelerations
-        flags = [a.cfg_parallel, a.sequence_parallel is not None, a.ring, a.tensor_parallel is not None,
+        flags = [a.cfg_parallel, a.sequence_parallel is not None, a.ring, bool(a.tensor_parallel),
                  a.vae_patch_parallel]
         memory = [a.vae_tiling, a.offload, a.quantization, a.lora, a.compile]
         return [self.key, self.inputs, self.output, self.default_mode, *map(_yes, flags),

@@ -1,5 +1,6 @@
-"""Tensor parallel on two CPU ranks (gloo): the transformer blocks of Z-Image and of Qwen-Image
-(with its edit and layered variants, which inherit its plan) sharded over the ranks (QKV and first MLP projections by output features, attention output and second MLP
+"""Tensor parallel on two CPU ranks (gloo): the transformer blocks of Z-Image, of Qwen-Image
+(with its edit and layered variants, which inherit its plan) and of FLUX (and Kontext)
+sharded over the ranks (QKV and first MLP projections by output features, attention output and second MLP
 projections by input features, all-reduced) give the output of one rank (fp32), with half
 of the sharded layers' weight bytes on each rank. Families without a plan, and the fields it
 does not combine with yet, are refused by name."""
@@ -14,7 +15,8 @@ import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.accel.declaration import check_declared
-from omnistage.diffusion.accel.tensor_parallel import from_deploy
+from omnistage.diffusion.accel.parallel_groups import Degrees
+from omnistage.diffusion.accel.tensor_parallel import TensorParallelConfig, apply, from_deploy
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.testing import call_kwargs as zoo_call_kwargs
 from omnistage.testing.diffusion_models import default_input_image
@@ -27,6 +29,8 @@ FAMILIES = {  # zoo name -> diffusers class name, the second prompt of a batch o
     "qwen-image": ("QwenImagePipeline", "a red fox"),  # prompts of different lengths under a mask
     "qwen-image-edit": ("QwenImageEditPipeline", "a red fox"),  # its plan is Qwen-Image's (a subclass)
     "qwen-image-layered": ("QwenImageLayeredPipeline", "a red fox"),
+    "flux": ("FluxPipeline", "a red fox"),  # double and single blocks (the latter's proj_out reads two shards)
+    "flux-kontext": ("FluxKontextPipeline", "a red fox"),
 }
 INPUT_IMAGE = {"qwen-image-edit", "qwen-image-layered"}
 TP_2 = dict(executor="mp", num_devices=2, tensor_parallel_size=2)
@@ -37,20 +41,23 @@ TOLERANCE = 1e-4
 def weight_bytes(pipeline) -> dict[str, int]:
     """Bytes of the sharded layers' weights (a row layer's bias stays whole) and of all the
     parameters of the blocks the plan names."""
-    plan = pipeline.supported_accelerations.tensor_parallel
-    blocks = plan.blocks(pipeline.transformer)
+    plans = pipeline.supported_accelerations.tensor_parallel
+    blocks = [(plan, block) for plan in plans for block in plan.blocks(pipeline.transformer)]
 
     def nbytes(modules) -> int:
         return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
 
-    sharded = [b.get_submodule(name).weight for b in blocks for name in (*plan.column, *plan.row)]
-    return {"sharded": sum(w.numel() * w.element_size() for w in sharded), "blocks": nbytes(blocks)}
+    sharded = [b.get_submodule(name).weight for plan, b in blocks for name in (*plan.column, *plan.row)]
+    return {"sharded": sum(w.numel() * w.element_size() for w in sharded), "blocks": nbytes(b for _, b in blocks)}
 
 
 def run_checks(name: str, path: str, deploy: StageDeployConfig | None) -> dict:
     cls, second_prompt = FAMILIES[name]
     pipeline = pipeline_class(cls).from_pretrained(path, deploy=deploy)
     call = {**zoo_call_kwargs(name), "num_inference_steps": 2}
+    if name == "flux-kontext":  # our request: the size asked for, auto_resize an extra
+        call.pop("max_area")
+        call.update(auto_resize=call.pop("_auto_resize"), image=default_input_image())
     if name in INPUT_IMAGE:
         call.update(image=default_input_image(), height=64, width=64)
         call.pop("max_sequence_length", None)  # an extra of diffusers' call that these pipelines do not take
@@ -96,12 +103,18 @@ def test_tensor_parallel_equals_one_rank_with_half_the_sharded_weights(one_threa
 
 def test_families_without_a_plan_and_fields_not_combined_are_refused_by_name():
     deploy = StageDeployConfig(**TP_2)
-    flux = pipeline_class("FluxPipeline")
-    with pytest.raises(ValueError, match="tensor_parallel_size=2: FluxPipeline cannot take it"):
-        check_declared(flux.reference_class, flux.supported_accelerations, deploy)
+    wan = pipeline_class("WanPipeline")
+    with pytest.raises(ValueError, match="tensor_parallel_size=2: WanPipeline cannot take it"):
+        check_declared(wan.reference_class, wan.supported_accelerations, deploy)
     z_image = pipeline_class("ZImagePipeline")
     check_declared(z_image.reference_class, z_image.supported_accelerations, deploy)
     with pytest.raises(ValueError, match="tensor_parallel_size=2 cannot be combined with ulysses_degree"):
         from_deploy(StageDeployConfig(executor="mp", num_devices=4, tensor_parallel_size=2, ulysses_degree=2))
-    with pytest.raises(ValueError, match="cannot be combined with quantization"):
-        from_deploy(StageDeployConfig(**TP_2, quantization="int8"))
+    with pytest.raises(ValueError, match="cannot be combined with offload, quantization"):
+        from_deploy(StageDeployConfig(**TP_2, quantization="int8", offload="model"))
+
+
+def test_a_degree_that_does_not_divide_the_heads_is_refused_naming_both(zoo):
+    pipeline = pipeline_class("ZImagePipeline").from_pretrained(str(zoo("z-image")))
+    with pytest.raises(ValueError, match="tensor_parallel_size=3 does not divide the 2 attention heads of ZImage"):
+        apply(pipeline, TensorParallelConfig(Degrees(tensor=3)))

@@ -69,7 +69,10 @@ class TensorPlan:
     """Attention modules whose heads the column layers split: N must divide their `heads`."""
     local_heads: bool = True
     """Set their `heads` to heads / N, for processors that cut the QKV by `heads` (Z-Image); False
-    where the processor cuts it by head size and would read `heads` for that (Qwen-Image)."""
+    where the processor cuts it by head size and would read `heads` for that (Qwen-Image, FLUX)."""
+    row_parts: Callable[[Any, str], list[int] | None] = lambda block, name: None
+    """(block, row layer) -> the widths of the column outputs its input concatenates, each
+    sharded alike (FLUX's single blocks: attention output, then MLP), or None for one."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +86,9 @@ class Accelerations:
     """`cfg_parallel_size: 2`: its CFG branches run on two ranks (needs a `guidance`)."""
     sequence_parallel: SequencePlan | None = None
     """`ulysses_degree` (and `ring_degree` when the plan has a ring processor)."""
-    tensor_parallel: TensorPlan | None = None
-    """`tensor_parallel_size`: its transformer blocks' Linear layers sharded over ranks."""
+    tensor_parallel: tuple[TensorPlan, ...] = ()
+    """`tensor_parallel_size`: its transformer blocks' Linear layers sharded over ranks, one plan
+    per kind of block."""
     vae_tiling: bool = False
     """`vae_use_tiling`: its VAE's own tiled decode."""
     vae_patch_parallel: bool = False
@@ -108,7 +112,7 @@ class Accelerations:
         """The deploy fields (and cache backends) it takes, for messages and the matrix."""
         fields = [name for name, taken in (
             ("cfg_parallel_size", self.cfg_parallel), ("ulysses_degree", self.sequence_parallel is not None),
-            ("ring_degree", self.ring), ("tensor_parallel_size", self.tensor_parallel is not None),
+            ("ring_degree", self.ring), ("tensor_parallel_size", bool(self.tensor_parallel)),
             ("vae_use_tiling", self.vae_tiling),
             ("vae_patch_parallel_size", self.vae_patch_parallel), ("offload", self.offload),
             ("quantization", self.quantization), ("lora", self.lora), ("compile", self.compile)) if taken]
@@ -146,7 +150,7 @@ def takes(decl: Accelerations, name: str, value: Any) -> bool:
         "cfg_parallel_size": decl.cfg_parallel,
         "ulysses_degree": decl.sequence_parallel is not None,
         "ring_degree": decl.ring,
-        "tensor_parallel_size": decl.tensor_parallel is not None,
+        "tensor_parallel_size": bool(decl.tensor_parallel),
         "vae_use_tiling": decl.vae_tiling,
         "vae_patch_parallel_size": decl.vae_patch_parallel,
         "offload": decl.offload,

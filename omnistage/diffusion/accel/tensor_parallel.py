@@ -9,7 +9,7 @@ A family takes it by declaring a `TensorPlan` (declaration.py): its blocks and w
 Linear layers are column and which row. The layers are replaced in the family's own
 transformer object at load time; the full weights are read first, then sliced. It composes
 with `cfg_parallel_size` (a CFG branch per group of shards); Ulysses and ring, quantization,
-LoRA and compile are refused with it by name.
+LoRA, compile and offload are refused with it by name.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.diffusion.accel.declaration import TensorPlan
 
-REFUSED_WITH = ("ulysses_degree", "ring_degree", "quantization", "lora", "lora_adapters", "compile")
-"""Deploy fields not combined with it yet: each wraps or reads the Linear layers or the heads it
-splits (a LoRA delta has the full layer's shape)."""
+REFUSED_WITH = ("ulysses_degree", "ring_degree", "quantization", "lora", "lora_adapters", "compile", "offload")
+"""Deploy fields not combined with it yet: each wraps, moves or reads the Linear layers or the
+heads it splits (a LoRA delta has the full layer's shape), and none is tested with it."""
 
 
 @dataclass(frozen=True)
@@ -56,23 +56,25 @@ def from_deploy(deploy: StageDeployConfig) -> TensorParallelConfig | None:
 def apply(pipeline: Any, config: TensorParallelConfig) -> None:
     import torch.distributed as dist
 
-    plan = pipeline.supported_accelerations.tensor_parallel
+    plans = pipeline.supported_accelerations.tensor_parallel
     models = transformers_of(pipeline)
-    if plan is None or not models:  # check_declared refuses it first; this guards direct calls
+    if not plans or not models:  # check_declared refuses it first; this guards direct calls
         raise ValueError(f"tensor_parallel_size: {pipeline.reference_class} declares no tensor-parallel plan")
     for model in models:
-        _check_divides(model, plan, config.size, pipeline.reference_class)
+        for plan in plans:
+            _check_divides(model, plan, config.size, pipeline.reference_class)
     group = parallel_groups(config.degrees, pipeline.device).tensor_group
     rank = dist.get_rank(group)
     for model in models:
-        for block in plan.blocks(model):
-            shard_block(block, plan, rank, config.size, group)
+        for plan in plans:
+            for block in plan.blocks(model):
+                shard_block(block, plan, rank, config.size, group)
 
 
 def _check_divides(model: Any, plan: TensorPlan, size: int, family: str) -> None:
-    block = plan.blocks(model)[0]
-    for name in plan.attention:
-        if (heads := block.get_submodule(name).heads) % size:
+    blocks = plan.blocks(model)
+    for name in plan.attention if blocks else ():
+        if (heads := blocks[0].get_submodule(name).heads) % size:
             raise ValueError(f"tensor_parallel_size={size} does not divide the {heads} attention heads of "
                              f"{family}")
 
@@ -90,7 +92,9 @@ def shard_block(block: torch.nn.Module, plan: TensorPlan, rank: int, size: int, 
     for name in plan.column:
         block.set_submodule(name, column_shard(block.get_submodule(name), rank, size))
     for name in plan.row:
-        block.set_submodule(name, RowParallelLinear(block.get_submodule(name), rank, size, group))
+        linear = block.get_submodule(name)
+        parts = plan.row_parts(block, name) or [linear.in_features]
+        block.set_submodule(name, RowParallelLinear(linear, rank, size, group, parts))
     if plan.local_heads:
         for name in plan.attention:
             block.get_submodule(name).heads //= size
@@ -110,13 +114,17 @@ def column_shard(linear: torch.nn.Linear, rank: int, size: int) -> torch.nn.Line
 
 class RowParallelLinear(torch.nn.Module):
     """A Linear layer's slice of input features: the ranks' partial products are summed
-    (all-reduce over `group`), then the bias is added once."""
+    (all-reduce over `group`), then the bias is added once. An input that concatenates several
+    sharded outputs (`parts`, their full widths) keeps this rank's slice of each."""
 
-    def __init__(self, linear: torch.nn.Linear, rank: int, size: int, group: Any) -> None:
+    def __init__(self, linear: torch.nn.Linear, rank: int, size: int, group: Any, parts: list[int]) -> None:
         super().__init__()
-        cols = shard_slice(linear.in_features, rank, size)
-        self.in_features, self.out_features = cols.stop - cols.start, linear.out_features
-        self.weight = torch.nn.Parameter(linear.weight.detach()[:, cols].clone(),
+        starts = [sum(parts[:i]) for i in range(len(parts))]
+        cols = [range(start + s.start, start + s.stop)
+                for start, s in zip(starts, (shard_slice(width, rank, size) for width in parts))]
+        index = torch.tensor([c for part in cols for c in part], device=linear.weight.device)
+        self.in_features, self.out_features = len(index), linear.out_features
+        self.weight = torch.nn.Parameter(linear.weight.detach().index_select(1, index).contiguous(),
                                          requires_grad=linear.weight.requires_grad)
         self.bias = linear.bias
         self.group = group

@@ -62,10 +62,10 @@ def token_masks(model: Any, kwargs: dict) -> dict[str, torch.Tensor]:
 SEQUENCE_PLAN = SequencePlan(diffusers_plan, joint_lengths, ring_processor=ring_processor, pads=True,
                              token_masks=token_masks)
 
-TENSOR_PLAN = TensorPlan(
+TENSOR_PLAN = (TensorPlan(
     lambda model: list(model.transformer_blocks),
     column=("attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj",
             "img_mlp.net.0.proj", "txt_mlp.net.0.proj"),
     row=("attn.to_out.0", "attn.to_add_out", "img_mlp.net.2", "txt_mlp.net.2"),
     # diffusers' processor takes the head size as inner_dim / heads and the head count from the shards.
-    attention=("attn",), local_heads=False)
+    attention=("attn",), local_heads=False),)

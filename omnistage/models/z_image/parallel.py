@@ -74,8 +74,8 @@ def tensor_blocks(model: Any) -> list[Any]:
     return [block for blocks in (*refiners, model.layers) for block in blocks]
 
 
-TENSOR_PLAN = TensorPlan(
+TENSOR_PLAN = (TensorPlan(
     tensor_blocks,
     column=("attention.to_q", "attention.to_k", "attention.to_v", "feed_forward.w1", "feed_forward.w3"),
     row=("attention.to_out.0", "feed_forward.w2"),
-    attention=("attention",))
+    attention=("attention",)),)
