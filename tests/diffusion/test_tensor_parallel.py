@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.diffusion.accel import check_supported
 from omnistage.diffusion.accel.declaration import check_declared
 from omnistage.diffusion.accel.parallel_groups import Degrees
 from omnistage.diffusion.accel.tensor_parallel import TensorParallelConfig, apply, from_deploy
@@ -110,8 +111,9 @@ def test_families_without_a_plan_and_fields_not_combined_are_refused_by_name():
     check_declared(z_image.reference_class, z_image.supported_accelerations, deploy)
     with pytest.raises(ValueError, match="tensor_parallel_size=2 cannot be combined with ulysses_degree"):
         from_deploy(StageDeployConfig(executor="mp", num_devices=4, tensor_parallel_size=2, ulysses_degree=2))
-    with pytest.raises(ValueError, match="cannot be combined with offload, quantization"):
-        from_deploy(StageDeployConfig(**TP_2, quantization="int8", offload="model"))
+    with pytest.raises(ValueError, match=r"stage 0: tensor_parallel_size=2 cannot be combined with offload, "
+                                         r"quantization"):  # at start-up, before anything loads
+        check_supported("0", StageDeployConfig(**TP_2, quantization="int8", offload="model"))
 
 
 def test_a_degree_that_does_not_divide_the_heads_is_refused_naming_both(zoo):

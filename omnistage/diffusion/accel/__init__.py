@@ -41,6 +41,10 @@ def check_supported(stage_label: str, deploy: StageDeployConfig) -> None:
         raise ValueError(f"stage {stage_label}: {', '.join(unsupported)} is not implemented in this version of "
                          f"omnistage; remove it from the deploy config")
     check_cache(stage_label, deploy)
+    try:  # the fields tensor parallel is not combined with, before anything loads
+        importlib.import_module(f"{__name__}.tensor_parallel").from_deploy(deploy)
+    except ValueError as exc:
+        raise ValueError(f"stage {stage_label}: {exc}") from None
 
 
 def check_family(stage_label: str, deploy: StageDeployConfig, pipeline_cls: type) -> None:
