@@ -36,7 +36,7 @@ FAMILIES = {  # zoo name -> diffusers class name, the second prompt of a batch o
 INPUT_IMAGE = {"qwen-image-edit", "qwen-image-layered"}
 TP_2 = dict(executor="mp", num_devices=2, tensor_parallel_size=2)
 TOLERANCE = 1e-4
-"""Far inside the brief's 1/255 of a pixel: only the order of the sums differs from one rank."""
+"""Far inside 1/255 of a pixel value: only the order of the sums differs from one rank."""
 
 
 def weight_bytes(pipeline) -> dict[str, int]:
@@ -98,8 +98,7 @@ def test_tensor_parallel_equals_one_rank_with_half_the_sharded_weights(one_threa
     assert max(sharded) <= 0.51 * one["bytes"]["sharded"]  # Z-Image's tiny MLP width (85) splits 43 / 42
     # The rest of each block (norms, the adaLN modulation) stays whole on every rank.
     blocks = max(rank["bytes"]["blocks"] for rank in ranks) / one["bytes"]["blocks"]
-    print(f"{name}: sharded layers {sharded} of {one['bytes']['sharded']} bytes; blocks {blocks:.3f} per rank")
-    assert blocks < 0.8
+    assert blocks < 0.7  # tiny: Z-Image 0.61, FLUX 0.65, Qwen-Image 0.67 of the blocks' bytes per rank
 
 
 def test_families_without_a_plan_and_fields_not_combined_are_refused_by_name():

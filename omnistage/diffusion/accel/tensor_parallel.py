@@ -137,4 +137,5 @@ class RowParallelLinear(torch.nn.Module):
         return out if self.bias is None else out + self.bias
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features} (a shard), out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features} (a shard), out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
