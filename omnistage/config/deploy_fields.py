@@ -47,8 +47,8 @@ class StageDeployConfig:
     ring_degree: int = 1
     """Diffusion: ranks of ring attention over key/value chunks; combines with ulysses_degree."""
     tensor_parallel_size: int = 1
-    """AR (vllm): vLLM's tensor parallel size. Not implemented for diffusion stages: a diffusion stage
-    that sets it is refused at start-up."""
+    """AR (vllm): vLLM's tensor parallel size. Diffusion: ranks the transformer blocks' attention and MLP
+    weights are sharded over (all-reduced), for the families that declare a plan; others refuse it."""
     vae_patch_parallel_size: int = 1
     """Diffusion: ranks that decode the VAE's tiles in parallel and gather them (at most num_devices)."""
     vae_use_tiling: bool = False

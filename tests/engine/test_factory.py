@@ -1,4 +1,5 @@
-"""The default engine factory refuses deploy fields that nothing implements yet."""
+"""The default engine factory refuses deploy fields that nothing implements yet, and a diffusion
+family the acceleration fields it does not declare."""
 
 import pytest
 
@@ -11,14 +12,11 @@ LLM = StageSpec(id=0, name="llm", kind="ar", output="text", final_output=True)
 VOCODER = StageSpec(id=0, name="vocoder", kind="generation", output="audio", final_output=True)
 
 
-@pytest.mark.parametrize("fields", [
-    {"executor": "mp", "num_devices": 2, "tensor_parallel_size": 2},
-])
-def test_unimplemented_diffusion_fields_are_refused_before_loading(fields):
-    config = StageDeployConfig(**fields)
-    with pytest.raises(ValueError, match=r"stage 0 \(diffusion\).*not implemented") as info:
-        create_engine("/does/not/exist", DIFFUSION, config)
-    assert next(iter(fields)) in str(info.value) or "tensor_parallel_size=2" in str(info.value)
+def test_a_diffusion_family_without_a_tensor_parallel_plan_is_refused_before_loading(zoo):
+    config = StageDeployConfig(executor="mp", num_devices=2, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match=r"stage 0 \(diffusion\): tensor_parallel_size=2: WanPipeline cannot take "
+                                         r"it \(it takes: .*\)"):
+        create_engine(str(zoo("wan-t2v")), DIFFUSION, config)
 
 
 def test_an_unknown_cache_backend_is_refused_before_loading():

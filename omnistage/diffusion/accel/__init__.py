@@ -23,15 +23,14 @@ from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, check_declared
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
 
-MODULES = ("lora", "quantization", "attention_backend", "sequence_parallel", "cfg_parallel", "first_block_cache",
+MODULES = ("lora", "quantization", "attention_backend", "sequence_parallel", "tensor_parallel",
+           "cfg_parallel", "first_block_cache",
            "tea_cache", "easycache", "mag_cache", "cache_dit", "vae_tiling", "vae_patch_parallel", "offload", "compile")
 """Modules of this package, applied in this order; each has `from_deploy` and `apply`. The
 step caches come after cfg_parallel (they wrap the guidance function it installs) and
 before offload and compile (which wrap the blocks the caches hook)."""
 
-NOT_YET_IMPLEMENTED: dict[str, Any] = {
-    "tensor_parallel_size": 1,
-}
+NOT_YET_IMPLEMENTED: dict[str, Any] = {}
 
 
 def check_supported(stage_label: str, deploy: StageDeployConfig) -> None:
@@ -42,6 +41,10 @@ def check_supported(stage_label: str, deploy: StageDeployConfig) -> None:
         raise ValueError(f"stage {stage_label}: {', '.join(unsupported)} is not implemented in this version of "
                          f"omnistage; remove it from the deploy config")
     check_cache(stage_label, deploy)
+    try:  # the fields tensor parallel is not combined with, before anything loads
+        importlib.import_module(f"{__name__}.tensor_parallel").from_deploy(deploy)
+    except ValueError as exc:
+        raise ValueError(f"stage {stage_label}: {exc}") from None
 
 
 def check_family(stage_label: str, deploy: StageDeployConfig, pipeline_cls: type) -> None:

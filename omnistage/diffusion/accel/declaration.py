@@ -51,6 +51,31 @@ class SequencePlan:
 
 
 @dataclass(frozen=True)
+class TensorPlan:
+    """Which Linear layers of a family's transformer blocks are sharded over ranks (tensor_parallel.py).
+
+    Names are paths inside one block. A column layer keeps a slice of its output features (the
+    QKV and first MLP projections: whole heads, whole hidden units), a row layer the matching
+    slice of its input features, and its partial outputs are summed over the ranks (the output
+    projection and second MLP projection)."""
+
+    blocks: Callable[[Any], list[Any]]
+    """transformer -> the blocks whose layers are sharded."""
+    column: tuple[str, ...]
+    """Layers split by output features."""
+    row: tuple[str, ...]
+    """Layers split by input features, then all-reduced."""
+    attention: tuple[str, ...]
+    """Attention modules whose heads the column layers split: N must divide their `heads`."""
+    local_heads: bool = True
+    """Set their `heads` to heads / N, for processors that cut the QKV by `heads` (Z-Image); False
+    where the processor cuts it by head size and would read `heads` for that (Qwen-Image, FLUX)."""
+    row_parts: Callable[[Any, str], list[int] | None] = lambda block, name: None
+    """(block, row layer) -> the widths of the column outputs its input concatenates, each
+    sharded alike (FLUX's single blocks: attention output, then MLP), or None for one."""
+
+
+@dataclass(frozen=True)
 class Accelerations:
     """The accelerations a family takes. Anything left at its default is refused by name."""
 
@@ -61,6 +86,9 @@ class Accelerations:
     """`cfg_parallel_size: 2`: its CFG branches run on two ranks (needs a `guidance`)."""
     sequence_parallel: SequencePlan | None = None
     """`ulysses_degree` (and `ring_degree` when the plan has a ring processor)."""
+    tensor_parallel: tuple[TensorPlan, ...] = ()
+    """`tensor_parallel_size`: its transformer blocks' Linear layers sharded over ranks, one plan
+    per kind of block."""
     vae_tiling: bool = False
     """`vae_use_tiling`: its VAE's own tiled decode."""
     vae_patch_parallel: bool = False
@@ -84,7 +112,8 @@ class Accelerations:
         """The deploy fields (and cache backends) it takes, for messages and the matrix."""
         fields = [name for name, taken in (
             ("cfg_parallel_size", self.cfg_parallel), ("ulysses_degree", self.sequence_parallel is not None),
-            ("ring_degree", self.ring), ("vae_use_tiling", self.vae_tiling),
+            ("ring_degree", self.ring), ("tensor_parallel_size", bool(self.tensor_parallel)),
+            ("vae_use_tiling", self.vae_tiling),
             ("vae_patch_parallel_size", self.vae_patch_parallel), ("offload", self.offload),
             ("quantization", self.quantization), ("lora", self.lora), ("compile", self.compile)) if taken]
         return ([f"cache_backend ({', '.join(self.step_caches)})"] if self.step_caches else []) + fields
@@ -101,6 +130,7 @@ def requested(deploy: StageDeployConfig) -> list[tuple[str, Any]]:
         ("cfg_parallel_size", deploy.cfg_parallel_size > 1, deploy.cfg_parallel_size),
         ("ulysses_degree", deploy.ulysses_degree > 1, deploy.ulysses_degree),
         ("ring_degree", deploy.ring_degree > 1, deploy.ring_degree),
+        ("tensor_parallel_size", deploy.tensor_parallel_size > 1, deploy.tensor_parallel_size),
         ("vae_use_tiling", deploy.vae_use_tiling, deploy.vae_use_tiling),
         ("vae_patch_parallel_size", deploy.vae_patch_parallel_size > 1, deploy.vae_patch_parallel_size),
         ("offload", deploy.offload is not None, deploy.offload),
@@ -120,6 +150,7 @@ def takes(decl: Accelerations, name: str, value: Any) -> bool:
         "cfg_parallel_size": decl.cfg_parallel,
         "ulysses_degree": decl.sequence_parallel is not None,
         "ring_degree": decl.ring,
+        "tensor_parallel_size": bool(decl.tensor_parallel),
         "vae_use_tiling": decl.vae_tiling,
         "vae_patch_parallel_size": decl.vae_patch_parallel,
         "offload": decl.offload,

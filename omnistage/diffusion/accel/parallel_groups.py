@@ -1,10 +1,12 @@
 """The stage's process groups for its parallel degrees, built in one place.
 
-The ranks of a stage form one mesh of shape (cfg_parallel_size, ring_degree, ulysses_degree)
-(`cfg x ring x ulysses = num_devices`, checked by StageDeployConfig): CFG parallel takes the
-"cfg" dimension (ranks that hold the same piece of the token sequence and run different
-branches), sequence parallel the ("ring", "ulysses") dimensions (ranks that run the same
-branch over different pieces of the sequence). Building the mesh is collective, so every
+The ranks of a stage form one mesh of shape (cfg_parallel_size, ring_degree, ulysses_degree,
+tensor_parallel_size) (`cfg x ring x ulysses x tensor = num_devices`, checked by
+StageDeployConfig): CFG parallel takes the "cfg" dimension (ranks that hold the same piece of
+the token sequence and run different branches), sequence parallel the ("ring", "ulysses")
+dimensions (ranks that run the same branch over different pieces of the sequence), tensor
+parallel the innermost "tensor" dimension (ranks that hold different shards of the same
+weights, so their all-reduces stay between neighbouring devices). Building the mesh is collective, so every
 rank builds it here, once per process and world, in the same order.
 """
 
@@ -16,7 +18,7 @@ from typing import Any
 
 import torch
 
-MESH_DIMS = ("cfg", "ring", "ulysses")
+MESH_DIMS = ("cfg", "ring", "ulysses", "tensor")
 
 
 @dataclass(frozen=True)
@@ -24,10 +26,11 @@ class Degrees:
     cfg: int = 1
     ring: int = 1
     ulysses: int = 1
+    tensor: int = 1
 
     @property
-    def shape(self) -> tuple[int, int, int]:
-        return (self.cfg, self.ring, self.ulysses)
+    def shape(self) -> tuple[int, int, int, int]:
+        return (self.cfg, self.ring, self.ulysses, self.tensor)
 
     @property
     def num_devices(self) -> int:
@@ -35,7 +38,8 @@ class Degrees:
 
     def describe(self) -> str:
         """The degrees that are set, as deploy fields (for error messages)."""
-        fields = {"cfg_parallel_size": self.cfg, "ring_degree": self.ring, "ulysses_degree": self.ulysses}
+        fields = {"cfg_parallel_size": self.cfg, "ring_degree": self.ring, "ulysses_degree": self.ulysses,
+                  "tensor_parallel_size": self.tensor}
         return " x ".join(f"{name}={value}" for name, value in fields.items() if value > 1) or "no parallel degree"
 
 
@@ -47,6 +51,11 @@ class ParallelGroups:
     @property
     def cfg_group(self) -> Any:
         return self.mesh["cfg"].get_group()
+
+    @property
+    def tensor_group(self) -> Any:
+        """The ranks that hold the shards of one copy of the weights (tensor_parallel.py)."""
+        return self.mesh["tensor"].get_group()
 
     @property
     def sequence_mesh(self) -> Any:
@@ -72,4 +81,5 @@ def parallel_groups(degrees: Degrees, device: torch.device) -> ParallelGroups:
 
 
 def degrees_of(deploy: Any) -> Degrees:
-    return Degrees(cfg=deploy.cfg_parallel_size, ring=deploy.ring_degree, ulysses=deploy.ulysses_degree)
+    return Degrees(cfg=deploy.cfg_parallel_size, ring=deploy.ring_degree, ulysses=deploy.ulysses_degree,
+                   tensor=deploy.tensor_parallel_size)

@@ -1,7 +1,8 @@
 """FLUX's sequence-parallel plan (diffusers' own `_cp_plan`) and its attention processor for
 Ulysses, ring and padded token counts (accel/sequence_parallel.py and accel/sequence_split.py
 read them through the family's `SequencePlan`). FLUX.2 (models/flux2/parallel.py) reuses
-`joint_qkv`: its attention computes query, key and value the same way."""
+`joint_qkv`: its attention computes query, key and value the same way. Its tensor-parallel plan
+(accel/tensor_parallel.py) covers both kinds of block."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import torch
 
-from omnistage.diffusion.accel.declaration import SequencePlan
+from omnistage.diffusion.accel.declaration import SequencePlan, TensorPlan
 from omnistage.diffusion.accel.sequence_parallel import diffusers_plan, joint_lengths
 from omnistage.diffusion.accel.sequence_split import SplitSequence
 
@@ -64,3 +65,21 @@ def ring_processor(split: SplitSequence, current: Any) -> Any:
 
 
 SEQUENCE_PLAN = SequencePlan(diffusers_plan, joint_lengths, ring_processor=ring_processor, pads=True)
+
+
+def _single_row_parts(block: Any, name: str) -> list[int]:
+    """proj_out reads [attention output, MLP hidden] concatenated: both are sharded."""
+    return [block.proj_out.in_features - block.mlp_hidden_dim, block.mlp_hidden_dim]
+
+
+# diffusers' FLUX processor cuts the QKV by head size, so `heads` stays as it is (local_heads=False).
+TENSOR_PLAN = (
+    TensorPlan(lambda model: list(model.transformer_blocks),
+               column=("attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj",
+                       "attn.add_v_proj", "ff.net.0.proj", "ff_context.net.0.proj"),
+               row=("attn.to_out.0", "attn.to_add_out", "ff.net.2", "ff_context.net.2"),
+               attention=("attn",), local_heads=False),
+    TensorPlan(lambda model: list(model.single_transformer_blocks),
+               column=("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"), row=("proj_out",),
+               attention=("attn",), local_heads=False, row_parts=_single_row_parts),
+)

@@ -1,6 +1,7 @@
 """Qwen-Image's sequence-parallel plan (diffusers' own `_cp_plan`) and its joint-attention
 processor for Ulysses, ring and padded token counts (accel/sequence_parallel.py and
-accel/sequence_split.py read them through the family's `SequencePlan`)."""
+accel/sequence_split.py read them through the family's `SequencePlan`), and its tensor-parallel plan
+(accel/tensor_parallel.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import torch
 
-from omnistage.diffusion.accel.declaration import SequencePlan
+from omnistage.diffusion.accel.declaration import SequencePlan, TensorPlan
 from omnistage.diffusion.accel.sequence_parallel import diffusers_plan, joint_lengths
 from omnistage.diffusion.accel.sequence_split import SplitSequence
 
@@ -60,3 +61,11 @@ def token_masks(model: Any, kwargs: dict) -> dict[str, torch.Tensor]:
 
 SEQUENCE_PLAN = SequencePlan(diffusers_plan, joint_lengths, ring_processor=ring_processor, pads=True,
                              token_masks=token_masks)
+
+TENSOR_PLAN = (TensorPlan(
+    lambda model: list(model.transformer_blocks),
+    column=("attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj",
+            "img_mlp.net.0.proj", "txt_mlp.net.0.proj"),
+    row=("attn.to_out.0", "attn.to_add_out", "img_mlp.net.2", "txt_mlp.net.2"),
+    # diffusers' processor takes the head size as inner_dim / heads and the head count from the shards.
+    attention=("attn",), local_heads=False),)

@@ -1,5 +1,6 @@
 """Z-Image's sequence-parallel plan and ring-attention processor (accel/sequence_parallel.py,
-accel/ring_attention.py read them through the family's `SequencePlan`).
+accel/ring_attention.py read them through the family's `SequencePlan`), and its tensor-parallel
+plan (accel/tensor_parallel.py).
 
 Z-Image's transformer has no diffusers `_cp_plan`, so the plan here splits its unified
 [image, caption] sequence before the main layers and gathers it after them (the refiner
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-from omnistage.diffusion.accel.declaration import SequencePlan
+from omnistage.diffusion.accel.declaration import SequencePlan, TensorPlan
 from omnistage.diffusion.accel.ring_attention import sequence_parallel_attention
 from omnistage.diffusion.accel.sequence_split import SplitSequence
 
@@ -65,3 +66,16 @@ def _complex_rope(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
 SEQUENCE_PLAN = SequencePlan(sequence_plan, lambda model, kwargs: {},
                              attention=lambda model: list(model.layers.modules()),
                              sequence_multiple=SEQ_MULTIPLE, ring_processor=ring_processor)
+
+
+def tensor_blocks(model: Any) -> list[Any]:
+    """Every ZImageTransformerBlock: the refiners' and the main layers'."""
+    refiners = [model.noise_refiner, model.context_refiner, getattr(model, "siglip_refiner", None) or []]
+    return [block for blocks in (*refiners, model.layers) for block in blocks]
+
+
+TENSOR_PLAN = (TensorPlan(
+    tensor_blocks,
+    column=("attention.to_q", "attention.to_k", "attention.to_v", "feed_forward.w1", "feed_forward.w3"),
+    row=("attention.to_out.0", "feed_forward.w2"),
+    attention=("attention",)),)

@@ -26,13 +26,14 @@ from omnistage.diffusion.pipeline import (
     set_flow_match_timesteps,
 )
 from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations
-from omnistage.models.z_image.parallel import SEQUENCE_PLAN
+from omnistage.models.z_image.parallel import SEQUENCE_PLAN, TENSOR_PLAN
 
 
 class ZImage(PatchImagePipeline):
     reference_class: ClassVar[str] = "ZImagePipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
-        step_caches=CACHE_BACKENDS, cfg_parallel=True, sequence_parallel=SEQUENCE_PLAN, vae_patch_parallel=True,
+        step_caches=CACHE_BACKENDS, cfg_parallel=True, sequence_parallel=SEQUENCE_PLAN, tensor_parallel=TENSOR_PLAN,
+        vae_patch_parallel=True,
         vae_tiling=True, offload=True, quantization=True, lora=True, compile=True)
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     _optional_components: ClassVar[list[str]] = []

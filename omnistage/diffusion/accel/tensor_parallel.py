@@ -1,0 +1,141 @@
+"""`tensor_parallel_size: N`: each rank holds 1/N of the weights of the transformer's blocks
+(Megatron-style). The QKV and first MLP projections are split by output features (whole
+heads, whole hidden units: no communication), the attention output and second MLP
+projections by the matching input features, and their partial outputs are summed over the
+"tensor" dimension of the stage mesh (parallel_groups.py) with one all-reduce each. Every rank
+then holds the same activations between blocks, and rank 0's output is the one returned.
+
+A family takes it by declaring a `TensorPlan` (declaration.py): its blocks and which of their
+Linear layers are column and which row. The layers are replaced in the family's own
+transformer object at load time; the full weights are read first, then sliced. It composes
+with `cfg_parallel_size` (a CFG branch per group of shards); Ulysses and ring, quantization,
+LoRA, compile and offload are refused with it by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from omnistage.diffusion.accel.declaration import requested
+from omnistage.diffusion.accel.parallel_groups import Degrees, degrees_of, parallel_groups
+from omnistage.diffusion.accel.sequence_parallel import transformers_of
+
+if TYPE_CHECKING:
+    from omnistage.config.deploy_fields import StageDeployConfig
+    from omnistage.diffusion.accel.declaration import TensorPlan
+
+REFUSED_WITH = ("ulysses_degree", "ring_degree", "quantization", "lora", "lora_adapters", "compile", "offload")
+"""Deploy fields not combined with it yet: each wraps, moves or reads the Linear layers or the
+heads it splits (a LoRA delta has the full layer's shape), and none is tested with it."""
+
+
+@dataclass(frozen=True)
+class TensorParallelConfig:
+    degrees: Degrees
+    """All the stage's degrees: the tensor group is the "tensor" dimension of their mesh."""
+
+    @property
+    def size(self) -> int:
+        return self.degrees.tensor
+
+
+def from_deploy(deploy: StageDeployConfig) -> TensorParallelConfig | None:
+    if deploy.tensor_parallel_size == 1:
+        return None
+    clashing = [name for name, _ in requested(deploy) if name in REFUSED_WITH]
+    if clashing:
+        raise ValueError(f"tensor_parallel_size={deploy.tensor_parallel_size} cannot be combined with "
+                         f"{', '.join(clashing)} in this version of omnistage")
+    return TensorParallelConfig(degrees_of(deploy))
+
+
+def apply(pipeline: Any, config: TensorParallelConfig) -> None:
+    import torch.distributed as dist
+
+    plans = pipeline.supported_accelerations.tensor_parallel
+    models = transformers_of(pipeline)
+    if not plans or not models:  # check_declared refuses it first; this guards direct calls
+        raise ValueError(f"tensor_parallel_size: {pipeline.reference_class} declares no tensor-parallel plan")
+    for model in models:
+        for plan in plans:
+            _check_divides(model, plan, config.size, pipeline.reference_class)
+    group = parallel_groups(config.degrees, pipeline.device).tensor_group
+    rank = dist.get_rank(group)
+    for model in models:
+        for plan in plans:
+            for block in plan.blocks(model):
+                shard_block(block, plan, rank, config.size, group)
+
+
+def _check_divides(model: Any, plan: TensorPlan, size: int, family: str) -> None:
+    blocks = plan.blocks(model)
+    for name in plan.attention if blocks else ():
+        if (heads := blocks[0].get_submodule(name).heads) % size:
+            raise ValueError(f"tensor_parallel_size={size} does not divide the {heads} attention heads of "
+                             f"{family}")
+
+
+def shard_slice(features: int, rank: int, size: int) -> slice:
+    """This rank's features of `features`, as torch.tensor_split cuts them: the first
+    `features % size` ranks take one more (an MLP width need not divide; heads do, checked)."""
+    base, extra = divmod(features, size)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (rank < extra))
+
+
+def shard_block(block: torch.nn.Module, plan: TensorPlan, rank: int, size: int, group: Any) -> None:
+    """Replace the plan's layers of `block` by this rank's shards (`rank` of `size`)."""
+    for name in plan.column:
+        block.set_submodule(name, column_shard(block.get_submodule(name), rank, size))
+    for name in plan.row:
+        linear = block.get_submodule(name)
+        parts = plan.row_parts(block, name) or [linear.in_features]
+        block.set_submodule(name, RowParallelLinear(linear, rank, size, group, parts))
+    if plan.local_heads:
+        for name in plan.attention:
+            block.get_submodule(name).heads //= size
+
+
+def column_shard(linear: torch.nn.Linear, rank: int, size: int) -> torch.nn.Linear:
+    """A plain Linear of this rank's slice of output features: its output stays sharded."""
+    rows = shard_slice(linear.out_features, rank, size)
+    shard = torch.nn.Linear(linear.in_features, rows.stop - rows.start, bias=linear.bias is not None,
+                            device=linear.weight.device, dtype=linear.weight.dtype)
+    with torch.no_grad():
+        shard.weight.copy_(linear.weight[rows])
+        if linear.bias is not None:
+            shard.bias.copy_(linear.bias[rows])
+    return shard.requires_grad_(linear.weight.requires_grad)
+
+
+class RowParallelLinear(torch.nn.Module):
+    """A Linear layer's slice of input features: the ranks' partial products are summed
+    (all-reduce over `group`), then the bias is added once. An input that concatenates several
+    sharded outputs (`parts`, their full widths) keeps this rank's slice of each."""
+
+    def __init__(self, linear: torch.nn.Linear, rank: int, size: int, group: Any, parts: list[int]) -> None:
+        super().__init__()
+        starts = [sum(parts[:i]) for i in range(len(parts))]
+        cols = [range(start + s.start, start + s.stop)
+                for start, s in zip(starts, (shard_slice(width, rank, size) for width in parts))]
+        index = torch.tensor([c for part in cols for c in part], device=linear.weight.device)
+        self.in_features, self.out_features = len(index), linear.out_features
+        self.weight = torch.nn.Parameter(linear.weight.detach().index_select(1, index).contiguous(),
+                                         requires_grad=linear.weight.requires_grad)
+        self.bias = linear.bias
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        out = F.linear(x, self.weight)
+        dist.all_reduce(out, group=self.group)
+        return out if self.bias is None else out + self.bias
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features} (a shard), out_features={self.out_features}, "
+                f"bias={self.bias is not None}")
