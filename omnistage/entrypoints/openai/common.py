@@ -182,3 +182,18 @@ def accepted_subprotocol(websocket: WebSocket) -> str | None:
     """`realtime` when the client offered it (a browser that offers subprotocols fails the
     connection unless the server picks one), else none."""
     return "realtime" if "realtime" in websocket.scope.get("subprotocols", []) else None
+
+
+def event_object(message: dict[str, Any]) -> dict[str, Any]:
+    """A WebSocket message of a JSON-events session (realtime, duplex, video chat) as one JSON
+    object, or a 400 saying what is wrong with it."""
+    if message.get("text") is None:
+        raise bad_request("binary messages are not accepted; send JSON text events", code="invalid_event")
+    try:
+        event = json_body.loads(message["text"])
+    except json_body.BadJSON as e:
+        raise bad_request(e.message.replace("the request body", "the event"), param=e.param,
+                          code="invalid_json") from None
+    if not isinstance(event, dict):
+        raise bad_request("an event must be a JSON object", code="invalid_event")
+    return event

@@ -30,8 +30,7 @@ import numpy as np
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from omnistage.config import Duplex
-from omnistage.entrypoints.openai import json_body
-from omnistage.entrypoints.openai.common import accepted_subprotocol
+from omnistage.entrypoints.openai.common import accepted_subprotocol, event_object
 from omnistage.entrypoints.openai.engine_client import EngineGateway
 from omnistage.entrypoints.openai.errors import APIError, bad_request
 from omnistage.entrypoints.openai.realtime import audio_format
@@ -171,15 +170,7 @@ class DuplexSession:
                 await self._error(e, event_id)
 
     def _parse(self, message: dict[str, Any]) -> dict[str, Any]:
-        if message.get("text") is None:
-            raise bad_request("binary messages are not accepted; send JSON text events", code="invalid_event")
-        try:
-            event = json_body.loads(message["text"])
-        except json_body.BadJSON as e:
-            raise bad_request(e.message.replace("the request body", "the event"), param=e.param,
-                              code="invalid_json") from None
-        if not isinstance(event, dict):
-            raise bad_request("an event must be a JSON object", code="invalid_event")
+        event = event_object(message)
         if event.get("type") not in CLIENT_EVENTS:
             raise bad_request(f"type: unknown event type {event.get('type')!r} in a duplex session; one of "
                               f"{list(CLIENT_EVENTS)} (no commit: the model hears the audio as it comes)",

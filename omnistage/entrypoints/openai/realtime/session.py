@@ -24,9 +24,8 @@ import numpy as np
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from omnistage.entrypoints.openai import json_body
 from omnistage.entrypoints.openai.audio.stream import GOING_AWAY
-from omnistage.entrypoints.openai.common import accepted_subprotocol
+from omnistage.entrypoints.openai.common import accepted_subprotocol, event_object
 from omnistage.entrypoints.openai.engine_client import EngineGateway
 from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors, shutting_down
 from omnistage.entrypoints.openai.realtime import audio_format
@@ -142,15 +141,7 @@ class RealtimeSession:
         message = await self._receive()
         client_event_id = None
         try:
-            if message.get("text") is None:
-                raise bad_request("binary messages are not accepted; send JSON text events", code="invalid_event")
-            try:
-                raw = json_body.loads(message["text"])
-            except json_body.BadJSON as e:
-                raise bad_request(e.message.replace("the request body", "the event"), param=e.param,
-                                  code="invalid_json") from None
-            if not isinstance(raw, dict):
-                raise bad_request("an event must be a JSON object", code="invalid_event")
+            raw = event_object(message)
             client_event_id = raw.get("event_id") if isinstance(raw.get("event_id"), str) else None
             if self.variant is None and is_reference_event(raw):
                 self.variant = ReferenceVariant(self.gateway, self.settings.model, self.conversation, self._send)

@@ -41,9 +41,8 @@ import numpy as np
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from omnistage.entrypoints.openai import json_body
 from omnistage.entrypoints.openai.audio.stream import GOING_AWAY
-from omnistage.entrypoints.openai.common import accepted_subprotocol
+from omnistage.entrypoints.openai.common import accepted_subprotocol, event_object
 from omnistage.entrypoints.openai.engine_client import EngineGateway
 from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors, shutting_down
 from omnistage.entrypoints.openai.media_inputs import InputMedia
@@ -303,15 +302,7 @@ class VideoChatSession:
 
 def _parse(message: dict[str, Any]) -> ClientEvent:
     """A client event, or a 400 naming what is wrong with it."""
-    if message.get("text") is None:
-        raise bad_request("binary messages are not accepted; send JSON text events", code="invalid_event")
-    try:
-        raw = json_body.loads(message["text"])
-    except json_body.BadJSON as e:
-        raise bad_request(e.message.replace("the request body", "the event"), param=e.param,
-                          code="invalid_json") from None
-    if not isinstance(raw, dict):
-        raise bad_request("an event must be a JSON object", code="invalid_event")
+    raw = event_object(message)
     model = EVENTS.get(raw.get("type")) if isinstance(raw.get("type"), str) else None
     if model is None:
         raise bad_request(f"type: unknown event type {raw.get('type')!r}; one of {sorted(EVENTS)}",
