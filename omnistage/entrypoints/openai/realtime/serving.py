@@ -19,8 +19,9 @@ from omnistage.entrypoints.openai.common import accepted_subprotocol, check_mode
 from omnistage.entrypoints.openai.engine_client import EngineGateway
 from omnistage.entrypoints.openai.errors import APIError, bad_request
 from omnistage.entrypoints.openai.realtime.duplex import DuplexSession, capabilities
-from omnistage.entrypoints.openai.realtime.session import POLICY_VIOLATION, RealtimeSession
+from omnistage.entrypoints.openai.realtime.session import RealtimeSession
 from omnistage.entrypoints.openai.settings import ServerSettings
+from omnistage.entrypoints.openai.ws_session import POLICY_VIOLATION
 
 _UNREAD = object()
 _FLAGS = {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}

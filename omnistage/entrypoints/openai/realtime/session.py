@@ -17,17 +17,15 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import json
 from typing import Any
 
 import numpy as np
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from omnistage.entrypoints.openai.audio.stream import GOING_AWAY
-from omnistage.entrypoints.openai.common import accepted_subprotocol, event_object
+from omnistage.entrypoints.openai.common import event_object
 from omnistage.entrypoints.openai.engine_client import EngineGateway
-from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors, shutting_down
+from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors
 from omnistage.entrypoints.openai.realtime import audio_format
 from omnistage.entrypoints.openai.realtime.conversation import Conversation, Item, Part, new_id
 from omnistage.entrypoints.openai.realtime.input_transcription import transcribe
@@ -55,36 +53,24 @@ from omnistage.entrypoints.openai.realtime.reference_variant import (
 from omnistage.entrypoints.openai.realtime.response import ResponseRun
 from omnistage.entrypoints.openai.realtime.vad import VAD_RATE, SileroDetector, TurnDetector
 from omnistage.entrypoints.openai.settings import ServerSettings
+from omnistage.entrypoints.openai.ws_session import MESSAGE_TOO_BIG, EventSession, SessionLimit
 from omnistage.media.audio import resample
 
-POLICY_VIOLATION, MESSAGE_TOO_BIG = 1008, 1009
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less than 100 ms of audio
 TRIM_MARGIN_MS = 500  # kept beyond the prefix padding: the VAD lags the buffer by up to a window
 
 
-class SessionLimit(Exception):
-    """A limit that ends the session: the error event's code and message, and the close code."""
-
-    def __init__(self, code: str, message: str, close_code: int):
-        super().__init__(message)
-        self.code, self.message, self.close_code = code, message, close_code
-
-
-class RealtimeSession:
+class RealtimeSession(EventSession):
     def __init__(self, websocket: WebSocket, gateway: EngineGateway, settings: ServerSettings, model: str,
                  detector_factory: Any = SileroDetector, capabilities: dict[str, Any] | None = None):
-        self.ws = websocket
+        super().__init__(websocket, gateway, settings)
         self.capabilities = capabilities
         """Shown in the session object when the client asked for a duplex session (`?duplex=1`) and
         got this turn-based one instead (serving.py)."""
-        self.gateway = gateway
-        self.limits = settings
         self.settings = SessionSettings(model=model)
         self.detector_factory = detector_factory
-        self.id = new_id("sess")
         self.conversation = Conversation()
         self.response: ResponseRun | None = None
-        self._send_lock = asyncio.Lock()
         self._buffer: list[np.ndarray] = []
         self._buffer_start = 0  # session sample (at the input rate) where the buffer begins
         self._num_samples = 0  # input samples appended over the whole session
@@ -97,30 +83,14 @@ class RealtimeSession:
         self.variant: ReferenceVariant | None = None
         """Set once the client speaks the reference system's variant (reference_variant.py)."""
 
-    async def run(self) -> None:
-        await self.ws.accept(subprotocol=accepted_subprotocol(self.ws))
-        session = asyncio.create_task(self._session())
-        drained = self.gateway.drained
-        expiry = asyncio.ensure_future(asyncio.sleep(self.limits.realtime_max_session_s))
-        try:
-            await asyncio.wait({session, drained, expiry}, return_when=asyncio.FIRST_COMPLETED)
-            if not session.done():
-                session.cancel()
-                await asyncio.gather(session, return_exceptions=True)
-                if drained.done():  # the server is stopping: say so with the close, not a cut connection
-                    await self._close(GOING_AWAY, shutting_down().message)
-                else:
-                    await self._end(SessionLimit("session_expired", "the session reached its maximum length of "
-                                                 f"{self.limits.realtime_max_session_s:g} s", POLICY_VIOLATION))
-        finally:
-            expiry.cancel()
-            if self.response is not None:
-                self.response.cancel("client_cancelled")  # the client is gone: abort the engine request
-                await asyncio.gather(self.response.task, return_exceptions=True)
-            tasks = [*self._transcriptions, *([self.variant.task] if self.variant and self.variant.task else [])]
-            for task in tasks:
-                task.cancel()  # each closes its engine stream, which aborts the request
-            await asyncio.gather(*tasks, return_exceptions=True)
+    async def _cleanup(self) -> None:
+        if self.response is not None:
+            self.response.cancel("client_cancelled")  # the client is gone: abort the engine request
+            await asyncio.gather(self.response.task, return_exceptions=True)
+        tasks = [*self._transcriptions, *([self.variant.task] if self.variant and self.variant.task else [])]
+        for task in tasks:
+            task.cancel()  # each closes its engine stream, which aborts the request
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _session(self) -> None:
         try:
@@ -163,24 +133,6 @@ class RealtimeSession:
             else:
                 await self._error(e, client_event_id)
             return None
-
-    async def _receive(self) -> dict[str, Any]:
-        """The next WebSocket message; the idle limit counts only while no response runs."""
-        receive = asyncio.ensure_future(self.ws.receive())
-        try:
-            while True:
-                done, _ = await asyncio.wait({receive}, timeout=self.limits.realtime_idle_timeout_s)
-                if done:
-                    break
-                if not self._is_answering():
-                    raise SessionLimit("idle_timeout", "no client event for "
-                                       f"{self.limits.realtime_idle_timeout_s:g} s", POLICY_VIOLATION)
-        finally:
-            receive.cancel()
-        message = receive.result()
-        if message["type"] == "websocket.disconnect":
-            raise WebSocketDisconnect(message.get("code", 1000))
-        return message
 
     def _is_answering(self) -> bool:
         tasks = [self.response.task if self.response else None, self.variant.task if self.variant else None]
@@ -397,25 +349,3 @@ class RealtimeSession:
     def _session_object(self) -> dict[str, Any]:
         extra = {"capabilities": self.capabilities} if self.capabilities is not None else {}
         return {"id": self.id, **self.settings.as_openai(), **extra}
-
-    async def _send(self, event: dict[str, Any]) -> None:
-        async with self._send_lock:
-            await self.ws.send_text(json.dumps({"event_id": new_id("event"), **event}, separators=(",", ":")))
-
-    async def _error(self, error: APIError, client_event_id: str | None) -> None:
-        await self._send({"type": "error", "error": {"type": error.type, "code": error.code, "message": error.message,
-                                                     "param": error.param, "event_id": client_event_id}})
-
-    async def _end(self, limit: SessionLimit) -> None:
-        try:
-            await self._send({"type": "error", "error": {"type": "invalid_request_error", "code": limit.code,
-                                                         "message": limit.message, "param": None, "event_id": None}})
-        except (WebSocketDisconnect, RuntimeError):
-            return
-        await self._close(limit.close_code, limit.message)
-
-    async def _close(self, code: int, reason: str) -> None:
-        try:
-            await self.ws.close(code=code, reason=reason[:120])
-        except RuntimeError:  # already closed
-            pass

@@ -12,9 +12,9 @@ from omnistage.entrypoints.openai.common import accepted_subprotocol
 from omnistage.entrypoints.openai.engine_client import EngineGateway
 from omnistage.entrypoints.openai.errors import APIError, bad_request
 from omnistage.entrypoints.openai.media_inputs import InputMedia
-from omnistage.entrypoints.openai.realtime.session import POLICY_VIOLATION
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.entrypoints.openai.video_chat.session import VideoChatSession
+from omnistage.entrypoints.openai.ws_session import POLICY_VIOLATION
 
 _UNREAD = object()
 

@@ -41,14 +41,11 @@ import numpy as np
 from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from omnistage.entrypoints.openai.audio.stream import GOING_AWAY
-from omnistage.entrypoints.openai.common import accepted_subprotocol, event_object
+from omnistage.entrypoints.openai.common import event_object
 from omnistage.entrypoints.openai.engine_client import EngineGateway
-from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors, shutting_down
+from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors
 from omnistage.entrypoints.openai.media_inputs import InputMedia
 from omnistage.entrypoints.openai.realtime import audio_format
-from omnistage.entrypoints.openai.realtime.conversation import new_id
-from omnistage.entrypoints.openai.realtime.session import POLICY_VIOLATION
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.entrypoints.openai.video_chat.answer import Answer, stage_params
 from omnistage.entrypoints.openai.video_chat.context import Context, Turn
@@ -62,6 +59,7 @@ from omnistage.entrypoints.openai.video_chat.protocol import (
     VideoFrame,
     VideoQuery,
 )
+from omnistage.entrypoints.openai.ws_session import EventSession, SessionLimit
 from omnistage.media.image import decode_base64_payload
 
 logger = logging.getLogger(__name__)
@@ -91,56 +89,30 @@ class Settings:
                 "frame_filter_threshold": self.frame_filter_threshold, "voice": self.voice}
 
 
-class SessionEnd(Exception):
-    """A limit that ends the session: the error's code and message, and the close code."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code, self.message = code, message
-
-
-class VideoChatSession:
+class VideoChatSession(EventSession):
     def __init__(self, websocket: WebSocket, gateway: EngineGateway, settings: ServerSettings, media: InputMedia,
                  speaks: bool):
-        self.ws = websocket
-        self.gateway = gateway
-        self.limits = settings
+        super().__init__(websocket, gateway, settings)
         self.media = media
         self.speaks = speaks
         """The model answers in audio too (an omni model with a talker)."""
         self.settings = Settings(model=settings.served_model_name,
                                  modalities=("text", "audio") if speaks else ("text",))
-        self.id = new_id("sess")
         self.entry_stage = gateway.engine.spec.entry_stages[0].name
         self.context = Context()
         self.frames = FrameBuffer()
         self.audio: list[np.ndarray] = []  # the stream's audio since the last query, at 24 kHz
         self.answer: Answer | None = None
         self.warmer = PrefixWarmer(gateway, self.entry_stage, settings.video_chat_prefill, self._prefilled)
-        self._send_lock = asyncio.Lock()
 
-    async def run(self) -> None:
-        await self.ws.accept(subprotocol=accepted_subprotocol(self.ws))
-        session = asyncio.create_task(self._session())
-        drained = self.gateway.drained
-        expiry = asyncio.ensure_future(asyncio.sleep(self.limits.realtime_max_session_s))
-        try:
-            await asyncio.wait({session, drained, expiry}, return_when=asyncio.FIRST_COMPLETED)
-            if not session.done():
-                session.cancel()
-                await asyncio.gather(session, return_exceptions=True)
-                if drained.done():  # the server is stopping: say so with the close, not a cut connection
-                    await self._close(GOING_AWAY, shutting_down().message)
-                else:
-                    await self._end(SessionEnd("session_expired", "the session reached its maximum length of "
-                                               f"{self.limits.realtime_max_session_s:g} s"))
-        finally:
-            expiry.cancel()
-            # The client is gone (or the session ended): no engine request outlives it.
-            if self.answer is not None:
-                self.answer.cancel()
-                await asyncio.gather(self.answer.task, return_exceptions=True)
-            await self.warmer.close()
+    async def _cleanup(self) -> None:
+        if self.answer is not None:
+            self.answer.cancel()
+            await asyncio.gather(self.answer.task, return_exceptions=True)
+        await self.warmer.close()
+
+    def _is_answering(self) -> bool:
+        return self.answer is not None and not self.answer.task.done()
 
     async def _session(self) -> None:
         try:
@@ -151,33 +123,16 @@ class VideoChatSession:
                     await self._handle(_parse(message))
                 except APIError as e:
                     await self._error(e, _event_id(message))
-                except (WebSocketDisconnect, RuntimeError, SessionEnd):
+                except (WebSocketDisconnect, RuntimeError, SessionLimit):
                     raise
                 except Exception:  # noqa: BLE001 - a bug fails this event, never the session
                     logger.exception("video chat session %s: event failed", self.id)
                     await self._error(APIError(500, "the event failed inside the server", code="internal_error"),
                                       _event_id(message))
-        except SessionEnd as end:
+        except SessionLimit as end:
             await self._end(end)
         except (WebSocketDisconnect, RuntimeError):  # the client went away (RuntimeError: sent to a closed socket)
             pass
-
-    async def _receive(self) -> dict[str, Any]:
-        """The next WebSocket message; the idle limit counts only while no answer runs."""
-        receive = asyncio.ensure_future(self.ws.receive())
-        try:
-            while True:
-                done, _ = await asyncio.wait({receive}, timeout=self.limits.realtime_idle_timeout_s)
-                if done:
-                    break
-                if self.answer is None or self.answer.task.done():
-                    raise SessionEnd("idle_timeout", f"no client event for {self.limits.realtime_idle_timeout_s:g} s")
-        finally:
-            receive.cancel()
-        message = receive.result()
-        if message["type"] == "websocket.disconnect":
-            raise WebSocketDisconnect(message.get("code", 1000))
-        return message
 
     async def _handle(self, event: ClientEvent) -> None:
         if isinstance(event, SessionConfig):
@@ -276,29 +231,6 @@ class VideoChatSession:
         await self._send({"type": "video.frames.prefilled", "frame_ids": frame_ids, "frames": len(frame_ids)})
 
     # --- server events --------------------------------------------------------------------
-
-    async def _send(self, event: dict[str, Any]) -> None:
-        async with self._send_lock:
-            await self.ws.send_text(json.dumps({"event_id": new_id("event"), **event}, separators=(",", ":")))
-
-    async def _error(self, error: APIError, client_event_id: str | None) -> None:
-        await self._send({"type": "error", "error": {"type": error.type, "code": error.code, "message": error.message,
-                                                     "param": error.param, "event_id": client_event_id}})
-
-    async def _end(self, end: SessionEnd) -> None:
-        try:
-            await self._send({"type": "error", "error": {"type": "invalid_request_error", "code": end.code,
-                                                         "message": end.message, "param": None, "event_id": None}})
-        except (WebSocketDisconnect, RuntimeError):
-            return
-        await self._close(POLICY_VIOLATION, end.message)
-
-    async def _close(self, code: int, reason: str) -> None:
-        try:
-            await self.ws.close(code=code, reason=reason[:120])
-        except RuntimeError:  # already closed
-            pass
-
 
 def _parse(message: dict[str, Any]) -> ClientEvent:
     """A client event, or a 400 naming what is wrong with it."""
