@@ -4,17 +4,23 @@
 # `-n 0` runs serially, e.g. for one test.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-bash "$ROOT/scripts/setup_env.sh"
 # The playground's browser tests drive Debian's chromium (Playwright's own browser
-# download is not used). Installed once, when missing and we may; without it they skip.
+# download is not used). Installed once, when missing and we may, beside the Python install;
+# without it they skip.
+chromium_install=""
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "[omnistage] installing chromium for the playground's browser tests"
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
-      || echo "[omnistage] could not install chromium: the browser tests will skip" >&2
+    ( apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null ) \
+      >/dev/null 2>&1 &
+    chromium_install=$!
   else
     echo "[omnistage] no chromium (and no root apt-get to install it): the browser tests will skip" >&2
   fi
+fi
+bash "$ROOT/scripts/setup_env.sh"
+if [ -n "$chromium_install" ] && ! wait "$chromium_install"; then
+  echo "[omnistage] could not install chromium: the browser tests will skip" >&2
 fi
 cd "$ROOT"
 set +e
