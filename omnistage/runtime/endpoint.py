@@ -135,7 +135,7 @@ class ProcessEndpoint:
         self.child_channel = child_channel
         self.pid: int | None = None
         self._gone = False  # the child said it died, or its death was reported
-        self._commands = mp.get_context("spawn").Queue()
+        self._commands = process.queue()
         self._results, child_end = process.pipe(duplex=False)
         self._proc = process.spawn(stage_main, (build, child_channel, self._commands, child_end),
                                    name=f"omnistage-stage-{label}")

@@ -106,14 +106,15 @@ def make_fake_model(path: Path, step_delay: float = 0.0) -> str:
 
 
 def child_pids() -> set[int]:
-    """This process's live children, leaving out multiprocessing's resource tracker (started
-    on first use of shared memory or spawn, it lives as long as the interpreter)."""
+    """This process's live stage and worker processes (omnistage titles them "omni:..."), not
+    multiprocessing's own helpers (the fork server and resource tracker live as long as the
+    interpreter)."""
     import psutil
 
     pids = set()
     for proc in psutil.Process().children(recursive=True):
         try:
-            if proc.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(proc.cmdline()):
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.name().startswith("omni:"):
                 pids.add(proc.pid)
         except psutil.NoSuchProcess:
             pass

@@ -27,12 +27,14 @@ pytestmark = pytest.mark.e2e
 
 
 def spawned_children() -> set[int]:
-    """This process's multiprocessing children (stage processes, diffusion workers), not its helpers."""
+    """This process's stage and worker processes (titled "omni:..."), not multiprocessing's helpers."""
     found = set()
     for child in psutil.Process().children(recursive=True):
-        cmdline = " ".join(child.cmdline())
-        if "spawn_main" in cmdline and "resource_tracker" not in cmdline:
-            found.add(child.pid)
+        try:
+            if child.name().startswith("omni:") and child.status() != psutil.STATUS_ZOMBIE:
+                found.add(child.pid)
+        except psutil.NoSuchProcess:
+            pass
     return found
 
 

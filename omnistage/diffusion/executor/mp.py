@@ -94,7 +94,7 @@ class MultiprocExecutor(Executor):
         for rank in range(config.world_size):
             parent_conn, child_conn = process.pipe()
             proc = process.spawn(worker_main, (config, rank, store_port, child_conn, self.shm_prefix),
-                                 name=f"omnistage-diffusion-worker-{rank}", daemon=True)
+                                 name=f"omnistage-rank-{rank}", daemon=True)
             child_conn.close()
             self.procs.append(proc)
             self.conns.append(parent_conn)
