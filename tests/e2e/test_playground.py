@@ -582,10 +582,12 @@ def test_talk_tab_talks_over_the_realtime_route(served, browser, tmp_path, reque
         page.wait_for_function("document.getElementById('model-id').textContent === 'omni'")
         page.wait_for_selector("#talk-start", state="visible")
         page.click("#talk-start")
-        page.wait_for_function("Number(document.getElementById('talk-status').dataset.turns || 0) >= 1",
-                               timeout=TIMEOUT_MS * 2)
+        # The answer's audio reaches the page. On a loaded machine an answer can still outlast the
+        # silence and be barged in on by the loop's next voice (cancelled, as it should be): a
+        # later turn then speaks, so wait for audio from any turn, not from the first.
+        page.wait_for_function("(s => Number(s.dataset.audioBytes || 0) > 0 && Number(s.dataset.turns || 0) >= 1)"
+                               "(document.getElementById('talk-status'))", timeout=TIMEOUT_MS * 3)
         status = page.locator("#talk-status")
-        assert int(status.get_attribute("data-audio-bytes") or 0) > 0, status.inner_text()  # the answer's audio
         assert page.locator("#talk-log .msg.assistant").count() >= 1
         page.click("#talk-stop")
         assert status.inner_text() == "stopped"
