@@ -1,0 +1,1 @@
+"""OmniVoice (k2-fsa): text -> speech by iterative unmasking of codec codes (see speaker.py)."""
