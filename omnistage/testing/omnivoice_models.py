@@ -65,6 +65,7 @@ register_zoo_model(ZooModel(
     reference_class="omnivoice.OmniVoice",
     builder=build_omnivoice,
     sizes=("tiny",),
+    call_kwargs={"text": "Hello there."},  # the reference `generate`'s; its unmasking stage is a native pipeline
     description="OmniVoice: a bidirectional Qwen3 unmasking 4 x 32 codes (+ the mask code) with CFG, and "
                 "Higgs-Audio v2's audio tokenizer in audio_tokenizer/, fp32.",
 ))

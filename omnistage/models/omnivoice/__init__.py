@@ -36,8 +36,10 @@ def codec_inputs(request: Any, inputs: dict) -> dict:
 OMNIVOICE = PipelineSpec(
     name="omnivoice",
     stages=(
+        # Step mode: a new request joins the running ones at the next unmasking step instead of
+        # waiting for their whole run (each request keeps its own schedule and noise).
         StageSpec(id=0, name="unmask", kind="diffusion", output="latent", model="OmniVoice",
-                  input_processor=unmask_inputs),
+                  input_processor=unmask_inputs, defaults={"step_execution": True}),
         StageSpec(id=1, name="codec", kind="generation", output="audio", inputs=(0,), final_output=True,
                   model="omnivoice.codec", input_processor=codec_inputs),
     ),
