@@ -120,12 +120,15 @@ def test_served_audio_matches_reference(omnivoice, reference):
     voice (it needs the whole waveform): compared after it."""
     clip = (0.05 * np.sin(2 * np.pi * 220 * np.arange(24000) / 24000)).astype(np.float32), REF_TEXT
     plain = SpeechRequest("Hello there, how are you today? I am fine.", seed=0, params=UnmaskParams(num_step=NUM_STEP))
-    cloned = SpeechRequest("Nice to see you again.", seed=2, params=UnmaskParams(num_step=NUM_STEP))
+    cloned = SpeechRequest("Nice to see you again.", seed=2,
+                           params=UnmaskParams(num_step=NUM_STEP, class_temperature=0.8))  # an extra, sampled codes
     (_,), _, (plain_wave,) = _reference_run(reference, [plain], plain.seed, plain.params)
     (_,), _, (cloned_wave,) = _reference_run(reference, [cloned], cloned.seed, cloned.params, clip)
     prompts = [plain.text, {"prompt": cloned.text, "ref_audio": clip[0], "ref_sample_rate": 24000,
                             "ref_text": clip[1]}]
-    params = [{"unmask": DiffusionParams(seed=r.seed, num_inference_steps=NUM_STEP)} for r in (plain, cloned)]
+    params = [{"unmask": DiffusionParams(seed=plain.seed, num_inference_steps=NUM_STEP)},
+              {"unmask": DiffusionParams(seed=cloned.seed, num_inference_steps=NUM_STEP,
+                                         extras={"class_temperature": 0.8})}]
     with Omni(omnivoice) as omni:
         outputs = omni.generate(prompts, params, use_tqdm=False)
     assert [o.sample_rate for o in outputs] == [24000, 24000]

@@ -8,7 +8,7 @@ cloned voice.
 
 Request fields: `num_inference_steps` is the authors' `num_step` (32), `guidance_scale` their
 CFG scale (2.0), `seed` draws the position (and class) noise; extras `position_temperature`,
-`class_temperature`, `t_shift`, `layer_penalty_factor` and `speed` are theirs. The checkpoint
+`class_temperature`, `t_shift` and `layer_penalty_factor` are theirs. The checkpoint
 is no diffusers folder: its facts come from its config.json (`read_configs`).
 """
 
@@ -47,8 +47,6 @@ class OmniVoicePipeline(DiffusionPipelineBase):
                              help="Shift of the unmasking schedule (small: more positions late)."),
         "layer_penalty_factor": ExtraSpec(float, default=5.0, min=0.0, max=100.0,
                                           help="How strongly earlier codebooks unmask first."),
-        "speed": ExtraSpec(float, default=1.0, min=0.25, max=4.0,
-                           help="Speaking rate: divides the estimated length."),
     }
 
     @classmethod
@@ -105,7 +103,7 @@ class OmniVoicePipeline(DiffusionPipelineBase):
                               position_temperature=extras["position_temperature"],
                               class_temperature=extras["class_temperature"])
         state = self.speaker.state(SpeechRequest(parsed.text, voice, parsed.instruct, seed=params.seed,
-                                                 params=unmask, speed=extras["speed"]))
+                                                 params=unmask))
         gain = voice.ref_rms / 0.1 if voice is not None and voice.ref_rms < 0.1 else 1.0
         return DenoiseState(request=request, latents=state.codes, noise_scheduler=None,
                             timesteps=torch.arange(unmask.num_step), cond={"unmask": state, "gain": gain})

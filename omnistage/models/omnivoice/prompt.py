@@ -119,7 +119,7 @@ def text_weight(text: str) -> float:
 
 
 def estimate_frames(text: str, ref_text: str | None = None, ref_frames: int | None = None,
-                    speed: float = 1.0, low_threshold: float = 50, boost: float = 3) -> int:
+                    low_threshold: float = 50, boost: float = 3) -> int:
     """Target frames for `text` at the pace of (ref_text, ref_frames); short ones are lengthened
     along the authors' power curve below `low_threshold` frames."""
     if not ref_frames or not ref_text:
@@ -130,6 +130,4 @@ def estimate_frames(text: str, ref_text: str | None = None, ref_frames: int | No
         estimate = text_weight(text) / (ref_weight / ref_frames)
         if estimate < low_threshold:
             estimate = low_threshold * (estimate / low_threshold) ** (1.0 / boost)
-    if speed > 0 and speed != 1.0:
-        estimate /= speed
     return max(1, int(estimate))

@@ -49,8 +49,6 @@ class SpeechRequest:
     """None: estimated from the text (at the voice's pace, when cloning)."""
     seed: int | None = None
     params: UnmaskParams = UnmaskParams()
-    speed: float = 1.0
-    """Divides the estimated length (the authors' `speed`); unused with `num_frames`."""
 
 
 class OmniVoiceSpeaker:
@@ -91,8 +89,7 @@ class OmniVoiceSpeaker:
     def state(self, request: SpeechRequest) -> UnmaskState:
         voice = request.voice
         frames = request.num_frames or estimate_frames(
-            request.text, voice.ref_text if voice else None, voice.ref_codes.shape[-1] if voice else None,
-            speed=request.speed)
+            request.text, voice.ref_text if voice else None, voice.ref_codes.shape[-1] if voice else None)
         input_ids, audio_mask = conditional_inputs(
             self.tokenizer, self.model.num_codebooks, self.model.mask_id, request.text, frames,
             ref_text=voice.ref_text if voice else None, ref_codes=voice.ref_codes if voice else None,
