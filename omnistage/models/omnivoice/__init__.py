@@ -53,4 +53,6 @@ OMNIVOICE = PipelineSpec(
 
 register_diffusion_pipeline("OmniVoice", "omnistage.models.omnivoice.pipeline:OmniVoicePipeline")
 register_decoder("omnivoice.codec", "omnistage.models.omnivoice.codec:OmniVoiceCodec")
-register_pipeline("omnivoice", OMNIVOICE, deploy_config="omnivoice.yaml")
+# Under config.json's `architectures` name, which is also the unmasking pipeline's key (the support matrix
+# reads the stage's defaults through it).
+register_pipeline("OmniVoice", OMNIVOICE, deploy_config="omnivoice.yaml")
