@@ -51,7 +51,7 @@ def test_speech_streams_and_follows_the_voice(http):
                                                        "response_format": "pcm", "stream": True}) as resp:
         assert resp.status_code == 200
         pieces = [p for p in resp.iter_bytes() if p]
-    assert len(pieces) >= 2  # the codec sends a second of audio at a time
+    assert len(pieces) >= 2  # a second of frames at a time (all in one piece without chunking)
     assert b"".join(pieces) == whole.content
 
     assert _speech(http, response_format="pcm", seed=4).content != whole.content
