@@ -82,6 +82,7 @@ def _load_builders() -> None:
     from omnistage.testing import sana_wm_models  # noqa: F401
     from omnistage.testing import moss_tts_models  # noqa: F401
     from omnistage.testing import moshi_models  # noqa: F401
+    from omnistage.testing import omnivoice_models  # noqa: F401
 
 
 def list_models() -> list[ZooModel]:
