@@ -49,6 +49,9 @@ class VideoJobRequest(VideoCreateRequest):
 
     n: int = Field(default=1, ge=1)
     """Videos to make from the prompt (within the server's `max_n`); video i takes `seed + i`."""
+    audio_reference: str | None = None
+    """A JSON object {"audio_url": ...} for a family that conditions on audio; no served video
+    family does, so it is a 400 naming it."""
 
 
 REFUSED_FIELDS = {

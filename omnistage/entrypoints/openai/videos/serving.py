@@ -124,12 +124,11 @@ class VideoServing:
             if name in form.fields:
                 raise bad_request(f"{name}: not a field of this server's video API; {instead}", param=name)
         urls = {name: form.fields.pop(name, None) for name in URL_FIELDS}
-        audio_reference = form.fields.pop("audio_reference", None)
         body: VideoJobRequest = validate(VideoJobRequest, form.fields)
         check_model(body.model, self.settings)
         check_n(body.n, self.settings)
         params = video_params(body, self.settings, decode_strings=True)
-        inputs = await self.references.read(form, urls, audio_reference)
+        inputs = await self.references.read(form, urls, body.audio_reference)
         prompt = {"prompt": body.prompt, **inputs.media} if inputs.media else body.prompt
         return body, prompt, [_nth(params, i) for i in range(body.n)], inputs.fields
 
@@ -156,7 +155,7 @@ class VideoServing:
         # The n requests differ only in their seeds: checking one checks them all.
         with form_params(fields):
             await self.gateway.check(prompt, params[0], job_id)
-        streams = await self._submit(prompt, params, job_id)
+            streams = await self._submit(prompt, params, job_id)
         size = body.size or (f"{body.width}x{body.height}" if body.width else None)
         job = VideoJob(id=job_id, model=self.settings.served_model_name, created_at=int(time.time()),
                        prompt=body.prompt, size=size, seconds=None if body.seconds is None else f"{body.seconds:g}",
