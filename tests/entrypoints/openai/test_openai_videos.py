@@ -3,12 +3,16 @@ video API targets a hosted model)."""
 
 from __future__ import annotations
 
+import asyncio
+import email.parser
 import io
 import time
 
 import numpy as np
+import pytest
 from PIL import Image
 
+from omnistage.entrypoints.openai.videos.serving import all_of
 from omnistage.media.video import decode_video
 
 
@@ -151,8 +155,6 @@ def _png(color=(0, 0, 0)) -> bytes:
 
 
 def test_n_videos_a_job_and_a_multipart_sync_answer(app_client):
-    import email.parser
-
     http, engine = app_client("video", max_n=3)
     form = {"prompt": "a wave", "size": "32x16", "num_frames": "5", "fps": "8", "seed": "5", "n": "2"}
     job = _wait(http, http.post("/v1/videos", data=form).json()["id"])
@@ -210,3 +212,28 @@ def test_input_references_sorted_by_kind_and_refusals_name_the_field(app_client)
         resp = http.post("/v1/videos", data={"prompt": "x", **fields}, files=upload or None)
         assert resp.status_code == 400 and resp.json()["error"]["param"] == param, (param, resp.text)
     assert len(engine.requests) == before  # refused at admission: nothing queued
+
+
+def test_deleting_a_job_of_n_videos_aborts_each_and_one_failure_aborts_the_others(app_client):
+    http, engine = app_client("video", step_delay=0.5)
+    job = http.post("/v1/videos", data={"prompt": "slow", "n": "2"}).json()
+    _wait(http, job["id"], "in_progress")
+    assert http.delete(f"/v1/videos/{job['id']}").status_code == 200
+    assert sorted(engine.aborted) == [f"{job['id']}_0", f"{job['id']}_1"]
+    assert http.app.state.gateway.num_admitted == 0
+
+    cancelled = []
+
+    async def slow():
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    async def fails():
+        raise ValueError("one video failed")
+
+    with pytest.raises(ValueError):
+        asyncio.run(all_of([slow(), fails()]))
+    assert cancelled == [True]
