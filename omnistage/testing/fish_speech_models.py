@@ -1,0 +1,76 @@
+"""Zoo builder for Fish Speech's dual-AR transformer (fishaudio; the OpenAudio S1 line): the
+folder the authors' `fish-speech` loads (`DualARTransformer.from_pretrained`).
+
+    config.json            "model_type": "dual_ar" and the sizes (`DualARModelArgs` fields)
+    model.pth              a torch state dict, the authors' names: `embeddings`, `codebook_embeddings`,
+                           `layers.{i}.attention.wqkv` (+ q/k norms), `feed_forward.w1/w2/w3`, `norm`, `output`,
+                           `fast_project_in`, `fast_embeddings`, `fast_layers.{i}.*`, `fast_norm`,
+                           `fast_output`
+    tokenizer.tiktoken     base64 byte ranks: the 256 bytes and a few merges
+    special_tokens.json    the authors' special tokens (`<|im_end|>`, `<|interleave|>`, ... and 1024
+                           `<|semantic:N|>`) numbered after the ranks
+
+Tiny: a 32-wide slow transformer (2 layers, 2 heads of 16, 1 KV head, q/k norms), a 24-wide fast
+one (1 layer) over 4 codebooks of 1024 codes. The codec (codec.pth) is not written: its stage
+is not served yet. Not registered in the zoo: tests build it with `build_fish_speech`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import torch
+
+SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|pad|>", "<|im_start|>", "<|im_end|>", "<|phoneme_start|>",
+           "<|phoneme_end|>", "<|tool_call_start|>", "<|tool_call_end|>", "<|text|>", "<|voice|>",
+           "<|interleave|>", "<|audio_start|>", "<|audio_end|>", "<|audio|>"]
+MERGES = [b"th", b"he", b"the", b" t", b" the", b"in", b"er", b"an", b"re", b"on", b" a", b"ou", b"is", b"ll"]
+CONFIG = {"model_type": "dual_ar", "dim": 32, "n_layer": 2, "n_head": 2, "n_local_heads": 1, "head_dim": 16,
+          "intermediate_size": 64, "codebook_size": 1024, "num_codebooks": 4, "n_fast_layer": 1, "fast_dim": 24,
+          "fast_n_head": 2, "fast_n_local_heads": 1, "fast_head_dim": 12, "fast_intermediate_size": 48,
+          "attention_qk_norm": True, "attention_qkv_bias": False, "attention_o_bias": False,
+          "tie_word_embeddings": False, "scale_codebook_embeddings": True, "rope_base": 1000000.0,
+          "norm_eps": 1e-6, "max_seq_len": 256, "dropout": 0.0, "use_gradient_checkpointing": False}
+
+
+def _block(prefix: str, dim: int, heads: int, kv_heads: int, head_dim: int, hidden: int, g) -> dict:
+    w = lambda *shape: torch.randn(*shape, generator=g) * 0.1  # noqa: E731
+    norm = lambda n: 1 + 0.1 * torch.randn(n, generator=g)  # noqa: E731
+    return {f"{prefix}attention.wqkv.weight": w((heads + 2 * kv_heads) * head_dim, dim),
+            f"{prefix}attention.wo.weight": w(dim, heads * head_dim),
+            f"{prefix}attention.q_norm.weight": norm(head_dim), f"{prefix}attention.k_norm.weight": norm(head_dim),
+            f"{prefix}feed_forward.w1.weight": w(hidden, dim), f"{prefix}feed_forward.w3.weight": w(hidden, dim),
+            f"{prefix}feed_forward.w2.weight": w(dim, hidden),
+            f"{prefix}attention_norm.weight": norm(dim), f"{prefix}ffn_norm.weight": norm(dim)}
+
+
+def build_fish_speech(out_dir: Path, size: str = "tiny", seed: int = 0) -> None:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ranks = [bytes([b]) for b in range(256)] + MERGES
+    (out_dir / "tokenizer.tiktoken").write_text(
+        "".join(f"{base64.b64encode(t).decode()} {i}\n" for i, t in enumerate(ranks)))
+    special = SPECIAL + [f"<|semantic:{i}|>" for i in range(CONFIG["codebook_size"])]
+    (out_dir / "special_tokens.json").write_text(json.dumps({t: len(ranks) + i for i, t in enumerate(special)}))
+    c = dict(CONFIG, vocab_size=len(ranks) + len(special))
+    (out_dir / "config.json").write_text(json.dumps(c, indent=2))
+    g = torch.Generator().manual_seed(seed)
+    weights = {"embeddings.weight": torch.randn(c["vocab_size"], c["dim"], generator=g) * 0.3,
+               "codebook_embeddings.weight": torch.randn(c["codebook_size"] * c["num_codebooks"], c["dim"],
+                                                         generator=g) * 0.3,
+               "norm.weight": 1 + 0.1 * torch.randn(c["dim"], generator=g),
+               "output.weight": torch.randn(c["vocab_size"], c["dim"], generator=g) * 0.3,
+               "fast_project_in.weight": torch.randn(c["fast_dim"], c["dim"], generator=g) * 0.2,
+               "fast_project_in.bias": torch.randn(c["fast_dim"], generator=g) * 0.1,
+               "fast_embeddings.weight": torch.randn(c["codebook_size"], c["fast_dim"], generator=g) * 0.3,
+               "fast_norm.weight": 1 + 0.1 * torch.randn(c["fast_dim"], generator=g),
+               "fast_output.weight": torch.randn(c["codebook_size"], c["fast_dim"], generator=g) * 0.3}
+    for i in range(c["n_layer"]):
+        weights |= _block(f"layers.{i}.", c["dim"], c["n_head"], c["n_local_heads"], c["head_dim"],
+                          c["intermediate_size"], g)
+    for i in range(c["n_fast_layer"]):
+        weights |= _block(f"fast_layers.{i}.", c["fast_dim"], c["fast_n_head"], c["fast_n_local_heads"],
+                          c["fast_head_dim"], c["fast_intermediate_size"], g)
+    torch.save(weights, out_dir / "model.pth")

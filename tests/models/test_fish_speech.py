@@ -1,0 +1,108 @@
+"""Fish Speech's dual-AR talker on a tiny checkpoint in the authors' format: parity with the
+authors' `fish-speech` 0.1.0 (`generate`, same seed: every frame's semantic token and codes),
+alone and batched, sampled (with and without the repetition penalty) and greedy; prompts.
+
+The reference is the authors' package, vendored at test time (tests/models/fish_speech_reference.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from omnistage.ar import SamplingParams
+from omnistage.ar.engine import AREngine
+from omnistage.config import StageSpec
+from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.core.errors import RequestError
+from omnistage.core.types import StageRequest
+from omnistage.models.fish_speech.prompt import parse_prompt
+from fish_speech_reference import module
+
+REFERENCE_CACHE = Path(__file__).resolve().parents[2] / ".omnistage-cache"
+
+MAX_STEPS = 16
+TEXTS = ("Hello world! How are you today?", "Good morning to you.", "one two three", "Is this the one?")
+SEEDS = (0, 1, 5, 0)
+TEMPERATURES = (0.8, 0.7, 0.8, 0.0)  # 0: greedy (the authors' floor, 1e-5, in the reference)
+PENALTIES = (1.1, 1.0, 1.5, 1.2)
+TOP_P = 0.8
+TALKER = StageSpec(id=0, name="talker", kind="ar", output="tokens", model="fish_speech.talker", final_output=True)
+
+
+@pytest.fixture(scope="module")
+def fish_speech(tmp_path_factory):
+    from omnistage.testing.fish_speech_models import build_fish_speech
+
+    path = tmp_path_factory.mktemp("fish-speech")
+    build_fish_speech(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def reference(fish_speech):
+    """Each prompt's generated rows [1 + codebooks, steps] from the authors' eager `generate`, seeded."""
+    llama, inference, content = (module(REFERENCE_CACHE, m) for m in ("llama", "inference", "content_sequence"))
+    model = llama.DualARTransformer.from_pretrained(fish_speech, load_weights=True).eval()
+    weights = torch.load(f"{fish_speech}/model.pth", weights_only=True)
+    assert set(model.state_dict()) == set(weights)  # every checkpoint tensor loaded (theirs is strict=False)
+    results = []
+    for text, seed, temperature, penalty in zip(TEXTS, SEEDS, TEMPERATURES, PENALTIES):
+        seq = content.ContentSequence(modality="interleave")
+        seq.append([content.TextPart(text=text)], add_end=False, speaker=0)
+        encoded, audio_masks, audio_parts = seq.encode_for_inference(model.tokenizer, model.config.num_codebooks)
+        torch.manual_seed(seed)
+        y = inference.generate(model=model, prompt=encoded, max_new_tokens=MAX_STEPS, audio_masks=audio_masks,
+                               audio_parts=audio_parts, temperature=max(temperature, 1e-5), top_p=TOP_P,
+                               repetition_penalty=penalty)
+        results.append((encoded[0].tolist(), y[:, encoded.shape[1]:].long()))
+    return results
+
+
+def _talker(engine: AREngine, count: int):
+    """The first `count` prompts' (prompt ids, tokens, frames) from the AR engine, as one batch; and the largest batch."""
+    for i in range(count):
+        params = SamplingParams(temperature=TEMPERATURES[i], top_p=TOP_P, repetition_penalty=PENALTIES[i],
+                                max_tokens=MAX_STEPS, seed=SEEDS[i])
+        engine.add_request(StageRequest(str(i), TEXTS[i], params))
+    done, largest = {}, 0
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        largest = max(largest, len(outputs))
+        for out in outputs:
+            if out.finished:
+                done[out.request_id] = (out.payload.token_ids, out.payload.extras["audio_codes"])
+    return [done[str(i)] for i in range(count)], largest
+
+
+def test_tokens_and_codes_match_the_authors(fish_speech, reference):
+    engine = AREngine(fish_speech, TALKER, StageDeployConfig(max_num_seqs=4))
+    im_end = engine.model.text_tokenizer.im_end_id
+    prompt = engine.model.build_prompt(TEXTS[0]).token_ids
+    assert prompt == reference[0][0]  # the authors' ContentSequence
+    [alone], _ = _talker(engine, 1)
+    batched, largest = _talker(engine, len(TEXTS))
+    engine.close()
+    assert largest == len(TEXTS)
+    for i, ((tokens, frames), (_, rows)) in enumerate(zip([alone] + batched, reference[:1] + reference)):
+        assert tokens == rows[0].tolist(), i
+        ends = rows[0, -1] == im_end
+        assert torch.equal(frames, rows[1:, :rows.shape[1] - int(ends)].T)
+    # Not a degenerate reply (greedy included): varied semantic tokens and codes in every codebook.
+    for _, rows in reference:
+        assert all(len(set(r.tolist())) >= MAX_STEPS // 2 for r in (rows[0], *rows[2:]))
+
+
+@pytest.mark.parametrize("prompt, param", [
+    ({"prompt": " \n "}, "prompt"),
+    ({"prompt": "hi", "instructions": "warm"}, "instructions"),
+    ({"prompt": "hi", "ref_text": "words"}, "ref_text"),
+    ({"prompt": "hi", "speed": 2}, "speed"),
+    (["hi"], "prompt"),
+])
+def test_bad_prompts_name_the_key(prompt, param):
+    with pytest.raises(RequestError) as info:
+        parse_prompt(prompt)
+    assert info.value.param == param
