@@ -11,8 +11,12 @@ folder the authors' `fish-speech` loads (`DualARTransformer.from_pretrained`).
                            `<|semantic:N|>`) numbered after the ranks
 
 Tiny: a 32-wide slow transformer (2 layers, 2 heads of 16, 1 KV head, q/k norms), a 24-wide fast
-one (1 layer) over 4 codebooks of 1024 codes. The codec (codec.pth) is not written: its stage
-is not served yet. Not registered in the zoo: tests build it with `build_fish_speech`.
+one (1 layer) over 4 codebooks of 1024 codes.
+
+    codec.pth              the authors' modded DAC state dict (decoding tensors only), their names:
+                           `quantizer.{semantic_quantizer,quantizer}.quantizers.{i}` (codebook,
+                           weight-normed out_proj), `quantizer.post_module.*` (the window-limited
+                           transformer), `quantizer.upsample.*`, `decoder.model.*`
 """
 
 from __future__ import annotations
@@ -74,3 +78,72 @@ def build_fish_speech(out_dir: Path, size: str = "tiny", seed: int = 0) -> None:
         weights |= _block(f"fast_layers.{i}.", c["fast_dim"], c["fast_n_head"], c["fast_n_local_heads"],
                           c["fast_head_dim"], c["fast_intermediate_size"], g)
     torch.save(weights, out_dir / "model.pth")
+    build_fish_speech_codec(out_dir, c["num_codebooks"], c["codebook_size"], seed=seed + 1)
+
+
+# The codec (the authors' modded DAC, `modded_dac_vq.yaml` at tiny sizes): a 128-wide latent
+# (2 heads of the config's 64), 2 window-limited transformer layers, a 32-wide DAC decoder.
+CODEC = {"latent_dim": 128, "n_layer": 2, "intermediate_size": 192, "codebook_dim": 8, "decoder_dim": 32,
+         "decoder_rates": (8, 8, 4, 2), "downsample_factor": (2, 2)}
+
+
+def _weight_normed(prefix: str, shape: tuple, g, old_style: bool = False) -> dict:
+    """A weight-normed conv's tensors: torch's parametrization names (the authors' convs) or
+    the older `weight_g` / `weight_v` (DAC's `WNConv1d`)."""
+    v = torch.randn(*shape, generator=g) * 0.3
+    norm = (0.3 + 0.2 * torch.rand(shape[0], generator=g)).view(-1, *[1] * (len(shape) - 1))
+    names = ("weight_g", "weight_v") if old_style else ("parametrizations.weight.original0",
+                                                        "parametrizations.weight.original1")
+    return {f"{prefix}.{names[0]}": norm, f"{prefix}.{names[1]}": v}
+
+
+def build_fish_speech_codec(out_dir: Path, num_codebooks: int, codebook_size: int, seed: int = 1) -> None:
+    """codec.pth: the decoding tensors of the authors' DAC state dict, their names (the encoder,
+    which only cloning reads, is left out; the authors load with strict=False)."""
+    c, g = CODEC, torch.Generator().manual_seed(seed)
+    w = lambda *shape, scale=0.1: torch.randn(*shape, generator=g) * scale  # noqa: E731
+    d = c["latent_dim"]
+    weights = {}
+    for name, count in (("semantic_quantizer", 1), ("quantizer", num_codebooks - 1)):
+        for i in range(count):
+            p = f"quantizer.{name}.quantizers.{i}"
+            weights[f"{p}.codebook.weight"] = w(codebook_size, c["codebook_dim"], scale=1.0)
+            weights |= _weight_normed(f"{p}.out_proj", (d, c["codebook_dim"], 1), g, old_style=True)
+            weights[f"{p}.out_proj.bias"] = w(d)
+    p = "quantizer.post_module."
+    for i in range(c["n_layer"]):
+        weights |= {f"{p}layers.{i}.attention.wqkv.weight": w(3 * d, d), f"{p}layers.{i}.attention.wo.weight": w(d, d),
+                    f"{p}layers.{i}.feed_forward.w1.weight": w(c["intermediate_size"], d),
+                    f"{p}layers.{i}.feed_forward.w3.weight": w(c["intermediate_size"], d),
+                    f"{p}layers.{i}.feed_forward.w2.weight": w(d, c["intermediate_size"]),
+                    f"{p}layers.{i}.attention_norm.weight": 1 + w(d), f"{p}layers.{i}.ffn_norm.weight": 1 + w(d),
+                    f"{p}layers.{i}.attention_layer_scale.gamma": 0.5 + w(d),
+                    f"{p}layers.{i}.ffn_layer_scale.gamma": 0.5 + w(d)}
+    weights[f"{p}norm.weight"] = 1 + w(d)
+    for i, factor in enumerate(reversed(c["downsample_factor"])):
+        p = f"quantizer.upsample.{i}"
+        weights |= {f"{p}.0.conv.weight": w(d, d, factor), f"{p}.0.conv.bias": w(d),
+                    f"{p}.1.dwconv.conv.weight": w(d, 1, 7, scale=0.3), f"{p}.1.dwconv.conv.bias": w(d),
+                    f"{p}.1.norm.weight": 1 + w(d), f"{p}.1.norm.bias": w(d),
+                    f"{p}.1.pwconv1.weight": w(4 * d, d), f"{p}.1.pwconv1.bias": w(4 * d),
+                    f"{p}.1.pwconv2.weight": w(d, 4 * d), f"{p}.1.pwconv2.bias": w(d), f"{p}.1.gamma": 0.5 + w(d)}
+    channels = c["decoder_dim"]
+    weights |= _weight_normed("decoder.model.0.conv", (channels, d, 7), g)
+    weights["decoder.model.0.conv.bias"] = w(channels)
+    for i, stride in enumerate(c["decoder_rates"]):
+        p, out = f"decoder.model.{i + 1}.block", channels // 2
+        weights[f"{p}.0.alpha"] = 1 + 0.3 * torch.rand(1, channels, 1, generator=g)
+        weights |= _weight_normed(f"{p}.1.conv", (channels, out, 2 * stride), g)
+        weights[f"{p}.1.conv.bias"] = w(out)
+        for j in range(3):
+            q = f"{p}.{2 + j}.block"
+            weights |= {f"{q}.0.alpha": 1 + 0.3 * torch.rand(1, out, 1, generator=g),
+                        f"{q}.2.alpha": 1 + 0.3 * torch.rand(1, out, 1, generator=g),
+                        f"{q}.1.conv.bias": w(out), f"{q}.3.conv.bias": w(out)}
+            weights |= _weight_normed(f"{q}.1.conv", (out, out, 7), g) | _weight_normed(f"{q}.3.conv", (out, out, 1), g)
+        channels = out
+    n = len(c["decoder_rates"]) + 1
+    weights[f"decoder.model.{n}.alpha"] = 1 + 0.3 * torch.rand(1, channels, 1, generator=g)
+    weights |= _weight_normed(f"decoder.model.{n + 1}.conv", (1, channels, 7), g)
+    weights[f"decoder.model.{n + 1}.conv.bias"] = w(1)
+    torch.save(weights, Path(out_dir) / "codec.pth")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -106,3 +107,60 @@ def test_bad_prompts_name_the_key(prompt, param):
     with pytest.raises(RequestError) as info:
         parse_prompt(prompt)
     assert info.value.param == param
+
+
+@pytest.fixture(scope="module")
+def reference_codec(fish_speech):
+    """The authors' decoder modules at the tiny codec's sizes, codec.pth loaded as they load it
+    (strict=False): `DAC.decode` is `decoder(quantizer.decode(codes))`."""
+    from omnistage.testing.fish_speech_models import CODEC
+
+    dac, rvq = module(REFERENCE_CACHE, "modded_dac"), module(REFERENCE_CACHE, "rvq")
+    dim = CODEC["latent_dim"]
+    config = dac.ModelArgs(block_size=4096, n_layer=CODEC["n_layer"], n_head=dim // 64, dim=dim, head_dim=64,
+                           intermediate_size=CODEC["intermediate_size"])
+    window = dac.WindowLimitedTransformer(config, input_dim=dim, window_size=128, causal=True)
+    quantizer = rvq.DownsampleResidualVectorQuantize(
+        input_dim=dim, n_codebooks=3, codebook_size=1024, codebook_dim=CODEC["codebook_dim"],
+        semantic_codebook_size=1024, downsample_factor=CODEC["downsample_factor"], post_module=window)
+    decoder = dac.Decoder(dim, CODEC["decoder_dim"], list(CODEC["decoder_rates"]), causal=True)
+    both = torch.nn.ModuleDict({"quantizer": quantizer, "decoder": decoder}).eval()
+    loaded = both.load_state_dict(torch.load(f"{fish_speech}/codec.pth", weights_only=True), strict=False)
+    assert not loaded.unexpected_keys
+    # Unwritten: the encoder side of the quantizer (its input projections, downsampling and
+    # pre_module) and the transformer's constant buffers, which it builds itself.
+    assert all(".in_proj." in k or k.startswith(("quantizer.downsample.", "quantizer.pre_module."))
+               or k.endswith((".freqs_cis", ".causal_mask")) for k in loaded.missing_keys)
+    return quantizer, decoder
+
+
+def test_codec_waveform_matches_the_authors(fish_speech, reference_codec):
+    """Codes -> waveform: the authors' one-shot decode, ours one-shot and streamed in chunks; and
+    the window-limited transformer past its 128-frame window, streamed against theirs."""
+    from omnistage.models.fish_speech.codec import FishCodec
+
+    quantizer, decoder = reference_codec
+    codec = FishCodec.load(fish_speech, None, torch.device("cpu"), torch.float32, 1)
+    assert codec.sample_rate == 44100 and codec.hop_length == 2048
+    g = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 1024, (12, 4), generator=g)
+    with torch.inference_mode():
+        wav = decoder(quantizer.decode(codes.T[None]))[0, 0].numpy()
+    assert wav.shape == (12 * 2048,) and wav.std() > 1e-3
+    one_shot = codec.decode([codec.parse(codes)], [codec.open_stream()])[0]
+    stream = codec.open_stream()
+    chunked = np.concatenate([codec.decode([part], [stream])[0] for part in codec.parse(codes).split([1, 2, 9])])
+    for ours in (one_shot, chunked):
+        np.testing.assert_allclose(ours, wav, atol=1e-5 * np.abs(wav).max())
+
+    codes = torch.randint(0, 1024, (140, 4), generator=g)
+    with torch.inference_mode():
+        z = quantizer.semantic_quantizer.from_codes(codes.T[None, :1])[0]
+        z = quantizer.post_module(z + quantizer.quantizer.from_codes(codes.T[None, 1:])[0])[0].T
+        caches = [None] * len(codec.model.transformer.layers)
+        ours = torch.cat([codec.model.transformer(codec.model.embed(part), caches, start)[0]
+                          for start, part in zip((0, 100, 130), codes.split([100, 30, 10]))])
+    torch.testing.assert_close(ours, z, rtol=0, atol=1e-5 * z.abs().max().item())
+
+    with pytest.raises(ValueError, match="codes must be in"):
+        codec.parse(torch.tensor([[0, 0, 0, 1024]]))
