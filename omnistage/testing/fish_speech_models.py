@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from omnistage.testing.zoo import ZooModel, register_zoo_model
+
 SPECIAL = ["<|begin_of_text|>", "<|end_of_text|>", "<|pad|>", "<|im_start|>", "<|im_end|>", "<|phoneme_start|>",
            "<|phoneme_end|>", "<|tool_call_start|>", "<|tool_call_end|>", "<|text|>", "<|voice|>",
            "<|interleave|>", "<|audio_start|>", "<|audio_end|>", "<|audio|>"]
@@ -147,3 +149,14 @@ def build_fish_speech_codec(out_dir: Path, num_codebooks: int, codebook_size: in
     weights |= _weight_normed(f"decoder.model.{n + 1}.conv", (1, channels, 7), g)
     weights[f"decoder.model.{n + 1}.conv.bias"] = w(1)
     torch.save(weights, Path(out_dir) / "codec.pth")
+
+
+register_zoo_model(ZooModel(
+    name="fish-speech",
+    kind="speech",
+    reference_class="fish_speech.models.text2semantic.llama.DualARTransformer",
+    builder=build_fish_speech,
+    sizes=("tiny",),
+    description="Fish Speech / OpenAudio S1 (dual-AR: slow semantic + fast codebook transformer) + the authors' "
+                "modded DAC decoder (44.1 kHz), fp32.",
+))

@@ -19,7 +19,7 @@ from omnistage.config import StageSpec
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.core.errors import RequestError
 from omnistage.core.types import StageRequest
-from omnistage.models.fish_speech.prompt import parse_prompt
+from omnistage.models.fish_speech.prompt import FishTokenizer, parse_prompt
 from fish_speech_reference import module
 
 REFERENCE_CACHE = Path(__file__).resolve().parents[2] / ".omnistage-cache"
@@ -85,6 +85,11 @@ def test_tokens_and_codes_match_the_authors(fish_speech, reference):
     assert prompt == reference[0][0]  # the authors' ContentSequence
     [alone], _ = _talker(engine, 1)
     batched, largest = _talker(engine, len(TEXTS))
+    # Params the authors' sampler has no place for are refused by name, not ignored.
+    for change in ({"top_k": 5}, {"min_p": 0.1}, {"min_tokens": 2}):
+        with pytest.raises(RequestError) as info:
+            engine.add_request(StageRequest("refused", TEXTS[0], SamplingParams(max_tokens=4, **change)))
+        assert info.value.param == next(iter(change))
     engine.close()
     assert largest == len(TEXTS)
     for i, ((tokens, frames), (_, rows)) in enumerate(zip([alone] + batched, reference[:1] + reference)):
@@ -164,3 +169,25 @@ def test_codec_waveform_matches_the_authors(fish_speech, reference_codec):
 
     with pytest.raises(ValueError, match="codes must be in"):
         codec.parse(torch.tensor([[0, 0, 0, 1024]]))
+
+
+def test_pipeline_speaks_the_authors_frames(fish_speech, reference, reference_codec):
+    """Both stages through `Omni`: the talker's frames streamed to the codec in chunks (1 frame,
+    then 2 at a time) give the authors' decode of the authors' generated frames."""
+    from omnistage import Omni
+    from omnistage.models.talker_codec import FrameChunkParams
+
+    quantizer, decoder = reference_codec
+    with Omni(fish_speech, stage_overrides={"*": {"max_num_seqs": 2}}) as omni:
+        params = [{"talker": SamplingParams(temperature=TEMPERATURES[i], top_p=TOP_P, repetition_penalty=PENALTIES[i],
+                                            max_tokens=MAX_STEPS, seed=SEEDS[i]),
+                   "codec": FrameChunkParams(1, 2)} for i in range(2)]
+        outputs = omni.generate(list(TEXTS[:2]), params, use_tqdm=False)
+    im_end = FishTokenizer(Path(fish_speech)).im_end_id
+    for out, (_, rows) in zip(outputs, reference[:2]):
+        frames = rows[1:, :rows.shape[1] - int(rows[0, -1] == im_end)]  # the <|im_end|> step is no frame
+        with torch.inference_mode():
+            wav = decoder(quantizer.decode(frames[None]))[0, 0].numpy()
+        assert out.sample_rate == 44100 and out.audio.dtype == np.float32
+        assert out.audio.shape == wav.shape == (frames.shape[1] * 2048,)
+        np.testing.assert_allclose(out.audio, wav, atol=1e-5 * np.abs(wav).max())

@@ -42,6 +42,9 @@ HEAD_DIM = 64
 WINDOW = 128
 ROPE_BASE = 10000.0
 NORM_EPS = 1e-5
+RELEASED_FRAME_RATE = SAMPLE_RATE / 2048
+"""Frames per second of the released codec (512 samples a latent, 4 latents a frame); the
+talker's pacing (`audio_frame_rate`), read without loading codec.pth."""
 
 
 def load_codec_weights(path: Path) -> dict[str, torch.Tensor]:

@@ -29,6 +29,8 @@ from typing import Any
 import torch
 
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
+from omnistage.core.errors import RequestError, RequestErrors
+from omnistage.models.fish_speech.codec import RELEASED_FRAME_RATE
 from omnistage.models.fish_speech.modeling import DualAR, DualARConfig
 from omnistage.models.fish_speech.prompt import FishTokenizer, parse_prompt, prompt_ids
 from omnistage.models.fish_speech.sampling import penalty_window, sample
@@ -64,6 +66,7 @@ class FishSpeechTalker(ARModel):
         self.eos_token_ids = (tokenizer.im_end_id,)
         self.num_layers, self.kv_dims = c.n_layer, (c.n_local_heads, c.head_dim)
         self.max_position_embeddings = c.max_seq_len
+        self.audio_frame_rate = RELEASED_FRAME_RATE
 
     @classmethod
     def load(cls, model_path: str, stage, device: torch.device, dtype: torch.dtype) -> FishSpeechTalker:
@@ -74,6 +77,19 @@ class FishSpeechTalker(ARModel):
         # A training checkpoint's names carry the Lightning module's "model." prefix (the authors drop it too).
         weights = {k.removeprefix("model."): v for k, v in weights.items()}
         return cls(DualAR(config, weights, dtype).to(device).eval(), FishTokenizer(folder), device)
+
+    def check_params(self, params) -> None:
+        """The authors' sampler reads temperature, top-p and the repetition penalty only; the
+        talker draws every token itself, so the engine's other rules would not apply either."""
+        ignored = {"top_k": params.top_k not in (0, -1), "min_p": params.min_p != 0.0,
+                   "min_tokens": params.min_tokens != 0, "logprobs": params.logprobs is not None,
+                   "structured_outputs": params.structured_outputs is not None}
+        bad = [RequestError(name, f"Fish Speech samples as its authors do (temperature, top_p, "
+                                  f"repetition_penalty): {name} is not supported") for name, on in ignored.items() if on]
+        if len(bad) == 1:
+            raise bad[0]
+        if bad:
+            raise RequestErrors(bad)
 
     @property
     def vocab_size(self) -> int | None:
