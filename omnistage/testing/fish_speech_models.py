@@ -9,14 +9,13 @@ folder the authors' `fish-speech` loads (`DualARTransformer.from_pretrained`).
     tokenizer.tiktoken     base64 byte ranks: the 256 bytes and a few merges
     special_tokens.json    the authors' special tokens (`<|im_end|>`, `<|interleave|>`, ... and 1024
                            `<|semantic:N|>`) numbered after the ranks
-
-Tiny: a 32-wide slow transformer (2 layers, 2 heads of 16, 1 KV head, q/k norms), a 24-wide fast
-one (1 layer) over 4 codebooks of 1024 codes.
-
     codec.pth              the authors' modded DAC state dict (decoding tensors only), their names:
                            `quantizer.{semantic_quantizer,quantizer}.quantizers.{i}` (codebook,
                            weight-normed out_proj), `quantizer.post_module.*` (the window-limited
                            transformer), `quantizer.upsample.*`, `decoder.model.*`
+
+Tiny: a 32-wide slow transformer (2 layers, 2 heads of 16, 1 KV head, q/k norms), a 24-wide fast
+one (1 layer) over 4 codebooks of 1024 codes; the codec at `CODEC`'s sizes.
 """
 
 from __future__ import annotations

@@ -1,8 +1,11 @@
 """Fish Speech's dual-AR talker on a tiny checkpoint in the authors' format: parity with the
 authors' `fish-speech` 0.1.0 (`generate`, same seed: every frame's semantic token and codes),
-alone and batched, sampled (with and without the repetition penalty) and greedy; prompts.
+alone and batched, sampled (with and without the repetition penalty) and greedy; refused
+params and prompts; the codec's waveform (their modded DAC decode, one-shot and chunked) and
+both stages through `Omni` against their decode of their frames.
 
-The reference is the authors' package, vendored at test time (tests/models/fish_speech_reference.py).
+The reference is the authors' package (and descript-audio-codec's quantizer), vendored at
+test time (tests/models/fish_speech_reference.py).
 """
 
 from __future__ import annotations
