@@ -158,7 +158,7 @@ class ConvNeXt(nn.Module):
     def __init__(self, weights: dict, prefix: str) -> None:
         super().__init__()
         self.dwconv = CausalConv(weights, prefix + ".dwconv.conv", groups=weights[prefix + ".norm.weight"].shape[0])
-        get = lambda n: weights[f"{prefix}.{n}"].float()  # noqa: E731
+        get = lambda n: nn.Parameter(weights[f"{prefix}.{n}"].float(), requires_grad=False)  # noqa: E731
         self.norm_w, self.norm_b, self.gamma = get("norm.weight"), get("norm.bias"), get("gamma")
         self.w1, self.b1, self.w2, self.b2 = (get(n) for n in ("pwconv1.weight", "pwconv1.bias", "pwconv2.weight",
                                                                "pwconv2.bias"))
@@ -210,18 +210,20 @@ class ConvStack(nn.Module):
 class FishCodecModel(nn.Module):
     def __init__(self, weights: dict) -> None:
         super().__init__()
-        books = lambda p: [(weights[f"{p}.{i}.codebook.weight"].float(), weights[f"{p}.{i}.out_proj.weight"].float(),  # noqa: E731
-                            weights[f"{p}.{i}.out_proj.bias"].float())
-                           for i in range(sum(1 for k in weights if k.startswith(p) and k.endswith(".codebook.weight")))]
-        self.books = books("quantizer.semantic_quantizer.quantizers") + books("quantizer.quantizer.quantizers")
-        self.codebook_sizes = [b[0].shape[0] for b in self.books]
+        names = [f"{p}.{i}" for p in ("quantizer.semantic_quantizer.quantizers", "quantizer.quantizer.quantizers")
+                 for i in range(sum(1 for k in weights if k.startswith(p + ".") and k.endswith(".codebook.weight")))]
+        # Per codebook: its embeddings, then its weight-normed 1x1 projection (weight, bias).
+        self.books = nn.ParameterList(nn.Parameter(weights[f"{name}.{t}"].float(), requires_grad=False)
+                                      for name in names for t in ("codebook.weight", "out_proj.weight", "out_proj.bias"))
+        self.codebook_sizes = [self.books[3 * i].shape[0] for i in range(len(names))]
         self.transformer = WindowTransformer(weights, "quantizer.post_module.")
         self.convs = ConvStack(weights)
 
     def embed(self, codes: torch.Tensor) -> torch.Tensor:
         """[frames, codebooks] -> [1, frames, C], the quantizer's sum (its order)."""
         z = 0.0
-        for i, (book, w, b) in enumerate(self.books):
+        for i in range(len(self.codebook_sizes)):
+            book, w, b = self.books[3 * i: 3 * i + 3]
             z = z + F.conv1d(F.embedding(codes[None, :, i], book).transpose(1, 2), w, b)
         return z.transpose(1, 2)
 
@@ -256,7 +258,7 @@ class FishCodec(Decoder):
             t = t.long().reshape(0, len(sizes))
         if t.dtype.is_floating_point or t.ndim != 2 or t.shape[1] != len(sizes):
             raise ValueError(f"Fish Speech codes must be integer [frames, {len(sizes)}], got {t.dtype} {tuple(t.shape)}")
-        if t.numel() and bool(((t < 0) | (t >= torch.tensor(sizes))).any()):
+        if t.numel() and bool(((t < 0) | (t >= torch.tensor(sizes, device=t.device))).any()):
             raise ValueError(f"Fish Speech codes must be in [0, {sizes[0]}) (codebook 0) and [0, {sizes[-1]}) "
                              "(the others)")
         return t.to(self.device, torch.long)
