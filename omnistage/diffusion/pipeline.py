@@ -162,6 +162,12 @@ class DiffusionPipelineBase(ABC):
 
     # -- loading -------------------------------------------------------------------------
 
+    @classmethod
+    def read_configs(cls, path: str) -> CheckpointConfigs:
+        """The checkpoint's config files, read without weights: a diffusers folder's by default;
+        a family whose checkpoint is no diffusers folder reads its own."""
+        return CheckpointConfigs.read(path)
+
     loader_overrides: ClassVar[dict[str, Any]] = {}
     """Components diffusers' loader is given instead of loading them (e.g. {"processor": None})."""
 
