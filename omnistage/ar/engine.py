@@ -195,6 +195,7 @@ class AREngine:
         self.model.check_prompt_size(inputs, self.max_model_len)
         prompt = self.model.build_prompt(inputs)
         params = admit(rid, request.params, self.default_params, len(prompt.token_ids), self.max_model_len)
+        self.model.check_params(params)
         tok = self.model.tokenizer
         detok = IncrementalDetokenizer(tok, prompt.token_ids, params.stop) if tok is not None else None
         if params.stop and detok is None:
