@@ -10,7 +10,12 @@ the PSNR of its image against the fp32 image (same seed, same steps).
 Goal (issue 38): `int8_dynamic` >= 1.3x at >= 30 dB. Writes "## Dynamic int8 DiT" in
 benchmarks/RESULTS.md.
 
-    .venv/bin/python benchmarks/bench_quantization.py [--methods int8_dynamic int8] [--repeats 3]
+`--ar` measures the native AR engine instead (zoo qwen2-llm `--size`): 4 prompts of 32 tokens,
+64 greedy tokens each, one batch through `Omni.generate`, decoded tokens per second, best of
+`--repeats`, each method against fp32 (whose CPU Linear layers are oneDNN prepacked ones), and
+the share of greedy tokens equal to fp32's. Writes "## Quantized AR stage".
+
+    .venv/bin/python benchmarks/bench_quantization.py [--methods int8_dynamic int8] [--repeats 3] [--ar]
 """
 
 from __future__ import annotations
@@ -55,6 +60,51 @@ def measure(path: str, kwargs: dict, steps: int, repeats: int, method: str | Non
     return {"step_s": (long - short) / (steps - 2), "request_s": long, "image": image}
 
 
+AR_PROMPTS, AR_PROMPT_LEN, AR_NEW = 4, 32, 64
+
+
+def measure_ar(path: str, repeats: int, method: str | None) -> dict:
+    from omnistage import Omni
+    from omnistage.ar.sampling_params import SamplingParams
+
+    prompts = [{"prompt_token_ids": [(7 * i + 13 * j) % 500 + 10 for j in range(AR_PROMPT_LEN)]}
+               for i in range(AR_PROMPTS)]
+    params = SamplingParams(temperature=0.0, max_tokens=AR_NEW, min_tokens=AR_NEW)
+    with Omni(path, devices=("cpu",), dtype="float32", max_num_seqs=AR_PROMPTS, quantization=method) as omni:
+        omni.generate(prompts, params, use_tqdm=False)  # warm-up
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            outs = omni.generate(prompts, params, use_tqdm=False)
+            best = min(best, time.perf_counter() - start)
+    return {"tok_s": AR_PROMPTS * AR_NEW / best, "tokens": [o.token_ids for o in outs]}
+
+
+def bench_ar(args) -> None:
+    from omnistage.testing import ensure
+
+    path = str(ensure("qwen2-llm", size=args.size, cache_dir=ROOT / ".omnistage-cache" / "zoo"))
+    plain = measure_ar(path, args.repeats, None)
+    rows = []
+    for method in args.methods:
+        got = measure_ar(path, args.repeats, method)
+        same = sum(a == b for x, y in zip(got["tokens"], plain["tokens"]) for a, b in zip(x, y))
+        rows.append((method, got["tok_s"], got["tok_s"] / plain["tok_s"], same / (AR_PROMPTS * AR_NEW)))
+    load = os.getloadavg()
+    lines = [f"qwen2-llm {args.size}, {AR_PROMPTS} prompts of {AR_PROMPT_LEN} tokens, {AR_NEW} greedy tokens each, one "
+             f"batch through `Omni.generate`, one torch thread, tokens/s (whole requests, prefill included), best of "
+             f"{args.repeats}; tokens equal to fp32's: the share of positions (random weights: near-ties flip and "
+             f"the rest of a sequence follows). Load average at the end: {load[0]:.2f}, {load[1]:.2f}, {load[2]:.2f} "
+             "(2 cores, shared).", "",
+             "| quantization | tokens/s | speed vs fp32 | tokens equal to fp32's |", "|---|---|---|---|",
+             f"| none (fp32, oneDNN prepacked) | {plain['tok_s']:.0f} | 1.00x | - |"]
+    lines += [f"| `{m}` | {t:.0f} | {r:.2f}x | {same:.0%} |" for m, t, r, same in rows]
+    body = "\n".join(lines)
+    print(body)
+    if not args.no_write:
+        write_section("Quantized AR stage", "benchmarks/bench_quantization.py", body)
+
+
 def psnr(got: np.ndarray, want: np.ndarray) -> float:
     mse = float(np.mean((got - want) ** 2))
     return float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
@@ -66,6 +116,7 @@ def main() -> None:
     parser.add_argument("--size", default="small", choices=("tiny", "small"))
     parser.add_argument("--steps", type=int, default=6, help="denoising steps of the long run (> 2)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--ar", action="store_true", help="the native AR engine on qwen2-llm instead of the DiT")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
 
@@ -74,6 +125,8 @@ def main() -> None:
     from omnistage.testing import call_kwargs, ensure
 
     torch.set_num_threads(1)
+    if args.ar:
+        return bench_ar(args)
     path = str(ensure(MODEL, size=args.size, cache_dir=ROOT / ".omnistage-cache" / "zoo"))
     kwargs = {k: v for k, v in call_kwargs(MODEL, args.size).items() if k not in ("prompt", "num_inference_steps")}
     plain = measure(path, kwargs, args.steps, args.repeats, None)

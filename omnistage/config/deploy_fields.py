@@ -64,7 +64,7 @@ class StageDeployConfig:
     offload_blocks_per_group: int = 1
     """With `offload: layerwise`: transformer blocks per group copied to the device together."""
     quantization: str | None = None
-    """Diffusion: quantization of the transformer's linear layers: None | "int8" | "fp8" (weight-only) |
+    """Diffusion: the transformer's linear layers; AR (native): the model's. None | "int8" | "fp8" (weight-only) |
     "int8_dynamic" (activations too, per token) | "fp8_dynamic" (CUDA, compute capability 8.9+)."""
     ignored_layers: tuple[str, ...] = ()
     """With `quantization`: layer-name patterns (fnmatch, e.g. "proj_out") kept in full precision."""

@@ -90,18 +90,24 @@ def quantized_components(pipeline: Any) -> dict[str, torch.nn.Module]:
 
 
 def apply(pipeline: Any, config: QuantizationConfig) -> None:
-    import torchao.quantization
-
     entry = check_method(config.method, pipeline.device)
     models = quantized_components(pipeline)
     if not models:
         raise ValueError(f"quantization: {pipeline.reference_class} has no transformer component to quantize")
 
-    def is_quantized(module: torch.nn.Module, name: str) -> bool:
-        return isinstance(module, torch.nn.Linear) and not any(fnmatch.fnmatch(name, p) for p in config.ignored_layers)
-
     for model in models.values():
-        torchao.quantization.quantize_(model, torchao_config(entry), filter_fn=is_quantized)
+        quantize_linears(model, entry, config.ignored_layers)
+
+
+def quantize_linears(model: torch.nn.Module, entry: Method, ignored_layers: tuple[str, ...] = ()) -> None:
+    """torchao's `quantize_` over the model's Linear layers but those `ignored_layers` names.
+    The AR engine quantizes its LLMs through this too (ar/engine.py)."""
+    import torchao.quantization
+
+    def is_quantized(module: torch.nn.Module, name: str) -> bool:
+        return isinstance(module, torch.nn.Linear) and not any(fnmatch.fnmatch(name, p) for p in ignored_layers)
+
+    torchao.quantization.quantize_(model, torchao_config(entry), filter_fn=is_quantized)
 
 
 def torchao_config(entry: Method) -> Any:
