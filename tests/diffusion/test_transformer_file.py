@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from omnistage.diffusion import transformer_file
-from omnistage.testing.gguf import build_transformer_gguf
+from omnistage.testing.gguf_files import build_transformer_gguf
 
 from accel_common import call_kwargs, load, run
 from parity import load_reference, reference_arrays
