@@ -234,8 +234,8 @@ class DiffusionEngine:
     def _check_weights_in_place(self, what: str) -> None:
         """Weights are copied into the loaded tensors by name: not into quantized or LoRA-fused ones,
         nor into layers that layerwise offload streams from its own host copies."""
-        changed = [f"{name}={getattr(self.config, name)!r}" for name in ("quantization", "lora", "lora_adapters",
-                                                                         "max_loras", "offload")
+        changed = [f"{name}={getattr(self.config, name)!r}" for name in ("quantization", "transformer_file", "lora",
+                                                                         "lora_adapters", "max_loras", "offload")
                    if getattr(self.config, name)]
         if changed:
             raise RuntimeError(f"{what}: not with {', '.join(changed)} (the loaded weights are not the "
