@@ -119,7 +119,7 @@ def measure(path: str, kwargs: dict, repeats: int, device: str, dtype: str, fiel
     """One engine alone on the device: built, warmed up, timed (best of `repeats`), closed.
     Its peak device memory counts from what was allocated before it was built, so weights
     (or their absence, offloaded) and activations are its own, with no other engine's."""
-    from omnistage.diffusion.accel.quantization import weight_bytes
+    from omnistage.core.quantization import weight_bytes
 
     if device.startswith("cuda"):
         torch.cuda.synchronize()

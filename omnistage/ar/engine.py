@@ -98,11 +98,11 @@ def check_cuda_graphs(model_class: type, device, stage: StageSpec | None) -> Non
 
 
 def quantize(model: ARModel, config: StageDeployConfig, device: Any, stage: StageSpec | None) -> None:
-    """`quantization` of the model's Linear layers through torchao (diffusion/accel/quantization.py's
+    """`quantization` of the model's Linear layers through torchao (core/quantization.py's
     methods and `ignored_layers`), in place of the oneDNN prepacked ones. Only for a model whose
     forward just calls its linear layers (`supports_prepacked_linears`): one that reads a weight
     itself would read torchao's quantized tensor."""
-    from omnistage.diffusion.accel.quantization import check_method, quantize_linears
+    from omnistage.core.quantization import check_method, quantize_linears
 
     label = f"stage {stage.label}" if stage else "AR stage"
     if not model.supports_prepacked_linears:

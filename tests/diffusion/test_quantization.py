@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omnistage.diffusion.accel.quantization import check_method, weight_bytes
+from omnistage.core.quantization import check_method, weight_bytes
 
 from accel_common import load, psnr, run
 

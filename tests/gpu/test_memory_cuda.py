@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnistage.diffusion.accel.quantization import weight_bytes
+from omnistage.core.quantization import weight_bytes
 
 from accel_common import load, psnr, run
 
