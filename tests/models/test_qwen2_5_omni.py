@@ -430,14 +430,17 @@ def test_prefix_cache_hits_keep_text_and_waveform(reference, omni):
     second = [system, {"role": "user", "content": "Tell me a story."}]
     params = greedy_params(talker_tokens=24)
     refs = {id(m): reference(m, talker_max_new_tokens=24) for m in (first, second)}
-    cached = []
+    cached, talker_cached = [], []
     for messages in (first, second, first):
         [out] = omni.generate({"messages": messages}, params, use_tqdm=False)
         cached.append(out.metrics["stages"]["thinker"]["num_cached_tokens"])
+        talker_cached.append(out.metrics["stages"]["talker"]["num_cached_tokens"])
         ref_ids, ref_wav = refs[id(messages)]
         assert out.token_ids == ref_ids
         np.testing.assert_array_equal(out.audio, ref_wav)
     assert cached == [0, 48, 48]  # three blocks of 16: the system prompt's, then up to the last prompt token
+    # The talker's prompt is those rows (keyed by their digests): it hits the same blocks.
+    assert talker_cached == [0, 48, 48]
 
     # Aborted after its first output, a hit leaves the thinker's blocks and rows as they were.
     async def abort_after_first_output():
@@ -446,14 +449,16 @@ def test_prefix_cache_hits_keep_text_and_waveform(reference, omni):
             break
 
     asyncio.run(abort_after_first_output())
-    thinker = omni.async_omni.orchestrator.handles[0].endpoint.server.engine
+    thinker, talker = (omni.async_omni.orchestrator.handles[i].endpoint.server.engine for i in (0, 1))
     deadline = time.monotonic() + 10
-    while thinker._seqs and time.monotonic() < deadline:  # the orchestrator thread delivers the abort
+    while (thinker._seqs or talker._seqs) and time.monotonic() < deadline:  # the orchestrator delivers the abort
         time.sleep(0.01)
-    blocks = thinker.block_manager
-    assert not thinker._seqs and blocks.num_free_blocks == blocks.num_blocks
+    for engine in (thinker, talker):
+        blocks = engine.block_manager
+        assert not engine._seqs and blocks.num_free_blocks == blocks.num_blocks
+        assert all(b.ref_count == 0 for b in blocks.blocks)
     assert not thinker.runner.hidden and not thinker.runner.embeds
-    assert all(b.key is not None for b in blocks.blocks if b.states)  # stored rows only on cached blocks
+    assert all(b.key is not None for b in thinker.block_manager.blocks if b.states)  # stored rows only on cached blocks
 
 
 def test_text_only_request_runs_the_thinker_alone(reference, omni):
