@@ -376,7 +376,8 @@ def test_image_prompts_hit_the_prefix_cache_by_their_pixels(path, reference):
     # The same image and question again reuses the blocks over the image and skips its encoder;
     # another image behind the same placeholder ids hits no block that overlaps it (its digest keys
     # them); a prompt that appends a frame to earlier ones hits the blocks over those and encodes
-    # only the images it feeds positions of. Greedy text stays the reference's.
+    # only the images it feeds positions of (and prepares the pixels of those only). Greedy text stays
+    # the reference's.
     from omnistage.ar.engine import AREngine
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.core.types import StageRequest
@@ -394,6 +395,19 @@ def test_image_prompts_hit_the_prefix_cache_by_their_pixels(path, reference):
     encoded = []  # images per vision encoder call
     engine.model.model.model.visual.register_forward_hook(
         lambda module, args, kwargs, out: encoded.append(len(kwargs["grid_thw"])), with_kwargs=True)
+
+    class CountingProcessor:  # the checkpoint's image processor, counting the images it prepares
+        def __init__(self, inner):
+            self.inner, self.prepared = inner, []
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def __call__(self, images, **kwargs):
+            self.prepared.append(len(images))
+            return self.inner(images=images, **kwargs)
+
+    engine.model.image_processor = processor = CountingProcessor(engine.model.image_processor)
 
     def run(messages) -> tuple[int, int]:
         """(cached tokens, end of the last image's tokens), after checking the text against the reference."""
@@ -416,6 +430,7 @@ def test_image_prompts_hit_the_prefix_cache_by_their_pixels(path, reference):
     cached, _ = run(prompt(a, b, c))
     assert cached >= end_ab // size * size > image_start + size  # the blocks over frames a and b
     assert encoded == [1, 1, 2, 2]  # a; none (a cached whole); b; a and b; b (partly cached) and c
+    assert processor.prepared == encoded  # an image a hit covers is not prepared again either
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     engine.close()
 
