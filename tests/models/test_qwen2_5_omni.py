@@ -27,7 +27,7 @@ from omnistage.models.qwen2_5_omni import Token2WavParams, resolve_qwen2_5_omni
 from omnistage.models.qwen_omni.video import VideoRules, sample_frame_indices, video_pixels
 from omnistage.testing.speech_models import DEFAULT_GENERATE_KWARGS, OMNI_SAMPLE_RATE
 
-from omni_reference import OmniReference, moving_frames, tone
+from omni_reference import OmniReference, check_rope_reuse, moving_frames, tone
 
 KW = DEFAULT_GENERATE_KWARGS["qwen2.5-omni"]
 EOS = [2, 0]  # the checkpoint's generation_config eos (<|im_end|>, <|endoftext|>), which omnistage uses
@@ -636,3 +636,7 @@ def test_prepacked_linears_keep_the_reply(reference, path, monkeypatch):
     assert out.token_ids == ref_ids
     assert out.audio.shape == ref_wav.shape
     np.testing.assert_allclose(out.audio, ref_wav, rtol=0, atol=1e-4 * np.abs(ref_wav).max())
+
+
+def test_mrope_positions_reuse_a_shared_start(omni):
+    check_rope_reuse(omni.async_omni.orchestrator.handles[0].endpoint.server.engine.model)

@@ -30,7 +30,7 @@ from omnistage.testing.omni_models import (
     QWEN3_OMNI_SAMPLE_RATE,
 )
 
-from omni_reference import OmniReference, moving_frames, tone
+from omni_reference import OmniReference, check_rope_reuse, moving_frames, tone
 
 KW = QWEN3_OMNI_GENERATE_KWARGS
 EOS = [2, 0]  # the checkpoint's generation_config eos (<|im_end|>, <|endoftext|>), which omnistage uses
@@ -462,3 +462,7 @@ def test_prepacked_linears_keep_the_reply(reference, path, monkeypatch):
     assert out.token_ids == ref_ids
     assert out.audio.shape == ref_wav.shape
     np.testing.assert_allclose(out.audio, ref_wav, rtol=0, atol=1e-4 * np.abs(ref_wav).max())
+
+
+def test_mrope_positions_reuse_a_shared_start(omni):
+    check_rope_reuse(omni.async_omni.orchestrator.handles[0].endpoint.server.engine.model)
