@@ -52,8 +52,11 @@ class RopeIndex:
             positions = self._compute(prompt, ids, 0, with_audio)
         else:
             cut, head = self._shared_start(prompt, ids)
-            tail = self._compute(prompt, ids, cut, False)
-            positions = tail if cut == 0 else torch.cat([head, tail + head.max() + 1], dim=1)
+            if cut == len(ids):  # all of it starts a recent prompt
+                positions = head
+            else:
+                tail = self._compute(prompt, ids, cut, False)
+                positions = tail if cut == 0 else torch.cat([head, tail + head.max() + 1], dim=1)
             self.recent.insert(0, (ids, prompt.spans, positions))
             del self.recent[self.MAX_PROMPTS:]
         return positions, int(positions.max()) + 1 - len(prompt.ids)
