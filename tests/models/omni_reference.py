@@ -103,10 +103,11 @@ def tone(seconds: float, hz: float = 220.0, rate: int = 16000) -> np.ndarray:
     return (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
 
 
-def check_rope_reuse(thinker) -> None:
+def check_rope_reuse(thinker, with_clip: bool = True) -> None:
     """A thinker's M-RoPE positions of prompts that grow as a video chat's do (frames, a clip, a
     question; then more frames) equal `get_rope_index` over each whole prompt, and all but the
-    first are computed from where the previous prompt left off (`qwen_omni.positions.RopeIndex`)."""
+    first are computed from where the previous prompt left off (`qwen_omni.positions.RopeIndex`).
+    (`with_clip=False` leaves the clip out: Qwen2.5-Omni pads every clip to 30 s of features.)"""
     from omnistage.models.qwen_omni.positions import RopeIndex
 
     rng = np.random.RandomState(5)
@@ -115,7 +116,7 @@ def check_rope_reuse(thinker) -> None:
     system = {"role": "system", "content": "You watch a video."}
 
     def messages(num_frames, question=""):
-        parts = [{"type": "image", "image": f} for f in frames[:num_frames]] + [clip]
+        parts = [{"type": "image", "image": f} for f in frames[:num_frames]] + ([clip] if with_clip else [])
         return [system, {"role": "user", "content": parts + ([{"type": "text", "text": question}] if question else [])}]
 
     fed = []  # tokens per get_rope_index call

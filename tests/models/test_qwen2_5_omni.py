@@ -238,8 +238,9 @@ def test_video_with_its_audio_matches_transformers_generate(reference, omni):
     assert not np.array_equal(silent.audio, out.audio)
 
 
-def test_video_part_errors_name_the_problem(omni):
+def test_video_and_image_part_errors_name_the_problem(omni):
     cases = [({"type": "video", "video": moving_frames(4)}, "needs its 'fps'"),
+             ({"type": "image", "image": np.zeros((28, 28), np.float32)}, r"uint8 \[H, W, 3\] array, got float32"),
              ({"type": "video", "video": moving_frames(1), "fps": 2.0}, "at least 2 frames"),
              ({"type": "video", "video": np.zeros((4, 8, 8), np.uint8), "fps": 2.0}, r"uint8 \[F, H, W, 3\]")]
     for part, message in cases:
@@ -639,4 +640,4 @@ def test_prepacked_linears_keep_the_reply(reference, path, monkeypatch):
 
 
 def test_mrope_positions_reuse_a_shared_start(omni):
-    check_rope_reuse(omni.async_omni.orchestrator.handles[0].endpoint.server.engine.model)
+    check_rope_reuse(omni.async_omni.orchestrator.handles[0].endpoint.server.engine.model, with_clip=False)

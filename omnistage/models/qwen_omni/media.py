@@ -225,16 +225,20 @@ class OmniMedia:
 
 
 def image_grid(processor: Any, image: Any) -> list[int]:
-    """[1, grid_h, grid_w] of `image` (PIL, or a uint8 [H, W, C] array) as the checkpoint's image
-    processor resizes and patches it (its `smart_resize` of the image's size), without its pixels."""
+    """[1, grid_h, grid_w] of `image` (PIL, or a uint8 [H, W, 3] array) as the checkpoint's image
+    processor resizes and patches it (its `smart_resize` of the image's size), without its pixels.
+    Refuses any other array here, at admission: the processor only sees it at the first prefill."""
     from PIL import Image
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
     if isinstance(image, Image.Image):
         width, height = image.size
     else:
-        shape = np.shape(image)
-        height, width = shape[:2] if len(shape) == 2 or shape[-1] in (1, 3, 4) else shape[-2:]
+        array = np.asarray(image)
+        if array.dtype != np.uint8 or array.ndim != 3 or array.shape[-1] != 3:
+            raise ValueError(f"an image part must be a PIL image or a uint8 [H, W, 3] array, got {array.dtype} "
+                             f"{list(array.shape)}")
+        height, width = array.shape[:2]
     if processor.do_resize:
         height, width = smart_resize(height, width, factor=processor.patch_size * processor.merge_size,
                                      min_pixels=processor.size["shortest_edge"],
