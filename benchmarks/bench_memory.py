@@ -38,12 +38,17 @@ NUM_REQUESTS = 4
 OPTIONS = {
     "quantization: int8": dict(quantization="int8"),
     "quantization: fp8": dict(quantization="fp8"),
+    "quantization: int8_dynamic": dict(quantization="int8_dynamic"),
+    "quantization: fp8_dynamic": dict(quantization="fp8_dynamic"),
     "offload: model": dict(offload="model"),
     "offload: layerwise": dict(offload="layerwise"),
     "attention_backend: sdpa_math": dict(attention_backend="sdpa_math"),
     "lora (static, fused)": "lora_static",
     "lora_adapters (per request)": "lora_request",
 }
+CUDA_ONLY = ("quantization: int8_dynamic", "quantization: fp8_dynamic")
+"""Left out of the default options on a CPU: fp8_dynamic is refused there, and int8_dynamic runs
+torchao's slow int32 fallback (bench_quantization.py measures it through Omni)."""
 
 
 def call_kwargs(model: str, size: str) -> dict:
@@ -246,13 +251,15 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=["z-image", "qwen-image"])
     parser.add_argument("--size", default="small", choices=["tiny", "small"])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--options", nargs="+", default=list(OPTIONS), choices=list(OPTIONS),
-                        help="which options to measure (default: all)")
+    parser.add_argument("--options", nargs="+", choices=list(OPTIONS),
+                        help="which options to measure (default: all; on a CPU all but the dynamic quantization)")
     parser.add_argument("--compile", action="store_true", help="also the torch.compile rows (slow on CPU)")
     parser.add_argument("--compile-models", nargs="+", default=["z-image"])
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     add_device_args(parser)
     args = parser.parse_args()
+    if args.options is None:
+        args.options = [o for o in OPTIONS if args.device.startswith("cuda") or o not in CUDA_ONLY]
     torch.set_num_threads(1)
     rows = [r for m in args.models for r in bench(m, args.size, args.repeats, args.device, args.dtype, args.options)]
     compile_rows = ([bench_compile(m, args.size, args.device, args.dtype, args.repeats) for m in args.compile_models]

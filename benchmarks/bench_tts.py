@@ -126,9 +126,9 @@ def family_args(doc: str, steps_flag: str, steps_help: str) -> argparse.Namespac
 
 
 def serve_levels(path: str, frames: int, threads: int, requests: list[int], repeats: int,
-                 sampling: dict | None = None) -> tuple[list[dict], float]:
+                 sampling: dict | None = None, stages: dict | None = None) -> tuple[list[dict], float]:
     """`omnistage serve` on `path`, loaded at each concurrency level: (summaries, peak server RSS MiB)."""
-    proc, url = start_server(path, frames, threads, sampling=sampling)
+    proc, url = start_server(path, frames, threads, sampling=sampling, stages=stages)
     try:
         with PeakRSS(proc.pid) as rss:
             summaries = load(url, requests, repeats, proc.pid)

@@ -44,7 +44,7 @@ from typing import Any
 from omnistage.ar.block_manager import BlockManager
 from omnistage.ar.cpu_linear import prepack_linears
 from omnistage.ar.detokenizer import IncrementalDetokenizer
-from omnistage.ar.model import get_ar_model_class
+from omnistage.ar.model import ARModel, get_ar_model_class
 from omnistage.ar.model_runner import ModelRunner
 from omnistage.ar.paged_attention import uses_kernel
 from omnistage.ar.sampling_params import SamplingParams, admit
@@ -97,6 +97,24 @@ def check_cuda_graphs(model_class: type, device, stage: StageSpec | None) -> Non
                          "(ARModel.supports_cuda_graphs is False); remove compile from this stage's deploy config")
 
 
+def quantize(model: ARModel, config: StageDeployConfig, device: Any, stage: StageSpec | None) -> None:
+    """`quantization` of the model's Linear layers through torchao (diffusion/accel/quantization.py's
+    methods and `ignored_layers`), in place of the oneDNN prepacked ones. Only for a model whose
+    forward just calls its linear layers (`supports_prepacked_linears`): one that reads a weight
+    itself would read torchao's quantized tensor."""
+    from omnistage.diffusion.accel.quantization import check_method, quantize_linears
+
+    label = f"stage {stage.label}" if stage else "AR stage"
+    if not model.supports_prepacked_linears:
+        raise ValueError(f"{label}: quantization={config.quantization!r}: {type(model).__name__} reads its linear "
+                         "weights itself (ARModel.supports_prepacked_linears is False); remove quantization")
+    try:
+        entry = check_method(config.quantization, device)
+    except ValueError as exc:
+        raise ValueError(f"{label}: {exc}") from None
+    quantize_linears(model.model, entry, config.ignored_layers)
+
+
 class AREngine:
     def __init__(self, model_path: str, stage: StageSpec | None = None,
                  config: StageDeployConfig = StageDeployConfig(), *,
@@ -124,7 +142,9 @@ class AREngine:
         if config.compile:
             check_cuda_graphs(model_class, device, stage)
         self.model = model_class.load(model_path, stage, device, resolve_dtype(config.dtype, device))
-        if device.type == "cpu" and self.model.supports_prepacked_linears:
+        if config.quantization is not None:
+            quantize(self.model, config, device, stage)
+        elif device.type == "cpu" and self.model.supports_prepacked_linears:
             prepack_linears(self.model.model, max_batch=config.max_num_seqs)
         limit = self.model.max_position_embeddings
         self.max_model_len = config.max_model_len or limit
@@ -195,6 +215,7 @@ class AREngine:
         self.model.check_prompt_size(inputs, self.max_model_len)
         prompt = self.model.build_prompt(inputs)
         params = admit(rid, request.params, self.default_params, len(prompt.token_ids), self.max_model_len)
+        self.model.check_params(params)
         tok = self.model.tokenizer
         detok = IncrementalDetokenizer(tok, prompt.token_ids, params.stop) if tok is not None else None
         if params.stop and detok is None:
@@ -318,6 +339,9 @@ class AREngine:
         the safetensors of checkpoint folder `path`, or `tensors` by state-dict name. The prefix cache
         is dropped (its KV came from the old weights). Returns how many tensors were replaced."""
         check_can_update(len(self._seqs), self._dropped is not None)
+        if self.config.quantization is not None:
+            raise RuntimeError(f"update_weights: not with quantization={self.config.quantization!r} (the loaded "
+                               "weights are not the checkpoint's tensors)")
         new = read_checkpoint(path) if path is not None else tensors
         with device_scope(self.device):
             num = load_weights(self.model.model, new)

@@ -206,6 +206,11 @@ class ARModel(ABC):
                                f"the prompt has {num_chars} characters, more than max_model_len={max_model_len} "
                                f"tokens can hold (at most {self.max_token_chars} characters per token)")
 
+    def check_params(self, params: Any) -> None:
+        """Refuse, with a `RequestError` naming the field, the request's `SamplingParams` (its
+        defaults applied) that this model cannot honour, e.g. those a family's own sampler has no
+        place for. Default: all are honoured."""
+
     def build_prompt(self, inputs: Any) -> PromptInputs:
         """`StageRequest.inputs` -> prompt ids. The default accepts a str, or a dict with exactly one
         of "prompt" (str), "prompt_token_ids" (list[int]) or "messages" (chat messages; the

@@ -64,9 +64,13 @@ class StageDeployConfig:
     offload_blocks_per_group: int = 1
     """With `offload: layerwise`: transformer blocks per group copied to the device together."""
     quantization: str | None = None
-    """Diffusion: weight-only quantization of the transformer's linear layers: None | "int8" | "fp8"."""
+    """Diffusion: the transformer's linear layers; AR (native): the model's. None | "int8" | "fp8" (weight-only) |
+    "int8_dynamic" (activations too, per token) | "fp8_dynamic" (CUDA, compute capability 8.9+)."""
     ignored_layers: tuple[str, ...] = ()
     """With `quantization`: layer-name patterns (fnmatch, e.g. "proj_out") kept in full precision."""
+    transformer_file: str | None = None
+    """Diffusion: a .gguf file of the transformer (quantized weights, through diffusers' GGUF loader) loaded
+    in place of the folder's transformer, whose config it takes; SVDQuant (Nunchaku) files are refused."""
     lora: tuple[dict[str, Any], ...] | None = None
     """Diffusion: LoRA files fused into the weights at load: [{path, scale (default 1.0)}, ...]."""
     lora_adapters: dict[str, str] = field(default_factory=dict)
@@ -349,7 +353,7 @@ _STAGE_DEFAULTS = {
 KIND_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
     "diffusion": ("step_execution", "cfg_parallel_size", "ulysses_degree", "ring_degree",
                   "vae_patch_parallel_size", "vae_use_tiling", "cache_backend", "cache_config",
-                  "offload_blocks_per_group", "lora_adapters", "max_loras"),
+                  "offload_blocks_per_group", "lora_adapters", "max_loras", "transformer_file"),
     "ar": ("max_model_len", "ar_backend", "kv_cache_memory", "enable_prefix_caching", "max_num_batched_tokens",
            "paged_attention"),
 }

@@ -58,8 +58,7 @@ class DiffusionEngine:
         check_supported(label, config)
         self.model_path = str(model_path)
         self.config = config
-        configs = CheckpointConfigs.read(self.model_path)
-        self.pipeline_cls = pipeline_cls or _pipeline_class(stage, configs)
+        self.pipeline_cls, configs = _class_and_configs(stage, self.model_path, pipeline_cls)
         check_family(label, config, self.pipeline_cls)
         # Requests are checked here, against the checkpoint's config files: no round trip to a worker.
         self.checker = self.pipeline_cls.for_requests(configs, config)
@@ -90,8 +89,8 @@ class DiffusionEngine:
         """What `add_request` checks, without the weights (the checkpoint's config files only),
         so the server can refuse a request before it answers for it (a video job): raises
         RequestError naming the field."""
-        configs = CheckpointConfigs.read(str(model_path))
-        checker = _pipeline_class(stage, configs).for_requests(configs, config)
+        pipeline_cls, configs = _class_and_configs(stage, str(model_path))
+        checker = pipeline_cls.for_requests(configs, config)
 
         def check(request: StageRequest) -> None:
             _prepare(checker, request)  # an adapter by path is checked on arrival (the engine's LoraSet)
@@ -235,8 +234,8 @@ class DiffusionEngine:
     def _check_weights_in_place(self, what: str) -> None:
         """Weights are copied into the loaded tensors by name: not into quantized or LoRA-fused ones,
         nor into layers that layerwise offload streams from its own host copies."""
-        changed = [f"{name}={getattr(self.config, name)!r}" for name in ("quantization", "lora", "lora_adapters",
-                                                                         "max_loras", "offload")
+        changed = [f"{name}={getattr(self.config, name)!r}" for name in ("quantization", "transformer_file", "lora",
+                                                                         "lora_adapters", "max_loras", "offload")
                    if getattr(self.config, name)]
         if changed:
             raise RuntimeError(f"{what}: not with {', '.join(changed)} (the loaded weights are not the "
@@ -300,8 +299,17 @@ class DiffusionEngine:
             time.sleep(min(wait, MAX_IDLE_SLEEP_S))
 
 
-def _pipeline_class(stage: StageSpec | None, configs: CheckpointConfigs) -> type:
-    return pipeline_class(stage.model if stage is not None and stage.model else configs.class_name)
+def _class_and_configs(stage: StageSpec | None, model_path: str, pipeline_cls: type | None = None
+                       ) -> tuple[type, CheckpointConfigs]:
+    """The stage's pipeline class (`pipeline_cls`, else the stage's model key, else the
+    checkpoint's `_class_name`) and the checkpoint's config files as that class reads them."""
+    if pipeline_cls is None and stage is not None and stage.model:
+        pipeline_cls = pipeline_class(stage.model)
+    if pipeline_cls is None:
+        configs = CheckpointConfigs.read(model_path)
+        return pipeline_class(configs.class_name), configs
+    read = getattr(pipeline_cls, "read_configs", CheckpointConfigs.read)  # a test's stand-in class may lack it
+    return pipeline_cls, read(model_path)
 
 
 def _prepare(checker, request: StageRequest, loras: LoraSet | None = None) -> tuple:

@@ -162,6 +162,12 @@ class DiffusionPipelineBase(ABC):
 
     # -- loading -------------------------------------------------------------------------
 
+    @classmethod
+    def read_configs(cls, path: str) -> CheckpointConfigs:
+        """The checkpoint's config files, read without weights: a diffusers folder's by default;
+        a family whose checkpoint is no diffusers folder reads its own."""
+        return CheckpointConfigs.read(path)
+
     loader_overrides: ClassVar[dict[str, Any]] = {}
     """Components diffusers' loader is given instead of loading them (e.g. {"processor": None})."""
 
@@ -181,6 +187,7 @@ class DiffusionPipelineBase(ABC):
         `dtype` default to the deploy config's (`devices[0]`, `dtype`), as the engine resolves them."""
         from diffusers import DiffusionPipeline
 
+        from omnistage.diffusion import transformer_file
         from omnistage.diffusion.accel import apply_accelerations
         from omnistage.core.device import canonical_device, resolve_device, resolve_dtype
 
@@ -188,7 +195,10 @@ class DiffusionPipelineBase(ABC):
         check_declared(cls.reference_class, cls.supported_accelerations, deploy)  # before the weights load
         device = resolve_device(deploy.devices) if device is None else canonical_device(device)
         dtype = resolve_dtype(deploy.dtype, device) if dtype is None else dtype
-        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **cls.loader_kwargs(str(path)))
+        components = cls.loader_kwargs(str(path))
+        if deploy.transformer_file is not None:  # a GGUF file in place of the folder's transformer
+            components["transformer"] = transformer_file.load(str(path), deploy, dtype)
+        pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **components)
         if deploy.offload is None:  # offloaded weights wait on the CPU (accel/offload.py)
             pipe = pipe.to(device)
         pipeline = cls.from_diffusers(pipe, str(path), CheckpointConfigs.read(str(path)), device, dtype)

@@ -54,7 +54,8 @@ implements yet, with their inert values. A stage that sets one is refused: silen
 a user's setting would be worse. (Diffusion stages: omnistage/diffusion/accel/, where the
 diffusion engine checks its own.)"""
 
-_BACKEND_IMPLEMENTS = {"vllm": {"tensor_parallel_size", "compile"}, "native": {"compile"}}
+_BACKEND_IMPLEMENTS = {"vllm": {"tensor_parallel_size", "compile"},
+                       "native": {"compile", "quantization", "ignored_layers"}}
 """Fields an AR backend implements itself (it checks the rest of NOT_YET_IMPLEMENTED)."""
 
 
@@ -68,8 +69,9 @@ def check_implemented(stage: StageSpec, config: StageDeployConfig) -> None:
     if unsupported:
         engine = f"the {config.ar_backend} AR engine" if stage.kind == "ar" else f"the {stage.kind} engine"
         raise ValueError(f"stage {stage.label}: {', '.join(unsupported)} is not implemented by {engine} in this "
-                         f"version of omnistage (offload, quantization, LoRA and attention backends are "
-                         f"diffusion-stage accelerations for now, compile is the diffusion and AR engines'; several devices run each batch on every rank, "
+                         f"version of omnistage (offload, LoRA and attention backends are "
+                         f"diffusion-stage accelerations for now, quantization is the diffusion and native AR "
+                         f"engines', compile is the diffusion and AR engines'; several devices run each batch on every rank, "
                          f"so a parallel degree would buy nothing); remove it from the deploy config")
 
 

@@ -51,9 +51,10 @@ from omnistage.ar.cpu_linear import prepack_linears
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.core.device import device_scope, resolve_device, resolve_dtype
-from omnistage.core.parking import Parked, check_can_sleep
+from omnistage.core.parking import Parked, check_can_sleep, check_can_update
 from omnistage.core.playback import Playback
 from omnistage.core.types import AudioPayload, StageOutput, StageRequest
+from omnistage.core.weights import NO_FOLDER, Dropped, load_weights, weights_folder
 from omnistage.generation.decoder import get_decoder_class
 
 logger = logging.getLogger(__name__)
@@ -100,10 +101,12 @@ class GenerationEngine:
     def __init__(self, model_path: str, stage: StageSpec | None = None,
                  config: StageDeployConfig = StageDeployConfig(), *, chunk_frames: int | None = None) -> None:
         self.device = device = resolve_device(config.devices)
+        self._stage, self._dtype = stage, resolve_dtype(config.dtype, device)
         with device_scope(device):
             self.decoder = get_decoder_class(stage.model if stage else None).load(
-                model_path, stage, device, resolve_dtype(config.dtype, device),
-                OPEN_STREAMS_PER_SEAT * config.max_num_seqs)
+                model_path, stage, device, self._dtype, OPEN_STREAMS_PER_SEAT * config.max_num_seqs)
+        self._weights_path = weights_folder(model_path)  # what sleep level 2 reads back
+        self._dropped: Dropped | None = None
         if device.type == "cpu" and self.decoder.supports_prepacked_linears:
             prepack_linears(self.decoder.model)  # a decode feeds many frames: packed for the batched case
         self.max_num_seqs = config.max_num_seqs
@@ -278,19 +281,47 @@ class GenerationEngine:
         return bool(self._requests)
 
     def sleep(self, level: int) -> int:
-        """Level 1, when idle: the decoder's weights off the accelerator. Returns the bytes moved."""
+        """When idle: the decoder's weights off the accelerator (level 1), or freed (level 2; wake_up
+        reads them back from the checkpoint folder). Returns the bytes moved or freed."""
         check_can_sleep(level, len(self._requests))
-        if level == 2:  # decoders load from family-specific files: no generic read-back yet
-            raise RuntimeError("sleep level 2 is not implemented for generation stages (vocoders, codec decoders) "
-                               "yet; sleep at level 1")
+        freed = 0
+        if level == 2 and self._dropped is None:
+            if self._weights_path is None:
+                raise RuntimeError(NO_FOLDER)
+            self._dropped = Dropped(self.decoder.model, self.decoder.model.state_dict().keys())
+            freed = self._dropped.num_bytes
         if self._parked is None:
             self._parked = Parked([self.decoder.model])
-        return self._parked.num_bytes
+        return freed + self._parked.num_bytes
 
     def wake_up(self) -> None:
         if self._parked is not None:
             self._parked.restore()
             self._parked = None
+        if self._dropped is not None:
+            with device_scope(self.device):
+                self._dropped.restore(self.decoder.model, self._read_weights(self._weights_path))
+            self._dropped = None
+
+    def update_weights(self, path: str | None = None, tensors: dict[str, Any] | None = None) -> int:
+        """New weights in place, when idle (the caller holds new requests back, so no stream hears a
+        mix): the decoder of checkpoint folder `path`, or `tensors` by the decoder model's state-dict
+        names. Returns how many tensors were replaced."""
+        check_can_update(len(self._requests), self._dropped is not None)
+        new = self._read_weights(path) if path is not None else tensors
+        with device_scope(self.device):
+            num = load_weights(self.decoder.model, new)
+        self._weights_path = weights_folder(path) if path is not None else None
+        return num
+
+    def _read_weights(self, path: str) -> dict[str, torch.Tensor]:
+        """The decoder model's tensors as checkpoint folder `path` holds them: each family keeps its
+        decoder in files of its own, so the family's loader reads them (into a CPU copy, dropped after)."""
+        fresh = type(self.decoder).load(path, self._stage, torch.device("cpu"), self._dtype, 1)
+        try:
+            return dict(fresh.model.state_dict())
+        finally:
+            fresh.close()
 
     def is_healthy(self) -> bool:
         return not self._closed

@@ -20,14 +20,26 @@ STOP_TIMEOUT_S = 10.0
 # stage and worker needs once (~10 s of CPU for torch, transformers, diffusers and the engines),
 # then forks a child per start, which begins with those modules loaded. A spawned child would
 # import them all again. Where there is no fork (Windows), children are spawned.
-_PRELOAD = ["torch", "transformers", "diffusers", "omnistage.runtime.endpoint",
+_PRELOAD = ["__main__", "torch", "transformers", "diffusers", "omnistage.runtime.endpoint",
             "omnistage.diffusion.executor.mp", "omnistage.diffusion.engine", "omnistage.ar.engine",
             "omnistage.generation.engine"]
-if "forkserver" in mp.get_all_start_methods():
-    _CONTEXT = mp.get_context("forkserver")
-    _CONTEXT.set_forkserver_preload(["__main__", *_PRELOAD])
-else:
-    _CONTEXT = mp.get_context("spawn")
+_CONTEXT = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+
+
+def preload(*modules: str) -> None:
+    """Have the fork server import `modules` too when it starts (no effect once it runs, or
+    where children are spawned)."""
+    _PRELOAD.extend(m for m in modules if m not in _PRELOAD)
+    if _CONTEXT.get_start_method() == "forkserver":
+        _CONTEXT.set_forkserver_preload(list(_PRELOAD))
+
+
+def context() -> Any:
+    """The multiprocessing context every child of this package starts from."""
+    return _CONTEXT
+
+
+preload()
 
 # Signals that come from outside (the OOM killer, an operator, our own stop), not from
 # the process's own work: a death by one of them blames no request.

@@ -81,7 +81,9 @@ def _load_builders() -> None:
     from omnistage.testing import cosmos3_models  # noqa: F401
     from omnistage.testing import sana_wm_models  # noqa: F401
     from omnistage.testing import moss_tts_models  # noqa: F401
+    from omnistage.testing import fish_speech_models  # noqa: F401
     from omnistage.testing import moshi_models  # noqa: F401
+    from omnistage.testing import omnivoice_models  # noqa: F401
 
 
 def list_models() -> list[ZooModel]:

@@ -113,6 +113,15 @@ def _upsampler_request(call: dict[str, Any], seed: int, request_id: str = "req")
     return DiffusionRequest(request_id, "", DiffusionParams(seed=seed), condition={"latents": latents})
 
 
+def _speech_request(call: dict[str, Any], seed: int, request_id: str = "req"):
+    """OmniVoice (a speech model on the diffusion engine) reads a text to speak."""
+    from omnistage.diffusion.params import DiffusionParams
+    from omnistage.diffusion.request import DiffusionRequest
+
+    return DiffusionRequest(request_id, call["text"],
+                            DiffusionParams(seed=seed, num_inference_steps=call["num_inference_steps"]))
+
+
 def _cases() -> dict[str, Case]:
     image = {"image": default_input_image()}
     true_cfg = {"negative_prompt": "blurry", "true_cfg_scale": 2.0}  # FLUX guides only with both
@@ -150,8 +159,10 @@ def _cases() -> dict[str, Case]:
         "sana-wm": _case("sana-wm", test_parity_sana_wm.CALL, test_parity_sana_wm.TestSanaWM),
         # No CFG: Helios takes no CFG-parallel, and its two chunks cost twice a plain call's steps.
         "helios": _case("helios", {"guidance_scale": 1.0}),
+        # A speech zoo model whose unmasking stage is a native diffusion pipeline.
+        "omnivoice": Case("omnivoice", {}, _speech_request),
     }
-    names = [m.name for m in list_models() if m.kind == "diffusion"]
+    names = [m.name for m in list_models() if m.kind == "diffusion" or m.name in special]
     return {name: special.get(name) or _case(name) for name in names}
 
 

@@ -3,23 +3,25 @@
 the test checks to files; the parent only starts, waits and checks that both ranks returned.
 
 The two rank processes start once per session and run every test's `rank_main` in turn
-(each on a new port, so a new process group). They are forked from a fork server that has
-imported what a rank needs before its first pipeline loads (`PRELOAD` and the first test
-module that calls): those imports take ~10 s of CPU a process on the 2-core machine, paid
-once instead of once per rank. A `rank_main` must destroy its process group before it
+(each on a new port, so a new process group). They are forked from omnistage's fork server
+(`omnistage.runtime.process`), which has imported what a rank needs before its first pipeline
+loads (torch, diffusers, the engines; `PRELOAD` and the first test module that calls too when
+the pair is what starts it): those imports take ~10 s of CPU a process on the 2-core machine,
+paid once instead of once per rank. A `rank_main` must destroy its process group before it
 returns (all of them do); after a failure or a timeout the pair is killed and the next call
 forks a fresh one."""
 
 from __future__ import annotations
 
 import atexit
-import multiprocessing as mp
 import socket
 import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
+
+from omnistage.runtime import process
 
 
 PRELOAD = ["torch.distributed", "diffusers.models.transformers", "diffusers.models.autoencoders",
@@ -52,10 +54,10 @@ def _serve(rank: int, conn: Connection) -> None:
 
 class _Pair:
     def __init__(self, test_module: str) -> None:
-        # A fork server (a fresh interpreter, not a fork of this process and its threads) has
-        # one preload list, set before it starts: the first pair's.
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload([*PRELOAD, test_module])
+        # The ranks fork from omnistage's own fork server (a fresh interpreter, not a fork of this
+        # process and its threads), which imports these too if it has not started yet.
+        process.preload(*PRELOAD, test_module)
+        ctx = process.context()
         self.conns: list[Connection] = []
         self.procs = []
         for rank in range(2):

@@ -33,11 +33,20 @@ def test_defaults_pass_and_ar_backends_implement_their_own_fields():
 
 
 @pytest.mark.parametrize("fields, named", [
-    ({"quantization": "int8"}, "quantization='int8'"),
-    ({"quantization": "int8", "ignored_layers": ["lm_head"]}, "ignored_layers=('lm_head',)"),
     ({"lora_adapters": {"a": "/x.safetensors"}}, "lora_adapters="),
+    ({"offload": "model"}, "offload='model'"),
 ])
-def test_ar_stages_refuse_quantization_and_lora_by_name(fields, named):
+def test_ar_stages_refuse_lora_and_offload_by_name(fields, named):
     with pytest.raises(ValueError, match=r"stage 0 \(llm\): .*is not implemented by the native AR engine") as info:
         create_engine("/does/not/exist", LLM, StageDeployConfig(**fields))
     assert named in str(info.value)
+
+
+def test_native_ar_takes_quantization_and_the_others_refuse_it():
+    """The native AR engine quantizes its LLM (tests/ar/test_ar_quantization.py); vLLM and the
+    generation engine do not."""
+    check_implemented(LLM, StageDeployConfig(quantization="int8", ignored_layers=("lm_head",)))
+    with pytest.raises(ValueError, match=r"quantization='int8'.*is not implemented by the vllm AR engine"):
+        check_implemented(LLM, StageDeployConfig(ar_backend="vllm", quantization="int8"))
+    with pytest.raises(ValueError, match=r"quantization='int8'.*is not implemented by the generation engine"):
+        check_implemented(VOCODER, StageDeployConfig(quantization="int8"))

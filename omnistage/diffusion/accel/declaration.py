@@ -96,7 +96,7 @@ class Accelerations:
     offload: bool = False
     """`offload: model | layerwise`."""
     quantization: bool = False
-    """`quantization`: weight-only int8 / fp8 of its transformer's linear layers."""
+    """`quantization`: int8 / fp8 of its transformer's linear layers, weight-only or dynamic."""
     lora: bool = False
     """`lora`, `lora_adapters` and `max_loras`, through its diffusers pipeline's LoRA loader."""
     compile: bool = False

@@ -44,7 +44,7 @@ def register(subparsers) -> None:
     limits.add_argument("--max-upload-bytes", type=int, default=defaults.max_upload_bytes,
                         help="largest request body; larger ones get 413 (default: %(default)s)")
     limits.add_argument("--max-n", type=int, default=defaults.max_n,
-                        help="most images per images request (default: %(default)s)")
+                        help="most images or videos one request may ask for, `n` (default: %(default)s)")
     limits.add_argument("--max-pixels", type=int, default=defaults.max_pixels,
                         help="largest width*height per image or video frame (default: %(default)s)")
     limits.add_argument("--max-input-pixels", type=int, default=defaults.max_input_pixels,

@@ -51,8 +51,9 @@ def _stage_defaults(stage: Any, deploy: dict[str, Any], model_path: str | None) 
     from omnistage.diffusion.params import DiffusionParams, fill_defaults
     from omnistage.diffusion.registry import pipeline_class
 
-    configs = CheckpointConfigs.read(model_path) if model_path is not None else None
-    family = pipeline_class(stage.model).for_requests(configs or CheckpointConfigs({}, {})).request_defaults()
+    cls = pipeline_class(stage.model)
+    configs = cls.read_configs(model_path) if model_path is not None else CheckpointConfigs({}, {})
+    family = cls.for_requests(configs).request_defaults()
     filled = fill_defaults(DiffusionParams(), deploy, family).model_dump(exclude_unset=True)
     if not filled.get("extras"):
         filled.pop("extras", None)

@@ -175,7 +175,7 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
         "mask": ("OpenAI's mask: an RGBA image the size of the first image, transparent where it may "
                  "change.", None),
     },
-    "VideoCreateRequest": {
+    "VideoJobRequest": {
         "prompt": ("What the video shows.", "waves on a beach"),
         "size": ("`WIDTHxHEIGHT` of the frames (or width and height).", "480x320"),
         "width": ("Frame width, instead of size.", 480),
@@ -186,6 +186,13 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
         "guidance_scale_2": ("Wan 2.2: the guidance scale of the low-noise expert.", 3.0),
         "extra_params": ("The model's request extras as a JSON object.", {"max_sequence_length": 64}),
         "input_reference": ("Image-to-video models: the first frame, a file (or an allowed URL).", None),
+        "input_references": ("Repeated files, each an image or a video by its Content-Type (or file name): "
+                             "the model's input images in order, and its control or conditioning video.", None),
+        "control_video": ("Wan-VACE, Cosmos3: the control or conditioning video, a file (or an allowed URL).",
+                          None),
+        "mask_video": ("Wan-VACE: the control video's mask (white: generate, black: keep).", None),
+        "n": ("Videos to make; video i takes seed + i. The sync route then answers multipart/mixed.", 1),
+        "audio_reference": ("For a family that conditions on audio: none served here, so a 400 naming it.", None),
     },
     "VoiceUpload": {
         "name": ("The voice's name, used as `voice` in speech requests.", "my-voice"),
@@ -335,7 +342,8 @@ EXTENSIONS: dict[tuple[str, str], dict[str, tuple[str, str]]] = {
 # Multipart routes read their form themselves; the document gets their body from the pydantic
 # model of the text fields plus the file fields: path -> (model, file fields).
 _IMAGE_EDIT = ("omnistage.entrypoints.openai.images.protocol:ImageEditRequest", ("image", "mask"))
-_VIDEO = ("omnistage.entrypoints.openai.videos.protocol:VideoCreateRequest", ("input_reference",))
+_VIDEO = ("omnistage.entrypoints.openai.videos.protocol:VideoJobRequest",
+          ("input_reference", "input_references", "control_video", "mask_video"))
 FORMS: dict[str, tuple[str, tuple[str, ...]]] = {
     "/v1/images/edits": _IMAGE_EDIT, "/v1/videos": _VIDEO, "/v1/videos/sync": _VIDEO,
     "/v1/audio/transcriptions": ("omnistage.entrypoints.openai.audio.protocol:TranscriptionRequest", ("file",)),
@@ -402,7 +410,7 @@ def _is_request(schema_name: str) -> bool:
     return schema_name in FIELDS or schema_name in REQUEST_SCHEMAS
 
 
-REQUEST_SCHEMAS = {"ImageGenerationRequest", "ImageEditRequest", "TranscriptionRequest", "TranslationRequest", "VideoCreateRequest", "VoiceUpload", "ChatCompletionRequest", "CompletionRequest", "SpeechRequest",
+REQUEST_SCHEMAS = {"ImageGenerationRequest", "ImageEditRequest", "TranscriptionRequest", "TranslationRequest", "VideoJobRequest", "VoiceUpload", "ChatCompletionRequest", "CompletionRequest", "SpeechRequest",
                    "AudioGenerateRequest", "ChatMessage", "TextPart", "ImagePart", "ImageURL", "InputAudioPart",
                    "InputAudio", "AudioURLPart", "AudioURL", "VideoURLPart", "VideoURL", "ToolCallItem",
                    "FunctionCall", "StreamOptions", "AudioOptions", "MMProcessorKwargs", "ResponseFormat",

@@ -19,7 +19,7 @@ class ServerSettings:
     max_upload_bytes: int = 64 * 1024 * 1024
     """Largest request body; larger ones get 413 before they are read."""
     max_n: int = 8
-    """Most images one images request may ask for (`n`)."""
+    """Most images or videos one images or videos request may ask for (`n`)."""
     max_pixels: int = 2048 * 2048
     """Largest width x height one request may ask for (images and video frames)."""
     max_input_pixels: int = DEFAULT_MAX_INPUT_PIXELS

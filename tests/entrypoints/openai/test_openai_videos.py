@@ -3,12 +3,16 @@ video API targets a hosted model)."""
 
 from __future__ import annotations
 
+import asyncio
+import email.parser
 import io
 import time
 
 import numpy as np
+import pytest
 from PIL import Image
 
+from omnistage.entrypoints.openai.videos.serving import all_of
 from omnistage.media.video import decode_video
 
 
@@ -142,3 +146,94 @@ def test_a_control_video_is_refused_by_a_model_that_takes_none(app_client):
     resp = http.post("/v1/videos", data={"prompt": "a wave", "num_frames": "5"},
                      files={"control_video": ("c.mp4", mp4, "video/mp4")})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "control_video"
+
+
+def _png(color=(0, 0, 0)) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (24, 16), color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_n_videos_a_job_and_a_multipart_sync_answer(app_client):
+    http, engine = app_client("video", max_n=3)
+    form = {"prompt": "a wave", "size": "32x16", "num_frames": "5", "fps": "8", "seed": "5", "n": "2"}
+    job = _wait(http, http.post("/v1/videos", data=form).json()["id"])
+    assert job["n"] == 2 and job["progress"] == 100
+    # Two engine requests, video i with seed + i (each can be made again alone).
+    assert [(rid, p.seed) for _, p, rid in engine.requests] == [(f"{job['id']}_0", 5), (f"{job['id']}_1", 6)]
+    for index in (0, 1):
+        frames, _ = decode_video(http.get(f"/v1/videos/{job['id']}/content", params={"index": index}).content)
+        assert frames.shape[:3] == (5, 16, 32)
+    resp = http.get(f"/v1/videos/{job['id']}/content", params={"index": 2})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "index"
+
+    resp = http.post("/v1/videos/sync", data={**form, "n": "3"})
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("multipart/mixed")
+    message = email.parser.BytesParser().parsebytes(
+        b"content-type: " + resp.headers["content-type"].encode() + b"\r\n\r\n" + resp.content)
+    parts = message.get_payload()
+    assert [p["content-type"] for p in parts] == ["video/mp4"] * 3 and parts[2]["x-num-frames"] == "5"
+    assert decode_video(parts[1].get_payload(decode=True))[0].shape[:3] == (5, 16, 32)
+    assert [p.seed for _, p, _ in engine.requests[-3:]] == [5, 6, 7]
+
+    resp = http.post("/v1/videos", data={**form, "n": "4"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "n"
+
+
+def test_input_references_sorted_by_kind_and_refusals_name_the_field(app_client):
+    from omnistage.media.video import encode_mp4
+
+    http, engine = app_client("video")
+    red, blue = _png((200, 0, 0)), _png((0, 0, 200))
+    files = [("input_references", ("a.png", red, "image/png")),
+             ("input_references", ("b", blue, "application/octet-stream")),  # no type, no extension
+             ]
+    resp = http.post("/v1/videos/sync", data={"prompt": "x"}, files=files)
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "input_references"
+    assert "input_references[1]" in resp.json()["error"]["message"]
+    # The images, in the order sent (the type may also come from the file name).
+    files[1] = ("input_references", ("b.png", blue, "application/octet-stream"))
+    assert http.post("/v1/videos/sync", data={"prompt": "x"}, files=files).status_code == 200
+    images = engine.requests[-1][0]["image"]
+    assert [im.getpixel((0, 0)) for im in images] == [(200, 0, 0), (0, 0, 200)]
+
+    mp4 = encode_mp4(np.zeros((5, 16, 16, 3), np.uint8), 8.0)
+    cases = [
+        ([("input_references", ("v.wav", b"RIFF", "audio/wav"))], {}, "input_references"),
+        ([("input_references", ("c.mp4", mp4, "video/mp4"))], {}, "input_references"),  # takes no video
+        ([files[0], ("input_reference", ("r.png", red, "image/png"))], {}, "input_references"),
+        ([], {"audio_reference": '{"audio_url": "data:audio/wav;base64,UklGRg=="}'}, "audio_reference"),
+        ([], {"aspect_ratio": "16:9", "short_edge": "480"}, "aspect_ratio"),
+        ([], {"vae_use_tiling": "true"}, "vae_use_tiling"),
+        ([], {"num_outputs_per_prompt": "2"}, "num_outputs_per_prompt"),
+    ]
+    before = len(engine.requests)
+    for upload, fields, param in cases:
+        resp = http.post("/v1/videos", data={"prompt": "x", **fields}, files=upload or None)
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == param, (param, resp.text)
+    assert len(engine.requests) == before  # refused at admission: nothing queued
+
+
+def test_deleting_a_job_of_n_videos_aborts_each_and_one_failure_aborts_the_others(app_client):
+    http, engine = app_client("video", step_delay=0.5)
+    job = http.post("/v1/videos", data={"prompt": "slow", "n": "2"}).json()
+    _wait(http, job["id"], "in_progress")
+    assert http.delete(f"/v1/videos/{job['id']}").status_code == 200
+    assert sorted(engine.aborted) == [f"{job['id']}_0", f"{job['id']}_1"]
+    assert http.app.state.gateway.num_admitted == 0
+
+    cancelled = []
+
+    async def slow():
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    async def fails():
+        raise ValueError("one video failed")
+
+    with pytest.raises(ValueError):
+        asyncio.run(all_of([slow(), fails()]))
+    assert cancelled == [True]

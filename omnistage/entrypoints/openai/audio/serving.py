@@ -5,7 +5,7 @@ The engine prompt is `{"prompt": input}` plus `instructions`, `task_type` and th
 declared extras when given (`PipelineSpec.request_extras`; unknown fields are a 400 naming
 them), and what the voice store makes of `voice` (the name of a built-in voice, or a
 registered voice's reference clip; see voices.py). `seed` and `max_new_tokens` go to the
-talker's sampling params.
+talker's sampling params (`seed` alone to an entry diffusion stage, as OmniVoice's).
 `pcm` and `wav` at speed 1 stream chunk by chunk as the model produces them (WAV with an
 open-ended header); any other format, or another speed, is encoded once the whole
 waveform exists and sent as one piece. `stream: true` asks for the first kind and is a 400
@@ -125,14 +125,22 @@ class SpeechServing:
                 raise from_value_error(e) from None
         return extras
 
-    def _params(self, body: SpeechRequest) -> dict[str, SamplingParams] | None:
-        """`seed` and `max_new_tokens` go to the entry AR stage (the talker); the engine fills
-        the rest from its deploy defaults."""
+    def _params(self, body: SpeechRequest) -> dict[str, Any] | None:
+        """`seed` and `max_new_tokens` go to the entry AR stage (the talker); `seed` alone to an
+        entry diffusion stage (one that unmasks or denoises the codes: its length is the
+        model's estimate, not a token budget). The engine fills the rest from its deploy defaults."""
         given = {"seed": body.seed, "max_tokens": body.max_new_tokens}
         given = {k: v for k, v in given.items() if v is not None}
         if not given:
             return None
         entry = self.gateway.engine.spec.entry_stages[0]
+        if entry.kind == "diffusion":
+            from omnistage.diffusion.params import DiffusionParams
+
+            if body.max_new_tokens is not None:
+                raise bad_request("max_new_tokens: this model's speech length comes from the text, not a token "
+                                  "budget", param="max_new_tokens")
+            return {entry.name: DiffusionParams(seed=body.seed)}
         if entry.kind != "ar":
             name = "seed" if body.seed is not None else "max_new_tokens"
             raise bad_request(f"{name}: this model's speech is not sampled", param=name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, FastAPI, WebSocket
 
-from omnistage.entrypoints.openai.common import check_websocket_key
+from omnistage.entrypoints.openai.common import accepted_subprotocol, check_websocket_key
 from omnistage.entrypoints.openai.errors import bad_request
 from omnistage.entrypoints.openai.json_body import JSONBodyRoute
 from omnistage.entrypoints.openai.realtime_video.session import VideoStreamSession
@@ -20,7 +20,7 @@ async def realtime_video(websocket: WebSocket) -> None:
     if not await check_websocket_key(websocket, state.settings):
         return
     if not state.capabilities.serves("realtime.video"):
-        await websocket.accept()
+        await websocket.accept(subprotocol=accepted_subprotocol(websocket))
         error = bad_request(f"model {state.capabilities.model!r} does not make video", code="unsupported_route")
         await websocket.send_json({"type": "error", "message": error.message, "param": None, "code": error.code})
         await websocket.close(code=POLICY_VIOLATION)

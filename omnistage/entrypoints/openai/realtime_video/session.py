@@ -39,7 +39,7 @@ from pydantic import TypeAdapter, ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from omnistage.entrypoints.openai import json_body
-from omnistage.entrypoints.openai.common import check_model
+from omnistage.entrypoints.openai.common import accepted_subprotocol, check_model
 from omnistage.entrypoints.openai.engine_client import EngineGateway, RequestStream
 from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors, shutting_down
 from omnistage.entrypoints.openai.realtime_video.protocol import (
@@ -74,7 +74,8 @@ class VideoStreamSession:
         self._num_chunks = 0
 
     async def run(self) -> None:
-        await self.ws.accept()
+        # A browser that offers subprotocols (its API key goes as one) fails unless one is picked.
+        await self.ws.accept(subprotocol=accepted_subprotocol(self.ws))
         session = asyncio.create_task(self._session())
         drained = self.gateway.drained
         await asyncio.wait({session, drained}, return_when=asyncio.FIRST_COMPLETED)

@@ -10,7 +10,8 @@ from fastapi.responses import FileResponse, Response
 from omnistage.entrypoints.openai.common import read_form
 from omnistage.entrypoints.openai.json_body import JSONBodyRoute
 from omnistage.entrypoints.openai.videos.protocol import VideoDeleted, VideoJob, VideoList
-from omnistage.entrypoints.openai.videos.serving import FILE_FIELDS, VideoServing
+from omnistage.entrypoints.openai.videos.references import FILE_FIELDS, URL_FIELDS
+from omnistage.entrypoints.openai.videos.serving import VideoServing, sync_response
 
 router = APIRouter(route_class=JSONBodyRoute)
 
@@ -21,17 +22,14 @@ def serving(request: Request) -> VideoServing:
 
 @router.post("/v1/videos", response_model=VideoJob)
 async def create_video(request: Request, handler: VideoServing = Depends(serving)) -> VideoJob:
-    form = await read_form(request, allow_urlencoded=True, file_fields=FILE_FIELDS, url_fields=FILE_FIELDS)
+    form = await read_form(request, allow_urlencoded=True, file_fields=FILE_FIELDS, url_fields=URL_FIELDS)
     return await handler.create(form)
 
 
 @router.post("/v1/videos/sync")
 async def create_video_sync(request: Request, handler: VideoServing = Depends(serving)) -> Response:
-    form = await read_form(request, allow_urlencoded=True, file_fields=FILE_FIELDS, url_fields=FILE_FIELDS)
-    result = await handler.sync(form, request)
-    return Response(result.mp4, media_type="video/mp4",
-                    headers={"x-num-frames": str(result.num_frames), "x-fps": f"{result.fps:g}",
-                             "x-video-size": f"{result.width}x{result.height}"})
+    form = await read_form(request, allow_urlencoded=True, file_fields=FILE_FIELDS, url_fields=URL_FIELDS)
+    return sync_response(await handler.sync(form, request))
 
 
 @router.get("/v1/videos", response_model=VideoList)
@@ -47,9 +45,11 @@ async def get_video(video_id: str, handler: VideoServing = Depends(serving)) -> 
 
 
 @router.get("/v1/videos/{video_id}/content")
-async def get_video_content(video_id: str, variant: Literal["video"] = "video",
+async def get_video_content(video_id: str, variant: Literal["video"] = "video", index: int = Query(default=0, ge=0),
                             handler: VideoServing = Depends(serving)) -> FileResponse:
-    return FileResponse(handler.content_path(video_id), media_type="video/mp4", filename=f"{video_id}.mp4")
+    """`index`: which of the job's `n` videos (from 0)."""
+    name = f"{video_id}.mp4" if index == 0 else f"{video_id}_{index}.mp4"
+    return FileResponse(handler.content_path(video_id, index), media_type="video/mp4", filename=name)
 
 
 @router.delete("/v1/videos/{video_id}", response_model=VideoDeleted)

@@ -44,13 +44,35 @@ class VideoCreateRequest(DiffusionFields):
         return value
 
 
+class VideoJobRequest(VideoCreateRequest):
+    """The form of `POST /v1/videos` and `/v1/videos/sync`: a video request, `n` times."""
+
+    n: int = Field(default=1, ge=1)
+    """Videos to make from the prompt (within the server's `max_n`); video i takes `seed + i`."""
+    audio_reference: str | None = None
+    """A JSON object {"audio_url": ...} for a family that conditions on audio; no served video
+    family does, so it is a 400 naming it."""
+
+
+REFUSED_FIELDS = {
+    "num_outputs_per_prompt": "give n",
+    "aspect_ratio": "give size (WIDTHxHEIGHT) or width and height",
+    "short_edge": "give size (WIDTHxHEIGHT) or width and height",
+    "vae_use_tiling": "VAE tiling is the stage's deploy setting `vae_use_tiling`, not a request field",
+    "vae_use_slicing": "the VAE runs as the stage's deploy config says (`vae_use_tiling`), not per request",
+    "preencode_mp4": "the server encodes each MP4 once its frames are made",
+}
+"""Fields the reference system's video forms take that this server does not, with what to do
+instead: a 400 naming them (unknown fields would otherwise reach the model as extras)."""
+
+
 class VideoError(BaseModel):
     code: str
     message: str
 
 
 class VideoJob(BaseModel):
-    """OpenAI's video object, plus `num_frames` and `fps` once known."""
+    """OpenAI's video object, plus `num_frames` and `fps` once known, and `n`."""
 
     id: str
     object: Literal["video"] = "video"
@@ -65,6 +87,8 @@ class VideoJob(BaseModel):
     seconds: str | None = None
     num_frames: int | None = None
     fps: float | None = None
+    n: int = 1
+    """Videos the job makes; `GET /v1/videos/{id}/content?index=i` fetches video i."""
     error: VideoError | None = None
 
 

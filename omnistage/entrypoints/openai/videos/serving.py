@@ -1,16 +1,21 @@
-"""Video jobs: validate the form, run the request in the background, keep the MP4.
+"""Video jobs: validate the form, run the request in the background, keep the MP4s.
 
-A model that takes a control video (Wan-VACE) also reads `control_video` and `mask_video`
-(uploads or URLs, decoded to frames here) and any number of `input_reference` images (its
-reference images); others refuse those fields.
+The form's media (`input_reference`, repeated `input_references`, `control_video`,
+`mask_video`, `audio_reference`) is read by references.py within what the model takes.
+Fields of the reference system's video forms that this server does not take are a 400
+naming them (protocol.REFUSED_FIELDS).
 
-A job is one engine request, checked as its stage would check it on arrival before the
-job is answered (bad params, a request that crashed the stage before: 400). Its status
-follows OpenAI's lifecycle: `queued` until the first output, `in_progress` with
-`progress` from the denoising steps, then `completed` (the MP4 is kept `file_ttl_s`) or
-`failed` with an error naming the cause (a stage that refused or crashed on it later).
-DELETE aborts a running job.
-While a stage is down or restarting, no job is accepted (503 with Retry-After).
+`n` videos are `n` engine requests (video i with `seed + i`, so each can be made again
+alone), admitted together and run side by side (the engine batches what fits); the job's
+`progress` is their mean, and a failure of one fails the job and aborts the others. The
+sync route answers one MP4, or with `n` > 1 a `multipart/mixed` body of one MP4 part each.
+
+A job is checked as its stage would check it on arrival before the job is answered (bad
+params, a request that crashed the stage before: 400). Its status follows OpenAI's
+lifecycle: `queued` until the first output, `in_progress` with `progress` from the
+denoising steps, then `completed` (the MP4s are kept `file_ttl_s`) or `failed` with an
+error naming the cause (a stage that refused or crashed on it later). DELETE aborts a
+running job. While a stage is down or restarting, no job is accepted (503 with Retry-After).
 
 Jobs are durable (store.py): records in SQLite and MP4s under `files_dir/videos` (the
 `--output-dir`), so finished jobs survive a restart; jobs running when the server stops
@@ -23,38 +28,42 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
+from starlette.responses import Response
 
 from omnistage.diffusion.params import DiffusionParams
 from omnistage.entrypoints.openai.capabilities import Capabilities
-from omnistage.entrypoints.openai.common import Form, check_dims, check_model, parse_size, read_upload, validate
+from omnistage.entrypoints.openai.common import Form, check_dims, check_model, check_n, parse_size, validate
 from omnistage.entrypoints.openai.engine_client import EngineGateway, RequestStream, cancel_on_disconnect
 from omnistage.entrypoints.openai.errors import APIError, bad_request, from_value_error
 from omnistage.entrypoints.openai.files import FileStore
 from omnistage.entrypoints.openai.media_inputs import InputMedia
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.entrypoints.openai.videos.protocol import (
+    REFUSED_FIELDS,
     VideoCreateRequest,
     VideoDeleted,
     VideoError,
     VideoJob,
+    VideoJobRequest,
     VideoList,
 )
+from omnistage.entrypoints.openai.videos.references import URL_FIELDS, VideoReferences
 from omnistage.entrypoints.openai.videos.store import VideoJobStore
 from omnistage.media.video import encode_mp4
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
-FILE_FIELDS = ("input_reference", "control_video", "mask_video")
-CONTROL_FIELDS = {"control_video": "video", "mask_video": "mask"}  # form field -> the engine input's key
-# The form field a pipeline's refusal names by its input key (a 400 names what the client sent).
-FORM_PARAMS = {"image": "input_reference", **{key: field for field, key in CONTROL_FIELDS.items()}}
+# The form field a pipeline's refusal names by its input key, when the form does not say
+# (a 400 names what the client sent).
+FORM_PARAMS = {"image": "input_reference", "video": "control_video", "mask": "mask_video"}
 PROGRESS_SAVE_INTERVAL_S = 1.0  # progress reaches the job record at most this often
 SHUTDOWN = VideoError(code="server_shutdown", message="the server stopped before the job finished; create it again")
 
@@ -65,7 +74,7 @@ class VideoTask:
 
     job: VideoJob
     task: asyncio.Task | None = None
-    file_name: str | None = None
+    file_names: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -85,6 +94,7 @@ class VideoServing:
         self.settings = settings
         self.files = files
         self.media = media
+        self.references = VideoReferences(capabilities, media)
         self._jobs: dict[str, VideoTask] = {}
         self._store: VideoJobStore | None = None
         self._stopping = False
@@ -100,88 +110,74 @@ class VideoServing:
         return self._store
 
     def _load(self) -> None:
-        for job, file_name in self.store.load(int(time.time()), self.settings.file_ttl_s):
-            self._jobs[job.id] = VideoTask(job, file_name=file_name)
+        for job, file_names in self.store.load(int(time.time()), self.settings.file_ttl_s):
+            self._jobs[job.id] = VideoTask(job, file_names=file_names)
         self._purge_expired()
 
     # --- requests -----------------------------------------------------------------
 
-    async def _build(self, form: Form) -> tuple[VideoCreateRequest, Any, DiffusionParams]:
-        """The edge checks of both create routes: (request, prompt, params) or a 4xx."""
+    async def _build(self, form: Form) -> tuple[VideoJobRequest, Any, list[DiffusionParams], dict[str, str]]:
+        """The edge checks of both create routes: (request, prompt, the params of each of the n
+        videos, engine input -> form field) or a 4xx."""
         self.capabilities.require("videos")
-        reference_url = form.fields.pop("input_reference", None)
-        control_urls = {name: form.fields.pop(name, None) for name in CONTROL_FIELDS}
-        body: VideoCreateRequest = validate(VideoCreateRequest, form.fields)
+        for name, instead in REFUSED_FIELDS.items():
+            if name in form.fields:
+                raise bad_request(f"{name}: not a field of this server's video API; {instead}", param=name)
+        urls = {name: form.fields.pop(name, None) for name in URL_FIELDS}
+        body: VideoJobRequest = validate(VideoJobRequest, form.fields)
         check_model(body.model, self.settings)
+        check_n(body.n, self.settings)
         params = video_params(body, self.settings, decode_strings=True)
-        images = await self._references(form, reference_url)
-        media = {key: frames for name, key in CONTROL_FIELDS.items()
-                 if (frames := await self._control(form, name, control_urls[name])) is not None}
-        if images:
-            media["image"] = images if len(images) > 1 else images[0]
-        return body, ({"prompt": body.prompt, **media} if media else body.prompt), params
+        inputs = await self.references.read(form, urls, body.audio_reference)
+        prompt = {"prompt": body.prompt, **inputs.media} if inputs.media else body.prompt
+        return body, prompt, [_nth(params, i) for i in range(body.n)], inputs.fields
 
-    async def _references(self, form: Form, url: str | None) -> list[Any]:
-        """The input images: uploads, or a URL (fetched if its host is allowed, see media_fetch.py).
-        An image-to-video model takes exactly one; a model that takes them optionally (Wan-VACE's
-        reference images), any number."""
-        uploads = form.files.get("input_reference", [])
-        needs = self.capabilities.image_input
-        if len(uploads) + (url is not None) > 1 and needs != "optional":
-            raise bad_request("input_reference: give one image", param="input_reference")
-        if not uploads and url is None:
-            if needs == "required":
-                raise bad_request(f"input_reference: model {self.capabilities.model!r} generates from an image; "
-                                  "upload one", param="input_reference")
-            return []
-        if needs == "none":
-            raise bad_request(f"input_reference: model {self.capabilities.model!r} is text-to-video and takes no "
-                              "image", param="input_reference")
-        images = [] if url is None else [await self.media.run(self.media.image_ref, url, "input_reference")]
-        for upload in uploads:
-            images.append(await self.media.image(await read_upload(upload, "input_reference"), "input_reference"))
-        return images
-
-    async def _control(self, form: Form, name: str, url: str | None) -> list[Any] | None:
-        """A control video or its mask as frames (an upload or a URL), or None when not given."""
-        uploads = form.files.get(name, [])
-        if not uploads and url is None:
-            return None
-        if not self.capabilities.video_input:
-            raise bad_request(f"{name}: model {self.capabilities.model!r} takes no control video", param=name)
-        if len(uploads) + (url is not None) > 1:
-            raise bad_request(f"{name}: give one video", param=name)
-        if url is not None:
-            return await self.media.run(self.media.video_frames_ref, url, name)
-        return await self.media.video(await read_upload(uploads[0], name), name)
+    async def _submit(self, prompt: Any, params: list[DiffusionParams], request_id: str) -> list[RequestStream]:
+        """Admit the n requests of a job together: if one is refused (429), none stays admitted.
+        One video's request id is the job's; video i of several is `<id>_<i>`."""
+        ids = [request_id] if len(params) == 1 else [f"{request_id}_{i}" for i in range(len(params))]
+        streams: list[RequestStream] = []
+        try:
+            for p, i in zip(params, ids):
+                streams.append(self.gateway.submit(prompt, p, i))
+        except BaseException:
+            await asyncio.gather(*(stream.close() for stream in streams))
+            raise
+        return streams
 
     # --- routes -------------------------------------------------------------------
 
     async def create(self, form: Form) -> VideoJob:
-        body, prompt, params = await self._build(form)
+        body, prompt, params, fields = await self._build(form)
         await self.gateway.require_healthy("video jobs are not accepted now")
         job_id = f"video_{uuid.uuid4().hex}"
         # What the stage would refuse on arrival is a 400 now, not a `queued` job that fails.
-        with form_params():
-            await self.gateway.check(prompt, params, job_id)
-        stream = self.gateway.submit(prompt, params, job_id)
+        # The n requests differ only in their seeds: checking one checks them all.
+        with form_params(fields):
+            await self.gateway.check(prompt, params[0], job_id)
+            streams = await self._submit(prompt, params, job_id)
         size = body.size or (f"{body.width}x{body.height}" if body.width else None)
         job = VideoJob(id=job_id, model=self.settings.served_model_name, created_at=int(time.time()),
                        prompt=body.prompt, size=size, seconds=None if body.seconds is None else f"{body.seconds:g}",
-                       num_frames=params.num_frames, fps=params.fps)
+                       num_frames=params[0].num_frames, fps=params[0].fps, n=body.n)
         entry = VideoTask(job)
         self._jobs[job_id] = entry
         self.store.save(job)
-        entry.task = asyncio.create_task(self._run(entry, stream), name=f"omnistage-{job_id}")
+        entry.task = asyncio.create_task(self._run(entry, streams), name=f"omnistage-{job_id}")
         return job
 
-    async def sync(self, form: Form, request: Request) -> VideoResult:
-        _, prompt, params = await self._build(form)
+    async def sync(self, form: Form, request: Request) -> list[VideoResult]:
+        _, prompt, params, fields = await self._build(form)
 
-        async def go() -> VideoResult:
-            with form_params():
-                stream = await self.gateway.open(prompt, params, f"video_sync_{uuid.uuid4().hex}")
-            return await _encode(await stream.collect())
+        async def go() -> list[VideoResult]:
+            with form_params(fields):
+                streams = await self._submit(prompt, params, f"video_sync_{uuid.uuid4().hex}")
+            try:
+                with form_params(fields):  # the first outputs: an engine refusal is a 400
+                    await all_of([stream.start() for stream in streams])
+                return await all_of([_collect_and_encode(stream) for stream in streams])
+            finally:
+                await asyncio.gather(*(stream.close() for stream in streams))
 
         return await cancel_on_disconnect(request, go())
 
@@ -206,12 +202,15 @@ class VideoServing:
         return VideoList(data=page, first_id=page[0].id if page else None, last_id=page[-1].id if page else None,
                          has_more=len(jobs) > limit)
 
-    def content_path(self, video_id: str) -> Any:
+    def content_path(self, video_id: str, index: int = 0) -> Any:
         entry = self.get(video_id)
         if entry.job.status != "completed":
             raise APIError(409, f"video {video_id!r} is {entry.job.status}, not completed", param="video_id",
                            code="video_not_ready")
-        path = self.store.video_path(entry.file_name) if entry.file_name else None
+        if not 0 <= index < entry.job.n:
+            raise bad_request(f"index: job {video_id!r} made {entry.job.n} video(s) (index 0 to {entry.job.n - 1}), "
+                              f"got {index}", param="index")
+        path = self.store.video_path(entry.file_names[index]) if index < len(entry.file_names) else None
         if path is None:
             raise APIError(404, f"video {video_id!r} has expired", param="video_id", code="video_expired")
         return path
@@ -222,7 +221,7 @@ class VideoServing:
         if entry.task is not None and not entry.task.done():
             entry.task.cancel()  # closing the stream aborts the engine request
             await asyncio.gather(entry.task, return_exceptions=True)
-        self.store.delete(video_id, entry.file_name)
+        self.store.delete(video_id, entry.file_names)
         return VideoDeleted(id=video_id)
 
     async def shutdown(self) -> None:
@@ -238,22 +237,31 @@ class VideoServing:
 
     # --- the background job ---------------------------------------------------------
 
-    async def _run(self, entry: VideoTask, stream: RequestStream) -> None:
+    async def _run(self, entry: VideoTask, streams: list[RequestStream]) -> None:
         job = entry.job
+        fractions = [0.0] * len(streams)  # each video's share of its denoising steps done
         saved_at = 0.0
-        try:
+
+        async def follow(i: int, stream: RequestStream) -> VideoResult:
+            nonlocal saved_at
             final = None
             async for out in stream:
                 started, job.status = job.status == "queued", "in_progress"
                 if out.progress is not None and out.progress.num_steps:
-                    # Decoding and encoding follow the last step: hold 99 until the MP4 exists.
-                    job.progress = max(job.progress, min(99, 100 * out.progress.step // out.progress.num_steps))
+                    fractions[i] = out.progress.step / out.progress.num_steps
+                    # Decoding and encoding follow the last step: hold 99 until the MP4s exist.
+                    job.progress = max(job.progress, min(99, int(100 * sum(fractions) / len(fractions))))
                 if started or time.monotonic() - saved_at > PROGRESS_SAVE_INTERVAL_S:
                     self.store.save(job)
                     saved_at = time.monotonic()
                 final = out
-            result = await _encode(final)
-            entry.file_name = await asyncio.to_thread(self.store.write_video, job.id, result.mp4)
+            return await _encode(final)
+
+        try:
+            results = await all_of([follow(i, stream) for i, stream in enumerate(streams)])
+            for i, result in enumerate(results):
+                entry.file_names.append(await asyncio.to_thread(self.store.write_video, job.id, result.mp4, i))
+            result = results[0]
             job.expires_at = int(time.time() + self.settings.file_ttl_s)
             job.num_frames, job.fps = result.num_frames, result.fps
             job.size = f"{result.width}x{result.height}"
@@ -273,13 +281,13 @@ class VideoServing:
                 job.completed_at = int(time.time())
                 job.expires_at = int(time.time() + self.settings.file_ttl_s)
             if job.id in self._jobs:  # not deleted meanwhile
-                self.store.save(job, entry.file_name)
+                self.store.save(job, entry.file_names)
 
     def _purge_expired(self) -> None:
         now = time.time()
         for job_id in [i for i, e in self._jobs.items() if e.job.expires_at is not None and e.job.expires_at < now]:
             entry = self._jobs.pop(job_id)
-            self.store.delete(job_id, entry.file_name)
+            self.store.delete(job_id, entry.file_names)
 
 
 def video_params(body: VideoCreateRequest, settings: ServerSettings, decode_strings: bool = False) -> DiffusionParams:
@@ -318,14 +326,59 @@ def _dims(body: VideoCreateRequest, settings: ServerSettings) -> tuple[int | Non
     return body.width, body.height
 
 
+def _nth(params: DiffusionParams, i: int) -> DiffusionParams:
+    """The params of a job's video i: its seed is `seed + i` (each may be made again alone)."""
+    if i == 0 or params.seed is None:
+        return params
+    return params.model_copy(update={"seed": (params.seed + i) % 2**63})
+
+
+async def all_of(aws: list[Awaitable[T]]) -> list[T]:
+    """`gather`, except that the first failure cancels the others (a job's other videos are
+    aborted, not left running) before it propagates."""
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 @contextmanager
-def form_params() -> Iterator[None]:
-    """Rename the input a refusal names to its form field (`video` -> `control_video`)."""
+def form_params(fields: dict[str, str] | None = None) -> Iterator[None]:
+    """Rename the input a refusal names to the form field it came from (`fields`, else
+    FORM_PARAMS: `video` -> `control_video`)."""
     try:
         yield
     except APIError as e:
-        e.param = FORM_PARAMS.get(e.param, e.param)
+        e.param = (fields or {}).get(e.param) or FORM_PARAMS.get(e.param, e.param)
         raise
+
+
+def sync_response(results: list[VideoResult]) -> Response:
+    """One MP4; or for n videos a `multipart/mixed` body of one MP4 part each, with the headers
+    a single answer has (x-num-frames, x-fps, x-video-size)."""
+    if len(results) == 1:
+        return Response(results[0].mp4, media_type="video/mp4", headers=_headers(results[0]))
+    boundary = uuid.uuid4().hex
+    parts = []
+    for i, result in enumerate(results):
+        head = {"content-type": "video/mp4", "content-disposition": f'attachment; filename="video_{i}.mp4"',
+                **_headers(result)}
+        parts += [f"--{boundary}\r\n".encode(), "".join(f"{k}: {v}\r\n" for k, v in head.items()).encode(),
+                  b"\r\n", result.mp4, b"\r\n"]
+    parts.append(f"--{boundary}--\r\n".encode())
+    return Response(b"".join(parts), media_type=f"multipart/mixed; boundary={boundary}")
+
+
+def _headers(result: VideoResult) -> dict[str, str]:
+    return {"x-num-frames": str(result.num_frames), "x-fps": f"{result.fps:g}",
+            "x-video-size": f"{result.width}x{result.height}"}
+
+
+async def _collect_and_encode(stream: RequestStream) -> VideoResult:
+    return await _encode(await stream.collect())
 
 
 async def _encode(out: Any) -> VideoResult:

@@ -1,7 +1,7 @@
 """Video jobs on disk: one SQLite file of job records, and each finished job's MP4 beside it.
 
-    <directory>/jobs.sqlite3      one row per job: its id, its public object (JSON), its MP4 name
-    <directory>/<video id>.mp4    the finished video
+    <directory>/jobs.sqlite3      one row per job: its id, its public object (JSON), its MP4 names
+    <directory>/<video id>.mp4    the finished video (a job of n videos: then <video id>_1.mp4, ...)
 
 So a restarted server lists and serves the jobs it finished before. A job that was
 queued or running when the server stopped cannot resume (its engine request died with
@@ -31,27 +31,29 @@ class VideoJobStore:
         self._db.execute("CREATE TABLE IF NOT EXISTS video_jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, "
                          "id TEXT UNIQUE NOT NULL, job TEXT NOT NULL, file TEXT)")
 
-    def load(self, now: int, ttl_s: float) -> list[tuple[VideoJob, str | None]]:
+    def load(self, now: int, ttl_s: float) -> list[tuple[VideoJob, list[str]]]:
         """Every stored job, oldest first; unfinished ones become `failed` (they cannot resume)."""
         rows = self._db.execute("SELECT job, file FROM video_jobs ORDER BY seq").fetchall()
         jobs = []
         for text, file in rows:
             job = VideoJob.model_validate_json(text)
+            files = file.split("\n") if file else []  # names hold no newline: the one separator
             if job.status in UNFINISHED:
                 job.status, job.error = "failed", INTERRUPTED
                 job.completed_at, job.expires_at = now, int(now + ttl_s)
-                self.save(job, file)
-            jobs.append((job, file))
+                self.save(job, files)
+            jobs.append((job, files))
         return jobs
 
-    def save(self, job: VideoJob, file: str | None = None) -> None:
+    def save(self, job: VideoJob, files: list[str] = ()) -> None:
         self._db.execute("INSERT INTO video_jobs (id, job, file) VALUES (?, ?, ?) "
                          "ON CONFLICT(id) DO UPDATE SET job = excluded.job, file = excluded.file",
-                         (job.id, job.model_dump_json(), file))
+                         (job.id, job.model_dump_json(), "\n".join(files) or None))
 
-    def write_video(self, job_id: str, mp4: bytes) -> str:
-        """Store the MP4 (atomically: a crash leaves no half file under the final name); its file name."""
-        name = f"{job_id}.mp4"
+    def write_video(self, job_id: str, mp4: bytes, index: int = 0) -> str:
+        """Store the job's video `index` (atomically: a crash leaves no half file under the final
+        name); its file name."""
+        name = f"{job_id}.mp4" if index == 0 else f"{job_id}_{index}.mp4"
         partial = self.directory / f".{name}.partial"
         partial.write_bytes(mp4)
         os.replace(partial, self.directory / name)
@@ -61,9 +63,9 @@ class VideoJobStore:
         path = self.directory / name
         return path if path.is_file() else None
 
-    def delete(self, job_id: str, file: str | None) -> None:
+    def delete(self, job_id: str, files: list[str]) -> None:
         self._db.execute("DELETE FROM video_jobs WHERE id = ?", (job_id,))
-        if file:
+        for file in files:
             (self.directory / file).unlink(missing_ok=True)
 
     def close(self) -> None:

@@ -30,6 +30,15 @@ async function apiError(resp) {
   return new ApiError(resp.status, message, param);
 }
 
+// A WebSocket to one of the server's routes. A browser cannot set headers on a WebSocket: the
+// key goes as a subprotocol, as OpenAI's Realtime API takes it.
+export function openSocket(path) {
+  const key = localStorage.getItem(KEY_STORE);
+  const protocols = key ? ["realtime", `openai-insecure-api-key.${key}`] : ["realtime"];
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  return new WebSocket(`${scheme}://${location.host}${path}`, protocols);
+}
+
 // Server-sent events from a fetch response: yields {event, data} with `data` parsed as JSON
 // (or the raw string, e.g. "[DONE]").
 export async function* sseEvents(resp) {

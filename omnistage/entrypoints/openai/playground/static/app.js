@@ -4,7 +4,8 @@
 // lacks a feature: images ask for a stream of partial images (OpenAI's `stream` +
 // `partial_images`) and fall back to one JSON answer when the server refuses or ignores
 // them; videos poll their job for `progress`; speech and chat play PCM as it arrives; talk
-// streams the microphone over WS /v1/realtime.
+// streams the microphone over WS /v1/realtime; live sends the camera's frames over
+// WS /v1/video/chat/stream and asks about them.
 
 import { KEY_STORE, api } from "./api.js";
 import { $ } from "./dom.js";
@@ -14,6 +15,7 @@ import "./video.js";
 import { loadVoices } from "./speech.js";
 import "./chat.js";
 import "./talk.js";
+import "./live.js";
 
 const state = { model: null, stages: [] };
 let loads = 0; // the latest loadModel call: an older one's answer (say, before an API key) is dropped
@@ -36,7 +38,7 @@ async function loadModel() {
       ? state.stages.map((s) => `${s.name} (${s.kind} → ${s.output})`).join(" → ")
       : "not listed by this server";
     banner.hidden = true;
-    buildTabs(model.routes || []);
+    buildTabs(liveRoutes(model));
   } catch (e) {
     if (load !== loads) return;
     banner.textContent = `Could not load the model: ${e.message}`;
@@ -52,6 +54,16 @@ async function pollQueueDepth() {
   } catch (_) {
     $("queue-depth").textContent = "–";
   }
+}
+
+// /v1/models lists the routes of the model's capabilities; the video chat route is open to a
+// model that sees images and answers in text (its input and output modalities), as the server
+// checks on the upgrade.
+function liveRoutes(model) {
+  const routes = [...(model.routes || [])];
+  const io = model.modalities || { input: [], output: [] };
+  if (io.input.includes("image") && io.output.includes("text")) routes.push("WS /v1/video/chat/stream");
+  return routes;
 }
 
 function buildTabs(routes) {
@@ -70,6 +82,7 @@ function buildTabs(routes) {
   const audioOut = state.stages.some((s) => s.output.split("+").includes("audio"))
     && state.stages.some((s) => s.output.split("+").includes("text"));
   document.querySelectorAll(".audio-only").forEach((el) => { el.hidden = !audioOut; });
+  document.querySelectorAll("[data-needs-route]").forEach((el) => { el.hidden = !routes.includes(el.dataset.needsRoute); });
   if (!served.length) {
     $("banner").textContent = "This model serves no route the playground knows.";
     $("banner").hidden = false;

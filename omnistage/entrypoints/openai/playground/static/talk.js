@@ -2,7 +2,7 @@
 // protocol; the server's VAD finds the end of each turn, and the spoken answer plays as it
 // arrives. Talking over an answer stops it (the server cancels it: barge-in).
 
-import { KEY_STORE } from "./api.js";
+import { openSocket } from "./api.js";
 import { PcmPlayer } from "./audio.js";
 import { $, b64ToBytes, setStatus } from "./dom.js";
 
@@ -65,12 +65,8 @@ function onEvent(event) {
 }
 
 async function start() {
-  const key = localStorage.getItem(KEY_STORE);
-  // A browser cannot set headers on a WebSocket: the key goes as a subprotocol, as OpenAI's.
-  const protocols = key ? ["realtime", `openai-insecure-api-key.${key}`] : ["realtime"];
-  const scheme = location.protocol === "https:" ? "wss" : "ws";
   const mic = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1, echoCancellation: true } });
-  const ws = new WebSocket(`${scheme}://${location.host}/v1/realtime`, protocols);
+  const ws = openSocket("/v1/realtime");
   const ctx = new AudioContext({ sampleRate: RATE }); // the browser resamples the microphone to 24 kHz
   const source = ctx.createMediaStreamSource(mic);
   // ScriptProcessor, not an AudioWorklet: no second module to serve, and 4096 frames (170 ms) a
