@@ -15,6 +15,8 @@ sequence takes every cached block its prompt starts with (one more reference eac
 computes only the rest. A block whose last reference goes away stays cached in the free
 queue until it is handed out again: the queue is LRU, and a freed sequence's blocks enter
 it tail first, so the end of a prompt is evicted before its (more shared) beginning.
+A prompt fed as embeddings (a talker's) is keyed by the digests of its rows the same way
+(media_spans.row_spans); its generated tokens' blocks are not published (`Sequence.cache_outputs`).
 Blocks holding nothing reusable (never filled, or filled while an equal block was already
 cached) go to the front.
 
@@ -101,7 +103,9 @@ class BlockManager:
         """Key every block of `seq` that is now full of computed tokens (after its forward)."""
         if not (self.enable_prefix_caching and seq.prefix_cacheable):
             return
-        num_full = seq.num_computed_tokens // self.block_size
+        computed = seq.num_computed_tokens if seq.cache_outputs else min(seq.num_computed_tokens,
+                                                                          seq.num_prompt_tokens)
+        num_full = computed // self.block_size
         if len(seq.block_keys) >= num_full:
             return
         tokens = seq.all_token_ids

@@ -223,13 +223,13 @@ class AREngine:
         seq = Sequence(rid, prompt.token_ids, params, max_model_len=self.max_model_len,
                        eos_token_ids=self.model.eos_token_ids, arrival_time=request.arrival_time,
                        detokenizer=detok, model_state=prompt.model_state, grammar=self._grammar(rid, params),
-                       media_spans=prompt.media, **flags)
+                       media_spans=prompt.media, cache_outputs=prompt.cache_outputs, **flags)
         if self.model.audio_frame_rate is not None:
             seq.frame_seconds = 1.0 / self.model.audio_frame_rate
-        if not self.model.is_token_reproducible(prompt) or prompt.streamed:
+        if not self.model.is_token_reproducible(prompt):
             seq.prefix_cacheable = seq.recomputable = False
-        elif prompt.media:
-            seq.recomputable = False  # its media features are read by the first prefill only
+        elif prompt.media or prompt.streamed:
+            seq.recomputable = False  # its media features (streamed rows) are read by the first prefill only
         if prompt.streamed:
             seq.streamed = True
             seq.awaiting_input = not self.model.input_ready(seq)

@@ -13,6 +13,11 @@ a clip's samples and rate, a video's sampled frames) plus the request options th
 its features or its tokens' positions (seconds per frame, whether a video's audio is heard);
 the processing in between is the model's own, the same for every request. On a hit the
 family's prefill merges features into the positions it feeds only (`fed_rows`).
+
+A prompt fed as embeddings (a talker's, made of its thinker's rows: its ids are one
+placeholder repeated) is keyed the same way by `row_spans`: one span per `ROWS_PER_DIGEST`
+rows, digesting the rows as fed and their positions. Equal keys then mean equal inputs
+bit for bit, so a hit computes what the uncached forward would have from the same rows.
 """
 
 from __future__ import annotations
@@ -63,3 +68,28 @@ def fed_rows(features: Any, mask: Any) -> Any:
     prefill feeds (`mask` over its ids): the last ones, since a prefix-cache hit skips the prompt's
     start and a media prompt's prefill is all the rest (the engine never chunks or recomputes it)."""
     return features[len(features) - int(mask.sum()):]
+
+
+ROWS_PER_DIGEST = 16
+"""Rows one span of `row_spans` digests (the AR engine's block size: one digest per block)."""
+
+
+def row_spans(rows: Any, positions: Any, start: int = 0, end: int | None = None) -> tuple[MediaSpan, ...]:
+    """Spans over rows [start, end) of a prompt fed as embeddings: `rows` [L, H] (the whole prompt's,
+    as fed) and `positions` [..., L] (what each row's position is, e.g. M-RoPE's three). Spans are
+    aligned to multiples of `ROWS_PER_DIGEST` from an aligned `start`, so a streamed prompt digests
+    its complete groups first and the rest once its last rows come."""
+    import torch
+
+    if start % ROWS_PER_DIGEST:
+        raise ValueError(f"row_spans: start {start} is not a multiple of {ROWS_PER_DIGEST}")
+    end = rows.shape[0] if end is None else end
+    # One copy to the host; each row's bytes as fed (numpy has no bfloat16).
+    data = rows[start:end].detach().contiguous().view(torch.uint8).cpu().numpy()
+    where = positions[..., start:end].detach().reshape(-1, end - start).T.contiguous().cpu().numpy()
+    kind = str(rows.dtype)
+    spans = []
+    for a in range(0, end - start, ROWS_PER_DIGEST):
+        b = min(a + ROWS_PER_DIGEST, end - start)
+        spans.append(MediaSpan(start + a, b - a, media_digest("rows", kind, data[a:b], where[a:b])))
+    return tuple(spans)

@@ -56,7 +56,12 @@ class PromptInputs:
     media: tuple[MediaSpan, ...] = ()
     """The media items behind its placeholder tokens (positions and digests, in prompt order): the
     prefix cache keys its blocks by them. A family gives them for every item or for none; its first
-    prefill must then merge features only into the positions it feeds (a hit skips the rest)."""
+    prefill must then merge features only into the positions it feeds (a hit skips the rest). A prompt
+    fed as embeddings (a talker's) gives spans over its rows instead (`media_spans.row_spans`)."""
+    cache_outputs: bool = True
+    """Blocks of generated tokens may be published to the prefix cache too: their keys and values
+    follow from the ids. False for a talker, whose decode steps also add the thinker's reply rows,
+    which no digest covers: only its prompt's blocks are shared."""
 
 
 @dataclass
@@ -243,12 +248,15 @@ class ARModel(ABC):
         """Do this prompt's keys and values follow from its token ids, and the digests of its
         `media`, alone? Then its blocks may be shared through the prefix cache; if it has no media,
         it may also be recomputed after a preemption (media features are encoded once, for the
-        first prefill). Default: when the model `supports_chunked_prefill`; a family whose ids
-        stand for other inputs it gives no digests for says False for those prompts."""
-        return self.supports_chunked_prefill
+        first prefill). Default: when the model `supports_chunked_prefill` and the prompt is not
+        streamed; a family whose ids stand for other inputs it gives no digests for says False for
+        those prompts. A streamed prompt may say True only if its ids and digests are complete
+        once `input_ready` (admission, where the cache is matched, waits for that)."""
+        return self.supports_chunked_prefill and not prompt.streamed
 
     def extend_prompt(self, seq: Sequence, inputs: Any) -> None:
-        """A streamed request's next input chunk (`PromptInputs.streamed`): add it to `seq.model_state`."""
+        """A streamed request's next input chunk (`PromptInputs.streamed`): add it to `seq.model_state`,
+        and the digests of prompt rows it completes to `seq.media_spans` (see `is_token_reproducible`)."""
         raise ValueError(f"{type(self).__name__} takes no streamed input")
 
     def input_ready(self, seq: Sequence) -> bool:

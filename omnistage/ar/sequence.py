@@ -44,6 +44,7 @@ class Sequence:
         model_state: Any = None,
         grammar: Any = None,
         media_spans: tuple[MediaSpan, ...] = (),
+        cache_outputs: bool = True,
     ) -> None:
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -73,6 +74,8 @@ class Sequence:
         """Where its prompt's media items sit and their digests: the prefix cache keys them (media_spans.py)."""
         self.prefix_cacheable = True
         """May reuse and publish cached blocks."""
+        self.cache_outputs = cache_outputs
+        """Publishes blocks holding generated tokens too (else only its prompt's: `PromptInputs.cache_outputs`)."""
         self.recomputable = True
         """May be preempted and recomputed later (else it reserves its blocks for its whole length at admission)."""
         self.num_preemptions = 0

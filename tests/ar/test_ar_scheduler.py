@@ -179,6 +179,33 @@ def test_media_digests_key_the_blocks_they_overlap():
     assert_no_leak(sched)
 
 
+def test_a_prompt_of_digested_rows_publishes_its_prompt_blocks_only():
+    # A talker's prompt: one placeholder id, each block keyed by its rows' digest; its decode steps
+    # read rows no digest covers, so blocks of generated tokens stay out of the cache.
+    sched = create_scheduler(max_num_seqs=2, max_model_len=16, num_blocks=8)
+    rows = [MediaSpan(4 * i, 4, media_digest("rows", i)) for i in range(3)]
+
+    def talker(rid, spans, max_tokens=6):
+        seq = Sequence(rid, [9] * 10, SamplingParams(max_tokens=max_tokens), max_model_len=16, media_spans=spans,
+                       cache_outputs=False)
+        seq.recomputable = False  # its rows are read by the first prefill only
+        sched.add(seq)
+        return seq
+
+    first = talker("first", tuple(rows))
+    while not first.is_finished:
+        step(sched)
+    assert len(sched.blocks.cached) == 2  # 16 tokens computed: the prompt's two full blocks only
+    other_rows = talker("other", (MediaSpan(0, 4, media_digest("rows", "x")), *rows[1:]))
+    same_rows = talker("same", (*rows[:2], MediaSpan(8, 4, media_digest("rows", "y"))))
+    step(sched)
+    assert other_rows.num_cached_tokens == 0 and same_rows.num_cached_tokens == 8
+    sched.abort("same")  # mid-decode, on shared blocks
+    while sched.has_unfinished():
+        step(sched)
+    assert_no_leak(sched)
+
+
 def test_shared_blocks_are_reference_counted():
     sched = create_scheduler()
     shared = list(range(50, 58))

@@ -101,3 +101,41 @@ def moving_frames(num: int, seed: int = 0, height: int = 56, width: int = 84) ->
 def tone(seconds: float, hz: float = 220.0, rate: int = 16000) -> np.ndarray:
     t = np.arange(int(seconds * rate)) / rate
     return (0.3 * np.sin(2 * np.pi * hz * t)).astype(np.float32)
+
+
+def check_rope_reuse(thinker, with_clip: bool = True) -> None:
+    """A thinker's M-RoPE positions of prompts that grow as a video chat's do (frames, a clip, a
+    question; then more frames) equal `get_rope_index` over each whole prompt, and all but the
+    first are computed from where the previous prompt left off (`qwen_omni.positions.RopeIndex`).
+    (`with_clip=False` leaves the clip out: Qwen2.5-Omni pads every clip to 30 s of features.)"""
+    from omnistage.models.qwen_omni.positions import RopeIndex
+
+    rng = np.random.RandomState(5)
+    frames = [(rng.rand(112, 112, 3) * 255).astype(np.uint8) for _ in range(3)]
+    clip = {"type": "audio", "audio": tone(0.5), "sample_rate": 16000}
+    system = {"role": "system", "content": "You watch a video."}
+
+    def messages(num_frames, question=""):
+        parts = [{"type": "image", "image": f} for f in frames[:num_frames]] + ([clip] if with_clip else [])
+        return [system, {"role": "user", "content": parts + ([{"type": "text", "text": question}] if question else [])}]
+
+    fed = []  # tokens per get_rope_index call
+    full = thinker.model.get_rope_index
+
+    def counting(ids, *args):
+        fed.append(ids.shape[1])
+        return full(ids, *args)
+
+    thinker.rope_index = RopeIndex(counting, thinker.device)
+    for msgs in (messages(2), messages(2, "What is it?"), messages(3, "And now?"), messages(2)):
+        prompt = thinker.build_prompt({"messages": msgs})
+        ids = torch.tensor([prompt.token_ids])
+        grid, seqlens = prompt.model_state.media.image_grid, prompt.model_state.media.audio_seqlens
+        want, delta = full(ids, grid, None, torch.ones_like(ids), False, seqlens, None)
+        torch.testing.assert_close(prompt.model_state.mrope_positions, want[:, 0], rtol=0, atol=0)
+        assert prompt.model_state.rope_delta == int(delta)
+        if fed and not isinstance(fed[-1], tuple):
+            fed[-1] = (fed[-1], len(prompt.token_ids))
+    # The last prompt starts the second one whole (no question): it calls get_rope_index not at all.
+    assert fed[0][0] == fed[0][1] and all(n < total for n, total in fed[1:3]) and len(fed) == 3, fed
+    thinker.rope_index = RopeIndex(full, thinker.device)

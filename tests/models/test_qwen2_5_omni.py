@@ -27,7 +27,7 @@ from omnistage.models.qwen2_5_omni import Token2WavParams, resolve_qwen2_5_omni
 from omnistage.models.qwen_omni.video import VideoRules, sample_frame_indices, video_pixels
 from omnistage.testing.speech_models import DEFAULT_GENERATE_KWARGS, OMNI_SAMPLE_RATE
 
-from omni_reference import OmniReference, moving_frames, tone
+from omni_reference import OmniReference, check_rope_reuse, moving_frames, tone
 
 KW = DEFAULT_GENERATE_KWARGS["qwen2.5-omni"]
 EOS = [2, 0]  # the checkpoint's generation_config eos (<|im_end|>, <|endoftext|>), which omnistage uses
@@ -238,8 +238,9 @@ def test_video_with_its_audio_matches_transformers_generate(reference, omni):
     assert not np.array_equal(silent.audio, out.audio)
 
 
-def test_video_part_errors_name_the_problem(omni):
+def test_video_and_image_part_errors_name_the_problem(omni):
     cases = [({"type": "video", "video": moving_frames(4)}, "needs its 'fps'"),
+             ({"type": "image", "image": np.zeros((28, 28), np.float32)}, r"uint8 \[H, W, 3\] array, got float32"),
              ({"type": "video", "video": moving_frames(1), "fps": 2.0}, "at least 2 frames"),
              ({"type": "video", "video": np.zeros((4, 8, 8), np.uint8), "fps": 2.0}, r"uint8 \[F, H, W, 3\]")]
     for part, message in cases:
@@ -376,7 +377,8 @@ def test_image_prompts_hit_the_prefix_cache_by_their_pixels(path, reference):
     # The same image and question again reuses the blocks over the image and skips its encoder;
     # another image behind the same placeholder ids hits no block that overlaps it (its digest keys
     # them); a prompt that appends a frame to earlier ones hits the blocks over those and encodes
-    # only the images it feeds positions of. Greedy text stays the reference's.
+    # only the images it feeds positions of (and prepares the pixels of those only). Greedy text stays
+    # the reference's.
     from omnistage.ar.engine import AREngine
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.core.types import StageRequest
@@ -394,6 +396,19 @@ def test_image_prompts_hit_the_prefix_cache_by_their_pixels(path, reference):
     encoded = []  # images per vision encoder call
     engine.model.model.model.visual.register_forward_hook(
         lambda module, args, kwargs, out: encoded.append(len(kwargs["grid_thw"])), with_kwargs=True)
+
+    class CountingProcessor:  # the checkpoint's image processor, counting the images it prepares
+        def __init__(self, inner):
+            self.inner, self.prepared = inner, []
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def __call__(self, images, **kwargs):
+            self.prepared.append(len(images))
+            return self.inner(images=images, **kwargs)
+
+    engine.model.image_processor = processor = CountingProcessor(engine.model.image_processor)
 
     def run(messages) -> tuple[int, int]:
         """(cached tokens, end of the last image's tokens), after checking the text against the reference."""
@@ -416,6 +431,7 @@ def test_image_prompts_hit_the_prefix_cache_by_their_pixels(path, reference):
     cached, _ = run(prompt(a, b, c))
     assert cached >= end_ab // size * size > image_start + size  # the blocks over frames a and b
     assert encoded == [1, 1, 2, 2]  # a; none (a cached whole); b; a and b; b (partly cached) and c
+    assert processor.prepared == encoded  # an image a hit covers is not prepared again either
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     engine.close()
 
@@ -430,14 +446,17 @@ def test_prefix_cache_hits_keep_text_and_waveform(reference, omni):
     second = [system, {"role": "user", "content": "Tell me a story."}]
     params = greedy_params(talker_tokens=24)
     refs = {id(m): reference(m, talker_max_new_tokens=24) for m in (first, second)}
-    cached = []
+    cached, talker_cached = [], []
     for messages in (first, second, first):
         [out] = omni.generate({"messages": messages}, params, use_tqdm=False)
         cached.append(out.metrics["stages"]["thinker"]["num_cached_tokens"])
+        talker_cached.append(out.metrics["stages"]["talker"]["num_cached_tokens"])
         ref_ids, ref_wav = refs[id(messages)]
         assert out.token_ids == ref_ids
         np.testing.assert_array_equal(out.audio, ref_wav)
     assert cached == [0, 48, 48]  # three blocks of 16: the system prompt's, then up to the last prompt token
+    # The talker's prompt is those rows (keyed by their digests): it hits the same blocks.
+    assert talker_cached == [0, 48, 48]
 
     # Aborted after its first output, a hit leaves the thinker's blocks and rows as they were.
     async def abort_after_first_output():
@@ -446,14 +465,16 @@ def test_prefix_cache_hits_keep_text_and_waveform(reference, omni):
             break
 
     asyncio.run(abort_after_first_output())
-    thinker = omni.async_omni.orchestrator.handles[0].endpoint.server.engine
+    thinker, talker = (omni.async_omni.orchestrator.handles[i].endpoint.server.engine for i in (0, 1))
     deadline = time.monotonic() + 10
-    while thinker._seqs and time.monotonic() < deadline:  # the orchestrator thread delivers the abort
+    while (thinker._seqs or talker._seqs) and time.monotonic() < deadline:  # the orchestrator delivers the abort
         time.sleep(0.01)
-    blocks = thinker.block_manager
-    assert not thinker._seqs and blocks.num_free_blocks == blocks.num_blocks
+    for engine in (thinker, talker):
+        blocks = engine.block_manager
+        assert not engine._seqs and blocks.num_free_blocks == blocks.num_blocks
+        assert all(b.ref_count == 0 for b in blocks.blocks)
     assert not thinker.runner.hidden and not thinker.runner.embeds
-    assert all(b.key is not None for b in blocks.blocks if b.states)  # stored rows only on cached blocks
+    assert all(b.key is not None for b in thinker.block_manager.blocks if b.states)  # stored rows only on cached blocks
 
 
 def test_text_only_request_runs_the_thinker_alone(reference, omni):
@@ -616,3 +637,7 @@ def test_prepacked_linears_keep_the_reply(reference, path, monkeypatch):
     assert out.token_ids == ref_ids
     assert out.audio.shape == ref_wav.shape
     np.testing.assert_allclose(out.audio, ref_wav, rtol=0, atol=1e-4 * np.abs(ref_wav).max())
+
+
+def test_mrope_positions_reuse_a_shared_start(omni):
+    check_rope_reuse(omni.async_omni.orchestrator.handles[0].endpoint.server.engine.model, with_clip=False)

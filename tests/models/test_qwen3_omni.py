@@ -30,7 +30,7 @@ from omnistage.testing.omni_models import (
     QWEN3_OMNI_SAMPLE_RATE,
 )
 
-from omni_reference import OmniReference, moving_frames, tone
+from omni_reference import OmniReference, check_rope_reuse, moving_frames, tone
 
 KW = QWEN3_OMNI_GENERATE_KWARGS
 EOS = [2, 0]  # the checkpoint's generation_config eos (<|im_end|>, <|endoftext|>), which omnistage uses
@@ -228,16 +228,20 @@ def test_prefix_cache_hits_keep_text_codes_and_waveform(reference, omni):
     first = [system, {"role": "user", "content": "Hello, who are you?"}]
     second = [system, {"role": "user", "content": "Tell me a story."}]
     refs = {id(m): reference(m) for m in (first, second)}
-    cached = []
+    cached, talker_cached = [], []
     for messages in (first, second, first):
         [out] = omni.generate({"messages": messages, "voice": "Ethan"}, greedy_params(), use_tqdm=False)
         stages = out.metrics["stages"]
         cached.append(stages["thinker"]["num_cached_tokens"])
+        talker_cached.append(stages["talker"]["num_cached_tokens"])
         ref_ids, ref_codes, ref_wav = refs[id(messages)]
         assert out.token_ids == ref_ids
         assert stages["talker"]["num_generated_tokens"] == ref_codes.shape[0]
         np.testing.assert_array_equal(out.audio, ref_wav)
     assert cached == [0, 32, 48]  # blocks of 16: the system prompt's, then up to the last prompt token
+    # The talker's prompt (the user turn and the assistant's start; no system turn) is keyed by its
+    # rows' digests: the same request again hits its first block (other tests may have warmed the rest).
+    assert talker_cached[2] == 16
 
 
 def test_image_prompt_hits_keep_text_codes_and_waveform(reference, omni):
@@ -251,16 +255,18 @@ def test_image_prompt_hits_keep_text_codes_and_waveform(reference, omni):
         parts = [{"type": "image", "image": image} for image in images]
         return [{"role": "user", "content": [*parts, {"type": "text", "text": "Describe the image."}]}]
 
-    cached = []
+    cached, talker_cached = [], []
     for messages in (prompt(a), prompt(a), prompt(a, b)):
         [out] = omni.generate({"messages": messages, "voice": "Ethan"}, greedy_params(), use_tqdm=False)
         stages = out.metrics["stages"]
         cached.append(stages["thinker"]["num_cached_tokens"])
+        talker_cached.append(stages["talker"]["num_cached_tokens"])
         ref_ids, ref_codes, ref_wav = reference(messages)
         assert out.token_ids == ref_ids
         assert stages["talker"]["num_generated_tokens"] == ref_codes.shape[0]
         np.testing.assert_array_equal(out.audio, ref_wav)
     assert cached == [0, 32, 16]
+    assert talker_cached == [0, 32, 16]  # the talker's rows of the image positions come from those blocks
 
 
 def test_thinker_only_variant(path, reference, tmp_path):
@@ -456,3 +462,7 @@ def test_prepacked_linears_keep_the_reply(reference, path, monkeypatch):
     assert out.token_ids == ref_ids
     assert out.audio.shape == ref_wav.shape
     np.testing.assert_allclose(out.audio, ref_wav, rtol=0, atol=1e-4 * np.abs(ref_wav).max())
+
+
+def test_mrope_positions_reuse_a_shared_start(omni):
+    check_rope_reuse(omni.async_omni.orchestrator.handles[0].endpoint.server.engine.model)

@@ -26,6 +26,12 @@ M-RoPE positions continue the thinker's prompt positions over the two extra text
 (the voice's BOS and the first reply token), as `get_rope_index` on the reference's
 `input_text_ids` gives. Stop ids are the codec pad and end tokens, read from the config
 (the reference's `generate` signature hard-codes the real model's [8292, 8294]).
+
+Prefix cache: the prompt's ids say nothing (one placeholder repeated), so its blocks are keyed
+by digests of its rows and positions (`media_spans.row_spans`, the last group once the streamed
+first reply row completes it): a repeated system prompt, whose rows the thinker's cache returns
+bit for bit, hits here too, and the prefill feeds only the rows after the hit. Decode steps add
+reply rows no digest covers, so only the prompt's blocks are published.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from typing import Any
 import torch
 
 from omnistage.ar.kv_cache import kv_dims
+from omnistage.ar.media_spans import ROWS_PER_DIGEST, row_spans
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
 from omnistage.models.qwen2_5_omni.weights import load_talker
 
@@ -106,7 +113,12 @@ class OmniTalker(ARModel):
         state = TalkerState(prompt, reply.to(self.device, dtype), positions, int(inputs["rope_delta"]),
                             input_complete=not streamed, prompt_rows=want_prompt)
         ids = [self.codec_mask] * num_prompt + [self.codec_pad, self.codec_bos]
-        return PromptInputs(ids, state, streamed=streamed)
+        known = want_prompt if not streamed else want_prompt // ROWS_PER_DIGEST * ROWS_PER_DIGEST
+        return PromptInputs(ids, state, streamed=streamed, media=row_spans(prompt, positions, 0, known),
+                            cache_outputs=False)
+
+    def is_token_reproducible(self, prompt: PromptInputs) -> bool:
+        return True  # every prompt row is digested (`media`); decode rows are not (`cache_outputs`)
 
     def extend_prompt(self, seq, inputs: Any) -> None:
         if not isinstance(inputs, dict) or sorted(inputs) != sorted(_STREAM_KEYS):
@@ -119,6 +131,8 @@ class OmniTalker(ARModel):
             st.prompt_embeds[-1] = rows[0]  # reply row 0 is the prompt's last position
             st.prompt_rows += 1
             rows = rows[1:]
+            done = seq.media_spans[-1].end if seq.media_spans else 0  # the rest of the prompt's digests
+            seq.media_spans += row_spans(st.prompt_embeds, st.mrope_positions, done)
         if rows.shape[0]:
             st.reply_embeds = torch.cat([st.reply_embeds, rows])
         st.input_complete = bool(inputs["final"])
@@ -162,11 +176,13 @@ class OmniTalker(ARModel):
         embeds = codec.new_zeros(b, t, codec.shape[-1])
         positions = batch.positions.new_zeros(3, b, t)
         for i, st in enumerate(states):
-            n = batch.query_lens[i]
-            embeds[i, :n] = st.prompt_embeds
-            # The reference adds codec embeddings to the last two positions only (pad, bos).
-            embeds[i, n - 2:n] += codec[i, n - 2:n]
-            positions[:, i, :n] = st.mrope_positions
+            start, n = batch.context_lens[i], batch.query_lens[i]  # a prefix-cache hit skips rows ..start
+            embeds[i, :n] = st.prompt_embeds[start:start + n]
+            # The reference adds codec embeddings to the last two positions only (pad, bos); a prefill
+            # is never chunked (its rows are read once), so it ends at the prompt's end.
+            first = max(0, n - 2)
+            embeds[i, first:n] += codec[i, first:n]
+            positions[:, i, :n] = st.mrope_positions[:, start:start + n]
             st.prompt_embeds = None
         return embeds, positions
 

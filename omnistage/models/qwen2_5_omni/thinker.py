@@ -40,7 +40,7 @@ from omnistage.models.qwen2_5_omni.processors import DEFAULT_VOICE
 from omnistage.models.qwen_omni.video import VideoRules, interleave_in_chunks
 from omnistage.models.qwen2_5_omni.weights import load_speakers, load_thinker
 from omnistage.models.qwen_omni.handoff import check_voice
-from omnistage.models.qwen_omni.positions import mrope_positions
+from omnistage.models.qwen_omni.positions import RopeIndex, mrope_positions
 
 
 
@@ -81,6 +81,7 @@ class OmniThinker(OmniMedia, ARModel):
         self.talker_text_ids = talker_text_ids  # (tts_text_eos, tts_text_pad), thinker-vocab ids
         self.eos_token_ids = eos
         self.device = device
+        self.rope_index = RopeIndex(model.get_rope_index, device)
         self.num_layers = text_config.num_hidden_layers
         self.kv_dims = kv_dims(text_config)
         self.max_position_embeddings = text_config.max_position_embeddings
@@ -125,16 +126,12 @@ class OmniThinker(OmniMedia, ARModel):
         ids = super().build_prompt(inputs).token_ids
         with torch.inference_mode():
             prompt = self._prepare_media(ids, media, with_audio)
-            ids_t = torch.tensor([prompt.ids], device=self.device)
-            positions, delta = self.model.get_rope_index(
-                ids_t, prompt.image_grid, prompt.video_grid, torch.ones_like(ids_t), with_audio,
-                prompt.audio_seqlens, prompt.seconds_per_grid)
+            positions, delta = self.rope_index(prompt, with_audio)
             talker_embeds = None
             if voice is not None:
                 special = [self.speakers[voice]["bos_token"], *self.talker_text_ids]
                 talker_embeds = self.lm.embed_tokens(torch.tensor(special, device=self.device))
-        state = ThinkerState(positions[:, 0], int(delta.item()), media=prompt if prompt.spans else None,
-                             talker_embeds=talker_embeds)
+        state = ThinkerState(positions, delta, media=prompt if prompt.spans else None, talker_embeds=talker_embeds)
         return PromptInputs(prompt.ids, state, media=prompt.spans)
 
     def _interleave(self, times, num_audio: int) -> list[str]:

@@ -34,6 +34,13 @@ than it sampled; here every sampled code but EOS is voiced.
 
 Prompt token ids are `codec_pad` (a suppressed id): the engine's repetition penalty then
 sees only generated codes, as the reference's (it generates from `inputs_embeds` alone).
+
+Prefix cache: those ids say nothing, so the prompt's blocks are keyed by digests of its rows
+and positions (`media_spans.row_spans`, the last group once the streamed first reply row
+completes it): a repeated conversation, whose rows the thinker's cache returns bit for bit,
+hits here too, and the prefill feeds only the rows after the hit. Decode steps add reply rows
+no digest covers, so only the prompt's blocks are published. (System turns are not in the
+talker's prompt: a new question after the same system prompt shares none of it.)
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from typing import Any
 
 import torch
 
+from omnistage.ar.media_spans import ROWS_PER_DIGEST, row_spans
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
 from omnistage.models.qwen3_omni.code2wav import SAMPLE_RATE
 from omnistage.models.qwen3_omni.weights import load_talker, speaker_ids
@@ -197,10 +205,17 @@ class Qwen3OmniTalker(ARModel):
         else:
             mrope, delta = torch.arange(talker_ids.shape[0], device=self.device).expand(3, -1), 0
         state = TalkerState(prompt_embeds, trailing, tts_pad, mrope, delta, FrameBuffer((self.num_code_groups,)))
+        num_rows = prompt_embeds.shape[0]
+        known = num_rows
         if streamed:
             state.trailing, state.tts_eos, state.bos_codec = trailing[:0], tts_eos, codec_part[-1]
             state.input_complete = False
-        return PromptInputs([self.codec_pad] * prompt_embeds.shape[0], state, streamed=streamed)
+            known = (num_rows - 1) // ROWS_PER_DIGEST * ROWS_PER_DIGEST  # the last row waits for its reply row
+        return PromptInputs([self.codec_pad] * num_rows, state, streamed=streamed,
+                            media=row_spans(prompt_embeds, mrope, 0, known), cache_outputs=False)
+
+    def is_token_reproducible(self, prompt: PromptInputs) -> bool:
+        return True  # every prompt row is digested (`media`); decode rows are not (`cache_outputs`)
 
     @torch.inference_mode()
     def extend_prompt(self, seq, inputs: Any) -> None:
@@ -213,6 +228,8 @@ class Qwen3OmniTalker(ARModel):
         if rows.shape[0] and st.bos_codec is not None:
             st.prompt_embeds[-1] = rows[0] + st.bos_codec  # reply row 3 completes the assistant turn
             st.bos_codec, rows = None, rows[1:]
+            done = seq.media_spans[-1].end if seq.media_spans else 0  # the rest of the prompt's digests
+            seq.media_spans += row_spans(st.prompt_embeds, st.mrope_positions, done)
         st.input_complete = bool(inputs["final"])
         if st.input_complete:
             if st.bos_codec is not None:
@@ -238,8 +255,9 @@ class Qwen3OmniTalker(ARModel):
             x = states[0].prompt_embeds.new_zeros(b, t, states[0].prompt_embeds.shape[-1])
             positions = batch.positions.new_zeros(3, b, t)
             for i, st in enumerate(states):
-                x[i, :batch.query_lens[i]] = st.prompt_embeds
-                positions[:, i, :batch.query_lens[i]] = st.mrope_positions
+                start, n = batch.context_lens[i], batch.query_lens[i]  # a prefix-cache hit skips rows ..start
+                x[i, :n] = st.prompt_embeds[start:start + n]
+                positions[:, i, :n] = st.mrope_positions[:, start:start + n]
                 st.prompt_embeds = None
         else:
             rows = []

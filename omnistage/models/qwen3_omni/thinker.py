@@ -40,7 +40,7 @@ from omnistage.ar.media_spans import fed_rows
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput, PromptInputs, sdpa_mask
 from omnistage.models.qwen_omni.media import MediaPrompt, OmniMedia, image_processor, prompt_options
 from omnistage.models.chat_media import chat_media
-from omnistage.models.qwen_omni.positions import mrope_positions
+from omnistage.models.qwen_omni.positions import RopeIndex, mrope_positions
 from omnistage.models.qwen_omni.video import VideoRules, interleave_by_time
 from omnistage.models.qwen3_omni.processors import DEFAULT_VOICE
 from omnistage.models.qwen3_omni.weights import load_thinker, speaker_ids
@@ -85,6 +85,7 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
         self.accept_hidden_layer = accept_hidden_layer
         self.eos_token_ids = eos
         self.device = device
+        self.rope_index = RopeIndex(model.get_rope_index, device)
         self.num_layers = text_config.num_hidden_layers
         self.max_position_embeddings = text_config.max_position_embeddings
         self.audio_token_id = model.config.audio_token_id
@@ -136,18 +137,14 @@ class Qwen3OmniThinker(OmniMedia, ARModel):
         ids = super().build_prompt(inputs).token_ids
         with torch.inference_mode():
             prompt = self._prepare_media(ids, media, with_audio)
-            ids_t = torch.tensor([prompt.ids], device=self.device)
-            positions, delta = self.model.get_rope_index(
-                ids_t, prompt.image_grid, prompt.video_grid, torch.ones_like(ids_t), with_audio, prompt.audio_seqlens,
-                prompt.seconds_per_grid)
+            positions, delta = self.rope_index(prompt, with_audio)
             extras = None
             if voice is not None:
                 special = self.lm.embed_tokens(torch.tensor(self.tts_ids, device=self.device))
-                extras = {"prompt_token_ids": ids_t[0], "audio_seqlens": prompt.audio_seqlens,
+                extras = {"prompt_token_ids": torch.tensor(prompt.ids, device=self.device), "audio_seqlens": prompt.audio_seqlens,
                           "image_grid_thw": prompt.image_grid, "video_grid_thw": prompt.video_grid,
                           "video_second_per_grid": prompt.seconds_per_grid, "tts_embeds": special, "voice": voice}
-        state = ThinkerState(positions[:, 0], int(delta.item()), media=prompt if prompt.spans else None,
-                             talker_extras=extras)
+        state = ThinkerState(positions, delta, media=prompt if prompt.spans else None, talker_extras=extras)
         return PromptInputs(prompt.ids, state, media=prompt.spans)
 
     def _vision_features(self, out: Any) -> tuple[torch.Tensor, list[torch.Tensor] | None]:

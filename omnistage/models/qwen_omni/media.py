@@ -8,7 +8,9 @@ between <|audio_bos|> and <|audio_eos|>, as the families' processors do. It also
 each item's tokens sit and digests what it was made of (`MediaPrompt.spans`), so the prefix
 cache can tell one image from another behind the same placeholder ids (ar/media_spans.py).
 The encoders run at the first prefill (`_encode_fed`), on the items it feeds only: an item a
-prefix-cache hit covers whole is never encoded.
+prefix-cache hit covers whole is never encoded. Images are also prepared there: admission needs
+only each image's grid, which follows from its size (`image_grid`), so an image a hit covers
+never goes through the image processor either (a video chat's buffered frames, query after query).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ class MediaPrompt:
     seconds_per_grid: torch.Tensor | None = None
     audio_inputs: tuple[torch.Tensor, torch.Tensor] | None = None
     """(features, mask) of every heard clip (audio parts and videos' own audio), in token order."""
-    image_pixels: list[torch.Tensor] = field(default_factory=list)
+    images: list[Any] = field(default_factory=list)
+    """The image parts as given: the first prefill prepares the pixels of those it feeds (`_image_pixels`)."""
     video_pixels: list[torch.Tensor] = field(default_factory=list)
     owners: dict[str, list[int]] = field(default_factory=dict)
     """"audio" / "image" / "video" -> the item (index into `spans`) of each heard clip / image / video."""
@@ -149,14 +152,21 @@ class OmniMedia:
         return self._audio_token_counts(prompt.audio_seqlens)
 
     def _prepare_images(self, prompt: MediaPrompt, images: list[Any]) -> list[int]:
-        """Pixels by the checkpoint's image processor (PIL path), one placeholder per merged patch."""
+        """Each image's grid from its size (`image_grid`), one placeholder per merged patch; the pixels
+        wait for the first prefill (`_image_pixels`), which skips the images a prefix-cache hit covers."""
         if self.image_processor is None:
             raise ValueError("this checkpoint has no image processor (preprocessor_config.json image fields)")
-        pixels = self.image_processor(images=images, return_tensors="pt")
-        prompt.image_grid = pixels["image_grid_thw"].to(self.device)
-        rows = prompt.image_grid.prod(-1).tolist()
-        prompt.image_pixels = list(pixels["pixel_values"].to(self.device, self.model.dtype).split(rows))
+        prompt.image_grid = torch.tensor([image_grid(self.image_processor, image) for image in images],
+                                         device=self.device)
+        prompt.images = list(images)
         return (prompt.image_grid.prod(-1) // self.image_processor.merge_size ** 2).tolist()
+
+    def _image_pixels(self, prompt: MediaPrompt, chosen: list[int]) -> torch.Tensor:
+        """The pixels of images `chosen` by the checkpoint's image processor (PIL path), in order."""
+        pixels = self.image_processor(images=[prompt.images[j] for j in chosen], return_tensors="pt")
+        if not torch.equal(pixels["image_grid_thw"].to(prompt.image_grid.device), prompt.image_grid[chosen]):
+            raise RuntimeError("the image processor's grids differ from those its resize rule gave at admission")
+        return pixels["pixel_values"].to(self.device, self.model.dtype)
 
     def _prepare_videos(self, prompt: MediaPrompt, clips: list, audio_counts: list[int]) -> list[list[int]]:
         """Each clip's pixels (`video_pixels`); returns each video's tokens, its frames' interleaved
@@ -195,12 +205,14 @@ class OmniMedia:
         if heard:
             features, mask = prompt.audio_inputs
             embeds[self.audio_token_id] = self.model.get_audio_features(features[heard], mask[heard]).last_hidden_state
-        for kind, token, pixels, grid, encode in (
-                ("image", self.image_token_id, prompt.image_pixels, prompt.image_grid, self.model.get_image_features),
-                ("video", self.video_token_id, prompt.video_pixels, prompt.video_grid, self.model.get_video_features)):
+        for kind, token, grid, encode in (
+                ("image", self.image_token_id, prompt.image_grid, self.model.get_image_features),
+                ("video", self.video_token_id, prompt.video_grid, self.model.get_video_features)):
             chosen = [j for j, item in enumerate(prompt.owners[kind]) if item >= fed[0]]
             if chosen:
-                out = encode(torch.cat([pixels[j] for j in chosen]), grid[chosen])
+                pixels = (self._image_pixels(prompt, chosen) if kind == "image"
+                          else torch.cat([prompt.video_pixels[j] for j in chosen]))
+                out = encode(pixels, grid[chosen])
                 embeds[token], layers = self._vision_features(out)
                 if layers is not None:
                     deepstack[token] = layers
@@ -210,6 +222,28 @@ class OmniMedia:
     def _vision_features(self, out: Any) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """A vision encoder output -> [its tokens, H] (and per deepstack layer, for a deepstack thinker)."""
         return torch.cat(out.pooler_output), None
+
+
+def image_grid(processor: Any, image: Any) -> list[int]:
+    """[1, grid_h, grid_w] of `image` (PIL, or a uint8 [H, W, 3] array) as the checkpoint's image
+    processor resizes and patches it (its `smart_resize` of the image's size), without its pixels.
+    Refuses any other array here, at admission: the processor only sees it at the first prefill."""
+    from PIL import Image
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    if isinstance(image, Image.Image):
+        width, height = image.size
+    else:
+        array = np.asarray(image)
+        if array.dtype != np.uint8 or array.ndim != 3 or array.shape[-1] != 3:
+            raise ValueError(f"an image part must be a PIL image or a uint8 [H, W, 3] array, got {array.dtype} "
+                             f"{list(array.shape)}")
+        height, width = array.shape[:2]
+    if processor.do_resize:
+        height, width = smart_resize(height, width, factor=processor.patch_size * processor.merge_size,
+                                     min_pixels=processor.size["shortest_edge"],
+                                     max_pixels=processor.size["longest_edge"])
+    return [1, height // processor.patch_size, width // processor.patch_size]
 
 
 def image_processor(model_path: str, cls):
