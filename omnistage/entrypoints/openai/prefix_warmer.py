@@ -85,6 +85,7 @@ class PrefixWarmer:
         """Drop what is not started and abort the running warm-up (closing its stream aborts the
         request): the session ends, or the input it warmed was thrown away."""
         self._wanted = None
+        self._warmed_tokens = 0  # no answer will start with it: no verdict from it
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)

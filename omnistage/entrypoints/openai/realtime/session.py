@@ -182,6 +182,7 @@ class RealtimeSession(EventSession):
                               "audio (clear or commit it first)", param="session.audio.input.format")
         if updated.turn_detection != self.settings.turn_detection:
             self._turns = None  # rebuilt with the new parameters at the next append
+            self._cuts.reset()  # the turn's start moves (speech start or buffer start): cut anew
         self.settings = updated
         await self._send({"type": "session.updated", "session": self._session_object()})
 
@@ -252,6 +253,7 @@ class RealtimeSession(EventSession):
         if kind == "started":
             self._speech_item_id = new_id("item")
             self._speech_start = max(ms * rate // 1000, self._buffer_start)
+            self._cuts.reset()
             if td.interrupt_response and self.response is not None and not self.response.task.done():
                 self.response.cancel("turn_detected")  # barge-in
             await self._send({"type": "input_audio_buffer.speech_started", "audio_start_ms": ms,
