@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import base64
 import io
+import itertools
 import json
 import os
 import statistics
@@ -34,6 +35,7 @@ import time
 import httpx
 import numpy as np
 import soundfile as sf
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from bench_http import start_server
@@ -44,24 +46,32 @@ OVERRIDES = {"0": {"default_sampling_params": {"max_tokens": 8, "temperature": 0
 
 
 NOTE = (
-    "The turn is prefilled while it is spoken: its first second is cut as a clip and warmed into the "
-    "thinker's prefix cache before `speech_stopped`, so the answer computes only the rest (about half a "
-    "second of audio: the VAD's prefix padding and the silence that ends the turn count too). On the tiny "
-    "model that prefill is a small part of a turn: what follows `speech_stopped` is mostly the thinker's 8 "
-    "tokens, the talker's first codes and the first vocoder chunk, which no prefill shortens, so the "
-    "realtime/chat ratio barely moves; the goal would need the talker and vocoder to start sooner too (a "
-    "talker prefix cache, streamed first chunks). Both servers also compute each clip's features on the clip "
-    "padded just past its end instead of Qwen2.5-Omni's 300 s (bit-equal frames), which the chat baseline "
-    "gains from too. The machine was shared with other jobs (see the load average): rerun on a quiet "
-    "machine. Barge-in is counted on the server's side (the answer is cancelled before `speech_started` is "
-    "sent). **8 sessions at once stall** on 2 CPU cores (each answer's audio ran dry at least once).")
+    "The turn is prefilled while it is spoken: every half second of the turn is cut as a clip and warmed "
+    "into the thinker's prefix cache before `speech_stopped`, so the answer computes only what follows the "
+    "last full cached block. Server VAD ends this voice's turn after about 0.8 s of audio (its syllables "
+    "pause), so one clip of a ~36-token prompt is warmed, and a 16-token block is the most a turn can take "
+    "from the cache. On the tiny model that prefill is a small part of a turn: what follows "
+    "`speech_stopped` is mostly the thinker's 8 tokens, the talker's first codes and the first vocoder "
+    "chunk, which no prefill shortens; the goal would need the talker and vocoder to start sooner too (a "
+    "talker prefix cache, streamed first chunks) or a model whose prompt dominates. Both servers compute "
+    "each clip's features on the clip padded just past its end instead of Qwen2.5-Omni's 300 s (bit-equal "
+    "frames), which the chat baseline gains from too. The machine was shared with other jobs (see the load "
+    "average): rerun on a quiet machine. Barge-in is counted on the server's side (the answer is cancelled "
+    "before `speech_started` is sent). **8 sessions at once stall** on 2 CPU cores.")
 """What the numbers mean (written under the table; edit it when a rerun changes the picture)."""
 
 
+_voices = itertools.count()
+
+
 def voice() -> np.ndarray:
+    """1 s of speech then 0.6 s of silence at 24 kHz, in a pitch no request sent before: an exchange
+    sent twice would be answered from the prefix cache, prefill or not (blocks over a clip are keyed
+    by its samples)."""
     from omnistage.testing.voice import synthetic_speech
 
-    return np.concatenate([synthetic_speech(1.0), np.zeros(14400, np.float32)])  # 24 kHz
+    pitch = 110.0 + 0.25 * next(_voices)
+    return np.concatenate([synthetic_speech(1.0, pitch=pitch), np.zeros(14400, np.float32)])
 
 
 def appends(audio: np.ndarray) -> list[str]:
@@ -75,7 +85,10 @@ def speak(ws, messages: list[str]) -> None:
     start = time.perf_counter()
     for i, message in enumerate(messages):
         time.sleep(max(0.0, start + 0.1 * i - time.perf_counter()))
-        ws.send(message)
+        try:
+            ws.send(message)
+        except ConnectionClosed:  # the turn was answered and the session closed before the silence ended
+            return
 
 
 def session(url: str, barge_in: bool) -> dict:

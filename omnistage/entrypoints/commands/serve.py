@@ -67,7 +67,7 @@ def register(subparsers) -> None:
                              "prefilling the frames as they arrive")
     limits.add_argument("--no-realtime-prefill", dest="realtime_prefill", action="store_false",
                         help="WS /v1/realtime: hear the user's turn as one audio clip prefilled at the commit instead "
-                             "of prefilling it in clips of about a second while they speak")
+                             "of prefilling it in clips of half a second while they speak")
     limits.add_argument("--graceful-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish at shutdown (default: %(default)s)")
     media = p.add_argument_group("media URLs")

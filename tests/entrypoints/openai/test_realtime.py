@@ -437,9 +437,9 @@ def test_a_turn_is_prefilled_while_spoken_and_its_warm_ups_end_with_a_clear_or_t
         session_id = open_session(ws)["session"]["id"]
         ws.send_json({"type": "input_audio_buffer.append", "audio": pcm(synthetic_speech(1.2))})
         prompt, first = warm_up(1)
-        # The first second is cut as a clip and prefilled, with the rows a spoken answer's talker reads.
+        # The first half second is cut as a clip and prefilled, with the rows a spoken answer's talker reads.
         [clip] = prompt["messages"][-1]["content"]
-        assert len(clip["audio"]) == 24000 and prompt["return_hidden_states"] and prompt["return_input_embeds"]
+        assert len(clip["audio"]) == 12000 and prompt["return_hidden_states"] and prompt["return_input_embeds"]
         assert engine.session_ids[-1] == session_id
         ws.send_json({"type": "input_audio_buffer.clear"})
         until(ws, "input_audio_buffer.cleared")

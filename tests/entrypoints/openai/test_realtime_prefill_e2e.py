@@ -76,13 +76,13 @@ def test_a_turn_prefilled_while_spoken_is_answered_from_the_cache_as_without_it(
         return generate(prompt, params, request_id, **kwargs)
 
     monkeypatch.setattr(engine, "generate", spy)
-    # 2.5 s of speech: cut at 1 s and 2 s, so the turn is three clips; the first cut's warm-up
-    # starts at once and the answer waits for it. Each turn's voice is its own (no hits across turns).
-    done, transcript, audio = spoken_turn(client, synthetic_speech(2.5, pitch=131.0))
+    # 2.2 s of speech: cut every 0.5 s, so the turn is five clips; the first cut's warm-up starts
+    # at once and the answer waits for it. Each turn's voice is its own (no hits across turns).
+    done, transcript, audio = spoken_turn(client, synthetic_speech(2.2, pitch=131.0))
     cached = done["usage"]["input_token_details"]["cached_tokens"]
-    off_done, _, _ = spoken_turn(off, synthetic_speech(2.5, pitch=137.0))
+    off_done, _, _ = spoken_turn(off, synthetic_speech(2.2, pitch=137.0))
     off_cached = off_done["usage"]["input_token_details"]["cached_tokens"]
-    # The turn's header and first clip (a 1 s clip is 25 audio tokens between its bos and eos) fill a
+    # The turn's header and first clip (a 0.5 s clip is 13 audio tokens between its bos and eos) fill a
     # 16-token block that the first warm-up cached; with the prefill off nothing of the turn is.
     assert cached >= off_cached + 16, (done["usage"], off_done["usage"])
     assert transcript and audio
@@ -93,7 +93,7 @@ def test_a_turn_prefilled_while_spoken_is_answered_from_the_cache_as_without_it(
     prompt, params, modalities = answers[0]
     [user] = [m for m in prompt["messages"] if m["role"] == "user"]
     clips = [p for p in user["content"] if p["type"] == "audio"]
-    assert len(clips) == 3
+    assert len(clips) == 5
     for part in clips:
         part["audio"] = resample(part["audio"], part["sample_rate"], 16000).astype(np.float64)
         part["sample_rate"] = 16000

@@ -14,9 +14,10 @@ what the model says to that chunked prompt, with or without the cache; with the 
 
 from __future__ import annotations
 
-CLIP_MS = 1000
-"""A cut every second of speech: short enough that the rest at the commit is about a second, long
-enough that each clip carries a few words for the encoder (and two marker tokens of overhead)."""
+CLIP_MS = 500
+"""A cut every half second of turn: short enough that a short answer ("yes, please", a turn of under a
+second as server VAD cuts it) has a clip prefilled before it ends, long enough that a clip carries a
+word or two for the encoder against its two marker tokens of overhead."""
 MIN_CLIP_MS = 100
 """No clip shorter than this (the commit's own minimum): a shorter rest stays with the clip before."""
 
