@@ -48,9 +48,10 @@ OVERRIDES = {"0": {"default_sampling_params": {"max_tokens": 8, "temperature": 0
 NOTE = (
     "The turn is prefilled while it is spoken: every half second of the turn is cut as a clip and warmed "
     "into the thinker's prefix cache before `speech_stopped`, so the answer computes only what follows the "
-    "last full cached block. Server VAD ends this voice's turn after about 0.8 s of audio (its syllables "
-    "pause), so one clip of a ~36-token prompt is warmed, and a 16-token block is the most a turn can take "
-    "from the cache. On the tiny model that prefill is a small part of a turn: what follows "
+    "last full cached block. Server VAD ends this voice's turn after 0.8-1.2 s of audio (its syllables "
+    "pause), so one or two clips of a ~37-token prompt are warmed, and a turn takes one or two 16-token "
+    "blocks from the cache. The two servers ran at different loads (compare each one's ratio to its own "
+    "chat, not the absolute times). On the tiny model that prefill is a small part of a turn: what follows "
     "`speech_stopped` is mostly the thinker's 8 tokens, the talker's first codes and the first vocoder "
     "chunk, which no prefill shortens; the goal would need the talker and vocoder to start sooner too (a "
     "talker prefix cache, streamed first chunks) or a model whose prompt dominates. Both servers compute "
