@@ -35,13 +35,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(path: str, *args: str) -> tuple[subprocess.Popen, str]:
-    """`omnistage serve path --port P *args` in a subprocess, once /health answers."""
+def start_server(path: str, *args: str, timeout_s: float = 180.0) -> tuple[subprocess.Popen, str]:
+    """`omnistage serve path --port P *args` in a subprocess, once /health answers (within `timeout_s`)."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "omnistage.entrypoints.cli", "serve", path, "--port", str(port),
                              *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180
+    deadline = time.time() + timeout_s
     while time.time() < deadline:
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
@@ -51,7 +51,7 @@ def start_server(path: str, *args: str) -> tuple[subprocess.Popen, str]:
         if proc.poll() is not None:
             raise RuntimeError(f"server for {path} exited with {proc.returncode}")
     proc.kill()
-    raise RuntimeError("server did not become healthy in 180 s")
+    raise RuntimeError(f"server did not become healthy in {timeout_s:g} s")
 
 
 def bench(model: str, size: str, side: int, repeats: int) -> dict:

@@ -65,6 +65,9 @@ def register(subparsers) -> None:
     limits.add_argument("--no-video-chat-prefill", dest="video_chat_prefill", action="store_false",
                         help="WS /v1/video/chat/stream: prefill each query's whole prompt when it comes instead of "
                              "prefilling the frames as they arrive")
+    limits.add_argument("--no-realtime-prefill", dest="realtime_prefill", action="store_false",
+                        help="WS /v1/realtime: hear the user's turn as one audio clip prefilled at the commit instead "
+                             "of prefilling it in clips of half a second while they speak")
     limits.add_argument("--graceful-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish at shutdown (default: %(default)s)")
     media = p.add_argument_group("media URLs")
@@ -179,7 +182,7 @@ def build_engine(args: argparse.Namespace) -> tuple[Any, Any, Any, bool]:
         response_ttl_s=args.response_ttl, max_stored_responses=args.max_stored_responses,
         realtime_max_session_s=args.realtime_max_session, realtime_max_buffer_s=args.realtime_max_buffer,
         realtime_idle_timeout_s=args.realtime_idle_timeout, api_server_count=args.api_server_count,
-        video_chat_prefill=args.video_chat_prefill)
+        video_chat_prefill=args.video_chat_prefill, realtime_prefill=args.realtime_prefill)
     registry = CollectorRegistry()
     print(f"[omnistage] loading {path}", flush=True)
     engine = AsyncOmni(path, deploy_config=demo_deploy_config(args.deploy_config, is_demo),

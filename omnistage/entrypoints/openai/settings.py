@@ -56,6 +56,10 @@ class ServerSettings:
     video_chat_prefill: bool = True
     """WS /v1/video/chat/stream prefills the prompt as frames arrive, so a query pays only for its
     question (`--no-video-chat-prefill`: each query prefills its whole prompt)."""
+    realtime_prefill: bool = True
+    """WS /v1/realtime prefills the user's turn while they speak, cut into clips of half a second,
+    so an answer pays only for the last clip (`--no-realtime-prefill`: the turn is one clip,
+    prefilled whole at the commit)."""
     playground: bool = True
     """Serve the web playground at `/` (`--no-playground` turns it off)."""
     api_server_count: int = 1

@@ -37,6 +37,12 @@ def until(ws, kind: str) -> list[dict]:
             return events
 
 
+def first_answer_audio(engine) -> np.ndarray:
+    """The user audio of the first answer's prompt (its clips joined: a turn prefilled while spoken is cut)."""
+    prompt = next(prompt for prompt, _, rid in engine.requests if rid.startswith("resp_"))
+    return np.concatenate([p["audio"] for p in prompt["messages"][0]["content"] if p["type"] == "audio"])
+
+
 def open_session(ws, update: dict | None = NO_VAD) -> dict:
     created = ws.receive_json()
     assert created["type"] == "session.created" and created["session"]["model"] == "fake-omni"
@@ -191,7 +197,7 @@ def test_server_vad_commits_a_turn_answers_it_and_barge_in_cancels(app_client):
         done = events[-1]["response"]
         assert done["status"] == "cancelled" and done["status_details"]["reason"] == "turn_detected"
         assert engine.aborted == [done["id"]]
-    heard = engine.requests[0][0]["messages"][0]["content"][0]["audio"]
+    heard = first_answer_audio(engine)
     assert 0.9 * 24000 <= len(heard) <= 1.9 * 24000  # the turn, not the leading silence
 
 
@@ -417,5 +423,36 @@ def test_server_vad_drops_silence_between_turns(app_client):
         started = until(ws, "input_audio_buffer.speech_started")[-1]
         assert 4500 <= started["audio_start_ms"] <= 5000  # session time still counts the silence
         until(ws, "response.done")
-    heard = engine.requests[0][0]["messages"][0]["content"][0]["audio"]
+    heard = first_answer_audio(engine)
     assert 0.9 * 24000 <= len(heard) <= 1.8 * 24000
+
+
+def test_a_turn_is_prefilled_while_spoken_and_its_warm_ups_end_with_a_clear_or_the_session(app_client):
+    client, engine = app_client("omni", step_delay=1.0)  # a warm-up (one token) takes a second
+
+    def warm_up(n: int) -> tuple[dict, str]:
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            warms = [(prompt, rid) for prompt, _, rid in engine.requests if rid.startswith("warm_")]
+            if len(warms) >= n:
+                return warms[n - 1]
+            time.sleep(0.02)
+        raise AssertionError("no warm-up reached the engine")
+
+    with client.websocket_connect(URL) as ws:
+        session_id = open_session(ws)["session"]["id"]
+        ws.send_json({"type": "input_audio_buffer.append", "audio": pcm(synthetic_speech(1.2))})
+        prompt, first = warm_up(1)
+        # The first half second is cut as a clip and prefilled, with the rows a spoken answer's talker reads.
+        [clip] = prompt["messages"][-1]["content"]
+        assert len(clip["audio"]) == 12000 and prompt["return_hidden_states"] and prompt["return_input_embeds"]
+        assert engine.session_ids[-1] == session_id
+        ws.send_json({"type": "input_audio_buffer.clear"})
+        until(ws, "input_audio_buffer.cleared")
+        assert first in engine.aborted  # nobody will answer that audio
+        ws.send_json({"type": "input_audio_buffer.append", "audio": pcm(synthetic_speech(1.2))})
+        _, second = warm_up(2)
+    deadline = time.time() + 10
+    while second not in engine.aborted and time.time() < deadline:
+        time.sleep(0.02)
+    assert second in engine.aborted and client.app.state.gateway.num_admitted == 0  # gone with the session

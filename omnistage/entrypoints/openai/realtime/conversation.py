@@ -29,6 +29,9 @@ class Part:
     """The text, or the transcript of an audio part."""
     audio: np.ndarray | None = None
     sample_rate: int = 0
+    cuts: tuple[int, ...] = ()
+    """Sample offsets where the audio is cut into clips the model hears one by one (a turn
+    prefilled while the user spoke, turn_prefill.py); none: one clip."""
 
     def as_openai(self) -> dict[str, Any]:
         if self.type in ("input_text", "output_text"):
@@ -93,7 +96,7 @@ class Conversation:
             parts = []
             for p in item.parts:
                 if p.audio is not None and item.role == "user":
-                    parts.append({"type": "audio", "audio": p.audio, "sample_rate": p.sample_rate})
+                    parts += audio_parts(p.audio, p.sample_rate, p.cuts)
                 elif p.text:
                     parts.append({"type": "text", "text": p.text})
             if not parts:
@@ -103,3 +106,9 @@ class Conversation:
             else:
                 out.append({"role": item.role, "content": parts})
         return out
+
+
+def audio_parts(audio: np.ndarray, rate: int, cuts: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+    """Chat content parts for `audio` cut at `cuts`: one clip each."""
+    bounds = [0, *cuts, len(audio)]
+    return [{"type": "audio", "audio": audio[a:b], "sample_rate": rate} for a, b in zip(bounds, bounds[1:])]

@@ -26,6 +26,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from omnistage.entrypoints.openai.engine_client import EngineGateway
 from omnistage.entrypoints.openai.errors import APIError
+from omnistage.entrypoints.openai.prefix_warmer import PrefixWarmer
 from omnistage.entrypoints.openai.realtime import audio_format
 from omnistage.entrypoints.openai.realtime.conversation import Conversation, Item, Part, new_id
 from omnistage.entrypoints.openai.realtime.protocol import SessionSettings
@@ -42,8 +43,11 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 logger = logging.getLogger(__name__)
 
 class ResponseRun:
-    def __init__(self, gateway: EngineGateway, settings: SessionSettings, conversation: Conversation, send: Send):
+    def __init__(self, gateway: EngineGateway, settings: SessionSettings, conversation: Conversation, send: Send,
+                 warmer: PrefixWarmer | None = None):
         self.gateway = gateway
+        self.warmer = warmer
+        """The session's incremental prefill (turn_prefill.py): the answer waits for its running warm-up."""
         self.settings = settings
         self.conversation = conversation
         self.send = send
@@ -91,7 +95,11 @@ class ResponseRun:
             await self.send({**self._where(), "type": "response.content_part.added", "part": self._part()})
             if self.cancel_reason is not None:
                 raise asyncio.CancelledError
+            if self.warmer is not None:
+                await self.warmer.settle()  # a running warm-up computes this prompt's prefix: let it finish
             await self._stream(self.prompt, self.params)
+            if self.warmer is not None:
+                self.warmer.answered(cached_tokens(self._final, self.gateway.engine.spec.entry_stages[0].name))
             if self._final is not None and self._final.finish_reason == "length":
                 status, details = "incomplete", {"type": "incomplete", "reason": "max_output_tokens"}
         except asyncio.CancelledError:
@@ -120,7 +128,8 @@ class ResponseRun:
 
     async def _stream(self, prompt: dict[str, Any], params: dict[str, Any]) -> None:
         wanted = ("text", "audio") if self.is_audio else ("text",)
-        stream = self.gateway.submit(prompt, params, self.id, wanted)
+        session_id = self.warmer.session_id if self.warmer is not None else None  # where its warm-ups went
+        stream = self.gateway.submit(prompt, params, self.id, wanted, session_id=session_id)
         part = self.item.parts[0]
         fmt = self.settings.output_format
         async for out in stream:  # closing the stream (cancel, error) aborts the engine request

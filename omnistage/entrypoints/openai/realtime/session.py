@@ -27,7 +27,8 @@ from omnistage.entrypoints.openai.common import event_object
 from omnistage.entrypoints.openai.engine_client import EngineGateway
 from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors
 from omnistage.entrypoints.openai.realtime import audio_format
-from omnistage.entrypoints.openai.realtime.conversation import Conversation, Item, Part, new_id
+from omnistage.entrypoints.openai.prefix_warmer import PrefixWarmer
+from omnistage.entrypoints.openai.realtime.conversation import Conversation, Item, Part, audio_parts, new_id
 from omnistage.entrypoints.openai.realtime.input_transcription import transcribe
 from omnistage.entrypoints.openai.realtime.protocol import (
     EVENTS,
@@ -51,6 +52,7 @@ from omnistage.entrypoints.openai.realtime.reference_variant import (
     is_reference_event,
 )
 from omnistage.entrypoints.openai.realtime.response import ResponseRun
+from omnistage.entrypoints.openai.realtime.turn_prefill import TurnCuts
 from omnistage.entrypoints.openai.realtime.vad import VAD_RATE, SileroDetector, TurnDetector
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.entrypoints.openai.ws_session import MESSAGE_TOO_BIG, EventSession, SessionLimit
@@ -82,11 +84,15 @@ class RealtimeSession(EventSession):
         self._transcriptions: set[asyncio.Task] = set()
         self.variant: ReferenceVariant | None = None
         """Set once the client speaks the reference system's variant (reference_variant.py)."""
+        self.warmer = PrefixWarmer(gateway, gateway.engine.spec.entry_stages[0].name, settings.realtime_prefill,
+                                   session_id=self.id)
+        self._cuts = TurnCuts()  # where the turn being spoken is cut into clips (turn_prefill.py)
 
     async def _cleanup(self) -> None:
         if self.response is not None:
             self.response.cancel("client_cancelled")  # the client is gone: abort the engine request
             await asyncio.gather(self.response.task, return_exceptions=True)
+        await self.warmer.close()
         tasks = [*self._transcriptions, *([self.variant.task] if self.variant and self.variant.task else [])]
         for task in tasks:
             task.cancel()  # each closes its engine stream, which aborts the request
@@ -148,6 +154,7 @@ class RealtimeSession(EventSession):
                 await self._commit(self._buffered())
             elif isinstance(event, BufferClear):
                 self._clear_buffer()
+                await self.warmer.close()  # nobody will answer the audio it prefills
                 await self._send({"type": "input_audio_buffer.cleared"})
             elif isinstance(event, ItemCreate):
                 await self._create_item(event)
@@ -175,6 +182,7 @@ class RealtimeSession(EventSession):
                               "audio (clear or commit it first)", param="session.audio.input.format")
         if updated.turn_detection != self.settings.turn_detection:
             self._turns = None  # rebuilt with the new parameters at the next append
+            self._cuts.reset()  # the turn's start moves (speech start or buffer start): cut anew
         self.settings = updated
         await self._send({"type": "session.updated", "session": self._session_object()})
 
@@ -192,6 +200,25 @@ class RealtimeSession(EventSession):
                 await self._on_vad(vad.kind, vad.ms, rate)
             if self._turns is not None and not self._turns.is_speaking:
                 self._drop_silence(rate)
+        self._prefill_turn(rate)
+
+    def _prefill_turn(self, rate: int) -> None:
+        """While the user speaks, cut their turn into clips and prefill each one (turn_prefill.py):
+        from the speech start with server VAD, else from the buffer's start (the next commit)."""
+        if not self.warmer.enabled:
+            return
+        if self.settings.turn_detection is not None:
+            if self._speech_item_id is None:  # not speaking
+                return
+            start = self._speech_start
+        else:
+            start = self._buffer_start
+        if not self._cuts.grow(self._num_samples - start, rate) or self._is_answering():
+            return  # (an answer extends the conversation: a later cut's warm-up follows it)
+        turn = self._buffered()[start - self._buffer_start:start - self._buffer_start + self._cuts.cuts[-1]]
+        clips = audio_parts(turn, rate, tuple(self._cuts.cuts[:-1]))
+        self.warmer.warm([*self.conversation.messages(self.settings.instructions),
+                          {"role": "user", "content": clips}], "audio" in self.settings.output_modalities)
 
     def _drop_silence(self, rate: int) -> None:
         """Between turns, keep only the audio a next turn's prefix padding may reach back to: a
@@ -226,6 +253,7 @@ class RealtimeSession(EventSession):
         if kind == "started":
             self._speech_item_id = new_id("item")
             self._speech_start = max(ms * rate // 1000, self._buffer_start)
+            self._cuts.reset()
             if td.interrupt_response and self.response is not None and not self.response.task.done():
                 self.response.cancel("turn_detected")  # barge-in
             await self._send({"type": "input_audio_buffer.speech_started", "audio_start_ms": ms,
@@ -248,14 +276,17 @@ class RealtimeSession(EventSession):
     def _clear_buffer(self) -> None:
         self._buffer = []
         self._buffer_start = self._num_samples
+        self._cuts.reset()
 
     async def _commit(self, audio: np.ndarray, item_id: str | None = None) -> None:
         rate = audio_format.RATES[self.settings.input_format]
         if len(audio) * 1000 < MIN_COMMIT_MS * rate:
             raise bad_request(f"buffer too small: expected at least {MIN_COMMIT_MS} ms of audio, but the buffer "
                               f"holds {len(audio) * 1000 // rate} ms", code="input_audio_buffer_commit_empty")
+        cuts = self._cuts.final(len(audio), rate)
         self._clear_buffer()
-        item = Item("user", [Part("input_audio", audio=audio, sample_rate=rate)], id=item_id or new_id("item"))
+        item = Item("user", [Part("input_audio", audio=audio, sample_rate=rate, cuts=cuts)],
+                    id=item_id or new_id("item"))
         previous = self.conversation.insert(item)
         await self._send({"type": "input_audio_buffer.committed", "previous_item_id": previous, "item_id": item.id})
         await self._added(item, previous)
@@ -332,7 +363,7 @@ class RealtimeSession(EventSession):
         settings = self.settings
         if event is not None and event.response is not None:
             settings = settings.update(event.response)
-        self.response = ResponseRun(self.gateway, settings, self.conversation, self._send)
+        self.response = ResponseRun(self.gateway, settings, self.conversation, self._send, self.warmer)
         self.response.start()
 
     async def _cancel(self, event: ResponseCancel) -> None:

@@ -21,11 +21,11 @@ from starlette.websockets import WebSocketDisconnect
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.entrypoints.openai.engine_client import EngineGateway
 from omnistage.entrypoints.openai.errors import APIError, bad_request, from_value_error
+from omnistage.entrypoints.openai.prefix_warmer import PrefixWarmer
 from omnistage.entrypoints.openai.realtime import audio_format
 from omnistage.entrypoints.openai.realtime.conversation import new_id
 from omnistage.entrypoints.openai.text_generation import cached_tokens, completion_tokens, prompt_tokens
 from omnistage.entrypoints.openai.video_chat.context import Context, Turn
-from omnistage.entrypoints.openai.video_chat.prefill import PrefixWarmer
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 logger = logging.getLogger(__name__)

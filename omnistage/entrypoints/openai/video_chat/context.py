@@ -4,7 +4,7 @@ NOTE on the layout: the prompt only ever grows at its end. A turn is its frames 
 arrival order, then its audio, then the question; past turns never change. So the prompt
 of the frames buffered so far (`messages(frames)`, no question yet) is a prefix of the
 next query's prompt up to the last frame, and the thinker's prefix cache holds its keys
-and values when the query comes (see prefill.py).
+and values when the query comes (see ../prefix_warmer.py).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ Server -> client (names as WS /v1/realtime's where they mean the same):
 Frames wait in a bounded buffer (`max_frames`) until a query takes up to `num_frames` of
 them, oldest first; a near repeat of the last kept frame is dropped when the filter is on.
 The conversation (frames, audio, question, answer) stays across queries, so a query sees
-the ones before it. While frames arrive, the prompt so far is prefilled (prefill.py).
+the ones before it. While frames arrive, the prompt so far is prefilled (prefix_warmer.py).
 A bad event gets an `error` naming the field and the session goes on. The session's length
 and idle time are WS /v1/realtime's limits; when the client goes, its running answer and
 warm-up are aborted in the engine.
@@ -45,12 +45,12 @@ from omnistage.entrypoints.openai.common import event_object
 from omnistage.entrypoints.openai.engine_client import EngineGateway
 from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors
 from omnistage.entrypoints.openai.media_inputs import InputMedia
+from omnistage.entrypoints.openai.prefix_warmer import PrefixWarmer
 from omnistage.entrypoints.openai.realtime import audio_format
 from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.entrypoints.openai.video_chat.answer import Answer, stage_params
 from omnistage.entrypoints.openai.video_chat.context import Context, Turn
 from omnistage.entrypoints.openai.video_chat.frames import FrameBuffer, make_frame
-from omnistage.entrypoints.openai.video_chat.prefill import PrefixWarmer
 from omnistage.entrypoints.openai.video_chat.protocol import (
     EVENTS,
     AudioChunk,
@@ -225,7 +225,8 @@ class VideoChatSession(EventSession):
         if self.answer is not None and not self.answer.task.done():
             return
         frames = self.frames.peek(self.settings.num_frames)
-        self.warmer.warm(self.context.messages(Turn(frames)), [f.id for f in frames])
+        self.warmer.warm(self.context.messages(Turn(frames)), "audio" in self.settings.modalities,
+                         [f.id for f in frames])
 
     async def _prefilled(self, frame_ids: list[str]) -> None:
         await self._send({"type": "video.frames.prefilled", "frame_ids": frame_ids, "frames": len(frame_ids)})
