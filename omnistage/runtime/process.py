@@ -61,12 +61,17 @@ class WorkerDiedError(RuntimeError):
         return type(self), (str(self), self.crashed)
 
 
-def spawn(target: Callable[..., Any], args: tuple, name: str, daemon: bool = False) -> mp.Process:
+def spawn(target: Callable[..., Any], args: tuple, name: str, daemon: bool = False,
+          preloaded: bool = True) -> mp.Process:
     """Start `target(*args)` in a new process (not a fork of this one, so a script that starts
     one needs the `if __name__ == "__main__":` guard). The child sees this process's
-    environment as it is now, as a spawned child would, not the fork server's."""
-    proc = _CONTEXT.Process(target=_child_main, args=(dict(os.environ), name, target, args),
-                            name=name, daemon=daemon)
+    environment as it is now, as a spawned child would, not the fork server's. `preloaded=False`
+    spawns a bare interpreter instead of forking the fork server: for a light child (an API
+    server process needs no torch) in a process that may start no other, where the server's
+    imports would cost more than the child's own."""
+    context = _CONTEXT if preloaded else mp.get_context("spawn")
+    proc = context.Process(target=_child_main, args=(dict(os.environ), name, target, args),
+                           name=name, daemon=daemon)
     proc.start()
     return proc
 

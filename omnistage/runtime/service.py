@@ -27,7 +27,8 @@ class ServiceEndpoint:
         self._on_ready = on_ready
         self._stop_timeout_s = stop_timeout_s
         self._conn, child_end = process.pipe(duplex=True)
-        self._proc = process.spawn(target, (child_end, *args), name=f"omnistage-{label}", daemon=True)
+        self._proc = process.spawn(target, (child_end, *args), name=f"omnistage-{label}", daemon=True,
+                                   preloaded=False)  # an API server imports no torch: see EngineFacts
         child_end.close()
         self._gone = False
 
