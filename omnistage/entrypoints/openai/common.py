@@ -197,3 +197,16 @@ def event_object(message: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(event, dict):
         raise bad_request("an event must be a JSON object", code="invalid_event")
     return event
+
+
+def typed_event(raw: dict[str, Any], events: dict[str, type[BaseModel]]) -> BaseModel:
+    """A client event object (see event_object) as the model its `type` names in `events`, or a
+    400 naming the unknown type or the bad field."""
+    model = events.get(raw.get("type")) if isinstance(raw.get("type"), str) else None
+    if model is None:
+        raise bad_request(f"type: unknown event type {raw.get('type')!r}; one of {sorted(events)}",
+                          param="type", code="invalid_event")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        raise from_validation_errors(e.errors()) from None

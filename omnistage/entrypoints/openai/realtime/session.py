@@ -20,12 +20,11 @@ import binascii
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from omnistage.entrypoints.openai.common import event_object
+from omnistage.entrypoints.openai.common import event_object, typed_event
 from omnistage.entrypoints.openai.engine_client import EngineGateway
-from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors
+from omnistage.entrypoints.openai.errors import APIError, bad_request
 from omnistage.entrypoints.openai.realtime import audio_format
 from omnistage.entrypoints.openai.prefix_warmer import PrefixWarmer
 from omnistage.entrypoints.openai.realtime.conversation import Conversation, Item, Part, audio_parts, new_id
@@ -125,14 +124,7 @@ class RealtimeSession(EventSession):
                 await self.variant.handle(raw)
                 self._check_buffer(self.variant.buffered(), INPUT_RATE)
                 return None
-            model = EVENTS.get(raw.get("type")) if isinstance(raw.get("type"), str) else None
-            if model is None:
-                raise bad_request(f"type: unknown event type {raw.get('type')!r}; one of {sorted(EVENTS)}",
-                                  param="type", code="invalid_event")
-            try:
-                return model.model_validate(raw)
-            except ValidationError as e:
-                raise from_validation_errors(e.errors()) from None
+            return typed_event(raw, EVENTS)
         except APIError as e:
             if self.variant is not None:
                 await self._send(error_event(e))

@@ -38,12 +38,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from omnistage.entrypoints.openai.common import event_object
+from omnistage.entrypoints.openai.common import event_object, typed_event
 from omnistage.entrypoints.openai.engine_client import EngineGateway
-from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors
+from omnistage.entrypoints.openai.errors import APIError, bad_request
 from omnistage.entrypoints.openai.media_inputs import InputMedia
 from omnistage.entrypoints.openai.prefix_warmer import PrefixWarmer
 from omnistage.entrypoints.openai.realtime import audio_format
@@ -235,15 +234,7 @@ class VideoChatSession(EventSession):
 
 def _parse(message: dict[str, Any]) -> ClientEvent:
     """A client event, or a 400 naming what is wrong with it."""
-    raw = event_object(message)
-    model = EVENTS.get(raw.get("type")) if isinstance(raw.get("type"), str) else None
-    if model is None:
-        raise bad_request(f"type: unknown event type {raw.get('type')!r}; one of {sorted(EVENTS)}",
-                          param="type", code="invalid_event")
-    try:
-        return model.model_validate(raw)
-    except ValidationError as e:
-        raise from_validation_errors(e.errors()) from None
+    return typed_event(event_object(message), EVENTS)
 
 
 def _event_id(message: dict[str, Any]) -> str | None:
