@@ -133,6 +133,11 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
                    "header; speed 1). Other formats or speeds are a 400.", True),
         "max_new_tokens": ("vLLM-Omni's: the most codec frames the talker samples (default: the deploy's "
                            "`max_tokens`).", 200),
+        "extra_params": ("vLLM-Omni's: the model's extras as one object (Qwen3-TTS: `language`, "
+                         "`non_streaming_mode`; OmniVoice: `num_inference_steps`, `position_temperature`, ...), "
+                         "as when sent as fields; an unknown one is a 400 naming it.", {"language": "auto"}),
+        "word_timestamps": ("vLLM-Omni's: no speech model served here produces word alignments, so `true` is "
+                            "a 400 naming this field.", False),
     },
     "SpeechBatchRequest": {
         "items": ("Up to 32 speech requests (each at least `input`, with any field of `POST /v1/audio/speech` "

@@ -20,7 +20,8 @@ STREAMABLE_FORMATS = ("pcm", "wav")
 
 class SpeechRequest(BaseModel):
     """Fields no route field names are the model's declared extras (Qwen3-TTS: `language`,
-    `non_streaming_mode`), checked against them by the serving; unknown ones are a 400."""
+    `non_streaming_mode`), checked against them by the serving; unknown ones are a 400.
+    vLLM-Omni's `extra_params` object carries the same extras."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -46,6 +47,12 @@ class SpeechRequest(BaseModel):
     task_type: str | None = Field(default=None, max_length=64)
     """vLLM-Omni's TTS task (Qwen3-TTS: CustomVoice, VoiceDesign, Base); it must be the checkpoint's.
     Sent to the model as given; models without tasks refuse it by name."""
+    extra_params: dict[str, Any] | None = None
+    """vLLM-Omni's: the model's extras as one object, beside sending them as fields (both with
+    different values is a 400 naming the field)."""
+    word_timestamps: bool = False
+    """vLLM-Omni's: word times from a forced aligner. No served speech family produces alignments,
+    so true is a 400 naming it."""
 
 
 # --- POST /v1/audio/speech/batch ------------------------------------------------------------
@@ -73,6 +80,8 @@ class SpeechBatchResult(BaseModel):
     """The encoded audio, base64."""
     media_type: str | None = None
     sample_rate: int | None = None
+    usage: dict[str, Any] | None = None
+    """As `speech.audio.done`'s: tokens in and out, characters, seconds of audio."""
     error: dict[str, Any] | None = None
     """OpenAI's error object (message, type, param, code); `param` is located in the batch body
     (`items[2].voice`)."""
@@ -118,6 +127,8 @@ class SessionConfig(BaseModel):
     response_format: Literal["pcm", "wav"] = "pcm"
     """Binary frames carry PCM16; "wav" puts a streaming WAV header before each sentence's first frame."""
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    word_timestamps: bool = False
+    """vLLM-Omni's: no served family produces word alignments, so true is an error naming it."""
 
 
 class InputText(BaseModel):

@@ -2,10 +2,13 @@
 batch of many speech requests answered in one JSON response.
 
 The engine prompt is `{"prompt": input}` plus `instructions`, `task_type` and the model's
-declared extras when given (`PipelineSpec.request_extras`; unknown fields are a 400 naming
-them), and what the voice store makes of `voice` (the name of a built-in voice, or a
-registered voice's reference clip; see voices.py). `seed` and `max_new_tokens` go to the
-talker's sampling params (`seed` alone to an entry diffusion stage, as OmniVoice's).
+declared extras when given (`PipelineSpec.request_extras`, as fields or in vLLM-Omni's
+`extra_params`; unknown fields are a 400 naming them), and what the voice store makes of
+`voice` (the name of a built-in voice, or a registered voice's reference clip; see
+voices.py). `seed` and `max_new_tokens` go to the talker's sampling params; an entry
+diffusion stage (OmniVoice's) takes `seed`, `num_inference_steps`, `guidance_scale` and its
+pipeline's extras instead, checked by the engine. `word_timestamps` is a 400: no served
+family produces alignments.
 `pcm` and `wav` at speed 1 stream chunk by chunk as the model produces them (WAV with an
 open-ended header); any other format, or another speed, is encoded once the whole
 waveform exists and sent as one piece. `stream: true` asks for the first kind and is a 400
@@ -48,6 +51,8 @@ from omnistage.entrypoints.openai.settings import ServerSettings
 from omnistage.media.audio import MIME_TYPES, StreamingAudioEncoder, change_speed, encode_audio
 
 OPUS_RATE = 48000
+DENOISE_FIELDS = ("num_inference_steps", "guidance_scale")
+"""Request fields an entry diffusion stage takes from a speech request (OmniVoice's steps and CFG scale)."""
 
 
 @dataclass
@@ -89,10 +94,11 @@ class SpeechServing:
         if body.response_format == "opus" and not opus_available():
             raise bad_request("response_format: this server's PyAV has no libopus; use wav, pcm, flac or mp3",
                               param="response_format")
+        refuse_word_timestamps(body.word_timestamps)
         if body.ref_text is not None and body.ref_audio is None:
             raise bad_request("ref_text: goes with ref_audio", param="ref_text")
-        extras = self._model_extras(body)
-        params = self._params(body)
+        extras, stage_extras = self._model_extras(body)
+        params = self._params(body, stage_extras)
         if body.ref_audio is not None:  # it overrides `voice`, which the official client always sends
             voice_fields = await asyncio.to_thread(self.voices.inline_clone_fields, body.ref_audio, body.ref_text)
         else:
@@ -110,37 +116,54 @@ class SpeechServing:
             raise
         return stream, first
 
-    def _model_extras(self, body: SpeechRequest) -> dict[str, Any]:
-        """The fields the body sent beyond the route's: each must be an extra the model declares
-        (checked against its type and range), else a 400 naming it."""
+    def _model_extras(self, body: SpeechRequest) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The fields the body sent beyond the route's (or in vLLM-Omni's `extra_params`), as
+        (prompt extras, entry-stage extras). An extra the model declares goes to the prompt,
+        checked against its type and range. Before an entry diffusion stage (OmniVoice) the rest
+        are that stage's (`num_inference_steps`, `guidance_scale` and its pipeline's extras),
+        which the engine checks by name; otherwise the rest are a 400 naming the field."""
         declared = getattr(self.gateway.engine.spec, "request_extras", None) or {}
         takes = sorted(name for name in declared if name not in SpeechRequest.model_fields)
-        extras = {}
-        for name, value in (body.model_extra or {}).items():
-            if name not in takes:
+        to_stage = self._entry().kind == "diffusion"
+        extras, stage_extras = {}, {}
+        for name, value in _extra_fields(body).items():
+            if name in takes:
+                try:
+                    extras[name] = declared[name].check(name, value)
+                except ValueError as e:
+                    raise from_value_error(e) from None
+            elif to_stage:
+                stage_extras[name] = value
+            else:
                 raise bad_request(f"{name}: unknown field; this model's extras are {takes}", param=name)
-            try:
-                extras[name] = declared[name].check(name, value)
-            except ValueError as e:
-                raise from_value_error(e) from None
-        return extras
+        return extras, stage_extras
 
-    def _params(self, body: SpeechRequest) -> dict[str, Any] | None:
-        """`seed` and `max_new_tokens` go to the entry AR stage (the talker); `seed` alone to an
-        entry diffusion stage (one that unmasks or denoises the codes: its length is the
-        model's estimate, not a token budget). The engine fills the rest from its deploy defaults."""
+    def _entry(self) -> Any:
+        return self.gateway.engine.spec.entry_stages[0]
+
+    def _params(self, body: SpeechRequest, stage_extras: dict[str, Any]) -> dict[str, Any] | None:
+        """`seed` and `max_new_tokens` go to the entry AR stage (the talker); `seed` and the
+        stage's fields to an entry diffusion stage (one that unmasks or denoises the codes: its
+        length is the model's estimate, not a token budget). The engine fills the rest from its
+        deploy defaults."""
         given = {"seed": body.seed, "max_tokens": body.max_new_tokens}
         given = {k: v for k, v in given.items() if v is not None}
-        if not given:
-            return None
-        entry = self.gateway.engine.spec.entry_stages[0]
+        entry = self._entry()
         if entry.kind == "diffusion":
             from omnistage.diffusion.params import DiffusionParams
 
             if body.max_new_tokens is not None:
                 raise bad_request("max_new_tokens: this model's speech length comes from the text, not a token "
                                   "budget", param="max_new_tokens")
-            return {entry.name: DiffusionParams(seed=body.seed)}
+            if body.seed is None and not stage_extras:
+                return None
+            fields = {name: stage_extras.pop(name) for name in DENOISE_FIELDS if name in stage_extras}
+            try:
+                return {entry.name: DiffusionParams(seed=body.seed, extras=stage_extras, **fields)}
+            except ValueError as e:
+                raise from_value_error(e) from None
+        if not given:
+            return None
         if entry.kind != "ar":
             name = "seed" if body.seed is not None else "max_new_tokens"
             raise bad_request(f"{name}: this model's speech is not sampled", param=name)
@@ -154,6 +177,7 @@ class SpeechServing:
         shared = body.model_dump(exclude={"items"}, exclude_none=True)
         _check_whole(shared)
         # The shared fields' own errors fail the whole batch.
+        refuse_word_timestamps(shared.get("word_timestamps"))
         self._model_extras(validate(SpeechRequest, {**shared, "input": "-"}))
         request_id = new_request_id("speechbatch")
 
@@ -162,15 +186,17 @@ class SpeechServing:
                 _check_whole(item)
                 speech = validate(SpeechRequest, {**shared, **item})
                 stream, first = await self.start(speech)
-                audio = await _whole(stream, first)
+                finished: list[Any] = []
+                audio = await _whole(stream, first, finished)
                 data = await asyncio.to_thread(_encode_whole, audio, first.sample_rate, speech)
             except (APIError, ValueError) as e:
                 error = (e if isinstance(e, APIError) else from_value_error(e)).body()["error"]
                 error["param"] = f"items[{index}].{error['param']}" if error.get("param") else f"items[{index}]"
                 return SpeechBatchResult(index=index, status="error", error=error)
             rate = OPUS_RATE if speech.response_format == "opus" else first.sample_rate
+            usage = speech_usage(speech.input, finished[-1] if finished else None, speech.speed)
             return SpeechBatchResult(index=index, status="success", audio_data=base64.b64encode(data).decode(),
-                                     media_type=MIME_TYPES[speech.response_format], sample_rate=rate)
+                                     media_type=MIME_TYPES[speech.response_format], sample_rate=rate, usage=usage)
 
         async def run_all() -> list[SpeechBatchResult]:
             return list(await asyncio.gather(*(one(i, item) for i, item in enumerate(body.items))))
@@ -208,6 +234,27 @@ class SpeechServing:
                           "num_bytes": num_bytes})
         except APIError as e:
             yield _event({"type": "error", **e.body()})
+
+
+def refuse_word_timestamps(asked: Any) -> None:
+    """No served family produces alignments (vLLM-Omni's come from a separate forced aligner)."""
+    if asked:
+        raise bad_request("word_timestamps: no speech model served here produces word alignments",
+                          param="word_timestamps")
+
+
+def _extra_fields(body: SpeechRequest) -> dict[str, Any]:
+    """The body's fields beyond the route's, with vLLM-Omni's `extra_params` merged in."""
+    fields = dict(body.model_extra or {})
+    for name, value in (body.extra_params or {}).items():
+        if name in SpeechRequest.model_fields:
+            raise bad_request(f"extra_params.{name}: a field of the speech request; send it as one",
+                              param=f"extra_params.{name}")
+        if name in fields and fields[name] != value:
+            raise bad_request(f"{name}: given as a field and in extra_params with different values "
+                              f"({fields[name]!r} vs {value!r}); send one", param=name)
+        fields[name] = value
+    return fields
 
 
 def _check_whole(fields: dict[str, Any]) -> None:

@@ -41,7 +41,7 @@ from omnistage.entrypoints.openai.audio.protocol import (
     SessionConfig,
     SpeechRequest,
 )
-from omnistage.entrypoints.openai.audio.serving import SpeechServing, audio_chunks
+from omnistage.entrypoints.openai.audio.serving import SpeechServing, audio_chunks, refuse_word_timestamps
 from omnistage.entrypoints.openai.common import check_model
 from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors, shutting_down
 from omnistage.media.audio import StreamingAudioEncoder, change_speed
@@ -165,6 +165,7 @@ class SpeechStreamSession:
             if self._got_text:
                 raise bad_request("session.config must come before the first input.text", code="invalid_message")
             check_model(config.model, self.handler.settings)
+            refuse_word_timestamps(config.word_timestamps)
             self.handler.voices.prompt_fields(config.voice)  # an unknown voice is an error now, not per sentence
         except APIError as e:
             await self._send_json(_error_event(e))
