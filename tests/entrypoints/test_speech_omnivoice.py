@@ -73,3 +73,15 @@ def test_bad_fields_are_400s_naming_them(http, body, param):
     resp = _speech(http, **body)
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == param
+
+
+def test_the_unmasking_stage_fields_through_extra_body(http):
+    plain = _speech(http, response_format="pcm").content
+    for fields in ({"num_inference_steps": 2}, {"guidance_scale": 0.5}, {"position_temperature": 0.0},
+                   {"extra_params": {"class_temperature": 1.0}}):
+        other = _speech(http, response_format="pcm", **fields)
+        assert other.status_code == 200 and other.content != plain, fields
+    for fields, param in (({"t_shift": 0}, "t_shift"), ({"num_inference_steps": 0}, "num_inference_steps"),
+                          ({"height": 64}, "height")):
+        resp = _speech(http, **fields)
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
