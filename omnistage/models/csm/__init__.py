@@ -15,6 +15,7 @@ from omnistage.config import PipelineSpec, register_pipeline
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.models.csm.params import CsmCodecParams
 from omnistage.models.csm.prompt import BUILTIN_VOICES, DEFAULT_VOICE
+from omnistage.models.speech_support import SpeechSupport, declare_speech
 from omnistage.models.talker_codec import TalkerCodec
 
 __all__ = ["CSM", "CsmCodecParams"]
@@ -39,3 +40,5 @@ CSM = PipelineSpec(
 
 register_ar_model("csm.talker", "omnistage.models.csm.talker:CsmTalker")
 register_pipeline("csm", CSM, deploy_config="csm.yaml")  # CSM checkpoints' config.json model_type
+declare_speech("csm", SpeechSupport("CSM", "speech", preset=", ".join(f"`{v}`" for v in BUILTIN_VOICES),
+                                    cloned="`ref_audio` (+ `ref_text`) or a registered voice"))

@@ -25,6 +25,7 @@ parity reference runs here.
 from omnistage.ar.model import register_ar_model
 from omnistage.config import PipelineSpec, register_pipeline
 from omnistage.generation.decoder import register_decoder
+from omnistage.models.speech_support import SpeechSupport, declare_speech
 from omnistage.models.talker_codec import TalkerCodec
 
 __all__ = ["FISH_SPEECH"]
@@ -40,3 +41,5 @@ FISH_SPEECH = PipelineSpec(name="fish_speech", stages=TALKER_CODEC.stages())
 register_ar_model("fish_speech.talker", "omnistage.models.fish_speech.talker:FishSpeechTalker")
 register_decoder("fish_speech.codec", "omnistage.models.fish_speech.codec:FishCodec")
 register_pipeline("dual_ar", FISH_SPEECH, deploy_config="fish_speech.yaml")  # config.json model_type
+# Cloning needs the codec's encoder, which is not served.
+declare_speech("dual_ar", SpeechSupport("Fish Speech (OpenAudio S1)", "speech"))

@@ -15,6 +15,7 @@ from omnistage.ar.model import register_ar_model
 from omnistage.config import PipelineSpec, register_pipeline
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.generation.decoder import register_decoder
+from omnistage.models.speech_support import SpeechSupport, declare_speech
 from omnistage.models.talker_codec import FrameChunkParams, TalkerCodec
 
 __all__ = ["HIGGS_AUDIO"]
@@ -40,3 +41,6 @@ HIGGS_AUDIO = PipelineSpec(
 register_ar_model("higgs_audio.talker", "omnistage.models.higgs_audio.talker:HiggsAudioTalker")
 register_decoder("higgs_audio.codec", "omnistage.models.higgs_audio.codec:HiggsCodec")
 register_pipeline("higgs_audio_v2", HIGGS_AUDIO, deploy_config="higgs_audio.yaml")  # config.json model_type
+# `instructions` is the scene (how the recording sounds), not the voice.
+declare_speech("higgs_audio_v2", SpeechSupport("Higgs-Audio v2", "speech",
+                                               cloned="`ref_audio` (+ `ref_text`) or a registered voice"))

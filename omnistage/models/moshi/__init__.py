@@ -23,6 +23,7 @@ against its checkpoint.
 
 from omnistage.ar.model import register_ar_model
 from omnistage.config import Duplex, PipelineSpec, StageSpec, register_pipeline
+from omnistage.models.speech_support import SpeechSupport, declare_speech
 from omnistage.models.talker_codec import FrameChunkParams, FrameChunks
 
 __all__ = ["MOSHI"]
@@ -51,3 +52,4 @@ MOSHI = PipelineSpec(
 
 register_ar_model("moshi.duplex", "omnistage.models.moshi.model:MoshiDuplex")
 register_pipeline("moshi", MOSHI, deploy_config="moshi.yaml")  # Moshi checkpoints' config.json model_type
+declare_speech("moshi", SpeechSupport("Moshi", "duplex"))  # one voice: its checkpoint's

@@ -16,6 +16,7 @@ from omnistage.ar.model import register_ar_model
 from omnistage.config import PipelineSpec, register_pipeline
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.generation.decoder import register_decoder
+from omnistage.models.speech_support import SpeechSupport, declare_speech
 from omnistage.models.talker_codec import TalkerCodec
 
 __all__ = ["MOSS_TTS"]
@@ -32,9 +33,13 @@ MOSS_TTS = PipelineSpec(
     request_extras={
         "language": ExtraSpec(str, help="The spoken language as the model card names it (e.g. 'English', "
                                         "'Chinese'): the prompt's Language field."),
+        "instructions": ExtraSpec(str, help="The voice and style described in words: the prompt's Instruction "
+                                            "field."),
     },
 )
 
 register_ar_model("moss_tts.talker", "omnistage.models.moss_tts.talker:MossTTSTalker")
 register_decoder("moss_tts.codec", "omnistage.models.moss_tts.codec:MossCodec")
 register_pipeline("moss_tts_delay", MOSS_TTS, deploy_config="moss_tts.yaml")
+# Cloning needs the audio tokenizer's encoder, which the authors' moss-tts-lite does not ship.
+declare_speech("moss_tts_delay", SpeechSupport("MOSS-TTS", "speech", designed="`instructions`"))

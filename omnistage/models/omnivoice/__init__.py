@@ -17,6 +17,7 @@ from omnistage.config import PipelineSpec, StageSpec, register_pipeline
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.registry import register_diffusion_pipeline
 from omnistage.generation.decoder import register_decoder
+from omnistage.models.speech_support import SpeechSupport, declare_speech
 
 __all__ = ["OMNIVOICE"]
 
@@ -56,3 +57,6 @@ register_decoder("omnivoice.codec", "omnistage.models.omnivoice.codec:OmniVoiceC
 # Under config.json's `architectures` name, which is also the unmasking pipeline's key (the support matrix
 # reads the stage's defaults through it).
 register_pipeline("OmniVoice", OMNIVOICE, deploy_config="omnivoice.yaml")
+declare_speech("OmniVoice", SpeechSupport("OmniVoice", "speech",
+                                          designed="`instructions`: the authors' items (gender, age, pitch, accent)",
+                                          cloned="`ref_audio` + `ref_text` (required) or a registered voice"))

@@ -19,6 +19,7 @@ from omnistage.generation.decoder import register_decoder
 from omnistage.models.qwen2_5_omni.params import Token2WavParams
 from omnistage.models.qwen2_5_omni.processors import talker_chunks, talker_inputs, thinker_chunks, thinker_inputs
 from omnistage.models.qwen_omni.recipe import QwenOmni, audio_wanted
+from omnistage.models.speech_support import SpeechSupport, declare_speech
 
 __all__ = ["QWEN2_5_OMNI_WHOLE_HANDOFF", "Token2WavParams", "resolve_qwen2_5_omni"]
 
@@ -44,3 +45,5 @@ register_ar_model("qwen2_5_omni.talker", "omnistage.models.qwen2_5_omni.talker:O
 register_decoder("qwen2_5_omni.token2wav", "omnistage.models.qwen2_5_omni.token2wav:Token2Wav")
 register_pipeline("qwen2_5_omni", resolve_qwen2_5_omni, deploy_config="qwen2_5_omni.yaml")
 register_pipeline("Qwen2_5OmniForConditionalGeneration", resolve_qwen2_5_omni, deploy_config="qwen2_5_omni.yaml")
+declare_speech("qwen2_5_omni", SpeechSupport("Qwen2.5-Omni", "chat",
+                                             preset="the checkpoint's speakers (`Chelsie`, `Ethan`) in `audio.voice`"))

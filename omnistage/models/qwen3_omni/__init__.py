@@ -23,6 +23,7 @@ from omnistage.generation.decoder import register_decoder
 from omnistage.models.qwen3_omni.params import Code2WavParams
 from omnistage.models.qwen3_omni.processors import talker_chunks, talker_inputs, thinker_chunks, thinker_inputs
 from omnistage.models.qwen_omni.recipe import QwenOmni, audio_wanted
+from omnistage.models.speech_support import SpeechSupport, declare_speech
 
 __all__ = ["QWEN3_OMNI_WHOLE_HANDOFF", "Code2WavParams", "resolve_qwen3_omni"]
 
@@ -46,3 +47,5 @@ register_ar_model("qwen3_omni.talker", "omnistage.models.qwen3_omni.talker:Qwen3
 register_decoder("qwen3_omni.code2wav", "omnistage.models.qwen3_omni.code2wav:Code2Wav")
 register_pipeline("qwen3_omni_moe", resolve_qwen3_omni, deploy_config="qwen3_omni.yaml")
 register_pipeline("Qwen3OmniMoeForConditionalGeneration", resolve_qwen3_omni, deploy_config="qwen3_omni.yaml")
+declare_speech("qwen3_omni_moe", SpeechSupport(
+    "Qwen3-Omni", "chat", preset="the checkpoint's speakers (e.g. `Ethan`, any case) in `audio.voice`"))

@@ -18,6 +18,7 @@ from omnistage.config import ModelFiles, PipelineDeployConfig, PipelineSpec, reg
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.generation.decoder import register_decoder
 from omnistage.models.qwen3_omni.params import Code2WavParams
+from omnistage.models.speech_support import SpeechSupport, declare_speech
 from omnistage.models.talker_codec import TalkerCodec
 
 __all__ = ["Code2WavParams", "resolve_qwen3_tts"]
@@ -56,3 +57,7 @@ def resolve_qwen3_tts(files: ModelFiles, deploy: PipelineDeployConfig) -> Pipeli
 register_ar_model("qwen3_tts.talker", "omnistage.models.qwen3_tts.talker:Qwen3TTSTalker")
 register_decoder("qwen3_tts.codec", "omnistage.models.qwen3_tts.codec:Qwen3TTSCodec")
 register_pipeline("qwen3_tts", resolve_qwen3_tts, deploy_config="qwen3_tts.yaml")  # config.json model_type
+declare_speech("qwen3_tts", SpeechSupport(
+    "Qwen3-TTS", "speech", preset="CustomVoice checkpoints: the checkpoint's speakers (e.g. `vivian`)",
+    designed="VoiceDesign checkpoints: `instructions`",
+    cloned="Base checkpoints: `ref_audio` (+ `ref_text`: in-context) or a registered voice"))

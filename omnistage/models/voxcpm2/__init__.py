@@ -16,6 +16,7 @@ from omnistage.ar.model import register_ar_model
 from omnistage.config import PipelineSpec, register_pipeline
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.generation.decoder import register_decoder
+from omnistage.models.speech_support import SpeechSupport, declare_speech
 from omnistage.models.talker_codec import TalkerCodec
 
 __all__ = ["VOXCPM2"]
@@ -40,3 +41,5 @@ VOXCPM2 = PipelineSpec(
 register_ar_model("voxcpm2.talker", "omnistage.models.voxcpm2.talker:VoxCPM2Talker")
 register_decoder("voxcpm2.vae", "omnistage.models.voxcpm2.codec:VoxCPM2Codec")
 register_pipeline("voxcpm2", VOXCPM2, deploy_config="voxcpm2.yaml")  # config.json "architecture"
+declare_speech("voxcpm2", SpeechSupport("VoxCPM2", "speech", designed="`instructions`",
+                                        cloned="`ref_audio` (+ `ref_text`: continuation) or a registered voice"))
