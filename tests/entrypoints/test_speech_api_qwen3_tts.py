@@ -112,6 +112,12 @@ def test_max_new_tokens_and_model_extras_through_extra_body(server):
     speech = client.audio.speech.create(model="qwen3-tts", voice="ryan", input=TEXT, response_format="pcm",
                                         extra_body={"max_new_tokens": 8, "language": "auto"})
     assert len(speech.content) == 2 * 8 * SAMPLES_PER_FRAME  # the deploy's default is 16 frames
+    by_id = client.audio.speech.create(model="qwen3-tts", voice={"id": "ryan"}, input=TEXT, response_format="pcm",
+                                       extra_body={"max_new_tokens": 8, "language": "auto"})
+    assert by_id.content == speech.content  # OpenAI's custom voice object names the same voice
+    for voice in ({"id": "nobody"}, {"name": "ryan"}):
+        assert httpx.post(f"{url}/v1/audio/speech", json={"input": TEXT, "voice": voice}).json()["error"]["param"] \
+            == "voice"
     for extra, param in (({"language": "klingon"}, "language"),  # the model itself refuses it
                          ({"non_streaming_mode": "yes"}, "non_streaming_mode"),
                          ({"pitch": 2}, "pitch"), ({"max_new_tokens": 0}, "max_new_tokens")):

@@ -117,7 +117,8 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
     "SpeechRequest": {
         "input": ("The text to read aloud.", "Hello there!"),
         "voice": ("A built-in voice (CSM: alloy, echo, fable, onyx, nova, shimmer; a Qwen3-TTS CustomVoice "
-                  "checkpoint's speakers) or a voice registered at `POST /v1/audio/voices`.", "alloy"),
+                  "checkpoint's speakers) or a voice registered at `POST /v1/audio/voices`, by name or as OpenAI's "
+                  "`{\"id\": name}`.", "alloy"),
         "instructions": ("How to speak; a Qwen3-TTS VoiceDesign checkpoint takes its voice from it.",
                          "A calm, low voice."),
         "response_format": ("The audio encoding; `pcm` is raw 16-bit mono at the `x-sample-rate` header's "

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from omnistage.entrypoints.openai.common import DiffusionFields
 from omnistage.entrypoints.openai.errors import bad_request
@@ -27,8 +27,11 @@ class SpeechRequest(BaseModel):
 
     model: str | None = None
     input: str = Field(min_length=1, max_length=4096)
-    voice: str | None = None
-    """A voice the model knows; None = the model's default voice."""
+    voice: str | None = Field(default=None, json_schema_extra={"anyOf": [
+        {"type": "string"}, {"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"],
+                             "additionalProperties": False}, {"type": "null"}]})
+    """A voice the model knows, by name or as OpenAI's custom voice object `{"id": name}`; None =
+    the model's default voice."""
     instructions: str | None = Field(default=None, max_length=4096)
     response_format: SpeechFormat = "mp3"
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
@@ -53,6 +56,16 @@ class SpeechRequest(BaseModel):
     word_timestamps: bool = False
     """vLLM-Omni's: word times from a forced aligner. No served speech family produces alignments,
     so true is a 400 naming it."""
+
+    @field_validator("voice", mode="before")
+    @classmethod
+    def _voice_by_id(cls, voice: Any) -> Any:
+        """OpenAI's custom voice reference (`{"id": "my-voice"}`, as its client sends one) names the voice."""
+        if isinstance(voice, dict):
+            if set(voice) != {"id"}:
+                raise ValueError('a voice name, or {"id": name}')
+            return voice["id"]
+        return voice
 
 
 # --- POST /v1/audio/speech/batch ------------------------------------------------------------
