@@ -84,6 +84,8 @@ def row_spans(rows: Any, positions: Any, start: int = 0, end: int | None = None)
     if start % ROWS_PER_DIGEST:
         raise ValueError(f"row_spans: start {start} is not a multiple of {ROWS_PER_DIGEST}")
     end = rows.shape[0] if end is None else end
+    if end == start:  # nothing to digest yet: a streamed prompt shorter than one group (a short omni chat turn)
+        return ()
     # One copy to the host; each row's bytes as fed (numpy has no bfloat16).
     data = rows[start:end].detach().contiguous().view(torch.uint8).cpu().numpy()
     where = positions[..., start:end].detach().reshape(-1, end - start).T.contiguous().cpu().numpy()
