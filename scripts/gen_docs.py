@@ -218,7 +218,7 @@ adapter, which takes none of them.
 ## Speech
 
 What each family that speaks offers, read from its declaration (`declare_speech` in
-`omnistage/models/<family>/__init__.py`); `omnistage models --speech` prints the same table.
+`omnistage/models/<family>/__init__.py`); `omnistage models --speech --markdown` prints the same table.
 "speaks through" is the route that reads text aloud (`speech`: `POST /v1/audio/speech`), the
 omni models' chat (`modalities: ["audio"]`), or a full-duplex realtime session. On the speech
 route a family without preset voices ignores `voice` (the official client always sends one),
