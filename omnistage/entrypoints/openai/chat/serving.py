@@ -193,7 +193,8 @@ class ChatServing:
     # --- building the engine request -------------------------------------------------------
 
     def _text_request(self, body: ChatCompletionRequest, media: InputMedia) -> tuple[Any, SamplingParams, str | None]:
-        image_only = [k for k in ("size", *body.diffusion_fields()) if k != "seed" and getattr(body, k) is not None]
+        image_only = [k for k in ("size", *body.diffusion_fields()) if k not in ("seed", "lora")
+                      and getattr(body, k) is not None]
         if image_only:
             raise bad_request(f"{image_only[0]}: only image models take it", param=image_only[0])
         if body.max_tokens is not None and body.max_completion_tokens is not None:
@@ -216,6 +217,7 @@ class ChatServing:
         values = {k: getattr(body, k) for k in _SAMPLING_FIELDS}
         values["max_tokens"] = body.max_completion_tokens or body.max_tokens
         values["logprobs"] = (body.top_logprobs or 0) if body.logprobs else None
+        values["lora"] = body.lora  # the entry stage's adapter (native AR: ar/lora.py)
         # OpenAI's chat default: until the model stops (capped at max_model_len), unless the deploy sets one.
         params = entry_sampling_params(values, extras, fallback={"max_tokens": None})
         self._check_media_parts(body)

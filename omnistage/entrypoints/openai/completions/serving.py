@@ -60,6 +60,7 @@ class CompletionServing:
                               param="echo")
         values = {k: getattr(body, k) for k in _SAMPLING_FIELDS}
         values["logprobs"] = body.logprobs
+        values["lora"] = body.lora
         # max_tokens left out: the deploy's default, else OpenAI's 16 (SamplingParams'); null: until
         # the model stops, unless the deploy sets one.
         given = "max_tokens" in body.model_fields_set
