@@ -5,14 +5,22 @@ An adapter is a peft LoRA folder (`adapter_config.json` + `adapter_model.safeten
 linear layer it adapts (B pre-multiplied by peft's scaling, lora_alpha / r) into that layer,
 which is wrapped once in a `LoraLinear`; nothing is merged into the base weights.
 
-NOTE on the algorithm (vLLM's punica idea, on any device): before each forward the runner
-sets the step's `LoraBatch`: for each (adapter, scale) some rows use, which of the forward's
-tokens are theirs. A `LoraLinear` runs its base layer once for the whole batch, then adds
-each group's low-rank delta to its tokens only: `y[idx] += (x[idx] @ A.T) @ B.T * scale`
-(gathered and scattered with index_select / index_add; a group that holds every token needs
-neither). So requests with different adapters, or none, share one forward, and a step with no
-adapter pays one attribute check per layer. The LM head sees one row per sequence
-(`logits_to_keep`) rather than one per token: the batch holds the groups by row for it.
+NOTE on the algorithm (vLLM's batched LoRA, as dense matmuls that run on any device): before
+each forward the runner sets the step's `LoraBatch`: the distinct (adapter, scale) groups its
+rows use, and a `[tokens, groups]` matrix holding each token's group scale (0 elsewhere). A
+`LoraLinear` runs its base layer once for the whole batch, then adds every row's low-rank delta
+in two more matmuls whatever the number of adapters: the A matrices of the step's groups stacked
+into one `[sum of ranks, in]`, the B matrices into one `[out, sum of ranks]` (built once per set
+of groups and kept until an adapter loads or unloads), and between them each token's columns of
+the other groups zeroed by that matrix:
+
+    y += ((x @ A_cat.T) * scales[:, group of each column]) @ B_cat.T
+
+So requests with different adapters, or none, share one forward, with four extra ops per layer
+(a segment loop would cost four per adapter), and a step with no adapter pays one attribute
+check per layer. The extra work grows with the sum of the step's ranks (at most max_num_seqs
+groups), small beside the base matmul for LoRA ranks. The LM head sees one row per sequence
+(`logits_to_keep`) rather than one per token: the batch holds the scales by row for it too.
 
 Which adapters are loaded, and when, the engine decides (core/lora.py's `LoraSet`); a failed
 load leaves nothing behind.
@@ -53,7 +61,7 @@ def adapter_folder_problem(path: str) -> str | None:
 
 class LoraLinear(nn.Module):
     """A linear layer plus, for each loaded adapter that adapts it, A and B (scaled): adds each
-    row's adapter delta to the base layer's output for the rows the step's `LoraBatch` names."""
+    row's adapter delta to the base layer's output, as the step's `LoraBatch` says."""
 
     def __init__(self, base: nn.Module, table: AdapterTable) -> None:
         super().__init__()
@@ -62,49 +70,56 @@ class LoraLinear(nn.Module):
         self.table = table
         self.adapters: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         """Adapter id -> (A [r, in], B * lora_alpha / r [out, r])."""
+        self._stack_key: tuple[int, ...] | None = None
+        self._stack: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        """For the adapter ids of the last step's groups (steps mostly repeat them): A_cat, B_cat and
+        the group of each rank column; None: none of them adapts this layer."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
         batch = self.table.batch
         if batch is None:  # no row of this step has an adapter
             return y
+        stack = self._stacked(batch.adapters)
+        if stack is None:  # no adapter of this step adapts this layer
+            return y
+        a, b, columns = stack
         xf, yf = x.reshape(-1, self.in_features), y.view(-1, self.out_features)
-        for group in batch.groups_for(xf.shape[0]):
-            weights = self.adapters.get(group.adapter)
-            if weights is None:  # this adapter leaves this layer alone
-                continue
-            a, b = weights
-            if group.index is None:  # every token of the step
-                yf.addmm_(xf @ a.t(), b.t(), alpha=group.scale)
-            else:
-                yf.index_add_(0, group.index, (xf.index_select(0, group.index) @ a.t()) @ b.t(), alpha=group.scale)
+        scales = batch.scales_for(xf.shape[0])  # [tokens or rows, groups]
+        yf.addmm_((xf @ a.t()) * scales[:, columns], b.t())
         return y
 
+    def _stacked(self, adapters: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        if adapters != self._stack_key:
+            held = [(g, self.adapters[uid]) for g, uid in enumerate(adapters) if uid in self.adapters]
+            self._stack_key, self._stack = adapters, None if not held else (
+                torch.cat([a for _, (a, _) in held]), torch.cat([b for _, (_, b) in held], dim=1),
+                torch.tensor([g for g, (a, _) in held for _ in range(a.shape[0])], device=held[0][1][0].device))
+        return self._stack
 
-@dataclass
-class Group:
-    adapter: int
-    scale: float
-    index: torch.Tensor | None
-    """The tokens (or rows) of the forward that use it; None: all of them."""
+    def forget_stacks(self) -> None:
+        """An adapter loaded or unloaded: the stack is rebuilt on its next use."""
+        self._stack_key = self._stack = None
 
 
 @dataclass
 class LoraBatch:
-    """One forward's groups of tokens by (adapter, scale), and the same by row (the LM head's input)."""
+    """One forward's (adapter, scale) groups: their adapter ids, and each token's (and each row's, for
+    the LM head's input) scale in its group's column, 0 in the others."""
 
-    num_tokens: int
-    by_token: list[Group]
-    num_rows: int
-    by_row: list[Group]
+    adapters: tuple[int, ...]
+    by_token: torch.Tensor
+    """[tokens, groups]"""
+    by_row: torch.Tensor
+    """[rows, groups]"""
 
-    def groups_for(self, num: int) -> list[Group]:
-        if num == self.num_tokens:
+    def scales_for(self, num: int) -> torch.Tensor:
+        if num == self.by_token.shape[0]:
             return self.by_token
-        if num == self.num_rows:
+        if num == self.by_row.shape[0]:
             return self.by_row
-        raise RuntimeError(f"a LoRA layer got {num} rows; this forward has {self.num_tokens} tokens in "
-                           f"{self.num_rows} sequences")
+        raise RuntimeError(f"a LoRA layer got {num} rows; this forward has {self.by_token.shape[0]} tokens in "
+                           f"{self.by_row.shape[0]} sequences")
 
 
 class AdapterTable:
@@ -130,15 +145,17 @@ class AdapterTable:
             return f"cannot load adapter {name!r} from {path}: {exc}"
         uid, self._next_id = self._next_id, self._next_id + 1
         for module_name, (a, b) in weights.items():
-            self._wrapped(module_name).adapters[uid] = (a, b)
+            layer = self._wrapped(module_name)
+            layer.adapters[uid] = (a, b)
+            layer.forget_stacks()
         self.ids[name] = uid
         return None
 
     def unload(self, name: str) -> None:
         uid = self.ids.pop(name, None)
         for module in self.model.modules():
-            if isinstance(module, LoraLinear):
-                module.adapters.pop(uid, None)
+            if isinstance(module, LoraLinear) and module.adapters.pop(uid, None) is not None:
+                module.forget_stacks()
 
     def _read(self, path: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """{layer name: (A, scaled B)} of the peft adapter at `path`, checked against the model."""
@@ -203,23 +220,17 @@ class AdapterTable:
             return
         if inp.packed:  # rows end to end
             lens = list(inp.query_lens)
-            starts = [0]
-            for n in lens[:-1]:
-                starts.append(starts[-1] + n)
         else:  # row i is tokens i*T .. i*T + T-1, its padding included (harmless: never read)
-            width = inp.input_ids.shape[1]
-            starts, lens = [i * width for i in range(len(keys))], [width] * len(keys)
-        num_tokens = starts[-1] + lens[-1]
-        by_token, by_row = [], []
-        for key in dict.fromkeys(k for k in keys if k is not None):  # distinct (adapter, scale), in order
-            rows = [i for i, k in enumerate(keys) if k == key]
-            tokens = [t for i in rows for t in range(starts[i], starts[i] + lens[i])]
-            by_token.append(Group(*key, self._index(tokens, num_tokens)))
-            by_row.append(Group(*key, self._index(rows, len(keys))))
-        self.batch = LoraBatch(num_tokens, by_token, len(keys), by_row)
+            lens = [inp.input_ids.shape[1]] * len(keys)
+        groups = list(dict.fromkeys(k for k in keys if k is not None))  # distinct (adapter, scale), in order
+        by_row = torch.zeros(len(keys), len(groups))
+        for i, key in enumerate(keys):
+            if key is not None:
+                g = groups.index(key)
+                by_row[i, g] = key[1]
+        by_token = by_row.repeat_interleave(torch.tensor(lens), dim=0)
+        self.batch = LoraBatch(tuple(uid for uid, _ in groups), by_token.to(self.device, self.dtype),
+                               by_row.to(self.device, self.dtype))
 
     def end(self) -> None:
         self.batch = None
-
-    def _index(self, items: list[int], total: int) -> torch.Tensor | None:
-        return None if len(items) == total else torch.tensor(items, device=self.device)

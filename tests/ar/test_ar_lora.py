@@ -66,7 +66,7 @@ def record_groups(engine) -> list[int]:
 
     def recording(inp):
         begin(inp)
-        counts.append(0 if table.batch is None else len(table.batch.by_token))
+        counts.append(0 if table.batch is None else len(table.batch.adapters))
 
     table.begin = recording
     return counts
