@@ -3,7 +3,8 @@ adapters written by peft's `save_pretrained` (random non-zero A and B): greedy t
 equal transformers + peft (`PeftModel.from_pretrained`) for each adapter alone, and a batch mixing
 adapter A, adapter B (loaded by path on first use) and no adapter runs as ONE forward per step whose
 rows each equal their reference; the prefix cache never hands one adapter's KV blocks to another;
-an adapter that does not fit is refused naming `lora.path` and loads nothing; the LRU set of
+an adapter that does not fit is refused naming `lora.path` and loads nothing (and weight updates and
+sleep level 2, which load by the checkpoint's layer names, are refused); the LRU set of
 `max_loras` unloads the cold adapter, and a request waits while every slot is in use."""
 
 from __future__ import annotations
@@ -126,7 +127,11 @@ def test_an_adapter_that_does_not_fit_is_refused_naming_lora_path_and_loads_noth
     save_file({prefix + "q_proj.lora_A.weight": torch.ones(2, 128), prefix + "q_proj.lora_B.weight": torch.ones(128, 2),
                prefix + "k_proj.lora_A.weight": torch.ones(2, 99), prefix + "k_proj.lora_B.weight": torch.ones(64, 2)},
               str(bad / "adapter_model.safetensors"))
+    dora = tmp_path / "dora"
+    dora.mkdir()
+    (dora / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "use_dora": True}))
     cases = {str(bad): r"k_proj: lora_A \[2, 99\] and lora_B \[64, 2\] do not fit its 128 inputs",
+             str(dora): "uses DoRA, which this engine does not apply",
              str(tmp_path / "missing"): "no peft adapter folder", str(tmp_path): "has no adapter_config.json"}
     for path, message in cases.items():
         with pytest.raises(RequestError, match=message) as info:
@@ -137,6 +142,11 @@ def test_an_adapter_that_does_not_fit_is_refused_naming_lora_path_and_loads_noth
     assert info.value.param == "lora.name"
     after = [(n, sorted(m.adapters)) for n, m in engine.model.model.named_modules() if isinstance(m, LoraLinear)]
     assert after == before and "wide" not in engine.runner.adapters.ids and not engine.has_unfinished_requests()
+    # LoRA layers wrap the checkpoint's linear layers: their weights are no longer under its names
+    with pytest.raises(RuntimeError, match="update_weights: not with lora_adapters"):
+        engine.update_weights(tensors={})
+    with pytest.raises(RuntimeError, match="sleep level 2: not with lora_adapters"):
+        engine.sleep(2)
 
 
 def test_max_loras_unloads_the_cold_adapter_and_a_request_waits_for_a_slot(engine, tokenizer, references, tmp_path,
