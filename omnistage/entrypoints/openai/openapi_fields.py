@@ -13,8 +13,9 @@ from typing import Any
 
 # (description, example or None). Fields many request models share: described once.
 COMMON: dict[str, tuple[str, Any]] = {
-    "model": ("The served model's id (`GET /v1/models`); another id is a 404. Optional: the server "
-              "serves one model.", "omnistage-demo-z-image"),
+    "model": ("The served model's id (`GET /v1/models`); another id is a 404, except on chat and completions "
+              "of a text model the name of a LoRA adapter its first stage serves (vLLM's convention: the same "
+              "as `lora: {\"name\": ...}`). Optional: the server serves one model.", "omnistage-demo-z-image"),
     "prompt": ("What to generate, in words.", "a lighthouse at dusk"),
     "negative_prompt": ("Diffusion: what the image, video or audio should not show; runs the "
                         "unconditional branch of classifier-free guidance with it.", "blurry, low quality"),

@@ -1,7 +1,8 @@
 """LoRA adapters of a text LLM's native AR stage over HTTP (the zoo's qwen2-llm, `max_loras: 1`, one peft
 adapter declared): chat and completions take `lora` by name, or by `path` loaded on first use, and answer
-with transformers + peft's greedy text; the adapter routes list, load and unload the stage's adapters;
-a bad folder is a 400 naming `lora.path` (or `path`) and loads nothing."""
+with transformers + peft's greedy text, as they do when `model` names the adapter (vLLM's convention);
+the adapter routes list, load and unload the stage's adapters; a bad folder is a 400 naming `lora.path`
+(or `path`) and loads nothing."""
 
 from __future__ import annotations
 
@@ -69,6 +70,19 @@ def test_requests_pick_an_adapter_by_name_or_path(http, zoo, adapters):
                                                    "lora": {"name": "b"}})
     assert chat.status_code == 200, chat.text
     assert listed(http)["b"] == {"name": "b", "path": adapters["b"], "loaded": True, "source": "path", "stage": "llm"}
+
+
+def test_model_may_name_an_adapter(http):
+    assert completion(http, model="a") == completion(http, lora={"name": "a"}) != completion(http, model="m")
+    chat = {"messages": [{"role": "user", "content": "hi"}], **GREEDY}
+    answers = [http.post("/v1/chat/completions", json={**chat, **extra}) for extra in
+               ({"model": "a"}, {"lora": {"name": "a"}})]
+    assert [r.status_code for r in answers] == [200, 200], answers[0].text
+    assert answers[0].json()["choices"][0]["message"] == answers[1].json()["choices"][0]["message"]
+    resp = http.post("/v1/completions", json={"prompt": PROMPT, "model": "nope"})
+    assert resp.status_code == 404 and resp.json()["error"]["param"] == "model", resp.text
+    resp = http.post("/v1/completions", json={"prompt": PROMPT, "model": "a", "lora": {"name": "b"}})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "lora", resp.text
 
 
 def test_the_routes_load_and_unload_and_a_bad_folder_loads_nothing(http, adapters, tmp_path):

@@ -47,7 +47,7 @@ from omnistage.entrypoints.openai.chat.protocol import (
     Usage,
 )
 from omnistage.entrypoints.openai.chat import tools
-from omnistage.entrypoints.openai.common import check_model, check_n, parse_size
+from omnistage.entrypoints.openai.common import check_n, parse_size
 from omnistage.entrypoints.openai.engine_client import (
     EngineGateway,
     RequestStream,
@@ -65,6 +65,7 @@ from omnistage.entrypoints.openai.text_generation import (
     merge_streams,
     open_streams,
     usage,
+    with_model_adapter,
 )
 from omnistage.entrypoints.openai.media_inputs import InputMedia
 from omnistage.media.audio import encode_audio, resample, to_pcm16
@@ -129,7 +130,7 @@ class ChatServing:
             if given:
                 raise bad_request(f"{name}: the batch route answers plain completions (no streaming, tools "
                                   f"or n > 1)", param=name)
-        check_model(body.model, self.settings)
+        body = await with_model_adapter(body, self.settings, self.gateway.engine)
         media, request_id = request.app.state.media, new_request_id("chatcmpl")
 
         async def one(index: int, conversation: list[ChatMessage]) -> tuple[BatchChoice, Usage | None]:
@@ -163,7 +164,7 @@ class ChatServing:
     async def prepare(self, body: ChatCompletionRequest, media: InputMedia) -> ChatJob:
         """Check the body and build its engine requests (the Responses route shares this)."""
         self.capabilities.require("chat")
-        check_model(body.model, self.settings)
+        body = await with_model_adapter(body, self.settings, self.gateway.engine)
         check_n(body.n, self.settings)
         modalities = body.modalities or []
         wants_audio = "audio" in modalities
