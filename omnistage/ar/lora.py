@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from omnistage.core.lora import short_error
+
 if TYPE_CHECKING:
     from omnistage.ar.model import ModelInput
 
@@ -141,8 +143,10 @@ class AdapterTable:
         nothing of it loaded, or None."""
         try:
             weights = self._read(path)
-        except (OSError, ValueError, KeyError) as exc:
+        except ValueError as exc:  # what _read found wrong, said in full
             return f"cannot load adapter {name!r} from {path}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - any failure of the files is the caller's: report it
+            return f"cannot load adapter {name!r} from {path}: {short_error(exc)}"
         uid, self._next_id = self._next_id, self._next_id + 1
         for module_name, (a, b) in weights.items():
             layer = self._wrapped(module_name)
@@ -195,7 +199,7 @@ class AdapterTable:
             if a.shape != (rank, layer.in_features) or b.shape != (layer.out_features, rank):
                 raise ValueError(f"layer {module_name}: lora_A {list(a.shape)} and lora_B {list(b.shape)} do not fit "
                                  f"its {layer.in_features} inputs and {layer.out_features} outputs")
-            alpha = config.get("lora_alpha", rank)
+            alpha = config.get("lora_alpha", 8)  # peft LoraConfig's default
             scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
             weights[module_name] = (a.to(self.device, self.dtype), (b * scaling).to(self.device, self.dtype))
         return weights

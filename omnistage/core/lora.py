@@ -184,3 +184,10 @@ class LoraSet:
         declared = [{"name": n, "path": p, "loaded": True, "source": "deploy"} for n, p in self.declared.items()]
         hot = [{"name": n, "path": p, "loaded": n in self.loaded, "source": "path"} for n, p in self.paths.items()]
         return sorted(declared + hot, key=lambda a: a["name"])
+
+
+def short_error(exc: BaseException) -> str:
+    """An exception's first two lines: torch lists every mismatched tensor, one a line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
+    return f"{type(exc).__name__}: {' '.join(lines[:2])}{more}"

@@ -130,7 +130,12 @@ def test_an_adapter_that_does_not_fit_is_refused_naming_lora_path_and_loads_noth
     dora = tmp_path / "dora"
     dora.mkdir()
     (dora / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2, "use_dora": True}))
-    cases = {str(bad): r"k_proj: lora_A \[2, 99\] and lora_B \[64, 2\] do not fit its 128 inputs",
+    torn = tmp_path / "torn"  # a weights file cut short
+    torn.mkdir()
+    (torn / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 2}))
+    (torn / "adapter_model.safetensors").write_bytes((bad / "adapter_model.safetensors").read_bytes()[:50])
+    cases = {str(torn): "cannot load adapter 'wide' from .*torn: SafetensorError",
+             str(bad): r"k_proj: lora_A \[2, 99\] and lora_B \[64, 2\] do not fit its 128 inputs",
              str(dora): "uses DoRA, which this engine does not apply",
              str(tmp_path / "missing"): "no peft adapter folder", str(tmp_path): "has no adapter_config.json"}
     for path, message in cases.items():

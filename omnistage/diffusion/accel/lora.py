@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from omnistage.core.lora import short_error
+
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.diffusion.pipeline import DenoiseState
@@ -168,10 +170,3 @@ class AdapterSwitch:
         self.active = "unset"
         if any(name in names for names in self.loader.get_list_adapters().values()):
             self.loader.delete_adapters(name)
-
-
-def short_error(exc: BaseException) -> str:
-    """An exception's first two lines: torch lists every mismatched tensor, one a line."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
-    return f"{type(exc).__name__}: {' '.join(lines[:2])}{more}"
