@@ -12,7 +12,16 @@ share one adapter, in one script on one `DiffusionEngine` (uni executor, step mo
 
 Writes "## LoRA adapters loaded by path" in benchmarks/RESULTS.md.
 
+With `--stage ar`: a text LLM on the native AR engine (`AREngine`, the zoo's qwen2-llm), `--batch`
+requests x 64 new tokens (greedy, every request the full length) submitted at once, each with no
+adapter, all one adapter, or each its own adapter (peft rank-8 LoRAs on every linear layer of the
+decoder, `omnistage.testing.lora.build_peft_lora`, all loaded ahead): generated tokens per second, and
+the process CPU time against the batch without adapters (one torch thread, so CPU time is what the
+run costs on a shared machine); best of `--repeats`, interleaved. Writes "## LoRA adapters on an AR
+stage".
+
     .venv/bin/python benchmarks/bench_lora.py [--model z-image] [--size small] [--repeats 5]
+    .venv/bin/python benchmarks/bench_lora.py --stage ar [--model qwen2-llm] [--size small] [--batch 8]
 """
 
 from __future__ import annotations
@@ -49,14 +58,83 @@ def run(engine, batch: list) -> float:
     return time.perf_counter() - start
 
 
+AR_NEW_TOKENS = 64
+AR_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def ar_requests(tokenizer, names: list[str | None], tag: str) -> list:
+    from omnistage.ar.sampling_params import SamplingParams
+    from omnistage.core.types import StageRequest
+
+    text = "The quick brown fox jumps over the lazy dog. Once upon a time there was a little robot " * 3
+    ids = tokenizer(text)["input_ids"]
+    return [StageRequest(f"{tag}{i}", {"prompt_token_ids": ids[i:i + 8 + 4 * i]},
+                         SamplingParams(max_tokens=AR_NEW_TOKENS, min_tokens=AR_NEW_TOKENS, temperature=0.0,
+                                        lora=None if name is None else {"name": name}))
+            for i, name in enumerate(names)]
+
+
+def bench_ar(args) -> None:
+    import torch
+
+    from omnistage.ar.engine import AREngine
+    from omnistage.config.deploy_fields import StageDeployConfig
+    from omnistage.testing import ensure
+    from omnistage.testing.lora import build_peft_lora
+
+    torch.set_num_threads(1)
+    load_start = os.getloadavg()[0]
+    path = ensure(args.model, size=args.size)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-ar-lora-"))
+    adapters = {f"a{i}": str(build_peft_lora(path, tmp / f"a{i}", AR_TARGETS, rank=8, alpha=16, seed=i))
+                for i in range(args.batch)}
+    config = StageDeployConfig(devices=("cpu",), dtype="float32", max_num_seqs=args.batch, lora_adapters=adapters)
+    engine = AREngine(str(path), config=config)
+    kinds = {"no adapter": [None] * args.batch, "one adapter": ["a0"] * args.batch,
+             "mixed adapters": list(adapters)}
+    wall: dict[str, list[float]] = {kind: [] for kind in kinds}
+    cpu: dict[str, list[float]] = {kind: [] for kind in kinds}
+    try:
+        for kind, names in kinds.items():  # warm-up
+            run(engine, ar_requests(engine.model.tokenizer, names, f"w{kind[:3]}"))
+        for r in range(args.repeats):  # interleaved, so load changes hit every kind alike
+            for kind, names in kinds.items():
+                engine.block_manager.reset_prefix_cache()
+                cpu_start = time.process_time()
+                wall[kind].append(run(engine, ar_requests(engine.model.tokenizer, names, f"{kind[:3]}{r}-")))
+                cpu[kind].append(time.process_time() - cpu_start)
+    finally:
+        engine.close()
+    load_end = os.getloadavg()[0]
+    tokens = args.batch * AR_NEW_TOKENS
+    best_cpu = {kind: min(t) for kind, t in cpu.items()}
+    body = (f"{args.model} ({args.size}), {args.batch} requests x {AR_NEW_TOKENS} new tokens (greedy, full length), "
+            f"prompts of 8-{8 + 4 * (args.batch - 1)} tokens, fp32 on cpu, 1 torch thread; peft rank-8 LoRAs "
+            f"(alpha 16) on every linear layer of the decoder, loaded ahead (`lora_adapters`); best of "
+            f"{args.repeats}, interleaved. Taken under load: other jobs shared the 2 cores (load average (1 min) "
+            f"{load_start:.1f} at the start, {load_end:.1f} at the end); the CPU-time ratio is the figure to read.\n\n"
+            f"| batch | tok/s (wall) | process CPU s | CPU time vs no adapter | vs one adapter |\n"
+            f"| --- | --- | --- | --- | --- |\n")
+    for kind in kinds:
+        body += (f"| {kind} | {tokens / min(wall[kind]):.0f} | {best_cpu[kind]:.3f} | "
+                 f"{best_cpu[kind] / best_cpu['no adapter']:.2f}x | {best_cpu[kind] / best_cpu['one adapter']:.2f}x |\n")
+    print(body)
+    write_section("LoRA adapters on an AR stage", "benchmarks/bench_lora.py", body)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="z-image")
+    parser.add_argument("--stage", choices=("diffusion", "ar"), default="diffusion")
+    parser.add_argument("--model", default=None, help="default: z-image (diffusion), qwen2-llm (ar)")
     parser.add_argument("--size", default="small")
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=None, help="default: 4 (diffusion), 8 (ar)")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    if args.stage == "ar":
+        args.model, args.batch = args.model or "qwen2-llm", args.batch or 8
+        return bench_ar(args)
+    args.model, args.batch = args.model or "z-image", args.batch or 4
 
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.diffusion.engine import DiffusionEngine

@@ -10,7 +10,9 @@ Block 0 is never handed out: it is the scratch block that padding positions writ
 
 Prefix caching: a full block is keyed by its token ids, the digests of the media items
 its positions overlap (media_spans.py: placeholder ids alone do not say which image they
-stand for) and the key of the block before it, so equal keys mean equal prefixes. A new
+stand for) and the key of the block before it, so equal keys mean equal prefixes. The
+first block's "block before" is the sequence's LoRA adapter and scale (`Sequence.lora`, None
+without one): the same prompt under another adapter has other keys and values. A new
 sequence takes every cached block its prompt starts with (one more reference each) and
 computes only the rest. A block whose last reference goes away stays cached in the free
 queue until it is handed out again: the queue is LRU, and a freed sequence's blocks enter
@@ -37,7 +39,7 @@ from omnistage.ar.media_spans import block_digests
 if TYPE_CHECKING:
     from omnistage.ar.sequence import Sequence
 
-BlockKey = tuple  # (key hash of the block before, token ids of this block[, digests of the media behind them])
+BlockKey = tuple  # (key hash of the block before (block 0: the LoRA adapter), token ids[, media digests])
 
 
 class Block:
@@ -128,7 +130,8 @@ class BlockManager:
     def _key(self, seq: Sequence, tokens: list[int], i: int, parent: int | None) -> BlockKey:
         start, end = i * self.block_size, (i + 1) * self.block_size
         digests = block_digests(seq.media_spans, start, end)
-        return (parent, tuple(tokens[start:end])) + ((digests,) if digests else ())
+        before = parent if i else seq.lora  # a tuple, never equal to a hash
+        return (before, tuple(tokens[start:end])) + ((digests,) if digests else ())
 
     # --- allocation -------------------------------------------------------------------------
 

@@ -16,6 +16,9 @@ one step feeds, longer prompts being prefilled in chunks next to the running dec
 `paged_attention` picks how attention reads the blocks: in place, by a kernel (CPU:
 kernels/paged_attention.cpp), or gathered into one tensor per row first (paged_attention.py).
 `compile: true` (CUDA only) replays decode-only steps from CUDA graphs (cuda_graphs.py).
+`lora_adapters` / `max_loras`: requests pick a peft LoRA adapter (`SamplingParams.lora`), by name
+or loaded by path on first use (core/lora.py's LRU set); rows with different adapters share each
+forward (lora.py).
 
 Inputs (`StageRequest.inputs`) for the generic causal LM: a str, or a dict with one of
 "prompt", "prompt_token_ids", "messages" (see `ARModel.build_prompt`). A dict may also
@@ -44,6 +47,7 @@ from typing import Any
 from omnistage.ar.block_manager import BlockManager
 from omnistage.ar.cpu_linear import prepack_linears
 from omnistage.ar.detokenizer import IncrementalDetokenizer
+from omnistage.ar.lora import AdapterTable, adapter_folder_problem
 from omnistage.ar.model import ARModel, get_ar_model_class
 from omnistage.ar.model_runner import ModelRunner
 from omnistage.ar.paged_attention import uses_kernel
@@ -54,6 +58,8 @@ from omnistage.ar.structured_outputs import GrammarCompiler
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.core.device import device_scope, resolve_device, resolve_dtype
+from omnistage.core.errors import ErrorKind, RequestError
+from omnistage.core.lora import LoraSet
 from omnistage.core.parking import Parked, check_can_sleep, check_can_update, torch_modules
 from omnistage.core.weights import NO_FOLDER, Dropped, checkpoint_names, load_weights, read_checkpoint, weights_folder
 from omnistage.core.types import InputChunk, StageOutput, StageRequest, TextPayload, TokenLogprob
@@ -169,6 +175,26 @@ class AREngine:
                                   keep_block_states=config.enable_prefix_caching)
         if config.compile:
             self.runner.enable_static_decode(config.max_num_seqs, capture=True)
+        self.loras = LoraSet(dict(config.lora_adapters), config.max_loras, self._load_adapter, self._unload_adapter,
+                             adapter_folder_problem)
+        if config.lora_adapters or config.max_loras:
+            self._serve_adapters(config, stage)
+
+    def _serve_adapters(self, config: StageDeployConfig, stage: StageSpec | None) -> None:
+        """Rows may use LoRA adapters (lora.py): load the deploy config's `lora_adapters` now."""
+        label = f"stage {stage.label}" if stage else "AR stage"
+        field = "lora_adapters" if config.lora_adapters else "max_loras"
+        if not self.model.supports_prepacked_linears:
+            raise ValueError(f"{label}: {field}: {type(self.model).__name__} reads its linear weights itself "
+                             "(ARModel.supports_prepacked_linears is False), so LoRA layers cannot wrap them")
+        if config.compile:
+            raise ValueError(f"{label}: {field}: not with compile: true (a CUDA graph would replay one step's "
+                             "adapters for every step)")
+        self.runner.adapters = AdapterTable(self.model.model, self.device, self._dtype())
+        for name, path in sorted(config.lora_adapters.items()):
+            problem = self._load_adapter(name, path)
+            if problem is not None:
+                raise ValueError(f"{label}: lora_adapters.{name}: {problem}")
 
     def _num_blocks(self, config: StageDeployConfig, device) -> int:
         """KV blocks in the `kv_cache_memory` budget; by default room for max_num_seqs x max_model_len."""
@@ -190,8 +216,12 @@ class AREngine:
         return num_blocks
 
     def _kv_itemsize(self) -> int:
-        dtype = getattr(self.model.model, "dtype", None)  # ARModel.model: the family's torch module
-        return dtype.itemsize if dtype is not None else 4
+        return self._dtype().itemsize
+
+    def _dtype(self):
+        import torch
+
+        return getattr(self.model.model, "dtype", None) or torch.float32  # ARModel.model: the family's torch module
 
     # --- Engine protocol ---------------------------------------------------------------------
 
@@ -216,6 +246,10 @@ class AREngine:
         prompt = self.model.build_prompt(inputs)
         params = admit(rid, request.params, self.default_params, len(prompt.token_ids), self.max_model_len)
         self.model.check_params(params)
+        lora_path = None
+        if params.lora is not None:  # RequestError naming lora.name / lora.path; loads nothing
+            bare, lora_path = self.loras.resolve(params.lora)
+            params = params.replace(lora=bare)
         tok = self.model.tokenizer
         detok = IncrementalDetokenizer(tok, prompt.token_ids, params.stop) if tok is not None else None
         if params.stop and detok is None:
@@ -233,8 +267,16 @@ class AREngine:
         if prompt.streamed:
             seq.streamed = True
             seq.awaiting_input = not self.model.input_ready(seq)
-        self.scheduler.add(seq)
+        if lora_path is None or self.loras.take_slot(seq, params.lora.name, lora_path, self._loras_in_use()):
+            self._schedule(seq)  # else it waits for a free adapter slot (step admits it)
         self._seqs[rid] = seq
+
+    def _schedule(self, seq: Sequence) -> None:
+        """Queue `seq`, its adapter (if any) loaded."""
+        lora = seq.params.lora
+        if lora is not None:
+            seq.lora = (self.runner.adapters.ids[lora.name], lora.scale)
+        self.scheduler.add(seq)
 
     def _extend(self, rid: str, inputs: Any) -> None:
         """The next input chunk of a streamed request; ignored once the request has ended (its
@@ -262,10 +304,14 @@ class AREngine:
         seq = self.scheduler.abort(request_id)
         if seq is not None:
             self._aborted.append(seq)
+        for waiting in self.loras.drop_waiting(request_id):  # still waiting for an adapter slot
+            waiting.finish("abort")
+            self._aborted.append(waiting)
 
     def step(self) -> list[StageOutput]:
         outputs = [self._finish_output(seq) for seq in self._aborted]
         self._aborted.clear()
+        outputs += self._admit_lora_waiting()
         batch = self.scheduler.schedule()
         if batch is None:
             return outputs
@@ -298,10 +344,41 @@ class AREngine:
     def has_unfinished_requests(self) -> bool:
         """Work a step would do now; requests that only wait for streamed input do not count
         (a stage process sleeps until their next chunk arrives)."""
-        return self.scheduler.has_runnable() or bool(self._aborted)
+        return self.scheduler.has_runnable() or bool(self._aborted) or bool(self.loras.waiting)
 
     def is_healthy(self) -> bool:
         return not self._closed
+
+    # --- LoRA adapters (deploy lora_adapters, max_loras; core/lora.py, lora.py) -----------------
+
+    def list_lora_adapters(self) -> list[dict]:
+        return self.loras.describe()
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load adapter `name` from peft folder `path` now (POST /v1/lora_adapters; LoraSet.load_now)."""
+        self.loras.load_now(name, path, self._loras_in_use())
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Unload adapter `name` and forget it (DELETE /v1/lora_adapters/{name})."""
+        self.loras.forget(name, self._loras_in_use())
+
+    def _loras_in_use(self) -> set[str]:
+        return {seq.params.lora.name for seq in self._seqs.values() if seq.params.lora is not None}
+
+    def _load_adapter(self, name: str, path: str) -> str | None:
+        if self.runner.adapters is None:  # unreachable: LoraSet loads nothing without max_loras
+            return "this stage serves no LoRA adapters (deploy lora_adapters, max_loras)"
+        return self.runner.adapters.load(name, path)
+
+    def _unload_adapter(self, name: str) -> None:
+        self.runner.adapters.unload(name)
+
+    def _admit_lora_waiting(self) -> list[StageOutput]:
+        """Queue the requests whose adapter now has a slot; the refusals of those whose adapter did not load."""
+        refused = self.loras.admit_waiting(self._loras_in_use, self._schedule)
+        for seq, _ in refused:
+            seq.finish("abort")
+        return [self._finish_output(seq, refusal=e) for seq, e in refused]
 
     # --- sleep -----------------------------------------------------------------------------------
 
@@ -313,6 +390,9 @@ class AREngine:
         if self.runner.static_decode is not None:
             raise RuntimeError("sleep: not with compile: true (its CUDA graphs hold the KV pools and the weights' "
                                "addresses)")
+        if level == 2 and self.runner.adapters is not None:
+            raise RuntimeError("sleep level 2: not with lora_adapters / max_loras (LoRA layers wrap the checkpoint's "
+                               "linear layers); use level 1")
         if level == 2 and self._weights_path is None:
             raise RuntimeError(NO_FOLDER)
         if self._parked is not None:
@@ -339,6 +419,9 @@ class AREngine:
         the safetensors of checkpoint folder `path`, or `tensors` by state-dict name. The prefix cache
         is dropped (its KV came from the old weights). Returns how many tensors were replaced."""
         check_can_update(len(self._seqs), self._dropped is not None)
+        if self.runner.adapters is not None:
+            raise RuntimeError("update_weights: not with lora_adapters / max_loras (LoRA layers wrap the checkpoint's "
+                               "linear layers, so their names are not the checkpoint's)")
         if self.config.quantization is not None:
             raise RuntimeError(f"update_weights: not with quantization={self.config.quantization!r} (the loaded "
                                "weights are not the checkpoint's tensors)")
@@ -400,14 +483,19 @@ class AREngine:
         )
         return StageOutput(seq.request_id, payload, finished=seq.is_finished, metrics=self._metrics(seq))
 
-    def _finish_output(self, seq: Sequence, error: str | None = None) -> StageOutput:
-        """The last output of a request that ended outside a normal step (abort, failed forward)."""
+    def _finish_output(self, seq: Sequence, error: str | None = None,
+                       refusal: RequestError | None = None) -> StageOutput:
+        """The last output of a request that ended outside a normal step (abort, failed forward, or
+        `refusal`: its inputs refused after it was queued, an adapter that did not load)."""
         detok = seq.detokenizer
         delta_text = detok.take_delta() if detok is not None else ""
         payload = TextPayload(token_ids=list(seq.output_token_ids), text=detok.text if detok is not None else "",
                               delta_text=delta_text, finish_reason=seq.finish_reason,
                               logprobs=list(seq.logprobs) if seq.logprobs is not None else None)
         self._release(seq)
+        if refusal is not None:
+            return StageOutput(seq.request_id, payload, finished=True, error=refusal.message, metrics=self._metrics(seq),
+                               error_kind=ErrorKind.INVALID_REQUEST, error_param=refusal.param)
         return StageOutput(seq.request_id, payload, finished=True, error=error, metrics=self._metrics(seq))
 
     def _release(self, seq: Sequence) -> None:

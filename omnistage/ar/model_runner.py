@@ -29,6 +29,7 @@ import torch
 from omnistage.ar.block_states import BlockStates
 from omnistage.ar.cuda_graphs import StaticDecode
 from omnistage.ar.kv_cache import PagedKVCache
+from omnistage.ar.lora import AdapterTable
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput
 from omnistage.ar.packed_attention import PackedAttention, PromptRow
 from omnistage.ar.paged_attention import PagedLayout
@@ -94,6 +95,8 @@ class ModelRunner:
         the rows of its cached positions from there (block_states.py)."""
         self.block_states = {kind: BlockStates(block_size, max_num_blocks) for kind in ("hidden_states", "input_embeds")}
         self.static_decode: StaticDecode | None = None  # compile: true (cuda_graphs.py)
+        self.adapters: AdapterTable | None = None
+        """The LoRA adapters rows may use (lora.py), told each forward's rows; None: the stage serves none."""
 
     def enable_static_decode(self, max_num_seqs: int, *, capture: bool) -> None:
         """Run decode-only steps at static shapes, replayed from CUDA graphs when `capture`."""
@@ -128,7 +131,7 @@ class ModelRunner:
     def _run_group(self, items: list[ScheduledSeq], inp: ModelInput, result: ARRunnerOutput,
                    output: ModelOutput | None = None) -> None:
         """Run `inp` (unless `output` is given: its forward already ran), sample, keep states."""
-        out = output if output is not None else self.model.forward(inp, self.cache)
+        out = output if output is not None else self._forward(inp)
         rows = [i for i, item in enumerate(items) if item.samples]
         if rows:
             if len(rows) == len(items):
@@ -149,6 +152,15 @@ class ModelRunner:
             self._keep(self.hidden, items, inp, out.hidden_states, "hidden_states")
         if out.input_embeds is not None:
             self._keep(self.embeds, items, inp, out.input_embeds, "input_embeds")
+
+    def _forward(self, inp: ModelInput) -> ModelOutput:
+        if self.adapters is None:
+            return self.model.forward(inp, self.cache)
+        self.adapters.begin(inp)  # which rows use which LoRA adapter
+        try:
+            return self.model.forward(inp, self.cache)
+        finally:
+            self.adapters.end()
 
     # --- inputs ------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from omnistage.ar.structured_outputs import StructuredOutputsParams
 from omnistage.core.errors import RequestError, RequestErrors
+from omnistage.core.lora import LoraRequest
 
 _GREEDY_EPS = 1e-5  # vLLM treats temperature below this as greedy
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
@@ -56,6 +57,9 @@ class SamplingParams:
     penalties, the grammar mask and temperature, before top-k/top-p/min-p truncation."""
     structured_outputs: StructuredOutputsParams | None = None
     """A grammar every output token follows (JSON schema, JSON object, regex, choice, Lark)."""
+    lora: LoraRequest | None = None
+    """A LoRA adapter by name and scale (deploy `lora_adapters`, or one loaded by path before), or a
+    peft folder loaded on first use with its `path` (deploy `max_loras`): native AR engine only."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "SamplingParams":
         # Remember which fields the caller gave, so deploy defaults can fill the others field by
@@ -93,6 +97,13 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.structured_outputs, dict):
             self.structured_outputs = StructuredOutputsParams.from_dict(self.structured_outputs)
+        if isinstance(self.lora, dict):
+            try:
+                self.lora = LoraRequest(**self.lora)
+            except ValueError as exc:  # pydantic's ValidationError: the first problem, by its field
+                first = exc.errors()[0] if hasattr(exc, "errors") else {"loc": (), "msg": str(exc)}
+                where = ".".join(["lora", *map(str, first["loc"])])
+                raise RequestError(where, f"{where}: {first['msg']}") from None
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         # Anything but a list stays as given, for `_problems` to name (list(5) would raise TypeError).
@@ -142,6 +153,8 @@ class SamplingParams:
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
             bad("logprobs", f"logprobs must be an integer in [0, {MAX_LOGPROBS}] or None, "
                             f"got {self.logprobs!r}")
+        if self.lora is not None and not isinstance(self.lora, LoraRequest):
+            bad("lora", f"lora must be {{name, path, scale}} or None, got {type(self.lora).__name__}")
         if self.structured_outputs is not None:
             if not isinstance(self.structured_outputs, StructuredOutputsParams):
                 bad("structured_outputs", "structured_outputs must be StructuredOutputsParams, a dict or None, "

@@ -72,6 +72,9 @@ class Sequence:
         """Per-position rows it returns: a cached block it reuses must hold them too (block_states.py)."""
         self.media_spans = media_spans
         """Where its prompt's media items sit and their digests: the prefix cache keys them (media_spans.py)."""
+        self.lora: tuple[int, float] | None = None
+        """(adapter id, scale) of its LoRA adapter once loaded (ar/lora.py), or None: the runner groups
+        rows by it, and its KV blocks are keyed by it (a block computed under one adapter is no other's)."""
         self.prefix_cacheable = True
         """May reuse and publish cached blocks."""
         self.cache_outputs = cache_outputs

@@ -40,6 +40,7 @@ from omnistage.ar.sampling_params import SamplingParams, admit
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.core.device import resolve_device, resolve_dtype
+from omnistage.core.errors import RequestError
 from omnistage.core.types import StageOutput, StageRequest, TextPayload
 
 logger = logging.getLogger(__name__)
@@ -274,6 +275,9 @@ def to_vllm_params(vllm: Any, params: SamplingParams) -> Any:
     values = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
     if values.pop("logprobs") is not None:
         raise ValueError("logprobs: the vLLM backend does not return them yet; use the native backend")
+    if values.pop("lora") is not None:
+        raise RequestError("lora", "lora: the vLLM backend takes no per-request LoRA adapter yet; use the native "
+                                   "backend (ar_backend: native)")
     structured = values.pop("structured_outputs")
     if structured is not None:
         from vllm.sampling_params import StructuredOutputsParams

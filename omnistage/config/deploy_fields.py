@@ -74,9 +74,10 @@ class StageDeployConfig:
     lora: tuple[dict[str, Any], ...] | None = None
     """Diffusion: LoRA files fused into the weights at load: [{path, scale (default 1.0)}, ...]."""
     lora_adapters: dict[str, str] = field(default_factory=dict)
-    """Diffusion: LoRA files loaded side by side, by name; a request picks one with `lora: {name, scale}`."""
+    """LoRA adapters loaded side by side, by name (diffusion: diffusers LoRA files; native AR: peft adapter
+    folders); a request picks one with `lora: {name, scale}`."""
     max_loras: int = 0
-    """Diffusion: most LoRA adapters loaded by path while serving (a request's `lora: {name, path}`, or
+    """Diffusion and native AR: most LoRA adapters loaded by path while serving (a request's `lora: {name, path}`, or
     `POST /v1/lora_adapters`), the least recently used one not in use unloaded to make room; 0 = no
     adapter may be loaded by path. The `lora_adapters` ones stay loaded and are not counted."""
     compile: bool = False
@@ -353,7 +354,7 @@ _STAGE_DEFAULTS = {
 KIND_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
     "diffusion": ("step_execution", "cfg_parallel_size", "ulysses_degree", "ring_degree",
                   "vae_patch_parallel_size", "vae_use_tiling", "cache_backend", "cache_config",
-                  "offload_blocks_per_group", "lora_adapters", "max_loras", "transformer_file"),
+                  "offload_blocks_per_group", "transformer_file"),
     "ar": ("max_model_len", "ar_backend", "kv_cache_memory", "enable_prefix_caching", "max_num_batched_tokens",
            "paged_attention"),
 }

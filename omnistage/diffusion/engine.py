@@ -27,15 +27,15 @@ from typing import Any
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
-from omnistage.core.errors import ErrorKind, RequestError
+from omnistage.core.errors import ErrorKind
 from omnistage.core.parking import check_can_sleep, check_can_update
 from omnistage.core.types import InputChunk, StageOutput, StageRequest
 from omnistage.diffusion.accel import check_family, check_supported
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.executor import Executor, WorkerDiedError, get_executor_class
 from omnistage.diffusion.inputs import check_default_params, freeze, seeded, to_diffusion_request
-from omnistage.diffusion.lora_set import LoraSet
-from omnistage.diffusion.params import LoraRequest
+from omnistage.core.lora import LoraSet
+from omnistage.diffusion.accel.lora import lora_file_problem
 from omnistage.diffusion.progress import ProgressBar
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.diffusion.runner import error_message
@@ -73,9 +73,8 @@ class DiffusionEngine:
         self._updates: dict[str, list[dict]] = {}  # request_id -> prompt updates for the next batch
         self.executor: Executor = get_executor_class(config.executor)(
             WorkerConfig(self.model_path, self.pipeline_cls, devices, config))
-        self.loras = LoraSet(dict(config.lora_adapters), config.max_loras, self._load_lora, self._unload_lora)
-        self._lora_waiting: list[tuple[EngineRequest, str]] = []
-        """Requests whose adapter waits for a free `max_loras` slot, in arrival order, with its path."""
+        self.loras = LoraSet(dict(config.lora_adapters), config.max_loras, self._load_lora, self._unload_lora,
+                             lora_file_problem)
 
     def _make_scheduler(self, config: StageDeployConfig, clock: Callable[[], float]):
         cap = getattr(self.pipeline_cls, "max_batch_size", None)
@@ -108,9 +107,8 @@ class DiffusionEngine:
         engine_request = EngineRequest(diffusion_request, freeze(key), arrival_time=self.clock(),
                                        num_steps=diffusion_request.params.num_inference_steps)
         with self._lock:  # the scheduler refuses a request_id already running
-            if lora_path is not None and not self._take_slot(diffusion_request.params.lora.name, lora_path):
-                self._lora_waiting.append((engine_request, lora_path))
-            else:
+            if lora_path is None or self.loras.take_slot(engine_request, diffusion_request.params.lora.name,
+                                                         lora_path, self._loras_in_use()):
                 self.scheduler.add_request(engine_request)
 
     def _add_update(self, request_id: str, update: dict) -> None:
@@ -125,7 +123,7 @@ class DiffusionEngine:
     def abort_request(self, request_id: str) -> None:
         with self._lock:
             self.scheduler.abort_request(request_id)
-            self._lora_waiting = [(r, p) for r, p in self._lora_waiting if r.request_id != request_id]
+            self.loras.drop_waiting(request_id)
             self._updates.pop(request_id, None)
 
     def step(self) -> list[StageOutput]:
@@ -158,33 +156,22 @@ class DiffusionEngine:
         return outputs
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self._lora_waiting)
+        return self.scheduler.has_unfinished_requests() or bool(self.loras.waiting)
 
-    # -- LoRA adapters loaded by path (deploy max_loras; diffusion/lora_set.py) -----------
+    # -- LoRA adapters loaded by path (deploy max_loras; core/lora.py) --------------------
 
     def list_lora_adapters(self) -> list[dict]:
         return self.loras.describe()
 
     def load_lora_adapter(self, name: str, path: str) -> None:
-        """Load adapter `name` from `path` now (POST /v1/lora_adapters). RequestError naming `path`
-        (a bad file, loads nothing) or `name`; RuntimeError when every slot holds an adapter in use."""
+        """Load adapter `name` from `path` now (POST /v1/lora_adapters; LoraSet.load_now)."""
         with self._lock:
-            _, lora_path = self.loras.resolve(LoraRequest(name=name, path=path), field="")
-            if lora_path is not None and not self.loras.acquire(name, lora_path, self._loras_in_use(), field=""):
-                raise RuntimeError(f"every one of the max_loras={self.loras.max_loras} adapter slots holds an adapter "
-                                   f"a queued or running request uses; try again when one ends")
+            self.loras.load_now(name, path, self._loras_in_use())
 
     def unload_lora_adapter(self, name: str) -> None:
         """Unload adapter `name` and forget it (DELETE /v1/lora_adapters/{name})."""
         with self._lock:
             self.loras.forget(name, self._loras_in_use())
-
-    def _take_slot(self, name: str, path: str) -> bool:
-        """Whether adapter `name` is loaded for a new request now (False: it waits). One that needs
-        a slot does not jump the requests already waiting for one."""
-        if self._lora_waiting and name not in self.loras.loaded:
-            return False
-        return self.loras.acquire(name, path, self._loras_in_use())
 
     def _loras_in_use(self) -> set[str]:
         return {r.request.params.lora.name for r in self.scheduler.requests.values() if r.request.params.lora}
@@ -199,20 +186,11 @@ class DiffusionEngine:
         self.executor.collective_rpc("unload_lora", name)
 
     def _admit_lora_waiting(self) -> list[StageOutput]:
-        """Queue the waiting requests whose adapter now has a slot, in arrival order; the refusals
-        of those whose file did not load."""
-        refused = []
-        while self._lora_waiting:
-            request, path = self._lora_waiting[0]
-            try:
-                if not self.loras.acquire(request.request.params.lora.name, path, self._loras_in_use()):
-                    break
-                self.scheduler.add_request(request)
-            except RequestError as e:
-                refused.append(StageOutput(request.request_id, None, finished=True, error=e.message,
-                                           error_kind=ErrorKind.INVALID_REQUEST, error_param=e.param))
-            self._lora_waiting.pop(0)
-        return refused
+        """Queue the waiting requests whose adapter now has a slot; the refusals of those whose file
+        did not load."""
+        refused = self.loras.admit_waiting(self._loras_in_use, self.scheduler.add_request)
+        return [StageOutput(r.request_id, None, finished=True, error=e.message, error_kind=ErrorKind.INVALID_REQUEST,
+                            error_param=e.param) for r, e in refused]
 
     def sleep(self, level: int) -> int:
         """When idle: every rank moves its pipeline's weights off the accelerator (level 1), or frees

@@ -15,20 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnistage.core.errors import RequestError
-
-
-class LoraRequest(BaseModel):
-    """A LoRA adapter by name: one the stage serves (deploy `lora_adapters`, or one loaded by path
-    before), or a new one with its `path`, loaded on first use (deploy `max_loras`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(min_length=1)
-    path: str | None = Field(default=None, min_length=1)
-    """A LoRA file on the server (diffusers' safetensors format), loaded under `name` if the stage
-    does not hold it yet; the engine drops it once resolved, so requests batch by name and scale."""
-    scale: float = Field(default=1.0, ge=-8, le=8)
-    """Multiplies the adapter's delta; 0 gives the base model."""
+from omnistage.core.lora import LoraRequest
 
 
 class DiffusionParams(BaseModel):

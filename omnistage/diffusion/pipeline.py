@@ -32,7 +32,7 @@ from omnistage.core.types import ImagePayload, VideoPayload
 from omnistage.diffusion.accel.declaration import NONE, Accelerations, check_declared
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Predict, guided_predictions
-from omnistage.diffusion.lora_set import unknown_adapter
+from omnistage.core.lora import unknown_adapter
 from omnistage.diffusion.params import DiffusionParams, ExtraSpec, fill_defaults, validate_extras
 from omnistage.diffusion.request import DiffusionRequest
 
@@ -132,7 +132,7 @@ class DiffusionPipelineBase(ABC):
         """Names of the LoRA adapters a request may choose (`lora_adapters` deploy field)."""
         self.max_loras = 0
         """Most adapters loaded by path (`max_loras` deploy field); above 0, the engine's LoraSet
-        checks a request's adapter (diffusion/lora_set.py), since only it knows which it loaded."""
+        checks a request's adapter (core/lora.py), since only it knows which it loaded."""
         self.deploy_defaults: dict[str, Any] = {}
         """The stage's deploy `default_sampling_params`: they win over `request_defaults()`."""
         configs = configs or CheckpointConfigs({}, {})

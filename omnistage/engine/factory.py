@@ -55,7 +55,7 @@ a user's setting would be worse. (Diffusion stages: omnistage/diffusion/accel/, 
 diffusion engine checks its own.)"""
 
 _BACKEND_IMPLEMENTS = {"vllm": {"tensor_parallel_size", "compile"},
-                       "native": {"compile", "quantization", "ignored_layers"}}
+                       "native": {"compile", "quantization", "ignored_layers", "lora_adapters", "max_loras"}}
 """Fields an AR backend implements itself (it checks the rest of NOT_YET_IMPLEMENTED)."""
 
 
@@ -69,9 +69,9 @@ def check_implemented(stage: StageSpec, config: StageDeployConfig) -> None:
     if unsupported:
         engine = f"the {config.ar_backend} AR engine" if stage.kind == "ar" else f"the {stage.kind} engine"
         raise ValueError(f"stage {stage.label}: {', '.join(unsupported)} is not implemented by {engine} in this "
-                         f"version of omnistage (offload, LoRA and attention backends are "
-                         f"diffusion-stage accelerations for now, quantization is the diffusion and native AR "
-                         f"engines', compile is the diffusion and AR engines'; several devices run each batch on every rank, "
+                         f"version of omnistage (offload, fused LoRA and attention backends are "
+                         f"diffusion-stage accelerations for now; quantization and LoRA adapters are the diffusion "
+                         f"and native AR engines', compile is the diffusion and AR engines'; several devices run each batch on every rank, "
                          f"so a parallel degree would buy nothing); remove it from the deploy config")
 
 

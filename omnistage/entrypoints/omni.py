@@ -274,7 +274,7 @@ class AsyncOmni:
     # --- LoRA adapters loaded by path -----------------------------------------------------------
 
     async def list_lora_adapters(self) -> list[dict]:
-        """The LoRA adapters of every diffusion stage that serves some (deploy `lora_adapters` or
+        """The LoRA adapters of every diffusion or AR stage that serves some (deploy `lora_adapters` or
         `max_loras`): name, path, loaded (held now, on the stage's first copy), source ("deploy"
         or "path") and stage (its name)."""
         adapters = []
@@ -302,11 +302,12 @@ class AsyncOmni:
         await asyncio.gather(*map(asyncio.wrap_future, calls))
 
     def _lora_stages(self, hot: bool) -> list:
-        """The diffusion stages that load adapters by path (`hot`), or that serve any."""
+        """The diffusion and AR stages that load adapters by path (`hot`), or that serve any."""
         def serves(config) -> bool:
             return config.max_loras > 0 or (not hot and bool(config.lora_adapters))
 
-        stages = [s for s in self.spec.stages if s.kind == "diffusion" and serves(self.config.stage_config(s.id))]
+        stages = [s for s in self.spec.stages
+                  if s.kind in ("diffusion", "ar") and serves(self.config.stage_config(s.id))]
         if hot and not stages:
             raise RuntimeError("no stage of this model loads LoRA adapters by path (deploy max_loras: 0)")
         return stages

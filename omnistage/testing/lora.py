@@ -1,4 +1,5 @@
-"""A tiny LoRA for a zoo checkpoint, in diffusers' LoRA safetensors format.
+"""Tiny LoRAs for zoo checkpoints: a diffusion transformer's in diffusers' LoRA safetensors format
+(`build_lora`), a causal LM's as a peft adapter folder (`build_peft_lora`).
 
 `build_lora(model_dir, out_file)` reads the transformer's weights from a zoo (or any
 diffusers) folder and writes, for every linear weight whose name ends in one of
@@ -45,4 +46,27 @@ def build_lora(model_dir: str | os.PathLike, out_file: str | os.PathLike, rank: 
     out = Path(out_file)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_file(state, str(out))
+    return out
+
+
+def build_peft_lora(model_dir: str | os.PathLike, out_dir: str | os.PathLike, targets: tuple[str, ...],
+                    rank: int = 4, alpha: float = 8.0, seed: int = 0, strength: float = 0.5) -> Path:
+    """A peft LoRA adapter of the causal LM in `model_dir` on the layers named by `targets` (peft's
+    `target_modules`), written by peft's own `save_pretrained`: `adapter_config.json` and
+    `adapter_model.safetensors`, what an AR stage's `lora_adapters` and `lora: {path}` read. Both
+    halves are seeded random values (peft would start B at 0: an adapter that changes nothing)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    peft_model = get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets)))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in sorted(peft_model.named_parameters()):
+            if ".lora_A." in name:
+                param.copy_(torch.randn(param.shape, generator=generator) / param.shape[1] ** 0.5)
+            elif ".lora_B." in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * strength / rank**0.5)
+    out = Path(out_dir)
+    peft_model.save_pretrained(str(out), save_embedding_layers=False)  # a tied LM head: only its LoRA
     return out

@@ -33,7 +33,7 @@ def test_defaults_pass_and_ar_backends_implement_their_own_fields():
 
 
 @pytest.mark.parametrize("fields, named", [
-    ({"lora_adapters": {"a": "/x.safetensors"}}, "lora_adapters="),
+    ({"lora": ({"path": "/x.safetensors"},)}, "lora="),
     ({"offload": "model"}, "offload='model'"),
 ])
 def test_ar_stages_refuse_lora_and_offload_by_name(fields, named):
@@ -50,3 +50,6 @@ def test_native_ar_takes_quantization_and_the_others_refuse_it():
         check_implemented(LLM, StageDeployConfig(ar_backend="vllm", quantization="int8"))
     with pytest.raises(ValueError, match=r"quantization='int8'.*is not implemented by the generation engine"):
         check_implemented(VOCODER, StageDeployConfig(quantization="int8"))
+    check_implemented(LLM, StageDeployConfig(lora_adapters={"a": "/a"}, max_loras=2))  # tests/ar/test_ar_lora.py
+    with pytest.raises(ValueError, match=r"max_loras=2.*is not implemented by the vllm AR engine"):
+        check_implemented(LLM, StageDeployConfig(ar_backend="vllm", max_loras=2))

@@ -13,7 +13,7 @@
   would have to follow the request into `encode` too, so it is refused by name.
 - `max_loras: N` (hot): adapters are also loaded and unloaded while the stage serves
   (`AdapterSwitch.load` / `unload`, called by the worker). Which ones, and when, the engine
-  decides (diffusion/lora_set.py); here a failed load leaves nothing behind.
+  decides (core/lora.py); here a failed load leaves nothing behind.
 
 The loader is the family's diffusers pipeline class (`load_lora_weights`, which converts
 the LoRA formats diffusers knows), built over our pipeline's own components, so the
@@ -28,6 +28,8 @@ from pathlib import Path
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from omnistage.core.lora import short_error
 
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
@@ -110,6 +112,12 @@ def lora_loader(pipeline: Any) -> Any:
     return pipe
 
 
+def lora_file_problem(path: str) -> str | None:
+    """Why `path` holds no diffusers LoRA file, or None: diffusers would take any other string
+    for a hub repo id."""
+    return None if Path(path).is_file() else f"no LoRA file {path!r} on the server"
+
+
 def lora_key(state: DenoiseState) -> tuple[str, float] | None:
     lora = state.request.params.lora
     return None if lora is None else (lora.name, lora.scale)
@@ -146,8 +154,9 @@ class AdapterSwitch:
         """Load adapter `name` from LoRA file `path` beside the others; the reason it cannot
         (a missing or unreadable file, an adapter for another model: shapes or module names
         that do not match), with nothing of it left loaded, or None."""
-        if not Path(path).is_file():  # diffusers would take any other string for a hub repo id
-            return f"no LoRA file {path!r} on the server"
+        problem = lora_file_problem(path)
+        if problem is not None:
+            return problem
         self.active = "unset"  # loading may change which adapters peft has active
         try:
             self.loader.load_lora_weights(path, adapter_name=name)
@@ -161,10 +170,3 @@ class AdapterSwitch:
         self.active = "unset"
         if any(name in names for names in self.loader.get_list_adapters().values()):
             self.loader.delete_adapters(name)
-
-
-def short_error(exc: BaseException) -> str:
-    """An exception's first two lines: torch lists every mismatched tensor, one a line."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    more = f" (and {len(lines) - 2} more)" if len(lines) > 2 else ""
-    return f"{type(exc).__name__}: {' '.join(lines[:2])}{more}"

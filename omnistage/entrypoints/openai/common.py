@@ -15,7 +15,7 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.websockets import WebSocket
 
-from omnistage.diffusion.params import LoraRequest
+from omnistage.core.lora import LoraRequest
 from omnistage.entrypoints.openai import json_body
 from omnistage.entrypoints.openai.errors import APIError, bad_request, from_validation_errors
 from omnistage.entrypoints.openai.settings import ServerSettings

@@ -13,8 +13,9 @@ from typing import Any
 
 # (description, example or None). Fields many request models share: described once.
 COMMON: dict[str, tuple[str, Any]] = {
-    "model": ("The served model's id (`GET /v1/models`); another id is a 404. Optional: the server "
-              "serves one model.", "omnistage-demo-z-image"),
+    "model": ("The served model's id (`GET /v1/models`); another id is a 404, except on chat and completions "
+              "of a text model the name of a LoRA adapter its first stage serves (vLLM's convention: the same "
+              "as `lora: {\"name\": ...}`). Optional: the server serves one model.", "omnistage-demo-z-image"),
     "prompt": ("What to generate, in words.", "a lighthouse at dusk"),
     "negative_prompt": ("Diffusion: what the image, video or audio should not show; runs the "
                         "unconditional branch of classifier-free guidance with it.", "blurry, low quality"),
@@ -26,9 +27,10 @@ COMMON: dict[str, tuple[str, Any]] = {
                        "(FLUX, Qwen-Image); > 1 with a negative prompt turns it on.", 4.0),
     "seed": ("Seeds the sampling (the initial noise, or the AR sampler); with `n` > 1 sample i uses "
              "seed + i.", 0),
-    "lora": ("Diffusion: a LoRA adapter by name and its scale: one the stage serves (deploy `lora_adapters`, "
-             "or one loaded by path before), or a new one with its `path`, loaded on first use (deploy "
-             "`max_loras`); an unknown name or a bad file is a 400.", {"name": "ink", "scale": 0.5}),
+    "lora": ("A LoRA adapter by name and its scale: one the stage serves (deploy `lora_adapters`, or one "
+             "loaded by path before), or a new one with its `path` (diffusion: a diffusers LoRA file; a text "
+             "model's native AR stage: a peft adapter folder), loaded on first use (deploy `max_loras`); an "
+             "unknown name or a bad file is a 400.", {"name": "ink", "scale": 0.5}),
     "n": ("How many outputs; at most the server's `--max-n`.", 1),
     "stream": ("Answer as Server-Sent Events.", False),
     "stream_options": ("With `stream`: `include_usage` adds a final chunk with `usage`.", {"include_usage": True}),
@@ -111,8 +113,9 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
     },
     "LoadLoraAdapterRequest": {
         "name": ("The name requests give in `lora: {\"name\": ...}`.", "ink"),
-        "path": ("A LoRA file on the server, in diffusers' safetensors format (a bad file is a 400 naming `path` "
-                 "and loads nothing).", "/loras/ink.safetensors"),
+        "path": ("Where the adapter is on the server: for a diffusion stage a LoRA file in diffusers' safetensors "
+                 "format, for a text model's native AR stage a peft adapter folder (a bad one is a 400 naming "
+                 "`path` and loads nothing).", "/loras/ink.safetensors"),
     },
     "SpeechRequest": {
         "input": ("The text to read aloud.", "Hello there!"),
@@ -296,8 +299,9 @@ FIELDS: dict[str, dict[str, tuple[str, Any]]] = {
                            "strict": ("OpenAI's strict flag.", None)},
     "NamedToolChoice": {"function": ("The function the model must call.", {"name": "get_weather"})},
     "LoraRequest": {"name": ("The adapter's name: in `lora_adapters`, or one loaded by path.", "ink"),
-                    "path": ("A LoRA file on the server, loaded under `name` on first use (needs the "
-                             "deploy field `max_loras`).", "/loras/ink.safetensors"),
+                    "path": ("A LoRA file (diffusion) or peft adapter folder (native AR) on the server, loaded "
+                             "under `name` on first use (needs the deploy field `max_loras`).",
+                             "/loras/ink.safetensors"),
                     "scale": ("The adapter's weight.", 0.5)},
 }
 FIELDS["ChatCompletionBatchRequest"] = {

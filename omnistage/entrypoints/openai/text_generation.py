@@ -13,12 +13,34 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from omnistage.ar.sampling_params import SamplingParams
+from omnistage.core.lora import LoraRequest
+from omnistage.entrypoints.openai.common import check_model
 from omnistage.entrypoints.openai.engine_client import EngineGateway, RequestStream
 from omnistage.entrypoints.openai.errors import bad_request, from_value_error
+from omnistage.entrypoints.openai.settings import ServerSettings
 
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf: tokens the grammar forbids get vLLM's floor value
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+
+
+async def with_model_adapter(body: Any, settings: ServerSettings, engine: Any) -> Any:
+    """vLLM's convention: a text request's `model` may name a LoRA adapter of the entry (AR) stage
+    rather than the served model; then the body comes back with `lora: {"name": model}`. Any other
+    model is a 404 (`check_model`). Only a name that is not the served model asks the engine."""
+    requested = body.model
+    if requested is None or requested in (settings.served_model_name, settings.model_path):
+        return body
+    entry = engine.spec.entry_stages[0]
+    if entry.kind == "ar" and hasattr(engine, "list_lora_adapters"):
+        served = {a["name"] for a in await engine.list_lora_adapters() if a["stage"] == entry.name}
+        if requested in served:
+            if body.lora is not None and body.lora.name != requested:
+                raise bad_request(f"lora: names adapter {body.lora.name!r}, and model names adapter {requested!r}; "
+                                  f"give one", param="lora")
+            return body.model_copy(update={"lora": body.lora or LoraRequest(name=requested)})
+    check_model(requested, settings)
+    return body
 
 
 def entry_sampling_params(values: dict[str, Any], extras: dict[str, Any],

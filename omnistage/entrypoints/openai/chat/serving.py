@@ -47,7 +47,7 @@ from omnistage.entrypoints.openai.chat.protocol import (
     Usage,
 )
 from omnistage.entrypoints.openai.chat import tools
-from omnistage.entrypoints.openai.common import check_model, check_n, parse_size
+from omnistage.entrypoints.openai.common import check_n, parse_size
 from omnistage.entrypoints.openai.engine_client import (
     EngineGateway,
     RequestStream,
@@ -65,6 +65,7 @@ from omnistage.entrypoints.openai.text_generation import (
     merge_streams,
     open_streams,
     usage,
+    with_model_adapter,
 )
 from omnistage.entrypoints.openai.media_inputs import InputMedia
 from omnistage.media.audio import encode_audio, resample, to_pcm16
@@ -129,7 +130,7 @@ class ChatServing:
             if given:
                 raise bad_request(f"{name}: the batch route answers plain completions (no streaming, tools "
                                   f"or n > 1)", param=name)
-        check_model(body.model, self.settings)
+        body = await with_model_adapter(body, self.settings, self.gateway.engine)
         media, request_id = request.app.state.media, new_request_id("chatcmpl")
 
         async def one(index: int, conversation: list[ChatMessage]) -> tuple[BatchChoice, Usage | None]:
@@ -163,7 +164,7 @@ class ChatServing:
     async def prepare(self, body: ChatCompletionRequest, media: InputMedia) -> ChatJob:
         """Check the body and build its engine requests (the Responses route shares this)."""
         self.capabilities.require("chat")
-        check_model(body.model, self.settings)
+        body = await with_model_adapter(body, self.settings, self.gateway.engine)
         check_n(body.n, self.settings)
         modalities = body.modalities or []
         wants_audio = "audio" in modalities
@@ -193,7 +194,8 @@ class ChatServing:
     # --- building the engine request -------------------------------------------------------
 
     def _text_request(self, body: ChatCompletionRequest, media: InputMedia) -> tuple[Any, SamplingParams, str | None]:
-        image_only = [k for k in ("size", *body.diffusion_fields()) if k != "seed" and getattr(body, k) is not None]
+        image_only = [k for k in ("size", *body.diffusion_fields()) if k not in ("seed", "lora")
+                      and getattr(body, k) is not None]
         if image_only:
             raise bad_request(f"{image_only[0]}: only image models take it", param=image_only[0])
         if body.max_tokens is not None and body.max_completion_tokens is not None:
@@ -216,6 +218,7 @@ class ChatServing:
         values = {k: getattr(body, k) for k in _SAMPLING_FIELDS}
         values["max_tokens"] = body.max_completion_tokens or body.max_tokens
         values["logprobs"] = (body.top_logprobs or 0) if body.logprobs else None
+        values["lora"] = body.lora  # the entry stage's adapter (native AR: ar/lora.py)
         # OpenAI's chat default: until the model stops (capped at max_model_len), unless the deploy sets one.
         params = entry_sampling_params(values, extras, fallback={"max_tokens": None})
         self._check_media_parts(body)

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from omnistage.core.lora import LoraRequest
 from omnistage.entrypoints.openai.chat.protocol import StreamOptions, Usage
 
 
@@ -38,6 +39,9 @@ class CompletionRequest(BaseModel):
     """Accepted only as 0: the engine has no presence penalty (use repetition_penalty)."""
     logit_bias: None = None
     user: str | None = None
+    lora: LoraRequest | None = None
+    """A LoRA adapter of the text stage by name ({"name": ..., "scale": ...}), or a peft folder loaded on
+    first use ({"name": ..., "path": ...}, deploy `max_loras`)."""
 
     def extras(self) -> dict[str, Any]:
         return dict(self.model_extra or {})

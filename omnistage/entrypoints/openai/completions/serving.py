@@ -15,7 +15,7 @@ from typing import Any
 
 from omnistage.entrypoints.openai.capabilities import Capabilities
 from omnistage.entrypoints.openai.chat.protocol import Usage
-from omnistage.entrypoints.openai.common import check_model, check_n
+from omnistage.entrypoints.openai.common import check_n
 from omnistage.entrypoints.openai.completions.protocol import Completion, CompletionChoice, CompletionRequest
 from omnistage.entrypoints.openai.engine_client import EngineGateway, RequestStream, cancel_on_disconnect, new_request_id
 from omnistage.entrypoints.openai.errors import APIError, bad_request
@@ -30,6 +30,7 @@ from omnistage.entrypoints.openai.text_generation import (
     open_streams,
     prompt_tokens,
     usage,
+    with_model_adapter,
 )
 
 _SAMPLING_FIELDS = ("temperature", "top_p", "stop", "seed", "max_tokens")
@@ -43,7 +44,7 @@ class CompletionServing:
 
     async def create(self, body: CompletionRequest, request: Any) -> Completion | AsyncIterator[str]:
         self.capabilities.require("completions")
-        check_model(body.model, self.settings)
+        body = await with_model_adapter(body, self.settings, self.gateway.engine)
         prompts = _prompts(body.prompt)
         best_of = body.best_of or body.n
         if best_of < body.n:
@@ -60,6 +61,7 @@ class CompletionServing:
                               param="echo")
         values = {k: getattr(body, k) for k in _SAMPLING_FIELDS}
         values["logprobs"] = body.logprobs
+        values["lora"] = body.lora
         # max_tokens left out: the deploy's default, else OpenAI's 16 (SamplingParams'); null: until
         # the model stops, unless the deploy sets one.
         given = "max_tokens" in body.model_fields_set

@@ -1,2 +1,2 @@
 """GET/POST /v1/lora_adapters, DELETE /v1/lora_adapters/{name}: list, load and unload the LoRA
-adapters a diffusion stage loads by path (deploy `max_loras`) while it serves."""
+adapters a diffusion or native AR stage loads by path (deploy `max_loras`) while it serves."""

@@ -13,7 +13,8 @@ class LoadLoraAdapterRequest(BaseModel):
     name: str = Field(min_length=1)
     """The name requests give in `lora: {"name": ...}`."""
     path: str = Field(min_length=1)
-    """A LoRA file on the server, in diffusers' safetensors format."""
+    """A LoRA file on the server in diffusers' safetensors format (a diffusion stage), or a peft adapter
+    folder (a native AR stage)."""
 
 
 class LoraAdapter(BaseModel):
