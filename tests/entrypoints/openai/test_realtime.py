@@ -456,3 +456,31 @@ def test_a_turn_is_prefilled_while_spoken_and_its_warm_ups_end_with_a_clear_or_t
     while second not in engine.aborted and time.time() < deadline:
         time.sleep(0.02)
     assert second in engine.aborted and client.app.state.gateway.num_admitted == 0  # gone with the session
+
+
+def test_a_duplex_session_ends_at_a_limit_with_an_error_then_its_closing_events(app_client):
+    """Duplex sessions share the turn-based sessions' socket life (ws_session.EventSession): typed
+    client events, the idle limit's error event and close code; a duplex session says how its
+    response and session ended before the close."""
+    from dataclasses import replace
+
+    from omnistage.config import Duplex
+
+    client, engine = app_client("omni", realtime_idle_timeout_s=0.5)
+    engine.spec = replace(engine.spec, duplex=Duplex(24000, 80.0, inputs=lambda audio, final: {"audio": audio},
+                                                     params=dict))
+    with client.websocket_connect("/v1/duplex") as ws:
+        assert ws.receive_json()["session"]["capabilities"]["duplex"] is True
+        until(ws, "response.created")
+        ws.send_json({"type": "session.update", "session": {"voice": "Ethan"}, "event_id": "e1"})
+        error = ws.receive_json()["error"]
+        assert error["param"] == "session.voice" and error["event_id"] == "e1"
+        ws.send_json({"type": "input_audio_buffer.commit"})
+        assert ws.receive_json()["error"]["param"] == "type"
+        events = until(ws, "session.closed")
+        assert [e["type"] for e in events] == ["error", "response.done", "session.closed"]
+        assert events[0]["error"]["code"] == "idle_timeout" and events[-1]["reason"] == "idle_timeout"
+        assert events[1]["response"]["status"] == "cancelled"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+        assert closed.value.code == 1008

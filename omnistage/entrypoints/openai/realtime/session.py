@@ -15,8 +15,6 @@ the buffer. A server that stops closes open sessions with 1001 (going away).
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 from typing import Any
 
 import numpy as np
@@ -179,10 +177,7 @@ class RealtimeSession(EventSession):
         await self._send({"type": "session.updated", "session": self._session_object()})
 
     async def _append(self, event: BufferAppend) -> None:
-        try:
-            audio = audio_format.decode(base64.b64decode(event.audio, validate=True), self.settings.input_format)
-        except (binascii.Error, ValueError) as e:
-            raise bad_request(f"audio: not base64 {self.settings.input_format} audio ({e})", param="audio") from None
+        audio = audio_format.decode_base64(event.audio, self.settings.input_format, "audio")
         rate = audio_format.RATES[self.settings.input_format]
         self._check_buffer(sum(len(a) for a in self._buffer) + len(audio), rate)
         self._buffer.append(audio)
@@ -309,10 +304,7 @@ class RealtimeSession(EventSession):
                 if spec.role != "user" or c.audio is None:
                     raise bad_request(f"{where}: input_audio is a user part with `audio`", param=where)
                 fmt = self.settings.input_format
-                try:
-                    audio = audio_format.decode(base64.b64decode(c.audio, validate=True), fmt)
-                except (binascii.Error, ValueError) as e:
-                    raise bad_request(f"{where}.audio: not base64 {fmt} audio ({e})", param=f"{where}.audio") from None
+                audio = audio_format.decode_base64(c.audio, fmt, f"{where}.audio")
                 parts.append(Part("input_audio", c.transcript or "", audio, audio_format.RATES[fmt]))
             else:
                 if c.text is None:
