@@ -201,6 +201,41 @@ def test_server_vad_commits_a_turn_answers_it_and_barge_in_cancels(app_client):
     assert 0.9 * 24000 <= len(heard) <= 1.9 * 24000  # the turn, not the leading silence
 
 
+def test_barge_in_stops_the_engine_request_within_one_step(app_client):
+    """Speech that starts during an answer cancels it at once: after `speech_started` the engine
+    runs at most the step it was in for that request (each output the fake yields is one step),
+    and it is aborted before the user stops speaking. Without the cancel at speech start the
+    answer would run on to its end (8 steps)."""
+    client, engine = app_client("omni", step_delay=0.2)
+    steps: dict[str, int] = {}
+    generate = engine.generate
+
+    async def counted(prompt, params=None, request_id=None, **kwargs):
+        async for out in generate(prompt, params, request_id, **kwargs):
+            steps[request_id] = steps.get(request_id, 0) + 1
+            yield out
+
+    engine.generate = counted
+    voice = synthetic_speech(1.0)
+    with client.websocket_connect(URL) as ws:
+        open_session(ws, None)  # server VAD, interrupt_response on (the defaults)
+        ws.send_json({"type": "conversation.item.create",
+                      "item": {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}})
+        ws.send_json({"type": "response.create"})
+        events = until(ws, "response.output_audio_transcript.delta")
+        response_id = events[-1]["response_id"]
+        for i in range(0, len(voice), 2400):  # the user talks over the answer, and goes on talking
+            ws.send_json({"type": "input_audio_buffer.append", "audio": pcm(voice[i:i + 2400])})
+        until(ws, "input_audio_buffer.speech_started")
+        steps_at_speech = steps[response_id]
+        events = until(ws, "response.done")
+        assert "input_audio_buffer.speech_stopped" not in [e["type"] for e in events]
+        assert events[-1]["response"]["status_details"]["reason"] == "turn_detected"
+        assert engine.aborted == [response_id] and client.app.state.gateway.num_admitted == 0
+        time.sleep(3 * 0.2)  # three more steps' time: none of them is the aborted answer's
+        assert steps[response_id] <= steps_at_speech + 1 < 8
+
+
 def test_limits_end_the_session_with_an_error_then_a_close_code(app_client):
     client, _ = app_client("omni", realtime_max_buffer_s=0.5, realtime_idle_timeout_s=0.3)
     with client.websocket_connect(URL) as ws:
