@@ -318,6 +318,9 @@ def test_items_are_retrieved_truncated_and_deleted(app_client):
                       "audio_end_ms": 100})
         assert ws.receive_json()["error"]["param"] == "content_index"
         ws.send_json({"type": "conversation.item.truncate", "item_id": answer, "content_index": 0,
+                      "audio_end_ms": 151})  # the answer's audio is 150 ms
+        assert ws.receive_json()["error"]["param"] == "audio_end_ms"
+        ws.send_json({"type": "conversation.item.truncate", "item_id": answer, "content_index": 0,
                       "audio_end_ms": 100})
         assert ws.receive_json()["type"] == "conversation.item.truncated"
         ws.send_json({"type": "conversation.item.delete", "item_id": "first"})
@@ -327,8 +330,13 @@ def test_items_are_retrieved_truncated_and_deleted(app_client):
         assert ws.receive_json()["error"]["param"] == "item_id"
         ws.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
         until(ws, "response.done")
-    # the second answer reads the second message only: the first was deleted, the truncated answer is unheard
-    assert engine.requests[1][0]["messages"] == [{"role": "user", "content": "Second"}]
+    # The truncated answer is what the model said in the 100 ms the client played (transcribed), the
+    # first message is deleted: the next answer reads the second message and those words only.
+    [(heard, _, _)] = [r for r in engine.requests if r[2].startswith("heard_")]
+    assert len(heard["messages"][0]["content"][0]["audio"]) == 1600  # 100 ms at the model's 16 kHz
+    answer = engine.requests[-1][0]["messages"]
+    assert answer == [{"role": "user", "content": "Second"},
+                      {"role": "assistant", "content": "Hello from the fake model."}]
 
 
 def test_input_audio_transcription_of_a_committed_turn(app_client):

@@ -2,8 +2,10 @@
 the model reads for the next response.
 
 User audio stays a float32 waveform (at its input format's rate) so each response
-reads it without decoding again; an assistant item is what the model said (the
-transcript of its audio, cut at barge-in to what the client was sent).
+reads it without decoding again; an assistant item is what the model said: the
+transcript of its audio, and that audio (at the model's rate), each cut at barge-in to
+what the client was sent; after conversation.item.truncate, the audio the client played
+and its transcript (input_transcription.heard_transcript).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class Part:
     text: str = ""
     """The text, or the transcript of an audio part."""
     audio: np.ndarray | None = None
+    """A user's audio, which the model hears; an answer's audio as sent, which it does not (it reads the text)."""
     sample_rate: int = 0
     cuts: tuple[int, ...] = ()
     """Sample offsets where the audio is cut into clips the model hears one by one (a turn

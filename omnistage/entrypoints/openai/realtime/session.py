@@ -26,7 +26,7 @@ from omnistage.entrypoints.openai.errors import APIError, bad_request
 from omnistage.entrypoints.openai.realtime import audio_format
 from omnistage.entrypoints.openai.prefix_warmer import PrefixWarmer
 from omnistage.entrypoints.openai.realtime.conversation import Conversation, Item, Part, audio_parts, new_id
-from omnistage.entrypoints.openai.realtime.input_transcription import transcribe
+from omnistage.entrypoints.openai.realtime.input_transcription import heard_transcript, transcribe
 from omnistage.entrypoints.openai.realtime.protocol import (
     EVENTS,
     BufferAppend,
@@ -79,6 +79,7 @@ class RealtimeSession(EventSession):
         self._speech_item_id: str | None = None
         self._speech_start = 0
         self._transcriptions: set[asyncio.Task] = set()
+        self._truncations: set[asyncio.Task] = set()  # transcribing what was heard of truncated answers
         self.variant: ReferenceVariant | None = None
         """Set once the client speaks the reference system's variant (reference_variant.py)."""
         self.warmer = PrefixWarmer(gateway, gateway.engine.spec.entry_stages[0].name, settings.realtime_prefill,
@@ -90,7 +91,8 @@ class RealtimeSession(EventSession):
             self.response.cancel("client_cancelled")  # the client is gone: abort the engine request
             await asyncio.gather(self.response.task, return_exceptions=True)
         await self.warmer.close()
-        tasks = [*self._transcriptions, *([self.variant.task] if self.variant and self.variant.task else [])]
+        variant = [self.variant.task] if self.variant and self.variant.task else []
+        tasks = [*self._transcriptions, *self._truncations, *variant]
         for task in tasks:
             task.cancel()  # each closes its engine stream, which aborts the request
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -151,7 +153,7 @@ class RealtimeSession(EventSession):
             elif isinstance(event, (ItemDelete, ItemRetrieve, ItemTruncate)):
                 await self._edit_item(event)
             elif isinstance(event, ResponseCreate):
-                self._start_response(event)
+                await self._start_response(event)
             elif isinstance(event, ResponseCancel):
                 await self._cancel(event)
         except APIError as e:
@@ -255,7 +257,7 @@ class RealtimeSession(EventSession):
             if self.response is not None and not self.response.task.done():
                 self.response.cancel("turn_detected")
                 await asyncio.gather(self.response.task, return_exceptions=True)
-            self._start_response(None)
+            await self._start_response(None)
 
     def _buffered(self) -> np.ndarray:
         return np.concatenate(self._buffer) if self._buffer else np.zeros(0, dtype=np.float32)
@@ -330,9 +332,18 @@ class RealtimeSession(EventSession):
         if item.role != "assistant" or event.content_index >= len(item.parts) or \
                 item.parts[event.content_index].type != "output_audio":
             raise bad_request("content_index: truncate names an assistant item's audio part", param="content_index")
-        # The server keeps no assistant audio, only its words, and cannot tell which were heard
-        # before audio_end_ms: as OpenAI does, the transcript goes, so the model reads nothing unheard.
-        item.parts[event.content_index].text = ""
+        part = item.parts[event.content_index]
+        sent_ms = len(part.audio) * 1000 // part.sample_rate if part.audio is not None else 0
+        if event.audio_end_ms > sent_ms:
+            raise bad_request(f"audio_end_ms: {event.audio_end_ms} ms is past the end of the item's audio "
+                              f"({sent_ms} ms)", param="audio_end_ms")
+        # The answer's words are not aligned to its audio: as OpenAI does, the transcript goes at once;
+        # then the words of the audio that was heard take its place (the model reads nothing unheard).
+        part.audio, part.text = part.audio[:event.audio_end_ms * part.sample_rate // 1000], ""
+        if len(part.audio):
+            task = asyncio.create_task(heard_transcript(self.gateway, part))
+            self._truncations.add(task)
+            task.add_done_callback(self._truncations.discard)
         await self._send({"type": "conversation.item.truncated", "item_id": item.id,
                           "content_index": event.content_index, "audio_end_ms": event.audio_end_ms})
 
@@ -340,10 +351,12 @@ class RealtimeSession(EventSession):
         await self._send({"type": "conversation.item.added", "previous_item_id": previous, "item": item.as_openai()})
         await self._send({"type": "conversation.item.done", "previous_item_id": previous, "item": item.as_openai()})
 
-    def _start_response(self, event: ResponseCreate | None) -> None:
+    async def _start_response(self, event: ResponseCreate | None) -> None:
         if self.response is not None and not self.response.task.done():
             raise bad_request(f"the conversation already has an active response {self.response.id!r}",
                               code="conversation_already_has_active_response")
+        if self._truncations:  # the answer reads what was heard of a truncated one
+            await asyncio.gather(*self._truncations, return_exceptions=True)
         settings = self.settings
         if event is not None and event.response is not None:
             settings = settings.update(event.response)
