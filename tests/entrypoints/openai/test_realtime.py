@@ -486,9 +486,10 @@ def test_a_turn_is_prefilled_while_spoken_and_its_warm_ups_end_with_a_clear_or_t
         session_id = open_session(ws)["session"]["id"]
         ws.send_json({"type": "input_audio_buffer.append", "audio": pcm(synthetic_speech(1.2))})
         prompt, first = warm_up(1)
-        # The first half second is cut as a clip and prefilled, with the rows a spoken answer's talker reads.
-        [clip] = prompt["messages"][-1]["content"]
-        assert len(clip["audio"]) == 12000 and prompt["return_hidden_states"] and prompt["return_input_embeds"]
+        # Each whole half second is cut as a clip and prefilled, with the rows a spoken answer's talker reads.
+        clips = prompt["messages"][-1]["content"]
+        assert [len(clip["audio"]) for clip in clips] == [12000, 12000]
+        assert prompt["return_hidden_states"] and prompt["return_input_embeds"]
         assert engine.session_ids[-1] == session_id
         ws.send_json({"type": "input_audio_buffer.clear"})
         until(ws, "input_audio_buffer.cleared")
@@ -527,3 +528,16 @@ def test_a_duplex_session_ends_at_a_limit_with_an_error_then_its_closing_events(
         with pytest.raises(WebSocketDisconnect) as closed:
             ws.receive_json()
         assert closed.value.code == 1008
+
+
+def test_a_turn_is_cut_in_clips_none_longer_than_the_prefilled_ones():
+    """Qwen3-Omni pads a request's clips to the longest before their features (its processor's
+    way): a last clip longer than the prefilled ones would change their features."""
+    from omnistage.entrypoints.openai.realtime.turn_prefill import TurnCuts
+
+    cuts = TurnCuts()
+    assert cuts.grow(31200, 24000) and cuts.cuts == [12000, 24000]  # one append of 1.3 s: both whole clips
+    turn = np.ones(25200, np.float32)  # 1.05 s: a rest of 50 ms, under a clip's minimum of 100 ms
+    audio, final = cuts.final(turn, 24000)
+    assert final == (12000, 24000) and len(audio) == 26400 and not audio[25200:].any()  # padded with silence
+    assert cuts.final(turn[:24000], 24000)[1] == (12000,)  # a cut at the turn's end cuts no clip

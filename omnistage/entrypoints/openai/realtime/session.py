@@ -272,7 +272,7 @@ class RealtimeSession(EventSession):
         if len(audio) * 1000 < MIN_COMMIT_MS * rate:
             raise bad_request(f"buffer too small: expected at least {MIN_COMMIT_MS} ms of audio, but the buffer "
                               f"holds {len(audio) * 1000 // rate} ms", code="input_audio_buffer_commit_empty")
-        cuts = self._cuts.final(len(audio), rate)
+        audio, cuts = self._cuts.final(audio, rate)
         self._clear_buffer()
         item = Item("user", [Part("input_audio", audio=audio, sample_rate=rate, cuts=cuts)],
                     id=item_id or new_id("item"))
