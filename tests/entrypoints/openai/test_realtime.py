@@ -502,7 +502,7 @@ def test_a_turn_is_prefilled_while_spoken_and_its_warm_ups_end_with_a_clear_or_t
     assert second in engine.aborted and client.app.state.gateway.num_admitted == 0  # gone with the session
 
 
-def test_a_duplex_session_ends_at_a_limit_with_an_error_then_its_closing_events(app_client):
+def test_a_duplex_session_ends_at_a_limit_or_a_stop_with_its_closing_events(app_client):
     """Duplex sessions share the turn-based sessions' socket life (ws_session.EventSession): typed
     client events, the idle limit's error event and close code; a duplex session says how its
     response and session ended before the close."""
@@ -510,9 +510,13 @@ def test_a_duplex_session_ends_at_a_limit_with_an_error_then_its_closing_events(
 
     from omnistage.config import Duplex
 
-    client, engine = app_client("omni", realtime_idle_timeout_s=0.5)
-    engine.spec = replace(engine.spec, duplex=Duplex(24000, 80.0, inputs=lambda audio, final: {"audio": audio},
-                                                     params=dict))
+    def duplex_client(**limits):
+        client, engine = app_client("omni", **limits)
+        engine.spec = replace(engine.spec, duplex=Duplex(24000, 80.0, inputs=lambda audio, final: {"audio": audio},
+                                                         params=dict))
+        return client
+
+    client = duplex_client(realtime_idle_timeout_s=0.5)
     with client.websocket_connect("/v1/duplex") as ws:
         assert ws.receive_json()["session"]["capabilities"]["duplex"] is True
         until(ws, "response.created")
@@ -528,6 +532,18 @@ def test_a_duplex_session_ends_at_a_limit_with_an_error_then_its_closing_events(
         with pytest.raises(WebSocketDisconnect) as closed:
             ws.receive_json()
         assert closed.value.code == 1008
+    with duplex_client(realtime_max_session_s=0.3).websocket_connect("/v1/duplex") as ws:
+        assert until(ws, "session.closed")[-1]["reason"] == "timeout"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+        assert closed.value.code == 1008
+    with client.websocket_connect("/v1/duplex") as ws:  # the server stops
+        until(ws, "response.created")
+        client.portal.call(client.app.state.gateway.drain_after, 0)
+        assert until(ws, "session.closed")[-1]["reason"] == "shutdown"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+        assert closed.value.code == 1001
 
 
 def test_a_turn_is_cut_in_clips_none_longer_than_the_prefilled_ones():
