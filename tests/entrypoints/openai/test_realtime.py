@@ -205,8 +205,9 @@ def test_barge_in_stops_the_engine_request_within_one_step(app_client):
     """Speech that starts during an answer cancels it at once: after `speech_started` the engine
     runs at most the step it was in for that request (each output the fake yields is one step),
     and it is aborted before the user stops speaking. Without the cancel at speech start the
-    answer would run on to its end (8 steps)."""
+    answer would run on to its end (23 steps: long, so a loaded machine's VAD still hears the user first)."""
     client, engine = app_client("omni", step_delay=0.2)
+    engine.text = engine.text * 4  # 20 text steps, then 3 of audio
     steps: dict[str, int] = {}
     generate = engine.generate
 
@@ -233,7 +234,7 @@ def test_barge_in_stops_the_engine_request_within_one_step(app_client):
         assert events[-1]["response"]["status_details"]["reason"] == "turn_detected"
         assert engine.aborted == [response_id] and client.app.state.gateway.num_admitted == 0
         time.sleep(3 * 0.2)  # three more steps' time: none of them is the aborted answer's
-        assert steps[response_id] <= steps_at_speech + 1 < 8
+        assert steps[response_id] <= steps_at_speech + 1 < 23
 
 
 def test_limits_end_the_session_with_an_error_then_a_close_code(app_client):
@@ -330,6 +331,9 @@ def test_items_are_retrieved_truncated_and_deleted(app_client):
         assert ws.receive_json()["error"]["param"] == "item_id"
         ws.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
         until(ws, "response.done")
+        ws.send_json({"type": "conversation.item.truncate", "item_id": answer, "content_index": 0,
+                      "audio_end_ms": 50})
+        assert ws.receive_json()["error"]["param"] == "item_id"  # only the latest answer's audio is kept
     # The truncated answer is what the model said in the 100 ms the client played (transcribed), the
     # first message is deleted: the next answer reads the second message and those words only.
     [(heard, _, _)] = [r for r in engine.requests if r[2].startswith("heard_")]

@@ -149,8 +149,8 @@ class ResponseRun:
                 if out.finished:
                     self._final = out
         finally:
-            if sent:
-                part.audio = np.concatenate(sent)
+            if self.is_audio:
+                part.audio = np.concatenate(sent) if sent else np.zeros(0, np.float32)
 
     async def _finish(self, status: str, details: dict[str, Any] | None) -> None:
         text = self.item.parts[0].text

@@ -333,7 +333,10 @@ class RealtimeSession(EventSession):
                 item.parts[event.content_index].type != "output_audio":
             raise bad_request("content_index: truncate names an assistant item's audio part", param="content_index")
         part = item.parts[event.content_index]
-        sent_ms = len(part.audio) * 1000 // part.sample_rate if part.audio is not None else 0
+        if part.audio is None:
+            raise bad_request("item_id: the session keeps the audio of its latest answer only (truncate it after "
+                              "a barge-in, before the next response)", param="item_id")
+        sent_ms = len(part.audio) * 1000 // part.sample_rate if part.sample_rate else 0
         if event.audio_end_ms > sent_ms:
             raise bad_request(f"audio_end_ms: {event.audio_end_ms} ms is past the end of the item's audio "
                               f"({sent_ms} ms)", param="audio_end_ms")
@@ -357,6 +360,7 @@ class RealtimeSession(EventSession):
                               code="conversation_already_has_active_response")
         if self._truncations:  # the answer reads what was heard of a truncated one
             await asyncio.gather(*self._truncations, return_exceptions=True)
+        self.conversation.forget_answer_audio()  # a session's memory stays bounded
         settings = self.settings
         if event is not None and event.response is not None:
             settings = settings.update(event.response)
