@@ -12,12 +12,16 @@ VAD (silence_duration_ms 200):
   one streamed chat completion with audio out (`input_audio` wav, `modalities: ["text",
   "audio"]`) to the same server, from sending the request to the first audio chunk. Turns
   alternate with chat requests. Goal: realtime <= 0.5x of chat;
-- barge-in: once the answer's first audio arrives, 1 s of voice is appended; from the
+- barge-in: once the turn is all sent and the answer's audio comes, 1 s of voice is appended; from the
   `speech_started` event to `response.done` (cancelled), and the audio sent in between;
+  with `--barge-in N` (N answers, that table only): from `speech_started` to the last audio
+  byte the client received, and to the last audio the engine made for the answer (the
+  server's `omnistage_audio_seconds_total`, polled every 10 ms from `speech_started` on),
+  against one vocoder chunk's duration (the answer's median audio delta). Goal: <= one chunk;
 - 8 sessions at once, one turn each: a stall is a gap between two audio deltas longer
   than the audio the client already had ahead of playback (its player would run dry).
 
-    .venv/bin/python benchmarks/bench_realtime.py [--size tiny] [--turns 20] [--no-write]
+    .venv/bin/python benchmarks/bench_realtime.py [--size tiny] [--turns 20] [--barge-in N] [--no-write]
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from common import ROOT, write_section
 
 OVERRIDES = {"0": {"default_sampling_params": {"max_tokens": 8, "temperature": 0, "ignore_eos": True}},
              "1": {"default_sampling_params": {"max_tokens": 32, "ignore_eos": True, "seed": 0}}}
+BARGE_OVERRIDES = {**OVERRIDES, "1": {"default_sampling_params": {"max_tokens": 600, "ignore_eos": True, "seed": 0}}}
+"""Answers long enough (600 talker codes) to be still speaking when the user's speech is heard."""
 
 
 NOTE = (
@@ -60,6 +66,14 @@ NOTE = (
     "average): rerun on a quiet machine. Barge-in is counted on the server's side (the answer is cancelled "
     "before `speech_started` is sent). **8 sessions at once stall** on 2 CPU cores.")
 """What the numbers mean (written under the table; edit it when a rerun changes the picture)."""
+BARGE_NOTE = (
+    "The session cancels the answer before it sends `speech_started` (the cancel closes the engine stream, "
+    "which aborts the request), so the client receives no audio after it. The engine's side is read from "
+    "its audio counter, polled every 10 ms: an answer's last chunk shows within one poll of when it was "
+    "made. The barge-in speech is appended at once (1 s of voice); `speech_started` follows when the VAD "
+    "has run over it. An answer that ended before that speech was sent or heard is not counted. The machine "
+    "was shared with other jobs (see the load average): the VAD row's times move with it.")
+"""What the barge-in numbers mean."""
 
 
 _voices = itertools.count()
@@ -92,13 +106,51 @@ def speak(ws, messages: list[str]) -> None:
             return
 
 
-def session(url: str, barge_in: bool) -> dict:
-    """One turn in a fresh session; the times it saw."""
+class AudioWatch:
+    """Polls the server's `omnistage_audio_seconds_total` (audio its final stage made) in a thread."""
+
+    def __init__(self, url: str, interval: float = 0.01):
+        self.url, self.interval = url, interval
+        self.samples: list[tuple[float, float]] = []  # (time, seconds of audio made so far)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=10) as client:
+            while not self._stop.is_set():
+                text = client.get("/metrics").text
+                made = sum(float(line.split()[-1]) for line in text.splitlines()
+                           if line.startswith("omnistage_audio_seconds_total"))
+                self.samples.append((time.perf_counter(), made))
+                self._stop.wait(self.interval)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.ident is not None:  # started
+            self._thread.join()
+
+    def last_made_after(self, t0: float) -> tuple[float, float]:
+        """(seconds from `t0` to the first sample that shows the last audio made after `t0`, 0 if
+        none was; seconds of audio made after `t0`), counted from the first sample at or after `t0`."""
+        after = [s for s in self.samples if s[0] >= t0]
+        base = after[0][1]
+        final = after[-1][1]
+        if final == base:
+            return 0.0, 0.0
+        return next(t for t, made in after if made == final) - t0, final - base
+
+
+def session(url: str, barge_in: bool, watch: AudioWatch | None = None) -> dict:
+    """One turn in a fresh session; the times it saw (`watch`: started with the barge-in)."""
     with connect(url.replace("http", "ws") + "/v1/realtime", max_size=None) as ws:
         ws.recv()
         ws.send(json.dumps({"type": "session.update", "session": {"audio": {"input": {"turn_detection": {
             "type": "server_vad", "silence_duration_ms": 200}}}}}))
-        threading.Thread(target=speak, args=(ws, appends(voice())), daemon=True).start()
+        speaker = threading.Thread(target=speak, args=(ws, appends(voice())), daemon=True)
+        speaker.start()
         seen: dict = {"after_barge_in_bytes": 0, "deltas": []}
         while True:
             event = json.loads(ws.recv(timeout=300))
@@ -110,8 +162,11 @@ def session(url: str, barge_in: bool) -> dict:
                 seen["deltas"].append((now, len(base64.b64decode(event["delta"])) / 2 / 24000))
                 if "barge_in" in seen:
                     seen["after_barge_in_bytes"] += len(base64.b64decode(event["delta"]))
-                elif barge_in and "sent_barge_in" not in seen:
+                elif barge_in and "sent_barge_in" not in seen and not speaker.is_alive():  # the turn is all sent
                     seen["sent_barge_in"] = True
+                    seen["barge_sent"] = time.perf_counter()
+                    if watch is not None:
+                        watch.start()
                     for message in appends(voice()[:24000]):
                         ws.send(message)
             elif kind == "input_audio_buffer.speech_started" and seen.get("sent_barge_in"):
@@ -200,6 +255,60 @@ def bench(size: str, turns: int) -> dict:
     return out
 
 
+def barge_ins(size: str, rounds: int) -> list[dict]:
+    """`rounds` answers interrupted by the user's speech, on a server with the default settings."""
+    from omnistage.testing import ensure
+
+    path = str(ensure("qwen2.5-omni", size=size, cache_dir=ROOT / ".omnistage-cache" / "zoo"))
+    proc, url = start_server(path, "--stage-overrides", json.dumps(BARGE_OVERRIDES), timeout_s=600)
+    rows = []
+    try:
+        session(url, False)  # warm-up
+        for _ in range(rounds):
+            watch = AudioWatch(url)
+            seen = session(url, True, watch)
+            time.sleep(0.5)  # audio the engine still made after response.done would show here
+            watch.stop()
+            if "barge_in" not in seen:  # the answer ended before the user's speech was heard
+                continue
+            t0 = seen["barge_in"]
+            engine_s, engine_audio_s = watch.last_made_after(t0)
+            rows.append({"status": seen["status"],
+                         "client_s": max(0.0, max(t for t, _ in seen["deltas"]) - t0),
+                         "engine_s": engine_s, "engine_audio_s": engine_audio_s,
+                         "chunk_s": statistics.median(seconds for _, seconds in seen["deltas"]),
+                         "detect_s": t0 - seen["barge_sent"]})
+        made = watch.samples[-1][1] if watch.samples else 0.0
+        if not made:  # a counter that never moves would read as "no audio after speech_started"
+            raise RuntimeError("the server's omnistage_audio_seconds_total counted no audio")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return rows
+
+
+def barge_in_table(rows: list[dict], size: str, rounds: int) -> str:
+    def ms(key: str) -> str:
+        values = [row[key] * 1000 for row in rows]
+        return f"{statistics.median(values):.0f} | {max(values):.0f}"
+
+    chunk = statistics.median(row["chunk_s"] for row in rows)
+    worst = max(row["engine_s"] for row in rows)
+    statuses = ", ".join(sorted({row["status"] for row in rows}))
+    return "\n".join([
+        f"qwen2.5-omni ({size}), thinker 8 tokens, talker 600 codes; {len(rows)} of {rounds} answers interrupted "
+        f"(status {statuses}); load average {os.getloadavg()[0]:.2f} at the end.", "",
+        "| from `speech_started` during an answer | p50 (ms) | max (ms) |", "|---|---|---|",
+        f"| to the last audio byte the client received (0: none after) | {ms('client_s')} |",
+        f"| to the last audio the engine made for the answer (0: none after; polled every 10 ms) | {ms('engine_s')} |",
+        f"| audio the engine made after it (ms of sound) | {ms('engine_audio_s')} |",
+        f"| one vocoder chunk: the answer's audio delta (ms of sound) | {ms('chunk_s')} |",
+        f"| (before it) the barge-in speech appended -> `speech_started` | {ms('detect_s')} |", "",
+        f"**Goal (<= one vocoder chunk, {chunk * 1000:.0f} ms): {'met' if worst <= chunk else 'missed'}** "
+        f"(the engine's last audio for an interrupted answer at most {worst * 1000:.0f} ms after "
+        "`speech_started`)."])
+
+
 def table(r: dict, size: str, turns: int) -> str:
     lines = [f"qwen2.5-omni ({size}), {turns} turns each, thinker 8 tokens, talker 32 codes; load average "
              f"{os.getloadavg()[0]:.2f} at the end.", "",
@@ -239,8 +348,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="tiny", choices=["tiny", "small"])
     parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--barge-in", type=int, default=0, metavar="N",
+                        help="measure only barge-in, over N interrupted answers")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    if args.barge_in:
+        body = barge_in_table(barge_ins(args.size, args.barge_in), args.size, args.barge_in) + "\n\n" + BARGE_NOTE
+        print(body)
+        if not args.no_write:
+            write_section("Realtime voice: barge-in", "benchmarks/bench_realtime.py", body)
+        return
     body = table(bench(args.size, args.turns), args.size, args.turns) + (
         "\n\n" + NOTE)
     print(body)

@@ -201,6 +201,42 @@ def test_server_vad_commits_a_turn_answers_it_and_barge_in_cancels(app_client):
     assert 0.9 * 24000 <= len(heard) <= 1.9 * 24000  # the turn, not the leading silence
 
 
+def test_barge_in_stops_the_engine_request_within_one_step(app_client):
+    """Speech that starts during an answer cancels it at once: after `speech_started` the engine
+    runs at most the step it was in for that request (each output the fake yields is one step),
+    and it is aborted before the user stops speaking. Without the cancel at speech start the
+    answer would run on to its end (23 steps: long, so a loaded machine's VAD still hears the user first)."""
+    client, engine = app_client("omni", step_delay=0.2)
+    engine.text = engine.text * 4  # 20 text steps, then 3 of audio
+    steps: dict[str, int] = {}
+    generate = engine.generate
+
+    async def counted(prompt, params=None, request_id=None, **kwargs):
+        async for out in generate(prompt, params, request_id, **kwargs):
+            steps[request_id] = steps.get(request_id, 0) + 1
+            yield out
+
+    engine.generate = counted
+    voice = synthetic_speech(1.0)
+    with client.websocket_connect(URL) as ws:
+        open_session(ws, None)  # server VAD, interrupt_response on (the defaults)
+        ws.send_json({"type": "conversation.item.create",
+                      "item": {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}})
+        ws.send_json({"type": "response.create"})
+        events = until(ws, "response.output_audio_transcript.delta")
+        response_id = events[-1]["response_id"]
+        for i in range(0, len(voice), 2400):  # the user talks over the answer, and goes on talking
+            ws.send_json({"type": "input_audio_buffer.append", "audio": pcm(voice[i:i + 2400])})
+        until(ws, "input_audio_buffer.speech_started")
+        steps_at_speech = steps[response_id]
+        events = until(ws, "response.done")
+        assert "input_audio_buffer.speech_stopped" not in [e["type"] for e in events]
+        assert events[-1]["response"]["status_details"]["reason"] == "turn_detected"
+        assert engine.aborted == [response_id] and client.app.state.gateway.num_admitted == 0
+        time.sleep(3 * 0.2)  # three more steps' time: none of them is the aborted answer's
+        assert steps[response_id] <= steps_at_speech + 1 < 23
+
+
 def test_limits_end_the_session_with_an_error_then_a_close_code(app_client):
     client, _ = app_client("omni", realtime_max_buffer_s=0.5, realtime_idle_timeout_s=0.3)
     with client.websocket_connect(URL) as ws:
@@ -283,6 +319,9 @@ def test_items_are_retrieved_truncated_and_deleted(app_client):
                       "audio_end_ms": 100})
         assert ws.receive_json()["error"]["param"] == "content_index"
         ws.send_json({"type": "conversation.item.truncate", "item_id": answer, "content_index": 0,
+                      "audio_end_ms": 151})  # the answer's audio is 150 ms
+        assert ws.receive_json()["error"]["param"] == "audio_end_ms"
+        ws.send_json({"type": "conversation.item.truncate", "item_id": answer, "content_index": 0,
                       "audio_end_ms": 100})
         assert ws.receive_json()["type"] == "conversation.item.truncated"
         ws.send_json({"type": "conversation.item.delete", "item_id": "first"})
@@ -292,8 +331,16 @@ def test_items_are_retrieved_truncated_and_deleted(app_client):
         assert ws.receive_json()["error"]["param"] == "item_id"
         ws.send_json({"type": "response.create", "response": {"output_modalities": ["text"]}})
         until(ws, "response.done")
-    # the second answer reads the second message only: the first was deleted, the truncated answer is unheard
-    assert engine.requests[1][0]["messages"] == [{"role": "user", "content": "Second"}]
+        ws.send_json({"type": "conversation.item.truncate", "item_id": answer, "content_index": 0,
+                      "audio_end_ms": 50})
+        assert ws.receive_json()["error"]["param"] == "item_id"  # only the latest answer's audio is kept
+    # The truncated answer is what the model said in the 100 ms the client played (transcribed), the
+    # first message is deleted: the next answer reads the second message and those words only.
+    [(heard, _, _)] = [r for r in engine.requests if r[2].startswith("heard_")]
+    assert len(heard["messages"][0]["content"][0]["audio"]) == 1600  # 100 ms at the model's 16 kHz
+    answer = engine.requests[-1][0]["messages"]
+    assert answer == [{"role": "user", "content": "Second"},
+                      {"role": "assistant", "content": "Hello from the fake model."}]
 
 
 def test_input_audio_transcription_of_a_committed_turn(app_client):
@@ -443,9 +490,10 @@ def test_a_turn_is_prefilled_while_spoken_and_its_warm_ups_end_with_a_clear_or_t
         session_id = open_session(ws)["session"]["id"]
         ws.send_json({"type": "input_audio_buffer.append", "audio": pcm(synthetic_speech(1.2))})
         prompt, first = warm_up(1)
-        # The first half second is cut as a clip and prefilled, with the rows a spoken answer's talker reads.
-        [clip] = prompt["messages"][-1]["content"]
-        assert len(clip["audio"]) == 12000 and prompt["return_hidden_states"] and prompt["return_input_embeds"]
+        # Each whole half second is cut as a clip and prefilled, with the rows a spoken answer's talker reads.
+        clips = prompt["messages"][-1]["content"]
+        assert [len(clip["audio"]) for clip in clips] == [12000, 12000]
+        assert prompt["return_hidden_states"] and prompt["return_input_embeds"]
         assert engine.session_ids[-1] == session_id
         ws.send_json({"type": "input_audio_buffer.clear"})
         until(ws, "input_audio_buffer.cleared")
@@ -456,3 +504,60 @@ def test_a_turn_is_prefilled_while_spoken_and_its_warm_ups_end_with_a_clear_or_t
     while second not in engine.aborted and time.time() < deadline:
         time.sleep(0.02)
     assert second in engine.aborted and client.app.state.gateway.num_admitted == 0  # gone with the session
+
+
+def test_a_duplex_session_ends_at_a_limit_or_a_stop_with_its_closing_events(app_client):
+    """Duplex sessions share the turn-based sessions' socket life (ws_session.EventSession): typed
+    client events, the idle limit's error event and close code; a duplex session says how its
+    response and session ended before the close."""
+    from dataclasses import replace
+
+    from omnistage.config import Duplex
+
+    def duplex_client(**limits):
+        client, engine = app_client("omni", **limits)
+        engine.spec = replace(engine.spec, duplex=Duplex(24000, 80.0, inputs=lambda audio, final: {"audio": audio},
+                                                         params=dict))
+        return client
+
+    client = duplex_client(realtime_idle_timeout_s=0.5)
+    with client.websocket_connect("/v1/duplex") as ws:
+        assert ws.receive_json()["session"]["capabilities"]["duplex"] is True
+        until(ws, "response.created")
+        ws.send_json({"type": "session.update", "session": {"voice": "Ethan"}, "event_id": "e1"})
+        error = ws.receive_json()["error"]
+        assert error["param"] == "session.voice" and error["event_id"] == "e1"
+        ws.send_json({"type": "input_audio_buffer.commit"})
+        assert ws.receive_json()["error"]["param"] == "type"
+        events = until(ws, "session.closed")
+        assert [e["type"] for e in events] == ["error", "response.done", "session.closed"]
+        assert events[0]["error"]["code"] == "idle_timeout" and events[-1]["reason"] == "idle_timeout"
+        assert events[1]["response"]["status"] == "cancelled"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+        assert closed.value.code == 1008
+    with duplex_client(realtime_max_session_s=0.3).websocket_connect("/v1/duplex") as ws:
+        assert until(ws, "session.closed")[-1]["reason"] == "timeout"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+        assert closed.value.code == 1008
+    with client.websocket_connect("/v1/duplex") as ws:  # the server stops
+        until(ws, "response.created")
+        client.portal.call(client.app.state.gateway.drain_after, 0)
+        assert until(ws, "session.closed")[-1]["reason"] == "shutdown"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_json()
+        assert closed.value.code == 1001
+
+
+def test_a_turn_is_cut_in_clips_none_longer_than_the_prefilled_ones():
+    """Qwen3-Omni pads a request's clips to the longest before their features (its processor's
+    way): a last clip longer than the prefilled ones would change their features."""
+    from omnistage.entrypoints.openai.realtime.turn_prefill import TurnCuts
+
+    cuts = TurnCuts()
+    assert cuts.grow(31200, 24000) and cuts.cuts == [12000, 24000]  # one append of 1.3 s: both whole clips
+    turn = np.ones(25200, np.float32)  # 1.05 s: a rest of 50 ms, under a clip's minimum of 100 ms
+    audio, final = cuts.final(turn, 24000)
+    assert final == (12000, 24000) and len(audio) == 26400 and not audio[25200:].any()  # padded with silence
+    assert cuts.final(turn[:24000], 24000)[1] == (12000,)  # a cut at the turn's end cuts no clip

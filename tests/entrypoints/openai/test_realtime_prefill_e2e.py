@@ -1,5 +1,5 @@
-"""WS /v1/realtime's incremental prefill on the zoo's random Qwen2.5-Omni (one in-process engine
-for the module, behind two apps: prefill on, and off as `--no-realtime-prefill` sets it): a turn
+"""WS /v1/realtime's incremental prefill on the zoo's random Qwen2.5-Omni and Qwen3-Omni (one
+in-process engine per family, behind two apps: prefill on, and off as `--no-realtime-prefill` sets it): a turn
 prefilled while it is spoken is answered from the thinker's prefix cache (`cached_tokens` in
 `response.done`), in the same words and the same audio as its chunked prompt computed without the
 cache; with the prefill off the turn is one clip and nothing of it is cached."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -25,14 +26,14 @@ MANUAL = {"type": "session.update", "session": {"type": "realtime", "output_moda
                                                 "audio": {"input": {"turn_detection": None}}}}
 
 
-@pytest.fixture(scope="module")
-def served(zoo):
+@pytest.fixture(scope="module", params=["qwen2.5-omni", "qwen3-omni"])
+def served(zoo, request):
     from fastapi.testclient import TestClient
 
     from omnistage import AsyncOmni
     from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
 
-    path = str(zoo("qwen2.5-omni"))
+    path = str(zoo(request.param))
     settings = ServerSettings(served_model_name="omni", model_path=path)
     engine = AsyncOmni(path, stage_overrides=OVERRIDES)
     with TestClient(create_app(settings, engine)) as client:  # its lifespan shuts the engine down
@@ -48,8 +49,9 @@ def until(ws, kind: str) -> list[dict]:
             return events
 
 
-def spoken_turn(client, speech: np.ndarray) -> tuple[dict, str, bytes]:
-    """One turn in manual mode, streamed in 100 ms appends: (response.done's response, transcript, PCM16)."""
+def spoken_turn(client, speech: np.ndarray, ready=lambda: True) -> tuple[dict, str, bytes]:
+    """One turn in manual mode, streamed in 100 ms appends, committed once `ready()`: (response.done's
+    response, transcript, PCM16)."""
     with client.websocket_connect(URL) as ws:
         assert ws.receive_json()["type"] == "session.created"
         ws.send_json(MANUAL)
@@ -57,6 +59,9 @@ def spoken_turn(client, speech: np.ndarray) -> tuple[dict, str, bytes]:
         for i in range(0, len(speech), 2400):
             ws.send_json({"type": "input_audio_buffer.append",
                           "audio": base64.b64encode(audio_format.encode(speech[i:i + 2400], 24000, "audio/pcm")).decode()})
+        deadline = time.time() + 30
+        while not ready() and time.time() < deadline:
+            time.sleep(0.01)
         ws.send_json({"type": "input_audio_buffer.commit"})
         ws.send_json({"type": "response.create"})
         events = until(ws, "response.done")
@@ -68,22 +73,28 @@ def spoken_turn(client, speech: np.ndarray) -> tuple[dict, str, bytes]:
 def test_a_turn_prefilled_while_spoken_is_answered_from_the_cache_as_without_it(served, monkeypatch):
     client, off, engine = served
     answers = []  # (prompt, params, modalities) of each answer the session asks for
+    warm_ups = []
     generate = engine.generate
 
     def spy(prompt, params=None, request_id=None, **kwargs):
         if request_id.startswith("resp_"):
             answers.append((prompt, params, kwargs["modalities"]))
+        if request_id.startswith("warm_"):
+            warm_ups.append(request_id)
         return generate(prompt, params, request_id, **kwargs)
 
     monkeypatch.setattr(engine, "generate", spy)
     # 2.2 s of speech: cut every 0.5 s, so the turn is five clips; the first cut's warm-up starts
-    # at once and the answer waits for it. Each turn's voice is its own (no hits across turns).
-    done, transcript, audio = spoken_turn(client, synthetic_speech(2.2, pitch=131.0))
+    # at once, the cuts made while it runs are warmed next, and the answer waits for that one (a
+    # client commits no sooner than its user stops: here once the second warm-up has started, which
+    # Qwen3-Omni needs: its first clip's 7 audio tokens and the turn's header fill no 16-token block).
+    # Each turn's voice is its own (no hits across turns).
+    done, transcript, audio = spoken_turn(client, synthetic_speech(2.2, pitch=131.0), lambda: len(warm_ups) >= 2)
     cached = done["usage"]["input_token_details"]["cached_tokens"]
     off_done, _, _ = spoken_turn(off, synthetic_speech(2.2, pitch=137.0))
     off_cached = off_done["usage"]["input_token_details"]["cached_tokens"]
-    # The turn's header and first clip (a 0.5 s clip is 13 audio tokens between its bos and eos) fill a
-    # 16-token block that the first warm-up cached; with the prefill off nothing of the turn is.
+    # The turn's header and first clips fill a 16-token block that a warm-up cached; with the prefill
+    # off nothing of the turn is.
     assert cached >= off_cached + 16, (done["usage"], off_done["usage"])
     assert transcript and audio
 

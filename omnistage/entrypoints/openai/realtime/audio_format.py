@@ -11,11 +11,14 @@ G.711 goes through soundfile's RAW ULAW/ALAW codecs (libsndfile), not a codec of
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 
 import numpy as np
 import soundfile as sf
 
+from omnistage.entrypoints.openai.errors import bad_request
 from omnistage.media.audio import resample, to_pcm16
 
 RATES = {"audio/pcm": 24000, "audio/pcmu": 8000, "audio/pcma": 8000}
@@ -35,6 +38,14 @@ def decode(data: bytes, fmt: str) -> np.ndarray:
     audio, _ = sf.read(io.BytesIO(data), samplerate=8000, channels=1, format="RAW", subtype=_G711[fmt],
                        dtype="float32")
     return audio
+
+
+def decode_base64(data: str, fmt: str, param: str) -> np.ndarray:
+    """An event's base64 audio field as `decode` reads it, or a 400 naming `param`."""
+    try:
+        return decode(base64.b64decode(data, validate=True), fmt)
+    except (binascii.Error, ValueError) as e:
+        raise bad_request(f"{param}: not base64 {fmt} audio ({e})", param=param) from None
 
 
 def encode(audio: np.ndarray, sample_rate: int, fmt: str) -> bytes:

@@ -2,8 +2,10 @@
 the model reads for the next response.
 
 User audio stays a float32 waveform (at its input format's rate) so each response
-reads it without decoding again; an assistant item is what the model said (the
-transcript of its audio, cut at barge-in to what the client was sent).
+reads it without decoding again; an assistant item is what the model said: the
+transcript of its audio, cut at barge-in to what the client was sent, and for the latest
+answer that audio (at the model's rate); after conversation.item.truncate, the audio the
+client played and its transcript (input_transcription.heard_transcript).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class Part:
     text: str = ""
     """The text, or the transcript of an audio part."""
     audio: np.ndarray | None = None
+    """A user's audio, which the model hears; the latest answer's audio as sent, which it does not (it reads
+    the text), kept for conversation.item.truncate."""
     sample_rate: int = 0
     cuts: tuple[int, ...] = ()
     """Sample offsets where the audio is cut into clips the model hears one by one (a turn
@@ -88,6 +92,13 @@ class Conversation:
 
     def delete(self, item_id: str) -> None:
         self.items.remove(self.get(item_id))
+
+    def forget_answer_audio(self) -> None:
+        """Drop the answers' audio (kept for conversation.item.truncate of the latest answer only)."""
+        for item in self.items:
+            if item.role == "assistant":
+                for part in item.parts:
+                    part.audio = None
 
     def messages(self, instructions: str) -> list[dict[str, Any]]:
         """Chat messages for the model: the instructions as the system message, then the items."""

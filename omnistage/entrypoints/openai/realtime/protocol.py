@@ -182,6 +182,31 @@ ClientEvent = Union[SessionUpdate, BufferAppend, BufferCommit, BufferClear, Item
 EVENTS: dict[str, type[_Event]] = {e.model_fields["type"].annotation.__args__[0]: e for e in ClientEvent.__args__}
 
 
+# --- a full-duplex session's client events (duplex.py): no commits, no turns ---------------------
+
+
+class DuplexSessionConfig(_Strict):
+    """A duplex session's settings are the model's (it hears and speaks 16-bit PCM at its rate):
+    only the model may be named."""
+
+    type: Literal["realtime"] | None = None
+    model: str | None = None
+
+
+class DuplexSessionUpdate(_Event):
+    type: Literal["session.update", "session.create"]
+    session: DuplexSessionConfig | None = None
+
+
+class SessionClose(_Event):
+    type: Literal["session.close"]
+
+
+DUPLEX_EVENTS: dict[str, type[_Event]] = {"input_audio_buffer.append": BufferAppend,
+                                          "session.update": DuplexSessionUpdate,
+                                          "session.create": DuplexSessionUpdate, "session.close": SessionClose}
+
+
 @dataclass(frozen=True)
 class SessionSettings:
     """The session as it stands after every session.update (what session.updated shows)."""

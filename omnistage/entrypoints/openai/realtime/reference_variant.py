@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 from typing import Any
 
 import numpy as np
@@ -63,10 +62,7 @@ class ReferenceVariant:
                 raise bad_request(f"model: this server serves {self.model!r}", param="model")
             return
         if kind == "input_audio_buffer.append":
-            try:
-                audio = audio_format.decode(base64.b64decode(str(raw.get("audio", "")), validate=True), "audio/pcm")
-            except (binascii.Error, ValueError) as e:
-                raise bad_request(f"audio: not base64 PCM16 ({e})", param="audio") from None
+            audio = audio_format.decode_base64(str(raw.get("audio", "")), "audio/pcm", "audio")
             self._buffer.append(audio)  # the session checks the limit (self.buffered()) after this
             return
         if kind == "input_audio_buffer.commit":

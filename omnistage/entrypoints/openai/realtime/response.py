@@ -11,7 +11,7 @@ conversation.item.done and response.done (status, usage).
 Cancelling the task (response.cancel, barge-in, the session closing) closes the engine
 stream, which aborts the request in the engine: no stage keeps working for a response
 nobody reads. The answer then ends with status "cancelled", and its item keeps only
-the transcript sent so far.
+the transcript and the audio sent so far.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
 from starlette.websockets import WebSocketDisconnect
 
 from omnistage.entrypoints.openai.engine_client import EngineGateway
@@ -132,17 +133,24 @@ class ResponseRun:
         stream = self.gateway.submit(prompt, params, self.id, wanted, session_id=session_id)
         part = self.item.parts[0]
         fmt = self.settings.output_format
-        async for out in stream:  # closing the stream (cancel, error) aborts the engine request
-            if out.text_delta:
-                part.text += out.text_delta
-                kind = "response.output_audio_transcript.delta" if self.is_audio else "response.output_text.delta"
-                await self.send({**self._where(), "type": kind, "delta": out.text_delta})
-            if self.is_audio and out.audio_chunk is not None and len(out.audio_chunk):
-                data = audio_format.encode(out.audio_chunk, out.sample_rate, fmt)
-                await self.send({**self._where(), "type": "response.output_audio.delta",
-                                 "delta": base64.b64encode(data).decode()})
-            if out.finished:
-                self._final = out
+        sent: list[np.ndarray] = []  # the audio as sent, kept on the item (truncate cuts it to what was heard)
+        try:
+            async for out in stream:  # closing the stream (cancel, error) aborts the engine request
+                if out.text_delta:
+                    part.text += out.text_delta
+                    kind = "response.output_audio_transcript.delta" if self.is_audio else "response.output_text.delta"
+                    await self.send({**self._where(), "type": kind, "delta": out.text_delta})
+                if self.is_audio and out.audio_chunk is not None and len(out.audio_chunk):
+                    data = audio_format.encode(out.audio_chunk, out.sample_rate, fmt)
+                    await self.send({**self._where(), "type": "response.output_audio.delta",
+                                     "delta": base64.b64encode(data).decode()})
+                    sent.append(out.audio_chunk)
+                    part.sample_rate = out.sample_rate
+                if out.finished:
+                    self._final = out
+        finally:
+            if self.is_audio:
+                part.audio = np.concatenate(sent) if sent else np.zeros(0, np.float32)
 
     async def _finish(self, status: str, details: dict[str, Any] | None) -> None:
         text = self.item.parts[0].text

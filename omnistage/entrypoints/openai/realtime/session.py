@@ -15,8 +15,6 @@ the buffer. A server that stops closes open sessions with 1001 (going away).
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 from typing import Any
 
 import numpy as np
@@ -28,7 +26,7 @@ from omnistage.entrypoints.openai.errors import APIError, bad_request
 from omnistage.entrypoints.openai.realtime import audio_format
 from omnistage.entrypoints.openai.prefix_warmer import PrefixWarmer
 from omnistage.entrypoints.openai.realtime.conversation import Conversation, Item, Part, audio_parts, new_id
-from omnistage.entrypoints.openai.realtime.input_transcription import transcribe
+from omnistage.entrypoints.openai.realtime.input_transcription import heard_transcript, transcribe
 from omnistage.entrypoints.openai.realtime.protocol import (
     EVENTS,
     BufferAppend,
@@ -81,6 +79,7 @@ class RealtimeSession(EventSession):
         self._speech_item_id: str | None = None
         self._speech_start = 0
         self._transcriptions: set[asyncio.Task] = set()
+        self._truncations: set[asyncio.Task] = set()  # transcribing what was heard of truncated answers
         self.variant: ReferenceVariant | None = None
         """Set once the client speaks the reference system's variant (reference_variant.py)."""
         self.warmer = PrefixWarmer(gateway, gateway.engine.spec.entry_stages[0].name, settings.realtime_prefill,
@@ -92,7 +91,8 @@ class RealtimeSession(EventSession):
             self.response.cancel("client_cancelled")  # the client is gone: abort the engine request
             await asyncio.gather(self.response.task, return_exceptions=True)
         await self.warmer.close()
-        tasks = [*self._transcriptions, *([self.variant.task] if self.variant and self.variant.task else [])]
+        variant = [self.variant.task] if self.variant and self.variant.task else []
+        tasks = [*self._transcriptions, *self._truncations, *variant]
         for task in tasks:
             task.cancel()  # each closes its engine stream, which aborts the request
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -153,7 +153,7 @@ class RealtimeSession(EventSession):
             elif isinstance(event, (ItemDelete, ItemRetrieve, ItemTruncate)):
                 await self._edit_item(event)
             elif isinstance(event, ResponseCreate):
-                self._start_response(event)
+                await self._start_response(event)
             elif isinstance(event, ResponseCancel):
                 await self._cancel(event)
         except APIError as e:
@@ -179,10 +179,7 @@ class RealtimeSession(EventSession):
         await self._send({"type": "session.updated", "session": self._session_object()})
 
     async def _append(self, event: BufferAppend) -> None:
-        try:
-            audio = audio_format.decode(base64.b64decode(event.audio, validate=True), self.settings.input_format)
-        except (binascii.Error, ValueError) as e:
-            raise bad_request(f"audio: not base64 {self.settings.input_format} audio ({e})", param="audio") from None
+        audio = audio_format.decode_base64(event.audio, self.settings.input_format, "audio")
         rate = audio_format.RATES[self.settings.input_format]
         self._check_buffer(sum(len(a) for a in self._buffer) + len(audio), rate)
         self._buffer.append(audio)
@@ -260,7 +257,7 @@ class RealtimeSession(EventSession):
             if self.response is not None and not self.response.task.done():
                 self.response.cancel("turn_detected")
                 await asyncio.gather(self.response.task, return_exceptions=True)
-            self._start_response(None)
+            await self._start_response(None)
 
     def _buffered(self) -> np.ndarray:
         return np.concatenate(self._buffer) if self._buffer else np.zeros(0, dtype=np.float32)
@@ -275,7 +272,7 @@ class RealtimeSession(EventSession):
         if len(audio) * 1000 < MIN_COMMIT_MS * rate:
             raise bad_request(f"buffer too small: expected at least {MIN_COMMIT_MS} ms of audio, but the buffer "
                               f"holds {len(audio) * 1000 // rate} ms", code="input_audio_buffer_commit_empty")
-        cuts = self._cuts.final(len(audio), rate)
+        audio, cuts = self._cuts.final(audio, rate)
         self._clear_buffer()
         item = Item("user", [Part("input_audio", audio=audio, sample_rate=rate, cuts=cuts)],
                     id=item_id or new_id("item"))
@@ -309,10 +306,7 @@ class RealtimeSession(EventSession):
                 if spec.role != "user" or c.audio is None:
                     raise bad_request(f"{where}: input_audio is a user part with `audio`", param=where)
                 fmt = self.settings.input_format
-                try:
-                    audio = audio_format.decode(base64.b64decode(c.audio, validate=True), fmt)
-                except (binascii.Error, ValueError) as e:
-                    raise bad_request(f"{where}.audio: not base64 {fmt} audio ({e})", param=f"{where}.audio") from None
+                audio = audio_format.decode_base64(c.audio, fmt, f"{where}.audio")
                 parts.append(Part("input_audio", c.transcript or "", audio, audio_format.RATES[fmt]))
             else:
                 if c.text is None:
@@ -338,9 +332,21 @@ class RealtimeSession(EventSession):
         if item.role != "assistant" or event.content_index >= len(item.parts) or \
                 item.parts[event.content_index].type != "output_audio":
             raise bad_request("content_index: truncate names an assistant item's audio part", param="content_index")
-        # The server keeps no assistant audio, only its words, and cannot tell which were heard
-        # before audio_end_ms: as OpenAI does, the transcript goes, so the model reads nothing unheard.
-        item.parts[event.content_index].text = ""
+        part = item.parts[event.content_index]
+        if part.audio is None:
+            raise bad_request("item_id: the session keeps the audio of its latest answer only (truncate it after "
+                              "a barge-in, before the next response)", param="item_id")
+        sent_ms = len(part.audio) * 1000 // part.sample_rate if part.sample_rate else 0
+        if event.audio_end_ms > sent_ms:
+            raise bad_request(f"audio_end_ms: {event.audio_end_ms} ms is past the end of the item's audio "
+                              f"({sent_ms} ms)", param="audio_end_ms")
+        # The answer's words are not aligned to its audio: as OpenAI does, the transcript goes at once;
+        # then the words of the audio that was heard take its place (the model reads nothing unheard).
+        part.audio, part.text = part.audio[:event.audio_end_ms * part.sample_rate // 1000], ""
+        if len(part.audio):
+            task = asyncio.create_task(heard_transcript(self.gateway, part))
+            self._truncations.add(task)
+            task.add_done_callback(self._truncations.discard)
         await self._send({"type": "conversation.item.truncated", "item_id": item.id,
                           "content_index": event.content_index, "audio_end_ms": event.audio_end_ms})
 
@@ -348,10 +354,13 @@ class RealtimeSession(EventSession):
         await self._send({"type": "conversation.item.added", "previous_item_id": previous, "item": item.as_openai()})
         await self._send({"type": "conversation.item.done", "previous_item_id": previous, "item": item.as_openai()})
 
-    def _start_response(self, event: ResponseCreate | None) -> None:
+    async def _start_response(self, event: ResponseCreate | None) -> None:
         if self.response is not None and not self.response.task.done():
             raise bad_request(f"the conversation already has an active response {self.response.id!r}",
                               code="conversation_already_has_active_response")
+        if self._truncations:  # the answer reads what was heard of a truncated one
+            await asyncio.gather(*self._truncations, return_exceptions=True)
+        self.conversation.forget_answer_audio()  # a session's memory stays bounded
         settings = self.settings
         if event is not None and event.response is not None:
             settings = settings.update(event.response)

@@ -14,12 +14,14 @@ what the model says to that chunked prompt, with or without the cache; with the 
 
 from __future__ import annotations
 
+import numpy as np
+
 CLIP_MS = 500
 """A cut every half second of turn: short enough that a short answer ("yes, please", a turn of under a
 second as server VAD cuts it) has a clip prefilled before it ends, long enough that a clip carries a
 word or two for the encoder against its two marker tokens of overhead."""
 MIN_CLIP_MS = 100
-"""No clip shorter than this (the commit's own minimum): a shorter rest stays with the clip before."""
+"""No clip shorter than this (the commit's own minimum): a shorter rest is padded with silence to it."""
 
 
 class TurnCuts:
@@ -29,19 +31,23 @@ class TurnCuts:
         self.cuts: list[int] = []
 
     def grow(self, num_samples: int, rate: int) -> bool:
-        """The turn now holds `num_samples`: cut a new clip when a whole one is there; True if cut."""
+        """The turn now holds `num_samples`: cut every whole clip that is there; True if any was cut."""
         clip = CLIP_MS * rate // 1000
-        end = (self.cuts[-1] if self.cuts else 0) + clip
-        if num_samples < end:
-            return False
-        self.cuts.append(end)
-        return True
+        num_cuts = len(self.cuts)
+        while num_samples >= (self.cuts[-1] if self.cuts else 0) + clip:
+            self.cuts.append((self.cuts[-1] if self.cuts else 0) + clip)
+        return len(self.cuts) > num_cuts
 
-    def final(self, num_samples: int, rate: int) -> tuple[int, ...]:
-        """The cuts of the committed turn of `num_samples`: those made, less any that would leave
-        its rest shorter than a clip may be."""
-        min_clip = MIN_CLIP_MS * rate // 1000
-        return tuple(c for c in self.cuts if num_samples - c >= min_clip)
+    def final(self, audio: np.ndarray, rate: int) -> tuple[np.ndarray, tuple[int, ...]]:
+        """The committed turn's audio and cuts. No clip is longer than the cut ones: some families
+        (Qwen3-Omni) pad a request's clips to its longest before their features, so a longer last
+        clip would change the features of those already prefilled. A rest shorter than a clip may be
+        is padded with silence instead of joining the clip before."""
+        cuts = tuple(c for c in self.cuts if c < len(audio))
+        rest, min_clip = len(audio) - (cuts[-1] if cuts else 0), MIN_CLIP_MS * rate // 1000
+        if cuts and rest < min_clip:
+            audio = np.concatenate([audio, np.zeros(min_clip - rest, audio.dtype)])
+        return audio, cuts
 
     def reset(self) -> None:
         self.cuts = []
