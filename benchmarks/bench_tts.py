@@ -115,7 +115,8 @@ def load(url: str, requests: list[int], repeats: int, server_pid: int, voice: st
 
 
 def family_args(doc: str, steps_flag: str, steps_help: str) -> argparse.Namespace:
-    """The command line of a TTS family's bench (bench_higgs_audio, bench_voxcpm2, bench_moss_tts)."""
+    """The command line of a TTS family's bench (bench_higgs_audio, bench_voxcpm2, bench_moss_tts,
+    bench_omnivoice, bench_fish_speech)."""
     p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument(steps_flag, type=int, default=64, help=steps_help)
     p.add_argument("--requests", type=int, nargs=3, default=[4, 8, 16], help="requests timed at concurrency 1, 4, 8")

@@ -39,6 +39,7 @@ run benchmarks/bench_tts_load.py
 run benchmarks/bench_higgs_audio.py --repeats 2
 run benchmarks/bench_voxcpm2.py --repeats 2
 run benchmarks/bench_moss_tts.py --repeats 2
+run benchmarks/bench_fish_speech.py
 run benchmarks/bench_codec.py
 run benchmarks/bench_http.py
 run benchmarks/bench_frontends.py

@@ -14,6 +14,8 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+import torch
+
 from vendored_wheel import vendor
 
 WHEEL = "fish-speech==0.1.0"
@@ -60,3 +62,31 @@ def module(cache: Path, name: str):
     vendor(cache, DAC_WHEEL, DAC_PACKAGE, DAC_FILES.get, DAC_ADAPTATIONS)
     vendor(cache, WHEEL, PACKAGE, FILES.get, ADAPTATIONS)
     return importlib.import_module(f"{PACKAGE}.{name}")
+
+
+def authors_prompt(cache: Path, model, text: str) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(prompt rows, audio masks, audio parts) of a plain text request, as the authors' `generate` takes them."""
+    content = module(cache, "content_sequence")
+    seq = content.ContentSequence(modality="interleave")
+    seq.append([content.TextPart(text=text)], add_end=False, speaker=0)
+    return seq.encode_for_inference(model.tokenizer, model.config.num_codebooks)
+
+
+def authors_codec(cache: Path, path: str):
+    """The authors' decoder modules at the tiny codec's sizes, codec.pth loaded as they load it
+    (strict=False): `DAC.decode` is `decoder(quantizer.decode(codes))`. Returns the modules (a
+    ModuleDict of "quantizer" and "decoder") and `load_state_dict`'s missing and unexpected keys."""
+    from omnistage.testing.fish_speech_models import CODEC
+
+    dac, rvq = module(cache, "modded_dac"), module(cache, "rvq")
+    dim = CODEC["latent_dim"]
+    config = dac.ModelArgs(block_size=4096, n_layer=CODEC["n_layer"], n_head=dim // 64, dim=dim, head_dim=64,
+                           intermediate_size=CODEC["intermediate_size"])
+    window = dac.WindowLimitedTransformer(config, input_dim=dim, window_size=128, causal=True)
+    quantizer = rvq.DownsampleResidualVectorQuantize(
+        input_dim=dim, n_codebooks=3, codebook_size=1024, codebook_dim=CODEC["codebook_dim"],
+        semantic_codebook_size=1024, downsample_factor=CODEC["downsample_factor"], post_module=window)
+    decoder = dac.Decoder(dim, CODEC["decoder_dim"], list(CODEC["decoder_rates"]), causal=True)
+    both = torch.nn.ModuleDict({"quantizer": quantizer, "decoder": decoder}).eval()
+    loaded = both.load_state_dict(torch.load(f"{path}/codec.pth", weights_only=True), strict=False)
+    return both, loaded

@@ -23,7 +23,7 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.core.errors import RequestError
 from omnistage.core.types import StageRequest
 from omnistage.models.fish_speech.prompt import FishTokenizer, parse_prompt
-from fish_speech_reference import module
+from fish_speech_reference import authors_codec, authors_prompt, module
 
 REFERENCE_CACHE = Path(__file__).resolve().parents[2] / ".omnistage-cache"
 
@@ -48,15 +48,13 @@ def fish_speech(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(fish_speech):
     """Each prompt's generated rows [1 + codebooks, steps] from the authors' eager `generate`, seeded."""
-    llama, inference, content = (module(REFERENCE_CACHE, m) for m in ("llama", "inference", "content_sequence"))
+    llama, inference = (module(REFERENCE_CACHE, m) for m in ("llama", "inference"))
     model = llama.DualARTransformer.from_pretrained(fish_speech, load_weights=True).eval()
     weights = torch.load(f"{fish_speech}/model.pth", weights_only=True)
     assert set(model.state_dict()) == set(weights)  # every checkpoint tensor loaded (theirs is strict=False)
     results = []
     for text, seed, temperature, penalty in zip(TEXTS, SEEDS, TEMPERATURES, PENALTIES):
-        seq = content.ContentSequence(modality="interleave")
-        seq.append([content.TextPart(text=text)], add_end=False, speaker=0)
-        encoded, audio_masks, audio_parts = seq.encode_for_inference(model.tokenizer, model.config.num_codebooks)
+        encoded, audio_masks, audio_parts = authors_prompt(REFERENCE_CACHE, model, text)
         torch.manual_seed(seed)
         y = inference.generate(model=model, prompt=encoded, max_new_tokens=MAX_STEPS, audio_masks=audio_masks,
                                audio_parts=audio_parts, temperature=max(temperature, 1e-5), top_p=TOP_P,
@@ -120,26 +118,14 @@ def test_bad_prompts_name_the_key(prompt, param):
 @pytest.fixture(scope="module")
 def reference_codec(fish_speech):
     """The authors' decoder modules at the tiny codec's sizes, codec.pth loaded as they load it
-    (strict=False): `DAC.decode` is `decoder(quantizer.decode(codes))`."""
-    from omnistage.testing.fish_speech_models import CODEC
-
-    dac, rvq = module(REFERENCE_CACHE, "modded_dac"), module(REFERENCE_CACHE, "rvq")
-    dim = CODEC["latent_dim"]
-    config = dac.ModelArgs(block_size=4096, n_layer=CODEC["n_layer"], n_head=dim // 64, dim=dim, head_dim=64,
-                           intermediate_size=CODEC["intermediate_size"])
-    window = dac.WindowLimitedTransformer(config, input_dim=dim, window_size=128, causal=True)
-    quantizer = rvq.DownsampleResidualVectorQuantize(
-        input_dim=dim, n_codebooks=3, codebook_size=1024, codebook_dim=CODEC["codebook_dim"],
-        semantic_codebook_size=1024, downsample_factor=CODEC["downsample_factor"], post_module=window)
-    decoder = dac.Decoder(dim, CODEC["decoder_dim"], list(CODEC["decoder_rates"]), causal=True)
-    both = torch.nn.ModuleDict({"quantizer": quantizer, "decoder": decoder}).eval()
-    loaded = both.load_state_dict(torch.load(f"{fish_speech}/codec.pth", weights_only=True), strict=False)
+    (tests/models/fish_speech_reference.py)."""
+    both, loaded = authors_codec(REFERENCE_CACHE, fish_speech)
     assert not loaded.unexpected_keys
     # Unwritten: the encoder side of the quantizer (its input projections, downsampling and
     # pre_module) and the transformer's constant buffers, which it builds itself.
     assert all(".in_proj." in k or k.startswith(("quantizer.downsample.", "quantizer.pre_module."))
                or k.endswith((".freqs_cis", ".causal_mask")) for k in loaded.missing_keys)
-    return quantizer, decoder
+    return both["quantizer"], both["decoder"]
 
 
 def test_codec_waveform_matches_the_authors(fish_speech, reference_codec):
