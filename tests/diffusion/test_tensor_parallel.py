@@ -40,6 +40,7 @@ FAMILIES = {  # zoo name -> diffusers class name, the second prompt of a batch o
     "wan-i2v": ("WanImageToVideoPipeline", "a red fox"),  # and the image keys' norm
     "wan-vace": ("WanVACEPipeline", "a red fox"),  # and its control blocks (text only: they run on zeros)
     "flux2": ("Flux2Pipeline", "a red fox"),  # the single blocks' fused QKV + MLP projection, cut part by part
+    "flux2-klein": ("Flux2KleinPipeline", "a red fox"),  # FLUX.2's plan, with true CFG (both branches here)
 }
 INPUT_IMAGE = {"qwen-image-edit", "qwen-image-layered"}
 TP_2 = dict(executor="mp", num_devices=2, tensor_parallel_size=2)
@@ -188,3 +189,23 @@ def test_a_degree_that_does_not_divide_the_heads_is_refused_naming_both(zoo):
     pipeline = pipeline_class("ZImagePipeline").from_pretrained(str(zoo("z-image")))
     with pytest.raises(ValueError, match="tensor_parallel_size=3 does not divide the 2 attention heads of ZImage"):
         apply(pipeline, TensorParallelConfig(Degrees(tensor=3)))
+
+
+def test_a_degree_that_does_not_divide_a_part_of_a_fused_projection_is_refused():
+    """FLUX.2's single-block processor splits the fused output by its parts' global ratio, which an
+    uneven cut would shift: every fused part must divide. 2 heads of 3 dims and an MLP of 2.5x:
+    15-wide MLP parts (the double blocks' SwiGLU halves come first)."""
+    from types import SimpleNamespace
+
+    from diffusers import Flux2Transformer2DModel
+
+    cls = pipeline_class("Flux2Pipeline")
+    with torch.device("meta"):
+        model = Flux2Transformer2DModel(num_layers=1, num_single_layers=1, attention_head_dim=3, num_attention_heads=2,
+                                        mlp_ratio=2.5, axes_dims_rope=(1, 1, 1, 0), joint_attention_dim=8,
+                                        timestep_guidance_channels=8, in_channels=4)
+    pipeline = SimpleNamespace(transformer=model, supported_accelerations=cls.supported_accelerations,
+                               reference_class=cls.reference_class)
+    with pytest.raises(ValueError, match="tensor_parallel_size=2 does not divide the 15 features of a part of "
+                                         "ff.linear_in of Flux2Pipeline"):
+        apply(pipeline, TensorParallelConfig(Degrees(tensor=2)))
