@@ -17,8 +17,9 @@ tiles: its default 256-px ones would not split the frame), with the time ratio
 `--tensor-parallel` times tensor_parallel_size=2 against 1 rank instead, on the small zoo
 models of the families with a tensor plan (`TP_MODELS`), and states each rank's transformer
 weight bytes against the whole (goal <= 0.55x): measured on the zoo model (rank 0's shards, as
-the worker cuts them) and at the published size (diffusers' default config of the transformer
-class, built on the meta device). Writes "## Parallel diffusion: tensor parallel".
+the worker cuts them) and at the published size (the transformer class built on the meta
+device: omnistage.testing.published_sizes). Writes
+"## Parallel diffusion: tensor parallel".
 
     .venv/bin/python benchmarks/bench_parallel.py [--steps 20] [--repeats 2] [--tensor-parallel]
 """
@@ -38,8 +39,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank, the worker
 from common import PeakRSS, write_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = {"qwen-image": 256, "wan-t2v": 128, "flux2": 256}  # zoo name -> side (small size)
-TP_MODELS = {"wan-t2v": "WanPipeline", "flux2": "Flux2Pipeline", "qwen-image": "QwenImagePipeline"}
+MODELS = {"qwen-image": 256, "wan-t2v": 128, "flux2": 256, "sd3": 256}  # zoo name -> side (small size)
+TP_MODELS = {"wan-t2v": "WanPipeline", "flux2": "Flux2Pipeline", "sd3": "StableDiffusion3Pipeline",
+             "qwen-image": "QwenImagePipeline"}
 """Zoo name -> our pipeline class, for --tensor-parallel."""
 CONFIGS = {
     "1 rank": dict(num_devices=1),
@@ -124,26 +126,17 @@ def vae_decode(model: str, tiled: bool) -> dict:
 
 
 def rank_weight_bytes(model: str) -> dict[str, float]:
-    """Rank 0's share of 2 of the transformer's parameter bytes: the zoo model's and, at the
-    published size, diffusers' default config of the same class on the meta device."""
-    import torch
-
-    from omnistage.diffusion.accel.tensor_parallel import shard_block
+    """Rank 0's share of 2 of the transformer's parameter bytes: the zoo model's and the same
+    class's at its published size (omnistage.testing.published_sizes)."""
     from omnistage.diffusion.registry import pipeline_class
+    from omnistage.testing.published_sizes import published_transformer, rank_share
 
     cls = pipeline_class(TP_MODELS[model])
     zoo_model = cls.from_pretrained(zoo_path(model)).transformer
-    with torch.device("meta"):
-        published = type(zoo_model)()
-    shares = {}
-    for name, transformer in (("zoo", zoo_model), ("published", published)):
-        whole = sum(p.numel() * p.element_size() for p in transformer.parameters())
-        for plan in cls.supported_accelerations.tensor_parallel:
-            for block in plan.blocks(transformer):
-                shard_block(block, plan, rank=0, size=2, group=None)  # no forward: the group is not used
-        shares[name] = sum(p.numel() * p.element_size() for p in transformer.parameters()) / whole
-        shares[f"{name}_gib"] = whole / 2**30
-    return shares
+    published = published_transformer(type(zoo_model).__name__)
+    gib = sum(p.numel() * p.element_size() for p in published.parameters()) / 2**30
+    plans = cls.supported_accelerations.tensor_parallel
+    return {"zoo": rank_share(zoo_model, plans), "published": rank_share(published, plans), "published_gib": gib}
 
 
 def tensor_parallel_section(args: argparse.Namespace) -> str:

@@ -79,6 +79,9 @@ class TensorPlan:
     norms: tuple[str, ...] = ()
     """RMSNorms over a column layer's whole output, across heads (Wan's q/k norms): each keeps
     its slice of the weight and all-reduces the sum of squares, so a shard normalises exactly."""
+    gathered: tuple[str, ...] = ()
+    """Layers split by output features whose small output every rank needs whole: all-gathered
+    (the adaLN modulation of each block, computed once per step from the timestep embedding)."""
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,9 @@ A fused projection (FLUX.2's QKV + MLP input, its SwiGLU's gate and value halves
 by part, so each rank's slice holds the same share of every part. An RMSNorm over the whole
 QKV output, across heads (Wan), keeps its slice of the weight and all-reduces the sum of
 squares (one small all-reduce of one number per token), so a shard normalises exactly as
-the whole would.
+the whole would. A block's own adaLN modulation (SD3's), a Linear from the timestep embedding
+to six times the width, is split by output features and its output all-gathered: a few
+numbers per sample, against a third of the block's weights.
 
 A family takes it by declaring a `TensorPlan` (declaration.py): its blocks and which of their
 Linear layers are column and which row. The layers are replaced in the family's own
@@ -83,12 +85,17 @@ def _check_divides(model: Any, plan: TensorPlan, size: int, family: str) -> None
         if (heads := blocks[0].get_submodule(name).heads) % size:
             raise ValueError(f"tensor_parallel_size={size} does not divide the {heads} attention heads of "
                              f"{family}")
-    # A processor that splits a fused output by its parts' global ratio (FLUX.2's) needs equal cuts.
+    # A processor that splits a fused output by its parts' global ratio (FLUX.2's) needs equal cuts,
+    # and an all-gather equal pieces.
     for name in plan.column if blocks else ():
         for width in plan.column_parts(blocks[0], name) or ():
             if width % size:
                 raise ValueError(f"tensor_parallel_size={size} does not divide the {width} features of a part of "
                                  f"{name} of {family}")
+    for name in plan.gathered if blocks else ():
+        if (width := blocks[0].get_submodule(name).out_features) % size:
+            raise ValueError(f"tensor_parallel_size={size} does not divide the {width} features of {name} of "
+                             f"{family}")
 
 
 def shard_slice(features: int, rank: int, size: int) -> slice:
@@ -119,6 +126,8 @@ def shard_block(block: torch.nn.Module, plan: TensorPlan, rank: int, size: int, 
         block.set_submodule(name, RowParallelLinear(linear, rank, size, group, parts))
     for name in plan.norms:
         block.set_submodule(name, ShardedRMSNorm(block.get_submodule(name), rank, size, group))
+    for name in plan.gathered:
+        block.set_submodule(name, GatheredLinear(block.get_submodule(name), rank, size, group))
     if plan.local_heads:
         for name in plan.attention:
             block.get_submodule(name).heads //= size
@@ -189,3 +198,21 @@ class ShardedRMSNorm(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_features} features (a shard of them here), eps={self.eps}"
+
+
+class GatheredLinear(torch.nn.Module):
+    """A Linear layer's contiguous slice of output features whose output every rank needs whole:
+    the ranks' slices are all-gathered over `group`, in rank order (the pieces are equal, checked)."""
+
+    def __init__(self, linear: torch.nn.Linear, rank: int, size: int, group: Any) -> None:
+        super().__init__()
+        self.shard = column_shard(linear, rank, size)
+        self.size, self.group = size, group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        piece = self.shard(x).contiguous()
+        pieces = [torch.empty_like(piece) for _ in range(self.size)]
+        dist.all_gather(pieces, piece, group=self.group)
+        return torch.cat(pieces, dim=-1)
