@@ -143,13 +143,14 @@ def tensor_parallel_section(args: argparse.Namespace) -> str:
     rows = ["| model | 1 rank x 1 thread (s) | TP 2, 2 ranks (s) | speed-up | rank's transformer bytes, zoo model "
             "| at the published size — goal <= 0.55x |", "| --- | --- | --- | --- | --- | --- |"]
     for model in args.models:
-        t = {name: time_engine(model, config, args.steps, args.repeats)
-             for name, config in (("1 rank", dict(num_devices=1)), ("TP 2", dict(num_devices=2, tensor_parallel_size=2)))}
+        configs = {"1 rank": dict(num_devices=1), "TP 2": dict(num_devices=2, tensor_parallel_size=2)}
+        t = {name: time_engine(model, config, args.steps, args.repeats) for name, config in configs.items()}
         shares = rank_weight_bytes(model)
         print(model, t, shares, flush=True)
         rows.append(f"| {model} small ({MODELS[model]} px{', 9 frames' if model == 'wan-t2v' else ''}) "
                     f"| {t['1 rank']:.2f} | {t['TP 2']:.2f} | {t['1 rank'] / t['TP 2']:.2f}x "
-                    f"| {shares['zoo']:.3f}x | {shares['published']:.3f}x (of {shares['published_gib']:.0f} GiB fp32) |")
+                    f"| {shares['zoo']:.3f}x "
+                    f"| {shares['published']:.3f}x (of {shares['published_gib']:.0f} GiB fp32) |")
     return (f"One request at a time, {args.steps} steps, fp32, CPU, `executor: mp`, one torch thread per rank, "
             f"best of {args.repeats} timed requests after a warm-up; engine start not counted; load average "
             f"before the run {args.load}.\n\n" + "\n".join(rows) + "\n")

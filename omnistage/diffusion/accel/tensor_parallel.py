@@ -9,9 +9,9 @@ A fused projection (FLUX.2's QKV + MLP input, its SwiGLU's gate and value halves
 by part, so each rank's slice holds the same share of every part. An RMSNorm over the whole
 QKV output, across heads (Wan), keeps its slice of the weight and all-reduces the sum of
 squares (one small all-reduce of one number per token), so a shard normalises exactly as
-the whole would. A block's own adaLN modulation (SD3's), a Linear from the timestep embedding
-to six times the width, is split by output features and its output all-gathered: a few
-numbers per sample, against a third of the block's weights.
+the whole would. A block's own adaLN modulation (Qwen-Image's, FLUX.1's, SD3's), a Linear
+from the timestep embedding to six times the width, is split by output features and its
+output all-gathered: a few numbers per sample, against a third of the block's weights.
 
 A family takes it by declaring a `TensorPlan` (declaration.py): its blocks and which of their
 Linear layers are column and which row. The layers are replaced in the family's own
