@@ -14,7 +14,14 @@ decode in a fresh process per configuration, tiled against untiled, for a 1024x1
 tiles: its default 256-px ones would not split the frame), with the time ratio
 (goal <= 0.5x memory). Prints markdown and writes "## Parallel diffusion" in RESULTS.md.
 
-    .venv/bin/python benchmarks/bench_parallel.py [--steps 20] [--repeats 2]
+`--tensor-parallel` times tensor_parallel_size=2 against 1 rank instead, on the small zoo
+models of the families with a tensor plan (`TP_MODELS`), and states each rank's transformer
+weight bytes against the whole (goal <= 0.55x): measured on the zoo model (rank 0's shards, as
+the worker cuts them) and at the published size (the transformer class built on the meta
+device: omnistage.testing.published_sizes). Writes
+"## Parallel diffusion: tensor parallel".
+
+    .venv/bin/python benchmarks/bench_parallel.py [--steps 20] [--repeats 2] [--tensor-parallel]
 """
 
 from __future__ import annotations
@@ -32,7 +39,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank, the worker
 from common import PeakRSS, write_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = {"qwen-image": 256, "wan-t2v": 128}  # zoo name -> side (small size)
+MODELS = {"qwen-image": 256, "wan-t2v": 128, "flux2": 256, "sd3": 256}  # zoo name -> side (small size)
+TP_MODELS = {"wan-t2v": "WanPipeline", "flux2": "Flux2Pipeline", "sd3": "StableDiffusion3Pipeline",
+             "qwen-image": "QwenImagePipeline"}
+"""Zoo name -> our pipeline class, for --tensor-parallel."""
 CONFIGS = {
     "1 rank": dict(num_devices=1),
     "CFG parallel": dict(num_devices=2, cfg_parallel_size=2),
@@ -115,13 +125,54 @@ def vae_decode(model: str, tiled: bool) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
+def rank_weight_bytes(model: str) -> dict[str, float]:
+    """Rank 0's share of 2 of the transformer's parameter bytes: the zoo model's and the same
+    class's at its published size (omnistage.testing.published_sizes)."""
+    from omnistage.diffusion.registry import pipeline_class
+    from omnistage.testing.published_sizes import published_transformer, rank_share
+
+    cls = pipeline_class(TP_MODELS[model])
+    zoo_model = cls.from_pretrained(zoo_path(model)).transformer
+    published = published_transformer(type(zoo_model).__name__)
+    gib = sum(p.numel() * p.element_size() for p in published.parameters()) / 2**30
+    plans = cls.supported_accelerations.tensor_parallel
+    return {"zoo": rank_share(zoo_model, plans), "published": rank_share(published, plans), "published_gib": gib}
+
+
+def tensor_parallel_section(args: argparse.Namespace) -> str:
+    rows = ["| model | 1 rank x 1 thread (s) | TP 2, 2 ranks (s) | speed-up | rank's transformer bytes, zoo model "
+            "| at the published size — goal <= 0.55x |", "| --- | --- | --- | --- | --- | --- |"]
+    for model in args.models:
+        configs = {"1 rank": dict(num_devices=1), "TP 2": dict(num_devices=2, tensor_parallel_size=2)}
+        t = {name: time_engine(model, config, args.steps, args.repeats) for name, config in configs.items()}
+        shares = rank_weight_bytes(model)
+        print(model, t, shares, flush=True)
+        rows.append(f"| {model} small ({MODELS[model]} px{', 9 frames' if model == 'wan-t2v' else ''}) "
+                    f"| {t['1 rank']:.2f} | {t['TP 2']:.2f} | {t['1 rank'] / t['TP 2']:.2f}x "
+                    f"| {shares['zoo']:.3f}x "
+                    f"| {shares['published']:.3f}x (of {shares['published_gib']:.0f} GiB fp32) |")
+    return (f"One request at a time, {args.steps} steps, fp32, CPU, `executor: mp`, one torch thread per rank, "
+            f"best of {args.repeats} timed requests after a warm-up; engine start not counted; load average "
+            f"before the run {args.load}.\n\n" + "\n".join(rows) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--models", nargs="+")
+    parser.add_argument("--tensor-parallel", action="store_true", help="TP 2 against 1 rank (TP_MODELS)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
+    if args.tensor_parallel:
+        args.models = args.models or list(TP_MODELS)
+        args.load = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+        body = tensor_parallel_section(args)
+        print(body)
+        if not args.no_write:
+            write_section("Parallel diffusion: tensor parallel", "benchmarks/bench_parallel.py", body)
+        return
+    args.models = args.models or ["qwen-image", "wan-t2v"]
 
     rows = ["| model | 1 rank x 1 thread (s) | CFG parallel, 2 ranks (s) | CFG speed-up — goal >= 1.6x "
             "| Ulysses 2, 2 ranks (s) | Ulysses speed-up — goal >= 1.4x (Wan) |",

@@ -51,5 +51,6 @@ run benchmarks/bench_cache.py
 run benchmarks/bench_memory.py --compile
 run benchmarks/bench_lora.py
 run benchmarks/bench_parallel.py --repeats 1
+run benchmarks/bench_parallel.py --tensor-parallel --repeats 1
 run benchmarks/bench_ray.py
 run benchmarks/bench_replicas.py

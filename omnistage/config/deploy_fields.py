@@ -48,7 +48,8 @@ class StageDeployConfig:
     """Diffusion: ranks of ring attention over key/value chunks; combines with ulysses_degree."""
     tensor_parallel_size: int = 1
     """AR (vllm): vLLM's tensor parallel size. Diffusion: ranks the transformer blocks' attention and MLP
-    weights are sharded over (all-reduced), for the families that declare a plan; others refuse it."""
+    weights (and a block's own modulation) are sharded over, for the families that declare a plan; others
+    refuse it."""
     vae_patch_parallel_size: int = 1
     """Diffusion: ranks that decode the VAE's tiles in parallel and gather them (at most num_devices)."""
     vae_use_tiling: bool = False

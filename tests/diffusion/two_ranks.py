@@ -9,7 +9,8 @@ loads (torch, diffusers, the engines; `PRELOAD` and the first test module that c
 the pair is what starts it): those imports take ~10 s of CPU a process on the 2-core machine,
 paid once instead of once per rank. A `rank_main` must destroy its process group before it
 returns (all of them do); after a failure or a timeout the pair is killed and the next call
-forks a fresh one."""
+forks a fresh one. `run_ranks` does the same with more ranks (a pool per size), for degrees that
+compose (cfg x tensor)."""
 
 from __future__ import annotations
 
@@ -52,15 +53,15 @@ def _serve(rank: int, conn: Connection) -> None:
             conn.send(traceback.format_exc())
 
 
-class _Pair:
-    def __init__(self, test_module: str) -> None:
+class _Ranks:
+    def __init__(self, test_module: str, num_ranks: int = 2) -> None:
         # The ranks fork from omnistage's own fork server (a fresh interpreter, not a fork of this
         # process and its threads), which imports these too if it has not started yet.
         process.preload(*PRELOAD, test_module)
         ctx = process.context()
         self.conns: list[Connection] = []
         self.procs = []
-        for rank in range(2):
+        for rank in range(num_ranks):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_serve, args=(rank, child))
             proc.start()
@@ -107,27 +108,30 @@ class _Pair:
                 proc.join()
 
 
-_pair: _Pair | None = None
+_pools: dict[int, _Ranks] = {}
+"""The started rank processes, by their number."""
 
 
-def _close_pair() -> None:
-    global _pair
-    if _pair is not None:
-        _pair.close()
-        _pair = None
+def _close_pool(num_ranks: int) -> None:
+    if (pool := _pools.pop(num_ranks, None)) is not None:
+        pool.close()
 
 
-atexit.register(_close_pair)
+atexit.register(lambda: [_close_pool(n) for n in list(_pools)])
 
 
 def run_two_ranks(rank_main: Callable[..., None], *args: Any, timeout: float = 400) -> None:
-    global _pair
-    if _pair is None or not _pair.alive():
-        _close_pair()
-        _pair = _Pair(rank_main.__module__)
-    problems = _pair.run(rank_main, args, timeout)
-    if problems:  # a rank may be stuck in a collective or hold its group: never reuse the pair
-        for proc in _pair.procs:
+    run_ranks(2, rank_main, *args, timeout=timeout)
+
+
+def run_ranks(num_ranks: int, rank_main: Callable[..., None], *args: Any, timeout: float = 400) -> None:
+    pool = _pools.get(num_ranks)
+    if pool is None or not pool.alive():
+        _close_pool(num_ranks)
+        pool = _pools[num_ranks] = _Ranks(rank_main.__module__, num_ranks)
+    problems = pool.run(rank_main, args, timeout)
+    if problems:  # a rank may be stuck in a collective or hold its group: never reuse the pool
+        for proc in pool.procs:
             proc.kill()
-        _close_pair()
+        _close_pool(num_ranks)
         raise AssertionError("\n".join(problems))

@@ -14,9 +14,9 @@ VOCODER = StageSpec(id=0, name="vocoder", kind="generation", output="audio", fin
 
 def test_a_diffusion_family_without_a_tensor_parallel_plan_is_refused_before_loading(zoo):
     config = StageDeployConfig(executor="mp", num_devices=2, tensor_parallel_size=2)
-    with pytest.raises(ValueError, match=r"stage 0 \(diffusion\): tensor_parallel_size=2: WanPipeline cannot take "
-                                         r"it \(it takes: .*\)"):
-        create_engine(str(zoo("wan-t2v")), DIFFUSION, config)
+    with pytest.raises(ValueError, match=r"stage 0 \(diffusion\): tensor_parallel_size=2: "
+                                         r"StableDiffusionXLPipeline cannot take it \(it takes: .*\)"):
+        create_engine(str(zoo("sdxl")), DIFFUSION, config)
 
 
 def test_an_unknown_cache_backend_is_refused_before_loading():

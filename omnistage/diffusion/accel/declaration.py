@@ -73,6 +73,15 @@ class TensorPlan:
     row_parts: Callable[[Any, str], list[int] | None] = lambda block, name: None
     """(block, row layer) -> the widths of the column outputs its input concatenates, each
     sharded alike (FLUX's single blocks: attention output, then MLP), or None for one."""
+    column_parts: Callable[[Any, str], list[int] | None] = lambda block, name: None
+    """(block, column layer) -> the widths of the parts its output concatenates, each sharded
+    alike (FLUX.2's fused QKV + MLP projection, its SwiGLU's gate and value halves), or None for one."""
+    norms: tuple[str, ...] = ()
+    """RMSNorms over a column layer's whole output, across heads (Wan's q/k norms): each keeps
+    its slice of the weight and all-reduces the sum of squares, so a shard normalises exactly."""
+    gathered: tuple[str, ...] = ()
+    """Layers split by output features whose small output every rank needs whole: all-gathered
+    (the adaLN modulation of each block, computed once per step from the timestep embedding)."""
 
 
 @dataclass(frozen=True)

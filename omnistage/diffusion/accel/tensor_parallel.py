@@ -5,6 +5,14 @@ projections by the matching input features, and their partial outputs are summed
 "tensor" dimension of the stage mesh (parallel_groups.py) with one all-reduce each. Every rank
 then holds the same activations between blocks, and rank 0's output is the one returned.
 
+A fused projection (FLUX.2's QKV + MLP input, its SwiGLU's gate and value halves) is cut part
+by part, so each rank's slice holds the same share of every part. An RMSNorm over the whole
+QKV output, across heads (Wan), keeps its slice of the weight and all-reduces the sum of
+squares (one small all-reduce of one number per token), so a shard normalises exactly as
+the whole would. A block's own adaLN modulation (Qwen-Image's, FLUX.1's, SD3's), a Linear
+from the timestep embedding to six times the width, is split by output features and its
+output all-gathered: a few numbers per sample, against a third of the block's weights.
+
 A family takes it by declaring a `TensorPlan` (declaration.py): its blocks and which of their
 Linear layers are column and which row. The layers are replaced in the family's own
 transformer object at load time; the full weights are read first, then sliced. It composes
@@ -77,6 +85,17 @@ def _check_divides(model: Any, plan: TensorPlan, size: int, family: str) -> None
         if (heads := blocks[0].get_submodule(name).heads) % size:
             raise ValueError(f"tensor_parallel_size={size} does not divide the {heads} attention heads of "
                              f"{family}")
+    # A processor that splits a fused output by its parts' global ratio (FLUX.2's) needs equal cuts,
+    # and an all-gather equal pieces.
+    for name in plan.column if blocks else ():
+        for width in plan.column_parts(blocks[0], name) or ():
+            if width % size:
+                raise ValueError(f"tensor_parallel_size={size} does not divide the {width} features of a part of "
+                                 f"{name} of {family}")
+    for name in plan.gathered if blocks else ():
+        if (width := blocks[0].get_submodule(name).out_features) % size:
+            raise ValueError(f"tensor_parallel_size={size} does not divide the {width} features of {name} of "
+                             f"{family}")
 
 
 def shard_slice(features: int, rank: int, size: int) -> slice:
@@ -87,28 +106,43 @@ def shard_slice(features: int, rank: int, size: int) -> slice:
     return slice(start, start + base + (rank < extra))
 
 
+def shard_index(parts: list[int], rank: int, size: int, device: torch.device | None = None) -> torch.Tensor:
+    """This rank's feature indices of features that concatenate `parts` (their full widths),
+    each part cut as shard_slice cuts it."""
+    starts = [sum(parts[:i]) for i in range(len(parts))]
+    cut = [shard_slice(width, rank, size) for width in parts]
+    return torch.cat([torch.arange(start + s.start, start + s.stop, device=device) for start, s in zip(starts, cut)])
+
+
 def shard_block(block: torch.nn.Module, plan: TensorPlan, rank: int, size: int, group: Any) -> None:
     """Replace the plan's layers of `block` by this rank's shards (`rank` of `size`)."""
     for name in plan.column:
-        block.set_submodule(name, column_shard(block.get_submodule(name), rank, size))
+        linear = block.get_submodule(name)
+        parts = plan.column_parts(block, name) or [linear.out_features]
+        block.set_submodule(name, column_shard(linear, rank, size, parts))
     for name in plan.row:
         linear = block.get_submodule(name)
         parts = plan.row_parts(block, name) or [linear.in_features]
         block.set_submodule(name, RowParallelLinear(linear, rank, size, group, parts))
+    for name in plan.norms:
+        block.set_submodule(name, ShardedRMSNorm(block.get_submodule(name), rank, size, group))
+    for name in plan.gathered:
+        block.set_submodule(name, GatheredLinear(block.get_submodule(name), rank, size, group))
     if plan.local_heads:
         for name in plan.attention:
             block.get_submodule(name).heads //= size
 
 
-def column_shard(linear: torch.nn.Linear, rank: int, size: int) -> torch.nn.Linear:
-    """A plain Linear of this rank's slice of output features: its output stays sharded."""
-    rows = shard_slice(linear.out_features, rank, size)
-    shard = torch.nn.Linear(linear.in_features, rows.stop - rows.start, bias=linear.bias is not None,
+def column_shard(linear: torch.nn.Linear, rank: int, size: int, parts: list[int] | None = None) -> torch.nn.Linear:
+    """A plain Linear of this rank's slice of output features (of each of `parts`, their full
+    widths, when the layer fuses several): its output stays sharded."""
+    rows = shard_index(parts or [linear.out_features], rank, size, linear.weight.device)
+    shard = torch.nn.Linear(linear.in_features, len(rows), bias=linear.bias is not None,
                             device=linear.weight.device, dtype=linear.weight.dtype)
     with torch.no_grad():
-        shard.weight.copy_(linear.weight[rows])
+        shard.weight.copy_(linear.weight.index_select(0, rows))
         if linear.bias is not None:
-            shard.bias.copy_(linear.bias[rows])
+            shard.bias.copy_(linear.bias.index_select(0, rows))
     return shard.requires_grad_(linear.weight.requires_grad)
 
 
@@ -119,10 +153,7 @@ class RowParallelLinear(torch.nn.Module):
 
     def __init__(self, linear: torch.nn.Linear, rank: int, size: int, group: Any, parts: list[int]) -> None:
         super().__init__()
-        starts = [sum(parts[:i]) for i in range(len(parts))]
-        cols = [range(start + s.start, start + s.stop)
-                for start, s in zip(starts, (shard_slice(width, rank, size) for width in parts))]
-        index = torch.tensor([c for part in cols for c in part], device=linear.weight.device)
+        index = shard_index(parts, rank, size, linear.weight.device)
         self.in_features, self.out_features = len(index), linear.out_features
         self.weight = torch.nn.Parameter(linear.weight.detach().index_select(1, index).contiguous(),
                                          requires_grad=linear.weight.requires_grad)
@@ -139,3 +170,49 @@ class RowParallelLinear(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features} (a shard), out_features={self.out_features}, "
                 f"bias={self.bias is not None}")
+
+
+class ShardedRMSNorm(torch.nn.Module):
+    """torch.nn.RMSNorm over features that are sharded over `group` (a column layer's output,
+    across heads): this rank's slice of the weight; the sum of squares is all-reduced, so the
+    mean runs over all the features, as on one rank. Computed in float32 like torch's own."""
+
+    def __init__(self, norm: torch.nn.RMSNorm, rank: int, size: int, group: Any) -> None:
+        super().__init__()
+        (self.num_features,) = norm.normalized_shape
+        index = shard_index([self.num_features], rank, size, None if norm.weight is None else norm.weight.device)
+        self.weight = None if norm.weight is None else torch.nn.Parameter(
+            norm.weight.detach().index_select(0, index), requires_grad=norm.weight.requires_grad)
+        self.eps = norm.eps
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        upcast = x.float()
+        squares = upcast.square().sum(dim=-1, keepdim=True)
+        dist.all_reduce(squares, group=self.group)
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+        out = upcast * torch.rsqrt(squares / self.num_features + eps)
+        return (out if self.weight is None else out * self.weight).type_as(x)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_features} features (a shard of them here), eps={self.eps}"
+
+
+class GatheredLinear(torch.nn.Module):
+    """A Linear layer's contiguous slice of output features whose output every rank needs whole:
+    the ranks' slices are all-gathered over `group`, in rank order (the pieces are equal, checked)."""
+
+    def __init__(self, linear: torch.nn.Linear, rank: int, size: int, group: Any) -> None:
+        super().__init__()
+        self.shard = column_shard(linear, rank, size)
+        self.size, self.group = size, group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        piece = self.shard(x).contiguous()
+        pieces = [torch.empty_like(piece) for _ in range(self.size)]
+        dist.all_gather(pieces, piece, group=self.group)
+        return torch.cat(pieces, dim=-1)

@@ -73,13 +73,14 @@ def _single_row_parts(block: Any, name: str) -> list[int]:
 
 
 # diffusers' FLUX processor cuts the QKV by head size, so `heads` stays as it is (local_heads=False).
+# Each block's own modulation (norm*.linear, a third of its weights) is sharded, its output gathered.
 TENSOR_PLAN = (
     TensorPlan(lambda model: list(model.transformer_blocks),
                column=("attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj",
                        "attn.add_v_proj", "ff.net.0.proj", "ff_context.net.0.proj"),
                row=("attn.to_out.0", "attn.to_add_out", "ff.net.2", "ff_context.net.2"),
-               attention=("attn",), local_heads=False),
+               attention=("attn",), local_heads=False, gathered=("norm1.linear", "norm1_context.linear")),
     TensorPlan(lambda model: list(model.single_transformer_blocks),
                column=("attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"), row=("proj_out",),
-               attention=("attn",), local_heads=False, row_parts=_single_row_parts),
+               attention=("attn",), local_heads=False, row_parts=_single_row_parts, gathered=("norm.linear",)),
 )

@@ -68,4 +68,6 @@ TENSOR_PLAN = (TensorPlan(
             "img_mlp.net.0.proj", "txt_mlp.net.0.proj"),
     row=("attn.to_out.0", "attn.to_add_out", "img_mlp.net.2", "txt_mlp.net.2"),
     # diffusers' processor takes the head size as inner_dim / heads and the head count from the shards.
-    attention=("attn",), local_heads=False),)
+    attention=("attn",), local_heads=False,
+    # Each block's own modulation (a third of its weights): sharded, its output gathered.
+    gathered=("img_mod.1", "txt_mod.1")),)

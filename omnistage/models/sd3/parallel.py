@@ -5,7 +5,13 @@ family's `SequencePlan`).
 diffusers' SD3 transformer has no `_cp_plan`, and its JointAttnProcessor2_0 calls torch's SDPA
 directly, so both are here: the plan splits the patch embedding's image tokens and the context
 embedder's text tokens as they are made (so a skipped layer changes nothing) and gathers the
-image tokens before the transformer unpatchifies them."""
+image tokens before the transformer unpatchifies them.
+
+Its tensor-parallel plan (accel/tensor_parallel.py) is three, by kind of block: every joint
+block's attention and image MLP; the text MLP and text output projection of all but the last
+block (`context_pre_only`: its text stream ends there, with neither); SD3.5's second,
+image-only attention (`dual_attention_layers`). Each block's adaLN modulation Linears are
+split too and their output all-gathered."""
 
 from __future__ import annotations
 
@@ -13,7 +19,7 @@ from typing import Any
 
 import torch
 
-from omnistage.diffusion.accel.declaration import SequencePlan
+from omnistage.diffusion.accel.declaration import SequencePlan, TensorPlan
 from omnistage.diffusion.accel.sequence_split import SplitSequence
 
 
@@ -73,3 +79,18 @@ def ring_processor(split: SplitSequence, current: Any) -> Any:
 
 
 SEQUENCE_PLAN = SequencePlan(sequence_plan, split_lengths, ring_processor=ring_processor, pads=True)
+
+
+# JointAttnProcessor2_0 takes the head size as the shard's width / `heads`: heads are local.
+TENSOR_PLAN = (
+    TensorPlan(lambda model: list(model.transformer_blocks),
+               column=("attn.to_q", "attn.to_k", "attn.to_v", "attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj",
+                       "ff.net.0.proj"),
+               row=("attn.to_out.0", "ff.net.2"), attention=("attn",),
+               # Each block's own modulation is a third of its weights: sharded, gathered.
+               gathered=("norm1.linear", "norm1_context.linear")),
+    TensorPlan(lambda model: [block for block in model.transformer_blocks if not block.context_pre_only],
+               column=("ff_context.net.0.proj",), row=("attn.to_add_out", "ff_context.net.2"), attention=()),
+    TensorPlan(lambda model: [block for block in model.transformer_blocks if block.use_dual_attention],
+               column=("attn2.to_q", "attn2.to_k", "attn2.to_v"), row=("attn2.to_out.0",), attention=("attn2",)),
+)

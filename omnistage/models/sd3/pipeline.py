@@ -32,13 +32,14 @@ from omnistage.diffusion.pipeline import (
     split_per_state,
 )
 from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations
-from omnistage.models.sd3.parallel import SEQUENCE_PLAN
+from omnistage.models.sd3.parallel import SEQUENCE_PLAN, TENSOR_PLAN
 
 
 class StableDiffusion3(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "StableDiffusion3Pipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
-        step_caches=CACHE_BACKENDS, cfg_parallel=True, sequence_parallel=SEQUENCE_PLAN, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True,
+        step_caches=CACHE_BACKENDS, cfg_parallel=True, sequence_parallel=SEQUENCE_PLAN, tensor_parallel=TENSOR_PLAN,
+        vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True,
         refused={"compile": "its transformer declares no repeated blocks"})
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->text_encoder_2->text_encoder_3->transformer->vae"
     # text_encoder_3 (T5) may be left out of a checkpoint: its embeddings are then zeros.

@@ -1,6 +1,8 @@
 """Wan's sequence-parallel plan (diffusers' own `_cp_plan`) and ring-attention processor
 (accel/sequence_parallel.py, accel/ring_attention.py read them through the family's
-`SequencePlan`): the video tokens are split; cross-attention to the prompt stays local."""
+`SequencePlan`): the video tokens are split; cross-attention to the prompt stays local. And its
+tensor-parallel plan (accel/tensor_parallel.py): Wan's q/k RMSNorms run across all heads, so
+they are sharded with the heads and all-reduce their sum of squares."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 
 import torch
 
-from omnistage.diffusion.accel.declaration import SequencePlan
+from omnistage.diffusion.accel.declaration import SequencePlan, TensorPlan
 from omnistage.diffusion.accel.ring_attention import sequence_parallel_attention
 from omnistage.diffusion.accel.sequence_parallel import diffusers_plan
 from omnistage.diffusion.accel.sequence_split import SplitSequence
@@ -55,3 +57,27 @@ def _real_rope(x: torch.Tensor, freqs_cos: torch.Tensor, freqs_sin: torch.Tensor
 
 
 SEQUENCE_PLAN = SequencePlan(diffusers_plan, split_lengths, ring_processor=ring_processor)
+
+
+def tensor_blocks(model: Any) -> list[Any]:
+    """The DiT blocks and, on VACE, its control blocks: both are WanAttention x 2 + FeedForward."""
+    return [*model.blocks, *getattr(model, "vace_blocks", [])]
+
+
+def image_attention_blocks(model: Any) -> list[Any]:
+    """I2V (Wan 2.1): the blocks whose cross-attention also reads the CLIP image tokens."""
+    return [block for block in tensor_blocks(model) if block.attn2.add_k_proj is not None]
+
+
+# WanAttnProcessor cuts the QKV by `heads` (local_heads=True): each rank's shard has heads / N.
+TENSOR_PLAN = (
+    TensorPlan(tensor_blocks,
+               column=("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn2.to_q", "attn2.to_k", "attn2.to_v",
+                       "ffn.net.0.proj"),
+               row=("attn1.to_out.0", "attn2.to_out.0", "ffn.net.2"),
+               attention=("attn1", "attn2"),
+               norms=("attn1.norm_q", "attn1.norm_k", "attn2.norm_q", "attn2.norm_k")),
+    # Only the image keys and values: the attention modules' heads are cut by the plan above.
+    TensorPlan(image_attention_blocks, column=("attn2.add_k_proj", "attn2.add_v_proj"), row=(),
+               attention=(), norms=("attn2.norm_added_k",)),
+)

@@ -39,7 +39,7 @@ from omnistage.diffusion.pipeline import (
     split_per_state,
 )
 from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations
-from omnistage.models.wan.parallel import SEQUENCE_PLAN
+from omnistage.models.wan.parallel import SEQUENCE_PLAN, TENSOR_PLAN
 
 
 class _Wan(DiffusionPipelineBase):
@@ -47,8 +47,8 @@ class _Wan(DiffusionPipelineBase):
 
     output_modality: ClassVar[str] = "video"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
-        step_caches=CACHE_BACKENDS, cfg_parallel=True, sequence_parallel=SEQUENCE_PLAN, vae_patch_parallel=True,
-        vae_tiling=True, offload=True, quantization=True, lora=True, compile=True)
+        step_caches=CACHE_BACKENDS, cfg_parallel=True, sequence_parallel=SEQUENCE_PLAN, tensor_parallel=TENSOR_PLAN,
+        vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True, compile=True)
     # WanPipeline / WanImageToVideoPipeline.__call__ defaults (fps: diffusers' examples export at 16).
     default_params: ClassVar[dict[str, Any]] = {
         "height": 480,
