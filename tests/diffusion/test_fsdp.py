@@ -1,0 +1,99 @@
+"""FSDP (`fsdp_degree: 2`) on two CPU ranks (gloo): the transformer of Z-Image, Qwen-Image and
+FLUX sharded over the ranks with FSDP2, one unit per repeated block, gives the output of one
+rank (fp32) with about half of the transformer's parameter bytes held by each rank at rest,
+and one block whole at a time while it runs. Families that do not declare it, and the
+fields it does not combine with yet, are refused by name."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch.distributed.tensor import DTensor
+
+from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.diffusion.accel import check_supported
+from omnistage.diffusion.accel.declaration import check_declared
+from omnistage.diffusion.accel.fsdp import blocks, local_parameter_bytes
+from omnistage.diffusion.registry import pipeline_class
+from omnistage.testing import call_kwargs as zoo_call_kwargs
+
+from parity import request_for
+from two_ranks import run_two_ranks
+
+FAMILIES = {  # zoo name -> diffusers class name, the second prompt of a batch of two
+    "z-image": ("ZImagePipeline", "a small brown dog " * 8),
+    "qwen-image": ("QwenImagePipeline", "a red fox"),
+    "flux": ("FluxPipeline", "a red fox"),  # two kinds of block: double and single
+}
+FSDP_2 = dict(executor="mp", num_devices=2, fsdp_degree=2)
+TOLERANCE = 1e-4
+"""The tensor-parallel tests' bound; FSDP gathers the very weights, so only kernels could differ."""
+
+
+def run_checks(name: str, path: str, deploy: StageDeployConfig | None) -> dict:
+    cls, second_prompt = FAMILIES[name]
+    pipeline = pipeline_class(cls).from_pretrained(path, deploy=deploy)
+    transformer = pipeline.transformer
+    units = blocks(transformer)
+    whole_while_a_block_runs = []  # how many blocks hold their full weights as each block starts
+    for block in units:
+        block.register_forward_pre_hook(lambda *_: whole_while_a_block_runs.append(
+            sum(not isinstance(next(b.parameters()), DTensor) for b in units)))
+    call = {**zoo_call_kwargs(name), "num_inference_steps": 2}
+    first, second = request_for(call, seed=4, request_id="a"), request_for(
+        {**call, "prompt": second_prompt}, seed=5, request_id="b")
+    images = pipeline.decode_arrays(pipeline.denoise([first, second]))
+    return {"images": images, "accelerations": pipeline.accelerations, "at_rest": local_parameter_bytes(transformer),
+            "whole_blocks": set(whole_while_a_block_runs), "num_blocks": len(units)}
+
+
+def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    results = {name: run_checks(name, path, StageDeployConfig(**FSDP_2)) for name, path in paths.items()}
+    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(zoo, tmp_path_factory):
+    out_dir = str(tmp_path_factory.mktemp("fsdp"))
+    run_two_ranks(_rank_main, {name: str(zoo(name)) for name in FAMILIES}, out_dir, timeout=300)
+    return [torch.load(os.path.join(out_dir, f"rank{rank}.pt"), weights_only=False) for rank in range(2)]
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_fsdp_equals_one_rank_with_half_the_parameter_bytes_at_rest(zoo, two_rank_results, name):
+    one = run_checks(name, str(zoo(name)), None)
+    ranks = [results[name] for results in two_rank_results]
+    for rank in ranks:
+        assert rank["accelerations"] == ["fsdp"]
+        for image, reference in zip(rank["images"], one["images"], strict=True):
+            assert np.abs(image - reference).max() <= TOLERANCE
+        assert rank["num_blocks"] == one["num_blocks"] >= 2
+        # At rest, after the requests ran: each rank's shards only (FSDP2 pads a dim 0 it does not divide).
+        assert rank["at_rest"] <= 0.55 * one["at_rest"]
+        # A block is gathered whole for its forward only: the others stay sharded meanwhile.
+        assert rank["whole_blocks"] == {1}
+    assert sum(rank["at_rest"] for rank in ranks) >= one["at_rest"]  # every weight is held somewhere
+
+
+def test_families_that_do_not_declare_it_and_fields_not_combined_are_refused_by_name():
+    deploy = StageDeployConfig(**FSDP_2)
+    wan = pipeline_class("WanPipeline")
+    with pytest.raises(ValueError, match="fsdp_degree=2: WanPipeline cannot take it"):
+        check_declared(wan.reference_class, wan.supported_accelerations, deploy)
+    for cls in ("QwenImageEditPipeline", "FluxKontextPipeline"):  # the subclasses take their family's
+        check_declared(cls, pipeline_class(cls).supported_accelerations, deploy)
+    with pytest.raises(ValueError, match=r"stage 0: fsdp_degree=2 cannot be combined with cache_backend, "
+                                         r"quantization"):  # at start-up, before anything loads
+        check_supported("0", StageDeployConfig(**FSDP_2, quantization="int8", cache_backend="tea_cache"))
+    with pytest.raises(ValueError, match="fsdp_degree=2 cannot be combined with ulysses_degree"):
+        check_supported("0", StageDeployConfig(executor="mp", num_devices=4, fsdp_degree=2, ulysses_degree=2))
+    with pytest.raises(ValueError, match=r"fsdp_degree=2 = 4, but num_devices=2"):
+        StageDeployConfig(executor="mp", num_devices=2, fsdp_degree=2, cfg_parallel_size=2)
