@@ -58,8 +58,8 @@ class StageDeployConfig:
     vae_use_tiling: bool = False
     """Diffusion: decode and encode through the diffusers VAE's own tiling (less memory, more time)."""
     vae_use_slicing: bool = False
-    """Diffusion: encode and decode a batch through the VAE one sample at a time (diffusers' slicing: peak
-    memory of one sample, not of the batch; the same output). Off by default, as in diffusers."""
+    """Diffusion: decode (and encode) a batch through the VAE one sample at a time (diffusers' slicing: the
+    VAE's activations of one sample, not of the batch; the same output). Off by default, as in diffusers."""
     cache_backend: str | None = None
     """Diffusion step cache: None | "tea_cache" | "first_block_cache" | "easycache" | "mag_cache" | "cache_dit"."""
     cache_config: dict[str, Any] = field(default_factory=dict)

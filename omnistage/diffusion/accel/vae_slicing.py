@@ -1,8 +1,9 @@
-"""`vae_use_slicing`: a batch's VAE encode and decode run one sample at a time (diffusers'
-slicing, `enable_slicing`), so peak memory follows one sample, not the batch, for a batch of
-requests decoded together. Each sample goes through the VAE alone, so the output is the
-batched call's (to float rounding). Off by default, as in diffusers: a batched call is the
-faster one where memory allows it."""
+"""`vae_use_slicing`: a batch's VAE decode (and encode) runs one sample at a time (diffusers'
+slicing, `enable_slicing`), so the VAE's activations follow one sample, not the batch of
+requests decoded together. The output is the batched call's (to float rounding). Our
+pipelines already encode each input image alone, so in practice it is the decode of a batch
+that it splits. Off by default, as in diffusers: one batched call is the faster where memory
+allows it."""
 
 from __future__ import annotations
 
