@@ -125,6 +125,9 @@ class DiffusionPipelineBase(ABC):
         """The step cache applied from the deploy config, if any (accel/step_cache.py)."""
         self.vae_decode: Callable[[torch.Tensor], torch.Tensor] = lambda z: self.vae.decode(z, return_dict=False)[0]
         """Scaled latents -> the VAE's decoded output; VAE patch parallel replaces it (accel/vae_patch_parallel.py)."""
+        self.vae_encode: Callable[[torch.Tensor], Any] = lambda pixels: self.vae.encode(pixels)
+        """Pixels -> the VAE's encode output (its `latent_dist`): how a family encodes an input image;
+        VAE patch parallel replaces it (accel/vae_patch_parallel.py)."""
         self.step_runner: StepRunner = run_step
         """Runs `denoise_step` over one step's states; per-request LoRA replaces it to split
         them by adapter (accel/lora.py)."""
