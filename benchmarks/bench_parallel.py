@@ -14,7 +14,13 @@ decode in a fresh process per configuration, tiled against untiled, for a 1024x1
 tiles: its default 256-px ones would not split the frame), with the time ratio
 (goal <= 0.5x memory). Prints markdown and writes "## Parallel diffusion" in RESULTS.md.
 
-    .venv/bin/python benchmarks/bench_parallel.py [--steps 20] [--repeats 2]
+With `--fsdp`, instead: FSDP (`fsdp_degree: 2`, 2 ranks running the same request) against
+1 rank on the zoo's small Qwen-Image and Z-Image (256x256): request latency through the
+engine as above, and the transformer's parameter bytes one rank holds at rest (after a
+request), measured in two gloo ranks that load the pipeline as a worker does (goal <= 0.55x
+of one rank's). Writes "## Parallel diffusion: FSDP".
+
+    .venv/bin/python benchmarks/bench_parallel.py [--steps 20] [--repeats 2] [--fsdp]
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ CONFIGS = {
 # Wan's default 256-px tiles would not split a 256-px frame: its case uses 128-px tiles, 96 apart.
 WAN_TILES = dict(tile_sample_min_height=128, tile_sample_min_width=128, tile_sample_stride_height=96,
                  tile_sample_stride_width=96)
+FSDP_MODELS = {"qwen-image": ("QwenImagePipeline", 256), "z-image": ("ZImagePipeline", 256)}
+"""zoo name -> (pipeline class, side) of the FSDP rows."""
 VAE_CASES = {"qwen-image": dict(side=1024, frames=1), "wan-t2v": dict(side=256, frames=33, tiles=WAN_TILES)}
 
 
@@ -55,7 +63,8 @@ def request(model: str, steps: int, rid: str):
     from omnistage.diffusion.params import DiffusionParams
     from omnistage.testing import call_kwargs as zoo_call_kwargs
 
-    kwargs = dict(zoo_call_kwargs(model), num_inference_steps=steps, height=MODELS[model], width=MODELS[model])
+    side = MODELS[model] if model in MODELS else FSDP_MODELS[model][1]
+    kwargs = dict(zoo_call_kwargs(model), num_inference_steps=steps, height=side, width=side)
     prompt = kwargs.pop("prompt")
     fields = {k: v for k, v in kwargs.items() if k in DiffusionParams.model_fields}
     extras = {k: v for k, v in kwargs.items() if k not in DiffusionParams.model_fields}
@@ -63,23 +72,43 @@ def request(model: str, steps: int, rid: str):
 
 
 def time_engine(model: str, config: dict, steps: int, repeats: int) -> float:
+    return time_engine_cpu(model, config, steps, repeats)[0]
+
+
+def time_engine_cpu(model: str, config: dict, steps: int, repeats: int) -> tuple[float, float]:
+    """(best request latency, the CPU seconds this process and its workers spent on that request)."""
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.diffusion.engine import DiffusionEngine
 
     engine = DiffusionEngine(zoo_path(model), config=StageDeployConfig(executor="mp", **config))
     try:
-        best = float("inf")
+        best = (float("inf"), 0.0)
         for i in range(repeats + 1):  # the first is the warm-up
             engine.add_request(request(model, steps, f"r{i}"))
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), cpu_seconds()
             while engine.has_unfinished_requests():
                 for out in engine.step():
                     assert out.error is None, out.error
             if i:
-                best = min(best, time.perf_counter() - start)
+                best = min(best, (time.perf_counter() - start, cpu_seconds() - cpu))
         return best
     finally:
         engine.close()
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and every live descendant (the rank workers)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 def vae_decode_child(model: str, tiled: bool) -> dict:
@@ -115,13 +144,79 @@ def vae_decode(model: str, tiled: bool) -> dict:
     return json.loads(line[len("RESULT "):])
 
 
+def fsdp_rank(rank: int, port: int, model: str, out_dir: str) -> None:
+    """One of two gloo ranks: load the pipeline with fsdp_degree=2 as a worker does, run one
+    2-step request, and write the transformer's parameter bytes this rank then holds."""
+    import torch
+    import torch.distributed as dist
+
+    from omnistage.config.deploy_fields import StageDeployConfig
+    from omnistage.diffusion.accel.fsdp import local_parameter_bytes
+    from omnistage.diffusion.registry import pipeline_class
+    from omnistage.diffusion.request import DiffusionRequest
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    deploy = StageDeployConfig(executor="mp", num_devices=2, fsdp_degree=2)
+    pipeline = pipeline_class(FSDP_MODELS[model][0]).from_pretrained(zoo_path(model), deploy=deploy)
+    staged = request(model, 2, "bytes")
+    pipeline.denoise([DiffusionRequest(request_id=staged.request_id, prompt=staged.inputs, params=staged.params)])
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(local_parameter_bytes(pipeline.transformer)))
+    dist.destroy_process_group()
+
+
+def fsdp_bytes(model: str) -> tuple[int, int]:
+    """(the transformer's parameter bytes on 1 rank, the most one of 2 FSDP ranks holds at rest)."""
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+    from diffusers import DiffusionPipeline
+
+    from omnistage.diffusion.accel.fsdp import local_parameter_bytes
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(fsdp_rank, args=(port, model, out_dir), nprocs=2)
+        per_rank = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(2)]
+    whole = local_parameter_bytes(DiffusionPipeline.from_pretrained(zoo_path(model)).transformer)
+    return whole, max(per_rank)
+
+
+def fsdp_main(args: argparse.Namespace) -> None:
+    rows = ["| model | 1 rank: latency, CPU | FSDP 2, 2 ranks: latency, CPU | latency ratio (FSDP / 1 rank) "
+            "| CPU ratio | transformer parameters, 1 rank | per FSDP rank at rest | bytes ratio — goal <= 0.55x |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for model in FSDP_MODELS:
+        one = time_engine_cpu(model, CONFIGS["1 rank"], args.steps, args.repeats)
+        fsdp = time_engine_cpu(model, dict(num_devices=2, fsdp_degree=2), args.steps, args.repeats)
+        whole, held = fsdp_bytes(model)
+        print(model, one, fsdp, whole, held, flush=True)
+        rows.append(f"| {model} small ({FSDP_MODELS[model][1]} px) | {one[0]:.2f} s, {one[1]:.2f} s "
+                    f"| {fsdp[0]:.2f} s, {fsdp[1]:.2f} s | {fsdp[0] / one[0]:.2f}x | {fsdp[1] / one[1]:.2f}x "
+                    f"| {whole / 2**20:.1f} MiB | {held / 2**20:.1f} MiB | {held / whole:.3f}x |")
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    body = (f"One request at a time, {args.steps} steps, fp32, CPU, `executor: mp`, one torch thread per rank, "
+            f"best latency of {args.repeats} timed requests after a warm-up (CPU: user + system seconds of the "
+            f"engine and its rank processes over that request); engine start not counted. Both FSDP ranks run "
+            f"the request. Load average at the end: {load} (2 cores, shared).\n\n" + "\n".join(rows) + "\n")
+    print(body)
+    if not args.no_write:
+        write_section("Parallel diffusion: FSDP", "benchmarks/bench_parallel.py", body)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--fsdp", action="store_true", help="only the FSDP rows (their own section)")
     args = parser.parse_args()
+    if args.fsdp:
+        return fsdp_main(args)
 
     rows = ["| model | 1 rank x 1 thread (s) | CFG parallel, 2 ranks (s) | CFG speed-up — goal >= 1.6x "
             "| Ulysses 2, 2 ranks (s) | Ulysses speed-up — goal >= 1.4x (Wan) |",

@@ -54,7 +54,8 @@ class StageDeployConfig:
     every parameter, gathered a block at a time as it runs); they all run the same work, for a model that
     does not fit one device. For the families that declare it; others refuse it."""
     vae_patch_parallel_size: int = 1
-    """Diffusion: ranks that decode the VAE's tiles in parallel and gather them (at most num_devices)."""
+    """Diffusion: ranks that decode the VAE's tiles (and encode an input image's) in parallel and gather them
+    (at most num_devices)."""
     vae_use_tiling: bool = False
     """Diffusion: decode and encode through the diffusers VAE's own tiling (less memory, more time)."""
     vae_use_slicing: bool = False
