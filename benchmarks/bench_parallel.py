@@ -72,28 +72,29 @@ def request(model: str, steps: int, rid: str):
 
 
 def time_engine(model: str, config: dict, steps: int, repeats: int) -> float:
-    return time_engine_cpu(model, config, steps, repeats)[0]
+    engine = start_engine(model, config)
+    try:
+        run_request(engine, model, steps, "warm-up")
+        return min(run_request(engine, model, steps, f"r{i}")[0] for i in range(repeats))
+    finally:
+        engine.close()
 
 
-def time_engine_cpu(model: str, config: dict, steps: int, repeats: int) -> tuple[float, float]:
-    """(best request latency, the CPU seconds this process and its workers spent on that request)."""
+def start_engine(model: str, config: dict):
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.diffusion.engine import DiffusionEngine
 
-    engine = DiffusionEngine(zoo_path(model), config=StageDeployConfig(executor="mp", **config))
-    try:
-        best = (float("inf"), 0.0)
-        for i in range(repeats + 1):  # the first is the warm-up
-            engine.add_request(request(model, steps, f"r{i}"))
-            start, cpu = time.perf_counter(), cpu_seconds()
-            while engine.has_unfinished_requests():
-                for out in engine.step():
-                    assert out.error is None, out.error
-            if i:
-                best = min(best, (time.perf_counter() - start, cpu_seconds() - cpu))
-        return best
-    finally:
-        engine.close()
+    return DiffusionEngine(zoo_path(model), config=StageDeployConfig(executor="mp", **config))
+
+
+def run_request(engine, model: str, steps: int, rid: str) -> tuple[float, float]:
+    """(latency, CPU seconds of this process and its workers) of one request run to the end."""
+    engine.add_request(request(model, steps, rid))
+    start, cpu = time.perf_counter(), cpu_seconds()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            assert out.error is None, out.error
+    return time.perf_counter() - start, cpu_seconds() - cpu
 
 
 def cpu_seconds() -> float:
@@ -190,8 +191,18 @@ def fsdp_main(args: argparse.Namespace) -> None:
             "| CPU ratio | transformer parameters, 1 rank | per FSDP rank at rest | bytes ratio — goal <= 0.55x |",
             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for model in FSDP_MODELS:
-        one = time_engine_cpu(model, CONFIGS["1 rank"], args.steps, args.repeats)
-        fsdp = time_engine_cpu(model, dict(num_devices=2, fsdp_degree=2), args.steps, args.repeats)
+        # Both engines at once, their requests alternated, so a change in the machine's load hits both.
+        engines = {"one": start_engine(model, CONFIGS["1 rank"]),
+                   "fsdp": start_engine(model, dict(num_devices=2, fsdp_degree=2))}
+        try:
+            runs = {name: [] for name in engines}
+            for i in range(args.repeats + 1):  # the first is the warm-up
+                for name, engine in engines.items():
+                    runs[name].append(run_request(engine, model, args.steps, f"r{i}"))
+            one, fsdp = (min(runs[name][1:]) for name in engines)
+        finally:
+            for engine in engines.values():
+                engine.close()
         whole, held = fsdp_bytes(model)
         print(model, one, fsdp, whole, held, flush=True)
         rows.append(f"| {model} small ({FSDP_MODELS[model][1]} px) | {one[0]:.2f} s, {one[1]:.2f} s "
@@ -199,9 +210,10 @@ def fsdp_main(args: argparse.Namespace) -> None:
                     f"| {whole / 2**20:.1f} MiB | {held / 2**20:.1f} MiB | {held / whole:.3f}x |")
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     body = (f"One request at a time, {args.steps} steps, fp32, CPU, `executor: mp`, one torch thread per rank, "
-            f"best latency of {args.repeats} timed requests after a warm-up (CPU: user + system seconds of the "
-            f"engine and its rank processes over that request); engine start not counted. Both FSDP ranks run "
-            f"the request. Load average at the end: {load} (2 cores, shared).\n\n" + "\n".join(rows) + "\n")
+            f"both engines started together and their requests alternated; best latency of {args.repeats} timed "
+            f"requests each after a warm-up (CPU: user + system seconds of the engines and their rank processes "
+            f"over that request); engine start not counted. Both FSDP ranks run the request. Load average at "
+            f"the end: {load} (2 cores, shared).\n\n" + "\n".join(rows) + "\n")
     print(body)
     if not args.no_write:
         write_section("Parallel diffusion: FSDP", "benchmarks/bench_parallel.py", body)

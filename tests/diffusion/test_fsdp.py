@@ -1,8 +1,9 @@
 """FSDP (`fsdp_degree: 2`) on two CPU ranks (gloo): the transformer of Z-Image, Qwen-Image and
 FLUX sharded over the ranks with FSDP2, one unit per repeated block, gives the output of one
 rank (fp32) with about half of the transformer's parameter bytes held by each rank at rest,
-and one block whole at a time while it runs; a weight update is refused. Families that do not declare it, and the
-fields it does not combine with yet, are refused by name."""
+and one block whole at a time while it runs; a weight update or a drop of the weights
+(sleep level 2) is refused. Families that do not declare it, and the fields it does not
+combine with yet, are refused by name."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from omnistage.config.deploy_fields import StageDeployConfig
-from omnistage.core.weights import load_weights
+from omnistage.core.weights import Dropped, load_weights
 from omnistage.diffusion.accel import check_supported
 from omnistage.diffusion.accel.declaration import check_declared
 from omnistage.diffusion.accel.fsdp import blocks, local_parameter_bytes
@@ -51,6 +52,8 @@ def run_checks(name: str, path: str, deploy: StageDeployConfig | None) -> dict:
         with pytest.raises(ValueError, match="weight updates of parameters sharded over ranks"):
             load_weights({"vae": pipeline.vae, "transformer": transformer},
                          {f"transformer.{name}": torch.zeros(p.shape) for name, p in transformer.named_parameters()})
+        with pytest.raises(ValueError, match=r"dropping weights \(sleep level 2\) of parameters sharded"):
+            Dropped({"transformer": transformer}, [f"transformer.{name}" for name, _ in transformer.named_parameters()])
     return {"images": images, "accelerations": pipeline.accelerations, "at_rest": local_parameter_bytes(transformer),
             "whole_blocks": set(whole_while_a_block_runs), "num_blocks": len(units)}
 

@@ -7,7 +7,10 @@ while the transformer runs only one block is whole at a time: FSDP2 all-gathers 
 just before the block's forward and frees the gathered copy right after it. The rest of the
 transformer (embeddings, final layers) is one more unit, gathered for the forward and freed
 after it too (`reshard_after_forward=True` given explicitly: FSDP2 would otherwise keep the
-root's parameters gathered for a backward that inference never runs).
+root's parameters gathered for a backward that inference never runs). The transformer is
+loaded whole into host memory and left there (`DiffusionPipelineBase.from_pretrained` moves
+only the other components to the device): `fully_shard` moves each unit to the mesh's device
+as it shards it, so the device never holds the whole transformer.
 
 The ranks of the "fsdp" dimension of the stage mesh (parallel_groups.py) all run the same
 requests and make the same output (rank 0's is returned): the gain is memory, not speed.
