@@ -105,3 +105,30 @@ def test_families_that_do_not_declare_it_and_fields_not_combined_are_refused_by_
         check_supported("0", StageDeployConfig(executor="mp", num_devices=4, fsdp_degree=2, ulysses_degree=2))
     with pytest.raises(ValueError, match=r"fsdp_degree=2 = 4, but num_devices=2"):
         StageDeployConfig(executor="mp", num_devices=2, fsdp_degree=2, cfg_parallel_size=2)
+
+
+def test_engine_with_fsdp_in_step_mode_returns_the_images_of_one_rank(zoo):
+    """The user's path: DiffusionEngine, `executor: mp`, both ranks running every step of a batch
+    that a second request joins while the first runs."""
+    from omnistage.diffusion.engine import DiffusionEngine
+
+    from test_engine_z_image import PROMPTS, assert_same_image, pixels, req, run
+
+    path = zoo("z-image")
+    alone = {}
+    engine = DiffusionEngine(path, config=StageDeployConfig(max_num_seqs=2))
+    for i in range(2):
+        engine.add_request(req(f"r{i}", PROMPTS[i], seed=i))
+        alone[i] = pixels(run(engine)[f"r{i}"][-1])
+    engine.close()
+    engine = DiffusionEngine(path, config=StageDeployConfig(**FSDP_2, step_execution=True, max_num_seqs=2))
+    try:
+        engine.add_request(req("r0", PROMPTS[0], seed=0))
+        outs = {"r0": engine.step()}
+        engine.add_request(req("r1", PROMPTS[1], seed=1))  # joins the running batch
+        for rid, out in run(engine).items():
+            outs.setdefault(rid, []).extend(out)
+    finally:
+        engine.close()
+    for i in range(2):
+        assert_same_image(pixels(outs[f"r{i}"][-1]), alone[i])
