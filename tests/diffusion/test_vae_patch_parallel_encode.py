@@ -1,8 +1,8 @@
 """`vae_patch_parallel_size: 2` on two CPU ranks (gloo), encode side: an edit or image-to-video
 request's input image is encoded in tiles shared over the ranks (each rank encodes about half
 of them), and the request's output equals the same request with the input encoded by one
-rank's tiled encode, for each kind of VAE (AutoencoderKL: FLUX Kontext; causal per-frame:
-Qwen-Image-Edit, Wan image-to-video)."""
+rank's tiled encode, for each kind of VAE (AutoencoderKL: FLUX Kontext, LongCat-Image-Edit;
+causal per-frame: Qwen-Image-Edit, Wan and SANA-Video image-to-video)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from omnistage.testing import call_kwargs as zoo_call_kwargs
 from omnistage.testing.diffusion_models import default_input_image
 
 from parity import request_for
-from test_vae_tiling import SIDE, request, small_tiles
+from test_vae_tiling import SIDE, WITH_IMAGE, request, small_tiles
 from two_ranks import run_two_ranks
 
 SHARED = dict(executor="mp", num_devices=2, vae_patch_parallel_size=2)
@@ -27,15 +27,21 @@ FAMILIES = {  # zoo name -> (diffusers class name, the degree that keeps both ra
     "qwen-image-edit": ("QwenImageEditPipeline", dict(fsdp_degree=2)),
     "flux-kontext": ("FluxKontextPipeline", dict(fsdp_degree=2)),
     "wan-i2v": ("WanImageToVideoPipeline", dict(cfg_parallel_size=2)),
+    "longcat-image-edit": ("LongCatImageEditPipeline", dict(cfg_parallel_size=2)),  # AutoencoderKL
+    "sana-video-i2v": ("SanaImageToVideoPipeline", dict(cfg_parallel_size=2)),  # Wan's causal VAE
 }
 
 
 def edit_request(name: str):
-    if name != "flux-kontext":
+    if name in WITH_IMAGE:  # the vae-tiling tests' requests
         return request(name)
-    call = {**zoo_call_kwargs(name), "num_inference_steps": 2, "height": SIDE, "width": SIDE}
-    call.pop("max_area")  # our request: the size asked for, auto_resize an extra
-    call.update(auto_resize=call.pop("_auto_resize"), image=default_input_image(SIDE))
+    call = {**zoo_call_kwargs(name), "num_inference_steps": 2, "height": SIDE, "width": SIDE,
+            "image": default_input_image(SIDE)}
+    if name == "flux-kontext":  # our request: the size asked for, auto_resize an extra
+        call.pop("max_area")
+        call["auto_resize"] = call.pop("_auto_resize")
+    if "frames" in call:  # diffusers' SANA-Video pipelines call the frame count `frames`
+        call["num_frames"] = call.pop("frames")
     return request_for(call, seed=3)
 
 
