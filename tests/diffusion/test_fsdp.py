@@ -1,7 +1,8 @@
-"""FSDP (`fsdp_degree: 2`) on two CPU ranks (gloo): the transformer of Z-Image, Qwen-Image and
-FLUX sharded over the ranks with FSDP2, one unit per repeated block, gives the output of one
-rank (fp32) with about half of the transformer's parameter bytes held by each rank at rest,
-and one block whole at a time while it runs; a weight update or a drop of the weights
+"""FSDP (`fsdp_degree: 2`) on two CPU ranks (gloo): the transformer of Z-Image, Qwen-Image (and
+its edit and layered variants) and FLUX (and Kontext) sharded over the ranks with FSDP2, one
+unit per repeated block, gives the output of one rank (fp32) with about half of the
+transformer's parameter bytes held by each rank at rest, and one block whole at a time while
+it runs; a weight update or a drop of the weights
 (sleep level 2) is refused. Families that do not declare it, and the fields it does not
 combine with yet, are refused by name."""
 
@@ -21,6 +22,7 @@ from omnistage.diffusion.accel.declaration import check_declared
 from omnistage.diffusion.accel.fsdp import blocks, local_parameter_bytes
 from omnistage.diffusion.registry import pipeline_class
 from omnistage.testing import call_kwargs as zoo_call_kwargs
+from omnistage.testing.diffusion_models import default_input_image
 
 from parity import request_for
 from two_ranks import run_two_ranks
@@ -29,7 +31,11 @@ FAMILIES = {  # zoo name -> diffusers class name, the second prompt of a batch o
     "z-image": ("ZImagePipeline", "a small brown dog " * 8),
     "qwen-image": ("QwenImagePipeline", "a red fox"),
     "flux": ("FluxPipeline", "a red fox"),  # two kinds of block: double and single
+    "qwen-image-edit": ("QwenImageEditPipeline", "a red fox"),  # the variants take their family's
+    "qwen-image-layered": ("QwenImageLayeredPipeline", "a red fox"),
+    "flux-kontext": ("FluxKontextPipeline", "a red fox"),
 }
+INPUT_IMAGE = {"qwen-image-edit", "qwen-image-layered", "flux-kontext"}
 FSDP_2 = dict(executor="mp", num_devices=2, fsdp_degree=2)
 TOLERANCE = 1e-4
 """The tensor-parallel tests' bound; FSDP gathers the very weights, so only kernels could differ."""
@@ -45,6 +51,12 @@ def run_checks(name: str, path: str, deploy: StageDeployConfig | None) -> dict:
         block.register_forward_pre_hook(lambda *_: whole_while_a_block_runs.append(
             sum(not isinstance(next(b.parameters()), DTensor) for b in units)))
     call = {**zoo_call_kwargs(name), "num_inference_steps": 2}
+    if name in INPUT_IMAGE:  # our requests: the size asked for, no max_sequence_length on the edits
+        call.update(image=default_input_image(), height=64, width=64)
+        call.pop("max_sequence_length", None)
+    if name == "flux-kontext":
+        call.pop("max_area")
+        call["auto_resize"] = call.pop("_auto_resize")
     first, second = request_for(call, seed=4, request_id="a"), request_for(
         {**call, "prompt": second_prompt}, seed=5, request_id="b")
     images = pipeline.decode_arrays(pipeline.denoise([first, second]))
@@ -96,8 +108,6 @@ def test_families_that_do_not_declare_it_and_fields_not_combined_are_refused_by_
     wan = pipeline_class("WanPipeline")
     with pytest.raises(ValueError, match="fsdp_degree=2: WanPipeline cannot take it"):
         check_declared(wan.reference_class, wan.supported_accelerations, deploy)
-    for cls in ("QwenImageEditPipeline", "FluxKontextPipeline"):  # the subclasses take their family's
-        check_declared(cls, pipeline_class(cls).supported_accelerations, deploy)
     with pytest.raises(ValueError, match=r"stage 0: fsdp_degree=2 cannot be combined with cache_backend, "
                                          r"quantization"):  # at start-up, before anything loads
         check_supported("0", StageDeployConfig(**FSDP_2, quantization="int8", cache_backend="tea_cache"))
