@@ -2,9 +2,8 @@
 its edit and layered variants) and FLUX (and Kontext) sharded over the ranks with FSDP2, one
 unit per repeated block, gives the output of one rank (fp32) with about half of the
 transformer's parameter bytes held by each rank at rest, and one block whole at a time while
-it runs; a weight update or a drop of the weights
-(sleep level 2) is refused. Families that do not declare it, and the fields it does not
-combine with yet, are refused by name."""
+it runs; a weight update or a drop of the weights (sleep level 2) is refused. Families that
+do not declare it, and the fields it does not combine with yet, are refused by name."""
 
 from __future__ import annotations
 
@@ -70,12 +69,32 @@ def run_checks(name: str, path: str, deploy: StageDeployConfig | None) -> dict:
             "whole_blocks": set(whole_while_a_block_runs), "num_blocks": len(units)}
 
 
+CACHED = {  # backend -> (zoo name, its options): settings that skip some of 6 steps on these models
+    "tea_cache": ("z-image", {"rel_l1_thresh": 0.4}),
+    "first_block_cache": ("qwen-image", {"threshold": 0.5}),
+    "easycache": ("z-image", {"threshold": 0.2, "warmup_steps": 1}),
+    "mag_cache": ("qwen-image", {"threshold": 0.5, "warmup_steps": 1}),
+}
+
+
+def run_cached(backend: str, path: str, deploy: dict) -> dict:
+    name, config = CACHED[backend]
+    cls, _ = FAMILIES[name]
+    pipeline = pipeline_class(cls).from_pretrained(
+        path, deploy=StageDeployConfig(**deploy, cache_backend=backend, cache_config=config))
+    request = request_for({**zoo_call_kwargs(name), "num_inference_steps": 6}, seed=4)
+    states = pipeline.denoise([request])
+    return {"images": pipeline.decode_arrays(states), "skipped": [s.num_forwards_skipped for s in states],
+            "accelerations": pipeline.accelerations}
+
+
 def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    results = {name: run_checks(name, path, StageDeployConfig(**FSDP_2)) for name, path in paths.items()}
+    results: dict = {name: run_checks(name, path, StageDeployConfig(**FSDP_2)) for name, path in paths.items()}
+    results["cached"] = {backend: run_cached(backend, paths[name], FSDP_2) for backend, (name, _) in CACHED.items()}
     torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
@@ -103,14 +122,30 @@ def test_fsdp_equals_one_rank_with_half_the_parameter_bytes_at_rest(zoo, two_ran
     assert sum(rank["at_rest"] for rank in ranks) >= one["at_rest"]  # every weight is held somewhere
 
 
+@pytest.mark.parametrize("backend", list(CACHED))
+def test_step_caches_under_fsdp_skip_the_steps_one_rank_skips_with_its_output(zoo, two_rank_results, backend):
+    # Every rank computes the same values, so each makes the cache's decisions of one rank: the
+    # skipped blocks are still called (gathered, then answered from the cache) on every rank alike.
+    one = run_cached(backend, str(zoo(CACHED[backend][0])), {})
+    assert one["skipped"][0] > 0
+    for results in two_rank_results:
+        rank = results["cached"][backend]
+        assert rank["accelerations"] == ["fsdp", backend]
+        assert rank["skipped"] == one["skipped"]
+        for image, reference in zip(rank["images"], one["images"], strict=True):
+            assert np.abs(image - reference).max() <= TOLERANCE
+
+
 def test_families_that_do_not_declare_it_and_fields_not_combined_are_refused_by_name():
     deploy = StageDeployConfig(**FSDP_2)
     wan = pipeline_class("WanPipeline")
     with pytest.raises(ValueError, match="fsdp_degree=2: WanPipeline cannot take it"):
         check_declared(wan.reference_class, wan.supported_accelerations, deploy)
-    with pytest.raises(ValueError, match=r"stage 0: fsdp_degree=2 cannot be combined with cache_backend, "
+    with pytest.raises(ValueError, match=r"stage 0: fsdp_degree=2 cannot be combined with offload, "
                                          r"quantization"):  # at start-up, before anything loads
-        check_supported("0", StageDeployConfig(**FSDP_2, quantization="int8", cache_backend="tea_cache"))
+        check_supported("0", StageDeployConfig(**FSDP_2, quantization="int8", offload="model"))
+    with pytest.raises(ValueError, match="fsdp_degree=2 cannot be combined with cache_backend=cache_dit"):
+        check_supported("0", StageDeployConfig(**FSDP_2, cache_backend="cache_dit"))  # its own hooks: untested
     with pytest.raises(ValueError, match="fsdp_degree=2 cannot be combined with ulysses_degree"):
         check_supported("0", StageDeployConfig(executor="mp", num_devices=4, fsdp_degree=2, ulysses_degree=2))
     with pytest.raises(ValueError, match=r"fsdp_degree=2 = 4, but num_devices=2"):

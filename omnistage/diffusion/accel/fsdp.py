@@ -35,9 +35,12 @@ if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
 
 REFUSED_WITH = ("ulysses_degree", "ring_degree", "tensor_parallel_size", "quantization", "lora", "lora_adapters",
-                "max_loras", "compile", "offload", "cache_backend")
+                "max_loras", "compile", "offload")
 """Deploy fields not combined with it yet: the other splits of the transformer and everything
-that wraps, moves, quantizes or hooks the weights or the blocks FSDP2 shards; none is tested with it."""
+that wraps, moves or quantizes the weights FSDP2 shards; none is tested with it, nor is
+`cache_backend: cache_dit`. (Our step caches are: every rank computes the same values, so all
+make the same decisions, and a block they skip is still called, gathered and answered from
+the cache, on every rank alike.)"""
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,8 @@ def from_deploy(deploy: StageDeployConfig) -> FsdpConfig | None:
     if deploy.fsdp_degree == 1:
         return None
     clashing = [name for name, _ in requested(deploy) if name in REFUSED_WITH]
+    if deploy.cache_backend == "cache_dit":  # cache-dit's own hooks over the blocks: not tested with it
+        clashing.append("cache_backend=cache_dit")
     if deploy.transformer_file is not None:  # GGUF weights are quantized tensors FSDP2 cannot shard
         clashing.append("transformer_file")
     if clashing:
