@@ -1,9 +1,10 @@
-"""FSDP (`fsdp_degree: 2`) on two CPU ranks (gloo): the transformer of Z-Image, Qwen-Image (and
-its edit and layered variants) and FLUX (and Kontext) sharded over the ranks with FSDP2, one
-unit per repeated block, gives the output of one rank (fp32) with about half of the
-transformer's parameter bytes held by each rank at rest, and one block whole at a time while
-it runs; a weight update or a drop of the weights (sleep level 2) is refused. Families that
-do not declare it, and the fields it does not combine with yet, are refused by name."""
+"""FSDP (`fsdp_degree: 2`) on two CPU ranks (gloo): the transformer of every pipeline that
+declares it (Z-Image, Qwen-Image and its variants, FLUX and Kontext, ERNIE-Image, Krea 2,
+LongCat-Image and its edit, Ovis-Image, HunyuanVideo 1.5 and its I2V) sharded over the ranks
+with FSDP2, one unit per repeated block, gives the output of one rank (fp32) with about half
+of the transformer's parameter bytes held by each rank at rest, and one block whole at a time
+while it runs; a weight update or a drop of the weights (sleep level 2) is refused. Families
+that do not declare it, and the fields it does not combine with yet, are refused by name."""
 
 from __future__ import annotations
 
@@ -33,8 +34,17 @@ FAMILIES = {  # zoo name -> diffusers class name, the second prompt of a batch o
     "qwen-image-edit": ("QwenImageEditPipeline", "a red fox"),  # the variants take their family's
     "qwen-image-layered": ("QwenImageLayeredPipeline", "a red fox"),
     "flux-kontext": ("FluxKontextPipeline", "a red fox"),
+    "ernie-image": ("ErnieImagePipeline", "a red fox"),
+    "krea2": ("Krea2Pipeline", "a red fox"),
+    "longcat-image": ("LongCatImagePipeline", "a red fox"),
+    "ovis-image": ("OvisImagePipeline", "a red fox"),
+    "hunyuan-video": ("HunyuanVideo15Pipeline", "a red fox"),
+    "qwen-image-edit-plus": ("QwenImageEditPlusPipeline", "a red fox"),
+    "longcat-image-edit": ("LongCatImageEditPipeline", "a red fox"),
+    "hunyuan-video-i2v": ("HunyuanVideo15ImageToVideoPipeline", "a red fox"),
 }
-INPUT_IMAGE = {"qwen-image-edit", "qwen-image-layered", "flux-kontext"}
+INPUT_IMAGE = {"qwen-image-edit", "qwen-image-edit-plus", "qwen-image-layered", "flux-kontext", "longcat-image-edit",
+               "hunyuan-video-i2v"}
 FSDP_2 = dict(executor="mp", num_devices=2, fsdp_degree=2)
 TOLERANCE = 1e-4
 """The tensor-parallel tests' bound; FSDP gathers the very weights, so only kernels could differ."""
@@ -53,6 +63,8 @@ def run_checks(name: str, path: str, deploy: StageDeployConfig | None) -> dict:
     if name in INPUT_IMAGE:  # our requests: the size asked for, no max_sequence_length on the edits
         call.update(image=default_input_image(), height=64, width=64)
         call.pop("max_sequence_length", None)
+    if name == "hunyuan-video-i2v":  # its video takes the image's aspect ratio at the model's size
+        call.pop("height"), call.pop("width")
     if name == "flux-kontext":
         call.pop("max_area")
         call["auto_resize"] = call.pop("_auto_resize")
@@ -134,6 +146,12 @@ def test_step_caches_under_fsdp_skip_the_steps_one_rank_skips_with_its_output(zo
         assert rank["skipped"] == one["skipped"]
         for image, reference in zip(rank["images"], one["images"], strict=True):
             assert np.abs(image - reference).max() <= TOLERANCE
+
+
+def test_every_pipeline_that_declares_it_is_tested_here():
+    from omnistage.diffusion.support import rows
+
+    assert {row.key for row in rows() if row.accelerations.fsdp} == {cls for cls, _ in FAMILIES.values()}
 
 
 def test_families_that_do_not_declare_it_and_fields_not_combined_are_refused_by_name():
