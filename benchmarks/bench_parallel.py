@@ -22,6 +22,14 @@ device: omnistage.testing.published_sizes). Writes
 "## Parallel diffusion: tensor parallel".
 
     .venv/bin/python benchmarks/bench_parallel.py [--steps 20] [--repeats 2] [--tensor-parallel]
+
+With `--fsdp`, instead: FSDP (`fsdp_degree: 2`, 2 ranks running the same request) against
+1 rank on the zoo's small Qwen-Image and Z-Image (256x256): request latency through the
+engine as above, and the transformer's parameter bytes one rank holds at rest (after a
+request), measured in two gloo ranks that load the pipeline as a worker does (goal <= 0.55x
+of one rank's). Writes "## Parallel diffusion: FSDP".
+
+    .venv/bin/python benchmarks/bench_parallel.py [--steps 20] [--repeats 2] [--fsdp]
 """
 
 from __future__ import annotations
@@ -51,6 +59,8 @@ CONFIGS = {
 # Wan's default 256-px tiles would not split a 256-px frame: its case uses 128-px tiles, 96 apart.
 WAN_TILES = dict(tile_sample_min_height=128, tile_sample_min_width=128, tile_sample_stride_height=96,
                  tile_sample_stride_width=96)
+FSDP_MODELS = {"qwen-image": ("QwenImagePipeline", 256), "z-image": ("ZImagePipeline", 256)}
+"""zoo name -> (pipeline class, side) of the FSDP rows."""
 VAE_CASES = {"qwen-image": dict(side=1024, frames=1), "wan-t2v": dict(side=256, frames=33, tiles=WAN_TILES)}
 
 
@@ -65,7 +75,8 @@ def request(model: str, steps: int, rid: str):
     from omnistage.diffusion.params import DiffusionParams
     from omnistage.testing import call_kwargs as zoo_call_kwargs
 
-    kwargs = dict(zoo_call_kwargs(model), num_inference_steps=steps, height=MODELS[model], width=MODELS[model])
+    side = MODELS[model] if model in MODELS else FSDP_MODELS[model][1]
+    kwargs = dict(zoo_call_kwargs(model), num_inference_steps=steps, height=side, width=side)
     prompt = kwargs.pop("prompt")
     fields = {k: v for k, v in kwargs.items() if k in DiffusionParams.model_fields}
     extras = {k: v for k, v in kwargs.items() if k not in DiffusionParams.model_fields}
@@ -73,23 +84,44 @@ def request(model: str, steps: int, rid: str):
 
 
 def time_engine(model: str, config: dict, steps: int, repeats: int) -> float:
+    engine = start_engine(model, config)
+    try:
+        run_request(engine, model, steps, "warm-up")
+        return min(run_request(engine, model, steps, f"r{i}")[0] for i in range(repeats))
+    finally:
+        engine.close()
+
+
+def start_engine(model: str, config: dict):
     from omnistage.config.deploy_fields import StageDeployConfig
     from omnistage.diffusion.engine import DiffusionEngine
 
-    engine = DiffusionEngine(zoo_path(model), config=StageDeployConfig(executor="mp", **config))
-    try:
-        best = float("inf")
-        for i in range(repeats + 1):  # the first is the warm-up
-            engine.add_request(request(model, steps, f"r{i}"))
-            start = time.perf_counter()
-            while engine.has_unfinished_requests():
-                for out in engine.step():
-                    assert out.error is None, out.error
-            if i:
-                best = min(best, time.perf_counter() - start)
-        return best
-    finally:
-        engine.close()
+    return DiffusionEngine(zoo_path(model), config=StageDeployConfig(executor="mp", **config))
+
+
+def run_request(engine, model: str, steps: int, rid: str) -> tuple[float, float]:
+    """(latency, CPU seconds of this process and its workers) of one request run to the end."""
+    engine.add_request(request(model, steps, rid))
+    start, cpu = time.perf_counter(), cpu_seconds()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            assert out.error is None, out.error
+    return time.perf_counter() - start, cpu_seconds() - cpu
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and every live descendant (the rank workers)."""
+    import psutil
+
+    me = psutil.Process()
+    total = 0.0
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
 
 
 def vae_decode_child(model: str, tiled: bool) -> dict:
@@ -156,6 +188,80 @@ def tensor_parallel_section(args: argparse.Namespace) -> str:
             f"before the run {args.load}.\n\n" + "\n".join(rows) + "\n")
 
 
+def fsdp_rank(rank: int, port: int, model: str, out_dir: str) -> None:
+    """One of two gloo ranks: load the pipeline with fsdp_degree=2 as a worker does, run one
+    2-step request, and write the transformer's parameter bytes this rank then holds."""
+    import torch
+    import torch.distributed as dist
+
+    from omnistage.config.deploy_fields import StageDeployConfig
+    from omnistage.diffusion.accel.fsdp import local_parameter_bytes
+    from omnistage.diffusion.registry import pipeline_class
+    from omnistage.diffusion.request import DiffusionRequest
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    deploy = StageDeployConfig(executor="mp", num_devices=2, fsdp_degree=2)
+    pipeline = pipeline_class(FSDP_MODELS[model][0]).from_pretrained(zoo_path(model), deploy=deploy)
+    staged = request(model, 2, "bytes")
+    pipeline.denoise([DiffusionRequest(request_id=staged.request_id, prompt=staged.inputs, params=staged.params)])
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(local_parameter_bytes(pipeline.transformer)))
+    dist.destroy_process_group()
+
+
+def fsdp_bytes(model: str) -> tuple[int, int]:
+    """(the transformer's parameter bytes on 1 rank, the most one of 2 FSDP ranks holds at rest)."""
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+    from diffusers import DiffusionPipeline
+
+    from omnistage.diffusion.accel.fsdp import local_parameter_bytes
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out_dir:
+        mp.spawn(fsdp_rank, args=(port, model, out_dir), nprocs=2)
+        per_rank = [json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in range(2)]
+    whole = local_parameter_bytes(DiffusionPipeline.from_pretrained(zoo_path(model)).transformer)
+    return whole, max(per_rank)
+
+
+def fsdp_main(args: argparse.Namespace) -> None:
+    rows = ["| model | 1 rank: latency, CPU | FSDP 2, 2 ranks: latency, CPU | latency ratio (FSDP / 1 rank) "
+            "| CPU ratio | transformer parameters, 1 rank | per FSDP rank at rest | bytes ratio — goal <= 0.55x |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for model in FSDP_MODELS:
+        # Both engines at once, their requests alternated, so a change in the machine's load hits both.
+        engines = {"one": start_engine(model, CONFIGS["1 rank"]),
+                   "fsdp": start_engine(model, dict(num_devices=2, fsdp_degree=2))}
+        try:
+            runs = {name: [] for name in engines}
+            for i in range(args.repeats + 1):  # the first is the warm-up
+                for name, engine in engines.items():
+                    runs[name].append(run_request(engine, model, args.steps, f"r{i}"))
+            one, fsdp = (min(runs[name][1:]) for name in engines)
+        finally:
+            for engine in engines.values():
+                engine.close()
+        whole, held = fsdp_bytes(model)
+        print(model, one, fsdp, whole, held, flush=True)
+        rows.append(f"| {model} small ({FSDP_MODELS[model][1]} px) | {one[0]:.2f} s, {one[1]:.2f} s "
+                    f"| {fsdp[0]:.2f} s, {fsdp[1]:.2f} s | {fsdp[0] / one[0]:.2f}x | {fsdp[1] / one[1]:.2f}x "
+                    f"| {whole / 2**20:.1f} MiB | {held / 2**20:.1f} MiB | {held / whole:.3f}x |")
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    body = (f"One request at a time, {args.steps} steps, fp32, CPU, `executor: mp`, one torch thread per rank, "
+            f"both engines started together and their requests alternated; best latency of {args.repeats} timed "
+            f"requests each after a warm-up (CPU: user + system seconds of the engines and their rank processes "
+            f"over that request); engine start not counted. Both FSDP ranks run the request. Load average at "
+            f"the end: {load} (2 cores, shared).\n\n" + "\n".join(rows) + "\n")
+    print(body)
+    if not args.no_write:
+        write_section("Parallel diffusion: FSDP", "benchmarks/bench_parallel.py", body)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
@@ -163,7 +269,10 @@ def main() -> None:
     parser.add_argument("--models", nargs="+")
     parser.add_argument("--tensor-parallel", action="store_true", help="TP 2 against 1 rank (TP_MODELS)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--fsdp", action="store_true", help="only the FSDP rows (their own section)")
     args = parser.parse_args()
+    if args.fsdp:
+        return fsdp_main(args)
     if args.tensor_parallel:
         args.models = args.models or list(TP_MODELS)
         args.load = " / ".join(f"{x:.2f}" for x in os.getloadavg())

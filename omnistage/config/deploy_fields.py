@@ -50,10 +50,18 @@ class StageDeployConfig:
     """AR (vllm): vLLM's tensor parallel size. Diffusion: ranks the transformer blocks' attention and MLP
     weights (and a block's own modulation) are sharded over, for the families that declare a plan; others
     refuse it."""
+    fsdp_degree: int = 1
+    """Diffusion: ranks the transformer's weights are sharded over (torch FSDP2: each rank keeps ~1/N of
+    every parameter, gathered a block at a time as it runs); they all run the same work, for a model that
+    does not fit one device. For the families that declare it; others refuse it."""
     vae_patch_parallel_size: int = 1
-    """Diffusion: ranks that decode the VAE's tiles in parallel and gather them (at most num_devices)."""
+    """Diffusion: ranks that decode the VAE's tiles (and encode an input image's) in parallel and gather them
+    (at most num_devices)."""
     vae_use_tiling: bool = False
     """Diffusion: decode and encode through the diffusers VAE's own tiling (less memory, more time)."""
+    vae_use_slicing: bool = False
+    """Diffusion: decode (and encode) a batch through the VAE one sample at a time (diffusers' slicing: the
+    VAE's activations of one sample, not of the batch; the same output). Off by default, as in diffusers."""
     cache_backend: str | None = None
     """Diffusion step cache: None | "tea_cache" | "first_block_cache" | "easycache" | "mag_cache" | "cache_dit"."""
     cache_config: dict[str, Any] = field(default_factory=dict)
@@ -206,6 +214,7 @@ STAGE_CONSTRAINTS = {
     "ulysses_degree": at_least(1),
     "ring_degree": at_least(1),
     "tensor_parallel_size": at_least(1),
+    "fsdp_degree": at_least(1),
     "vae_patch_parallel_size": at_least(1),
     "offload": one_of("model", "layerwise"),
     "offload_blocks_per_group": at_least(1),
@@ -238,14 +247,14 @@ STAGE_CONSTRAINTS = {
 # beside them, so a layer that sets them replaces them whole.
 MERGED_MAPPING_FIELDS = ("default_sampling_params", "env")
 
-PARALLEL_DEGREES = ("cfg_parallel_size", "ulysses_degree", "ring_degree", "tensor_parallel_size")
+PARALLEL_DEGREES = ("cfg_parallel_size", "ulysses_degree", "ring_degree", "tensor_parallel_size", "fsdp_degree")
 
 
 def stage_consistency_problems(values: dict[str, Any]) -> list[str]:
     """Rules across fields of one stage (each field alone is already valid).
 
     NOTE: every worker rank holds exactly one cell of the parallel mesh (CFG branch x
-    Ulysses x ring x tensor shard), so the product of the degrees must equal the number
+    Ulysses x ring x tensor shard x FSDP shard), so the product of the degrees must equal the number
     of devices: fewer devices cannot hold the mesh, more would sit idle. VAE patch
     parallelism reuses those ranks after denoising, so it only needs to fit in them.
     """
@@ -353,8 +362,8 @@ _STAGE_DEFAULTS = {
 
 
 KIND_ONLY_FIELDS: dict[str, tuple[str, ...]] = {
-    "diffusion": ("step_execution", "cfg_parallel_size", "ulysses_degree", "ring_degree",
-                  "vae_patch_parallel_size", "vae_use_tiling", "cache_backend", "cache_config",
+    "diffusion": ("step_execution", "cfg_parallel_size", "ulysses_degree", "ring_degree", "fsdp_degree",
+                  "vae_patch_parallel_size", "vae_use_tiling", "vae_use_slicing", "cache_backend", "cache_config",
                   "offload_blocks_per_group", "transformer_file"),
     "ar": ("max_model_len", "ar_backend", "kv_cache_memory", "enable_prefix_caching", "max_num_batched_tokens",
            "paged_attention"),

@@ -108,6 +108,7 @@ def load_weights(modules: Mapping[str, Any] | Any, tensors: Mapping[str, torch.T
         if source in tensors and target not in tensors:
             tensors[target] = tensors[source]
     targets, custom = _targets(modules)
+    _refuse_sharded(targets, "weight updates")
     unknown = sorted(name for name in tensors if name not in targets and name not in custom)
     mismatched = [f"{name}: {tuple(t.shape)} for {tuple(targets[name].shape)}" for name, t in tensors.items()
                   if name in targets and t.shape != targets[name].shape]
@@ -128,6 +129,17 @@ def load_weights(modules: Mapping[str, Any] | Any, tensors: Mapping[str, torch.T
     return num_given
 
 
+def _refuse_sharded(targets: Mapping[str, Any], what: str) -> None:
+    """ValueError when a module's parameters are sharded over ranks (DTensors: `fsdp_degree`),
+    before anything is changed: each rank holds a shard, and no copy here reads or writes one."""
+    from torch.distributed.tensor import DTensor
+
+    sharded = [name for name, t in targets.items() if isinstance(t, DTensor)]
+    if sharded:
+        raise ValueError(f"weights: {what} of parameters sharded over ranks (fsdp_degree: {sharded[0]}, ...) are "
+                         f"not supported in this version of omnistage; nothing was changed")
+
+
 class Dropped:
     """The storage of `names` (state-dict names of `modules`, as in `load_weights`) freed."""
 
@@ -135,6 +147,7 @@ class Dropped:
         import torch
 
         targets, custom = _targets(modules)
+        _refuse_sharded(targets, "dropping weights (sleep level 2)")
         names = set(names)
         names |= {target for target, source in tied_names(modules).items() if source in names}
         self._shapes: dict[int, tuple[Any, torch.Size]] = {}

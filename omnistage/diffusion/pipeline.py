@@ -125,6 +125,9 @@ class DiffusionPipelineBase(ABC):
         """The step cache applied from the deploy config, if any (accel/step_cache.py)."""
         self.vae_decode: Callable[[torch.Tensor], torch.Tensor] = lambda z: self.vae.decode(z, return_dict=False)[0]
         """Scaled latents -> the VAE's decoded output; VAE patch parallel replaces it (accel/vae_patch_parallel.py)."""
+        self.vae_encode: Callable[[torch.Tensor], Any] = lambda pixels: self.vae.encode(pixels)
+        """Pixels -> the VAE's encode output (its `latent_dist`): how a family encodes an input image;
+        VAE patch parallel replaces it (accel/vae_patch_parallel.py)."""
         self.step_runner: StepRunner = run_step
         """Runs `denoise_step` over one step's states; per-request LoRA replaces it to split
         them by adapter (accel/lora.py)."""
@@ -199,8 +202,12 @@ class DiffusionPipelineBase(ABC):
         if deploy.transformer_file is not None:  # a GGUF file in place of the folder's transformer
             components["transformer"] = transformer_file.load(str(path), deploy, dtype)
         pipe = DiffusionPipeline.from_pretrained(str(path), dtype=dtype, **components)
-        if deploy.offload is None:  # offloaded weights wait on the CPU (accel/offload.py)
+        if deploy.offload is None and deploy.fsdp_degree == 1:  # offloaded weights wait on the CPU (accel/offload.py)
             pipe = pipe.to(device)
+        elif deploy.offload is None:  # FSDP moves the transformers a shard at a time (accel/fsdp.py): whole,
+            for name, component in pipe.components.items():  # they may not fit the device
+                if isinstance(component, torch.nn.Module) and name not in ("transformer", "transformer_2"):
+                    component.to(device)
         pipeline = cls.from_diffusers(pipe, str(path), CheckpointConfigs.read(str(path)), device, dtype)
         pipeline.deploy_defaults = dict(deploy.default_sampling_params)
         pipeline.accelerations = apply_accelerations(pipeline, deploy)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from omnistage.diffusion.accel.declaration import Accelerations
 
-COLUMNS = ("pipeline", "in", "out", "default mode", "CFG-parallel", "Ulysses", "ring", "tensor parallel",
-           "VAE patch parallel", "step caches", "VAE tiling", "offload", "quantization", "LoRA", "compile")
-"""The matrix's columns; the last eleven are the accelerations."""
+COLUMNS = ("pipeline", "in", "out", "default mode", "CFG-parallel", "Ulysses", "ring", "tensor parallel", "FSDP",
+           "VAE patch parallel", "step caches", "VAE tiling, slicing", "offload", "quantization", "LoRA", "compile")
+"""The matrix's columns; the last twelve are the accelerations."""
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Row:
 
     def cells(self) -> list[str]:
         a = self.accelerations
-        flags = [a.cfg_parallel, a.sequence_parallel is not None, a.ring, bool(a.tensor_parallel),
+        flags = [a.cfg_parallel, a.sequence_parallel is not None, a.ring, bool(a.tensor_parallel), a.fsdp,
                  a.vae_patch_parallel]
         memory = [a.vae_tiling, a.offload, a.quantization, a.lora, a.compile]
         return [self.key, self.inputs, self.output, self.default_mode, *map(_yes, flags),

@@ -121,7 +121,7 @@ def test_parallel_mismatch_after_merge_names_stage_and_numbers(write_yaml):
                                stage_overrides='{"0": {"ulysses_degree": 4}, "1": {"vae_patch_parallel_size": 3}}')
     msg = str(info.value)
     assert "stage 0 (a): parallel degrees: cfg_parallel_size=1 * ulysses_degree=4 * ring_degree=1 * " \
-           "tensor_parallel_size=1 = 4, but num_devices=2" in msg
+           "tensor_parallel_size=1 * fsdp_degree=1 = 4, but num_devices=2" in msg
     assert "stage 1 (b): vae_patch_parallel_size=3 is more than num_devices=1" in msg
 
 

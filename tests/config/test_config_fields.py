@@ -77,7 +77,8 @@ def test_parallel_layouts_that_fit(kwargs):
     [
         (
             {"num_devices": 2, "executor": "mp", "cfg_parallel_size": 2, "ulysses_degree": 2},
-            "cfg_parallel_size=2 * ulysses_degree=2 * ring_degree=1 * tensor_parallel_size=1 = 4, but num_devices=2",
+            "cfg_parallel_size=2 * ulysses_degree=2 * ring_degree=1 * tensor_parallel_size=1 * fsdp_degree=1 = 4, "
+            "but num_devices=2",
         ),
         ({"num_devices": 4, "executor": "mp", "ulysses_degree": 2}, "= 2, but num_devices=4"),
         ({"vae_patch_parallel_size": 2}, "vae_patch_parallel_size=2 is more than num_devices=1"),

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
-from omnistage.diffusion.accel.vae_patch_parallel import TileSharingDecoder
+from omnistage.diffusion.accel.vae_patch_parallel import TileSharing
 from omnistage.diffusion.registry import pipeline_class
 
 from test_vae_tiling import request, small_tiles
@@ -32,13 +32,13 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
         pipeline = pipeline_class(FAMILIES[name]).from_pretrained(path, deploy=StageDeployConfig(**DEPLOY))
         assert pipeline.accelerations == ["cfg_parallel", "vae_patch_parallel"]
         sharing = pipeline.vae.decoder
-        assert isinstance(sharing, TileSharingDecoder)
+        assert isinstance(sharing, TileSharing)
         small_tiles(pipeline.vae)
         states = pipeline.denoise([request(name)])
         calls = []
         sharing.register_forward_pre_hook(lambda m, args, kwargs: calls.append(m.mode), with_kwargs=True)
         decoded = []
-        sharing.decoder.register_forward_pre_hook(lambda m, args: decoded.append(1))
+        sharing.module.register_forward_pre_hook(lambda m, args: decoded.append(1))
         (shared,) = pipeline.decode_arrays(states)
         num_calls = calls.count("recording")
         # The same latents through one rank's tiled decode (the sharing decoder switched off).

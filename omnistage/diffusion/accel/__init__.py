@@ -23,9 +23,10 @@ from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, check_declared
 if TYPE_CHECKING:
     from omnistage.config.deploy_fields import StageDeployConfig
 
-MODULES = ("lora", "quantization", "attention_backend", "sequence_parallel", "tensor_parallel",
+MODULES = ("lora", "quantization", "attention_backend", "sequence_parallel", "tensor_parallel", "fsdp",
            "cfg_parallel", "first_block_cache",
-           "tea_cache", "easycache", "mag_cache", "cache_dit", "vae_tiling", "vae_patch_parallel", "offload", "compile")
+           "tea_cache", "easycache", "mag_cache", "cache_dit", "vae_tiling", "vae_slicing",
+           "vae_patch_parallel", "offload", "compile")
 """Modules of this package, applied in this order; each has `from_deploy` and `apply`. The
 step caches come after cfg_parallel (they wrap the guidance function it installs) and
 before offload and compile (which wrap the blocks the caches hook)."""
@@ -41,8 +42,9 @@ def check_supported(stage_label: str, deploy: StageDeployConfig) -> None:
         raise ValueError(f"stage {stage_label}: {', '.join(unsupported)} is not implemented in this version of "
                          f"omnistage; remove it from the deploy config")
     check_cache(stage_label, deploy)
-    try:  # the fields tensor parallel is not combined with, before anything loads
+    try:  # the fields tensor parallel and FSDP are not combined with, before anything loads
         importlib.import_module(f"{__name__}.tensor_parallel").from_deploy(deploy)
+        importlib.import_module(f"{__name__}.fsdp").from_deploy(deploy)
     except ValueError as exc:
         raise ValueError(f"stage {stage_label}: {exc}") from None
 

@@ -98,8 +98,11 @@ class Accelerations:
     tensor_parallel: tuple[TensorPlan, ...] = ()
     """`tensor_parallel_size`: its transformer blocks' Linear layers sharded over ranks, one plan
     per kind of block."""
+    fsdp: bool = False
+    """`fsdp_degree`: its transformers' weights sharded over ranks with FSDP2, one unit per block
+    of diffusers' `_repeated_blocks` (fsdp.py)."""
     vae_tiling: bool = False
-    """`vae_use_tiling`: its VAE's own tiled decode."""
+    """`vae_use_tiling` and `vae_use_slicing`: its VAE's own tiled and sliced encode and decode."""
     vae_patch_parallel: bool = False
     """`vae_patch_parallel_size`: the tiles of its VAE decode shared out over ranks."""
     offload: bool = False
@@ -122,7 +125,7 @@ class Accelerations:
         fields = [name for name, taken in (
             ("cfg_parallel_size", self.cfg_parallel), ("ulysses_degree", self.sequence_parallel is not None),
             ("ring_degree", self.ring), ("tensor_parallel_size", bool(self.tensor_parallel)),
-            ("vae_use_tiling", self.vae_tiling),
+            ("fsdp_degree", self.fsdp), ("vae_use_tiling", self.vae_tiling), ("vae_use_slicing", self.vae_tiling),
             ("vae_patch_parallel_size", self.vae_patch_parallel), ("offload", self.offload),
             ("quantization", self.quantization), ("lora", self.lora), ("compile", self.compile)) if taken]
         return ([f"cache_backend ({', '.join(self.step_caches)})"] if self.step_caches else []) + fields
@@ -140,7 +143,9 @@ def requested(deploy: StageDeployConfig) -> list[tuple[str, Any]]:
         ("ulysses_degree", deploy.ulysses_degree > 1, deploy.ulysses_degree),
         ("ring_degree", deploy.ring_degree > 1, deploy.ring_degree),
         ("tensor_parallel_size", deploy.tensor_parallel_size > 1, deploy.tensor_parallel_size),
+        ("fsdp_degree", deploy.fsdp_degree > 1, deploy.fsdp_degree),
         ("vae_use_tiling", deploy.vae_use_tiling, deploy.vae_use_tiling),
+        ("vae_use_slicing", deploy.vae_use_slicing, deploy.vae_use_slicing),
         ("vae_patch_parallel_size", deploy.vae_patch_parallel_size > 1, deploy.vae_patch_parallel_size),
         ("offload", deploy.offload is not None, deploy.offload),
         ("quantization", deploy.quantization is not None, deploy.quantization),
@@ -160,7 +165,9 @@ def takes(decl: Accelerations, name: str, value: Any) -> bool:
         "ulysses_degree": decl.sequence_parallel is not None,
         "ring_degree": decl.ring,
         "tensor_parallel_size": bool(decl.tensor_parallel),
+        "fsdp_degree": decl.fsdp,
         "vae_use_tiling": decl.vae_tiling,
+        "vae_use_slicing": decl.vae_tiling,
         "vae_patch_parallel_size": decl.vae_patch_parallel,
         "offload": decl.offload,
         "quantization": decl.quantization,

@@ -1,20 +1,23 @@
-"""`vae_patch_parallel_size: N`: the tiles of a tiled VAE decode are decoded on N ranks and
-gathered, so every rank ends with exactly the tiled decode of one rank.
+"""`vae_patch_parallel_size: N`: the tiles of a tiled VAE decode, and of the tiled encode of
+an input image (edit and image-to-video families), are run on N ranks and gathered, so every
+rank ends with exactly the tiled decode (encode) of one rank.
 
 Every rank holds the same final latents (CFG and sequence parallel keep the ranks' states
-identical), so each decodes its share of the tiles: tile t on rank t % N. The VAE's own
-`tiled_decode` runs twice around a `TileSharingDecoder` put in the place of `vae.decoder`:
-first it decodes this rank's tiles for real and answers zeros of the right shape for the
-others (that blended result is thrown away), then the ranks exchange their tiles, and the
-second run replays every tile's decoded value, so diffusers' own blending makes the output
-(exact, not an approximation of it). Turns `vae_use_tiling` on. A family takes it by declaring
-`vae_patch_parallel` (declaration.py); the tile sharing is written for two kinds of VAE:
-image VAEs (AutoencoderKL) and causal video VAEs (Wan's, Qwen-Image's), whose decoder runs per
-latent frame inside a tile with a cache that `clear_cache` renews per tile.
+identical) and the same input image, so each runs its share of the tiles: tile t on rank
+t % N. The VAE's own `tiled_decode` (`tiled_encode`) runs twice around a `TileSharing` put in
+the place of `vae.decoder` (`vae.encoder`): first it runs this rank's tiles for real and
+answers zeros of the right shape for the others (that blended result is thrown away), then the
+ranks exchange their tiles, and the second run replays every tile's value, so diffusers' own
+blending makes the output (exact, not an approximation of it). Turns `vae_use_tiling` on. A
+family takes it by declaring `vae_patch_parallel` (declaration.py) and encodes through the
+pipeline's `vae_encode`; the tile sharing is written for two kinds of VAE: image VAEs
+(AutoencoderKL) and causal video VAEs (Wan's, Qwen-Image's), whose decoder (encoder) runs per
+latent frame (chunk of frames) inside a tile with a cache that `clear_cache` renews per tile.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,18 +52,21 @@ def apply(pipeline: Any, config: VaePatchParallelConfig) -> None:
     group = dist.new_group(list(range(config.size)))
     vae.enable_tiling()
     if dist.get_rank() < config.size:
-        vae.decoder = TileSharingDecoder(vae.decoder, _tile_shape(vae), group)
-        pipeline.vae_decode = _sharing_decode(vae, vae.decoder)
+        vae.decoder = TileSharing(vae.decoder, _decoded_tile_shape(vae), group)
+        pipeline.vae_decode = _sharing(lambda z: vae.decode(z, return_dict=False)[0], vae.decoder)
+        if getattr(vae, "encoder", None) is not None:
+            vae.encoder = TileSharing(vae.encoder, _encoded_tile_shape(vae), group)
+            pipeline.vae_encode = _sharing(vae.encode, vae.encoder)
 
 
-class TileSharingDecoder(torch.nn.Module):
-    """Stands in for a VAE's decoder: off, it is the decoder; while `recording`, it decodes this
-    rank's tiles and answers zeros for the others; while `replaying`, it answers the gathered
-    decoded value of every call in order."""
+class TileSharing(torch.nn.Module):
+    """Stands in for a VAE's decoder (or encoder): off, it is that module; while `recording`, it
+    runs this rank's tiles and answers zeros for the others; while `replaying`, it answers the
+    gathered value of every call in order."""
 
-    def __init__(self, decoder: torch.nn.Module, tile_shape: Any, group: Any):
+    def __init__(self, module: torch.nn.Module, tile_shape: Any, group: Any):
         super().__init__()
-        self.decoder = decoder
+        self.module = module
         self.tile_shape = tile_shape
         self.group = group
         self.mode = "off"
@@ -71,7 +77,7 @@ class TileSharingDecoder(torch.nn.Module):
 
     def forward(self, z: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if self.mode == "off":
-            return self.decoder(z, *args, **kwargs)
+            return self.module(z, *args, **kwargs)
         if self.mode == "replaying":
             return self.replay.pop(0)
         import torch.distributed as dist
@@ -85,22 +91,23 @@ class TileSharingDecoder(torch.nn.Module):
         self.calls.append((tile, ours))
         if not ours:
             return z.new_zeros(self.tile_shape(z, new_tile))
-        out = self.decoder(z, *args, **kwargs)
+        out = self.module(z, *args, **kwargs)
         if tuple(out.shape) != tuple(self.tile_shape(z, new_tile)):
-            raise RuntimeError(f"vae_patch_parallel_size: decoded tile {tuple(out.shape)} differs from the "
-                               f"expected {tuple(self.tile_shape(z, new_tile))}")
+            raise RuntimeError(f"vae_patch_parallel_size: a tile out of the VAE's {type(self.module).__name__} "
+                               f"is {tuple(out.shape)}, not the expected {tuple(self.tile_shape(z, new_tile))}")
         self.mine.append(out.clone())  # the VAE blends its tiles in place
         return out
 
 
-def _sharing_decode(vae: Any, sharing: TileSharingDecoder) -> Any:
-    def decode(latents: torch.Tensor) -> torch.Tensor:
+def _sharing(run_vae: Callable[[torch.Tensor], Any], sharing: TileSharing) -> Callable[[torch.Tensor], Any]:
+    """`run_vae` (a decode or an encode through `sharing`) with its tiles shared over the ranks."""
+    def shared(x: torch.Tensor) -> Any:
         import torch.distributed as dist
 
         sharing.mode, sharing.calls, sharing.mine, sharing._cache = "recording", [], [], None
         try:
-            vae.decode(latents, return_dict=False)
-            per_rank = _exchange(sharing.mine, sharing.group, latents.device)
+            run_vae(x)
+            per_rank = _exchange(sharing.mine, sharing.group, x.device)
             world = dist.get_world_size(sharing.group)
             taken = [0] * world
             sharing.replay = []
@@ -109,13 +116,13 @@ def _sharing_decode(vae: Any, sharing: TileSharingDecoder) -> Any:
                 sharing.replay.append(per_rank[owner][taken[owner]])
                 taken[owner] += 1
             sharing.mode = "replaying"
-            return vae.decode(latents, return_dict=False)[0]
+            return run_vae(x)
         finally:
             sharing.mode, sharing.mine, sharing.replay, sharing._cache = "off", [], [], None
-    return decode
+    return shared
 
 
-def _tile_shape(vae: Any) -> Any:
+def _decoded_tile_shape(vae: Any) -> Any:
     """(latent tile, starts a tile) -> the decoder's output shape for it."""
     channels = vae.decoder.conv_out.out_channels
     if not hasattr(vae.config, "temperal_downsample"):  # an image VAE
@@ -125,3 +132,17 @@ def _tile_shape(vae: Any) -> Any:
     # A causal VAE's first latent frame decodes to one frame, each later one to 2^(temporal downsamples).
     frames = 2 ** sum(vae.config.temperal_downsample)
     return lambda z, first: (z.shape[0], channels, 1 if first else frames, z.shape[3] * up, z.shape[4] * up)
+
+
+def _encoded_tile_shape(vae: Any) -> Any:
+    """(pixel tile, starts a tile) -> the encoder's output shape for it (the latent distribution's
+    parameters: mean and log-variance channels)."""
+    channels = vae.encoder.conv_out.out_channels
+    if not hasattr(vae.config, "temperal_downsample"):  # an image VAE
+        down = 2 ** (len(vae.config.block_out_channels) - 1)
+        return lambda x, first: (x.shape[0], channels, x.shape[2] // down, x.shape[3] // down)
+    down = 2 ** len(vae.config.temperal_downsample)
+    # A causal VAE encodes the first frame alone, then 2^(temporal downsamples) frames per call.
+    frames = 2 ** sum(vae.config.temperal_downsample)
+    return lambda x, first: (x.shape[0], channels, 1 if first else x.shape[2] // frames, x.shape[3] // down,
+                             x.shape[4] // down)

@@ -39,7 +39,7 @@ BN_EPS = 1e-5
 class ErnieImage(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "ErnieImagePipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
-        cfg_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True, compile=True,
+        cfg_parallel=True, fsdp=True, vae_tiling=True, offload=True, quantization=True, lora=True, compile=True,
         refused={"cache_backend": "its blocks run sequence-first"})
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     # The prompt enhancer (a causal LM, billions of parameters in the real checkpoint) is never run.

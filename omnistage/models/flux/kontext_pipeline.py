@@ -76,7 +76,7 @@ class FluxKontext(Flux):
             _, width, height = min((abs(width / height - w / h), w, h) for w, h in PREFERRED_KONTEXT_RESOLUTIONS)
         height, width = height // self.multiple_of * self.multiple_of, width // self.multiple_of * self.multiple_of
         pixels = self.image_processor.preprocess(self.image_processor.resize(image, height, width), height, width)
-        latents = self.vae.encode(pixels.to(self.device, dtype)).latent_dist.mode()
+        latents = self.vae_encode(pixels.to(self.device, dtype)).latent_dist.mode()
         latents = (latents - self.vae.config.shift_factor) * self.vae.config.scaling_factor
         ids = FluxPipeline._prepare_latent_image_ids(1, latents.shape[2] // 2, latents.shape[3] // 2, self.device, dtype)
         ids[..., 0] = 1  # the input image's plane

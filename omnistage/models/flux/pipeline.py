@@ -41,7 +41,7 @@ class Flux(PatchImagePipeline):
     reference_class: ClassVar[str] = "FluxPipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
         step_caches=CACHE_BACKENDS, cfg_parallel=True, sequence_parallel=SEQUENCE_PLAN, tensor_parallel=TENSOR_PLAN,
-        vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True, compile=True)
+        fsdp=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True, compile=True)
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->text_encoder_2->transformer->vae"
     # Loaded when the checkpoint has them, unused: IP-Adapter is not supported.
     _optional_components: ClassVar[list[str]] = ["image_encoder", "feature_extractor"]

@@ -71,7 +71,7 @@ def _guider_combine(state: DenoiseState, cond: torch.Tensor, uncond: torch.Tenso
 class HunyuanVideo15T2V(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "HunyuanVideo15Pipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
-        step_caches=("first_block_cache", "tea_cache", "easycache"), cfg_parallel=True, vae_tiling=True, offload=True, quantization=True, compile=True)
+        step_caches=("first_block_cache", "tea_cache", "easycache"), cfg_parallel=True, fsdp=True, vae_tiling=True, offload=True, quantization=True, compile=True)
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     output_modality: ClassVar[str] = "video"
     # HunyuanVideo15Pipeline.__call__ defaults; the size and guidance_scale come from the

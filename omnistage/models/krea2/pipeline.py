@@ -48,7 +48,7 @@ DISTILLED_MU = 1.15
 class Krea2(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "Krea2Pipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
-        step_caches=CACHE_BACKENDS, cfg_parallel=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True, compile=True)
+        step_caches=CACHE_BACKENDS, cfg_parallel=True, fsdp=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True, compile=True)
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     # Krea2Pipeline.__call__ defaults (fixed sizes, not the checkpoint's).
     default_params: ClassVar[dict[str, Any]] = {

@@ -125,7 +125,7 @@ class LongCatImageEdit(LongCatImage):
         state = self._initial_state(request, prompt, negative)
         params = request.params
         pixels = self.image_processor.preprocess(image, params.height, params.width)
-        latents = self.vae.encode(pixels.to(self.device, prompt.dtype)).latent_dist.mode()
+        latents = self.vae_encode(pixels.to(self.device, prompt.dtype)).latent_dist.mode()
         latents = (latents - self.vae.config.shift_factor) * self.vae.config.scaling_factor
         state.cond["image_latents"] = pack_latents(latents).expand(state.latents.shape[0], -1, -1)
         # One id table for the whole image stream: the target's grid (plane 1), then the input

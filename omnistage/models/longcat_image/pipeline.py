@@ -59,7 +59,7 @@ def renormed_cfg(state: DenoiseState, cond: torch.Tensor, uncond: torch.Tensor, 
 class LongCatImage(PatchImagePipeline):
     reference_class: ClassVar[str] = "LongCatImagePipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
-        step_caches=CACHE_BACKENDS, cfg_parallel=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, compile=True)
+        step_caches=CACHE_BACKENDS, cfg_parallel=True, fsdp=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, compile=True)
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     # Only the prompt rewrite uses it (a Qwen2VLProcessor, which transformers 5.24 cannot build
     # without torchvision): never loaded.

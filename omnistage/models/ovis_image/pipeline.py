@@ -44,7 +44,7 @@ USER_PROMPT_BEGIN_ID = 28
 class OvisImage(PatchImagePipeline):
     reference_class: ClassVar[str] = "OvisImagePipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
-        step_caches=CACHE_BACKENDS, cfg_parallel=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, compile=True)
+        step_caches=CACHE_BACKENDS, cfg_parallel=True, fsdp=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, compile=True)
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     # OvisImagePipeline.__call__ defaults; height/width (128 latent pixels times the VAE factor)
     # depend on the checkpoint and are filled in `configure`.

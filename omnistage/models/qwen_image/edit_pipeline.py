@@ -150,7 +150,7 @@ class QwenImageEdit(QwenImage):
         for vae_image in image.vae:
             width, height = vae_image.size
             pixels = self.image_processor.preprocess(vae_image, height, width).unsqueeze(2)  # [1, 3, 1 frame, H, W]
-            latents = self.vae.encode(pixels.to(self.device, prompt_embeds.dtype)).latent_dist.mode()
+            latents = self.vae_encode(pixels.to(self.device, prompt_embeds.dtype)).latent_dist.mode()
             mean, std = self._latents_stats(latents)
             packed.append(pack_latents(((latents - mean) / std)[:, :, 0]))
             state.cond["img_shapes"] += ((1, height // self.vae_scale_factor // 2, width // self.vae_scale_factor // 2),)

@@ -113,7 +113,7 @@ class QwenImageLayered(QwenImage):
         latents = pack_latents(noise.flatten(0, 1)).reshape(n, -1, channels * 4)
 
         pixels = self.image_processor.preprocess(image, params.height, params.width).unsqueeze(2)
-        image_latents = self.vae.encode(pixels.to(self.device, dtype)).latent_dist.mode()
+        image_latents = self.vae_encode(pixels.to(self.device, dtype)).latent_dist.mode()
         mean, std = self._latents_stats(image_latents)
         image_latents = pack_latents(((image_latents - mean) / std)[:, :, 0])
 

@@ -267,7 +267,7 @@ class SanaVideoI2V(SanaVideoT2V):
 
         image = self.video_processor.preprocess(state.request.images[0], height=height, width=width)
         image = image.to(self.device, dtype=torch.float32).unsqueeze(2).to(self.vae.dtype)  # [1, 3, 1, H, W]
-        encoded = retrieve_latents(self.vae.encode(image), sample_mode="argmax")
+        encoded = retrieve_latents(self.vae_encode(image), sample_mode="argmax")
         mean, inv_std = latent_stats(self.vae, encoded.shape[1], self.device, encoded.dtype)
         state.latents[:, :, :1] = ((encoded - mean) * inv_std).to(state.latents.dtype)
         p_t, p_h, p_w = self.patch_size

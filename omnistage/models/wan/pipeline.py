@@ -312,7 +312,7 @@ class WanI2V(_Wan):
         else:
             video = torch.cat([image, image.new_zeros(1, 3, num_frames - 1, height, width)], dim=2)
         mean, inv_std = self._latent_stats(torch.float32)
-        encoded = retrieve_latents(self.vae.encode(video.to(self.vae.dtype)), sample_mode="argmax")
+        encoded = retrieve_latents(self.vae_encode(video.to(self.vae.dtype)), sample_mode="argmax")
         encoded = (encoded.to(torch.float32) - mean) * inv_std
 
         if self.expand_timesteps:

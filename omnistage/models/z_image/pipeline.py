@@ -33,7 +33,7 @@ class ZImage(PatchImagePipeline):
     reference_class: ClassVar[str] = "ZImagePipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
         step_caches=CACHE_BACKENDS, cfg_parallel=True, sequence_parallel=SEQUENCE_PLAN, tensor_parallel=TENSOR_PLAN,
-        vae_patch_parallel=True,
+        fsdp=True, vae_patch_parallel=True,
         vae_tiling=True, offload=True, quantization=True, lora=True, compile=True)
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     _optional_components: ClassVar[list[str]] = []

@@ -59,7 +59,7 @@ REFUSED_FIELDS = {
     "aspect_ratio": "give size (WIDTHxHEIGHT) or width and height",
     "short_edge": "give size (WIDTHxHEIGHT) or width and height",
     "vae_use_tiling": "VAE tiling is the stage's deploy setting `vae_use_tiling`, not a request field",
-    "vae_use_slicing": "the VAE runs as the stage's deploy config says (`vae_use_tiling`), not per request",
+    "vae_use_slicing": "VAE slicing is the stage's deploy setting `vae_use_slicing`, not a request field",
     "preencode_mp4": "the server encodes each MP4 once its frames are made",
 }
 """Fields the reference system's video forms take that this server does not, with what to do
