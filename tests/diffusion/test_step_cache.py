@@ -30,6 +30,9 @@ FAMILIES = {  # zoo name -> diffusers class name
 }
 THRESHOLD = {"first_block_cache": "threshold", "tea_cache": "rel_l1_thresh"}
 STEPS = 6
+THRESHOLD_STEPS = 4
+"""Enough for the per-family threshold test: after the one warm-up step a high threshold skips the
+rest, and a zero one must compute them all (20 families x caches: steps are most of its time)."""
 
 
 def call_kwargs(name: str, **overrides) -> dict:
@@ -87,7 +90,7 @@ def uncached(zoo):
 
     def get(name: str):
         if name not in cache:
-            cache[name] = run(load(zoo, name), name)
+            cache[name] = run(load(zoo, name), name, num_inference_steps=THRESHOLD_STEPS)
         return cache[name]
 
     return get
@@ -99,11 +102,11 @@ def test_threshold_zero_is_bit_identical_and_a_high_one_skips(zoo, uncached, nam
     base, base_metrics = uncached(name)
     pipeline = load(zoo, name, backend, 0.0)
     assert pipeline.accelerations == [backend]
-    arr, metrics = run(pipeline, name)
+    arr, metrics = run(pipeline, name, num_inference_steps=THRESHOLD_STEPS)
     assert np.array_equal(arr, base)
     assert metrics == base_metrics and metrics["num_forwards_skipped"] == 0
 
-    arr, metrics = run(load(zoo, name, backend, 100.0), name)
+    arr, metrics = run(load(zoo, name, backend, 100.0), name, num_inference_steps=THRESHOLD_STEPS)
     total = base_metrics["num_forwards_computed"]
     assert metrics["num_forwards_computed"] + metrics["num_forwards_skipped"] == total
     assert metrics["num_forwards_skipped"] > 0

@@ -7,7 +7,9 @@ script's own code, without paying a new interpreter's imports each time); any ot
 block runs in bash with `set -euo pipefail`, and its `curl` fails on an HTTP error. Examples
 that talk to 127.0.0.1:8000 go to one shared server, started once from the block marked
 `docs-test: server` (the demo: `omnistage serve`) on a free port. The server starts in the
-background when the module starts, so the in-process examples run while it loads.
+background when the module starts, so the in-process examples run while it loads. The last
+tests check that demo itself (a process of its own, test_cli_serve_demo.py's until it moved
+here to share this one): its cheap defaults, what it prints, and a clean exit on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -156,3 +158,33 @@ def test_yaml_examples_parse():
     for block in ALL:
         if block.lang in ("yaml", "yml"):
             yaml.safe_load(block.code)
+
+
+def test_the_demo_answers_a_bare_request_with_its_cheap_defaults(server):
+    """`omnistage serve` with no model serves the embedded tiny Z-Image with the demo's deploy
+    defaults (the checkpoint's are 1024x1024 at 50 steps)."""
+    import base64
+    import io
+
+    import httpx
+    from PIL import Image
+
+    _wait_healthy(server)
+    url = f"http://127.0.0.1:{server['port']}"
+    models = httpx.get(f"{url}/v1/models").json()
+    assert models["object"] == "list" and models["data"][0]["id"].startswith("omnistage-demo")
+    assert models["data"][0]["defaults"]["diffusion"]["num_inference_steps"] == 4
+    resp = httpx.post(f"{url}/v1/images/generations", json={"prompt": "x"}, timeout=120)
+    assert resp.status_code == 200, resp.text
+    image = Image.open(io.BytesIO(base64.b64decode(resp.json()["data"][0]["b64_json"])))
+    assert image.size == (256, 256)
+
+
+def test_the_demo_said_where_it_serves_and_exits_0_on_ctrl_c(server):
+    """Last: it stops the module's server."""
+    _wait_healthy(server)
+    server["proc"].send_signal(signal.SIGINT)
+    assert server["proc"].wait(60) == 0
+    out = server["log"].read_text()
+    assert f"http://127.0.0.1:{server['port']}" in out
+    assert "random" in out and "curl" in out  # the demo's noise is announced, with a request to try

@@ -64,8 +64,9 @@ def browser():
         browser.close()
 
 
-SIGNALED = {"z-image", "wan-t2v"}
-"""Their API tests stop the server with a signal: a process of its own (the others serve from a thread)."""
+SIGNALED = {"z-image"}
+"""Its API test stops the server with SIGTERM mid-request: a process of its own. The others serve from a
+thread (a process costs a fresh interpreter's imports, several seconds of CPU here)."""
 
 
 @pytest.fixture(scope="module")
@@ -367,7 +368,8 @@ def test_video_tab_streams_chunks_through_media_source(playground):
 
 
 def test_wan_t2v_video_job_and_sync(served):
-    """Runs after the video tab's test: it stops their server."""
+    """Runs after the video tab's test: it stops their server (from its thread: SIGTERM's graceful
+    exit is the z-image test's; here the stop proves the deleted job holds nothing up)."""
     server = served("wan-t2v", "--served-model-name", "wan-t2v")
     http = server.http()
     form = {"prompt": "waves", "size": "32x32", "num_frames": "5", "fps": "8", "num_inference_steps": "2"}
@@ -399,7 +401,7 @@ def test_wan_t2v_video_job_and_sync(served):
     start = time.time()
     assert http.post("/v1/videos/sync", data=form).status_code == 200
     assert time.time() - start < 900 * seconds_per_step  # the ~970 steps left never ran
-    assert server.stop(signal.SIGTERM) == 0
+    assert server.stop() == 0
 
 
 def test_speech_tab_plays_while_the_stream_runs(playground):

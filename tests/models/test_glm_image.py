@@ -13,6 +13,8 @@ the reference's batched draws would share one).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -55,6 +57,7 @@ def reference(path):
     return pipe
 
 
+@functools.cache  # the staggered and prepacked tests both check prompt 0 with seed 3: one reference run
 def reference_tokens(reference, prompt: str, seed: int, height: int = SIDE, width: int = SIDE) -> list[int]:
     """What GlmImagePipeline.generate_prior_tokens' `generate` call writes for one prompt."""
     messages = [[{"role": "user", "content": [{"type": "text", "text": prompt}]}]]

@@ -495,40 +495,48 @@ def test_unknown_voice_fails_naming_the_thinker(omni):
 
 
 
-def test_chat_completions_route_answers_with_audio(path):
+@pytest.fixture(scope="module")
+def chat_route(path):
+    """(TestClient, engine): one app for the chat route's tests. The route sets the thinker's params
+    only; the talker samples with its deploy defaults, here capped (a random talker rarely says its
+    end token). The video test's clips carry up to 4 s of audio (the limit is 10 s)."""
+    from fastapi.testclient import TestClient
+
+    from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
+
+    engine = AsyncOmni(path, stage_overrides={"1": {"default_sampling_params": {"max_tokens": 48}}})
+    app = create_app(ServerSettings(served_model_name="omni", model_path=path, max_input_audio_seconds=10), engine)
+    with TestClient(app) as http:  # its lifespan shuts the engine down
+        yield http, engine
+
+
+def test_chat_completions_route_answers_with_audio(chat_route):
     import base64
     import io
     import json
 
     import soundfile as sf
-    from fastapi.testclient import TestClient
-
-    from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
-
-    # The route sets the thinker's params only; the talker samples with its deploy defaults, here
-    # capped (a random talker rarely says its end token).
     from prometheus_client import generate_latest
 
-    engine = AsyncOmni(path, stage_overrides={"1": {"default_sampling_params": {"max_tokens": 48}}})
-    app = create_app(ServerSettings(served_model_name="omni", model_path=path), engine)
+    http, engine = chat_route
     body = {"messages": MESSAGES, "modalities": ["text", "audio"], "max_tokens": 8, "temperature": 0,
             "audio": {"voice": "Ethan", "format": "wav"}}
-    with TestClient(app) as http:  # its lifespan shuts the engine down
-        # Text only: the thinker alone runs (no talker or token2wav stage metrics are recorded).
-        resp = http.post("/v1/chat/completions", json={**body, "modalities": ["text"], "audio": None})
-        assert resp.status_code == 200, resp.text
-        message = resp.json()["choices"][0]["message"]
-        assert message["content"] and message.get("audio") is None
-        # (the replica gauges list every stage whether it ran or not: left out here)
-        metrics = "\n".join(line for line in generate_latest(engine.metrics_registry).decode().splitlines()
-                             if not line.startswith("omnistage_stage_replica"))
-        assert 'stage="thinker"' in metrics and 'stage="talker"' not in metrics and 'stage="token2wav"' not in metrics
-        resp = http.post("/v1/chat/completions", json=body)
-        assert resp.status_code == 200, resp.text
-        audio = resp.json()["choices"][0]["message"]["audio"]
-        body["stream"], body["audio"] = True, {"voice": "Ethan", "format": "pcm16"}
-        with http.stream("POST", "/v1/chat/completions", json=body) as streamed:
-            lines = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: {")]
+    # Text only: the thinker alone runs (no talker or token2wav stage metrics are recorded; the
+    # video test sharing the engine asks for text only too).
+    resp = http.post("/v1/chat/completions", json={**body, "modalities": ["text"], "audio": None})
+    assert resp.status_code == 200, resp.text
+    message = resp.json()["choices"][0]["message"]
+    assert message["content"] and message.get("audio") is None
+    # (the replica gauges list every stage whether it ran or not: left out here)
+    metrics = "\n".join(line for line in generate_latest(engine.metrics_registry).decode().splitlines()
+                         if not line.startswith("omnistage_stage_replica"))
+    assert 'stage="thinker"' in metrics and 'stage="talker"' not in metrics and 'stage="token2wav"' not in metrics
+    resp = http.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    audio = resp.json()["choices"][0]["message"]["audio"]
+    body["stream"], body["audio"] = True, {"voice": "Ethan", "format": "pcm16"}
+    with http.stream("POST", "/v1/chat/completions", json=body) as streamed:
+        lines = [json.loads(line[6:]) for line in streamed.iter_lines() if line.startswith("data: {")]
     wave, rate = sf.read(io.BytesIO(base64.b64decode(audio["data"])))
     assert rate == OMNI_SAMPLE_RATE and len(wave) > 0 and audio["transcript"]
     deltas = [c["choices"][0]["delta"].get("audio") for c in lines if c["choices"]]
@@ -537,12 +545,9 @@ def test_chat_completions_route_answers_with_audio(path):
     assert len(pcm) > 0 and len(pcm) % 960 == 0  # whole codec frames of 24 kHz PCM16
 
 
-def test_chat_video_url_is_seen_and_heard(path, omni):
+def test_chat_video_url_is_seen_and_heard(chat_route, omni):
     import base64
 
-    from fastapi.testclient import TestClient
-
-    from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
     from omnistage.media.video import encode_mp4
 
     mp4 = encode_mp4(moving_frames(16, seed=2), 4.0, audio=tone(4.0), sample_rate=16000)
@@ -550,16 +555,15 @@ def test_chat_video_url_is_seen_and_heard(path, omni):
     content = [{"type": "video_url", "video_url": {"url": url}}, {"type": "text", "text": "What happens?"}]
     body = {"messages": [{"role": "user", "content": content}], "modalities": ["text"], "max_tokens": 8,
             "temperature": 0, "mm_processor_kwargs": {"use_audio_in_video": True}}
-    app = create_app(ServerSettings(served_model_name="omni", model_path=path, max_input_audio_seconds=10), AsyncOmni(path))
-    with TestClient(app) as http:
-        resp = http.post("/v1/chat/completions", json=body)
-        assert resp.status_code == 200, resp.text
-        text = resp.json()["choices"][0]["message"]["content"]
-        bad = http.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": [
-            {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(b"no video").decode()}}]}]})
-        long = http.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": [
-            {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(
-                encode_mp4(moving_frames(12), 1.0)).decode()}}]}]})
+    http, _ = chat_route
+    resp = http.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    text = resp.json()["choices"][0]["message"]["content"]
+    bad = http.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(b"no video").decode()}}]}]})
+    long = http.post("/v1/chat/completions", json={**body, "messages": [{"role": "user", "content": [
+        {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(
+            encode_mp4(moving_frames(12), 1.0)).decode()}}]}]})
     # The route hands the model the file itself: the same answer as the Python API given the bytes.
     part = {"type": "video", "video": mp4}
     prompt = {"messages": [{"role": "user", "content": [part, {"type": "text", "text": "What happens?"}]}],

@@ -49,16 +49,19 @@ def test_the_steps_limits_fit_the_budget():
     assert sum(limits) - sum(alternatives) + max(alternatives) <= BUDGET_S
 
 
-def test_named_tests_exist_and_collect():
-    paths = sorted({word for _, _, cmd in steps() for word in cmd if word.startswith("tests/")})
+def named_tests() -> list[str]:
+    return sorted({word for _, _, cmd in steps() for word in cmd if word.startswith("tests/")})
+
+
+def test_named_tests_exist_and_collect(probe):
+    paths = named_tests()
     assert paths, "the script names no tests"
     for path in paths:
         assert (ROOT / path).exists(), path
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *paths],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    code, output = probe["collect"]
+    assert code == 0, output[-3000:]
     for path in paths:  # each named path contributes tests
-        assert path in proc.stdout, path
+        assert path in output, path
 
 
 def benchmark_calls() -> list[tuple[str, list[str]]]:
@@ -70,13 +73,21 @@ def benchmark_calls() -> list[tuple[str, list[str]]]:
     return calls
 
 
-# Runs each named benchmark as `python SCRIPT --help` would, all in one interpreter (each
-# script imports torch and omnistage: one import instead of one per script); prints
-# {script: [exit code, stdout, stderr]}.
-HELP_ALL = """
-import contextlib, io, json, runpy, sys, traceback
-results = {}
-for script in sys.argv[1:]:
+# One interpreter for both checks (each imports torch and omnistage: ~5 s of CPU apiece on the
+# 2-core machine): pytest's collection of the named tests (from the repo root), then each named
+# benchmark run as `python SCRIPT --help` would (from benchmarks/); prints
+# {"collect": [exit code, output], "help": {script: [exit code, stdout, stderr]}}.
+PROBE = """
+import contextlib, io, json, os, runpy, sys, traceback
+import pytest
+tests, scripts = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+out = io.StringIO()
+with contextlib.redirect_stdout(out):
+    code = pytest.main(["--collect-only", "-q", "-p", "no:cacheprovider", *tests])
+results = {"collect": [int(code), out.getvalue()], "help": {}}
+os.chdir("benchmarks")
+sys.path.insert(0, os.getcwd())
+for script in scripts:
     sys.argv = [script, "--help"]
     out, err, code = io.StringIO(), io.StringIO(), 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -87,24 +98,24 @@ for script in sys.argv[1:]:
         except BaseException:
             traceback.print_exc()
             code = 1
-    results[script] = [code, out.getvalue(), err.getvalue()]
+    results["help"][script] = [code, out.getvalue(), err.getvalue()]
 print(json.dumps(results))
 """
 
 
 @pytest.fixture(scope="module")
-def helps() -> dict[str, list]:
+def probe() -> dict:
     scripts = sorted({script for script, _ in benchmark_calls() if (ROOT / "benchmarks" / script).exists()})
-    proc = subprocess.run([sys.executable, "-c", HELP_ALL, *scripts], cwd=ROOT / "benchmarks", capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(named_tests()), json.dumps(scripts)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
 
 
 @pytest.mark.parametrize("script, args", benchmark_calls(), ids=lambda v: v if isinstance(v, str) else "")
-def test_named_benchmark_accepts_its_flags(helps, script, args):
+def test_named_benchmark_accepts_its_flags(probe, script, args):
     assert (ROOT / "benchmarks" / script).exists(), script
-    code, stdout, stderr = helps[script]
+    code, stdout, stderr = probe["help"][script]
     assert code == 0, stderr[-3000:]
     usage = " ".join(stdout.split())  # argparse wraps long choice lists
     flag = None
