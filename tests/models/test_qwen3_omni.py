@@ -269,6 +269,52 @@ def test_image_prompt_hits_keep_text_codes_and_waveform(reference, omni):
     assert talker_cached == [0, 32, 16]  # the talker's rows of the image positions come from those blocks
 
 
+def test_clip_padded_to_a_longer_one_reuses_no_blocks_of_it_alone(path, reference):
+    # The processor pads a request's clips to the longest, which changes a shorter clip's last
+    # frames: the blocks over a clip alone are not its blocks beside a longer clip (a hit there would
+    # hand on rows that a cold prefill does not make). Past its last frame's window more padding
+    # changes nothing, so beside a longer clip still it hits again. The features stay the processor's.
+    from omnistage.ar.engine import AREngine
+    from omnistage.config.deploy_fields import StageDeployConfig
+    from omnistage.core.types import StageRequest
+    from omnistage.models.qwen3_omni import THINKER_STAGE
+    from omnistage.models.qwen3_omni.processors import thinker_inputs
+
+    short = tone(2.0, 440.0)  # 26 tokens, at 4..30: its blocks are the first two
+
+    def prompt(*clips):
+        parts = [{"type": "audio", "audio": clip, "sample_rate": 16000} for clip in clips]
+        return [{"role": "user", "content": [*parts, {"type": "text", "text": "What is this sound?"}]}]
+
+    engine = AREngine(path, THINKER_STAGE, StageDeployConfig(devices=("cpu",), dtype="float32", max_num_seqs=2))
+    params = SamplingParams(temperature=0, max_tokens=2)
+
+    def run(messages) -> tuple[int, torch.Tensor]:
+        """(cached tokens, the hidden states handed on), with the features checked against the processor's."""
+        request = SimpleNamespace(prompt={"messages": messages, "voice": "Ethan"}, output_modalities=None)
+        rid = f"r{engine.block_manager.num_prefix_queries}"
+        engine.add_request(StageRequest(rid, thinker_inputs(request, {}), params))
+        features, mask = engine._seqs[rid].model_state.media.audio_inputs
+        ref = reference.inputs(messages, False)
+        ref_mask = ref["feature_attention_mask"].bool()
+        assert torch.equal(mask.sum(-1), ref_mask.sum(-1))
+        for i in range(len(mask)):
+            assert torch.equal(features[i][:, mask[i].bool()], ref["input_features"][i][:, ref_mask[i]])
+        outs = []
+        while engine.has_unfinished_requests():
+            outs += engine.step()
+        return outs[-1].metrics["num_cached_tokens"], outs[-1].payload.hidden_states
+
+    prompts = [prompt(short), prompt(short, tone(2.999, 550.0)), prompt(short, tone(4.0, 660.0))]
+    warm = [run(m) for m in prompts]
+    for messages, (_, hidden) in zip(prompts[1:], warm[1:]):
+        engine.block_manager.reset_prefix_cache()
+        cached, cold = run(messages)
+        assert cached == 0 and torch.equal(hidden, cold)
+    assert [cached for cached, _ in warm] == [0, 0, 32]
+    engine.close()
+
+
 def test_thinker_only_variant(path, reference, tmp_path):
     deploy = tmp_path / "text.yaml"
     deploy.write_text("base_config: bundled:qwen3_omni.yaml\noutput_modalities: [text]\n")

@@ -57,8 +57,8 @@ class ThinkerState:
 
 
 class OmniThinker(OmniMedia, ARModel):
-    # Qwen2_5OmniProcessor's audio settings: every clip padded to the feature extractor's length.
-    audio_feature_kwargs = {"padding": "max_length"}
+    # Qwen2_5OmniProcessor pads every clip to the feature extractor's length (300 s).
+    audio_padding = "max_length"
 
     # Prompts are token ids with M-RoPE positions known per position, so they chunk, hit the
     # prefix cache and recompute; prompts with media hit it by their items' digests

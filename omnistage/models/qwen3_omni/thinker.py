@@ -61,8 +61,8 @@ class ThinkerState:
 
 
 class Qwen3OmniThinker(OmniMedia, ARModel):
-    # Qwen3OmniMoeProcessor's audio settings: a request's clips padded to the longest of them.
-    audio_feature_kwargs = {"padding": True, "truncation": False}
+    # Qwen3OmniMoeProcessor pads a request's clips to the longest of them.
+    audio_padding = "longest"
     # Prompts are token ids with M-RoPE positions known per position, so they chunk, hit the
     # prefix cache (with the talker's rows, ar/block_states.py) and recompute; prompts with media
     # hit it by their items' digests (`PromptInputs.media`) and are prefilled whole after the hit.

@@ -80,8 +80,8 @@ def joint_deepstack(ids: list[int], deepstack: dict[int, list[torch.Tensor]],
 class OmniMedia:
     """Mixin for a thinker with `audio_token_id`, `image_token_id`, `video_token_id`,
     `audio_bos_id`, `audio_eos_id`, `feature_extractor`, `image_processor`, `video_rules`, `model`
-    and `device`; the family gives `audio_feature_kwargs` (its processor's padding),
-    `_audio_token_counts(seqlens)` and `_interleave(times, num_audio)`."""
+    and `device`; the family gives `audio_padding` (how far its processor pads a request's clips:
+    "max_length" or "longest"), `_audio_token_counts(seqlens)` and `_interleave(times, num_audio)`."""
 
     def _prepare_media(self, ids: list[int], media: ChatMedia, with_audio: bool) -> MediaPrompt:
         """Prepare every media part for its encoder and lay its placeholder out as the processor does:
@@ -106,19 +106,22 @@ class OmniMedia:
         heard = [next(audio_parts) if slots[i] == self.audio_token_id else next(videos_left).audio for i in heard_by]
         prompt = MediaPrompt(ids, owners={"audio": heard_by, **{kind: [i for i, t in enumerate(slots) if t == token]
                                                                 for token, kind in kinds.items() if kind != "audio"}})
-        heard_counts = iter(self._prepare_audio(prompt, heard) if heard else [])
-        audio_counts, video_audio_counts = [], []  # per audio part; per video's own audio
+        heard_clips = iter(self._prepare_audio(prompt, heard) if heard else [])
+        audio_clips, video_audio_clips = [], []  # (tokens, padded length) per audio part; per video's own audio
         for i in heard_by:
-            (audio_counts if slots[i] == self.audio_token_id else video_audio_counts).append(next(heard_counts))
+            (audio_clips if slots[i] == self.audio_token_id else video_audio_clips).append(next(heard_clips))
         image_counts = self._prepare_images(prompt, media.images) if media.images else []
-        video_layouts = self._prepare_videos(prompt, clips, video_audio_counts) if clips else []
-        audio_counts, image_counts, layouts = iter(audio_counts), iter(image_counts), iter(video_layouts)
-        # What each item's features and token positions follow from: its samples, its pixels,
-        # and for a video its sampling and, when heard, its audio.
-        digests = {self.audio_token_id: iter(media_digest("audio", np.asarray(a), rate) for a, rate in media.audios),
+        video_layouts = self._prepare_videos(prompt, clips, [n for n, _ in video_audio_clips]) if clips else []
+        audio_counts, image_counts, layouts = iter(n for n, _ in audio_clips), iter(image_counts), iter(video_layouts)
+        # What each item's features and token positions follow from: its samples (and the length
+        # the processor padded them to, which the request's other clips set), its pixels, and for a
+        # video its sampling and, when heard, its audio.
+        video_audio = iter((*c.audio, length) for c, (_, length) in zip(clips, video_audio_clips))
+        digests = {self.audio_token_id: iter(media_digest("audio", np.asarray(a), rate, length)
+                                             for (a, rate), (_, length) in zip(media.audios, audio_clips)),
                    self.image_token_id: iter(media_digest("image", np.asarray(image)) for image in media.images),
                    self.video_token_id: iter(media_digest("video", c.frames, c.seconds_per_grid, with_audio,
-                                                          *(c.audio if with_audio else ())) for c in clips)}
+                                                          *(next(video_audio) if with_audio else ())) for c in clips)}
         expanded: list[int] = []
         spans: list[MediaSpan] = []
         for t in ids:
@@ -136,44 +139,35 @@ class OmniMedia:
         prompt.ids, prompt.spans = expanded, tuple(spans)
         return prompt
 
-    def _prepare_audio(self, prompt: MediaPrompt, audios: list[tuple[Any, int]]) -> list[int]:
-        """The clips through the Whisper features (the family's `audio_feature_kwargs`); returns each
-        clip's token count."""
+    def _prepare_audio(self, prompt: MediaPrompt, audios: list[tuple[Any, int]]) -> list[tuple[int, int]]:
+        """The clips through the Whisper features, each padded as the family's processor pads it among
+        the request's clips (`audio_padding`); returns each clip's token count and the length (in
+        samples) its features were computed at, which its digest covers: a clip's last frames differ
+        with the padding after it, so a clip padded otherwise is another item to the prefix cache."""
         from omnistage.media.audio import resample
 
-        if self.feature_extractor is None:
+        fe = self.feature_extractor
+        if fe is None:
             raise ValueError("this checkpoint has no audio feature extractor (preprocessor_config.json)")
         waves = [resample(audio, rate, AUDIO_SAMPLE_RATE) for audio, rate in audios]
-        if self.audio_feature_kwargs.get("padding") == "max_length":
-            features, mask = self._padded_clip_features(waves)
-        else:
-            out = self.feature_extractor(waves, sampling_rate=AUDIO_SAMPLE_RATE, return_attention_mask=True,
-                                         return_tensors="pt", **self.audio_feature_kwargs)
-            features, mask = out["input_features"], out["attention_mask"]
-        mask = mask.to(self.device)
-        prompt.audio_seqlens = mask.sum(-1)
-        prompt.audio_inputs = features.to(self.device, self.model.dtype), mask
-        return self._audio_token_counts(prompt.audio_seqlens)
-
-    def _padded_clip_features(self, waves: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Features of clips the processor pads to the extractor's whole length (Qwen2.5-Omni's 300 s),
-        computed on each clip padded only past its last frame's window: the frames the mask keeps are the
-        same (past the clip its samples are zeros either way, and a zero frame never sets the log-mel's
-        maximum), and the encoders read those frames only. Padding every clip of a realtime turn (or a
-        conversation's every turn) to 300 s cost ~0.3 s of CPU a clip."""
-        fe = self.feature_extractor
-        outs = []
-        for wave in waves:
-            length = min(fe.n_samples, -(-(len(wave) + fe.n_fft) // fe.hop_length) * fe.hop_length)
-            outs.append(fe(wave, sampling_rate=AUDIO_SAMPLE_RATE, return_attention_mask=True, return_tensors="pt",
-                           padding="max_length", max_length=length))
+        padded = fe.n_samples if self.audio_padding == "max_length" else max(len(wave) for wave in waves)
+        # Padding past the last frame's window changes none of the frames the mask keeps (past the clip
+        # its samples are zeros either way, and a zero frame never sets the log-mel's maximum), and the
+        # encoders read those frames only: so each clip is padded that far at most. Padding every clip
+        # of a realtime turn (or a conversation's every turn) to 300 s cost ~0.3 s of CPU a clip.
+        lengths = [min(padded, -(-(len(wave) + fe.n_fft) // fe.hop_length) * fe.hop_length) for wave in waves]
+        outs = [fe(wave, sampling_rate=AUDIO_SAMPLE_RATE, return_attention_mask=True, return_tensors="pt",
+                   padding="max_length", max_length=length) for wave, length in zip(waves, lengths)]
         width = max(out["input_features"].shape[-1] for out in outs)
         features = torch.zeros(len(outs), fe.feature_size, width)
         mask = torch.zeros(len(outs), width, dtype=torch.long)
         for i, out in enumerate(outs):
             n = out["input_features"].shape[-1]
             features[i, :, :n], mask[i, :n] = out["input_features"][0], out["attention_mask"][0]
-        return features, mask
+        mask = mask.to(self.device)
+        prompt.audio_seqlens = mask.sum(-1)
+        prompt.audio_inputs = features.to(self.device, self.model.dtype), mask
+        return list(zip(self._audio_token_counts(prompt.audio_seqlens), lengths))
 
     def _prepare_images(self, prompt: MediaPrompt, images: list[Any]) -> list[int]:
         """Each image's grid from its size (`image_grid`), one placeholder per merged patch; the pixels
