@@ -54,3 +54,4 @@ run benchmarks/bench_parallel.py --repeats 1
 run benchmarks/bench_parallel.py --tensor-parallel --repeats 1
 run benchmarks/bench_ray.py
 run benchmarks/bench_replicas.py
+run benchmarks/bench_ray_serve.py

@@ -60,7 +60,7 @@ from omnistage.config.spec import StageSpec
 from omnistage.core.device import device_scope, resolve_device, resolve_dtype
 from omnistage.core.errors import ErrorKind, RequestError
 from omnistage.core.lora import LoraSet
-from omnistage.core.parking import Parked, check_can_sleep, check_can_update, torch_modules
+from omnistage.core.parking import Parked, return_freed_memory, check_can_sleep, check_can_update, torch_modules
 from omnistage.core.weights import NO_FOLDER, Dropped, checkpoint_names, load_weights, read_checkpoint, weights_folder
 from omnistage.core.types import InputChunk, StageOutput, StageRequest, TextPayload, TokenLogprob
 
@@ -403,6 +403,7 @@ class AREngine:
             self._dropped = Dropped(self.model.model, checkpoint_names(self._weights_path))
             freed += self._dropped.num_bytes
         self._parked = Parked(torch_modules(self.model))
+        return_freed_memory()
         return freed + self._parked.num_bytes
 
     def wake_up(self) -> None:

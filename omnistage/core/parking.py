@@ -6,10 +6,16 @@ Tensors move in place (`tensor.data = ...`), so modules, hooks and tied weights 
 pointing at the same tensor objects, and what already lived on the host (a CPU stage,
 layers that `offload` keeps on the host) stays where it is. CUDA graphs captured on the
 old addresses are not valid after a round trip: engines that hold some refuse to sleep.
+
+`return_freed_memory()` ends every sleep: what the stage freed on the host goes back to
+the operating system, not only to the process's allocator.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import gc
 from itertools import chain
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +56,27 @@ class Parked:
         for tensor, device in self._places:
             tensor.data = tensor.data.to(device)
         self._places.clear()
+
+
+def return_freed_memory() -> None:
+    """Free what only cycles still hold, then ask glibc to hand its free heap pages back to the
+    OS (`malloc_trim(0)`, every arena). Without it a sleeping CPU stage keeps its dropped weights
+    in its resident memory: glibc serves large tensors from the heap once freed mmap chunks have
+    raised its mmap threshold, and keeps freed heap memory for reuse. A no-op where the C library
+    has no `malloc_trim` (musl, macOS, Windows)."""
+    gc.collect()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's `malloc_trim` among the symbols the process has loaded, or None."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):  # no such symbol; TypeError: Windows' CDLL needs a name
+        return None
 
 
 SLEEP_LEVELS = (1, 2)

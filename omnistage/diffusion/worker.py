@@ -17,7 +17,7 @@ import torch
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.core.device import canonical_device, device_scope, resolve_dtype
-from omnistage.core.parking import Parked, torch_modules
+from omnistage.core.parking import Parked, return_freed_memory, torch_modules
 from omnistage.core.weights import NO_FOLDER, Dropped, checkpoint_names, load_weights, read_checkpoint, weights_folder
 from omnistage.diffusion.runner import DiffusionRunner, ProgressSink
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
@@ -99,6 +99,7 @@ class DiffusionWorker:
             self._dropped = Dropped(self._modules(), checkpoint_names(self._weights_path, self._modules()))
             freed = self._dropped.num_bytes
         self._parked = Parked(torch_modules(self.runner.pipeline.components))
+        return_freed_memory()
         return freed + self._parked.num_bytes
 
     def wake_up(self) -> None:

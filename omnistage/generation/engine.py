@@ -51,7 +51,7 @@ from omnistage.ar.cpu_linear import prepack_linears
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
 from omnistage.core.device import device_scope, resolve_device, resolve_dtype
-from omnistage.core.parking import Parked, check_can_sleep, check_can_update
+from omnistage.core.parking import Parked, return_freed_memory, check_can_sleep, check_can_update
 from omnistage.core.playback import Playback
 from omnistage.core.types import AudioPayload, StageOutput, StageRequest
 from omnistage.core.weights import NO_FOLDER, Dropped, load_weights, weights_folder
@@ -292,6 +292,7 @@ class GenerationEngine:
             freed = self._dropped.num_bytes
         if self._parked is None:
             self._parked = Parked([self.decoder.model])
+        return_freed_memory()
         return freed + self._parked.num_bytes
 
     def wake_up(self) -> None:
