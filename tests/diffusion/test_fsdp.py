@@ -1,10 +1,11 @@
 """FSDP (`fsdp_degree: 2`) on two CPU ranks (gloo): the transformer of every pipeline that
 declares it (Z-Image, Qwen-Image and its variants, FLUX and Kontext, ERNIE-Image, Krea 2,
-LongCat-Image and its edit, Ovis-Image, HunyuanVideo 1.5 and its I2V) sharded over the ranks
-with FSDP2, one unit per repeated block, gives the output of one rank (fp32) with about half
-of the transformer's parameter bytes held by each rank at rest, and one block whole at a time
-while it runs; a weight update or a drop of the weights (sleep level 2) is refused. Families
-that do not declare it, and the fields it does not combine with yet, are refused by name."""
+LongCat-Image and its edit, Ovis-Image, HunyuanVideo 1.5 and its I2V, Wan T2V, I2V and VACE,
+FLUX.2 dev and klein) sharded over the ranks with FSDP2, one unit per repeated block, gives the
+output of one rank (fp32) with about half of the transformer's parameter bytes held by each rank
+at rest, and one block whole at a time while it runs; a weight update or a drop of the weights
+(sleep level 2) is refused. Families that do not declare it, and the fields it does not combine
+with yet, are refused by name."""
 
 from __future__ import annotations
 
@@ -42,6 +43,11 @@ FAMILIES = {  # zoo name -> diffusers class name, the second prompt of a batch o
     "qwen-image-edit-plus": ("QwenImageEditPlusPipeline", "a red fox"),
     "longcat-image-edit": ("LongCatImageEditPipeline", "a red fox"),
     "hunyuan-video-i2v": ("HunyuanVideo15ImageToVideoPipeline", "a red fox"),
+    "wan-t2v": ("WanPipeline", "a red fox"),
+    "wan-i2v": ("WanImageToVideoPipeline", "a red fox"),
+    "wan-vace": ("WanVACEPipeline", "a red fox"),  # two kinds of block: Wan's and VACE's control blocks
+    "flux2": ("Flux2Pipeline", "a red fox"),  # two kinds of block: double and single
+    "flux2-klein": ("Flux2KleinPipeline", "a red fox"),  # true CFG: both branches
 }
 INPUT_IMAGE = {"qwen-image-edit", "qwen-image-edit-plus", "qwen-image-layered", "flux-kontext", "longcat-image-edit",
                "hunyuan-video-i2v"}
@@ -63,6 +69,8 @@ def run_checks(name: str, path: str, deploy: StageDeployConfig | None) -> dict:
     if name in INPUT_IMAGE:  # our requests: the size asked for, no max_sequence_length on the edits
         call.update(image=default_input_image(), height=64, width=64)
         call.pop("max_sequence_length", None)
+    if name == "wan-i2v":  # the size asked for
+        call.update(image=default_input_image())
     if name == "hunyuan-video-i2v":  # its video takes the image's aspect ratio at the model's size
         call.pop("height"), call.pop("width")
     if name == "flux-kontext":
@@ -156,9 +164,9 @@ def test_every_pipeline_that_declares_it_is_tested_here():
 
 def test_families_that_do_not_declare_it_and_fields_not_combined_are_refused_by_name():
     deploy = StageDeployConfig(**FSDP_2)
-    wan = pipeline_class("WanPipeline")
-    with pytest.raises(ValueError, match="fsdp_degree=2: WanPipeline cannot take it"):
-        check_declared(wan.reference_class, wan.supported_accelerations, deploy)
+    sd3 = pipeline_class("StableDiffusion3Pipeline")
+    with pytest.raises(ValueError, match="fsdp_degree=2: StableDiffusion3Pipeline cannot take it"):
+        check_declared(sd3.reference_class, sd3.supported_accelerations, deploy)
     with pytest.raises(ValueError, match=r"stage 0: fsdp_degree=2 cannot be combined with offload, "
                                          r"quantization"):  # at start-up, before anything loads
         check_supported("0", StageDeployConfig(**FSDP_2, quantization="int8", offload="model"))
