@@ -30,6 +30,14 @@ request), measured in two gloo ranks that load the pipeline as a worker does (go
 of one rank's). Writes "## Parallel diffusion: FSDP".
 
     .venv/bin/python benchmarks/bench_parallel.py [--steps 20] [--repeats 2] [--fsdp]
+
+With `--uneven`, instead: Ulysses 2 and ring 2 against 1 rank on the zoo's small Qwen-Image
+(256x256) for a prompt of 59 text tokens, which 2 does not divide (padded and masked), and one
+of 66, which it does: the three engines started together and their requests alternated, best
+latency and its process CPU time per cell. Goal: the 59-token speed-up within 10% of the
+66-token one. Writes "## Parallel diffusion: uneven prompts".
+
+    .venv/bin/python benchmarks/bench_parallel.py [--steps 20] [--repeats 2] --uneven
 """
 
 from __future__ import annotations
@@ -70,13 +78,15 @@ def zoo_path(model: str) -> str:
     return str(ensure(model, size="small", cache_dir=ROOT / ".omnistage-cache" / "zoo"))
 
 
-def request(model: str, steps: int, rid: str):
+def request(model: str, steps: int, rid: str, prompt: str | None = None):
     from omnistage.core.types import StageRequest
     from omnistage.diffusion.params import DiffusionParams
     from omnistage.testing import call_kwargs as zoo_call_kwargs
 
     side = MODELS[model] if model in MODELS else FSDP_MODELS[model][1]
     kwargs = dict(zoo_call_kwargs(model), num_inference_steps=steps, height=side, width=side)
+    if prompt is not None:
+        kwargs["prompt"] = prompt
     prompt = kwargs.pop("prompt")
     fields = {k: v for k, v in kwargs.items() if k in DiffusionParams.model_fields}
     extras = {k: v for k, v in kwargs.items() if k not in DiffusionParams.model_fields}
@@ -99,9 +109,9 @@ def start_engine(model: str, config: dict):
     return DiffusionEngine(zoo_path(model), config=StageDeployConfig(executor="mp", **config))
 
 
-def run_request(engine, model: str, steps: int, rid: str) -> tuple[float, float]:
+def run_request(engine, model: str, steps: int, rid: str, prompt: str | None = None) -> tuple[float, float]:
     """(latency, CPU seconds of this process and its workers) of one request run to the end."""
-    engine.add_request(request(model, steps, rid))
+    engine.add_request(request(model, steps, rid, prompt))
     start, cpu = time.perf_counter(), cpu_seconds()
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -262,6 +272,70 @@ def fsdp_main(args: argparse.Namespace) -> None:
         write_section("Parallel diffusion: FSDP", "benchmarks/bench_parallel.py", body)
 
 
+UNEVEN_PROMPTS = {"59 tokens": "a red fox", "66 tokens": "a photo of a cat sitting on a red chair"}
+"""Label -> prompt of the --uneven rows (Qwen-Image's text tokens after its template's system prompt)."""
+UNEVEN_CONFIGS = {"1 rank": dict(num_devices=1), "Ulysses 2": dict(num_devices=2, ulysses_degree=2),
+                  "ring 2": dict(num_devices=2, ring_degree=2)}
+
+
+def text_tokens(model: str, prompt: str) -> int:
+    """The text tokens Qwen-Image's transformer sees for `prompt` (pipeline.py's template, its system
+    prompt dropped)."""
+    from transformers import AutoTokenizer
+
+    from omnistage.diffusion.registry import pipeline_class
+
+    cls = pipeline_class("QwenImagePipeline")
+    tokenizer = AutoTokenizer.from_pretrained(Path(zoo_path(model)) / "tokenizer")
+    return len(tokenizer(cls.prompt_template.format(prompt))["input_ids"]) - cls.prompt_template_start_idx
+
+
+def uneven_main(args: argparse.Namespace) -> None:
+    model = "qwen-image"
+    for label, prompt in UNEVEN_PROMPTS.items():
+        assert f"{text_tokens(model, prompt)} tokens" == label, (label, text_tokens(model, prompt))
+    load_before = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    engines = {name: start_engine(model, config) for name, config in UNEVEN_CONFIGS.items()}
+    runs: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    try:
+        for i in range(args.repeats + 1):  # the first round is the warm-up
+            for label, prompt in UNEVEN_PROMPTS.items():
+                for name, engine in engines.items():
+                    runs.setdefault((name, label), []).append(run_request(engine, model, args.steps, f"r{i}", prompt))
+    finally:
+        for engine in engines.values():
+            engine.close()
+    best = {key: min(times[1:]) for key, times in runs.items()}  # by latency; its CPU time alongside
+    print(best, flush=True)
+    rows = ["| prompt | 1 rank: latency, CPU | Ulysses 2: latency, CPU | Ulysses speed-up, wall (CPU) "
+            "| ring 2: latency, CPU | ring speed-up, wall (CPU) |", "| --- | --- | --- | --- | --- | --- |"]
+    speedup = {}
+    for label in UNEVEN_PROMPTS:
+        one = best[("1 rank", label)]
+        cells = [f"{one[0]:.2f} s, {one[1]:.2f} s"]
+        for name in ("Ulysses 2", "ring 2"):
+            par = best[(name, label)]
+            speedup[(name, label)] = (one[0] / par[0], one[1] / par[1])
+            cells += [f"{par[0]:.2f} s, {par[1]:.2f} s",
+                      f"{speedup[(name, label)][0]:.2f}x ({speedup[(name, label)][1]:.2f}x)"]
+        rows.append(f"| {label} (\"{UNEVEN_PROMPTS[label]}\") | " + " | ".join(cells) + " |")
+    ratios = [f"{name}: {speedup[(name, '59 tokens')][0] / speedup[(name, '66 tokens')][0]:.2f} wall "
+              f"({speedup[(name, '59 tokens')][1] / speedup[(name, '66 tokens')][1]:.2f} CPU)"
+              for name in ("Ulysses 2", "ring 2")]
+    load_after = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    body = (f"Qwen-Image small (256x256: 256 image tokens), one request at a time, {args.steps} steps, CFG with the "
+            f"zoo's negative prompt, fp32, CPU, `executor: mp`, one torch thread per rank; the three engines "
+            f"started together and their requests alternated; best latency of {args.repeats} timed requests per "
+            f"cell after a warm-up, with that request's CPU time (user + system of the engines and their rank "
+            f"processes; the CPU ratio is 1 rank's over both ranks' together, so 0.5x is two ranks doing one's work without "
+            f"overhead); engine start not counted. Load average {load_before} before, {load_after} after "
+            f"(2 cores, shared).\n\n" + "\n".join(rows) + "\n\nSpeed-up of the 59-token prompt / the 66-token "
+            "one (goal >= 0.9): " + "; ".join(ratios) + ".\n")
+    print(body)
+    if not args.no_write:
+        write_section("Parallel diffusion: uneven prompts", "benchmarks/bench_parallel.py", body)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
@@ -270,9 +344,13 @@ def main() -> None:
     parser.add_argument("--tensor-parallel", action="store_true", help="TP 2 against 1 rank (TP_MODELS)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     parser.add_argument("--fsdp", action="store_true", help="only the FSDP rows (their own section)")
+    parser.add_argument("--uneven", action="store_true",
+                        help="only Ulysses and ring on a 59- and a 66-token prompt (their own section)")
     args = parser.parse_args()
     if args.fsdp:
         return fsdp_main(args)
+    if args.uneven:
+        return uneven_main(args)
     if args.tensor_parallel:
         args.models = args.models or list(TP_MODELS)
         args.load = " / ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -57,6 +57,10 @@ def test_taylorseer_reaches_cache_dit(zoo):
     ({"cache_config": {"Fn_compute_blocks": 0}}, r"cache_config\.Fn_compute_blocks: must be >= 1"),
     ({"cache_config": {"enable_taylorseer": 1}}, r"cache_config\.enable_taylorseer: must be a bool"),
     ({"max_num_seqs": 2}, "max_num_seqs: cache_backend 'cache_dit' keeps one cache per transformer"),
+    ({"max_num_seqs": 1, "executor": "mp", "num_devices": 2, "ulysses_degree": 2},
+     "cache_backend=cache_dit cannot be combined with ulysses_degree=2: cache-dit's hooks would see a rank's shard"),
+    ({"max_num_seqs": 1, "executor": "mp", "num_devices": 2, "ring_degree": 2},
+     "cache_backend=cache_dit cannot be combined with ring_degree=2"),
 ])
 def test_bad_options_are_refused_naming_them(fields, message):
     with pytest.raises(ValueError, match=message):

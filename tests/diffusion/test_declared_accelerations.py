@@ -10,7 +10,8 @@ transformer's linear weights are int8, its blocks are compiled), and LoRA finds 
 family's diffusers loader. Two ranks, one spawn for every family: CFG-parallel (with VAE
 patch parallel where declared; each rank computes one branch's forwards, and its denoiser
 half the rows), Ulysses and ring each equal one rank (ring once per ring-attention processor;
-the families and processors test_sequence_parallel.py runs are left to it).
+the families and processors test_sequence_parallel.py runs are left to it); and each of our step
+caches, with CFG parallel and with Ulysses, skips what one rank skips, with its output.
 """
 
 from __future__ import annotations
@@ -315,10 +316,21 @@ def parallel_runs(name: str) -> dict[str, dict[str, Any]]:
     return runs
 
 
-CACHED_PARALLEL = ("z-image", {"cache_backend": "mag_cache", "cache_config": {"threshold": 0.3, "warmup_steps": 1}}, 12)
-"""A step cache on two ranks (family, deploy fields, steps): its decisions are per request and CFG branch,
-so with CFG parallel (one branch per rank) and Ulysses (a shard of the sequence per rank) the ranks skip
-what one rank skips. One family, in the same spawn: a spawn of its own costs ~10 s."""
+CACHED_PARALLEL = ("z-image", {  # settings that skip some of the 12 steps' 24 forwards on one rank (6-14)
+    "first_block_cache": {"threshold": 0.6, "warmup_steps": 1},
+    "tea_cache": {"rel_l1_thresh": 0.4},
+    "easycache": {"threshold": 0.2, "warmup_steps": 1},
+    "mag_cache": {"threshold": 0.3, "warmup_steps": 1},
+}, 12)
+"""Each of our step caches on two ranks (family, backend -> cache_config, steps): its decisions are per
+request and CFG branch, so with CFG parallel (one branch per rank) and Ulysses (a shard of the sequence per
+rank) the ranks skip what one rank skips. One family, in the same spawn: a spawn of its own costs ~10 s.
+(cache-dit is tested in test_cache_dit.py.) Z-Image's plan splits the sequence as its first block takes
+it and gathers it as its last returns it, so the caches see it whole; the first-block cache is the
+exception, refused with Ulysses (it compares the first block's output, a shard, with its input)."""
+CACHE_ON_SHARDS = [("z-image", "first_block_cache"), ("qwen-image", "tea_cache")]
+"""(family, backend) refused with Ulysses at load: the cache would see a rank's shard of the sequence
+(Qwen-Image's plan, diffusers', gathers after its blocks), from which each rank would decide alone."""
 
 
 def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> None:
@@ -335,11 +347,20 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
                 rows = denoiser_rows(pipeline)
                 arr, state = run(pipeline, case)
                 results[f"{name} {label}"] = (arr, pipeline.state_metrics(state), pipeline.accelerations, sum(rows))
-        name, cache_fields, steps = CACHED_PARALLEL
-        for label, fields in (("cfg", parallel_runs(name)["cfg"]), ("ulysses", ULYSSES)):
-            pipeline = _load(CASES[name], paths[name], **fields, **cache_fields)
-            arr, state = run(pipeline, CASES[name], num_inference_steps=steps)
-            results[f"{name} {label} cached"] = (arr, pipeline.state_metrics(state), pipeline.accelerations, 0)
+        name, configs, steps = CACHED_PARALLEL
+        for backend, config in configs.items():
+            for label, fields in (("cfg", parallel_runs(name)["cfg"]), ("ulysses", ULYSSES)):
+                if (name, backend) in CACHE_ON_SHARDS and label == "ulysses":
+                    continue
+                pipeline = _load(CASES[name], paths[name], **fields, cache_backend=backend, cache_config=config)
+                arr, state = run(pipeline, CASES[name], num_inference_steps=steps)
+                results[f"{name} {label} {backend}"] = (arr, pipeline.state_metrics(state), pipeline.accelerations, 0)
+        for family, backend in CACHE_ON_SHARDS:
+            try:
+                _load(CASES[family], paths[family], **ULYSSES, cache_backend=backend)
+                results[f"{family} ulysses {backend}"] = (None, "loaded")
+            except ValueError as exc:
+                results[f"{family} ulysses {backend}"] = (None, str(exc))
     finally:  # rank 1 keeps its metrics only (rank 0's output is the one returned)
         if rank == 1:
             results = {key: (None, *rest) for key, (_, *rest) in results.items()}
@@ -383,20 +404,30 @@ def test_declared_parallel_degrees_on_two_ranks_equal_one_rank(zoo, two_rank_res
     assert checked
 
 
-def test_a_step_cache_on_two_ranks_skips_what_one_rank_skips(zoo, two_rank_results):
-    name, cache_fields, steps = CACHED_PARALLEL
-    one_rank = _load(CASES[name], str(zoo(name)), **cache_fields)
+@pytest.mark.parametrize("backend", list(CACHED_PARALLEL[1]))
+def test_a_step_cache_on_two_ranks_skips_what_one_rank_skips(zoo, two_rank_results, backend):
+    name, configs, steps = CACHED_PARALLEL
+    one_rank = _load(CASES[name], str(zoo(name)), cache_backend=backend, cache_config=configs[backend])
     want, state = run(one_rank, CASES[name], num_inference_steps=steps)
     want_metrics = one_rank.state_metrics(state)
     assert want_metrics["num_forwards_skipped"] > 0
-    for label in ("cfg", "ulysses"):
-        got, metrics, applied, _ = two_rank_results[0][f"{name} {label} cached"]
-        _, rank1_metrics, _, _ = two_rank_results[1][f"{name} {label} cached"]
-        assert cache_fields["cache_backend"] in applied and np.abs(got - want).max() <= TOLERANCE[label], label
+    for label in ("cfg", "ulysses") if (name, backend) not in CACHE_ON_SHARDS else ("cfg",):
+        got, metrics, applied, _ = two_rank_results[0][f"{name} {label} {backend}"]
+        _, rank1_metrics, _, _ = two_rank_results[1][f"{name} {label} {backend}"]
+        assert backend in applied and np.abs(got - want).max() <= TOLERANCE[label], label
         if label == "cfg":  # each rank runs (and caches) one branch: their counts add up to one rank's
             assert {k: metrics[k] + rank1_metrics[k] for k in want_metrics} == want_metrics
         else:  # each rank holds a shard of every row: the same decisions as one rank
             assert metrics == rank1_metrics == want_metrics
+
+
+@pytest.mark.parametrize("family, backend", CACHE_ON_SHARDS)
+def test_a_step_cache_that_would_see_a_shard_of_the_sequence_is_refused_with_ulysses(two_rank_results, family,
+                                                                                     backend):
+    for results in two_rank_results:
+        assert results[f"{family} ulysses {backend}"][1] == (
+            f"cache_backend={backend} cannot be combined with ulysses_degree=2 for {CASES[family].key}: its "
+            "blocks run on a shard of the sequence, from which each rank's cache would decide alone")
 
 
 def test_the_engine_refuses_an_undeclared_acceleration_before_loading(zoo):

@@ -1,10 +1,12 @@
 """FSDP (`fsdp_degree: 2`) on two CPU ranks (gloo): the transformer of every pipeline that
 declares it (Z-Image, Qwen-Image and its variants, FLUX and Kontext, ERNIE-Image, Krea 2,
-LongCat-Image and its edit, Ovis-Image, HunyuanVideo 1.5 and its I2V) sharded over the ranks
-with FSDP2, one unit per repeated block, gives the output of one rank (fp32) with about half
-of the transformer's parameter bytes held by each rank at rest, and one block whole at a time
-while it runs; a weight update or a drop of the weights (sleep level 2) is refused. Families
-that do not declare it, and the fields it does not combine with yet, are refused by name."""
+LongCat-Image and its edit, Ovis-Image, HunyuanVideo 1.5 and its I2V, Wan T2V, I2V and VACE,
+FLUX.2 dev and klein) sharded over the ranks with FSDP2, one unit per repeated block, gives the
+output of one rank (fp32) with about half of the transformer's parameter bytes held by each rank
+at rest, and one block whole at a time while it runs; a weight update or a drop of the weights
+(sleep level 2) is refused. With CFG parallel on four ranks (HSDP's layout) each branch runs on
+its own pair of shard holders. Families that do not declare it, and the fields it does not combine
+with yet, are refused by name."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from omnistage.testing import call_kwargs as zoo_call_kwargs
 from omnistage.testing.diffusion_models import default_input_image
 
 from parity import request_for
-from two_ranks import run_two_ranks
+from two_ranks import run_ranks, run_two_ranks
 
 FAMILIES = {  # zoo name -> diffusers class name, the second prompt of a batch of two
     "z-image": ("ZImagePipeline", "a small brown dog " * 8),
@@ -42,6 +44,11 @@ FAMILIES = {  # zoo name -> diffusers class name, the second prompt of a batch o
     "qwen-image-edit-plus": ("QwenImageEditPlusPipeline", "a red fox"),
     "longcat-image-edit": ("LongCatImageEditPipeline", "a red fox"),
     "hunyuan-video-i2v": ("HunyuanVideo15ImageToVideoPipeline", "a red fox"),
+    "wan-t2v": ("WanPipeline", "a red fox"),
+    "wan-i2v": ("WanImageToVideoPipeline", "a red fox"),
+    "wan-vace": ("WanVACEPipeline", "a red fox"),  # two kinds of block: Wan's and VACE's control blocks
+    "flux2": ("Flux2Pipeline", "a red fox"),  # two kinds of block: double and single
+    "flux2-klein": ("Flux2KleinPipeline", "a red fox"),  # true CFG: both branches
 }
 INPUT_IMAGE = {"qwen-image-edit", "qwen-image-edit-plus", "qwen-image-layered", "flux-kontext", "longcat-image-edit",
                "hunyuan-video-i2v"}
@@ -63,6 +70,8 @@ def run_checks(name: str, path: str, deploy: StageDeployConfig | None) -> dict:
     if name in INPUT_IMAGE:  # our requests: the size asked for, no max_sequence_length on the edits
         call.update(image=default_input_image(), height=64, width=64)
         call.pop("max_sequence_length", None)
+    if name == "wan-i2v":  # the size asked for
+        call.update(image=default_input_image())
     if name == "hunyuan-video-i2v":  # its video takes the image's aspect ratio at the model's size
         call.pop("height"), call.pop("width")
     if name == "flux-kontext":
@@ -70,6 +79,9 @@ def run_checks(name: str, path: str, deploy: StageDeployConfig | None) -> dict:
         call["auto_resize"] = call.pop("_auto_resize")
     first, second = request_for(call, seed=4, request_id="a"), request_for(
         {**call, "prompt": second_prompt}, seed=5, request_id="b")
+    rows: list[int] = []  # the batch rows of each transformer call: one per request and CFG branch run here
+    transformer.register_forward_pre_hook(lambda model, args, kwargs: rows.append(
+        len(kwargs.get("hidden_states", args[0] if args else None))), with_kwargs=True)
     images = pipeline.decode_arrays(pipeline.denoise([first, second]))
     if deploy is not None:  # whole tensors cannot be copied into shards: refused before any copy
         with pytest.raises(ValueError, match="weight updates of parameters sharded over ranks"):
@@ -78,7 +90,7 @@ def run_checks(name: str, path: str, deploy: StageDeployConfig | None) -> dict:
         with pytest.raises(ValueError, match=r"dropping weights \(sleep level 2\) of parameters sharded"):
             Dropped({"transformer": transformer}, [f"transformer.{name}" for name, _ in transformer.named_parameters()])
     return {"images": images, "accelerations": pipeline.accelerations, "at_rest": local_parameter_bytes(transformer),
-            "whole_blocks": set(whole_while_a_block_runs), "num_blocks": len(units)}
+            "whole_blocks": set(whole_while_a_block_runs), "num_blocks": len(units), "rows": sum(rows)}
 
 
 CACHED = {  # backend -> (zoo name, its options): settings that skip some of 6 steps on these models
@@ -134,6 +146,32 @@ def test_fsdp_equals_one_rank_with_half_the_parameter_bytes_at_rest(zoo, two_ran
     assert sum(rank["at_rest"] for rank in ranks) >= one["at_rest"]  # every weight is held somewhere
 
 
+CFG_FSDP = dict(executor="mp", num_devices=4, cfg_parallel_size=2, fsdp_degree=2)
+
+
+def _cfg_rank_main(rank: int, port: int, path: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
+    torch.save(run_checks("qwen-image", path, StageDeployConfig(**CFG_FSDP)), os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_with_cfg_parallel_each_branch_runs_on_its_own_pair_of_shard_holders(zoo, tmp_path):
+    """HSDP's layout on four ranks: the weights replicated over the two CFG branches and sharded
+    within each branch's pair of ranks."""
+    run_ranks(4, _cfg_rank_main, str(zoo("qwen-image")), str(tmp_path), timeout=300)
+    one = run_checks("qwen-image", str(zoo("qwen-image")), None)
+    for rank in range(4):
+        four = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+        assert sorted(four["accelerations"]) == ["cfg_parallel", "fsdp"]
+        assert four["rows"] * 2 == one["rows"]  # its branch only: half the rows of one rank running both
+        assert four["at_rest"] <= 0.55 * one["at_rest"] and four["whole_blocks"] == {1}
+        for image, reference in zip(four["images"], one["images"], strict=True):
+            assert np.abs(image - reference).max() <= TOLERANCE
+
+
 @pytest.mark.parametrize("backend", list(CACHED))
 def test_step_caches_under_fsdp_skip_the_steps_one_rank_skips_with_its_output(zoo, two_rank_results, backend):
     # Every rank computes the same values, so each makes the cache's decisions of one rank: the
@@ -156,9 +194,9 @@ def test_every_pipeline_that_declares_it_is_tested_here():
 
 def test_families_that_do_not_declare_it_and_fields_not_combined_are_refused_by_name():
     deploy = StageDeployConfig(**FSDP_2)
-    wan = pipeline_class("WanPipeline")
-    with pytest.raises(ValueError, match="fsdp_degree=2: WanPipeline cannot take it"):
-        check_declared(wan.reference_class, wan.supported_accelerations, deploy)
+    sd3 = pipeline_class("StableDiffusion3Pipeline")
+    with pytest.raises(ValueError, match="fsdp_degree=2: StableDiffusion3Pipeline cannot take it"):
+        check_declared(sd3.reference_class, sd3.supported_accelerations, deploy)
     with pytest.raises(ValueError, match=r"stage 0: fsdp_degree=2 cannot be combined with offload, "
                                          r"quantization"):  # at start-up, before anything loads
         check_supported("0", StageDeployConfig(**FSDP_2, quantization="int8", offload="model"))

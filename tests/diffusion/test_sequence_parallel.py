@@ -6,7 +6,7 @@ batch whose requests are at different steps (as step mode runs them) and, for Z-
 Qwen-Image, of different prompt lengths (a padding mask) too. Token counts 2 does not divide
 (Qwen-Image's text, FLUX's and SD3's image) are padded and masked, and equal one rank as well.
 Ring for the joint-attention families is in test_declared_accelerations.py. One spawned pair of
-ranks runs every check."""
+ranks runs every check; four ranks run Ulysses x ring on Qwen-Image's padded 59-token prompt."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from omnistage.diffusion.registry import pipeline_class
 from omnistage.testing import call_kwargs as zoo_call_kwargs
 from omnistage.testing.diffusion_models import default_input_image
 
-from two_ranks import run_two_ranks
+from two_ranks import run_ranks, run_two_ranks
 from parity import request_for
 
 FAMILIES = {  # zoo name -> diffusers class name
@@ -171,6 +171,34 @@ def test_token_counts_the_degree_does_not_divide_are_padded_and_equal_one_rank(t
     # Half of each split sequence per rank, plus its padding row where the count is odd.
     assert all(0 <= 2 * half - n <= 2 for half, n in zip(two["lengths"], one_rank["lengths"], strict=True))
     assert np.abs(two["alone"] - one_rank["alone"]).max() <= (TOLERANCE if "ring" in label else TIGHT)
+
+
+HYBRID = dict(executor="mp", num_devices=4, ulysses_degree=2, ring_degree=2)
+HYBRID_CASE = ("qwen-image", {"prompt": "a red fox", "negative_prompt": None})
+"""Ulysses x ring on four ranks: heads exchanged within each pair, key/value chunks passed around
+the two pairs; the 59 text tokens, which 4 does not divide, padded."""
+
+
+def _hybrid_rank_main(rank: int, port: int, path: str, out_dir: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
+    name, overrides = HYBRID_CASE
+    torch.save(run_checks(name, path, StageDeployConfig(**HYBRID), **overrides), os.path.join(out_dir, f"{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_ulysses_by_ring_hybrid_on_four_ranks_equals_one_rank(one_thread, zoo, tmp_path):
+    name, overrides = HYBRID_CASE
+    run_ranks(4, _hybrid_rank_main, str(zoo(name)), str(tmp_path), timeout=300)
+    one_rank = run_checks(name, str(zoo(name)), None, **overrides)
+    assert any(n % 4 for n in one_rank["counts"])  # padded
+    for rank in range(4):
+        four = torch.load(tmp_path / f"{rank}.pt", weights_only=False)
+        assert four["counts"] == one_rank["counts"]
+        assert four["lengths"] == [n // 4 for n in one_rank["lengths"]]  # a quarter of the image tokens each
+        assert np.abs(four["alone"] - one_rank["alone"]).max() <= TOLERANCE
 
 
 def test_a_family_that_does_not_pad_fails_an_odd_token_count_naming_both(two_rank_results):

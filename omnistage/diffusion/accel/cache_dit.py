@@ -78,6 +78,11 @@ def from_deploy(deploy: StageDeployConfig) -> CacheDitConfig | None:
         raise ValueError(f"max_num_seqs: cache_backend 'cache_dit' keeps one cache per transformer, not per "
                          f"request, so it runs one request at a time; set max_num_seqs: 1 (got "
                          f"{deploy.max_num_seqs}) or use first_block_cache / tea_cache")
+    split = [f"{name}={value}" for name, value in (("ulysses_degree", deploy.ulysses_degree),
+                                                    ("ring_degree", deploy.ring_degree)) if value > 1]
+    if split:  # its hooks compare a block's whole input with its output on a rank's shard, and fail
+        raise ValueError(f"cache_backend=cache_dit cannot be combined with {', '.join(split)}: cache-dit's hooks "
+                         "would see a rank's shard of the sequence")
     return config
 
 

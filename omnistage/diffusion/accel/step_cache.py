@@ -213,6 +213,8 @@ class StepCache:
             if len(blocks) < 2:
                 raise ValueError(f"cache_backend: {attr} of {pipeline.reference_class} has {len(blocks)} "
                                  "block(s); a step cache needs at least 2")
+            if getattr(transformer, "_parallel_config", None) is not None:  # split over ranks (sequence_parallel.py)
+                check_sequence_split(pipeline, transformer, chain, policy, hook_name)
             hooks = [_head_hook(self, attr)] + [_tail_hook(self, i == len(blocks) - 1) for i in range(1, len(blocks))]
             for block, hook in zip(blocks, hooks):
                 HookRegistry.check_if_exists_or_initialize(block).register_hook(hook, hook_name)
@@ -286,6 +288,31 @@ class StepCache:
             cache = _state_cache(state).branch(chain_name, branch)
             self.policy.computed(cache, reference, out, mask)
             cache.residual = out - reference
+
+
+def check_sequence_split(pipeline: Any, transformer: torch.nn.Module, chain: BlockChain, policy: Policy,
+                         backend: str) -> None:
+    """Refuse a cache whose hooks would see a rank's shard of the sequence under Ulysses or ring.
+
+    The cache's hooks wrap the context-parallel hooks of the same blocks (they are registered after
+    them), so they see the whole sequence only where the family's plan splits the hidden states as
+    the first block takes them and gathers them as the last block returns them (Z-Image). Then every
+    rank decides alike, from the whole. Elsewhere (a plan that gathers after the blocks, as
+    diffusers' do) a skipped step would add a whole-sequence residual to a shard, and each rank
+    would decide from its own shard; the first-block cache also compares the first block's output,
+    a shard, with its whole input."""
+    from diffusers.models._modeling_parallel import ContextParallelOutput
+
+    plan = pipeline.supported_accelerations.sequence_parallel.plan(transformer)
+    first = f"{chain.blocks[0]}.0"
+    last = f"{chain.blocks[-1]}.{len(getattr(transformer, chain.blocks[-1])) - 1}"
+    if policy.probe_head or first not in plan or not isinstance(plan.get(last), ContextParallelOutput):
+        degrees = transformer._parallel_config.context_parallel_config
+        fields = [f"{name}={value}" for name, value in (("ulysses_degree", degrees.ulysses_degree),
+                                                         ("ring_degree", degrees.ring_degree)) if value > 1]
+        raise ValueError(f"cache_backend={backend} cannot be combined with {', '.join(fields)} for "
+                         f"{pipeline.reference_class}: its blocks run on a shard of the sequence, from which "
+                         "each rank's cache would decide alone")
 
 
 def _state_cache(state: DenoiseState) -> StepCacheState:

@@ -55,8 +55,8 @@ MAX_IMAGE_AREA = 1024 * 1024
 class Flux2(DiffusionPipelineBase):
     reference_class: ClassVar[str] = "Flux2Pipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
-        step_caches=CACHE_BACKENDS, sequence_parallel=SEQUENCE_PLAN, tensor_parallel=TENSOR_PLAN, vae_tiling=True,
-        offload=True, quantization=True, lora=True, compile=True,
+        step_caches=CACHE_BACKENDS, sequence_parallel=SEQUENCE_PLAN, tensor_parallel=TENSOR_PLAN, fsdp=True,
+        vae_tiling=True, offload=True, quantization=True, lora=True, compile=True,
         refused={"cfg_parallel_size": "guidance-distilled: it runs no CFG branch"})
     model_cpu_offload_seq: ClassVar[str] = "text_encoder->transformer->vae"
     # Flux2Pipeline.__call__ defaults; height/width (128 latent pixels times the VAE factor, or

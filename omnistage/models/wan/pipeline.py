@@ -48,7 +48,7 @@ class _Wan(DiffusionPipelineBase):
     output_modality: ClassVar[str] = "video"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
         step_caches=CACHE_BACKENDS, cfg_parallel=True, sequence_parallel=SEQUENCE_PLAN, tensor_parallel=TENSOR_PLAN,
-        vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True, compile=True)
+        fsdp=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, lora=True, compile=True)
     # WanPipeline / WanImageToVideoPipeline.__call__ defaults (fps: diffusers' examples export at 16).
     default_params: ClassVar[dict[str, Any]] = {
         "height": 480,
