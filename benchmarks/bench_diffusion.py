@@ -27,6 +27,11 @@ Video families (`--models hunyuan-video cosmos3 sana-wm`) get their own table, "
 video": ours against the diffusers pipeline called once per request (see `bench_video`).
 Also: --models qwen-image-edit-plus (each request edits two input images), joyai-image-edit-plus,
 qwen-image-2.1 and ltx2-two-stage (printed only: see `bench_two_stage`);
+Edit families (flux-kontext, joyai-image-edit, longcat-image-edit, qwen-image-layered: one input
+image a request) and video families outside VIDEO_MODELS (wan-t2v, wan-i2v, wan-vace, sana-video,
+sana-video-i2v, kandinsky6; videos/s in the img/s columns) run the image table's configurations;
+--omni runs "ours" of every family through `Omni.generate` (the product path: orchestrator and
+output conversion included) instead of a bare `DiffusionEngine`, with no staggered rows;
 --one-prompt gives all 8 requests the first prompt (seeds still 0-7): Qwen-Image 2.1 batches
 only prompts of one token length in a transformer call.
 """
@@ -61,23 +66,35 @@ PROMPTS = [
 CONFIGS = ("ours", "sequential", "batched", "step_staggered", "request_staggered")
 AUDIO_MODELS = ("stable-audio",)
 # Families whose diffusers pipeline takes one prompt per call: no "batched" run.
-ONE_PROMPT_PER_CALL = {"qwen-image-edit-plus"}
+ONE_PROMPT_PER_CALL = {"qwen-image-edit-plus", "longcat-image-edit", "wan-vace"}
 # Input images of each request, for families that edit (two each: Edit-Plus takes 1-3).
-INPUT_IMAGES = {"qwen-image-edit-plus": 2, "joyai-image-edit-plus": 2}
+INPUT_IMAGES = {"qwen-image-edit-plus": 2, "joyai-image-edit-plus": 2, "flux-kontext": 1, "joyai-image-edit": 1,
+                "longcat-image-edit": 1, "qwen-image-layered": 1}
+# Families whose input image is RGBA (Qwen-Image-Layered decomposes it into RGBA layers).
+RGBA_INPUT = {"qwen-image-layered"}
 # Families run with their references' buckets shrunk to each image's own size, both sides, as in
 # the tests (omnistage.testing.joyimage_models.small_buckets): a ~1-megapixel reference's VAE
 # encode would be nearly all of a tiny model's time.
-SMALL_BUCKETS = {"joyai-image-edit-plus"}
+SMALL_BUCKETS = {"joyai-image-edit-plus", "joyai-image-edit"}
+# Families whose diffusers call takes no output size (about a megapixel from the input image's
+# aspect ratio, by the module's `calculate_dimensions`, which ours reads too): both sides are
+# told the zoo's side at the bench size through that one function, as in the parity tests.
+SIZED_BY_INPUT = {"longcat-image-edit": "diffusers.pipelines.longcat_image.pipeline_longcat_image_edit",
+                  "qwen-image-layered": "diffusers.pipelines.qwenimage.pipeline_qwenimage_layered"}
+# Families whose diffusers call rescales the asked size to (default_sample_size * VAE factor)**2, 1024**2
+# (HiDream-I1); ours generates the asked size.
+RESCALED_TO_DEFAULT_AREA = {"hidream-image"}
 # Families that animate one input image (its first frame).
-FIRST_FRAME = {"sana-wm"}
+FIRST_FRAME = {"sana-wm", "wan-i2v", "sana-video-i2v"}
 
 
 # -- inputs ------------------------------------------------------------------------------
 
 
-OMNI_MODELS = ("glm-image",)
-"""Pipelines of more than one stage (GLM-Image: AR prior -> DiT): "ours" runs them through
-`Omni.generate`, both stages batching; the staggered rows are left out for them."""
+OMNI_MODELS = ["glm-image"]
+"""Families whose "ours" runs through `Omni.generate` (the product path): pipelines of more than
+one stage (GLM-Image: AR prior -> DiT, both stages batching), and every family with `--omni`;
+the staggered rows are left out for them."""
 
 
 def call_kwargs(model: str, size: str) -> dict:
@@ -88,15 +105,17 @@ def call_kwargs(model: str, size: str) -> dict:
     kwargs = zoo_call_kwargs(model, size)
     kwargs.pop("prompt")
     kwargs.pop("audio_end_in_s", None)  # audio: the model's whole window
-    if "num_frames" in kwargs:  # video: compared as uint8 frames
+    if "num_frames" in kwargs or "frames" in kwargs:  # video (SANA-Video: `frames`): compared as uint8 frames
         kwargs["output_type"] = "np"
+    if "max_area" in kwargs:  # FLUX.1-Kontext: diffusers' output area, the asked size's at every size
+        kwargs["max_area"] = kwargs["height"] * kwargs["width"]
     if model in FIRST_FRAME:
         kwargs["image"] = default_input_image(kwargs["height"])
     if model in INPUT_IMAGES:
         from PIL import ImageOps
 
         images = [default_input_image(), ImageOps.mirror(default_input_image())]
-        kwargs["image"] = images[: INPUT_IMAGES[model]]
+        kwargs["image"] = [i.convert("RGBA") if model in RGBA_INPUT else i for i in images[: INPUT_IMAGES[model]]]
     return kwargs
 
 
@@ -117,10 +136,20 @@ def reference_loader_kwargs(model: str, path: str) -> dict:
         from transformers import Qwen2VLProcessor
 
         return {"processor": processor_from_parts(Qwen2VLProcessor, path)}
-    if model in ("qwen-image-2.1", "joyai-image-edit-plus"):
+    if model in ("qwen-image-2.1", "joyai-image-edit-plus", "joyai-image-edit"):
         from transformers import Qwen3VLProcessor
 
         return {"processor": processor_from_parts(Qwen3VLProcessor, path)}
+    if model in ("longcat-image", "longcat-image-edit"):
+        from transformers import Qwen2VLProcessor
+
+        return {"text_processor": processor_from_parts(Qwen2VLProcessor, path, "text_processor")}
+    if model == "kandinsky6":  # its Qwen2.5-VL processor built from its halves, as our loader does
+        from omnistage.models.kandinsky6.pipeline import Kandinsky6TI2VA
+
+        return Kandinsky6TI2VA.loader_kwargs(path)
+    if model == "qwen-image-layered":  # its processor only captions an empty prompt (every request has one)
+        return {"processor": None}
     return {}
 
 
@@ -159,10 +188,16 @@ def run_ours(engine, kwargs: dict) -> list:
 
 
 def _payload_output(payload) -> object:
-    """Our result for one request: its video's frames, its waveform [samples, channels], or its (first) image."""
+    """Our result for one request: its video's frames, its waveform [samples, channels], its image, or
+    its layers stacked (Qwen-Image-Layered)."""
     if hasattr(payload, "frames"):  # a video (its soundtrack, if any, is not compared here)
         return payload.frames
-    return np.asarray(payload.audio) if hasattr(payload, "audio") else payload.images[0]
+    if getattr(payload, "video", None) is not None:  # the same, from `Omni.generate`
+        return payload.video
+    if getattr(payload, "audio", None) is not None:
+        return np.asarray(payload.audio)
+    images = payload.images  # Qwen-Image-Layered: one image per layer, stacked
+    return images[0] if len(images) == 1 else np.stack([np.asarray(i) for i in images])
 
 
 def _pipe_outputs(out) -> list:
@@ -171,11 +206,17 @@ def _pipe_outputs(out) -> list:
         return [np.asarray(a.cpu()).T for a in out.audios]
     if hasattr(out, "frames"):
         return [(np.clip(frames, 0.0, 1.0) * 255).round().astype(np.uint8) for frames in out.frames]
-    return out.images
+    # Qwen-Image-Layered: a list of layers per prompt, stacked (its batched call misplaces them
+    # beyond one prompt, leaving some lists empty: timed only, never compared)
+    return [np.stack([np.asarray(i) for i in image]) if isinstance(image, list) and image else image
+            for image in out.images]
+
+
 def run_omni(omni, kwargs: dict) -> list:
-    """All 8 prompts through `Omni.generate` at once (every stage of the pipeline)."""
-    params = [request.params for request in stage_requests(kwargs)]
-    return [out.images[0] for out in omni.generate(PROMPTS, params, use_tqdm=False)]
+    """All 8 requests through `Omni.generate` at once (every stage of the pipeline)."""
+    requests = stage_requests(kwargs)
+    outputs = omni.generate([r.inputs for r in requests], [r.params for r in requests], use_tqdm=False)
+    return [_payload_output(out) for out in outputs]
 
 
 def _reference_kwargs(pipe, kwargs: dict, num_prompts: int) -> dict:
@@ -193,7 +234,7 @@ def run_sequential(pipe, kwargs: dict) -> list:
 
 
 def run_batched(pipe, kwargs: dict) -> list:
-    kwargs = _reference_kwargs(pipe, kwargs, NUM_REQUESTS)
+    kwargs = dict(_reference_kwargs(pipe, kwargs, NUM_REQUESTS))  # a copy: the other runs share `kwargs`
     if kwargs.get("negative_prompt") is not None:  # FLUX.2's pipelines take no negative_prompt
         kwargs["negative_prompt"] = [kwargs["negative_prompt"]] * NUM_REQUESTS
     return _pipe_outputs(pipe(prompt=PROMPTS, **kwargs, generator=[generator(i) for i in range(NUM_REQUESTS)]))
@@ -241,6 +282,10 @@ def build(model: str, size: str, configs: tuple[str, ...], device: str = "cpu", 
     if {"sequential", "batched"} & set(configs):
         pipe = load_reference(DiffusionPipeline, path, torch_dtype(dtype), **reference_loader_kwargs(model, path)).to(device)
         pipe.set_progress_bar_config(disable=True)
+        if model in RESCALED_TO_DEFAULT_AREA:  # as the parity test: its area is the asked side's
+            from omnistage.testing import get_model
+
+            pipe.default_sample_size = get_model(model).sides[size] // pipe.vae_scale_factor
         built["pipe"] = pipe
     engine_config = dict(max_num_seqs=NUM_REQUESTS, dtype=dtype, devices=(device,))
     if model in OMNI_MODELS:
@@ -282,6 +327,16 @@ def bench(model: str, size: str, repeats: int, device: str = "cpu", dtype: str =
         from omnistage.testing.joyimage_models import small_buckets
 
         with small_buckets():
+            return _bench(model, size, repeats, device, dtype)
+    if model in SIZED_BY_INPUT:
+        import importlib
+        from unittest import mock
+
+        from omnistage.testing import get_model
+
+        side = get_model(model).sides[size]
+        with mock.patch.object(importlib.import_module(SIZED_BY_INPUT[model]), "calculate_dimensions",
+                               lambda area, ratio: (side, side)):
             return _bench(model, size, repeats, device, dtype)
     return _bench(model, size, repeats, device, dtype)
 
@@ -535,7 +590,8 @@ def peak_rss(model: str, size: str, threads: int, device: str = "cpu", dtype: st
     for config in (CONFIGS[:3] if model in OMNI_MODELS else
                    (c for c in CONFIGS if not (c == "batched" and model in ONE_PROMPT_PER_CALL))):
         cmd = [sys.executable, __file__, "--memory-probe", model, size, config, "--threads", str(threads),
-               "--device", device, "--dtype", dtype] + (["--one-prompt"] if len(set(PROMPTS)) == 1 else [])
+               "--device", device, "--dtype", dtype] + (["--one-prompt"] if len(set(PROMPTS)) == 1 else []) \
+            + (["--omni"] if model in OMNI_MODELS else [])
         result = subprocess.run(cmd, capture_output=True, text=True, check=True)
         out[config] = json.loads(result.stdout.strip().splitlines()[-1])["peak_rss_mib"]
     return out
@@ -579,7 +635,7 @@ def table(rows: list[dict]) -> str:
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        if r["model"] in OMNI_MODELS + TWO_STAGE_MODELS:  # no staggered runs
+        if r["model"] in OMNI_MODELS or r["model"] in TWO_STAGE_MODELS:  # no staggered runs
             continue
         lat, m = r["latency"], r.get("rss", {})
         rss = f"{m['step_staggered']:.0f} / {m['request_staggered']:.0f} MiB" if m else "-"
@@ -623,12 +679,16 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the per-configuration peak RSS processes")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     parser.add_argument("--one-prompt", action="store_true", help="every request gets the first prompt (seeds 0-7)")
+    parser.add_argument("--omni", action="store_true",
+                        help="ours through Omni.generate (the product path) for every model, not DiffusionEngine")
     parser.add_argument("--memory-probe", nargs=3, metavar=("MODEL", "SIZE", "CONFIG"), help=argparse.SUPPRESS)
     add_device_args(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.one_prompt:
         PROMPTS[:] = PROMPTS[:1] * NUM_REQUESTS
+    if args.omni:
+        OMNI_MODELS.extend(args.models)
     if args.memory_probe:
         print(json.dumps({"peak_rss_mib": memory_probe(*args.memory_probe, args.device, args.dtype)}))
         return
