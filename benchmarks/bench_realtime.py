@@ -52,18 +52,21 @@ BARGE_OVERRIDES = {**OVERRIDES, "1": {"default_sampling_params": {"max_tokens": 
 
 
 NOTE = (
-    "The turn is prefilled while it is spoken: every half second of the turn is cut as a clip and warmed "
-    "into the thinker's prefix cache before `speech_stopped`, so the answer computes only what follows the "
-    "last full cached block. Server VAD ends this voice's turn after 0.8-1.2 s of audio (its syllables "
-    "pause), so one or two clips of a ~37-token prompt are warmed, and a turn takes one or two 16-token "
-    "blocks from the cache. The two servers ran at different loads (compare each one's ratio to its own "
-    "chat, not the absolute times). On the tiny model that prefill is a small part of a turn: what follows "
-    "`speech_stopped` is mostly the thinker's 8 tokens, the talker's first codes and the first vocoder "
-    "chunk, which no prefill shortens; the goal would need the talker and vocoder to start sooner too (a "
-    "talker prefix cache, streamed first chunks) or a model whose prompt dominates. Both servers compute "
-    "each clip's features on the clip padded just past its end instead of Qwen2.5-Omni's 300 s (bit-equal "
-    "frames), which the chat baseline gains from too. The machine was shared with other jobs (see the load "
-    "average): rerun on a quiet machine. Barge-in is counted on the server's side (the answer is cancelled "
+    "First text: from the same start to the first transcript piece (the thinker's first token), so first "
+    "audio minus first text is the part of the answer both routes share: the talker's first 24 codes (the "
+    "first token2wav chunk, one 12-frame DiT block, waits for one more block of look-ahead) and token2wav's "
+    "first window. The turn is prefilled while it is spoken: every half second of the turn is cut as a clip "
+    "and warmed into the thinker's prefix cache before `speech_stopped`, so the answer computes only what "
+    "follows the last full cached block. A realtime turn pays nothing the chat request does not: the commit, "
+    "`response.created` and the engine request take about 1 ms after `speech_stopped` (timed by hand from "
+    "the events), and the talker starts "
+    "on the thinker's second token in both. On the tiny model the shared tail is most of either (the "
+    "in-process profile above: the talker's 24 steps and token2wav's first window, DiT then BigVGAN). So "
+    "realtime / chat cannot go below about tail / (tail + chat's own prefill) here, far above 0.5x, unless "
+    "the first chunk shrinks, which on Qwen2.5-Omni changes the waveform: `Token2WavParams(first_right_context"
+    "=0)` (section \"Qwen2.5-Omni\") is 12 talker steps and half a DiT window sooner at 0.22 relative RMS "
+    "error on the first block. The goal needs a model whose prompt dominates the turn. The machine was shared "
+    "with other jobs (see the load average). Barge-in is counted on the server's side (the answer is cancelled "
     "before `speech_started` is sent). **8 sessions at once stall** on 2 CPU cores.")
 """What the numbers mean (written under the table; edit it when a rerun changes the picture)."""
 BARGE_NOTE = (
@@ -79,10 +82,17 @@ BARGE_NOTE = (
 _voices = itertools.count()
 
 
+def fresh_voices() -> None:
+    """Start the pitches over, for a new engine: silero-vad hears speech in the first 100 pitches (not
+    in the 101st and 102nd), and one server of a 20-turn run hears about 70."""
+    global _voices
+    _voices = itertools.count()
+
+
 def voice() -> np.ndarray:
-    """1 s of speech then 0.6 s of silence at 24 kHz, in a pitch no request sent before: an exchange
-    sent twice would be answered from the prefix cache, prefill or not (blocks over a clip are keyed
-    by its samples)."""
+    """1 s of speech then 0.6 s of silence at 24 kHz, in a pitch no request to this engine had before:
+    an exchange sent twice would be answered from the prefix cache, prefill or not (blocks over a clip
+    are keyed by its samples)."""
     from omnistage.testing.voice import synthetic_speech
 
     pitch = 110.0 + 0.25 * next(_voices)
@@ -157,6 +167,8 @@ def session(url: str, barge_in: bool, watch: AudioWatch | None = None) -> dict:
             now, kind = time.perf_counter(), event["type"]
             if kind == "input_audio_buffer.speech_stopped" and "stopped" not in seen:
                 seen["stopped"] = now
+            elif kind == "response.output_audio_transcript.delta":
+                seen.setdefault("first_text", now)
             elif kind == "response.output_audio.delta":
                 seen.setdefault("first_audio", now)
                 seen["deltas"].append((now, len(base64.b64decode(event["delta"])) / 2 / 24000))
@@ -199,19 +211,70 @@ def concurrent(url: str, num_sessions: int) -> list[dict]:
         return list(pool.map(lambda _: session(url, False), range(num_sessions)))
 
 
-def chat(client: httpx.Client) -> float:
+def chat(client: httpx.Client) -> tuple[float, float]:
+    """Seconds from sending the request to the first transcript piece and to the first audio chunk."""
     wav = io.BytesIO()
     sf.write(wav, voice(), 24000, format="WAV")
     body = {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {
         "data": base64.b64encode(wav.getvalue()).decode(), "format": "wav"}}]}],
         "modalities": ["text", "audio"], "audio": {"format": "pcm16"}, "stream": True, "max_tokens": 8}
-    t0 = time.perf_counter()
+    t0, first_text = time.perf_counter(), None
     with client.stream("POST", "/v1/chat/completions", json=body) as resp:
         resp.raise_for_status()
         for line in resp.iter_lines():
+            if first_text is None and line.startswith("data: {") and '"transcript":' in line:
+                first_text = time.perf_counter() - t0
             if line.startswith("data: {") and '"data":' in line:
-                return time.perf_counter() - t0
+                return first_text if first_text is not None else float("nan"), time.perf_counter() - t0
     raise RuntimeError("the chat completion sent no audio")
+
+
+def stage_profile(path: str, turns: int) -> dict:
+    """The same exchange in-process (`AsyncOmni`, same overrides): per request, the time each stage's
+    engine steps took up to the first audio chunk, and the rest (orchestrator, input processors);
+    the median over `turns` requests after one warm-up."""
+    import asyncio
+
+    from omnistage import AsyncOmni
+
+    async def run() -> list[dict]:
+        fresh_voices()
+        omni = AsyncOmni(path, stage_overrides=json.dumps(OVERRIDES))
+        steps: list[tuple[float, str, float]] = []  # (start, stage, seconds)
+        for stage in omni.spec.stages:
+            handle = omni.orchestrator.handles[stage.id]
+
+            def timed(step=handle.step, name=stage.name):
+                start = time.perf_counter()
+                outputs = step()
+                steps.append((start, name, time.perf_counter() - start))
+                return outputs
+            handle.step = timed
+        rows = []
+        try:
+            for i in range(turns + 1):
+                clip = voice()
+                prompt = {"messages": [{"role": "user", "content": [
+                    {"type": "audio", "audio": clip, "sample_rate": 24000}]}]}
+                steps.clear()
+                t0, first = time.perf_counter(), None
+                async for out in omni.generate(prompt):
+                    if first is None and out.audio_chunk is not None:
+                        first = time.perf_counter()
+                if i == 0:
+                    continue  # warm-up
+                row = {"first_audio": first - t0}
+                for start, name, seconds in steps:
+                    if start < first:
+                        row[name] = row.get(name, 0.0) + seconds
+                row["rest"] = row["first_audio"] - sum(v for k, v in row.items() if k != "first_audio")
+                rows.append(row)
+        finally:
+            await omni.shutdown()
+        return rows
+
+    rows = asyncio.run(run())
+    return {key: statistics.median(row[key] for row in rows) for key in rows[0]}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -222,21 +285,25 @@ def bench(size: str, turns: int) -> dict:
     from omnistage.testing import ensure
 
     path = str(ensure("qwen2.5-omni", size=size, cache_dir=ROOT / ".omnistage-cache" / "zoo"))
-    out: dict = {}
+    out: dict = {"profile": stage_profile(path, 5)}
     for prefill in (True, False):
+        fresh_voices()
         proc, url = start_server(path, "--stage-overrides", json.dumps(OVERRIDES),
                                  *(() if prefill else ("--no-realtime-prefill",)), timeout_s=600)
-        realtime, chats, barge, together, tokens = [], [], [], [], []
+        realtime, chats, texts, barge, together, tokens = [], [], [], [], [], []
         try:
             with httpx.Client(base_url=url, timeout=300) as client:
                 session(url, False), chat(client)  # warm-up
                 for i in range(turns):
                     for kind in (("chat", "realtime") if i % 2 else ("realtime", "chat")):
                         if kind == "chat":
-                            chats.append(chat(client))
+                            first_text, first_audio = chat(client)
+                            chats.append(first_audio)
+                            texts.append(("chat", first_text))
                         else:
                             seen = session(url, False)
                             realtime.append(seen["first_audio"] - seen["stopped"])
+                            texts.append(("realtime", seen["first_text"] - seen["stopped"]))
                             tokens.append(seen["tokens"])
                 if prefill:  # barge-in and load: the default server only
                     for _ in range(max(3, turns // 2)):
@@ -249,7 +316,9 @@ def bench(size: str, turns: int) -> dict:
             proc.terminate()
             proc.wait(timeout=30)
         key = "on" if prefill else "off"
-        out.update({f"realtime_{key}": realtime, f"chat_{key}": chats, f"tokens_{key}": tokens})
+        out.update({f"realtime_{key}": realtime, f"chat_{key}": chats, f"tokens_{key}": tokens,
+                    f"text_realtime_{key}": [t for k, t in texts if k == "realtime"],
+                    f"text_chat_{key}": [t for k, t in texts if k == "chat"]})
         if prefill:
             out.update({"barge": barge, "together": together})
     return out
@@ -260,6 +329,7 @@ def barge_ins(size: str, rounds: int) -> list[dict]:
     from omnistage.testing import ensure
 
     path = str(ensure("qwen2.5-omni", size=size, cache_dir=ROOT / ".omnistage-cache" / "zoo"))
+    fresh_voices()
     proc, url = start_server(path, "--stage-overrides", json.dumps(BARGE_OVERRIDES), timeout_s=600)
     rows = []
     try:
@@ -312,18 +382,27 @@ def barge_in_table(rows: list[dict], size: str, rounds: int) -> str:
 def table(r: dict, size: str, turns: int) -> str:
     lines = [f"qwen2.5-omni ({size}), {turns} turns each, thinker 8 tokens, talker 32 codes; load average "
              f"{os.getloadavg()[0]:.2f} at the end.", "",
-             "| to the first audio byte | p50 (s) | p99 (s) | realtime / chat (p50) |", "|---|---|---|---|"]
+             "| to the first audio byte | p50 (s) | p99 (s) | realtime / chat (p50) | first text, p50 (s) |",
+             "|---|---|---|---|---|"]
     notes = []
     for key, name in (("on", "prefilled while spoken (default)"), ("off", "`--no-realtime-prefill`")):
         rt, ch = r[f"realtime_{key}"], r[f"chat_{key}"]
         cached, prompt = (statistics.mean(t[i] for t in r[f"tokens_{key}"]) for i in (0, 1))
         lines += [f"| realtime, {name}: from speech_stopped | {percentile(rt, 50):.3f} | {percentile(rt, 99):.3f} | "
-                  f"{statistics.median(rt) / statistics.median(ch):.2f}x (goal <= 0.5x) |",
+                  f"{statistics.median(rt) / statistics.median(ch):.2f}x (goal <= 0.5x) | "
+                  f"{statistics.median(r[f'text_realtime_{key}']):.3f} |",
                   f"| chat completion on the same server: from the request | {percentile(ch, 50):.3f} | "
-                  f"{percentile(ch, 99):.3f} | |"]
+                  f"{percentile(ch, 99):.3f} | | {statistics.median(r[f'text_chat_{key}']):.3f} |"]
         notes.append(f"{name}: {cached:.0f} of {prompt:.0f} prompt tokens a turn from the thinker's prefix cache "
                      "(mean)")
     lines += ["", "; ".join(notes) + "."]
+    profile = r["profile"]
+    lines += ["", "Where the engine's time to first audio goes (the same exchange in-process, median of 5 requests; "
+              "each stage's engine steps up to the first audio chunk): "
+              + ", ".join(f"{name} {seconds * 1000:.0f} ms" for name, seconds in profile.items()
+                          if name not in ("first_audio", "rest"))
+              + f", the rest (orchestrator, input processors) {profile['rest'] * 1000:.0f} ms; "
+              f"{profile['first_audio'] * 1000:.0f} ms in all."]
     ratio = statistics.median(r["realtime_on"]) / statistics.median(r["chat_on"])
     lines += ["", f"**Goal (<= 0.5x): {'met' if ratio <= 0.5 else 'missed'}** ({ratio:.2f}x with the prefill)."]
     if r["barge"]:
@@ -334,6 +413,9 @@ def table(r: dict, size: str, turns: int) -> str:
                   f"response.done p50 {statistics.median(cut) * 1000:.0f} ms (max {max(cut) * 1000:.0f} ms); "
                   f"audio sent after speech_started p50 {statistics.median(after) * 1000:.0f} ms of sound "
                   f"(max {max(after) * 1000:.0f} ms)."]
+    elif "barge" in r:
+        lines += ["", "Barge-in: no answer was still speaking when the user's speech was heard (32 codes are voiced "
+                  "within a few DiT windows); `--barge-in N` measures it on 600-code answers."]
     if r["together"]:
         gaps = [stalls(seen["deltas"]) for seen in r["together"]]
         first = [seen["first_audio"] - seen["stopped"] for seen in r["together"]]
