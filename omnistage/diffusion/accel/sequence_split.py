@@ -62,6 +62,12 @@ class SplitSequence:
             self._masks[names] = torch.cat([c for rank in zip(*chunks) for c in rank], dim=1)
         return self._masks[names]
 
+    def shard(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's chunk of `x` along `dim`, padded as the split hooks pad it (ranks in mesh order,
+        ring-major, as diffusers' sharder takes them)."""
+        ring, ulysses = self.groups.sequence_mesh.get_coordinate()
+        return pad_rows(x, dim, self.ways).chunk(self.ways, dim=dim)[ring * self.groups.degrees.ulysses + ulysses]
+
     def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *names: str) -> torch.Tensor:
         """Attention for this rank's chunk ([B, S, H, D]) of the joint sequence of `names`."""
         return sequence_parallel_attention(query, key, value, self.key_mask(*names), self.groups)

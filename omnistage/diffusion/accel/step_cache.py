@@ -56,6 +56,11 @@ class BlockChain:
     """TeaCache's polynomial rescaling the relative L1 distance; None = no rescaling."""
     transformers: tuple[str, ...] = ("transformer",)
     """Pipeline attributes holding transformers with these blocks (absent ones are skipped)."""
+    shard_residuals: bool = False
+    """Under Ulysses the family's plan splits the hidden states as the first block takes them and
+    gathers them after the last block (Qwen-Image): a cache that `keeps_shards` decides at the head
+    from the whole sequence and keeps each rank's shard of the residual (checked for the family
+    with two ranks); False = every such cache is refused with Ulysses."""
 
     def hidden(self, args: tuple, kwargs: dict) -> torch.Tensor:
         if self.io == "dual_stream" or not args:
@@ -143,6 +148,9 @@ class Policy:
     first block from its inputs, True (first-block cache) after the first block."""
 
     probe_head: bool
+    keeps_shards: bool = False
+    """True (TeaCache): the decision reads the first block's input alone, never the blocks' output,
+    so it can run where the head sees the whole sequence and the blocks a rank's shard of it."""
 
     def signal(self, chain: BlockChain, block: torch.nn.Module, args: tuple, kwargs: dict,
                head_output: torch.Tensor | None) -> torch.Tensor:
@@ -205,6 +213,9 @@ class StepCache:
         self.call: Call | None = None
         self.num_split_calls = 0
         """Calls split because their rows disagreed (each costs one extra head block)."""
+        self.splits: dict[str, Any] = {}
+        """Transformer attribute -> its sequence split (sequence_split.SplitSequence), where the head
+        decides from the whole sequence and the blocks run on this rank's shard of it."""
         for attr in chain.transformers:
             transformer = getattr(pipeline, attr, None)
             if transformer is None:
@@ -214,7 +225,8 @@ class StepCache:
                 raise ValueError(f"cache_backend: {attr} of {pipeline.reference_class} has {len(blocks)} "
                                  "block(s); a step cache needs at least 2")
             if getattr(transformer, "_parallel_config", None) is not None:  # split over ranks (sequence_parallel.py)
-                check_sequence_split(pipeline, transformer, chain, policy, hook_name)
+                if check_sequence_split(pipeline, transformer, chain, policy, hook_name):
+                    self.splits[attr] = transformer._sequence_split
             hooks = [_head_hook(self, attr)] + [_tail_hook(self, i == len(blocks) - 1) for i in range(1, len(blocks))]
             for block, hook in zip(blocks, hooks):
                 HookRegistry.check_if_exists_or_initialize(block).register_hook(hook, hook_name)
@@ -291,28 +303,34 @@ class StepCache:
 
 
 def check_sequence_split(pipeline: Any, transformer: torch.nn.Module, chain: BlockChain, policy: Policy,
-                         backend: str) -> None:
-    """Refuse a cache whose hooks would see a rank's shard of the sequence under Ulysses or ring.
+                         backend: str) -> bool:
+    """Whether the cache's blocks run on a rank's shard of the sequence (under Ulysses) while its head
+    decides from the whole; refuses a cache whose hooks would mix the two.
 
     The cache's hooks wrap the context-parallel hooks of the same blocks (they are registered after
-    them), so they see the whole sequence only where the family's plan splits the hidden states as
-    the first block takes them and gathers them as the last block returns them (Z-Image). Then every
-    rank decides alike, from the whole. Elsewhere (a plan that gathers after the blocks, as
-    diffusers' do) a skipped step would add a whole-sequence residual to a shard, and each rank
-    would decide from its own shard; the first-block cache also compares the first block's output,
-    a shard, with its whole input."""
+    them), so the head sees the whole sequence where the family's plan splits the hidden states as
+    the first block takes them. If the plan also gathers them as the last block returns them
+    (Z-Image), every hook sees the whole. If it gathers after the blocks (Qwen-Image, whose family
+    sets `shard_residuals`), only a cache that `keeps_shards` (TeaCache) runs: every rank decides
+    alike from the whole input, and each adds its shard of the residual to its shard of the input.
+    Elsewhere a rank's cache would decide from its own shard or add a residual to a tensor of another
+    length; the first-block cache compares the first block's output, a shard, with its whole input."""
     from diffusers.models._modeling_parallel import ContextParallelOutput
 
     plan = pipeline.supported_accelerations.sequence_parallel.plan(transformer)
     first = f"{chain.blocks[0]}.0"
     last = f"{chain.blocks[-1]}.{len(getattr(transformer, chain.blocks[-1])) - 1}"
-    if policy.probe_head or first not in plan or not isinstance(plan.get(last), ContextParallelOutput):
-        degrees = transformer._parallel_config.context_parallel_config
-        fields = [f"{name}={value}" for name, value in (("ulysses_degree", degrees.ulysses_degree),
-                                                         ("ring_degree", degrees.ring_degree)) if value > 1]
-        raise ValueError(f"cache_backend={backend} cannot be combined with {', '.join(fields)} for "
-                         f"{pipeline.reference_class}: its blocks run on a shard of the sequence, from which "
-                         "each rank's cache would decide alone")
+    degrees = transformer._parallel_config.context_parallel_config
+    if first in plan and not policy.probe_head:
+        if isinstance(plan.get(last), ContextParallelOutput):
+            return False
+        if chain.shard_residuals and policy.keeps_shards and degrees.ring_degree == 1:
+            return True
+    fields = [f"{name}={value}" for name, value in (("ulysses_degree", degrees.ulysses_degree),
+                                                     ("ring_degree", degrees.ring_degree)) if value > 1]
+    raise ValueError(f"cache_backend={backend} cannot be combined with {', '.join(fields)} for "
+                     f"{pipeline.reference_class}: its blocks run on a shard of the sequence, from which "
+                     "each rank's cache would decide alone")
 
 
 def _state_cache(state: DenoiseState) -> StepCacheState:
@@ -361,6 +379,8 @@ def _head_forward(cache: StepCache, chain_name: str, forward: Callable, module: 
     call.chain_name, call.skipping, call.mask = chain_name, False, mask
     if not cache.policy.probe_head:  # TeaCache, EasyCache: decide from the inputs, maybe skip every block
         signal = cache.policy.signal(chain, module, args, kwargs, None)
+        if chain_name in cache.splits:  # decided from the whole; the blocks take this rank's shard of it
+            hidden = cache.splits[chain_name].shard(hidden, 1)
         if cache.decide(call, chain_name, signal, mask, hidden):
             call.reference = hidden
             return forward(*args, **kwargs)

@@ -56,6 +56,7 @@ def apply(pipeline: Any, config: TeaCacheConfig) -> None:
 
 class TeaCachePolicy(Policy):
     probe_head = False
+    keeps_shards = True
 
     def __init__(self, config: TeaCacheConfig, coefficients: tuple[float, ...] | None):
         self.config = config
