@@ -369,7 +369,8 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
         for backend, config in configs.items():
             pipeline = _load(CASES[family], paths[family], **ULYSSES, cache_backend=backend, cache_config=config)
             arr, state = run(pipeline, CASES[family], num_inference_steps=steps, **request)
-            results[f"{family} ulysses {backend}"] = (arr, pipeline.state_metrics(state), pipeline.accelerations, 0)
+            results[f"{family} ulysses {backend}"] = (arr, pipeline.state_metrics(state), pipeline.accelerations,
+                                                      cache_measures(state))
         for family, backend in CACHE_ON_SHARDS:
             try:
                 _load(CASES[family], paths[family], **ULYSSES, cache_backend=backend)
@@ -436,6 +437,12 @@ def test_a_step_cache_on_two_ranks_skips_what_one_rank_skips(zoo, two_rank_resul
             assert metrics == rank1_metrics == want_metrics
 
 
+def cache_measures(state) -> list[float]:
+    """EasyCache's and MagCache's last learned rate, by branch (none for the others): measured on shards,
+    it is each rank's own unless summed over the ranks."""
+    return [cache.rate for cache in state.step_cache.branches.values() if cache.rate is not None]
+
+
 @pytest.mark.parametrize("backend", list(SHARDED_CACHES[1]))
 def test_a_step_cache_on_shards_of_the_sequence_skips_what_one_rank_skips(zoo, two_rank_results, backend):
     family, configs, steps, request = SHARDED_CACHES
@@ -443,10 +450,12 @@ def test_a_step_cache_on_shards_of_the_sequence_skips_what_one_rank_skips(zoo, t
     want, state = run(one_rank, CASES[family], num_inference_steps=steps, **request)
     want_metrics = one_rank.state_metrics(state)
     assert want_metrics["num_forwards_skipped"] > 0
-    got, metrics, applied, _ = two_rank_results[0][f"{family} ulysses {backend}"]
-    _, rank1_metrics, _, _ = two_rank_results[1][f"{family} ulysses {backend}"]
+    got, metrics, applied, measures = two_rank_results[0][f"{family} ulysses {backend}"]
+    _, rank1_metrics, _, rank1_measures = two_rank_results[1][f"{family} ulysses {backend}"]
     assert backend in applied and np.abs(got - want).max() <= TOLERANCE["ulysses"]
     assert metrics == rank1_metrics == want_metrics
+    assert bool(measures) == (backend in ("easycache", "mag_cache"))
+    assert measures == rank1_measures and np.allclose(measures, cache_measures(state), rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("family, backend", CACHE_ON_SHARDS)
