@@ -71,8 +71,8 @@ class EasyCachePolicy(Policy):
 
     def _predicted(self, cache: BranchCache, signal: torch.Tensor, mask: torch.Tensor | None) -> float:
         """The output's relative change since the previous step, predicted from the input's."""
-        change = mean_abs(signal - fit_tokens(cache.previous, signal), mask)
-        return cache.rate * change / max(mean_abs(fit_tokens(cache.output, signal), mask), 1e-12)
+        change = mean_abs(signal - fit_tokens(cache.previous, signal), mask, self.split)
+        return cache.rate * change / max(mean_abs(fit_tokens(cache.output, signal), mask, self.split), 1e-12)
 
     def should_compute(self, cache: BranchCache, signal: torch.Tensor, mask: torch.Tensor | None,
                        state: DenoiseState) -> bool:
@@ -92,7 +92,7 @@ class EasyCachePolicy(Policy):
             # The last computed step's input is its output minus its residual (not kept twice).
             before_out = fit_tokens(cache.output, output)
             before_in = before_out - fit_tokens(cache.residual, output)
-            input_change = mean_abs(reference - before_in, mask)
+            input_change = mean_abs(reference - before_in, mask, self.split)
             # Equal inputs give equal outputs: nothing to predict from, so compute again.
-            cache.rate = mean_abs(output - before_out, mask) / input_change if input_change > 0 else None
+            cache.rate = mean_abs(output - before_out, mask, self.split) / input_change if input_change > 0 else None
         cache.output = output

@@ -71,7 +71,7 @@ class FirstBlockPolicy(Policy):
                        state: DenoiseState) -> bool:
         if state.step_index < self.config.warmup_steps or cache.previous is None or cache.residual is None:
             return True
-        return not relative_l1(signal, fit_tokens(cache.previous, signal), mask) < self.config.threshold
+        return not relative_l1(signal, fit_tokens(cache.previous, signal), mask, self.split) < self.config.threshold
 
     def update(self, cache: BranchCache, signal: torch.Tensor, mask: torch.Tensor | None,
                state: DenoiseState, compute: bool) -> None:

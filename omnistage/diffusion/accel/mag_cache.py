@@ -92,6 +92,6 @@ class MagCachePolicy(Policy):
                  mask: torch.Tensor | None) -> None:
         if cache.residual is None:
             return
-        before = mean_abs(fit_tokens(cache.residual, output), mask)
-        now = mean_abs(output - reference, mask)
+        before = mean_abs(fit_tokens(cache.residual, output), mask, self.split)
+        now = mean_abs(output - reference, mask, self.split)
         cache.rate = (now / before) ** (1.0 / cache.gap) if before > 0 and now > 0 else None

@@ -62,6 +62,27 @@ class SplitSequence:
             self._masks[names] = torch.cat([c for rank in zip(*chunks) for c in rank], dim=1)
         return self._masks[names]
 
+    def shard(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """This rank's chunk of `x` along `dim`, padded as the split hooks pad it (ranks in mesh order,
+        ring-major, as diffusers' sharder takes them)."""
+        ring, ulysses = self.groups.sequence_mesh.get_coordinate()
+        return pad_rows(x, dim, self.ways).chunk(self.ways, dim=dim)[ring * self.groups.degrees.ulysses + ulysses]
+
+    def shard_mask(self) -> torch.Tensor | None:
+        """bool [B, this rank's tokens] of the gathered sequence in this forward (False = padding), or
+        None when it is not padded."""
+        real = self._real.get(next(iter(self.lengths), ""))
+        return None if real is None else self.shard(real, 1)
+
+    def sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        """`values` summed over the ranks that split the sequence (in place)."""
+        import torch.distributed as dist
+
+        for dim, degree in (("ulysses", self.groups.degrees.ulysses), ("ring", self.groups.degrees.ring)):
+            if degree > 1:
+                dist.all_reduce(values, group=self.groups.mesh[dim].get_group())
+        return values
+
     def attention(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *names: str) -> torch.Tensor:
         """Attention for this rank's chunk ([B, S, H, D]) of the joint sequence of `names`."""
         return sequence_parallel_attention(query, key, value, self.key_mask(*names), self.groups)

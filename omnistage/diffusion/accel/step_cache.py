@@ -56,6 +56,11 @@ class BlockChain:
     """TeaCache's polynomial rescaling the relative L1 distance; None = no rescaling."""
     transformers: tuple[str, ...] = ("transformer",)
     """Pipeline attributes holding transformers with these blocks (absent ones are skipped)."""
+    shard_residuals: bool = False
+    """Under Ulysses the family's plan splits the hidden states as the first block takes them and
+    gathers them after the last block (Qwen-Image): the caches run on each rank's shard of the
+    sequence, summing their distances over the ranks (checked for the family with two ranks);
+    False = the caches are refused with Ulysses there."""
 
     def hidden(self, args: tuple, kwargs: dict) -> torch.Tensor:
         if self.io == "dual_stream" or not args:
@@ -143,6 +148,9 @@ class Policy:
     first block from its inputs, True (first-block cache) after the first block."""
 
     probe_head: bool
+    split: Any = None
+    """The sequence split (sequence_split.SplitSequence) whose shards the blocks run on, over whose
+    ranks the distances are summed; None = the cache sees the whole sequence."""
 
     def signal(self, chain: BlockChain, block: torch.nn.Module, args: tuple, kwargs: dict,
                head_output: torch.Tensor | None) -> torch.Tensor:
@@ -164,22 +172,31 @@ class Policy:
         residual is measured from and the last block's output (EasyCache learns its rate here)."""
 
 
-def mean_abs(tensor: torch.Tensor, mask: torch.Tensor | None) -> float:
-    """mean |tensor| over a request's rows (real tokens only)."""
+def mean_abs(tensor: torch.Tensor, mask: torch.Tensor | None, split: Any = None) -> float:
+    """mean |tensor| over a request's rows (real tokens only), over the ranks of `split` when
+    `tensor` is a rank's shard of the sequence."""
     values = tensor.abs().float()
     if mask is None:
-        return values.mean().item()
+        return _ratio(values.sum(), torch.tensor(values.numel(), dtype=values.dtype), split, 1e-12)
     weight = mask.to(values.dtype).reshape(*mask.shape, *([1] * (values.ndim - mask.ndim)))
-    return ((values * weight).sum() / (weight.sum() * values[0, 0].numel()).clamp_min(1)).item()
+    return _ratio((values * weight).sum(), weight.sum() * values[0, 0].numel(), split, 1)
 
 
-def relative_l1(current: torch.Tensor, previous: torch.Tensor, mask: torch.Tensor | None) -> float:
-    """mean |current - previous| / mean |previous| over a request's rows (real tokens only)."""
+def relative_l1(current: torch.Tensor, previous: torch.Tensor, mask: torch.Tensor | None,
+                split: Any = None) -> float:
+    """mean |current - previous| / mean |previous| over a request's rows (real tokens only), over the
+    ranks of `split` when they are a rank's shard of the sequence."""
     diff, ref = (current - previous).abs().float(), previous.abs().float()
     if mask is not None:
         weight = mask.to(diff.dtype).reshape(*mask.shape, *([1] * (diff.ndim - mask.ndim)))
         diff, ref = diff * weight, ref * weight
-    return (diff.sum() / ref.sum().clamp_min(1e-12)).item()
+    return _ratio(diff.sum(), ref.sum(), split, 1e-12)
+
+
+def _ratio(numerator: torch.Tensor, denominator: torch.Tensor, split: Any, floor: float) -> float:
+    if split is not None:  # both sums, over every rank's shard
+        numerator, denominator = split.sum_over_ranks(torch.stack([numerator, denominator.to(numerator)]))
+    return (numerator / denominator.clamp_min(floor)).item()
 
 
 def fit_tokens(residual: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -205,6 +222,9 @@ class StepCache:
         self.call: Call | None = None
         self.num_split_calls = 0
         """Calls split because their rows disagreed (each costs one extra head block)."""
+        self.splits: dict[str, Any] = {}
+        """Transformer attribute -> its sequence split (sequence_split.SplitSequence), where the head
+        takes the whole sequence and the blocks this rank's shard of it."""
         for attr in chain.transformers:
             transformer = getattr(pipeline, attr, None)
             if transformer is None:
@@ -214,7 +234,8 @@ class StepCache:
                 raise ValueError(f"cache_backend: {attr} of {pipeline.reference_class} has {len(blocks)} "
                                  "block(s); a step cache needs at least 2")
             if getattr(transformer, "_parallel_config", None) is not None:  # split over ranks (sequence_parallel.py)
-                check_sequence_split(pipeline, transformer, chain, policy, hook_name)
+                if check_sequence_split(pipeline, transformer, chain, policy, hook_name):
+                    self.splits[attr] = policy.split = transformer._sequence_split
             hooks = [_head_hook(self, attr)] + [_tail_hook(self, i == len(blocks) - 1) for i in range(1, len(blocks))]
             for block, hook in zip(blocks, hooks):
                 HookRegistry.check_if_exists_or_initialize(block).register_hook(hook, hook_name)
@@ -291,28 +312,36 @@ class StepCache:
 
 
 def check_sequence_split(pipeline: Any, transformer: torch.nn.Module, chain: BlockChain, policy: Policy,
-                         backend: str) -> None:
-    """Refuse a cache whose hooks would see a rank's shard of the sequence under Ulysses or ring.
+                         backend: str) -> bool:
+    """Whether the cache runs on a rank's shard of the sequence (under Ulysses); refuses a cache whose
+    hooks would mix whole and shard.
 
     The cache's hooks wrap the context-parallel hooks of the same blocks (they are registered after
-    them), so they see the whole sequence only where the family's plan splits the hidden states as
-    the first block takes them and gathers them as the last block returns them (Z-Image). Then every
-    rank decides alike, from the whole. Elsewhere (a plan that gathers after the blocks, as
-    diffusers' do) a skipped step would add a whole-sequence residual to a shard, and each rank
-    would decide from its own shard; the first-block cache also compares the first block's output,
-    a shard, with its whole input."""
+    them), so the head sees the whole sequence where the family's plan splits the hidden states as
+    the first block takes them. If the plan also gathers them as the last block returns them
+    (Z-Image), every hook but the first-block cache's (which compares the first block's output, a
+    shard, with its whole input) sees the whole. If it gathers after the blocks (Qwen-Image, whose
+    family sets `shard_residuals`), the head takes this rank's shard of its input and the signal,
+    every distance is summed over the ranks (padding left out), so every rank decides alike, and
+    each keeps its shard's residual. Elsewhere a rank's cache would decide from its own shard or add
+    a residual to a tensor of another length."""
     from diffusers.models._modeling_parallel import ContextParallelOutput
 
     plan = pipeline.supported_accelerations.sequence_parallel.plan(transformer)
     first = f"{chain.blocks[0]}.0"
     last = f"{chain.blocks[-1]}.{len(getattr(transformer, chain.blocks[-1])) - 1}"
-    if policy.probe_head or first not in plan or not isinstance(plan.get(last), ContextParallelOutput):
-        degrees = transformer._parallel_config.context_parallel_config
-        fields = [f"{name}={value}" for name, value in (("ulysses_degree", degrees.ulysses_degree),
-                                                         ("ring_degree", degrees.ring_degree)) if value > 1]
-        raise ValueError(f"cache_backend={backend} cannot be combined with {', '.join(fields)} for "
-                         f"{pipeline.reference_class}: its blocks run on a shard of the sequence, from which "
-                         "each rank's cache would decide alone")
+    degrees = transformer._parallel_config.context_parallel_config
+    if first in plan:
+        gathered = isinstance(plan.get(last), ContextParallelOutput)
+        if gathered and not policy.probe_head:
+            return False
+        if not gathered and chain.shard_residuals and degrees.ring_degree == 1:
+            return True
+    fields = [f"{name}={value}" for name, value in (("ulysses_degree", degrees.ulysses_degree),
+                                                     ("ring_degree", degrees.ring_degree)) if value > 1]
+    raise ValueError(f"cache_backend={backend} cannot be combined with {', '.join(fields)} for "
+                     f"{pipeline.reference_class}: its blocks run on a shard of the sequence, from which "
+                     "each rank's cache would decide alone")
 
 
 def _state_cache(state: DenoiseState) -> StepCacheState:
@@ -358,9 +387,14 @@ def _head_forward(cache: StepCache, chain_name: str, forward: Callable, module: 
         return forward(*args, **kwargs)
     hidden = chain.hidden(args, kwargs)
     mask = chain.token_mask(args, kwargs)
+    split = cache.splits.get(chain_name)
+    if split is not None:  # the head takes the whole sequence, the blocks this rank's shard of it
+        hidden, mask = split.shard(hidden, 1), split.shard_mask()
     call.chain_name, call.skipping, call.mask = chain_name, False, mask
     if not cache.policy.probe_head:  # TeaCache, EasyCache: decide from the inputs, maybe skip every block
         signal = cache.policy.signal(chain, module, args, kwargs, None)
+        if split is not None:
+            signal = split.shard(signal, 1)
         if cache.decide(call, chain_name, signal, mask, hidden):
             call.reference = hidden
             return forward(*args, **kwargs)

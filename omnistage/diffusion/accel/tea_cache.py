@@ -74,7 +74,8 @@ class TeaCachePolicy(Policy):
         return chain.modulated_input(block, args, kwargs)
 
     def _accumulated(self, cache: BranchCache, signal: torch.Tensor, mask: torch.Tensor | None) -> float:
-        return cache.accumulated + self.rescale(relative_l1(signal, fit_tokens(cache.previous, signal), mask))
+        return cache.accumulated + self.rescale(relative_l1(signal, fit_tokens(cache.previous, signal), mask,
+                                                                  self.split))
 
     def should_compute(self, cache: BranchCache, signal: torch.Tensor, mask: torch.Tensor | None,
                        state: DenoiseState) -> bool:
