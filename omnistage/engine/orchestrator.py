@@ -381,6 +381,9 @@ class Orchestrator:
         for stage_id, handle in reversed(self.handles.items()):
             self._route(self._collect_outputs(stage_id, handle))
             delivered += self._finish()
+        # A stream that ended in this step makes room now: left for the next step, a queued request
+        # would wait out the idle loop's sleep (nothing else to do) before its first audio.
+        self._admit_queued()
         return delivered
 
     def has_unfinished_requests(self) -> bool:

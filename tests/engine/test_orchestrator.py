@@ -407,3 +407,24 @@ def test_a_pipeline_folder_names_each_stages_checkpoint(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"stage_models": {"painter": "x"}}))
     with pytest.raises(ValueError, match=r"stage_models names \['painter'\], which are not stages of pipeline 't2i'"):
         stage_model_paths(str(tmp_path), text_to_image())
+
+
+def test_a_request_queued_for_the_real_time_budget_starts_in_the_step_that_ends_the_stream_before_it():
+    # The vocoder's fixed capacity fits one stream: the second request waits in the queue. When the
+    # first ends, the second must be started in that same step, not after the loop's idle sleep.
+    configs = {0: StageDeployConfig(), 1: StageDeployConfig(real_time_admission=True, audio_capacity=1.5)}
+    orch = Orchestrator(streamed_tts(), "fake-model", configs,
+                        engine_factory=lambda m, s, c: FakeEngine(m, s, c))
+    orch.submit(OmniRequest("first", "hello"))
+    orch.step()
+    orch.submit(OmniRequest("second", "hello"))
+    finished_first = False
+    for _ in range(200):
+        outs = orch.step()
+        if any(o.request_id == "first" and o.finished for o in outs):
+            finished_first = True
+            break
+        assert orch.has_unfinished_requests() and "second" not in orch._requests  # waits while first streams
+    assert finished_first
+    assert not orch._queued and "second" in orch._requests
+    orch.close()
