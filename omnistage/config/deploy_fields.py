@@ -118,13 +118,14 @@ class StageDeployConfig:
     default_sampling_params: dict[str, Any] = field(default_factory=dict)
     """Defaults for request params (SamplingParams or DiffusionParams fields) of this stage."""
     real_time_admission: bool = False
-    """Off by default: measured on a loaded 2-core host it cut Qwen3-TTS's audio per wall second at
-    concurrency 8 by ~3x for ~2x shorter stalls (benchmarks/RESULTS.md, "TTS under load"), and it
-    also holds offline batches, which have no listener. On: a final stage streaming audio starts a new
-    request only while every admitted stream is made at least 25% faster than real time (measured as
-    it runs) and none is behind its listener; the others wait in the queue, in order (their time to
-    first audio grows; past `--max-queued-requests` the server answers 429). Off: every request starts
-    at once and all streams share the capacity."""
+    """Off by default: on a quiet 2-core host it kept 0.56-0.69x of the audio per wall second of
+    admission off on the tiny TTS models, for no stalls against ~55 ms p99 at 32 streams
+    (benchmarks/RESULTS.md, "TTS under load"), and it also holds offline batches, which have no
+    listener. On: a final stage streaming audio starts a new request only while every admitted stream
+    is made at least 25% faster than real time (measured as it runs; before a rate is measured, while
+    each leads its listener by 0.25 s) and none is behind its listener; the others wait in the queue,
+    in order (their time to first audio grows; past `--max-queued-requests` the server answers 429).
+    Off: every request starts at once and all streams share the capacity."""
     audio_capacity: float | None = None
     """A final stage streaming audio, with real_time_admission: the seconds of audio it makes per wall
     second in all, fixed (all the streams, with 25% to spare, must fit it); None = measured per stream."""

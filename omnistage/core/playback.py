@@ -39,6 +39,11 @@ class Playback:
         has had one turn, a newcomer's first chunk goes first, however late they are."""
         return start if self.runs_out_at is None else self.runs_out_at
 
+    def lead(self, now: float) -> float:
+        """Seconds of audio received and not yet played at `now` (0.0 before any audio, or when the
+        player has run out)."""
+        return 0.0 if self.runs_out_at is None else max(0.0, self.runs_out_at - now)
+
     def ahead(self, now: float) -> bool:
         """Whether the player still has audio to play at `now`."""
         return self.runs_out_at is not None and self.runs_out_at > now

@@ -19,6 +19,12 @@ Budgeting the measured total for n + 1 streams instead would keep a pipeline who
 stream is made at 2x real time serving one stream at a time, however well it batches
 (benchmarks/RESULTS.md, "TTS under load").
 
+Before the meter has a rate (no busy period has lasted `MIN_SPAN_S` yet: a fast pipeline makes a
+whole answer in less), a newcomer starts only while every admitted stream has started and leads
+its listener by `LEAD_S` (audio received and not yet played): that lead shows it is made faster
+than real time so far, and covers the newcomer's prompt and first chunk. Waiting for a rate there
+would serve such a pipeline one stream at a time, each answer ending before a rate is measured.
+
 A stage's deploy field `audio_capacity` fixes the total instead (audio seconds per wall
 second at any load): then n + 1 streams with their headroom must fit it. `real_time_admission:
 false` admits every request at once.
@@ -35,6 +41,12 @@ WINDOW_S = 2.0
 """The meter's memory: the rate is that of the last WINDOW_S seconds of audio output."""
 MIN_SPAN_S = 0.2
 """Shortest span of output the meter trusts for a rate."""
+LEAD_S = 0.25
+"""Before the meter has a rate, the lead over its listener that every admitted stream needs for a
+newcomer to start. It covers the newcomer's prompt and first chunk (0.01-0.03 s alone for the zoo's
+tiny speech models, 0.17 s p99 with 32 started at once), and it is more than MIN_SPAN_S, after
+which the meter has a rate and that decides. Qwen3's first chunk (0.4 s) gives it alone; CSM's
+(0.16 s) needs the next chunk too."""
 
 
 class AudioMeter:
@@ -72,15 +84,18 @@ class RealTimeAdmission:
     def capacity(self) -> float | None:
         return self.fixed_capacity if self.fixed_capacity is not None else self.meter.rate
 
-    def admits(self, num_streams: int, num_unstarted: int, num_behind: int) -> bool:
+    def admits(self, num_streams: int, num_unstarted: int, num_behind: int, lead: float = 0.0) -> bool:
         """May one more stream start beside `num_streams` admitted ones still being made, of which
-        `num_unstarted` have sent no audio yet and `num_behind` have a listener that ran out?"""
+        `num_unstarted` have sent no audio yet and `num_behind` have a listener that ran out?
+        `lead`: the smallest lead among the started ones (audio received and not yet played, s)."""
         if num_streams == 0:
             return True
         if num_behind:
             return False  # the admitted streams come first
         if self.fixed_capacity is not None:
             return (num_streams + 1) * (1 + HEADROOM) <= self.fixed_capacity
-        if num_unstarted or self.meter.rate is None:
-            return False  # one newcomer at a time, and a rate measured with it
+        if num_unstarted:
+            return False  # one newcomer at a time
+        if self.meter.rate is None:
+            return lead >= LEAD_S  # no rate yet: each admitted stream's own lead must cover a newcomer
         return self.meter.rate / num_streams >= 1 + HEADROOM

@@ -466,7 +466,8 @@ class Orchestrator:
             self._admission.meter.idle()
         unstarted = sum(state.playback is None for state in streams)
         behind = sum(state.playback is not None and not state.playback.ahead(now) for state in streams)
-        return self._admission.admits(len(streams), unstarted, behind)
+        lead = min((state.playback.lead(now) for state in streams if state.playback is not None), default=0.0)
+        return self._admission.admits(len(streams), unstarted, behind, lead)
 
     def _add_request(self, request: OmniRequest, sink: Sink | None) -> None:
         rid = request.request_id

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 from fake_engines import FakeEngine, every_token, expand_to_image, streamed_tts, text_to_image
 
@@ -427,4 +428,29 @@ def test_a_request_queued_for_the_real_time_budget_starts_in_the_step_that_ends_
         assert orch.has_unfinished_requests() and "second" not in orch._requests  # waits while first streams
     assert finished_first
     assert not orch._queued and "second" in orch._requests
+    orch.close()
+
+
+def test_a_pipeline_faster_than_real_time_admits_a_second_stream_before_its_rate_is_measured():
+    # Each vocoder chunk is 1 s of audio made at once: the first stream leads its listener long
+    # before the meter's shortest span has passed, so the second starts beside it, not after it.
+    class SecondPerChunk(FakeEngine):
+        def _output(self, rid, state):
+            out = super()._output(rid, state)
+            if self.stage.output == "audio":
+                out.payload.audio = np.full(16000, 0.5, np.float32)
+            return out
+
+    configs = {0: StageDeployConfig(), 1: StageDeployConfig(real_time_admission=True)}
+    orch = Orchestrator(streamed_tts(), "fake-model", configs,
+                        engine_factory=lambda m, s, c: SecondPerChunk(m, s, c))
+    orch.submit(OmniRequest("first", "hello"))
+    for _ in range(200):
+        orch.step()
+        if orch._requests["first"].playback is not None:
+            break
+    orch.submit(OmniRequest("second", "hello"))
+    orch.step()
+    assert orch._admission.meter.rate is None  # admitted on the first stream's lead alone
+    assert "first" in orch._requests and "second" in orch._requests and not orch._queued
     orch.close()
