@@ -15,6 +15,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from omnistage.entrypoints.openai.realtime import audio_format
 from omnistage.testing.voice import synthetic_speech
+from ws_events import until
 
 URL = "/v1/realtime?model=fake-omni"
 NO_VAD = {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}}
@@ -27,14 +28,6 @@ def b64(data: bytes) -> str:
 def pcm(audio: np.ndarray) -> str:
     return b64(audio_format.encode(audio, 24000, "audio/pcm"))
 
-
-def until(ws, kind: str) -> list[dict]:
-    """Events up to and including the first of type `kind`."""
-    events = []
-    while True:
-        events.append(ws.receive_json())
-        if events[-1]["type"] == kind:
-            return events
 
 
 def first_answer_audio(engine) -> np.ndarray:

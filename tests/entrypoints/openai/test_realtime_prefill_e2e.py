@@ -17,6 +17,7 @@ import pytest
 from omnistage.entrypoints.openai.realtime import audio_format
 from omnistage.media.audio import resample
 from omnistage.testing.voice import synthetic_speech
+from ws_events import until
 
 URL = "/v1/realtime?model=omni"
 # Greedy thinker; a random talker rarely emits its end code: cap it, with a floor so there is audio.
@@ -40,13 +41,6 @@ def served(zoo, request):
         off = TestClient(create_app(replace(settings, realtime_prefill=False), engine))  # no lifespan: one shutdown
         yield client, off, engine
 
-
-def until(ws, kind: str) -> list[dict]:
-    events = []
-    while True:
-        events.append(ws.receive_json())
-        if events[-1]["type"] == kind:
-            return events
 
 
 def spoken_turn(client, speech: np.ndarray, ready=lambda: True) -> tuple[dict, str, bytes]:

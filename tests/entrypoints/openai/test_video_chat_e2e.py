@@ -15,6 +15,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from PIL import Image
+from ws_events import until
 
 
 KEY = "k3y"
@@ -55,13 +56,6 @@ def connect(client):
         assert ws.receive_json()["type"] == "session.created"
         yield ws
 
-
-def until(ws, kind: str) -> list[dict]:
-    events = []
-    while True:
-        events.append(ws.receive_json())
-        if events[-1]["type"] == kind:
-            return events
 
 
 def configure(ws, config: dict) -> dict:
