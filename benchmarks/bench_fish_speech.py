@@ -24,7 +24,8 @@ import sys
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 from bench_tts import (  # noqa: E402
-    _VS, _verdict, family_args, level_rows, load_average, one_at_a_time, per_cpu, serve_levels)
+    _VS, _verdict, family_args, level_rows, load_average, one_at_a_time, per_cpu, serve_levels,
+    versus_authors)
 from common import ROOT, write_section  # noqa: E402
 
 SAMPLE_RATE, HOP = 44100, 2048
@@ -94,14 +95,7 @@ their codec decode, one at a time (it has no batch; best of {args.repeats}, seed
 {base['latency_p50_s']:.3f} s (= its time to first audio), RTF mean {base['rtf_mean']:.3f},
 {base['audio_per_s']:.3f} audio s / wall s, {base['audio_per_cpu']:.3f} audio s / CPU s.
 
-- Time to first audio at concurrency 1 (p50): **{ours1['ttfp_p50_s']:.3f} s** vs the authors' whole request
-  {base['latency_p50_s']:.3f} s (**{base['latency_p50_s'] / ours1['ttfp_p50_s']:.1f}x** sooner).
-- Audio per wall second: concurrency 1 **{ours1['audio_seconds_per_s']:.3f}**
-  (**{ours1['audio_seconds_per_s'] / base['audio_per_s']:.2f}x** the authors'), concurrency 8
-  **{ours8['audio_seconds_per_s']:.3f}** (**{ours8['audio_seconds_per_s'] / base['audio_per_s']:.2f}x** the authors'
-  one-at-a-time loop).
-- Audio per CPU second: server at concurrency 1 **{per_cpu(ours1):.3f}**, at concurrency 8
-  **{per_cpu(ours8):.3f}**, vs the authors' {base['audio_per_cpu']:.3f}.
+{versus_authors(ours1, ours8, base)}
 - Goal (issue 33): throughput at concurrency 8 >= 3x concurrency 1 (audio per wall second): **{scale:.2f}x**,
   {_verdict(scale >= 3)} (per server CPU second, which the load blurs less: {per_cpu(ours8) / per_cpu(ours1):.2f}x);
   time to first audio <= 25% of the request at concurrency 1 (p50): **{share:.2f}**, {_verdict(share <= 0.25)}.

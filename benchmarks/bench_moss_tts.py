@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import sys
 
-from bench_tts import _VS, family_args, level_rows, load_average, one_at_a_time, per_cpu, serve_levels
+from bench_tts import (
+    _VS, family_args, level_rows, load_average, one_at_a_time, serve_levels, versus_authors)
 from common import ROOT, write_section
 
 
@@ -78,14 +79,7 @@ decode, one at a time (it has no batch; best of {args.repeats}, seeded per run):
 {base['latency_p50_s']:.3f} s (= its time to first audio), RTF mean {base['rtf_mean']:.3f},
 {base['audio_per_s']:.3f} audio s / wall s, {base['audio_per_cpu']:.3f} audio s / CPU s.
 
-- Time to first audio at concurrency 1 (p50): **{ours1['ttfp_p50_s']:.3f} s** vs the authors' whole request
-  {base['latency_p50_s']:.3f} s (**{base['latency_p50_s'] / ours1['ttfp_p50_s']:.1f}x** sooner).
-- Audio per wall second: concurrency 1 **{ours1['audio_seconds_per_s']:.3f}**
-  (**{ours1['audio_seconds_per_s'] / base['audio_per_s']:.2f}x** the authors'), concurrency 8
-  **{ours8['audio_seconds_per_s']:.3f}** (**{ours8['audio_seconds_per_s'] / base['audio_per_s']:.2f}x** the authors'
-  one-at-a-time loop).
-- Audio per CPU second: server at concurrency 1 **{per_cpu(ours1):.3f}**, at concurrency 8
-  **{per_cpu(ours8):.3f}**, vs the authors' {base['audio_per_cpu']:.3f}.
+{versus_authors(ours1, ours8, base)}
 """
     print(body)
     if not args.no_write:

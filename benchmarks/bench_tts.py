@@ -162,6 +162,19 @@ def per_cpu(summary: dict) -> float:
     return summary["audio_seconds_per_s"] * summary["duration_s"] / summary["server_cpu_s"]
 
 
+def versus_authors(ours1: dict, ours8: dict, base: dict) -> str:
+    """The bullets that set a family served at concurrency 1 and 8 against its authors' one-at-a-time
+    loop (`one_at_a_time`'s dict): time to first audio, audio per wall second and per CPU second."""
+    return f"""- Time to first audio at concurrency 1 (p50): **{ours1['ttfp_p50_s']:.3f} s** vs the authors' whole request
+  {base['latency_p50_s']:.3f} s (**{base['latency_p50_s'] / ours1['ttfp_p50_s']:.1f}x** sooner).
+- Audio per wall second: concurrency 1 **{ours1['audio_seconds_per_s']:.3f}**
+  (**{ours1['audio_seconds_per_s'] / base['audio_per_s']:.2f}x** the authors'), concurrency 8
+  **{ours8['audio_seconds_per_s']:.3f}** (**{ours8['audio_seconds_per_s'] / base['audio_per_s']:.2f}x** the authors'
+  one-at-a-time loop).
+- Audio per CPU second: server at concurrency 1 **{per_cpu(ours1):.3f}**, at concurrency 8
+  **{per_cpu(ours8):.3f}**, vs the authors' {base['audio_per_cpu']:.3f}."""
+
+
 def level_rows(summaries: list[dict], audio_digits: int = 3, cpu_digits: int = 3) -> str:
     """The table rows (under `_VS`'s header) of one server's levels."""
     first = summaries[0]["audio_seconds_per_s"]
