@@ -325,19 +325,11 @@ CACHED_PARALLEL = ("z-image", {  # settings that skip some of the 12 steps' 24 f
 """Each of our step caches on two ranks (family, backend -> cache_config, steps): its decisions are per
 request and CFG branch, so with CFG parallel (one branch per rank) and Ulysses (a shard of the sequence per
 rank) the ranks skip what one rank skips. One family, in the same spawn: a spawn of its own costs ~10 s.
-(cache-dit is tested in test_cache_dit.py.) Z-Image's plan splits the sequence as its first block takes
-it and gathers it as its last returns it, so the caches see it whole; the first-block cache is the
-exception, refused with Ulysses (it compares the first block's output, a shard, with its input)."""
-SHARDED_CACHES = ("qwen-image", {  # settings that skip 6-12 of the 8 steps' 16 forwards on one rank
-    "first_block_cache": {"threshold": 0.6, "warmup_steps": 1},
-    "tea_cache": {"rel_l1_thresh": 0.2},
-    "easycache": {"threshold": 0.1, "warmup_steps": 1},
-    "mag_cache": {"threshold": 0.1, "warmup_steps": 1},
-}, 8, {"height": 48, "width": 48})
-"""(family, backend -> cache_config, steps, request): each step cache under Ulysses on a family whose plan
-(Qwen-Image's, diffusers') gathers the sequence after its blocks, so they run on a rank's shard: every
-distance is summed over the ranks. 48 x 48 pixels are 9 image tokens, which the two ranks split padded
-(5 + 5): the padding row is left out of the distances."""
+(cache-dit is tested in test_cache_dit.py; the families whose caches run on a rank's shard of the
+sequence, Qwen-Image, FLUX, FLUX.2, Wan and SD3, in test_step_cache_sequence_parallel.py.) Z-Image's plan
+splits the sequence as its first block takes it and gathers it as its last returns it, so the caches see it
+whole; the first-block cache is the exception, refused with Ulysses (it compares the first block's output, a
+shard, with its input)."""
 CACHE_ON_SHARDS = [("z-image", "first_block_cache")]
 """(family, backend) refused with Ulysses at load: the first-block cache would compare the first block's
 output, a shard, with its whole input (Z-Image's plan splits the sequence inside the first block)."""
@@ -365,12 +357,6 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
                 pipeline = _load(CASES[name], paths[name], **fields, cache_backend=backend, cache_config=config)
                 arr, state = run(pipeline, CASES[name], num_inference_steps=steps)
                 results[f"{name} {label} {backend}"] = (arr, pipeline.state_metrics(state), pipeline.accelerations, 0)
-        family, configs, steps, request = SHARDED_CACHES
-        for backend, config in configs.items():
-            pipeline = _load(CASES[family], paths[family], **ULYSSES, cache_backend=backend, cache_config=config)
-            arr, state = run(pipeline, CASES[family], num_inference_steps=steps, **request)
-            results[f"{family} ulysses {backend}"] = (arr, pipeline.state_metrics(state), pipeline.accelerations,
-                                                      cache_measures(state))
         for family, backend in CACHE_ON_SHARDS:
             try:
                 _load(CASES[family], paths[family], **ULYSSES, cache_backend=backend)
@@ -435,27 +421,6 @@ def test_a_step_cache_on_two_ranks_skips_what_one_rank_skips(zoo, two_rank_resul
             assert {k: metrics[k] + rank1_metrics[k] for k in want_metrics} == want_metrics
         else:  # each rank holds a shard of every row: the same decisions as one rank
             assert metrics == rank1_metrics == want_metrics
-
-
-def cache_measures(state) -> list[float]:
-    """EasyCache's and MagCache's last learned rate, by branch (none for the others): measured on shards,
-    it is each rank's own unless summed over the ranks."""
-    return [cache.rate for cache in state.step_cache.branches.values() if cache.rate is not None]
-
-
-@pytest.mark.parametrize("backend", list(SHARDED_CACHES[1]))
-def test_a_step_cache_on_shards_of_the_sequence_skips_what_one_rank_skips(zoo, two_rank_results, backend):
-    family, configs, steps, request = SHARDED_CACHES
-    one_rank = _load(CASES[family], str(zoo(family)), cache_backend=backend, cache_config=configs[backend])
-    want, state = run(one_rank, CASES[family], num_inference_steps=steps, **request)
-    want_metrics = one_rank.state_metrics(state)
-    assert want_metrics["num_forwards_skipped"] > 0
-    got, metrics, applied, measures = two_rank_results[0][f"{family} ulysses {backend}"]
-    _, rank1_metrics, _, rank1_measures = two_rank_results[1][f"{family} ulysses {backend}"]
-    assert backend in applied and np.abs(got - want).max() <= TOLERANCE["ulysses"]
-    assert metrics == rank1_metrics == want_metrics
-    assert bool(measures) == (backend in ("easycache", "mag_cache"))
-    assert measures == rank1_measures and np.allclose(measures, cache_measures(state), rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("family, backend", CACHE_ON_SHARDS)

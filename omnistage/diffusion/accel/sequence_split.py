@@ -68,11 +68,12 @@ class SplitSequence:
         ring, ulysses = self.groups.sequence_mesh.get_coordinate()
         return pad_rows(x, dim, self.ways).chunk(self.ways, dim=dim)[ring * self.groups.degrees.ulysses + ulysses]
 
-    def shard_mask(self) -> torch.Tensor | None:
-        """bool [B, this rank's tokens] of the gathered sequence in this forward (False = padding), or
-        None when it is not padded."""
-        real = self._real.get(next(iter(self.lengths), ""))
-        return None if real is None else self.shard(real, 1)
+    def shard_mask(self, *names: str) -> torch.Tensor | None:
+        """bool [B, this rank's tokens] in this forward (False = padding) over this rank's chunks of the
+        sequences `names` concatenated in that order, or None when nothing is padded."""
+        if not self._real:
+            return None
+        return torch.cat([self.shard(self._real[name], 1) for name in names], dim=1)
 
     def sum_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
         """`values` summed over the ranks that split the sequence (in place)."""

@@ -56,16 +56,23 @@ class BlockChain:
     """TeaCache's polynomial rescaling the relative L1 distance; None = no rescaling."""
     transformers: tuple[str, ...] = ("transformer",)
     """Pipeline attributes holding transformers with these blocks (absent ones are skipped)."""
-    shard_residuals: bool = False
-    """Under Ulysses the family's plan splits the hidden states as the first block takes them and
-    gathers them after the last block (Qwen-Image): the caches run on each rank's shard of the
-    sequence, summing their distances over the ranks (checked for the family with two ranks);
-    False = the caches are refused with Ulysses there."""
+    split_tokens: tuple[str, ...] = ()
+    """Under Ulysses and ring, where the family's plan gathers the sequence after the blocks: the split
+    sequences (as the plan's `split_lengths` names them) whose chunks a block's hidden states hold on a
+    rank, in order (FLUX.2's single-stream blocks: "text tokens", then "image tokens"). The caches then
+    run on each rank's shard, distances summed over the ranks with the padding left out, and each rank
+    keeps its shard's residual (check_sequence_split). Empty = the caches are refused there."""
 
     def hidden(self, args: tuple, kwargs: dict) -> torch.Tensor:
         if self.io == "dual_stream" or not args:
             return kwargs["hidden_states"]
         return args[0]
+
+    def with_input(self, args: tuple, kwargs: dict, hidden: torch.Tensor) -> tuple[tuple, dict]:
+        """A block's args and kwargs with `hidden` in place of its hidden states."""
+        if self.io == "dual_stream" or not args:
+            return args, {**kwargs, "hidden_states": hidden}
+        return (hidden, *args[1:]), kwargs
 
     def output_hidden(self, output: Any) -> torch.Tensor:
         if self.io == "positional_pair":
@@ -81,6 +88,23 @@ class BlockChain:
 
     def token_mask(self, args: tuple, kwargs: dict) -> torch.Tensor | None:
         return None if self.token_mask_arg is None else args[self.token_mask_arg]
+
+
+@dataclass(frozen=True)
+class RankShard:
+    """How one transformer's blocks hold a rank's shard of the sequence (check_sequence_split)."""
+
+    split: Any
+    """The transformer's sequence_split.SplitSequence: its ranks, and the padding of this forward."""
+    at_head: bool
+    """The plan splits the hidden states as the first block takes them, so the head hook sees them
+    whole and takes this rank's chunk itself (Qwen-Image, Wan); False where the plan splits them
+    before the blocks (FLUX, FLUX.2, SD3), so every hook sees the shard."""
+    tokens: tuple[str, ...]
+    """The chain's `split_tokens`: what the shard's mask of padding is made of."""
+
+    def mask(self) -> torch.Tensor | None:
+        return self.split.shard_mask(*self.tokens)
 
 
 @dataclass
@@ -222,9 +246,9 @@ class StepCache:
         self.call: Call | None = None
         self.num_split_calls = 0
         """Calls split because their rows disagreed (each costs one extra head block)."""
-        self.splits: dict[str, Any] = {}
-        """Transformer attribute -> its sequence split (sequence_split.SplitSequence), where the head
-        takes the whole sequence and the blocks this rank's shard of it."""
+        self.shards: dict[str, RankShard] = {}
+        """Transformer attribute -> how its blocks hold this rank's shard of the sequence (under
+        Ulysses and ring), where the caches run on it."""
         for attr in chain.transformers:
             transformer = getattr(pipeline, attr, None)
             if transformer is None:
@@ -234,8 +258,8 @@ class StepCache:
                 raise ValueError(f"cache_backend: {attr} of {pipeline.reference_class} has {len(blocks)} "
                                  "block(s); a step cache needs at least 2")
             if getattr(transformer, "_parallel_config", None) is not None:  # split over ranks (sequence_parallel.py)
-                if check_sequence_split(pipeline, transformer, chain, policy, hook_name):
-                    self.splits[attr] = policy.split = transformer._sequence_split
+                if (shard := check_sequence_split(pipeline, transformer, chain, policy, hook_name)) is not None:
+                    self.shards[attr], policy.split = shard, shard.split
             hooks = [_head_hook(self, attr)] + [_tail_hook(self, i == len(blocks) - 1) for i in range(1, len(blocks))]
             for block, hook in zip(blocks, hooks):
                 HookRegistry.check_if_exists_or_initialize(block).register_hook(hook, hook_name)
@@ -312,31 +336,33 @@ class StepCache:
 
 
 def check_sequence_split(pipeline: Any, transformer: torch.nn.Module, chain: BlockChain, policy: Policy,
-                         backend: str) -> bool:
-    """Whether the cache runs on a rank's shard of the sequence (under Ulysses); refuses a cache whose
-    hooks would mix whole and shard.
+                         backend: str) -> RankShard | None:
+    """How the cache runs where the transformer's sequence is split over ranks (Ulysses, ring or both):
+    on the whole sequence (None), on this rank's shard (a RankShard), or refused where its hooks would
+    mix whole and shard.
 
     The cache's hooks wrap the context-parallel hooks of the same blocks (they are registered after
     them), so the head sees the whole sequence where the family's plan splits the hidden states as
     the first block takes them. If the plan also gathers them as the last block returns them
     (Z-Image), every hook but the first-block cache's (which compares the first block's output, a
-    shard, with its whole input) sees the whole. If it gathers after the blocks (Qwen-Image, whose
-    family sets `shard_residuals`), the head takes this rank's shard of its input and the signal,
-    every distance is summed over the ranks (padding left out), so every rank decides alike, and
-    each keeps its shard's residual. Elsewhere a rank's cache would decide from its own shard or add
-    a residual to a tensor of another length."""
+    shard, with its whole input) sees the whole. If it gathers them after the blocks (Qwen-Image,
+    Wan) or splits them before the blocks too (FLUX, FLUX.2, SD3), and the family names the split
+    sequences its blocks hold (`split_tokens`), the caches run on each rank's shard: the head takes
+    this rank's shard of its input and the signal where it sees them whole, every distance is
+    summed over the ranks (padding left out), so every rank decides alike, and each keeps its
+    shard's residual. Elsewhere a rank's cache would decide from its own shard or add a residual
+    to a tensor of another length."""
     from diffusers.models._modeling_parallel import ContextParallelOutput
 
     plan = pipeline.supported_accelerations.sequence_parallel.plan(transformer)
     first = f"{chain.blocks[0]}.0"
     last = f"{chain.blocks[-1]}.{len(getattr(transformer, chain.blocks[-1])) - 1}"
+    if first in plan and isinstance(plan.get(last), ContextParallelOutput):
+        if not policy.probe_head:
+            return None
+    elif chain.split_tokens:
+        return RankShard(transformer._sequence_split, first in plan, chain.split_tokens)
     degrees = transformer._parallel_config.context_parallel_config
-    if first in plan:
-        gathered = isinstance(plan.get(last), ContextParallelOutput)
-        if gathered and not policy.probe_head:
-            return False
-        if not gathered and chain.shard_residuals and degrees.ring_degree == 1:
-            return True
     fields = [f"{name}={value}" for name, value in (("ulysses_degree", degrees.ulysses_degree),
                                                      ("ring_degree", degrees.ring_degree)) if value > 1]
     raise ValueError(f"cache_backend={backend} cannot be combined with {', '.join(fields)} for "
@@ -387,14 +413,17 @@ def _head_forward(cache: StepCache, chain_name: str, forward: Callable, module: 
         return forward(*args, **kwargs)
     hidden = chain.hidden(args, kwargs)
     mask = chain.token_mask(args, kwargs)
-    split = cache.splits.get(chain_name)
-    if split is not None:  # the head takes the whole sequence, the blocks this rank's shard of it
-        hidden, mask = split.shard(hidden, 1), split.shard_mask()
+    signal_args, signal_kwargs = args, kwargs
+    shard = cache.shards.get(chain_name)
+    if shard is not None:  # the blocks run on this rank's shard of the sequence
+        mask = shard.mask()
+        if shard.at_head:  # the head takes the whole sequence, the blocks this rank's shard of it
+            hidden = shard.split.shard(hidden, 1)
+            # Its signal too, from the shard (Wan's per-token modulation is split before the blocks).
+            signal_args, signal_kwargs = chain.with_input(args, kwargs, hidden)
     call.chain_name, call.skipping, call.mask = chain_name, False, mask
     if not cache.policy.probe_head:  # TeaCache, EasyCache: decide from the inputs, maybe skip every block
-        signal = cache.policy.signal(chain, module, args, kwargs, None)
-        if split is not None:
-            signal = split.shard(signal, 1)
+        signal = cache.policy.signal(chain, module, signal_args, signal_kwargs, None)
         if cache.decide(call, chain_name, signal, mask, hidden):
             call.reference = hidden
             return forward(*args, **kwargs)

@@ -142,6 +142,7 @@ class Flux(PatchImagePipeline):
         io="dual_stream",
         modulated_input=lambda block, args, kwargs: flux_modulated_input(block, kwargs),
         tea_cache_coefficients=(4.98651651e02, -2.83781631e02, 5.58554382e01, -3.82021401e00, 2.64230861e-01),
+        split_tokens=("image tokens",),
     )
 
     @torch.no_grad()

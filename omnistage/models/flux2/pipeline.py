@@ -242,6 +242,8 @@ class Flux2(DiffusionPipelineBase):
         blocks=("single_transformer_blocks",),
         io="single_stream",
         modulated_input=lambda block, args, kwargs: flux2_modulated_input(block, kwargs),
+        # Each rank joins its chunk of the text tokens and its chunk of the image tokens.
+        split_tokens=("text tokens", "image tokens"),
     )
 
     @torch.no_grad()

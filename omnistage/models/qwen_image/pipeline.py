@@ -217,7 +217,7 @@ class QwenImage(DiffusionPipelineBase):
         io="dual_stream",
         modulated_input=lambda block, args, kwargs: qwen_image_modulated_input(block, kwargs),
         tea_cache_coefficients=(-4.5e02, 2.8e02, -4.5e01, 3.2e00, -2.0e-02),
-        shard_residuals=True,
+        split_tokens=("image tokens",),
     )
 
     @torch.no_grad()

@@ -169,6 +169,7 @@ class StableDiffusion3(DiffusionPipelineBase):
         blocks=("transformer_blocks",),
         io="dual_stream",
         modulated_input=lambda block, args, kwargs: sd3_modulated_input(block, kwargs),
+        split_tokens=("image tokens",),
     )
 
     @torch.no_grad()

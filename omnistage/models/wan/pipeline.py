@@ -185,6 +185,7 @@ class _Wan(DiffusionPipelineBase):
         io="single_stream",
         modulated_input=lambda block, args, kwargs: wan_modulated_input(block, args),
         transformers=("transformer", "transformer_2"),
+        split_tokens=("video tokens",),
     )
 
     @torch.no_grad()
