@@ -38,6 +38,17 @@ latency and its process CPU time per cell. Goal: the 59-token speed-up within 10
 66-token one. Writes "## Parallel diffusion: uneven prompts".
 
     .venv/bin/python benchmarks/bench_parallel.py [--steps 20] [--repeats 2] --uneven
+
+With `--cached`, instead: a step cache under Ulysses 2 against Ulysses 2 uncached, one row per
+family whose cached blocks run on a rank's shard of the sequence (the zoo's small FLUX, FLUX.2,
+SD3 at 256x256 and Wan at 128x128, 9 frames; TeaCache at a threshold that computes about half
+the forwards on one rank): the three engines (Ulysses 2 uncached, Ulysses 2 cached, 1 rank
+cached) started together and their requests alternated; per cell the median of the timed
+requests' process CPU time (and of their latency); the forwards the cached ranks computed, and
+the PSNR of their output against one rank's with the same cache (the ranks decide as one rank
+does: the same forwards, the same output). Writes "## Parallel diffusion: step caches under Ulysses".
+
+    .venv/bin/python benchmarks/bench_parallel.py [--steps 20] [--repeats 3] --cached
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ import json
 import os
 import subprocess
 import sys
+import statistics
 import time
 from pathlib import Path
 
@@ -55,7 +67,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per rank, the worker
 from common import PeakRSS, write_section  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-MODELS = {"qwen-image": 256, "wan-t2v": 128, "flux2": 256, "sd3": 256}  # zoo name -> side (small size)
+MODELS = {"qwen-image": 256, "wan-t2v": 128, "flux2": 256, "sd3": 256, "flux": 256}  # zoo name -> side (small size)
 TP_MODELS = {"wan-t2v": "WanPipeline", "flux2": "Flux2Pipeline", "sd3": "StableDiffusion3Pipeline",
              "qwen-image": "QwenImagePipeline"}
 """Zoo name -> our pipeline class, for --tensor-parallel."""
@@ -78,13 +90,13 @@ def zoo_path(model: str) -> str:
     return str(ensure(model, size="small", cache_dir=ROOT / ".omnistage-cache" / "zoo"))
 
 
-def request(model: str, steps: int, rid: str, prompt: str | None = None):
+def request(model: str, steps: int, rid: str, prompt: str | None = None, **overrides):
     from omnistage.core.types import StageRequest
     from omnistage.diffusion.params import DiffusionParams
     from omnistage.testing import call_kwargs as zoo_call_kwargs
 
     side = MODELS[model] if model in MODELS else FSDP_MODELS[model][1]
-    kwargs = dict(zoo_call_kwargs(model), num_inference_steps=steps, height=side, width=side)
+    kwargs = dict(zoo_call_kwargs(model), num_inference_steps=steps, height=side, width=side, **overrides)
     if prompt is not None:
         kwargs["prompt"] = prompt
     prompt = kwargs.pop("prompt")
@@ -109,13 +121,17 @@ def start_engine(model: str, config: dict):
     return DiffusionEngine(zoo_path(model), config=StageDeployConfig(executor="mp", **config))
 
 
-def run_request(engine, model: str, steps: int, rid: str, prompt: str | None = None) -> tuple[float, float]:
-    """(latency, CPU seconds of this process and its workers) of one request run to the end."""
-    engine.add_request(request(model, steps, rid, prompt))
+def run_request(engine, model: str, steps: int, rid: str, prompt: str | None = None,
+                finished: list | None = None, **overrides) -> tuple[float, float]:
+    """(latency, CPU seconds of this process and its workers) of one request run to the end; its
+    final output is appended to `finished` when given."""
+    engine.add_request(request(model, steps, rid, prompt, **overrides))
     start, cpu = time.perf_counter(), cpu_seconds()
     while engine.has_unfinished_requests():
         for out in engine.step():
             assert out.error is None, out.error
+            if out.finished and finished is not None:
+                finished.append(out)
     return time.perf_counter() - start, cpu_seconds() - cpu
 
 
@@ -336,6 +352,91 @@ def uneven_main(args: argparse.Namespace) -> None:
         write_section("Parallel diffusion: uneven prompts", "benchmarks/bench_parallel.py", body)
 
 
+CACHED_MODELS = {  # zoo name -> (TeaCache's rel_l1_thresh computing about half of one rank's forwards, call changes)
+    "flux": (0.3, {"true_cfg_scale": 2.0}),  # FLUX guides only with true CFG (the zoo call has a negative prompt)
+    "flux2": (0.1, {}),  # guidance-distilled: one forward a step
+    "sd3": (0.1, {}),
+    "wan-t2v": (0.1, {}),
+}
+ULYSSES_2 = dict(num_devices=2, ulysses_degree=2)
+
+
+def cached_configs(threshold: float) -> dict[str, dict]:
+    cache = dict(cache_backend="tea_cache", cache_config={"rel_l1_thresh": threshold})
+    return {"Ulysses 2": ULYSSES_2, "Ulysses 2, cached": {**ULYSSES_2, **cache}, "1 rank, cached": cache}
+
+
+def output_array(out):
+    """A finished output's image or video as floats in [0, 1]."""
+    import numpy as np
+
+    payload = out.payload
+    pixels = payload.frames if hasattr(payload, "frames") else np.stack([np.asarray(i) for i in payload.images])
+    return pixels.astype(np.float64) / 255
+
+
+def psnr(a, b) -> float:
+    import numpy as np
+
+    mse = float(np.mean((a - b) ** 2))
+    return float("inf") if mse == 0 else 10 * np.log10(1.0 / mse)
+
+
+def cached_row(model: str, args: argparse.Namespace) -> tuple[str, dict]:
+    threshold, overrides = CACHED_MODELS[model]
+    engines = {name: start_engine(model, config) for name, config in cached_configs(threshold).items()}
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in engines}
+    outs: dict[str, list] = {name: [] for name in engines}
+    try:
+        for i in range(args.repeats + 1):  # the first round is the warm-up
+            for name, engine in engines.items():
+                runs[name].append(run_request(engine, model, args.steps, f"r{i}", finished=outs[name], **overrides))
+    finally:
+        for engine in engines.values():
+            engine.close()
+    median = {name: (statistics.median(t[0] for t in times[1:]), statistics.median(t[1] for t in times[1:]))
+              for name, times in runs.items()}
+    last = {name: out[-1] for name, out in outs.items()}
+    forwards = {name: (int(o.metrics.get("num_forwards_computed", 0)),
+                       int(o.metrics.get("num_forwards_computed", 0) + o.metrics.get("num_forwards_skipped", 0)))
+                for name, o in last.items()}
+    quality = psnr(output_array(last["Ulysses 2, cached"]), output_array(last["1 rank, cached"]))
+    plain, cached = median["Ulysses 2"], median["Ulysses 2, cached"]
+    side = MODELS[model]
+    row = (f"| {model} small ({side} px{', 9 frames' if model == 'wan-t2v' else ''}), rel_l1_thresh {threshold} "
+           f"| {plain[1]:.2f} s ({plain[0]:.2f} s) | {cached[1]:.2f} s ({cached[0]:.2f} s) "
+           f"| {plain[1] / cached[1]:.2f}x ({plain[0] / cached[0]:.2f}x) "
+           f"| {forwards['Ulysses 2, cached'][0]} / {forwards['Ulysses 2, cached'][1]} "
+           f"| {forwards['1 rank, cached'][0]} / {forwards['1 rank, cached'][1]} | {quality:.1f} dB |")
+    return row, {"median": median, "forwards": forwards, "psnr": quality}
+
+
+def cached_main(args: argparse.Namespace) -> None:
+    models = args.models or list(CACHED_MODELS)
+    rows = ["| model, TeaCache | Ulysses 2 uncached: CPU (latency) | Ulysses 2 cached: CPU (latency) "
+            "| cache speed-up, CPU (latency) | forwards computed, 2 ranks cached | forwards computed, 1 rank cached "
+            "| PSNR, 2 ranks cached vs 1 rank cached |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    loads = []
+    for model in models:
+        load_before = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+        row, raw = cached_row(model, args)
+        print(model, raw, flush=True)
+        rows.append(row[:-1] + f"| {load_before} |")
+        loads.append(load_before)
+    rows[0] += " load (1, 5, 15 min) before the row |"
+    rows[1] += " --- |"
+    body = (f"One request at a time, {args.steps} steps, CFG where the family guides (FLUX: true CFG with a negative "
+            f"prompt), fp32, CPU, `executor: mp`, one torch thread per rank; per model the three engines (Ulysses 2 "
+            f"uncached, Ulysses 2 cached, 1 rank cached) started together and their requests alternated; median of "
+            f"{args.repeats} timed requests per cell after a warm-up: process CPU time (user + system of the engines "
+            f"and their rank processes), and latency in brackets; engine start not counted. Forwards: one per CFG "
+            f"branch per step. PSNR of the last timed request's output (same seed) against one rank's with the same "
+            f"cache (inf: identical pixels).\n\n" + "\n".join(rows) + "\n")
+    print(body)
+    if not args.no_write:
+        write_section("Parallel diffusion: step caches under Ulysses", "benchmarks/bench_parallel.py", body)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20)
@@ -346,7 +447,11 @@ def main() -> None:
     parser.add_argument("--fsdp", action="store_true", help="only the FSDP rows (their own section)")
     parser.add_argument("--uneven", action="store_true",
                         help="only Ulysses and ring on a 59- and a 66-token prompt (their own section)")
+    parser.add_argument("--cached", action="store_true",
+                        help="only TeaCache under Ulysses 2 against Ulysses 2 uncached (their own section)")
     args = parser.parse_args()
+    if args.cached:
+        return cached_main(args)
     if args.fsdp:
         return fsdp_main(args)
     if args.uneven:
