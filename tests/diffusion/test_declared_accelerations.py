@@ -428,8 +428,8 @@ def test_a_step_cache_that_would_see_a_shard_of_the_sequence_is_refused_with_uly
                                                                                      backend):
     for results in two_rank_results:
         assert results[f"{family} ulysses {backend}"][1] == (
-            f"cache_backend={backend} cannot be combined with ulysses_degree=2 for {CASES[family].key}: its "
-            "blocks run on a shard of the sequence, from which each rank's cache would decide alone")
+            f"cache_backend={backend} cannot be combined with ulysses_degree=2 for {CASES[family].key}: it "
+            "would compare the first block's output, a rank's shard of the sequence, with its whole input")
 
 
 def test_the_engine_refuses_an_undeclared_acceleration_before_loading(zoo):

@@ -360,14 +360,17 @@ def check_sequence_split(pipeline: Any, transformer: torch.nn.Module, chain: Blo
     if first in plan and isinstance(plan.get(last), ContextParallelOutput):
         if not policy.probe_head:
             return None
+        why = "it would compare the first block's output, a rank's shard of the sequence, with its whole input"
     elif chain.split_tokens:
         return RankShard(transformer._sequence_split, first in plan, chain.split_tokens)
+    else:
+        why = ("its blocks run on a shard of the sequence, from which each rank's cache would decide alone (the "
+               "family names no `split_tokens`)")
     degrees = transformer._parallel_config.context_parallel_config
     fields = [f"{name}={value}" for name, value in (("ulysses_degree", degrees.ulysses_degree),
                                                      ("ring_degree", degrees.ring_degree)) if value > 1]
     raise ValueError(f"cache_backend={backend} cannot be combined with {', '.join(fields)} for "
-                     f"{pipeline.reference_class}: its blocks run on a shard of the sequence, from which "
-                     "each rank's cache would decide alone")
+                     f"{pipeline.reference_class}: {why}")
 
 
 def _state_cache(state: DenoiseState) -> StepCacheState:
