@@ -5,8 +5,8 @@ blocks, so each rank's blocks run on its shard of it.
 Per family, one run of the rank pair: each cache under Ulysses on two requests, the zoo's and one
 whose token counts have the other parity (one text token less; 3 x 3 image tokens where the
 family pads, which the two ranks split 5 + 5, so a padding row sits among the cached tokens);
-one cache under ring; one with CFG parallel; and one cache under Ulysses 2 x ring 2 on four ranks
-(FLUX.2-klein). Under Ulysses and ring every rank skips what one rank skips (the same counts) and
+one cache under ring; one with CFG parallel. And one cache under Ulysses 2 x ring 2 on four ranks
+(FLUX.2-klein), and TeaCache with Wan 2.2's per-token timesteps. Under Ulysses and ring every rank skips what one rank skips (the same counts) and
 the output is one rank's (<= 1/255); EasyCache's and MagCache's learned rates
 equal one rank's, which they only do when every distance is summed over the ranks with the
 padding left out (a rank's own shard gives another rate). With CFG parallel each rank caches its
@@ -15,7 +15,9 @@ branch: their counts add up to one rank's.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,3 +178,18 @@ def test_a_step_cache_under_ulysses_by_ring_on_four_ranks_decides_as_one_rank(on
     run_ranks(4, _rank_main, name, path, str(tmp_path), plan, calls, 4, timeout=300)
     ranks = [torch.load(tmp_path / f"results-{rank}.pt", weights_only=False) for rank in range(4)]
     check_against_one_rank(name, path, plan, calls, ranks)
+
+
+def test_tea_cache_with_per_token_timesteps_under_ulysses_decides_as_one_rank(one_thread, zoo, tmp_path):
+    """Wan 2.2 TI2V's per-token timesteps (`expand_timesteps`, set on a copy of the zoo's Wan): the plan
+    splits them before the blocks, so TeaCache's modulated input is made from the rank's shard of the
+    tokens the head takes, not from the whole sequence."""
+    name, path, out = "wan-t2v", tmp_path / "wan-ti2v", tmp_path / "out"
+    shutil.copytree(zoo(name), path)
+    out.mkdir()
+    index = path / "model_index.json"
+    index.write_text(json.dumps({**json.loads(index.read_text()), "expand_timesteps": True}))
+    plan, calls = [("ulysses", "tea_cache", ["zoo"])], {"zoo": requests(name)["zoo"]}
+    run_two_ranks(_rank_main, name, str(path), str(out), plan, calls, 2, timeout=300)
+    ranks = [torch.load(out / f"results-{rank}.pt", weights_only=False) for rank in range(2)]
+    check_against_one_rank(name, str(path), plan, calls, ranks)
