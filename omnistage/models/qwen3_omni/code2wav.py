@@ -197,7 +197,8 @@ class Code2Wav(Decoder):
         if pad == 0:
             return layer.conv(x)
         context = [st.carry.get(layer) for st in states]
-        full = torch.cat([torch.stack([x.new_zeros(x.shape[1], pad) if c is None else c for c in context]), x], dim=-1)
+        context = torch.stack([x.new_zeros(x.shape[1], pad) if c is None else c for c in context])
+        full = torch.cat([context, x], dim=-1)
         # Each row's next left context: its last `pad` inputs, full[i, :, lens[i]:lens[i] + pad].
         if all(n == x.shape[-1] for n in lens):
             tails = full[:, :, -pad:].clone()
