@@ -20,6 +20,9 @@ rounding (tests/models/test_code2wav_stream.py), whatever the chunking. Chunks o
 streams share one pass (`_pass` takes rows of any lengths: right-padded, causality keeping
 the padding out of every real sample, padded inputs zeroed before transposed convolutions
 so they leave nothing in the carried tails); `decode` gives each chunk length its own pass.
+Nothing at the audio rate is done per stream: each layer cuts every stream's carried state from
+the batch in one op, and the activations (SnakeBeta) run in place, the same float ops as the
+module's; a per-stream copy or a fresh tensor there costs more than the math.
 """
 
 from __future__ import annotations
@@ -138,10 +141,6 @@ class Code2Wav(Decoder):
         for i, c in enumerate(codes):
             batch[i, :, :lens[i]] = c.T
         hidden = self._transformer(self._embed(batch, lens, states), lens, states).transpose(1, 2)
-        return self._voice(hidden, lens, states)
-
-    def _voice(self, hidden: torch.Tensor, lens: list[int], states: list[_Stream]) -> list[np.ndarray]:
-        """The convolutions: [B, hidden, frames] transformer outputs -> each row's new samples."""
         for blocks in self.model.upsample:
             for block in blocks:
                 hidden, lens = self._layer(block, hidden, lens, states)
