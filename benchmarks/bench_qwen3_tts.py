@@ -23,15 +23,12 @@ worktree), so the table has a before and an after measured by the same script on
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import tempfile
-from contextlib import contextmanager
 
 import numpy as np
 
 from bench_tts import PROMPTS, _VS, _verdict, load, start_server
-from common import PeakRSS, ROOT, write_section
+from common import PeakRSS, ROOT, checkout, write_section
 
 VOICE = "vivian"
 
@@ -50,19 +47,6 @@ def streamed_vs_whole(path: str, frames: int) -> dict:
     return {"max_abs": float(np.abs(err).max()), "peak": float(np.abs(whole.audio).max()),
             "snr_db": float(10 * np.log10((whole.audio ** 2).sum() / max((err ** 2).sum(), 1e-30))),
             "samples": len(whole.audio)}
-
-
-@contextmanager
-def checkout(rev: str):
-    """A temporary worktree of this repository at `rev` (removed after)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = f"{tmp}/omnistage"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", folder, rev], check=True,
-                       capture_output=True)
-        try:
-            yield folder
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", folder], check=True)
 
 
 def serve_and_load(path: str, args, source: str | None = None) -> tuple[list[dict], float]:

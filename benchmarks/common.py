@@ -6,9 +6,12 @@ import os
 import platform
 import re
 import shlex
+import subprocess
 import sys
+import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -98,6 +101,19 @@ def write_section(heading: str, script: str, body: str) -> None:
     else:
         text = text.rstrip() + "\n\n" + section
     RESULTS.write_text(text)
+
+
+@contextmanager
+def checkout(rev: str):
+    """A temporary worktree of this repository at `rev` (removed after)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = f"{tmp}/omnistage"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", folder, rev], check=True,
+                       capture_output=True)
+        try:
+            yield folder
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", folder], check=True)
 
 
 class PeakRSS:

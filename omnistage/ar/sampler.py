@@ -94,11 +94,10 @@ class Sampler:
     # --- 1. penalties -----------------------------------------------------------------------
 
     def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> None:
+        _repetition_penalties(logits, seqs)
         masked_rows: list[int] = []
         masked_ids: set[frozenset[int]] = set()
         for i, seq in enumerate(seqs):
-            if seq.params.repetition_penalty != 1.0:
-                _repetition_penalty(logits[i], seq.all_token_ids, seq.params.repetition_penalty)
             if seq.needs_min_tokens_mask:
                 masked_rows.append(i)
                 masked_ids.add(seq.stop_ids)
@@ -229,9 +228,24 @@ def _top_k_top_p(x: torch.Tensor, batch: _BatchParams) -> torch.Tensor:
     return torch.empty_like(x).scatter_(-1, order, sorted_x)
 
 
-def _repetition_penalty(row: torch.Tensor, token_ids: list[int], penalty: float) -> None:
-    """In place on one row of logits: divide positive logits of seen tokens by `penalty`, multiply negative ones."""
-    # ids past the logits' width are dropped on the host: a boolean index would wait on the device
-    (ids,) = to_device([[t for t in token_ids if t < row.shape[0]]], row.device)
-    seen = row[ids]
-    row[ids] = torch.where(seen < 0, seen * penalty, seen / penalty)
+def _repetition_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """In place, one indexed update for the batch: in each row whose sequence has a repetition penalty,
+    divide the positive logits of the tokens it has seen by the penalty, multiply the negative ones."""
+    rows: list[int] = []
+    cols: list[int] = []
+    factors: list[float] = []
+    vocab = logits.shape[-1]
+    for i, seq in enumerate(seqs):
+        if seq.params.repetition_penalty != 1.0:
+            # each seen id once; ids past the logits' width are dropped on the host (a boolean index
+            # would wait on the device)
+            seen = [t for t in set(seq.all_token_ids) if t < vocab]
+            rows += [i] * len(seen)
+            cols += seen
+            factors += [seq.params.repetition_penalty] * len(seen)
+    if not rows:
+        return
+    rows_t, cols_t = to_device([rows, cols], logits.device)
+    (factor,) = to_device([factors], logits.device, torch.float32)
+    seen = logits[rows_t, cols_t]
+    logits[rows_t, cols_t] = torch.where(seen < 0, seen * factor, seen / factor)

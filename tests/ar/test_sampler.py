@@ -25,3 +25,31 @@ def test_unseeded_draws_follow_the_distribution(top_k):
         counts += torch.bincount(sampler(logits, seqs), minlength=len(PROBS))
     freq = counts / (rows * rounds)
     assert freq[-1] == 0 and torch.allclose(freq, PROBS, atol=0.01)  # 20000 draws: std <= 0.0036
+
+
+def test_repetition_penalties_of_a_batch_are_one_indexed_update():
+    """Each row's penalty on the tokens it has seen (prompt and output, ids past the logits' width
+    ignored), as transformers' processor applies it to that row, in one update for the batch."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    class Updates(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Updates.count += func.overloadpacket.__name__.startswith("index_put")
+            return func(*args, **(kwargs or {}))
+
+    histories = [[3, 3, 7, 40], [1, 2], [5, 9, 9, 0, 12], [6], [7, 8, 11, 63, 64]]
+    penalties = [1.3, 1.0, 2.0, 0.7, 1.3]
+    seqs = [Sequence(f"r{i}", h, SamplingParams(temperature=0, repetition_penalty=p), max_model_len=16)
+            for i, (h, p) in enumerate(zip(histories, penalties))]
+    logits = torch.randn(len(seqs), 32, generator=torch.Generator().manual_seed(0))
+    expected = torch.stack([
+        RepetitionPenaltyLogitsProcessor(p)(torch.tensor([[t for t in h if t < 32]]), row[None].clone())[0]
+        for row, h, p in zip(logits, histories, penalties)])
+    ours = logits.clone()
+    with Updates():
+        Sampler(torch.device("cpu"))._apply_penalties(ours, seqs)
+    assert torch.equal(ours, expected)
+    assert Updates.count == 1

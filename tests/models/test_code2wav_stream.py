@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.core.types import StageRequest
@@ -154,3 +155,37 @@ def test_aborting_a_request_between_codec_chunks_frees_its_stream(tts_path):
             assert not codec._streams and not codec.decoder.live
 
     asyncio.run(abort_after_the_first_chunk())
+
+
+class _AudioRateOps(TorchDispatchMode):
+    """The names of the ops dispatched while active that make a new tensor of at least `min_numel` elements."""
+
+    def __init__(self, min_numel: int) -> None:
+        super().__init__()
+        self.min_numel, self.made = min_numel, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if torch.is_tensor(out) and out.numel() >= self.min_numel and not name.endswith("_") \
+                and out.untyped_storage().data_ptr() not in {a.untyped_storage().data_ptr() for a in args
+                                                               if torch.is_tensor(a)}:
+            self.made.append(name)
+        return out
+
+
+def test_a_pass_makes_no_audio_rate_tensors_per_stream(tts_path):
+    """Streams decoded together share every audio-rate tensor: the convolutions' carried state is cut from
+    the batch (no row copied per stream), and the activations run in place on one new tensor each."""
+    dec = _tts(tts_path)
+    g = torch.Generator().manual_seed(2)
+    made = {}
+    for n in (1, 2, 8):
+        codes = torch.randint(0, dec.codebook_size, (n, 12, dec.num_quantizers), generator=g)
+        states = [dec.open_stream() for _ in range(n)]
+        dec.decode(list(codes[:, :5]), states)  # first chunks (their left trims), then a carried one
+        with torch.inference_mode(), _AudioRateOps(2 * n * dec.upsample) as ops:  # two frames of samples a row
+            dec.decode(list(codes[:, 5:]), states)
+        made[n] = ops.made
+    assert made[2] == made[1] and made[8] == made[1]
+    assert "sin" not in made[1] and "pow" not in made[1]  # SnakeBeta's sine and square, in place

@@ -20,6 +20,9 @@ rounding (tests/models/test_code2wav_stream.py), whatever the chunking. Chunks o
 streams share one pass (`_pass` takes rows of any lengths: right-padded, causality keeping
 the padding out of every real sample, padded inputs zeroed before transposed convolutions
 so they leave nothing in the carried tails); `decode` gives each chunk length its own pass.
+Nothing at the audio rate is done per stream: each layer cuts every stream's carried state from
+the batch in one op, and the activations (SnakeBeta) run in place, the same float ops as the
+module's; a per-stream copy or a fresh tensor there costs more than the math.
 """
 
 from __future__ import annotations
@@ -62,10 +65,12 @@ class Code2Wav(Decoder):
             Qwen3OmniMoeCode2WavDecoderBlock,
             Qwen3OmniMoeCode2WavDecoderResidualUnit,
             Qwen3OmniMoeConvNeXtBlock,
+            Qwen3OmniMoeSnakeBeta,
         )
 
         self._types = (Qwen3OmniMoeCausalConvNet, Qwen3OmniMoeCausalTransConvNet, Qwen3OmniMoeConvNeXtBlock,
-                       Qwen3OmniMoeCode2WavDecoderResidualUnit, Qwen3OmniMoeCode2WavDecoderBlock)
+                       Qwen3OmniMoeCode2WavDecoderResidualUnit, Qwen3OmniMoeCode2WavDecoderBlock,
+                       Qwen3OmniMoeSnakeBeta)
         self.model = model
         self.device = device
         config = model.config
@@ -165,7 +170,9 @@ class Code2Wav(Decoder):
         return out
 
     def _layer(self, layer: nn.Module, x: torch.Tensor, lens: list[int], states: list[_Stream]):
-        conv, transposed, convnext, residual, block = self._types
+        conv, transposed, convnext, residual, block, snake = self._types
+        if isinstance(layer, snake):
+            return _snake(layer, x), lens
         if isinstance(layer, transposed):
             return self._transposed_conv(layer, x, lens, states)
         if isinstance(layer, conv):
@@ -175,8 +182,8 @@ class Code2Wav(Decoder):
             h = layer.pwconv2(layer.act(layer.pwconv1(layer.norm(h))))
             return x + (layer.gamma * h).permute(0, 2, 1), lens
         if isinstance(layer, residual):  # Qwen3OmniMoeCode2WavDecoderResidualUnit.forward
-            h = self._conv(layer.conv1, layer.act1(x), lens, states)
-            return x + self._conv(layer.conv2, layer.act2(h), lens, states), lens
+            h = self._conv(layer.conv1, _snake(layer.act1, x), lens, states)
+            return self._conv(layer.conv2, _snake(layer.act2, h), lens, states).add_(x), lens
         if isinstance(layer, block):
             for sub in layer.block:
                 x, lens = self._layer(sub, x, lens, states)
@@ -188,14 +195,18 @@ class Code2Wav(Decoder):
         pad = layer.padding
         if pad == 0:
             return layer.conv(x)
-        context = []
-        for i, st in enumerate(states):
-            prev = st.carry.get(layer)
-            if prev is None:
-                prev = x.new_zeros(x.shape[1], pad)
-            context.append(prev)
-            st.carry[layer] = torch.cat([prev, x[i, :, :lens[i]]], dim=-1)[:, -pad:]
-        return layer.conv(torch.cat([torch.stack(context), x], dim=-1))
+        context = [st.carry.get(layer) for st in states]
+        context = torch.stack([x.new_zeros(x.shape[1], pad) if c is None else c for c in context])
+        full = torch.cat([context, x], dim=-1)
+        # Each row's next left context: its last `pad` inputs, full[i, :, lens[i]:lens[i] + pad].
+        if all(n == x.shape[-1] for n in lens):
+            tails = full[:, :, -pad:].clone()
+        else:
+            index = torch.tensor(lens, device=x.device)[:, None] + torch.arange(pad, device=x.device)
+            tails = full.gather(2, index[:, None].expand(-1, x.shape[1], -1))
+        for st, tail in zip(states, tails):
+            st.carry[layer] = tail
+        return layer.conv(full)
 
     def _transposed_conv(self, layer: nn.Module, x: torch.Tensor, lens: list[int], states: list[_Stream]):
         """A causal transposed conv: the output past the chunk's end is kept and added to the next chunk;
@@ -206,22 +217,28 @@ class Code2Wav(Decoder):
             valid = torch.arange(x.shape[-1], device=x.device) < torch.tensor(lens, device=x.device)[:, None]
             x = torch.where(valid[:, None], x, 0)
         y = conv(x)
-        skips = []
-        for i, st in enumerate(states):
-            prev = st.carry.get(layer)
-            skips.append(layer.left_pad if prev is None else 0)
-            if not overhang:
-                continue
-            if prev is not None:
-                y[i, :, :overhang] += prev
-            end = lens[i] * stride
-            tail = y[i, :, end:end + overhang].clone()
-            if conv.bias is not None:  # the bias is added once, by the chunk that owns the sample
-                tail -= conv.bias[:, None]
-            st.carry[layer] = tail
+        prevs = [st.carry.get(layer) for st in states]
+        skips = [layer.left_pad if prev is None else 0 for prev in prevs]
+        if overhang:
+            started = [i for i, prev in enumerate(prevs) if prev is not None]
+            if len(started) == len(states):
+                y[:, :, :overhang] += torch.stack(prevs)
+            elif started:
+                y[started, :, :overhang] += torch.stack([prevs[i] for i in started])
+            # Each row's spill past its chunk: y[i, :, lens[i] * stride:][:overhang], the bias left out
+            # (the chunk that owns the sample adds it).
+            if all(n == x.shape[-1] for n in lens):
+                tails = y[:, :, x.shape[-1] * stride:].clone()
+            else:
+                index = torch.tensor(lens, device=y.device)[:, None] * stride + torch.arange(overhang, device=y.device)
+                tails = y.gather(2, index[:, None].expand(-1, y.shape[1], -1))
+            if conv.bias is not None:
+                tails -= conv.bias[:, None]
+            for st, tail in zip(states, tails):
+                st.carry[layer] = tail
         new_lens = [n * stride - skip for n, skip in zip(lens, skips)]
-        if not any(skips):
-            return y[..., :x.shape[-1] * stride], new_lens
+        if len(set(skips)) == 1:  # one offset for every row
+            return y[..., skips[0]:x.shape[-1] * stride], new_lens
         out = y.new_zeros(y.shape[0], y.shape[1], max(new_lens))
         for i, (skip, n) in enumerate(zip(skips, new_lens)):
             out[i, :, :n] = y[i, :, skip:skip + n]
@@ -229,3 +246,11 @@ class Code2Wav(Decoder):
 
     def close(self) -> None:
         self.model = None
+
+
+def _snake(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Qwen3OmniMoeSnakeBeta.forward, x + sin(x * alpha) ** 2 / beta, with the same float operations done
+    in place on one new tensor: the activations run at the audio rate, where fresh tensors cost most."""
+    alpha, beta = layer.alpha.exp()[:, None], layer.beta.exp()[:, None]
+    s = (x * alpha).sin_()
+    return s.mul_(s).mul_(1.0 / (beta + layer.no_div_by_zero)).add_(x)
