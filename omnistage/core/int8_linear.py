@@ -8,14 +8,14 @@ with its 31 eager ops per layer besides views (choosing and applying the scales 
 generic affine quantization, which cost it more than the product) cut to 12
 (benchmarks/RESULTS.md, "Dynamic int8 DiT").
 
-Other kernels measured for this: FBGEMM's `quantized.linear_dynamic` is faster at few rows
-(one op), but takes one activation scale for a whole call, so a row of large values (in a
-batch, another request's) would coarsen every row's rounding, and it needs the deprecated
-quantized tensors; oneDNN's prepacked `onednn.qlinear_pointwise` also takes one activation
-scale, and with per-row scales applied around it was slower than `torch._int_mm` at every
-layer size measured.
+Other kernels measured for this (benchmarks/bench_quantization.py --layers): FBGEMM's
+`quantized.linear_dynamic` is faster (one op), but rounds a whole call's input with one scale,
+so a row of large values (in a batch, another request's) coarsens every row's rounding, and it
+needs torch's deprecated quantized tensors; oneDNN's prepacked `onednn.qlinear_pointwise` also
+takes one activation scale, and is slower than `torch._int_mm` at every size measured.
 
-Where the CPU has no VNNI, `torch._int_mm` is slower than an fp32 matmul: correct, not fast.
+Where the CPU has no VNNI, `torch._int_mm` is slower than an fp32 matmul: correct, not fast (torchao's
+layers over it ran a DiT step at 0.15x fp32 on an AVX2 CPU, RESULTS.md "Dynamic int8 DiT").
 """
 
 from __future__ import annotations
