@@ -45,7 +45,9 @@ class DynamicInt8Linear(nn.Module):
         weight = linear.weight.detach().float()
         scale = (weight.abs().amax(dim=1) / STEPS).clamp_(min=EPS)
         self.register_buffer("qweight", round_to_int8(weight, scale[:, None]))
-        self.register_buffer("weight_scale", scale)
+        # A parameter in the layer's dtype: diffusers reads a module's dtype from its first parameter
+        # (Wan's time embedder is two Linear layers), as torchao's int8 weight, in that dtype, would give.
+        self.weight_scale = nn.Parameter(scale.to(self.dtype), requires_grad=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
 
     @property
