@@ -69,6 +69,8 @@ def test_what_cannot_apply_is_refused_by_name(llm_path):
     try:
         with pytest.raises(RuntimeError, match=r"update_weights: not with quantization='int8'"):
             engine.update_weights(tensors={})
+        with pytest.raises(RuntimeError, match=r"sleep level 2: not with quantization='int8'.*use level 1"):
+            engine.sleep(2)
     finally:
         engine.close()
 
