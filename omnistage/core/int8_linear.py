@@ -45,8 +45,8 @@ class DynamicInt8Linear(nn.Module):
         weight = linear.weight.detach().float()
         scale = (weight.abs().amax(dim=1) / STEPS).clamp_(min=EPS)
         self.register_buffer("qweight", round_to_int8(weight, scale[:, None]))
-        # A parameter in the layer's dtype: diffusers reads a module's dtype from its first parameter
-        # (Wan's time embedder is two Linear layers), as torchao's int8 weight, in that dtype, would give.
+        # A parameter in the layer's dtype, as torchao's int8 weight is: some diffusers models read a
+        # module's dtype from its first parameter (Wan's time embedder is two Linear layers).
         self.weight_scale = nn.Parameter(scale.to(self.dtype), requires_grad=False)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
 
@@ -61,7 +61,7 @@ class DynamicInt8Linear(nn.Module):
         rows = x.reshape(-1, self.in_features).float()
         scale = rows.abs().amax(dim=1, keepdim=True).div_(STEPS).clamp_(min=EPS)
         qrows = round_to_int8(rows, scale)
-        # In place after the product: out-of-place broadcasting ops over an odd width (341) ran 3x slower.
+        # The int32 product times each row's scale (into a new fp32 tensor), then each channel's.
         out = (torch._int_mm(qrows, self.qweight.t()) * scale).mul_(self.weight_scale)
         if self.bias is not None:
             out.add_(self.bias)
