@@ -47,8 +47,8 @@ OPTIONS = {
     "lora_adapters (per request)": "lora_request",
 }
 CUDA_ONLY = ("quantization: int8_dynamic", "quantization: fp8_dynamic")
-"""Left out of the default options on a CPU: fp8_dynamic is refused there, and int8_dynamic runs
-torchao's slow int32 fallback (bench_quantization.py measures it through Omni)."""
+"""Left out of the default options on a CPU: fp8_dynamic is refused there; int8_dynamic is left out
+of this table (bench_quantization.py measures its CPU layers through Omni)."""
 
 
 def call_kwargs(model: str, size: str) -> dict:

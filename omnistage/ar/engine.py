@@ -393,6 +393,9 @@ class AREngine:
         if level == 2 and self.runner.adapters is not None:
             raise RuntimeError("sleep level 2: not with lora_adapters / max_loras (LoRA layers wrap the checkpoint's "
                                "linear layers); use level 1")
+        if level == 2 and self.config.quantization is not None:
+            raise RuntimeError(f"sleep level 2: not with quantization={self.config.quantization!r} (waking reloads "
+                               "the checkpoint's weights, which the quantized layers do not hold); use level 1")
         if level == 2 and self._weights_path is None:
             raise RuntimeError(NO_FOLDER)
         if self._parked is not None:

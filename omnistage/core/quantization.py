@@ -7,11 +7,12 @@ per-channel scales (on CPU only the storage saving counts: the matmul dequantize
 Activations stay in the model's dtype, so quality cost is only the rounding of the weights.
 
 Dynamic (activations too): `int8_dynamic` also rounds each activation row to int8 at run
-time (one scale per token) and multiplies int8 by int8. On CUDA that is one int8 GEMM. On
-CPU torchao writes it as an int32 matmul that Inductor is meant to fuse into oneDNN's int8
-kernels (AVX512-VNNI / AMX); run eagerly, or on a CPU without them, it is much slower than
-fp32 (benchmarks/RESULTS.md, "Dynamic int8 DiT"). `fp8_dynamic` rounds activations and
-weights to float8_e4m3fn (per row) for CUDA's fp8 GEMM: CUDA only, compute capability 8.9+.
+time (one scale per token) and multiplies int8 by int8. On CUDA that is torchao's int8 GEMM.
+On CPU the layers become our `DynamicInt8Linear` (int8_linear.py: the same rounding, through
+`torch._int_mm` with a third of torchao's eager ops around it): oneDNN's int8 GEMM, faster
+than fp32 where the CPU has AVX512-VNNI or AMX, slower where it has not
+(benchmarks/RESULTS.md, "Dynamic int8 DiT"). `fp8_dynamic` rounds activations and weights to
+float8_e4m3fn (per row) for CUDA's fp8 GEMM: CUDA only, compute capability 8.9+.
 
 `ignored_layers` (fnmatch patterns over the layer names inside the model, e.g. "proj_out" or
 "*.adaLN_modulation.*") keeps matching layers in full precision. An unknown method, or one the
@@ -26,6 +27,8 @@ from typing import Any
 
 import torch
 
+from omnistage.core.int8_linear import DynamicInt8Linear
+
 
 @dataclass(frozen=True)
 class Method:
@@ -36,13 +39,16 @@ class Method:
     """Why it cannot run on CPU, where it cannot."""
     options: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of the config class."""
+    cpu_linear: bool = False
+    """On CPU, plain Linear layers become our `DynamicInt8Linear` (int8_linear.py) instead."""
 
 
 METHODS: dict[str, Method] = {
     "int8": Method("Int8WeightOnlyConfig"),
     "fp8": Method("Float8WeightOnlyConfig", min_cuda_capability=(8, 9)),
     # set_inductor_config=False: torchao would otherwise change Inductor's global settings.
-    "int8_dynamic": Method("Int8DynamicActivationInt8WeightConfig", options={"set_inductor_config": False}),
+    "int8_dynamic": Method("Int8DynamicActivationInt8WeightConfig", options={"set_inductor_config": False},
+                           cpu_linear=True),
     "fp8_dynamic": Method("Float8DynamicActivationFloat8WeightConfig", min_cuda_capability=(8, 9),
                           cuda_only="its float8 x float8 matmul (torch._scaled_mm) has no CPU kernel",
                           options={"granularity": "per_row", "set_inductor_config": False}),
@@ -68,12 +74,21 @@ def check_method(method: str, device: torch.device) -> Method:
 
 
 def quantize_linears(model: torch.nn.Module, entry: Method, ignored_layers: tuple[str, ...] = ()) -> None:
-    """torchao's `quantize_` over the model's Linear layers but those `ignored_layers` names."""
+    """Quantize the model's Linear layers but those `ignored_layers` names: torchao's `quantize_`,
+    or for a `cpu_linear` method our `DynamicInt8Linear` in place of each plain `nn.Linear` on
+    the CPU (subclasses, whose forward may differ, and layers on a GPU stay torchao's)."""
     import torchao.quantization
 
     def is_quantized(module: torch.nn.Module, name: str) -> bool:
         return isinstance(module, torch.nn.Linear) and not any(fnmatch.fnmatch(name, p) for p in ignored_layers)
 
+    if entry.cpu_linear:
+        swaps = [(parent, child_name) for name, parent in model.named_modules()
+                 for child_name, child in parent.named_children()
+                 if type(child) is torch.nn.Linear and child.weight.device.type == "cpu"
+                 and is_quantized(child, f"{name}.{child_name}" if name else child_name)]
+        for parent, child_name in swaps:  # one layer at a time: each fp32 weight is freed as its int8 copy lands
+            setattr(parent, child_name, DynamicInt8Linear(getattr(parent, child_name)))
     torchao.quantization.quantize_(model, torchao_config(entry), filter_fn=is_quantized)
 
 
