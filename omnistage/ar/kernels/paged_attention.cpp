@@ -40,6 +40,7 @@ constexpr int64_t kRows = 8;  // query vectors per register tile (4 for a tile's
 typedef float vf16 __attribute__((vector_size(64)));
 typedef int32_t vi16 __attribute__((vector_size(64)));
 typedef float vf8 __attribute__((vector_size(32)));
+typedef int32_t vi8 __attribute__((vector_size(32)));
 
 template <typename V>
 inline V load(const float* p) {
@@ -80,6 +81,14 @@ inline float hmax(vf16 v) {
   float m = m8[0];
   for (int k = 1; k < 8; ++k) m = std::max(m, m8[k]);
   return m;
+}
+
+inline bool any(vi16 mask) {
+  const vi8 m8 = __builtin_shufflevector(mask, mask, 0, 1, 2, 3, 4, 5, 6, 7) |
+                 __builtin_shufflevector(mask, mask, 8, 9, 10, 11, 12, 13, 14, 15);
+  int32_t x = 0;
+  for (int k = 0; k < 8; ++k) x |= m8[k];
+  return x != 0;
 }
 
 inline float hsum(vf16 v) {
@@ -139,10 +148,12 @@ inline void accumulate(const float* p, const float* v, int64_t v_stride, int64_t
 }
 
 // One register tile of R query vectors (i0..i0+R-1) against one key block: scores, the online
-// softmax's update of m, l and acc, then acc += p . values.
+// softmax's update of m, l and acc, then acc += p . values. l[u] is kept as 16 lane sums, added up
+// once at the end; the block's max is taken only where a score passes the running max (after the
+// first blocks, rarely: the update is then the same with none of its horizontal reductions).
 template <int R>
 inline void attend_tile(const float* q, const float* kt_block, const float* v_block, int64_t v_stride,
-                        int64_t head_dim, int64_t value_dim, const int64_t* visible, float* m, float* l, float* acc,
+                        int64_t head_dim, int64_t value_dim, const int64_t* visible, float* m, vf16* l, float* acc,
                         float* p_buf) {
   int64_t tile_visible = 0;
   for (int u = 0; u < R; ++u) tile_visible = std::max(tile_visible, visible[u]);
@@ -156,18 +167,21 @@ inline void attend_tile(const float* q, const float* kt_block, const float* v_bl
       store(pu, splat(0.f));
       continue;
     }
-    const vf16 su = lane < static_cast<float>(visible[u]) ? s[u] : splat(-std::numeric_limits<float>::infinity());
-    const float new_max = std::max(m[u], hmax(su));
-    if (new_max > m[u] && l[u] > 0.f) {  // rescale what the earlier blocks added
-      const float c = exp_nonpositive(m[u] - new_max);
-      l[u] *= c;
-      float* au = acc + u * value_dim;
-      for (int64_t d = 0; d < value_dim; d += 8) store(au + d, load<vf8>(au + d) * c);
+    const vf16 su = visible[u] == kBlock ? s[u] : lane < static_cast<float>(visible[u]) ? s[u]
+                                                     : splat(-std::numeric_limits<float>::infinity());
+    if (any(su > m[u])) {
+      const float new_max = hmax(su);
+      if (m[u] > -std::numeric_limits<float>::infinity()) {  // rescale what the earlier blocks added
+        const float c = exp_nonpositive(m[u] - new_max);
+        l[u] *= c;
+        float* au = acc + u * value_dim;
+        for (int64_t d = 0; d < value_dim; d += 8) store(au + d, load<vf8>(au + d) * c);
+      }
+      m[u] = new_max;
     }
-    m[u] = new_max;
-    const vf16 pv = exp16(su - new_max);
+    const vf16 pv = exp16(su - m[u]);
     store(pu, pv);
-    l[u] += hsum(pv);
+    l[u] += pv;
   }
   accumulate<R>(p_buf, v_block, v_stride, value_dim, tile_visible, acc);
 }
@@ -190,7 +204,8 @@ void attend(const scalar_t* query, int64_t q_token_stride, int64_t q_head_stride
 
   at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
     const int64_t rows_max = (kQueryTile * group + 3) / 4 * 4;
-    std::vector<float> q(rows_max * head_dim), acc(rows_max * value_dim), m(rows_max), l(rows_max);
+    std::vector<float> q(rows_max * head_dim), acc(rows_max * value_dim), m(rows_max);
+    std::vector<vf16> l(rows_max);
     std::vector<float> p(kRows * kBlock), kt(is_float ? 0 : head_dim * kBlock), v(is_float ? 0 : kBlock * value_dim);
     std::vector<int64_t> visible(rows_max);
     for (int64_t task = begin; task < end; ++task) {
@@ -212,7 +227,7 @@ void attend(const scalar_t* query, int64_t q_token_stride, int64_t q_head_stride
           std::fill(qi, qi + head_dim, 0.f);  // padding of the last register tile
         }
         m[i] = -std::numeric_limits<float>::infinity();
-        l[i] = 0.f;
+        l[i] = splat(0.f);
       }
       std::fill(acc.begin(), acc.begin() + padded * value_dim, 0.f);
       for (int64_t k0 = 0; k0 < num_keys; k0 += kBlock) {
@@ -256,7 +271,7 @@ void attend(const scalar_t* query, int64_t q_token_stride, int64_t q_head_stride
       }
       for (int64_t i = 0; i < rows; ++i) {
         scalar_t* dst = out + ((query_starts[r] + q0 + i / group) * num_heads + g * group + i % group) * value_dim;
-        const float inv = 1.f / l[i];
+        const float inv = 1.f / hsum(l[i]);
         for (int64_t d = 0; d < value_dim; ++d) dst[d] = static_cast<scalar_t>(acc[i * value_dim + d] * inv);
       }
     }
