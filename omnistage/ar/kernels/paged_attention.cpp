@@ -15,7 +15,7 @@
 // keys are read once, where gathering them first reads them, writes a copy and reads that.
 // Sums are in fp32 whatever the pools hold (fp32, bf16 or fp16). The inner loops work on
 // 16-float vectors (GCC/Clang vector extensions: a block's 16 keys are one AVX-512 register)
-// in register tiles of 8 query vectors.
+// in register tiles of 8 query vectors x 2 key blocks.
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -35,6 +36,8 @@ namespace {
 constexpr int64_t kBlock = 16;  // the engine's block size (omnistage/ar/block_manager.py)
 constexpr int64_t kQueryTile = 32;  // queries of one row per task
 constexpr int64_t kRows = 8;  // query vectors per register tile (4 for a tile's last few)
+constexpr int kSpan = 2;  // key blocks per step of a register tile
+constexpr int64_t kSpanKeys = kSpan * kBlock;
 // A block's 16 keys are one 16-float vector: one AVX-512 register (two AVX ones, two pairs of NEON
 // ones: the compiler splits it where the processor has narrower registers).
 typedef float vf16 __attribute__((vector_size(64)));
@@ -99,19 +102,27 @@ inline float hsum(vf16 v) {
   return s;
 }
 
-// s[u] = q[u] . the block's 16 keys, for R query vectors (kt: [head_dim][kBlock])
-template <int R>
-inline void scores(const float* q, const float* kt, int64_t head_dim, vf16* s) {
-  vf16 a[R] = {};
+// s[u][b] = q[u] . the 16 keys of block b, for R query vectors and NB blocks (kt[b]: [head_dim][kBlock]).
+// Each head_dim step loads NB key vectors and R query floats for R * NB FMAs: with 2 blocks, the
+// loads no longer outnumber the FMAs.
+template <int R, int NB>
+inline void scores(const float* q, const float* const* kt, int64_t head_dim, vf16 (*s)[kSpan]) {
+  vf16 a[R][NB] = {};
   for (int64_t d = 0; d < head_dim; ++d) {
-    const vf16 k = load<vf16>(kt + d * kBlock);
-    for (int u = 0; u < R; ++u) a[u] += q[u * head_dim + d] * k;
+    vf16 k[NB];
+    for (int b = 0; b < NB; ++b) k[b] = load<vf16>(kt[b] + d * kBlock);
+    for (int u = 0; u < R; ++u) {
+      const float x = q[u * head_dim + d];
+      for (int b = 0; b < NB; ++b) a[u][b] += x * k[b];
+    }
   }
-  for (int u = 0; u < R; ++u) s[u] = a[u];
+  for (int u = 0; u < R; ++u)
+    for (int b = 0; b < NB; ++b) s[u][b] = a[u][b];
 }
 
-// acc[u] += sum_j p[u][j] * v[j] for R query vectors (v[j] at v + j * v_stride), on the value's
-// floats d..d + 16 * NV (groups of 4 query vectors x NV vectors: 16 accumulators at NV = 4)
+// acc[u] += sum_j p[u][j] * v[j] for R query vectors (p[u] at p + u * kSpanKeys, v[j] at
+// v + j * v_stride), on the value's floats d..d + 16 * NV (groups of 4 query vectors x NV vectors:
+// 16 accumulators at NV = 4)
 template <int R, int NV>
 inline void accumulate_cols(const float* p, const float* v, int64_t v_stride, int64_t value_dim, int64_t num_keys,
                             float* acc, int64_t d) {
@@ -123,7 +134,7 @@ inline void accumulate_cols(const float* p, const float* v, int64_t v_stride, in
       vf16 vj[NV];
       for (int c = 0; c < NV; ++c) vj[c] = load<vf16>(v + j * v_stride + d + 16 * c);
       for (int u = 0; u < 4; ++u) {
-        const float b = p[(u0 + u) * kBlock + j];
+        const float b = p[(u0 + u) * kSpanKeys + j];
         for (int c = 0; c < NV; ++c) a[u][c] += b * vj[c];
       }
     }
@@ -141,36 +152,45 @@ inline void accumulate(const float* p, const float* v, int64_t v_stride, int64_t
   if (d < value_dim) {  // a value_dim of 8 mod 16
     for (int u = 0; u < R; ++u) {
       vf8 a = load<vf8>(acc + u * value_dim + d);
-      for (int64_t j = 0; j < num_keys; ++j) a += p[u * kBlock + j] * load<vf8>(v + j * v_stride + d);
+      for (int64_t j = 0; j < num_keys; ++j) a += p[u * kSpanKeys + j] * load<vf8>(v + j * v_stride + d);
       store(acc + u * value_dim + d, a);
     }
   }
 }
 
-// One register tile of R query vectors (i0..i0+R-1) against one key block: scores, the online
-// softmax's update of m, l and acc, then acc += p . values. l[u] is kept as 16 lane sums, added up
-// once at the end; the block's max is taken only where a score passes the running max (after the
-// first blocks, rarely: the update is then the same with none of its horizontal reductions).
-template <int R>
-inline void attend_tile(const float* q, const float* kt_block, const float* v_block, int64_t v_stride,
+// One register tile of R query vectors against NB key blocks (visible[u]: how many of their keys
+// query vector u sees): scores, the online softmax's update of m, l and acc, then acc += p . values.
+// l[u] is kept as 16 lane sums, added up once at the end; the max is taken only where a score passes
+// the running one (after the first blocks, rarely: the update is then the same with none of its
+// horizontal reductions).
+template <int R, int NB>
+inline void attend_tile(const float* q, const float* const* kt, const float* const* v, int64_t v_stride,
                         int64_t head_dim, int64_t value_dim, const int64_t* visible, float* m, vf16* l, float* acc,
                         float* p_buf) {
   int64_t tile_visible = 0;
   for (int u = 0; u < R; ++u) tile_visible = std::max(tile_visible, visible[u]);
   if (tile_visible <= 0) return;
-  vf16 s[R];
-  scores<R>(q, kt_block, head_dim, s);
+  vf16 s[R][kSpan];
+  scores<R, NB>(q, kt, head_dim, s);
   const vf16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const vf16 masked = splat(-std::numeric_limits<float>::infinity());
   for (int u = 0; u < R; ++u) {
-    float* pu = p_buf + u * kBlock;
+    float* pu = p_buf + u * kSpanKeys;
     if (visible[u] <= 0) {
-      store(pu, splat(0.f));
+      for (int b = 0; b < NB; ++b) store(pu + b * kBlock, splat(0.f));
       continue;
     }
-    const vf16 su = visible[u] == kBlock ? s[u] : lane < static_cast<float>(visible[u]) ? s[u]
-                                                     : splat(-std::numeric_limits<float>::infinity());
-    if (any(su > m[u])) {
-      const float new_max = hmax(su);
+    vf16 su[NB];
+    vi16 passes = {};
+    for (int b = 0; b < NB; ++b) {
+      su[b] = visible[u] >= (b + 1) * kBlock ? s[u][b] : lane < static_cast<float>(visible[u] - b * kBlock) ? s[u][b]
+                                                                                                           : masked;
+      passes |= su[b] > m[u];
+    }
+    if (any(passes)) {
+      vf16 mx = su[0];
+      for (int b = 1; b < NB; ++b) mx = mx > su[b] ? mx : su[b];
+      const float new_max = hmax(mx);
       if (m[u] > -std::numeric_limits<float>::infinity()) {  // rescale what the earlier blocks added
         const float c = exp_nonpositive(m[u] - new_max);
         l[u] *= c;
@@ -179,11 +199,16 @@ inline void attend_tile(const float* q, const float* kt_block, const float* v_bl
       }
       m[u] = new_max;
     }
-    const vf16 pv = exp16(su - m[u]);
-    store(pu, pv);
-    l[u] += pv;
+    for (int b = 0; b < NB; ++b) {
+      const vf16 pv = exp16(su[b] - m[u]);
+      store(pu + b * kBlock, pv);
+      l[u] += pv;
+    }
   }
-  accumulate<R>(p_buf, v_block, v_stride, value_dim, tile_visible, acc);
+  for (int b = 0; b < NB; ++b) {
+    const int64_t nk = std::min(kBlock, tile_visible - b * kBlock);
+    if (nk > 0) accumulate<R>(p_buf + b * kBlock, v[b], v_stride, value_dim, nk, acc);
+  }
 }
 
 template <typename scalar_t>
@@ -206,7 +231,8 @@ void attend(const scalar_t* query, int64_t q_token_stride, int64_t q_head_stride
     const int64_t rows_max = (kQueryTile * group + 3) / 4 * 4;
     std::vector<float> q(rows_max * head_dim), acc(rows_max * value_dim), m(rows_max);
     std::vector<vf16> l(rows_max);
-    std::vector<float> p(kRows * kBlock), kt(is_float ? 0 : head_dim * kBlock), v(is_float ? 0 : kBlock * value_dim);
+    std::vector<float> p(kRows * kSpanKeys), kt(is_float ? 0 : kSpan * head_dim * kBlock);
+    std::vector<float> v(is_float ? 0 : kSpanKeys * value_dim);
     std::vector<int64_t> visible(rows_max);
     for (int64_t task = begin; task < end; ++task) {
       const auto [r, q0] = tiles[task / kv_heads];
@@ -230,13 +256,33 @@ void attend(const scalar_t* query, int64_t q_token_stride, int64_t q_head_stride
         l[i] = splat(0.f);
       }
       std::fill(acc.begin(), acc.begin() + padded * value_dim, 0.f);
-      for (int64_t k0 = 0; k0 < num_keys; k0 += kBlock) {
-        const int64_t nk = std::min(kBlock, num_keys - k0);
-        const int64_t block = tables[r * table_width + k0 / kBlock];
-        const scalar_t* kb = keys + (block * kv_heads + g) * head_dim * kBlock;
-        const scalar_t* vb = values + block * kBlock * value_stride + g * value_dim;
-        if (k0 + kBlock < num_keys) {  // the next block is anywhere in the pool: no hardware prefetcher guesses it
-          const int64_t next = tables[r * table_width + k0 / kBlock + 1];
+      for (int64_t k0 = 0; k0 < num_keys; k0 += kSpanKeys) {
+        const int64_t nk = std::min(kSpanKeys, num_keys - k0);
+        const int nb = nk > kBlock ? 2 : 1;  // a row's table may end at its last block: no block past it is read
+        const float* kt_blocks[kSpan];
+        const float* v_blocks[kSpan];
+        int64_t v_stride = value_stride;
+        for (int b = 0; b < nb; ++b) {
+          const int64_t block = tables[r * table_width + k0 / kBlock + b];
+          const scalar_t* kb = keys + (block * kv_heads + g) * head_dim * kBlock;
+          const scalar_t* vb = values + block * kBlock * value_stride + g * value_dim;
+          if constexpr (is_float) {
+            kt_blocks[b] = kb;
+            v_blocks[b] = vb;
+          } else {  // one fp32 copy of the block, shared by every query vector of the task
+            float* ktb = &kt[b * head_dim * kBlock];
+            float* vbf = &v[b * kBlock * value_dim];
+            for (int64_t x = 0; x < head_dim * kBlock; ++x) ktb[x] = static_cast<float>(kb[x]);
+            for (int64_t j = 0; j < std::min(kBlock, nk - b * kBlock); ++j)
+              for (int64_t d = 0; d < value_dim; ++d) vbf[j * value_dim + d] = static_cast<float>(vb[j * value_stride + d]);
+            kt_blocks[b] = ktb;
+            v_blocks[b] = vbf;
+            v_stride = value_dim;
+          }
+        }
+        // the next blocks are anywhere in the pool: no hardware prefetcher guesses them
+        for (int64_t k1 = k0 + kSpanKeys; k1 < std::min(num_keys, k0 + 2 * kSpanKeys); k1 += kBlock) {
+          const int64_t next = tables[r * table_width + k1 / kBlock];
           const char* nk_ptr = reinterpret_cast<const char*>(keys + (next * kv_heads + g) * head_dim * kBlock);
           for (int64_t x = 0; x < head_dim * kBlock * int64_t(sizeof(scalar_t)); x += 64) __builtin_prefetch(nk_ptr + x);
           for (int64_t j = 0; j < kBlock; ++j) {
@@ -244,30 +290,20 @@ void attend(const scalar_t* query, int64_t q_token_stride, int64_t q_head_stride
             for (int64_t x = 0; x < value_dim * int64_t(sizeof(scalar_t)); x += 64) __builtin_prefetch(nv_ptr + x);
           }
         }
-        const float* kt_block;
-        const float* v_block;
-        int64_t v_stride;
-        if constexpr (is_float) {
-          kt_block = kb;
-          v_block = vb;
-          v_stride = value_stride;
-        } else {  // one fp32 copy of the block, shared by every query vector of the task
-          for (int64_t x = 0; x < head_dim * kBlock; ++x) kt[x] = static_cast<float>(kb[x]);
-          for (int64_t j = 0; j < nk; ++j)
-            for (int64_t d = 0; d < value_dim; ++d) v[j * value_dim + d] = static_cast<float>(vb[j * value_stride + d]);
-          kt_block = kt.data();
-          v_block = v.data();
-          v_stride = value_dim;
-        }
-        // causal: query vector i sees the block's keys up to its own position
+        // causal: query vector i sees the span's keys up to its own position
         for (int64_t i = 0; i < padded; ++i) visible[i] = i < rows ? std::min(nk, first_pos + i / group - k0 + 1) : 0;
         int64_t i0 = 0;
-        for (; i0 + kRows <= padded; i0 += kRows)
-          attend_tile<kRows>(&q[i0 * head_dim], kt_block, v_block, v_stride, head_dim, value_dim, &visible[i0], &m[i0],
-                             &l[i0], &acc[i0 * value_dim], p.data());
-        if (i0 < padded)
-          attend_tile<4>(&q[i0 * head_dim], kt_block, v_block, v_stride, head_dim, value_dim, &visible[i0], &m[i0],
-                         &l[i0], &acc[i0 * value_dim], p.data());
+        const auto tile = [&](auto rows_c, auto blocks_c) {
+          attend_tile<decltype(rows_c)::value, decltype(blocks_c)::value>(
+              &q[i0 * head_dim], kt_blocks, v_blocks, v_stride, head_dim, value_dim, &visible[i0], &m[i0], &l[i0],
+              &acc[i0 * value_dim], p.data());
+        };
+        using full = std::integral_constant<int, kRows>;
+        using last = std::integral_constant<int, 4>;
+        using one = std::integral_constant<int, 1>;
+        using two = std::integral_constant<int, 2>;
+        for (; i0 + kRows <= padded; i0 += kRows) nb == 2 ? tile(full{}, two{}) : tile(full{}, one{});
+        if (i0 < padded) nb == 2 ? tile(last{}, two{}) : tile(last{}, one{});
       }
       for (int64_t i = 0; i < rows; ++i) {
         scalar_t* dst = out + ((query_starts[r] + q0 + i / group) * num_heads + g * group + i % group) * value_dim;
