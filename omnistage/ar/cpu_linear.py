@@ -60,9 +60,10 @@ class PrepackedLinear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone(), persistent=False)
 
     @property
-    def weight_names(self) -> tuple[str, ...]:
-        """What it takes back from a checkpoint (`core.weights.load_weights`): the linear's weight names."""
-        return ("weight",) if self.bias is None else ("weight", "bias")
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """What it takes back from a checkpoint (`core.weights.load_weights`): the linear's weights' names and shapes."""
+        shapes = {"weight": (self.out_features, self.in_features)}
+        return shapes if self.bias is None else {**shapes, "bias": (self.out_features,)}
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """New weights (an update): packed again, in the layout and dtype it had."""

@@ -122,6 +122,8 @@ def test_packed_layers_take_new_weights_and_read_them_back_after_being_dropped()
     with torch.no_grad():
         want = fresh(x)
         assert not torch.allclose(model(x), want, atol=1e-3)
+        with pytest.raises(ValueError, match=r"1 shape\(s\) that differ \(proj.weight: \(512, 256\) for \(512, 512\)"):
+            load_weights(model, {**new, "proj.weight": new["proj.weight"][:, :256]})  # a packed layer checks it too
         assert load_weights(model, new) == len(new)
         assert torch.allclose(model(x), want, atol=1e-4)  # the packed head followed the embedding
         dropped = Dropped(model, new)
