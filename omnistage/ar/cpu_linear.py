@@ -61,7 +61,8 @@ class PrepackedLinear(nn.Module):
 
     @property
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
-        """What it takes back from a checkpoint (`core.weights.load_weights`): the linear's weights' names and shapes."""
+        """What it takes back from a checkpoint (`core.weights.load_weights`): the linear's weights, by name,
+        with their shapes."""
         shapes = {"weight": (self.out_features, self.in_features)}
         return shapes if self.bias is None else {**shapes, "bias": (self.out_features,)}
 
