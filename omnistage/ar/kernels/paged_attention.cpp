@@ -38,8 +38,8 @@ constexpr int64_t kQueryTile = 32;  // queries of one row per task
 constexpr int64_t kRows = 8;  // query vectors per register tile (4 for a tile's last few)
 constexpr int kSpan = 2;  // key blocks per step of a register tile
 constexpr int64_t kSpanKeys = kSpan * kBlock;
-// A block's 16 keys are one 16-float vector: one AVX-512 register (two AVX ones, two pairs of NEON
-// ones: the compiler splits it where the processor has narrower registers).
+// A block's 16 keys are one 16-float vector: one AVX-512 register (two AVX ones, four NEON ones:
+// the compiler splits it where the processor has narrower registers).
 typedef float vf16 __attribute__((vector_size(64)));
 typedef int32_t vi16 __attribute__((vector_size(64)));
 typedef float vf8 __attribute__((vector_size(32)));
