@@ -22,6 +22,9 @@
    against what a slot cache fits in the same memory (one max_model_len row per sequence:
    budget / max_model_len; also budget / the longest sequence, the slot cache's best case).
 
+`--only attention-share`: attention's part of the long-prompt run, kernel against gather; `--only
+kernel`: the in-place kernel on one layer against SDPA on contiguous keys (see `kernel_alone`).
+
 Prints a markdown table and writes it under "## AR paged KV" in benchmarks/RESULTS.md
 (other sections are kept).
 
@@ -312,6 +315,64 @@ def attention_share(path: str, runs: int = 3) -> dict:
             engine.close()
 
 
+def kernel_alone(path: str, calls: int = 9) -> dict:
+    """The in-place kernel on one layer of the model's shapes, against SDPA on the same keys laid out
+    contiguously, as the gather path calls it without its gather (a prompt or chunk: the causal
+    square on SDPA's is_causal path, a chunk's cached positions as zero queries in front; a decode:
+    no mask): per case, ms of CPU time, the median of `calls` after a warm-up. Cases: two 1000-token
+    prompts from position 0 (a long prefill's causal square), a 976-token chunk after 40 cached keys,
+    8 decode rows over 1100 keys."""
+    from transformers import AutoConfig
+
+    from omnistage.ar.paged_attention import kernel_for
+
+    config = AutoConfig.from_pretrained(path)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kernel, block, g = kernel_for(torch.device("cpu")), 16, torch.Generator().manual_seed(0)
+
+    def median_ms(fn) -> float:
+        fn()
+        times = []
+        for _ in range(calls):
+            t0 = CLOCK[0]()
+            fn()
+            times.append(CLOCK[0]() - t0)
+        return statistics.median(times) * 1e3
+
+    result = {}
+    for name, rows in (("2 prompts x 1000", [(1000, 0)] * 2), ("976-token chunk after 40", [(976, 40)]),
+                       ("8 decodes over 1100", [(1, 1099)] * 8)):
+        widths = [-(-(n + c) // block) for n, c in rows]
+        order = (torch.randperm(sum(widths), generator=g) + 1).tolist()  # each row's blocks anywhere in the pool
+        tables = torch.zeros(len(rows), max(widths), dtype=torch.int32)
+        for r, w in enumerate(widths):
+            tables[r, :w] = torch.tensor([order.pop() for _ in range(w)])
+        slots = 1 + sum(widths)
+        keys = torch.randn(slots * block, kv_heads, dim, generator=g)
+        values = torch.randn(slots * block, kv_heads, dim, generator=g)
+        key_pool = torch.empty(slots, kv_heads, dim, block)
+        kernel.write_keys(key_pool, keys, torch.arange(slots * block))
+        query = torch.randn(sum(n for n, _ in rows), heads, dim, generator=g)
+        starts = torch.tensor([0] + [n for n, _ in rows]).cumsum(0).to(torch.int32)
+        lens = torch.tensor([n + c for n, c in rows], dtype=torch.int32)
+        contiguous = []  # per row: its query [1, H, n (+ c zeros for a chunk), D], keys and values [1, H_kv, n + c, D]
+        for r, (n, c) in enumerate(rows):
+            idx = (tables[r, :widths[r]].long()[:, None] * block + torch.arange(block)).flatten()[:n + c]
+            q = query[starts[r]:starts[r + 1]].transpose(0, 1)[None]
+            if n > 1:
+                q = torch.cat([q.new_zeros(1, heads, c, dim), q], dim=2)
+            contiguous.append((q.contiguous(), keys[idx].transpose(0, 1)[None].contiguous(),
+                               values[idx].transpose(0, 1)[None].contiguous(), n > 1))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        scale = dim ** -0.5
+        result[name] = {
+            "kernel": median_ms(lambda: kernel.paged_attention(query, key_pool, values, tables, starts, lens, scale)),
+            "sdpa": median_ms(lambda: [sdpa(q, k, v, is_causal=causal, enable_gqa=True)
+                                       for q, k, v, causal in contiguous])}
+    return result
+
+
 # --- report ------------------------------------------------------------------------------------
 
 
@@ -336,6 +397,8 @@ def only_case(case: str, size: str, vllm_python: str | None, pairs: int) -> dict
     path = str(ensure("qwen2-llm", size=size, cache_dir=ROOT / ".omnistage-cache" / "zoo"))
     if case == "attention-share":
         return attention_share(path)
+    if case == "kernel":
+        return kernel_alone(path)
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").eval()
     with torch.inference_mode():
@@ -400,7 +463,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     parser.add_argument("--paged-attention", choices=("auto", "kernel", "gather"), default="auto",
                         help="how the engines' attention reads the KV blocks (deploy field paged_attention)")
-    parser.add_argument("--only", choices=("throughput", "attention-share"),
+    parser.add_argument("--only", choices=("throughput", "attention-share", "kernel"),
                         help="run one case and print it (RESULTS.md is left alone)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

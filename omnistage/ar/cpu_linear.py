@@ -26,9 +26,13 @@ PACKED_FOR_ROWS = 8
 streams the weight; packed for 1 row it is 1.25x faster than sgemm at 1 row, and still 1.7x
 at 64, but 1.35x slower than the 8-row layout at 8 rows. So a stage that never batches
 (`max_num_seqs: 1`) packs for one row, any other for 8."""
-MIN_PACKED_WEIGHT = 1 << 18
-"""oneDNN costs about 12 us more per call than sgemm, so below this many weight elements
-(1 MiB in fp32: 512 x 512) sgemm stays faster at decode sizes (measured, 1 and 8 rows)."""
+MIN_PACKED_WEIGHT = {1: 1 << 18, PACKED_FOR_ROWS: 1 << 16}
+"""Per packed layout (rows): the fewest weight elements worth packing. oneDNN costs about 12 us more
+per call than sgemm, so below 512 x 512 (1 MiB in fp32) sgemm stays faster for one row. A batched
+stage also prefills its prompts' hundreds to thousands of rows at a time, where packed is 2.3x
+faster on a 512 -> 128 projection (a small model's keys or values; 2048 rows: 1.06 against 2.47 ms,
+64 rows 1.8x) and 14% slower at 8 rows (20 against 18 us): such a stage packs from 128 x 512 up.
+(One thread, fp32, AVX-512 host, medians of 31.)"""
 
 
 def packable_dtypes() -> tuple[torch.dtype, ...]:
@@ -56,9 +60,11 @@ class PrepackedLinear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().clone(), persistent=False)
 
     @property
-    def weight_names(self) -> tuple[str, ...]:
-        """What it takes back from a checkpoint (`core.weights.load_weights`): the linear's weight names."""
-        return ("weight",) if self.bias is None else ("weight", "bias")
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """What it takes back from a checkpoint (`core.weights.load_weights`): the linear's weights, by name,
+        with their shapes."""
+        shapes = {"weight": (self.out_features, self.in_features)}
+        return shapes if self.bias is None else {**shapes, "bias": (self.out_features,)}
 
     def load_weight(self, name: str, tensor: torch.Tensor) -> None:
         """New weights (an update): packed again, in the layout and dtype it had."""
@@ -87,17 +93,17 @@ class PrepackedLinear(nn.Module):
 def prepack_linears(module: nn.Module, max_batch: int = PACKED_FOR_ROWS) -> int:
     """Replace every plain `nn.Linear` under `module` that is on CPU, in a dtype this machine
     packs (`packable_dtypes`: fp32, and bf16 where the CPU supports it), and holds at least
-    `MIN_PACKED_WEIGHT` elements by a `PrepackedLinear`; returns how many.
+    `MIN_PACKED_WEIGHT` elements for its layout by a `PrepackedLinear`; returns how many.
     `max_batch`: the most rows a step feeds the layers (an AR stage's `max_num_seqs`); 1
     packs them for one row, more for `PACKED_FOR_ROWS`.
     A weight shared with another module (a tied LM head) gets its own packed copy, as in
     vLLM: that costs one more embedding-sized matrix of memory, for the largest matmul of
     a decode step."""
     dtypes = packable_dtypes()
+    rows = 1 if max_batch == 1 else PACKED_FOR_ROWS
     swaps = [(parent, name) for parent in module.modules() for name, child in parent.named_children()
              if type(child) is nn.Linear and child.weight.device.type == "cpu"
-             and child.weight.dtype in dtypes and child.weight.numel() >= MIN_PACKED_WEIGHT]
-    rows = 1 if max_batch == 1 else PACKED_FOR_ROWS
+             and child.weight.dtype in dtypes and child.weight.numel() >= MIN_PACKED_WEIGHT[rows]]
     for parent, name in swaps:  # one layer at a time: the unpacked weight is freed as its copy lands
         setattr(parent, name, PrepackedLinear(getattr(parent, name), rows))
     return len(swaps)

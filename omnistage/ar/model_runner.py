@@ -271,26 +271,28 @@ class ModelRunner:
         dev, size = self.device, self.block_size
         items = decodes + prompts
         width = -(-max(item.start + item.num_new for item in items) // size)
-        tables, fed, positions, starts, ends = [], [], [], [0], []
+        tables, fed, positions, write, starts, ends = [], [], [], [], [0], []
         for i, item in enumerate(items):
             seq, start, n = item.seq, item.start, item.num_new
-            tables += seq.block_table[:width] + [0] * (width - len(seq.block_table))  # past its blocks: scratch
+            table = seq.block_table
+            tables += table[:width] + [0] * (width - len(table))  # past its blocks: scratch
             fed += [seq.last_token_id] if i < len(decodes) else seq.all_token_ids[start:start + n]
             positions += range(start, start + n)
+            # each token's slot, here with the positions (a list op per token) rather than as ~6 tensor
+            # ops per step: a decode step's few tokens would pay each op's fixed cost
+            write += [table[p // size] * size + p % size for p in range(start, start + n)]
             starts.append(starts[-1] + n)
             ends.append(start + n)
         blocks, query_starts, context_lens = to_device([tables, starts, ends], dev, torch.int32)
-        input_ids, positions_t = to_device([fed, positions], dev)
+        input_ids, positions_t, write_t, last = to_device([fed, positions, write, [s - 1 for s in starts[1:]]], dev)
         blocks = blocks.view(len(items), width)
-        row = torch.repeat_interleave(torch.arange(len(items), device=dev), query_starts.diff().long())
-        write = blocks[row, positions_t // size].long() * size + positions_t % size
-        self.cache.begin(num_blocks, write, None, width * size, in_place=True)
+        self.cache.begin(num_blocks, write_t, None, width * size, in_place=True)
         seqs = [item.seq for item in items]
         want_hidden, want_embeds = _wants(seqs)
         return ModelInput(
             input_ids=input_ids[None], positions=positions_t[None],
             attention_mask=PagedLayout(blocks, query_starts, context_lens),
-            last_indices=query_starts[1:].long() - 1, query_lens=[item.num_new for item in items],
+            last_indices=last, query_lens=[item.num_new for item in items],
             kv_len=width * size, seqs=seqs, is_prefill=True, output_hidden_states=want_hidden,
             output_input_embeds=want_embeds, context_lens=[item.start for item in items], packed=True,
         )

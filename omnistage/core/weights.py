@@ -14,8 +14,8 @@ and reads them back (sleep level 2).
   device kept); `restore(tensors)` allocates them again and copies the tensors in.
 
 A module whose weights were transformed at load (e.g. `PrepackedLinear`) offers
-`weight_names`, `load_weight(name, tensor)` and `drop_weight(name) -> bytes freed`, and takes
-(and frees) its named weights through them.
+`weight_shapes` (name -> the shape a checkpoint holds), `load_weight(name, tensor)` and
+`drop_weight(name) -> bytes freed`, and takes (and frees) its named weights through them.
 """
 
 from __future__ import annotations
@@ -71,16 +71,16 @@ def checkpoint_names(folder: str | Path, components: Iterable[str] | None = None
 
 
 def _targets(modules: Mapping[str, Any] | Any) -> tuple[dict[str, Any], dict[str, tuple[Any, str]]]:
-    """Name -> tensor (state dict, tied names included) and name -> (module, its own name) for
-    modules that load their transformed weights themselves."""
+    """Name -> tensor (state dict, tied names included) and name -> (module, its own name, the shape
+    it takes) for modules that load their transformed weights themselves."""
     named = modules.items() if isinstance(modules, Mapping) else [("", modules)]
     tensors, custom = {}, {}
     for key, module in named:
         prefix = f"{key}." if key else ""
         tensors.update({prefix + name: t for name, t in module.state_dict(keep_vars=True).items()})
         for path, sub in module.named_modules():
-            for name in getattr(sub, "weight_names", ()):
-                custom[f"{prefix}{path}.{name}" if path else prefix + name] = (sub, name)
+            for name, shape in getattr(sub, "weight_shapes", {}).items():
+                custom[f"{prefix}{path}.{name}" if path else prefix + name] = (sub, name, tuple(shape))
     return tensors, custom
 
 
@@ -110,8 +110,10 @@ def load_weights(modules: Mapping[str, Any] | Any, tensors: Mapping[str, torch.T
     targets, custom = _targets(modules)
     _refuse_sharded(targets, "weight updates")
     unknown = sorted(name for name in tensors if name not in targets and name not in custom)
-    mismatched = [f"{name}: {tuple(t.shape)} for {tuple(targets[name].shape)}" for name, t in tensors.items()
-                  if name in targets and t.shape != targets[name].shape]
+    shapes = {**{name: tuple(t.shape) for name, t in targets.items()},
+              **{name: shape for name, (_, _, shape) in custom.items()}}
+    mismatched = [f"{name}: {tuple(t.shape)} for {shapes[name]}" for name, t in tensors.items()
+                  if name in shapes and tuple(t.shape) != shapes[name]]
     if unknown or mismatched:
         problems = []
         if unknown:
@@ -122,7 +124,7 @@ def load_weights(modules: Mapping[str, Any] | Any, tensors: Mapping[str, torch.T
     with torch.no_grad():
         for name, tensor in tensors.items():
             if name in custom:
-                module, own = custom[name]
+                module, own, _ = custom[name]
                 module.load_weight(own, tensor)
             else:
                 targets[name].data.copy_(tensor)
@@ -157,7 +159,7 @@ class Dropped:
             if tensor is not None and id(tensor) not in self._shapes and tensor.numel():
                 self._shapes[id(tensor)] = (tensor, tensor.shape)
             elif name in custom:  # a transformed weight (packed): its module frees it, load_weight rebuilds it
-                module, own = custom[name]
+                module, own, _ = custom[name]
                 num_custom += module.drop_weight(own)
         self.num_bytes = num_custom + sum(t.numel() * t.element_size() for t, _ in self._shapes.values())
         """Bytes freed (on the device the weights were on)."""

@@ -100,7 +100,7 @@ def test_small_model_with_prepacked_linears(zoo):
     engine = make_engine(path, max_num_seqs=4)
     try:
         packed = [m for m in engine.model.model.modules() if isinstance(m, PrepackedLinear)]
-        assert len(packed) == 4 * 5 + 1  # per layer q, o, gate, up, down; and the tied LM head
+        assert len(packed) == 4 * 7 + 1  # per layer q, k, v, o, gate, up, down; and the tied LM head
         assert {m.rows for m in packed} == {8}  # max_num_seqs 4: packed for batches
         outputs = run(engine, [StageRequest(f"p{i}", p, GREEDY) for i, p in enumerate(PROMPTS)])
     finally:

@@ -34,7 +34,8 @@ class _Block(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(1024, 512)
         self.big = nn.Linear(512, 768)
-        self.small = nn.Linear(512, 128)  # 64 Ki elements: sgemm is faster at decode sizes
+        self.small = nn.Linear(512, 32)  # 16 Ki elements: sgemm is faster at decode sizes
+        self.keys = nn.Linear(512, 128)  # 64 Ki: packed for a batched stage (its prefills), not for one row
         self.head = nn.Linear(512, 1024, bias=False)
         self.head.weight = self.embed.weight  # tied: packed as its own copy, the embedding untouched
         self.inner = nn.Sequential(nn.Linear(768, 512), nn.SiLU())
@@ -44,10 +45,11 @@ def test_prepack_swaps_large_plain_linears_only():
     block = _Block()
     x = torch.randn(4, 512)
     want = (block.big(x), block.small(x), block.head(x), block.inner(torch.randn(4, 768)))
-    assert prepack_linears(block) == 3
+    assert prepack_linears(block) == 4
     assert isinstance(block.big, PrepackedLinear) and isinstance(block.head, PrepackedLinear)
     assert isinstance(block.inner[0], PrepackedLinear)
-    assert type(block.small) is nn.Linear and block.small.weight.numel() < MIN_PACKED_WEIGHT
+    assert type(block.small) is nn.Linear and block.small.weight.numel() < MIN_PACKED_WEIGHT[8]
+    assert isinstance(block.keys, PrepackedLinear)
     assert isinstance(block.embed, nn.Embedding) and block.embed.weight.shape == (1024, 512)
     torch.testing.assert_close(block.big(x), want[0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(block.head(x), want[2], rtol=1e-5, atol=1e-4)  # N(0, 1) weights: |y| ~ 20
@@ -57,8 +59,9 @@ def test_prepack_swaps_large_plain_linears_only():
 
 def test_a_stage_that_never_batches_packs_for_one_row():
     block = _Block()
-    prepack_linears(block, max_batch=1)
+    assert prepack_linears(block, max_batch=1) == 3
     assert block.big.rows == block.head.rows == 1
+    assert type(block.keys) is nn.Linear  # one row: sgemm is faster below 512 x 512, and no prefill is batched
 
 
 def test_prepack_leaves_other_devices_and_dtypes():
@@ -119,6 +122,8 @@ def test_packed_layers_take_new_weights_and_read_them_back_after_being_dropped()
     with torch.no_grad():
         want = fresh(x)
         assert not torch.allclose(model(x), want, atol=1e-3)
+        with pytest.raises(ValueError, match=r"1 shape\(s\) that differ \(proj.weight: \(512, 256\) for \(512, 512\)"):
+            load_weights(model, {**new, "proj.weight": new["proj.weight"][:, :256]})  # a packed layer checks it too
         assert load_weights(model, new) == len(new)
         assert torch.allclose(model(x), want, atol=1e-4)  # the packed head followed the embedding
         dropped = Dropped(model, new)

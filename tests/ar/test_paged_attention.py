@@ -59,7 +59,7 @@ def gather_sdpa(keys, values, tables, query) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("heads,kv_heads,head_dim", [(8, 2, 64), (2, 1, 64), (4, 4, 32)])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(8, 2, 64), (2, 1, 64), (4, 4, 32), (2, 1, 40)])
 def test_kernel_equals_gather_and_sdpa_on_random_block_tables(dtype, heads, kv_heads, head_dim):
     kernel = kernel_for(torch.device("cpu"))
     keys, values, tables, query = random_case(heads, kv_heads, head_dim, dtype)

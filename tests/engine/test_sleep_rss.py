@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from omnistage import SamplingParams
-from omnistage.ar.cpu_linear import MIN_PACKED_WEIGHT, packable_dtypes
+from omnistage.ar.cpu_linear import MIN_PACKED_WEIGHT, PACKED_FOR_ROWS, packable_dtypes
 from omnistage.core.weights import read_checkpoint
 from omnistage.entrypoints.omni import AsyncOmni
 
@@ -40,10 +40,11 @@ def anonymous_rss(pid: int) -> int:
 
 
 def packed_bytes(path) -> int:
-    """Bytes of the stage's packed copies: every 2-D weight of at least MIN_PACKED_WEIGHT elements
-    (the linears, and the embedding, which the tied LM head packs a copy of)."""
+    """Bytes of the stage's packed copies: every 2-D weight of at least MIN_PACKED_WEIGHT elements for a
+    batched stage (llm.yaml's max_num_seqs: 8): the linears, and the embedding, which the tied LM head
+    packs a copy of."""
     return sum(t.nbytes for t in read_checkpoint(path).values()
-               if t.dim() == 2 and t.numel() >= MIN_PACKED_WEIGHT and t.dtype in packable_dtypes())
+               if t.dim() == 2 and t.numel() >= MIN_PACKED_WEIGHT[PACKED_FOR_ROWS] and t.dtype in packable_dtypes())
 
 
 def test_sleep_level_2_returns_the_weights_memory_and_wakes_to_the_same_output(zoo):

@@ -14,8 +14,8 @@
 // Over the blocks, an online softmax (running max, running sum, rescaled accumulator), so the
 // keys are read once, where gathering them first reads them, writes a copy and reads that.
 // Sums are in fp32 whatever the pools hold (fp32, bf16 or fp16). The inner loops work on
-// 8-float vectors (GCC/Clang vector extensions: one AVX register, or two NEON ones) in
-// register tiles of 4 query vectors.
+// 16-float vectors (GCC/Clang vector extensions: a block's 16 keys are one AVX-512 register)
+// in register tiles of 8 query vectors x 2 key blocks.
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -28,106 +28,186 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
 constexpr int64_t kBlock = 16;  // the engine's block size (omnistage/ar/block_manager.py)
 constexpr int64_t kQueryTile = 32;  // queries of one row per task
-constexpr int64_t kRows = 4;  // query vectors per register tile
+constexpr int64_t kRows = 8;  // query vectors per register tile (4 for a tile's last few)
+constexpr int kSpan = 2;  // key blocks per step of a register tile
+constexpr int64_t kSpanKeys = kSpan * kBlock;
+// A block's 16 keys are one 16-float vector: one AVX-512 register (two AVX ones, four NEON ones:
+// the compiler splits it where the processor has narrower registers).
+typedef float vf16 __attribute__((vector_size(64)));
+typedef int32_t vi16 __attribute__((vector_size(64)));
 typedef float vf8 __attribute__((vector_size(32)));
 typedef int32_t vi8 __attribute__((vector_size(32)));
 
-inline vf8 load8(const float* p) {
-  vf8 v;
+template <typename V>
+inline V load(const float* p) {
+  V v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
-inline void store8(float* p, vf8 v) { std::memcpy(p, &v, sizeof(v)); }
-inline vf8 splat(float x) { return vf8{x, x, x, x, x, x, x, x}; }
+template <typename V>
+inline void store(float* p, V v) { std::memcpy(p, &v, sizeof(v)); }
+inline vf16 splat(float x) { return vf16{} + x; }
 
 // exp for x <= 0 (Cephes' expf polynomial, about 1e-7 relative), exactly 0 below -87 (a masked
 // key's -inf included); vector arithmetic only, where std::exp is one call per score.
-inline vf8 exp8(vf8 x) {
-  const vf8 lo = splat(-87.f), big = splat(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
-  const vf8 xc = x > lo ? x : lo;
-  const vf8 n = (xc * splat(1.44269504088896341f) + big) - big;
-  const vf8 r = xc - n * splat(0.693359375f) + n * splat(2.12194440e-4f);
-  vf8 p = splat(1.9875691500e-4f);
-  p = p * r + splat(1.3981999507e-3f);
-  p = p * r + splat(8.3334519073e-3f);
-  p = p * r + splat(4.1665795894e-2f);
-  p = p * r + splat(1.6666665459e-1f);
-  p = p * r + splat(5.0000001201e-1f);
-  p = p * r * r + r + splat(1.f);
-  const vi8 bits = (__builtin_convertvector(n, vi8) + 127) << 23;
-  const vf8 y = p * reinterpret_cast<const vf8&>(bits);
+inline vf16 exp16(vf16 x) {
+  const vf16 lo = splat(-87.f), big = splat(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
+  const vf16 xc = x > lo ? x : lo;
+  const vf16 n = (xc * 1.44269504088896341f + big) - big;
+  const vf16 r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+  vf16 p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.f;
+  const vi16 bits = (__builtin_convertvector(n, vi16) + 127) << 23;
+  const vf16 y = p * reinterpret_cast<const vf16&>(bits);
   return x > lo ? y : splat(0.f);
 }
 
-inline float exp_nonpositive(float x) { return exp8(splat(x))[0]; }
+inline float exp_nonpositive(float x) { return exp16(splat(x))[0]; }
 
-inline float hmax(vf8 v) {
-  float m = v[0];
-  for (int k = 1; k < 8; ++k) m = std::max(m, v[k]);
+// horizontal max / sum: halving shuffles (log2 16 steps, where a scalar loop takes 15)
+inline float hmax(vf16 v) {
+  const vf8 a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7);
+  const vf8 b = __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const vf8 m8 = a > b ? a : b;
+  float m = m8[0];
+  for (int k = 1; k < 8; ++k) m = std::max(m, m8[k]);
   return m;
 }
 
-inline float hsum(vf8 v) {
+inline bool any(vi16 mask) {
+  const vi8 m8 = __builtin_shufflevector(mask, mask, 0, 1, 2, 3, 4, 5, 6, 7) |
+                 __builtin_shufflevector(mask, mask, 8, 9, 10, 11, 12, 13, 14, 15);
+  int32_t x = 0;
+  for (int k = 0; k < 8; ++k) x |= m8[k];
+  return x != 0;
+}
+
+inline float hsum(vf16 v) {
+  const vf8 s8 = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                 __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
   float s = 0.f;
-  for (int k = 0; k < 8; ++k) s += v[k];
+  for (int k = 0; k < 8; ++k) s += s8[k];
   return s;
 }
 
-// s[u][0..16) = q[u] . keys of the block, for kRows query vectors (kt: [head_dim][kBlock])
-inline void scores(const float* q, const float* kt, int64_t head_dim, float* s) {
-  vf8 a[kRows][2] = {};
+// s[u][b] = q[u] . the 16 keys of block b, for R query vectors and NB blocks (kt[b]: [head_dim][kBlock]).
+// Each head_dim step loads NB key vectors and R query floats for R * NB FMAs: with 2 blocks, the
+// loads no longer outnumber the FMAs.
+template <int R, int NB>
+inline void scores(const float* q, const float* const* kt, int64_t head_dim, vf16 (*s)[kSpan]) {
+  vf16 a[R][NB] = {};
   for (int64_t d = 0; d < head_dim; ++d) {
-    const vf8 k0 = load8(kt + d * kBlock), k1 = load8(kt + d * kBlock + 8);
-    for (int64_t u = 0; u < kRows; ++u) {
-      const vf8 b = splat(q[u * head_dim + d]);
-      a[u][0] += b * k0;
-      a[u][1] += b * k1;
+    vf16 k[NB];
+    for (int b = 0; b < NB; ++b) k[b] = load<vf16>(kt[b] + d * kBlock);
+    for (int u = 0; u < R; ++u) {
+      const float x = q[u * head_dim + d];
+      for (int b = 0; b < NB; ++b) a[u][b] += x * k[b];
     }
   }
-  for (int64_t u = 0; u < kRows; ++u) {
-    store8(s + u * kBlock, a[u][0]);
-    store8(s + u * kBlock + 8, a[u][1]);
+  for (int u = 0; u < R; ++u)
+    for (int b = 0; b < NB; ++b) s[u][b] = a[u][b];
+}
+
+// acc[u] += sum_j p[u][j] * v[j] for R query vectors (p[u] at p + u * kSpanKeys, v[j] at
+// v + j * v_stride), on the value's floats d..d + 16 * NV (groups of 4 query vectors x NV vectors:
+// 16 accumulators at NV = 4)
+template <int R, int NV>
+inline void accumulate_cols(const float* p, const float* v, int64_t v_stride, int64_t value_dim, int64_t num_keys,
+                            float* acc, int64_t d) {
+  for (int u0 = 0; u0 < R; u0 += 4) {
+    vf16 a[4][NV];
+    for (int u = 0; u < 4; ++u)
+      for (int c = 0; c < NV; ++c) a[u][c] = load<vf16>(acc + (u0 + u) * value_dim + d + 16 * c);
+    for (int64_t j = 0; j < num_keys; ++j) {
+      vf16 vj[NV];
+      for (int c = 0; c < NV; ++c) vj[c] = load<vf16>(v + j * v_stride + d + 16 * c);
+      for (int u = 0; u < 4; ++u) {
+        const float b = p[(u0 + u) * kSpanKeys + j];
+        for (int c = 0; c < NV; ++c) a[u][c] += b * vj[c];
+      }
+    }
+    for (int u = 0; u < 4; ++u)
+      for (int c = 0; c < NV; ++c) store(acc + (u0 + u) * value_dim + d + 16 * c, a[u][c]);
   }
 }
 
-// acc[u] += sum_j p[u][j] * v[j] for kRows query vectors (v[j] at v + j * v_stride), 16 floats of
-// the value at a time: two vector loads of v[j] serve 8 FMAs
+template <int R>
 inline void accumulate(const float* p, const float* v, int64_t v_stride, int64_t value_dim, int64_t num_keys,
                        float* acc) {
   int64_t d = 0;
-  for (; d + 16 <= value_dim; d += 16) {
-    vf8 a[kRows][2];
-    for (int64_t u = 0; u < kRows; ++u) {
-      a[u][0] = load8(acc + u * value_dim + d);
-      a[u][1] = load8(acc + u * value_dim + d + 8);
-    }
-    for (int64_t j = 0; j < num_keys; ++j) {
-      const vf8 v0 = load8(v + j * v_stride + d), v1 = load8(v + j * v_stride + d + 8);
-      for (int64_t u = 0; u < kRows; ++u) {
-        const vf8 b = splat(p[u * kBlock + j]);
-        a[u][0] += b * v0;
-        a[u][1] += b * v1;
-      }
-    }
-    for (int64_t u = 0; u < kRows; ++u) {
-      store8(acc + u * value_dim + d, a[u][0]);
-      store8(acc + u * value_dim + d + 8, a[u][1]);
+  for (; d + 64 <= value_dim; d += 64) accumulate_cols<R, 4>(p, v, v_stride, value_dim, num_keys, acc, d);
+  for (; d + 16 <= value_dim; d += 16) accumulate_cols<R, 1>(p, v, v_stride, value_dim, num_keys, acc, d);
+  if (d < value_dim) {  // a value_dim of 8 mod 16
+    for (int u = 0; u < R; ++u) {
+      vf8 a = load<vf8>(acc + u * value_dim + d);
+      for (int64_t j = 0; j < num_keys; ++j) a += p[u * kSpanKeys + j] * load<vf8>(v + j * v_stride + d);
+      store(acc + u * value_dim + d, a);
     }
   }
-  for (; d < value_dim; d += 8) {  // a value_dim of 8 mod 16
-    vf8 a[kRows];
-    for (int64_t u = 0; u < kRows; ++u) a[u] = load8(acc + u * value_dim + d);
-    for (int64_t j = 0; j < num_keys; ++j) {
-      const vf8 vj = load8(v + j * v_stride + d);
-      for (int64_t u = 0; u < kRows; ++u) a[u] += splat(p[u * kBlock + j]) * vj;
+}
+
+// One register tile of R query vectors against NB key blocks (visible[u]: how many of their keys
+// query vector u sees): scores, the online softmax's update of m, l and acc, then acc += p . values.
+// l[u] is kept as 16 lane sums, added up once at the end; the max is taken only where a score passes
+// the running one (after the first blocks, rarely: the update is then the same with none of its
+// horizontal reductions).
+template <int R, int NB>
+inline void attend_tile(const float* q, const float* const* kt, const float* const* v, int64_t v_stride,
+                        int64_t head_dim, int64_t value_dim, const int64_t* visible, float* m, vf16* l, float* acc,
+                        float* p_buf) {
+  int64_t tile_visible = 0;
+  for (int u = 0; u < R; ++u) tile_visible = std::max(tile_visible, visible[u]);
+  if (tile_visible <= 0) return;
+  vf16 s[R][kSpan];
+  scores<R, NB>(q, kt, head_dim, s);
+  const vf16 lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const vf16 masked = splat(-std::numeric_limits<float>::infinity());
+  for (int u = 0; u < R; ++u) {
+    float* pu = p_buf + u * kSpanKeys;
+    if (visible[u] <= 0) {
+      for (int b = 0; b < NB; ++b) store(pu + b * kBlock, splat(0.f));
+      continue;
     }
-    for (int64_t u = 0; u < kRows; ++u) store8(acc + u * value_dim + d, a[u]);
+    vf16 su[NB];
+    vi16 passes = {};
+    for (int b = 0; b < NB; ++b) {
+      su[b] = visible[u] >= (b + 1) * kBlock ? s[u][b] : lane < static_cast<float>(visible[u] - b * kBlock) ? s[u][b]
+                                                                                                           : masked;
+      passes |= su[b] > m[u];
+    }
+    if (any(passes)) {
+      vf16 mx = su[0];
+      for (int b = 1; b < NB; ++b) mx = mx > su[b] ? mx : su[b];
+      const float new_max = hmax(mx);
+      if (m[u] > -std::numeric_limits<float>::infinity()) {  // rescale what the earlier blocks added
+        const float c = exp_nonpositive(m[u] - new_max);
+        l[u] *= c;
+        float* au = acc + u * value_dim;
+        for (int64_t d = 0; d < value_dim; d += 8) store(au + d, load<vf8>(au + d) * c);
+      }
+      m[u] = new_max;
+    }
+    for (int b = 0; b < NB; ++b) {
+      const vf16 pv = exp16(su[b] - m[u]);
+      store(pu + b * kBlock, pv);
+      l[u] += pv;
+    }
+  }
+  for (int b = 0; b < NB; ++b) {
+    const int64_t nk = std::min(kBlock, tile_visible - b * kBlock);
+    if (nk > 0) accumulate<R>(p_buf + b * kBlock, v[b], v_stride, value_dim, nk, acc);
   }
 }
 
@@ -148,9 +228,11 @@ void attend(const scalar_t* query, int64_t q_token_stride, int64_t q_head_stride
   constexpr bool is_float = std::is_same<scalar_t, float>::value;
 
   at::parallel_for(0, num_tasks, 1, [&](int64_t begin, int64_t end) {
-    const int64_t rows_max = (kQueryTile * group + kRows - 1) / kRows * kRows;
-    std::vector<float> q(rows_max * head_dim), acc(rows_max * value_dim), m(rows_max), l(rows_max);
-    std::vector<float> s(rows_max * kBlock), kt(is_float ? 0 : head_dim * kBlock), v(is_float ? 0 : kBlock * value_dim);
+    const int64_t rows_max = (kQueryTile * group + 3) / 4 * 4;
+    std::vector<float> q(rows_max * head_dim), acc(rows_max * value_dim), m(rows_max);
+    std::vector<vf16> l(rows_max);
+    std::vector<float> p(kRows * kSpanKeys), kt(is_float ? 0 : kSpan * head_dim * kBlock);
+    std::vector<float> v(is_float ? 0 : kSpanKeys * value_dim);
     std::vector<int64_t> visible(rows_max);
     for (int64_t task = begin; task < end; ++task) {
       const auto [r, q0] = tiles[task / kv_heads];
@@ -160,7 +242,7 @@ void attend(const scalar_t* query, int64_t q_token_stride, int64_t q_head_stride
       const int64_t first_pos = context_lens[r] - n + q0;  // position of the tile's first query
       const int64_t num_keys = first_pos + num_q;  // the last query sees keys 0..num_keys-1
       const int64_t rows = num_q * group;  // query vectors: i = (query i / group, head g * group + i % group)
-      const int64_t padded = (rows + kRows - 1) / kRows * kRows;
+      const int64_t padded = (rows + 3) / 4 * 4;  // tiles of kRows, the last one of 4 where that covers it
       for (int64_t i = 0; i < padded; ++i) {
         float* qi = &q[i * head_dim];
         if (i < rows) {
@@ -171,16 +253,36 @@ void attend(const scalar_t* query, int64_t q_token_stride, int64_t q_head_stride
           std::fill(qi, qi + head_dim, 0.f);  // padding of the last register tile
         }
         m[i] = -std::numeric_limits<float>::infinity();
-        l[i] = 0.f;
+        l[i] = splat(0.f);
       }
       std::fill(acc.begin(), acc.begin() + padded * value_dim, 0.f);
-      for (int64_t k0 = 0; k0 < num_keys; k0 += kBlock) {
-        const int64_t nk = std::min(kBlock, num_keys - k0);
-        const int64_t block = tables[r * table_width + k0 / kBlock];
-        const scalar_t* kb = keys + (block * kv_heads + g) * head_dim * kBlock;
-        const scalar_t* vb = values + block * kBlock * value_stride + g * value_dim;
-        if (k0 + kBlock < num_keys) {  // the next block is anywhere in the pool: no hardware prefetcher guesses it
-          const int64_t next = tables[r * table_width + k0 / kBlock + 1];
+      for (int64_t k0 = 0; k0 < num_keys; k0 += kSpanKeys) {
+        const int64_t nk = std::min(kSpanKeys, num_keys - k0);
+        const int nb = nk > kBlock ? 2 : 1;  // a row's table may end at its last block: no block past it is read
+        const float* kt_blocks[kSpan];
+        const float* v_blocks[kSpan];
+        int64_t v_stride = value_stride;
+        for (int b = 0; b < nb; ++b) {
+          const int64_t block = tables[r * table_width + k0 / kBlock + b];
+          const scalar_t* kb = keys + (block * kv_heads + g) * head_dim * kBlock;
+          const scalar_t* vb = values + block * kBlock * value_stride + g * value_dim;
+          if constexpr (is_float) {
+            kt_blocks[b] = kb;
+            v_blocks[b] = vb;
+          } else {  // one fp32 copy of the block, shared by every query vector of the task
+            float* ktb = &kt[b * head_dim * kBlock];
+            float* vbf = &v[b * kBlock * value_dim];
+            for (int64_t x = 0; x < head_dim * kBlock; ++x) ktb[x] = static_cast<float>(kb[x]);
+            for (int64_t j = 0; j < std::min(kBlock, nk - b * kBlock); ++j)
+              for (int64_t d = 0; d < value_dim; ++d) vbf[j * value_dim + d] = static_cast<float>(vb[j * value_stride + d]);
+            kt_blocks[b] = ktb;
+            v_blocks[b] = vbf;
+            v_stride = value_dim;
+          }
+        }
+        // the next blocks are anywhere in the pool: no hardware prefetcher guesses them
+        for (int64_t k1 = k0 + kSpanKeys; k1 < std::min(num_keys, k0 + 2 * kSpanKeys); k1 += kBlock) {
+          const int64_t next = tables[r * table_width + k1 / kBlock];
           const char* nk_ptr = reinterpret_cast<const char*>(keys + (next * kv_heads + g) * head_dim * kBlock);
           for (int64_t x = 0; x < head_dim * kBlock * int64_t(sizeof(scalar_t)); x += 64) __builtin_prefetch(nk_ptr + x);
           for (int64_t j = 0; j < kBlock; ++j) {
@@ -188,60 +290,24 @@ void attend(const scalar_t* query, int64_t q_token_stride, int64_t q_head_stride
             for (int64_t x = 0; x < value_dim * int64_t(sizeof(scalar_t)); x += 64) __builtin_prefetch(nv_ptr + x);
           }
         }
-        const float* kt_block;
-        const float* v_block;
-        int64_t v_stride;
-        if constexpr (is_float) {
-          kt_block = kb;
-          v_block = vb;
-          v_stride = value_stride;
-        } else {  // one fp32 copy of the block, shared by every query vector of the task
-          for (int64_t x = 0; x < head_dim * kBlock; ++x) kt[x] = static_cast<float>(kb[x]);
-          for (int64_t j = 0; j < nk; ++j)
-            for (int64_t d = 0; d < value_dim; ++d) v[j * value_dim + d] = static_cast<float>(vb[j * value_stride + d]);
-          kt_block = kt.data();
-          v_block = v.data();
-          v_stride = value_dim;
-        }
-        for (int64_t i0 = 0; i0 < padded; i0 += kRows) {
-          // causal: query vector i sees the block's keys up to its own position
-          int64_t tile_visible = 0;
-          for (int64_t i = i0; i < i0 + kRows; ++i) {
-            visible[i] = i < rows ? std::min(nk, first_pos + i / group - k0 + 1) : 0;
-            tile_visible = std::max(tile_visible, visible[i]);
-          }
-          if (tile_visible <= 0) continue;
-          float* st = &s[i0 * kBlock];
-          scores(&q[i0 * head_dim], kt_block, head_dim, st);
-          for (int64_t i = i0; i < i0 + kRows; ++i) {
-            float* si = st + (i - i0) * kBlock;
-            const int64_t nv = visible[i];
-            if (nv <= 0) {
-              std::fill(si, si + kBlock, 0.f);
-              continue;
-            }
-            for (int64_t j = nv; j < kBlock; ++j) si[j] = -std::numeric_limits<float>::infinity();
-            const vf8 s0 = load8(si), s1 = load8(si + 8);
-            const float new_max = std::max(m[i], hmax(s0 > s1 ? s0 : s1));
-            if (new_max > m[i] && l[i] > 0.f) {  // rescale what the earlier blocks added
-              const float c = exp_nonpositive(m[i] - new_max);
-              l[i] *= c;
-              float* ai = &acc[i * value_dim];
-              for (int64_t d = 0; d < value_dim; d += 8) store8(ai + d, load8(ai + d) * splat(c));
-            }
-            m[i] = new_max;
-            const vf8 p0 = exp8(s0 - splat(new_max)), p1 = exp8(s1 - splat(new_max));
-            store8(si, p0);
-            store8(si + 8, p1);
-            const float sum = hsum(p0 + p1);
-            l[i] += sum;
-          }
-          accumulate(st, v_block, v_stride, value_dim, tile_visible, &acc[i0 * value_dim]);
-        }
+        // causal: query vector i sees the span's keys up to its own position
+        for (int64_t i = 0; i < padded; ++i) visible[i] = i < rows ? std::min(nk, first_pos + i / group - k0 + 1) : 0;
+        int64_t i0 = 0;
+        const auto tile = [&](auto rows_c, auto blocks_c) {
+          attend_tile<decltype(rows_c)::value, decltype(blocks_c)::value>(
+              &q[i0 * head_dim], kt_blocks, v_blocks, v_stride, head_dim, value_dim, &visible[i0], &m[i0], &l[i0],
+              &acc[i0 * value_dim], p.data());
+        };
+        using full = std::integral_constant<int, kRows>;
+        using last = std::integral_constant<int, 4>;
+        using one = std::integral_constant<int, 1>;
+        using two = std::integral_constant<int, 2>;
+        for (; i0 + kRows <= padded; i0 += kRows) nb == 2 ? tile(full{}, two{}) : tile(full{}, one{});
+        if (i0 < padded) nb == 2 ? tile(last{}, two{}) : tile(last{}, one{});
       }
       for (int64_t i = 0; i < rows; ++i) {
         scalar_t* dst = out + ((query_starts[r] + q0 + i / group) * num_heads + g * group + i % group) * value_dim;
-        const float inv = 1.f / l[i];
+        const float inv = 1.f / hsum(l[i]);
         for (int64_t d = 0; d < value_dim; ++d) dst[d] = static_cast<scalar_t>(acc[i * value_dim + d] * inv);
       }
     }
