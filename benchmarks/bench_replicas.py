@@ -7,7 +7,8 @@ per copy (OMP_NUM_THREADS=1, which the stage processes inherit):
 
 - throughput: a burst sent at once that saturates one copy (`REQUESTS`: Z-Image 8 of the zoo's
   call, qwen2-llm 64 of 64 greedy tokens), timed until the last finishes, after one warm-up
-  burst; best of `--repeats` per side; goal: 2 copies >= 1.8x the requests per second of 1.
+  burst; both stages run side by side and their bursts take turns (1, 2, 1, 2, ...), best of
+  `--repeats` per side; goal: 2 copies >= 1.8x the requests per second of 1.
   The CPU each process used during the timed bursts is printed too (was a core free per copy?);
 - kill: Z-Image on 2 copies, a closed loop of `--kill-requests` requests, 4 in flight;
   p99 latency of a run where copy 0 gets SIGKILL once a quarter of them finished, over the
@@ -27,7 +28,7 @@ Two cores shared with other jobs cannot show a 2x from 2 copies: the load averag
 start and end is printed beside the table. Writes "## Replicas" (throughput, kill, autoscaling) and
 "## Sleep and wake" in RESULTS.md; `--only sleep` or `--only replicas` runs and writes one.
 
-    .venv/bin/python benchmarks/bench_replicas.py [--size small] [--repeats 2] [--only sleep]
+    .venv/bin/python benchmarks/bench_replicas.py [--size small] [--repeats 3] [--only sleep]
 """
 
 from __future__ import annotations
@@ -125,14 +126,16 @@ def copy_pids(omni) -> list[int]:
 
 
 class CpuUse:
-    """CPU seconds over a span of this process (the orchestrator and the client), of each stage
-    copy, and of every other process on the host (its busy time less ours), each as a share of
-    one core: did each copy have a core to itself? And ours in all per request: what the work
-    costs, however busy the machine is."""
+    """CPU seconds over its spans (entered once per timed burst) of this process (the orchestrator
+    and the client), of each stage copy, and of every other process on the host (its busy time
+    less ours), each as a share of one core: did each copy have a core to itself? And ours in all
+    per request: what the work costs, however busy the machine is."""
 
     def __init__(self, pids: list[int], num_requests: int):
         self.procs = [psutil.Process(os.getpid())] + [psutil.Process(pid) for pid in pids]
         self.num_requests = num_requests
+        self.seconds = [0.0] * len(self.procs)
+        self.host_seconds = self.wall = 0.0
 
     def __enter__(self) -> "CpuUse":
         self._start = [self._cpu(p) for p in self.procs]
@@ -141,11 +144,9 @@ class CpuUse:
         return self
 
     def __exit__(self, *exc) -> None:
-        wall = time.perf_counter() - self._wall
-        seconds = [self._cpu(p) - c for p, c in zip(self.procs, self._start)]
-        self.shares = [s / wall for s in seconds]
-        self.others = max(0.0, self._host_busy() - self._busy - sum(seconds)) / wall
-        self.per_request_ms = 1000 * sum(seconds) / self.num_requests
+        self.wall += time.perf_counter() - self._wall
+        self.host_seconds += self._host_busy() - self._busy
+        self.seconds = [total + self._cpu(p) - c for total, p, c in zip(self.seconds, self.procs, self._start)]
 
     @staticmethod
     def _cpu(proc: psutil.Process) -> float:
@@ -158,9 +159,11 @@ class CpuUse:
         return sum(getattr(times, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
 
     def describe(self) -> str:
-        main, *copies = self.shares
+        main, *copies = (s / self.wall for s in self.seconds)
+        others = max(0.0, self.host_seconds - sum(self.seconds)) / self.wall
+        per_request_ms = 1000 * sum(self.seconds) / self.num_requests
         shares = ", ".join([f"main {main:.0%}"] + [f"copy {i} {c:.0%}" for i, c in enumerate(copies)])
-        return f"{shares}, other jobs {self.others:.0%} ({self.per_request_ms:.0f} CPU-ms per request)"
+        return f"{shares}, other jobs {others:.0%} ({per_request_ms:.0f} CPU-ms per request)"
 
 
 class ReplicaEvents(logging.Handler):
@@ -215,35 +218,48 @@ def bench(models: list[str], size: str, repeats: int, kill_requests: int, parts:
             finally:
                 omni.close()
             continue
-        best, one_batch, cpu, fixed, requests = {}, {}, {}, {}, REQUESTS[model]
-        for num_replicas in (1, 2):
-            omni = start(model, size, num_replicas)
-            try:
-                asyncio.run(burst(omni, prompt, params, requests, "warm"))
-                with CpuUse(copy_pids(omni), requests * repeats) as cpu[num_replicas]:
-                    best[num_replicas] = min(asyncio.run(burst(omni, prompt, params, requests, f"t{r}"))
-                                             for r in range(repeats))
-                print(f"{model} x{num_replicas}: {requests / best[num_replicas]:.2f} req/s; CPU "
-                      f"{cpu[num_replicas].describe()}", flush=True)
-                if model in ONE_BATCH:
-                    one_batch[num_replicas] = min(asyncio.run(burst(omni, prompt, params, ONE_BATCH[model], f"o{r}"))
-                                                  for r in range(repeats))
-                if model == SCALE_MODEL:  # the autoscaled burst's yardsticks: fixed 1 and 2 copies
-                    loop = asyncio.run(closed_loop(omni, prompt, params, SCALE_REQUESTS, None, "f", in_flight=8))
-                    fixed[num_replicas] = SCALE_REQUESTS / loop["seconds"]
-                if num_replicas == 2 and model == "z-image":
-                    results["kill"] = measure_kill(omni, prompt, params, kill_requests)
-                if num_replicas == 1 and "sleep" in parts:
-                    results["sleep"][model] = measure_sleep(omni, prompt, params)
-            finally:
+        stages = {}
+        try:
+            for num_replicas in (1, 2):
+                stages[num_replicas] = start(model, size, num_replicas)
+            measure_throughput(results, model, stages, prompt, params, repeats)
+            if model == SCALE_MODEL:  # the autoscaled burst's yardsticks: fixed 1 and 2 copies
+                fixed = {k: SCALE_REQUESTS / asyncio.run(closed_loop(omni, prompt, params, SCALE_REQUESTS, None, "f",
+                                                                     in_flight=8))["seconds"]
+                         for k, omni in stages.items()}
+            if model == "z-image":
+                results["kill"] = measure_kill(stages[2], prompt, params, kill_requests)
+            if "sleep" in parts:
+                results["sleep"][model] = measure_sleep(stages[1], prompt, params)
+        finally:
+            for omni in stages.values():
                 omni.close()
-        results["throughput"][model] = best
-        if one_batch:
-            results["one_batch"][model] = one_batch
-        results["cpu"][model] = cpu
         if model == SCALE_MODEL:
             results["scale"] = {"fixed": fixed, **measure_scale_up(model, size, prompt, params, SCALE_REQUESTS)}
     return results
+
+
+def measure_throughput(results: dict, model: str, stages: dict, prompt, params, repeats: int) -> None:
+    """Best of `repeats` bursts on 1 copy and on 2, taken in turn (1, 2, 1, 2, ...), so a change in
+    what other jobs run on the host falls on both sides alike."""
+    requests = REQUESTS[model]
+    cpu = {k: CpuUse(copy_pids(omni), requests * repeats) for k, omni in stages.items()}
+    times: dict = {k: [] for k in stages}
+    one_batch: dict = {k: [] for k in stages}
+    for omni in stages.values():
+        asyncio.run(burst(omni, prompt, params, requests, "warm"))
+    for r in range(repeats):
+        for k, omni in stages.items():
+            with cpu[k]:
+                times[k].append(asyncio.run(burst(omni, prompt, params, requests, f"t{r}")))
+            if model in ONE_BATCH:
+                one_batch[k].append(asyncio.run(burst(omni, prompt, params, ONE_BATCH[model], f"o{r}")))
+    results["throughput"][model] = {k: min(t) for k, t in times.items()}
+    results["cpu"][model] = cpu
+    if model in ONE_BATCH:
+        results["one_batch"][model] = {k: min(t) for k, t in one_batch.items()}
+    for k in stages:
+        print(f"{model} x{k}: {requests / min(times[k]):.2f} req/s; CPU {cpu[k].describe()}", flush=True)
 
 
 def measure_kill(omni, prompt, params, n: int) -> dict:
@@ -328,7 +344,7 @@ def table(results: dict, size: str, loads: tuple) -> str:
                     for model, uses in results["cpu"].items() for k, use in uses.items())
     note = (f"Load average (1 min) at the start and the end: {loads[0]:.1f} / {loads[1]:.1f}, on "
             f"{os.cpu_count()} cores shared with other jobs; one torch thread per copy; throughput is the best of "
-            f"the timed bursts. CPU during the timed bursts (share of one core; main = orchestrator and client): "
+            f"the timed bursts, the 1-copy and 2-copy stages taking turns. CPU during the timed bursts (share of one core; main = orchestrator and client): "
             f"{cpu}. Sleep: the next section.")
     if kill is not None:
         detect = ", ".join(f"{1000 * s:.0f}" for s in kill["detect_s"])
@@ -365,7 +381,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=["z-image", "qwen2-llm"])
     parser.add_argument("--size", default="small")
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kill-requests", type=int, default=16)
     parser.add_argument("--only", choices=("replicas", "sleep"),
                         help="run and write one section: replicas (throughput, kill) or sleep")
