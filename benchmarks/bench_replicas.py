@@ -338,7 +338,7 @@ def table(results: dict, size: str, loads: tuple) -> str:
         join = "never" if scale["join_s"] is None else f"{scale['join_s']:.2f} s"
         rows.append(f"| {SCALE_MODEL} {size}: a burst of {SCALE_REQUESTS} requests, 8 in flight (req/s); fixed "
                     f"copies / autoscaled from 1 (max 2) | {scale['fixed'][1]:.2f} | {scale['fixed'][2]:.2f} | "
-                    f"{scale['rate']:.2f} (x{scale['rate'] / scale['fixed'][1]:.2f} of 1 copy) | time to scale up: "
+                    f"{scale['rate']:.2f} ({scale['rate'] / scale['fixed'][1]:.2f}x of 1 copy) | time to scale up: "
                     f"the second copy started {scale['start_s']:.2f} s and joined {join} after the burst began |")
     cpu = "; ".join(f"{model}, {k} cop{'y' if k == 1 else 'ies'}: {use.describe()}"
                     for model, uses in results["cpu"].items() for k, use in uses.items())

@@ -1,6 +1,6 @@
-"""What both diffusion schedulers share: the waiting queue in arrival order (core/queueing.py), the running set that takes
-one denoising step per batch, aborts, burst coalescing, and the bookkeeping that turns a
-`RunnerOutput` into finished requests.
+"""What both diffusion schedulers share: the waiting queue in arrival order (core/queueing.py),
+the running set that takes one denoising step per batch, aborts, burst coalescing, and the
+bookkeeping that turns a `RunnerOutput` into finished requests.
 
 Every batch is one denoising step for every running request, in both modes; the modes
 differ only in admission (`_admit`): request mode forms a batch once and runs it to the
