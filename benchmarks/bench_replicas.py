@@ -168,7 +168,8 @@ class CpuUse:
 
 class ReplicaEvents(logging.Handler):
     """When the replica set re-ran a request (and how many requests the copy taking it held then,
-    running or queued ahead of it), began starting a copy, and a started copy joined (time.monotonic)."""
+    running or queued ahead of it), began starting a copy, and a started copy joined (time.monotonic)
+    with the CPU it took to start."""
 
     def __init__(self, omni):
         super().__init__()
@@ -176,6 +177,8 @@ class ReplicaEvents(logging.Handler):
         self.reruns: list[tuple[float, int]] = []
         self.starting: list[float] = []
         self.joined: list[float] = []
+        self.start_cpu_s: list[float] = []
+        """CPU seconds each joining copy spent starting (its load), taken from the serving ones on a busy host."""
 
     def emit(self, record: logging.LogRecord) -> None:
         now = time.monotonic()
@@ -185,7 +188,9 @@ class ReplicaEvents(logging.Handler):
         elif record.msg.startswith("stage %s: starting copy"):
             self.starting.append(now)
         elif record.msg.startswith("stage %s: copy %d joined"):
+            times = psutil.Process(self.stage.replicas[-1].endpoint.pid).cpu_times()  # the copy just appended
             self.joined.append(now)
+            self.start_cpu_s.append(times.user + times.system)
 
     def __enter__(self) -> "ReplicaEvents":
         logger = logging.getLogger("omnistage.engine.replicas")
@@ -286,6 +291,7 @@ def measure_scale_up(model: str, size: str, prompt, params, n: int) -> dict:
         assert loop["errors"] == 0, loop
         return {"start_s": events.starting[0] - began if events.starting else None,
                 "join_s": events.joined[0] - began if events.joined else None,
+                "start_cpu_s": events.start_cpu_s[0] if events.start_cpu_s else None,
                 "rate": n / loop["seconds"]}
     finally:
         omni.close()
@@ -335,7 +341,8 @@ def table(results: dict, size: str, loads: tuple) -> str:
                     f"{kill['reruns']} re-run) |")
     scale = results["scale"]
     if scale is not None:
-        join = "never" if scale["join_s"] is None else f"{scale['join_s']:.2f} s"
+        join = ("never" if scale["join_s"] is None else
+                f"{scale['join_s']:.2f} s (its start took {scale['start_cpu_s']:.1f} CPU-s)")
         rows.append(f"| {SCALE_MODEL} {size}: a burst of {SCALE_REQUESTS} requests, 8 in flight (req/s); fixed "
                     f"copies / autoscaled from 1 (max 2) | {scale['fixed'][1]:.2f} | {scale['fixed'][2]:.2f} | "
                     f"{scale['rate']:.2f} ({scale['rate'] / scale['fixed'][1]:.2f}x of 1 copy) | time to scale up: "
