@@ -148,6 +148,11 @@ class CpuUse:
         self.host_seconds += self._host_busy() - self._busy
         self.seconds = [total + self._cpu(p) - c for total, p, c in zip(self.seconds, self.procs, self._start)]
 
+    def include_started(self, pid: int) -> None:
+        """Count a process that started during the spans (a copy added by autoscaling): all its CPU."""
+        self.procs.append(psutil.Process(pid))
+        self.seconds.append(self._cpu(self.procs[-1]))
+
     @staticmethod
     def _cpu(proc: psutil.Process) -> float:
         times = proc.cpu_times()
@@ -229,9 +234,11 @@ def bench(models: list[str], size: str, repeats: int, kill_requests: int, parts:
                 stages[num_replicas] = start(model, size, num_replicas)
             measure_throughput(results, model, stages, prompt, params, repeats)
             if model == SCALE_MODEL:  # the autoscaled burst's yardsticks: fixed 1 and 2 copies
-                fixed = {k: SCALE_REQUESTS / asyncio.run(closed_loop(omni, prompt, params, SCALE_REQUESTS, None, "f",
-                                                                     in_flight=8))["seconds"]
-                         for k, omni in stages.items()}
+                fixed, fixed_cpu = {}, {}
+                for k, omni in stages.items():
+                    with CpuUse(copy_pids(omni), SCALE_REQUESTS) as fixed_cpu[k]:
+                        loop = asyncio.run(closed_loop(omni, prompt, params, SCALE_REQUESTS, None, "f", in_flight=8))
+                    fixed[k] = SCALE_REQUESTS / loop["seconds"]
             if model == "z-image":
                 results["kill"] = measure_kill(stages[2], prompt, params, kill_requests)
             if "sleep" in parts:
@@ -240,7 +247,8 @@ def bench(models: list[str], size: str, repeats: int, kill_requests: int, parts:
             for omni in stages.values():
                 omni.close()
         if model == SCALE_MODEL:
-            results["scale"] = {"fixed": fixed, **measure_scale_up(model, size, prompt, params, SCALE_REQUESTS)}
+            results["scale"] = {"fixed": fixed, "fixed_cpu": fixed_cpu,
+                                **measure_scale_up(model, size, prompt, params, SCALE_REQUESTS)}
     return results
 
 
@@ -285,11 +293,13 @@ def measure_scale_up(model: str, size: str, prompt, params, n: int) -> dict:
     omni = start(model, size, 1, max_replicas=2, target_outstanding_per_replica=4, scale_down_delay_s=600)
     try:
         asyncio.run(burst(omni, prompt, params, 1, "warm"))
-        with ReplicaEvents(omni) as events:
+        with ReplicaEvents(omni) as events, CpuUse(copy_pids(omni), n) as cpu:
             began = time.monotonic()
             loop = asyncio.run(closed_loop(omni, prompt, params, n, None, "a", in_flight=8))
         assert loop["errors"] == 0, loop
-        return {"start_s": events.starting[0] - began if events.starting else None,
+        for pid in copy_pids(omni)[1:]:
+            cpu.include_started(pid)
+        return {"cpu": cpu, "start_s": events.starting[0] - began if events.starting else None,
                 "join_s": events.joined[0] - began if events.joined else None,
                 "start_cpu_s": events.start_cpu_s[0] if events.start_cpu_s else None,
                 "rate": n / loop["seconds"]}
@@ -351,8 +361,11 @@ def table(results: dict, size: str, loads: tuple) -> str:
                     for model, uses in results["cpu"].items() for k, use in uses.items())
     note = (f"Load average (1 min) at the start and the end: {loads[0]:.1f} / {loads[1]:.1f}, on "
             f"{os.cpu_count()} cores shared with other jobs; one torch thread per copy; throughput is the best of "
-            f"the timed bursts, the 1-copy and 2-copy stages taking turns. CPU during the timed bursts (share of one core; main = orchestrator and client): "
-            f"{cpu}. Sleep: the next section.")
+            f"the timed bursts, the 1-copy and 2-copy stages taking turns. CPU during the timed bursts (share of "
+            f"one core; main = orchestrator and client): {cpu}. Sleep: the next section.")
+    if scale is not None:
+        note += (f"\n\nCPU during the autoscaling bursts: 1 copy: {scale['fixed_cpu'][1].describe()}; 2 copies: "
+                 f"{scale['fixed_cpu'][2].describe()}; autoscaled: {scale['cpu'].describe()}.")
     if kill is not None:
         detect = ", ".join(f"{1000 * s:.0f}" for s in kill["detect_s"])
         note += (f"\n\nKill: the re-runs were dispatched {detect} ms after the SIGKILL; the surviving copy held "
