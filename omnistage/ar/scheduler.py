@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from omnistage.ar.block_manager import BlockManager
 from omnistage.ar.sequence import Sequence, SequenceStatus
+from omnistage.core.queueing import insert_by_arrival
 
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
 
@@ -84,7 +85,7 @@ class Scheduler:
         if seq.num_prompt_tokens > self.max_model_len:
             raise ValueError(f"request {seq.request_id!r}: prompt has {seq.num_prompt_tokens} tokens, "
                              f"more than max_model_len={self.max_model_len}")
-        self.waiting.append(seq)
+        insert_by_arrival(self.waiting, seq, lambda s: s.arrival_time)
 
     def abort(self, request_id: str) -> Sequence | None:
         """Remove the request wherever it is; returns it (finished with "abort") or None if unknown."""

@@ -105,6 +105,7 @@ class DiffusionEngine:
             raise RuntimeError(f"diffusion engine is unhealthy and takes no new requests: {self._dead}")
         diffusion_request, key, lora_path = _prepare(self.checker, request, self.loras)
         engine_request = EngineRequest(diffusion_request, freeze(key), arrival_time=self.clock(),
+                                       submitted_time=request.arrival_time,
                                        num_steps=diffusion_request.params.num_inference_steps)
         with self._lock:  # the scheduler refuses a request_id already running
             if lora_path is None or self.loras.take_slot(engine_request, diffusion_request.params.lora.name,

@@ -78,6 +78,22 @@ def test_max_num_seqs_caps_the_running_batch():
     assert_no_leak(sched)
 
 
+def test_a_sequence_made_before_the_waiting_ones_is_admitted_ahead_of_them():
+    # A re-run (its replica died) arrives after newer work but was made before it (arrival_time is
+    # the orchestrator's): it is admitted before the sequences made after it.
+    sched = create_scheduler(max_num_seqs=1)
+    seqs = create_sequences(4, max_tokens=1)
+    for seq, made in zip(seqs, (1.0, 3.0, 4.0, 2.0)):
+        seq.arrival_time = made
+        sched.add(seq)
+    admitted = []
+    while sched.waiting or sched.running:
+        batch, _ = step(sched)
+        admitted += ids(batch.prefills)
+    assert admitted == ["r0", "r3", "r1", "r2"]
+    assert_no_leak(sched)
+
+
 def test_join_mid_decode_shares_the_step():
     sched = create_scheduler()
     a, b = create_sequences(2)

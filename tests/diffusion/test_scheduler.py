@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from omnistage.diffusion.params import DiffusionParams
@@ -92,6 +94,17 @@ def test_request_mode_batches_matching_keys_fifo_up_to_max():
     # The head's key, in arrival order, capped at 2; then the incompatible request heads the queue.
     assert admissions(s, FakeRunner()) == [["r0", "r2"], ["r1", "r4"], ["r3"]]
     assert s.schedule().is_empty
+
+
+@pytest.mark.parametrize("cls", [RequestScheduler, StepScheduler])
+def test_a_request_made_before_the_waiting_ones_is_queued_ahead_of_them(cls):
+    # A re-run (its replica died) arrives after newer work but was made before it: it waits behind
+    # only what was made earlier. Made at 1, 3, 4 and arriving in that order, then the re-run made at 2.
+    s = cls(max_num_seqs=1, clock=Clock())
+    for rid, made in [("r1", 1.0), ("r3", 3.0), ("r4", 4.0), ("rerun", 2.0)]:
+        s.add_request(dataclasses.replace(make_request(rid), submitted_time=made))
+    s.add_request(make_request("untimed"))  # no orchestrator time: it joins the end
+    assert [r.request_id for r in s.waiting] == ["r1", "rerun", "r3", "r4", "untimed"]
 
 
 def test_request_mode_runs_a_batch_step_by_step_without_joiners():

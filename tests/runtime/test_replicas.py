@@ -27,6 +27,7 @@ from omnistage.engine.routing import Affinity, LeastOutstanding, RoundRobin
 from omnistage.engine.stage_handle import DeviceLists
 from omnistage.entrypoints.omni import AsyncOmni
 from omnistage.entrypoints.openai.api_server import ServerSettings, create_app
+from omnistage.testing.zoo import call_kwargs
 
 DRAW = PipelineSpec("draw", (StageSpec(0, "drawer", "diffusion", "image", final_output=True),))
 TALK = PipelineSpec("talk", (StageSpec(0, "talker", "ar", "text", final_output=True),))
@@ -241,6 +242,38 @@ def test_a_replica_killed_under_load_loses_no_request_and_health_stays_up(least_
     assert 'omnistage_stage_replicas{pipeline="draw",stage="drawer",state="serving"} 2.0' in metrics
     assert 'omnistage_stage_replica_reruns{pipeline="draw",stage="drawer"}' in metrics
     assert 'omnistage_stage_replica_outstanding{pipeline="draw",replica="1",stage="drawer"} 0.0' in metrics
+
+
+def test_a_rerun_goes_ahead_of_the_newer_work_queued_on_the_surviving_copy(zoo):
+    # The zoo's tiny Z-Image on two copies taking requests in turn, one at a time each: r0, r2, r4 go
+    # to one copy, r1, r3, r5 to the other. The first copy is killed while r0 runs (no restart): its
+    # three re-run on the survivor, each queued by when the orchestrator made it, so r0 runs right after
+    # r1 (already running there) and every request finishes in the order it was made.
+    kwargs = dict(call_kwargs("z-image", "tiny"), num_inference_steps=40)
+    prompt, extras = kwargs.pop("prompt"), {"max_sequence_length": kwargs.pop("max_sequence_length")}
+    params = {0: DiffusionParams(**kwargs, seed=0, extras=extras)}
+    omni = AsyncOmni(zoo("z-image"), stage_overrides={"0": {
+        "runtime": "process", "num_replicas": 2, "routing_policy": "round_robin", "max_num_seqs": 1,
+        "max_restarts": 0}})
+    orch, got, finished = omni.orchestrator, Collector(), []
+    try:
+        handle = orch.handles[0]
+        rids = [f"r{i}" for i in range(6)]
+        for rid in rids:
+            sink = got.sink(rid)
+            orch.submit(OmniRequest(rid, f"{prompt} {rid}", params),
+                        lambda out, sink=sink, rid=rid: (out.finished and finished.append(rid), sink(out)))
+        wait_until(lambda: sum(len(r.held) for r in handle.replicas) == 6)
+        victim = next(r for r in handle.replicas if "r0" in r.held)
+        assert set(victim.held) == {"r0", "r2", "r4"}
+        wait_until(lambda: got.outputs["r0"] and got.outputs["r1"])  # both copies are running their first
+        os.kill(victim.endpoint.pid, signal.SIGKILL)
+        outs = {rid: got.wait(rid) for rid in rids}
+    finally:
+        omni.close()
+    assert all(out.error is None and out.images for out in outs.values()), [o.error for o in outs.values()]
+    assert handle.num_reruns == 3
+    assert [rid for rid in finished if rid != "r1"] == ["r0", "r2", "r3", "r4", "r5"], finished
 
 
 def test_a_request_that_already_streamed_fails_cleanly_when_its_replica_dies():

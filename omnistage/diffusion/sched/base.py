@@ -1,6 +1,6 @@
-"""What both diffusion schedulers share: the FIFO waiting queue, the running set that takes
-one denoising step per batch, aborts, burst coalescing, and the bookkeeping that turns a
-`RunnerOutput` into finished requests.
+"""What both diffusion schedulers share: the waiting queue in arrival order (core/queueing.py),
+the running set that takes one denoising step per batch, aborts, burst coalescing, and the
+bookkeeping that turns a `RunnerOutput` into finished requests.
 
 Every batch is one denoising step for every running request, in both modes; the modes
 differ only in admission (`_admit`): request mode forms a batch once and runs it to the
@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 
 from omnistage.core.errors import RequestError
+from omnistage.core.queueing import insert_by_arrival
 
 from omnistage.diffusion.sched.output import RunnerOutput, SchedulerOutput
 from omnistage.diffusion.sched.request import EngineRequest, RequestStatus
@@ -47,7 +48,7 @@ class SchedulerBase(ABC):
         if req.request_id in self.requests:
             raise RequestError("request_id", f"request_id: {req.request_id!r} is already running")
         self.requests[req.request_id] = req
-        self.waiting.append(req)
+        insert_by_arrival(self.waiting, req, lambda r: r.submitted_time)
 
     def abort_request(self, request_id: str) -> bool:
         """Drop a request. A running one leaves before the next step, and the workers free

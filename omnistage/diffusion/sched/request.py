@@ -33,6 +33,10 @@ class EngineRequest:
     batch_key: Hashable
     """Request mode batches only requests whose keys are equal."""
     arrival_time: float
+    """When the engine took it (its clock): the queue time and the burst coalescing window start here."""
+    submitted_time: float | None = None
+    """When the orchestrator made it (`StageRequest.arrival_time`, the orchestrator's clock): its place
+    in the waiting queue, so a request re-run here after its replica died goes ahead of newer work."""
     status: RequestStatus = RequestStatus.WAITING
     scheduled_time: float | None = None
     """When it first entered a batch (queue_time = scheduled_time - arrival_time)."""
