@@ -418,21 +418,28 @@ def check_one_image(request: DiffusionRequest) -> None:
         raise RequestError("image", f"image: must be a PIL image, got {type(request.images[0]).__name__}")
 
 
+def encode_prompt_pairs(requests: list[DiffusionRequest], uses_cfg: Callable[[DiffusionRequest], bool],
+                        encode: Callable[[list[str]], Sequence[Any]]) -> list[tuple[Any, Any | None]]:
+    """(prompt row, negative-prompt row or None) per request, from one `encode(texts)` call over
+    their prompts followed by the negative prompts ("" unless given) of those that `uses_cfg`;
+    `encode` returns one row per text."""
+    guided = [i for i, r in enumerate(requests) if uses_cfg(r)]
+    texts = [r.prompt for r in requests] + [requests[i].params.negative_prompt or "" for i in guided]
+    rows = encode(texts)
+    negatives = dict(zip(guided, rows[len(requests):]))
+    return [(row, negatives.get(i)) for i, row in enumerate(rows[: len(requests)])]
+
+
 def encode_prompts_by_length(requests: list[DiffusionRequest], uses_cfg: Callable[[DiffusionRequest], bool],
                              encode: Callable[[list[str], int], Sequence[Any]]) -> list[tuple[Any, Any | None]]:
-    """(prompt row, negative-prompt row or None) per request. Requests with the same
-    max_sequence_length share one `encode(texts, max_sequence_length)` call over their prompts
-    followed by the negative prompts ("" unless given) of those that `uses_cfg`; `encode`
-    returns one row per text."""
+    """`encode_prompt_pairs`, with one `encode(texts, max_sequence_length)` call per group of
+    requests with the same max_sequence_length."""
     out: list[Any] = [None] * len(requests)
     for max_len in sorted({r.params.extras["max_sequence_length"] for r in requests}):
         group = [i for i, r in enumerate(requests) if r.params.extras["max_sequence_length"] == max_len]
-        guided = [i for i in group if uses_cfg(requests[i])]
-        texts = [requests[i].prompt for i in group] + [requests[i].params.negative_prompt or "" for i in guided]
-        rows = encode(texts, max_len)
-        negatives = dict(zip(guided, rows[len(group):]))
-        for i, row in zip(group, rows):
-            out[i] = (row, negatives.get(i))
+        pairs = encode_prompt_pairs([requests[i] for i in group], uses_cfg, lambda texts: encode(texts, max_len))
+        for i, pair in zip(group, pairs):
+            out[i] = pair
     return out
 
 
@@ -468,6 +475,12 @@ def image_size(state: DenoiseState) -> tuple[int, int]:
     """The (height, width) a state's request asks for: states with equal ones have equal latent
     grids, so they share a VAE call (and, with equal prompt lengths, a transformer call)."""
     return state.request.params.height, state.request.params.width
+
+
+def latent_shape(state: DenoiseState) -> tuple[int, ...]:
+    """The shape of one of a state's latents: states with equal ones may share a VAE call, and a
+    transformer call where prompt lengths may differ or are fixed."""
+    return tuple(state.latents.shape[1:])
 
 
 def grid_and_prompt_length(state: DenoiseState) -> tuple[int, int, int]:

@@ -25,6 +25,7 @@ from omnistage.diffusion.patch_pipeline import FluxStylePipeline
 from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionRequest,
+    encode_prompt_pairs,
     pack_latents,
     repeat_per_output,
     set_flow_match_timesteps,
@@ -120,10 +121,9 @@ class LongCatImage(FluxStylePipeline):
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
         # One text-encoder call over every prompt, then the negative prompts ("" unless given) of
         # the requests that run CFG (guidance_scale > 1).
-        guided = [r for r in requests if r.params.guidance_scale > 1]
-        embeds = self._encode_prompts([r.prompt for r in requests] + [r.params.negative_prompt or "" for r in guided])
-        negative_of = dict(zip(map(id, guided), embeds[len(requests):]))
-        return [self._initial_state(r, e, negative_of.get(id(r))) for r, e in zip(requests, embeds)]
+        embeds = encode_prompt_pairs(requests, uses_cfg=lambda r: r.params.guidance_scale > 1,
+                                     encode=self._encode_prompts)
+        return [self._initial_state(r, prompt, negative) for r, (prompt, negative) in zip(requests, embeds)]
 
     def _initial_state(self, request: DiffusionRequest, prompt: torch.Tensor,
                        negative: torch.Tensor | None) -> DenoiseState:
