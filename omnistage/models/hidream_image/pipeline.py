@@ -31,7 +31,6 @@ from omnistage.diffusion.pipeline import (
     current_timesteps,
     decode_images,
     encode_prompts_by_length,
-    group_by,
     map_groups,
     split_per_state,
 )
@@ -151,9 +150,7 @@ class HiDreamImage(PatchImagePipeline):
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # One transformer call per latent size and prompt length.
-        for group in group_by(states, lambda s: (*s.latents.shape[2:], s.cond["t5"].shape[1])):
-            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self.noise_scheduler_step(state, pred)
+        self.guided_steps(states, lambda s: (*s.latents.shape[2:], s.cond["t5"].shape[1]), self._predict)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         states = [s for s, _ in rows]

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from omnistage.core.errors import RequestError
-from omnistage.diffusion.guidance import Guidance, plain_cfg, rescaled_true_cfg
+from omnistage.diffusion.guidance import Guidance, plain_cfg, rescaled_true_cfg, scale_if_negative
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import DenoiseState, map_groups, pack_latents, unpack_latents
 from omnistage.diffusion.request import DiffusionRequest
@@ -142,10 +142,7 @@ class QwenImageLayered(QwenImage):
 
     # -- 3. denoise: Qwen-Image's, over the layers and the input image's tokens ----------------
 
-    guidance: ClassVar[Guidance] = Guidance(
-        scale=lambda s: s.cond["true_cfg_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
-        combine=layered_cfg,
-    )
+    guidance: ClassVar[Guidance] = Guidance(scale=scale_if_negative("true_cfg_scale"), combine=layered_cfg)
 
     def _model_input(self, state: DenoiseState) -> torch.Tensor:
         return torch.cat([state.latents, state.cond["image_latents"]], dim=1)

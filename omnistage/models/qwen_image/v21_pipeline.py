@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from omnistage.diffusion.checkpoint import CheckpointConfigs
-from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
+from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg, scale_if_negative
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
     DenoiseState,
@@ -268,10 +268,7 @@ class QwenImage21(QwenImage):
 
     # -- 3. denoise -----------------------------------------------------------------------
 
-    guidance: ClassVar[Guidance] = Guidance(
-        scale=lambda s: s.cond["true_cfg_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
-        combine=plain_cfg,
-    )
+    guidance: ClassVar[Guidance] = Guidance(scale=scale_if_negative("true_cfg_scale"), combine=plain_cfg)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """One branch's rows: one transformer call for the rows that decode from their KV caches,

@@ -22,6 +22,7 @@ from omnistage.diffusion.pipeline import (
     DiffusionRequest,
     decode_images,
     encode_prompts_by_length,
+    latent_shape,
     map_groups,
     set_flow_match_timesteps,
 )
@@ -165,7 +166,7 @@ class ZImage(PatchImagePipeline):
 
     @torch.no_grad()
     def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
-        return map_groups(states, lambda s: tuple(s.latents.shape[1:]), self._decode_group)  # one VAE call per size
+        return map_groups(states, latent_shape, self._decode_group)  # one VAE call per size
 
     def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
         # Cast before un-scaling, as diffusers' Z-Image does.
