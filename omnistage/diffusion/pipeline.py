@@ -334,6 +334,14 @@ class DiffusionPipelineBase(ABC):
             return VideoPayload(frames=uint8, fps=float(fps))
         return ImagePayload(images=[Image.fromarray(img) for img in uint8])
 
+    def to_av_payload(self, video: np.ndarray, audio: np.ndarray, request: DiffusionRequest,
+                      sample_rate: int) -> VideoPayload:
+        """`to_payload` of a decoded video with its soundtrack (audio [channels, samples] floats),
+        for a family that makes both (LTX-2, Kandinsky 6)."""
+        payload = self.to_payload(video, request)
+        return VideoPayload(frames=payload.frames, fps=payload.fps, audio=audio.astype(np.float32),
+                            sample_rate=sample_rate)
+
     # -- the whole loop in one call (offline use and tests; the runtime steps the seams) ----
 
     @torch.no_grad()

@@ -29,7 +29,6 @@ import numpy as np
 import torch
 
 from omnistage.core.errors import RequestError
-from omnistage.core.types import VideoPayload
 from omnistage.diffusion.accel.declaration import Accelerations
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
@@ -291,12 +290,8 @@ class Kandinsky6TI2VA(DiffusionPipelineBase):
     @torch.no_grad()
     def decode(self, states: list[DenoiseState]) -> list[Any]:
         sample_rate = int(self.audio_vae.config.sample_rate)
-        payloads = []
-        for state, (video, audio) in zip(states, self.decode_av(states)):
-            payload = self.to_payload(video, state.request)
-            payloads.append(VideoPayload(frames=payload.frames, fps=payload.fps, audio=audio.astype(np.float32),
-                                         sample_rate=sample_rate))
-        return payloads
+        return [self.to_av_payload(video, audio, state.request, sample_rate)
+                for state, (video, audio) in zip(states, self.decode_av(states))]
 
     def _decode_videos(self, states: list[DenoiseState]) -> list[np.ndarray]:
         # The image frame (if any) is dropped; [B, T, H, W, C] -> [B, C, T, H, W].

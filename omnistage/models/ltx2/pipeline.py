@@ -519,12 +519,8 @@ class LTX2T2V(DiffusionPipelineBase):
 
     def _decode_payloads(self, states: list[DenoiseState]) -> list[VideoPayload]:
         sample_rate = int(self.vocoder.config.output_sampling_rate)
-        payloads = []
-        for state, (video, audio) in zip(states, self.decode_av(states)):
-            payload = self.to_payload(video, state.request)
-            payloads.append(VideoPayload(frames=payload.frames, fps=payload.fps, audio=audio.astype(np.float32),
-                                         sample_rate=sample_rate))
-        return payloads
+        return [self.to_av_payload(video, audio, state.request, sample_rate)
+                for state, (video, audio) in zip(states, self.decode_av(states))]
 
     def _decode_videos(self, states: list[DenoiseState]) -> list[np.ndarray]:
         from diffusers.utils.torch_utils import randn_tensor
