@@ -427,25 +427,28 @@ def check_one_image(request: DiffusionRequest) -> None:
 
 
 def encode_prompt_pairs(requests: list[DiffusionRequest], uses_cfg: Callable[[DiffusionRequest], bool],
-                        encode: Callable[[list[str]], Sequence[Any]]) -> list[tuple[Any, Any | None]]:
+                        encode: Callable[[list[str]], Sequence[Any]],
+                        default_negative: str = "") -> list[tuple[Any, Any | None]]:
     """(prompt row, negative-prompt row or None) per request, from one `encode(texts)` call over
-    their prompts followed by the negative prompts ("" unless given) of those that `uses_cfg`;
-    `encode` returns one row per text."""
+    their prompts followed by the negative prompts (`default_negative` unless given) of those
+    that `uses_cfg`; `encode` returns one row per text."""
     guided = [i for i, r in enumerate(requests) if uses_cfg(r)]
-    texts = [r.prompt for r in requests] + [requests[i].params.negative_prompt or "" for i in guided]
+    texts = [r.prompt for r in requests] + [requests[i].params.negative_prompt or default_negative for i in guided]
     rows = encode(texts)
     negatives = dict(zip(guided, rows[len(requests):]))
     return [(row, negatives.get(i)) for i, row in enumerate(rows[: len(requests)])]
 
 
 def encode_prompts_by_length(requests: list[DiffusionRequest], uses_cfg: Callable[[DiffusionRequest], bool],
-                             encode: Callable[[list[str], int], Sequence[Any]]) -> list[tuple[Any, Any | None]]:
+                             encode: Callable[[list[str], int], Sequence[Any]],
+                             default_negative: str = "") -> list[tuple[Any, Any | None]]:
     """`encode_prompt_pairs`, with one `encode(texts, max_sequence_length)` call per group of
     requests with the same max_sequence_length."""
     out: list[Any] = [None] * len(requests)
     for max_len in sorted({r.params.extras["max_sequence_length"] for r in requests}):
         group = [i for i, r in enumerate(requests) if r.params.extras["max_sequence_length"] == max_len]
-        pairs = encode_prompt_pairs([requests[i] for i in group], uses_cfg, lambda texts: encode(texts, max_len))
+        pairs = encode_prompt_pairs([requests[i] for i in group], uses_cfg, lambda texts: encode(texts, max_len),
+                                    default_negative)
         for i, pair in zip(group, pairs):
             out[i] = pair
     return out
