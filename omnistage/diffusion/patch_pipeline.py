@@ -20,7 +20,6 @@ import torch
 from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Rows
-from omnistage.diffusion.params import DiffusionParams
 from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
@@ -30,6 +29,7 @@ from omnistage.diffusion.pipeline import (
     flow_sigmas,
     grid_and_prompt_length,
     image_size,
+    latent_grid,
     map_groups,
     pack_latents,
     set_flow_match_timesteps,
@@ -64,10 +64,6 @@ class PatchImagePipeline(DiffusionPipelineBase):
         super().check_inputs(request)
         check_divisible(request.params, height=self.multiple_of, width=self.multiple_of)
 
-    def latent_grid(self, params: DiffusionParams) -> tuple[int, int]:
-        """(height, width) of a request's unpacked VAE latents, even for the 2x2 patches."""
-        return 2 * (params.height // self.multiple_of), 2 * (params.width // self.multiple_of)
-
 
 def flux_modulated_input(block: Any, kwargs: dict) -> torch.Tensor:
     """TeaCache's input: FLUX's first block's AdaLN-Zero-normed, timestep-modulated image tokens."""
@@ -95,7 +91,8 @@ class FluxStylePipeline(PatchImagePipeline):
         from diffusers.utils.torch_utils import randn_tensor
 
         params = request.params
-        shape = (params.num_outputs_per_prompt, self.transformer.config.in_channels // 4, *self.latent_grid(params))
+        shape = (params.num_outputs_per_prompt, self.transformer.config.in_channels // 4,
+                 *latent_grid(params, self.multiple_of))
         return pack_latents(randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=dtype))
 
     def flow_timesteps(self, noise_scheduler: Any, num_steps: int, image_seq_len: int) -> torch.Tensor:
@@ -149,5 +146,6 @@ class FluxStylePipeline(PatchImagePipeline):
         return map_groups(states, image_size, self._decode_group)
 
     def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
-        latents = unpack_latents(torch.cat([s.latents for s in states]), *self.latent_grid(states[0].request.params))
+        grid = latent_grid(states[0].request.params, self.multiple_of)
+        latents = unpack_latents(torch.cat([s.latents for s in states]), *grid)
         return decode_images(self.vae, self.image_processor, latents, states, self.vae_decode)

@@ -566,6 +566,12 @@ def set_flow_match_timesteps(noise_scheduler: Any, sigmas: Any, image_seq_len: i
     return timesteps
 
 
+def latent_grid(params: DiffusionParams, multiple_of: int) -> tuple[int, int]:
+    """(height, width) of a request's unpacked VAE latents for a transformer that reads them in
+    2x2 patches (`multiple_of` = twice the VAE's factor): even, so they pack."""
+    return 2 * (params.height // multiple_of), 2 * (params.width // multiple_of)
+
+
 def pack_latents(latents: torch.Tensor, patch_size: int = 2) -> torch.Tensor:
     """[B, C, H, W] -> [B, (H/p)*(W/p), C*p*p]: p x p patches as tokens, in row-major grid order
     (Flux and Qwen-Image with p=2, Krea 2 with its checkpoint's p)."""

@@ -23,6 +23,7 @@ from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionRequest,
     encode_prompts_by_length,
+    latent_grid,
     pooled_prompt_cond,
 )
 from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations
@@ -89,7 +90,7 @@ class Flux(FluxStylePipeline):
 
         params = request.params
         n = params.num_outputs_per_prompt
-        latent_h, latent_w = self.latent_grid(params)
+        latent_h, latent_w = latent_grid(params, self.multiple_of)
         embeds = prompt[0]
         latents = self.packed_noise(request, embeds.dtype)
         noise_scheduler = self.noise_scheduler_copy()

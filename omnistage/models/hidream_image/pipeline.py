@@ -31,6 +31,7 @@ from omnistage.diffusion.pipeline import (
     current_timesteps,
     decode_images,
     encode_prompts_by_length,
+    latent_grid,
     map_groups,
     split_per_state,
 )
@@ -120,7 +121,7 @@ class HiDreamImage(PatchImagePipeline):
 
         params = request.params
         n = params.num_outputs_per_prompt
-        latent_h, latent_w = 2 * (params.height // self.multiple_of), 2 * (params.width // self.multiple_of)
+        latent_h, latent_w = latent_grid(params, self.multiple_of)
         latents = randn_tensor((n, self.transformer.config.in_channels, latent_h, latent_w),
                                generator=self.generator_for(request), device=self.device, dtype=prompt[2].dtype)
         noise_scheduler = self.noise_scheduler_copy()

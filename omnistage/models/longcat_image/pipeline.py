@@ -26,6 +26,7 @@ from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionRequest,
     encode_prompt_pairs,
+    latent_grid,
     pack_latents,
     repeat_per_output,
     set_flow_match_timesteps,
@@ -132,7 +133,7 @@ class LongCatImage(FluxStylePipeline):
 
         params = request.params
         n = params.num_outputs_per_prompt
-        latent_h, latent_w = self.latent_grid(params)
+        latent_h, latent_w = latent_grid(params, self.multiple_of)
         # Drawn in the generator's default dtype, then cast, as diffusers does (not packed_noise).
         noise = randn_tensor((n, self.transformer.config.in_channels // 4, latent_h, latent_w),
                              generator=self.generator_for(request), device=self.device)

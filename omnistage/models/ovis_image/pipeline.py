@@ -21,6 +21,7 @@ from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionRequest,
     encode_prompts_by_length,
+    latent_grid,
     repeat_per_output,
 )
 from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations
@@ -85,7 +86,7 @@ class OvisImage(FluxStylePipeline):
 
         params = request.params
         n = params.num_outputs_per_prompt
-        latent_h, latent_w = self.latent_grid(params)
+        latent_h, latent_w = latent_grid(params, self.multiple_of)
         latents = self.packed_noise(request, prompt.dtype)
         noise_scheduler = self.noise_scheduler_copy()
         timesteps = self.flow_timesteps(noise_scheduler, params.num_inference_steps, latents.shape[1])

@@ -32,6 +32,7 @@ from omnistage.diffusion.pipeline import (
     DiffusionRequest,
     check_divisible,
     current_timesteps,
+    latent_grid,
     map_groups,
     pack_latents,
     set_flow_match_timesteps,
@@ -176,8 +177,7 @@ class QwenImage(DiffusionPipelineBase):
 
         params = request.params
         dtype = prompt_embeds.dtype
-        latent_h = 2 * (params.height // self.multiple_of)
-        latent_w = 2 * (params.width // self.multiple_of)
+        latent_h, latent_w = latent_grid(params, self.multiple_of)
         # Same draw as diffusers' [n, 1 frame, C, h, w] noise, packed to [n, h/2 * w/2, 4C].
         shape = (params.num_outputs_per_prompt, self.transformer.config.in_channels // 4, latent_h, latent_w)
         noise = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=dtype)

@@ -48,6 +48,7 @@ from omnistage.diffusion.pipeline import (
     DiffusionRequest,
     current_timesteps,
     group_by,
+    latent_grid,
     set_flow_match_timesteps,
     split_per_state,
 )
@@ -238,8 +239,7 @@ class QwenImage21(QwenImage):
 
         params = request.params
         n = params.num_outputs_per_prompt
-        latent_h = 2 * (params.height // self.multiple_of)
-        latent_w = 2 * (params.width // self.multiple_of)
+        latent_h, latent_w = latent_grid(params, self.multiple_of)
         channels = self.transformer.config.in_channels
         # Same draw as diffusers' [n, 1 frame, C, h, w] noise, flattened to [n, h * w, C].
         noise = randn_tensor((n, 1, channels, latent_h, latent_w), generator=self.generator_for(request),

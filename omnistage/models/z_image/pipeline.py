@@ -22,6 +22,7 @@ from omnistage.diffusion.pipeline import (
     DiffusionRequest,
     decode_images,
     encode_prompts_by_length,
+    latent_grid,
     latent_shape,
     map_groups,
     set_flow_match_timesteps,
@@ -91,8 +92,7 @@ class ZImage(PatchImagePipeline):
         from diffusers.utils.torch_utils import randn_tensor
 
         params = request.params
-        latent_h = 2 * (params.height // self.multiple_of)
-        latent_w = 2 * (params.width // self.multiple_of)
+        latent_h, latent_w = latent_grid(params, self.multiple_of)
         # Z-Image keeps latents in float32 whatever the transformer dtype, as diffusers does.
         shape = (params.num_outputs_per_prompt, self.transformer.config.in_channels, latent_h, latent_w)
         latents = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=torch.float32)
