@@ -267,7 +267,6 @@ class LTX2T2V(DiffusionPipelineBase):
     def _initial_state(self, request: DiffusionRequest, prompt: dict, negative: dict | None) -> DenoiseState:
         from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift, retrieve_timesteps
         from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
-        from diffusers.utils.torch_utils import randn_tensor
 
         params, extras = request.params, request.params.extras
         generator = self.generator_for(request)
