@@ -39,6 +39,12 @@ class Guidance:
     batch_branches: bool = False
 
 
+def scale_if_negative(key: str = "guidance_scale") -> Callable[["DenoiseState"], float | None]:
+    """A `Guidance.scale` for families that encode a negative prompt only for the requests that
+    run CFG: the state's `cond[key]` while it has negative prompt embeddings, else None."""
+    return lambda state: state.cond[key] if state.cond["negative_prompt_embeds"] is not None else None
+
+
 def guided_predictions(states: list[DenoiseState], predict: Predict, guidance: Guidance) -> list[torch.Tensor]:
     """Each state's guided noise prediction for its current step."""
     scales = [guidance.scale(s) for s in states]

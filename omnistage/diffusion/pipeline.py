@@ -334,6 +334,14 @@ class DiffusionPipelineBase(ABC):
             return VideoPayload(frames=uint8, fps=float(fps))
         return ImagePayload(images=[Image.fromarray(img) for img in uint8])
 
+    def to_av_payload(self, video: np.ndarray, audio: np.ndarray, request: DiffusionRequest,
+                      sample_rate: int) -> VideoPayload:
+        """`to_payload` of a decoded video with its soundtrack (audio [channels, samples] floats),
+        for a family that makes both (LTX-2, Kandinsky 6)."""
+        payload = self.to_payload(video, request)
+        return VideoPayload(frames=payload.frames, fps=payload.fps, audio=audio.astype(np.float32),
+                            sample_rate=sample_rate)
+
     # -- the whole loop in one call (offline use and tests; the runtime steps the seams) ----
 
     @torch.no_grad()
@@ -372,6 +380,17 @@ class DiffusionPipelineBase(ABC):
         state.latents = state.noise_scheduler.step(noise_pred, t, state.latents, return_dict=False)[0]
         state.step_index += 1
 
+    def guided_steps(self, states: list[DenoiseState], call_key: Callable[[DenoiseState], Any], predict: Predict,
+                     step: Callable[[DenoiseState, torch.Tensor], None] | None = None) -> None:
+        """One denoising step for `states`: one guided prediction (`predict` over the family's
+        branches) per group of states with equal `call_key`, what one transformer call needs its
+        states to share (latent grid, prompt length); then `step` (default: the state's own noise
+        scheduler) applies each state's prediction."""
+        step = step or self.noise_scheduler_step
+        for group in group_by(states, call_key):
+            for state, pred in zip(group, self.guided_predictions(group, predict)):
+                step(state, pred)
+
 
 # -- module-level helpers shared by the families ---------------------------------------------
 
@@ -407,37 +426,50 @@ def check_one_image(request: DiffusionRequest) -> None:
         raise RequestError("image", f"image: must be a PIL image, got {type(request.images[0]).__name__}")
 
 
+def encode_prompt_pairs(requests: list[DiffusionRequest], uses_cfg: Callable[[DiffusionRequest], bool],
+                        encode: Callable[[list[str]], Sequence[Any]],
+                        default_negative: str = "") -> list[tuple[Any, Any | None]]:
+    """(prompt row, negative-prompt row or None) per request, from one `encode(texts)` call over
+    their prompts followed by the negative prompts (`default_negative` unless given) of those
+    that `uses_cfg`; `encode` returns one row per text."""
+    guided = [i for i, r in enumerate(requests) if uses_cfg(r)]
+    texts = [r.prompt for r in requests] + [requests[i].params.negative_prompt or default_negative for i in guided]
+    rows = encode(texts)
+    negatives = dict(zip(guided, rows[len(requests):]))
+    return [(row, negatives.get(i)) for i, row in enumerate(rows[: len(requests)])]
+
+
 def encode_prompts_by_length(requests: list[DiffusionRequest], uses_cfg: Callable[[DiffusionRequest], bool],
-                             encode: Callable[[list[str], int], Sequence[Any]]) -> list[tuple[Any, Any | None]]:
-    """(prompt row, negative-prompt row or None) per request. Requests with the same
-    max_sequence_length share one `encode(texts, max_sequence_length)` call over their prompts
-    followed by the negative prompts ("" unless given) of those that `uses_cfg`; `encode`
-    returns one row per text."""
+                             encode: Callable[[list[str], int], Sequence[Any]],
+                             default_negative: str = "") -> list[tuple[Any, Any | None]]:
+    """`encode_prompt_pairs`, with one `encode(texts, max_sequence_length)` call per group of
+    requests with the same max_sequence_length."""
     out: list[Any] = [None] * len(requests)
     for max_len in sorted({r.params.extras["max_sequence_length"] for r in requests}):
         group = [i for i, r in enumerate(requests) if r.params.extras["max_sequence_length"] == max_len]
-        guided = [i for i in group if uses_cfg(requests[i])]
-        texts = [requests[i].prompt for i in group] + [requests[i].params.negative_prompt or "" for i in guided]
-        rows = encode(texts, max_len)
-        negatives = dict(zip(guided, rows[len(group):]))
-        for i, row in zip(group, rows):
-            out[i] = (row, negatives.get(i))
+        pairs = encode_prompt_pairs([requests[i] for i in group], uses_cfg, lambda texts: encode(texts, max_len),
+                                    default_negative)
+        for i, pair in zip(group, pairs):
+            out[i] = pair
     return out
+
+
+def repeat_per_output(embeds: torch.Tensor | None, num_outputs: int) -> torch.Tensor | None:
+    """One prompt's embeddings (or None: no negative prompt) repeated for each of the request's
+    `num_outputs` latents, as a view: [num_outputs, *embeds.shape]."""
+    return None if embeds is None else embeds.unsqueeze(0).expand(num_outputs, *embeds.shape)
 
 
 def pooled_prompt_cond(prompt: tuple[torch.Tensor, torch.Tensor], negative: tuple[torch.Tensor, torch.Tensor] | None,
                        num_outputs: int) -> dict[str, torch.Tensor | None]:
     """The cond entries of a (sequence embeddings, pooled embeddings) prompt and of its negative
     (None without CFG), each repeated for the request's `num_outputs` latents (Flux, SD3)."""
-    def repeat(embeds: torch.Tensor | None) -> torch.Tensor | None:
-        return None if embeds is None else embeds.unsqueeze(0).expand(num_outputs, *embeds.shape)
-
     negative_embeds, negative_pooled = negative if negative is not None else (None, None)
     return {
-        "prompt_embeds": repeat(prompt[0]),
-        "pooled_prompt_embeds": repeat(prompt[1]),
-        "negative_prompt_embeds": repeat(negative_embeds),
-        "negative_pooled_prompt_embeds": repeat(negative_pooled),
+        "prompt_embeds": repeat_per_output(prompt[0], num_outputs),
+        "pooled_prompt_embeds": repeat_per_output(prompt[1], num_outputs),
+        "negative_prompt_embeds": repeat_per_output(negative_embeds, num_outputs),
+        "negative_pooled_prompt_embeds": repeat_per_output(negative_pooled, num_outputs),
     }
 
 
@@ -448,6 +480,25 @@ def decode_images(vae: Any, image_processor: Any, latents: torch.Tensor,
     latents = latents / vae.config.scaling_factor + vae.config.shift_factor
     images = decode(latents.to(vae.dtype))
     return split_per_state(image_processor.postprocess(images, output_type="np"), states)
+
+
+def image_size(state: DenoiseState) -> tuple[int, int]:
+    """The (height, width) a state's request asks for: states with equal ones have equal latent
+    grids, so they share a VAE call (and, with equal prompt lengths, a transformer call)."""
+    return state.request.params.height, state.request.params.width
+
+
+def latent_shape(state: DenoiseState) -> tuple[int, ...]:
+    """The shape of one of a state's latents: states with equal ones may share a VAE call, and a
+    transformer call where prompt lengths may differ or are fixed."""
+    return tuple(state.latents.shape[1:])
+
+
+def grid_and_prompt_length(state: DenoiseState) -> tuple[int, int, int]:
+    """`image_size` and the prompt's token count: states with equal ones may share a transformer
+    call whose position ids (text, then the image grid: 32x64 and 64x32 have equal token counts
+    but not equal ids) are shared across the call."""
+    return (*image_size(state), state.cond["prompt_embeds"].shape[1])
 
 
 def group_by(states: Iterable[DenoiseState], key: Callable[[DenoiseState], Any]) -> list[list[DenoiseState]]:
@@ -485,6 +536,14 @@ def split_per_state(batch: Any, states: list[DenoiseState]) -> list[Any]:
     return pieces
 
 
+def flow_sigmas(noise_scheduler: Any, num_steps: int) -> np.ndarray | None:
+    """FLUX's sigmas, 1 down to 1/num_steps; None for a noise scheduler that builds its own flow
+    sigmas (e.g. UniPC with use_flow_sigmas), which takes only the step count."""
+    if noise_scheduler.config.get("use_flow_sigmas", False):
+        return None
+    return np.linspace(1.0, 1 / num_steps, num_steps)
+
+
 def set_flow_match_timesteps(noise_scheduler: Any, sigmas: Any, image_seq_len: int,
                              device: torch.device | str | None = None, num_steps: int | None = None) -> torch.Tensor:
     """Set a flow-matching noise scheduler to `sigmas` with the resolution-dependent shift `mu`
@@ -507,16 +566,25 @@ def set_flow_match_timesteps(noise_scheduler: Any, sigmas: Any, image_seq_len: i
     return timesteps
 
 
-def pack_latents(latents: torch.Tensor) -> torch.Tensor:
-    """[B, C, H, W] -> [B, (H/2)*(W/2), C*4]: 2x2 patches as tokens (Flux, Qwen-Image)."""
+def latent_grid(params: DiffusionParams, multiple_of: int) -> tuple[int, int]:
+    """(height, width) of a request's unpacked VAE latents for a transformer that reads them in
+    2x2 patches (`multiple_of` = twice the VAE's factor): even, so they pack."""
+    return 2 * (params.height // multiple_of), 2 * (params.width // multiple_of)
+
+
+def pack_latents(latents: torch.Tensor, patch_size: int = 2) -> torch.Tensor:
+    """[B, C, H, W] -> [B, (H/p)*(W/p), C*p*p]: p x p patches as tokens, in row-major grid order
+    (Flux and Qwen-Image with p=2, Krea 2 with its checkpoint's p)."""
     b, c, h, w = latents.shape
-    latents = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
-    return latents.reshape(b, (h // 2) * (w // 2), c * 4)
+    p = patch_size
+    latents = latents.view(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
+    return latents.reshape(b, (h // p) * (w // p), c * p * p)
 
 
-def unpack_latents(latents: torch.Tensor, height: int, width: int) -> torch.Tensor:
+def unpack_latents(latents: torch.Tensor, height: int, width: int, patch_size: int = 2) -> torch.Tensor:
     """The inverse of `pack_latents` for a latent grid of `height` x `width`: -> [B, C, H, W]."""
     b, _, channels = latents.shape
-    latents = latents.view(b, height // 2, width // 2, channels // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
-    return latents.reshape(b, channels // 4, height, width)
+    p = patch_size
+    latents = latents.view(b, height // p, width // p, channels // (p * p), p, p).permute(0, 3, 1, 4, 2, 5)
+    return latents.reshape(b, channels // (p * p), height, width)
 

@@ -19,14 +19,15 @@ import numpy as np
 import torch
 
 from omnistage.diffusion.checkpoint import CheckpointConfigs
-from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
+from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg, scale_if_negative
 from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
     DiffusionRequest,
     check_divisible,
     current_timesteps,
-    group_by,
+    encode_prompt_pairs,
+    latent_shape,
     map_groups,
     split_per_state,
 )
@@ -92,10 +93,9 @@ class ErnieImage(DiffusionPipelineBase):
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
         # One text-encoder call over every prompt, then the negative prompts of the requests
         # that run CFG (guidance_scale > 1).
-        guided = [r for r in requests if r.params.guidance_scale > 1]
-        embeds = self._encode_prompts([r.prompt for r in requests] + [r.params.negative_prompt or "" for r in guided])
-        negative_of = dict(zip(map(id, guided), embeds[len(requests):]))
-        return [self._initial_state(r, e, negative_of.get(id(r))) for r, e in zip(requests, embeds)]
+        embeds = encode_prompt_pairs(requests, uses_cfg=lambda r: r.params.guidance_scale > 1,
+                                     encode=self._encode_prompts)
+        return [self._initial_state(r, prompt, negative) for r, (prompt, negative) in zip(requests, embeds)]
 
     def _initial_state(self, request: DiffusionRequest, prompt: torch.Tensor,
                        negative: torch.Tensor | None) -> DenoiseState:
@@ -120,11 +120,7 @@ class ErnieImage(DiffusionPipelineBase):
     # -- 3. denoise -----------------------------------------------------------------------
 
     # CFG when guidance_scale > 1, plain rule; both branches in one transformer call, as diffusers batches them.
-    guidance: ClassVar[Guidance] = Guidance(
-        scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
-        combine=plain_cfg,
-        batch_branches=True,
-    )
+    guidance: ClassVar[Guidance] = Guidance(scale=scale_if_negative(), combine=plain_cfg, batch_branches=True)
 
     # No step caches: the DiT's blocks run sequence-first ([tokens, batch, dim]), and the caches
     # split a call by its leading (batch) rows.
@@ -132,9 +128,7 @@ class ErnieImage(DiffusionPipelineBase):
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # One transformer call needs equal latent sizes; prompt lengths may differ (text_lens).
-        for group in group_by(states, lambda s: tuple(s.latents.shape[1:])):
-            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self.noise_scheduler_step(state, pred)
+        self.guided_steps(states, latent_shape, self._predict)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """One transformer call over every (state, branch) row; one prediction per row."""
@@ -161,7 +155,7 @@ class ErnieImage(DiffusionPipelineBase):
     @torch.no_grad()
     def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
         # States with the same latent size share one VAE call.
-        return map_groups(states, lambda s: tuple(s.latents.shape[1:]), self._decode_group)
+        return map_groups(states, latent_shape, self._decode_group)
 
     def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
         from diffusers import ErnieImagePipeline

@@ -9,35 +9,28 @@ has a `negative_prompt`, as in diffusers. IP-Adapter inputs are not supported.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
 from omnistage.diffusion.checkpoint import CheckpointConfigs
-from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
+from omnistage.diffusion.guidance import Guidance, plain_cfg, scale_if_negative
 from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.patch_pipeline import PatchImagePipeline
+from omnistage.diffusion.patch_pipeline import FluxStylePipeline
 from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionRequest,
-    current_timesteps,
-    decode_images,
     encode_prompts_by_length,
-    group_by,
-    map_groups,
-    pack_latents,
+    latent_grid,
     pooled_prompt_cond,
-    set_flow_match_timesteps,
-    split_per_state,
-    unpack_latents,
 )
 from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations
 from omnistage.models.flux.parallel import SEQUENCE_PLAN, TENSOR_PLAN
 
 
-class Flux(PatchImagePipeline):
+class Flux(FluxStylePipeline):
     reference_class: ClassVar[str] = "FluxPipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
         step_caches=CACHE_BACKENDS, cfg_parallel=True, sequence_parallel=SEQUENCE_PLAN, tensor_parallel=TENSOR_PLAN,
@@ -94,25 +87,14 @@ class Flux(PatchImagePipeline):
     def _initial_state(self, request: DiffusionRequest, prompt: tuple[torch.Tensor, torch.Tensor],
                        negative: tuple[torch.Tensor, torch.Tensor] | None) -> DenoiseState:
         from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
-        from diffusers.utils.torch_utils import randn_tensor
 
         params = request.params
         n = params.num_outputs_per_prompt
-        latent_h = 2 * (params.height // self.multiple_of)
-        latent_w = 2 * (params.width // self.multiple_of)
+        latent_h, latent_w = latent_grid(params, self.multiple_of)
         embeds = prompt[0]
-        # Noise is drawn unpacked, as one [n, C, H, W] tensor from the request's own generator,
-        # exactly as diffusers draws it for num_images_per_prompt=n.
-        shape = (n, self.transformer.config.in_channels // 4, latent_h, latent_w)
-        latents = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=embeds.dtype)
-        latents = pack_latents(latents)
-
+        latents = self.packed_noise(request, embeds.dtype)
         noise_scheduler = self.noise_scheduler_copy()
-        num_steps = params.num_inference_steps
-        sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
-        if noise_scheduler.config.get("use_flow_sigmas", False):
-            sigmas = None  # the noise scheduler builds its own flow sigmas (e.g. UniPC): only the step count
-        timesteps = set_flow_match_timesteps(noise_scheduler, sigmas, latents.shape[1], self.device, num_steps=num_steps)
+        timesteps = self.flow_timesteps(noise_scheduler, params.num_inference_steps, latents.shape[1])
 
         cond: dict[str, Any] = {
             **pooled_prompt_cond(prompt, negative, n),
@@ -125,86 +107,28 @@ class Flux(PatchImagePipeline):
         }
         return DenoiseState(request=request, latents=latents, noise_scheduler=noise_scheduler, timesteps=timesteps, cond=cond)
 
-    # -- 3. denoise -----------------------------------------------------------------------
+    # -- 3. denoise: FluxStylePipeline's, with the pooled prompt and guidance embedding ------
 
     # True CFG (a negative-prompt pass, plain CFG rule) when the request has a negative prompt
     # and true_cfg_scale > 1; each branch its own call, as in diffusers. The distilled
     # `guidance_scale` of dev checkpoints is a transformer input, not a branch.
-    guidance: ClassVar[Guidance] = Guidance(
-        scale=lambda s: s.cond["true_cfg_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
-        combine=plain_cfg,
-    )
+    guidance: ClassVar[Guidance] = Guidance(scale=scale_if_negative("true_cfg_scale"), combine=plain_cfg)
 
-    # Step caches wrap the dual-stream then the single-stream blocks. TeaCache's coefficients
-    # are TeaCache's own for FLUX.1 (ali-vilab/TeaCache, TeaCache4FLUX/teacache_flux.py).
-    step_cache_blocks: ClassVar[BlockChain] = BlockChain(
-        blocks=("transformer_blocks", "single_transformer_blocks"),
-        io="dual_stream",
-        modulated_input=lambda block, args, kwargs: flux_modulated_input(block, kwargs),
+    # Step caches wrap FLUX's blocks (FluxStylePipeline); TeaCache's coefficients are TeaCache's
+    # own for FLUX.1 (ali-vilab/TeaCache, TeaCache4FLUX/teacache_flux.py).
+    step_cache_blocks: ClassVar[BlockChain] = dataclasses.replace(
+        FluxStylePipeline.step_cache_blocks,
         tea_cache_coefficients=(4.98651651e02, -2.83781631e02, 5.58554382e01, -3.82021401e00, 2.64230861e-01),
         split_tokens=("image tokens",),
     )
 
-    @torch.no_grad()
-    def denoise_step(self, states: list[DenoiseState]) -> None:
-        for group in group_by(states, self._group_key):
-            self._denoise_group(group)
-
-    def _group_key(self, state: DenoiseState) -> tuple:
-        """States with equal keys share a transformer call. The position ids are shared across
-        a call, so its states need the same latent grid (not just token count: 32x64 and 64x32
-        have equal ones) and prompt length."""
-        return (state.request.params.height, state.request.params.width, state.cond["prompt_embeds"].shape[1])
-
-    def _denoise_group(self, states: list[DenoiseState]) -> None:
-        for state, pred in zip(states, self.guided_predictions(states, self._predict)):
-            self.noise_scheduler_step(state, pred)
-
-    def _predict(self, rows: Rows) -> list[torch.Tensor]:
-        """The transformer's prediction for one branch's rows, one per state; timesteps and
-        guidance are per sample."""
-        states = [s for s, _ in rows]
-        branch = rows[0][1]
-        prefix = "" if branch == "cond" else "negative_"
-        latents = torch.cat([s.latents for s in states])
-        hidden_states = torch.cat([self._model_input(s) for s in states])
-        timestep = current_timesteps(states).to(latents.dtype)
+    def _transformer_inputs(self, states: list[DenoiseState], prefix: str) -> dict[str, Any]:
+        # The CLIP pooled prompt, and dev's distilled guidance scale per sample.
         guidance = None
         if self.transformer.config.guidance_embeds:
             guidance = torch.cat([torch.full((s.latents.shape[0],), s.cond["guidance_scale"],
                                              device=self.device, dtype=torch.float32) for s in states])
-        with self.transformer.cache_context(branch):
-            noise_pred = self.transformer(
-                hidden_states=hidden_states,
-                timestep=timestep / 1000,
-                guidance=guidance,
-                pooled_projections=torch.cat([s.cond[f"{prefix}pooled_prompt_embeds"] for s in states]),
-                encoder_hidden_states=torch.cat([s.cond[f"{prefix}prompt_embeds"] for s in states]),
-                txt_ids=states[0].cond["text_ids"],
-                img_ids=states[0].cond["latent_image_ids"],
-                return_dict=False,
-            )[0]
-        # Kontext also predicts the input image's tokens appended after the target's.
-        return split_per_state(noise_pred[:, : latents.shape[1]], states)
+        return {"guidance": guidance,
+                "pooled_projections": torch.cat([s.cond[f"{prefix}pooled_prompt_embeds"] for s in states])}
 
-    def _model_input(self, state: DenoiseState) -> torch.Tensor:
-        """The transformer's image tokens for `state`: its latents (Kontext: plus the input image's)."""
-        return state.latents
-
-    # -- 4. decode ------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
-        # States with the same image size share one VAE call.
-        return map_groups(states, lambda s: (s.request.params.height, s.request.params.width), self._decode_group)
-
-    def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
-        params = states[0].request.params
-        latents = unpack_latents(torch.cat([s.latents for s in states]), 2 * (params.height // self.multiple_of),
-                                 2 * (params.width // self.multiple_of))
-        return decode_images(self.vae, self.image_processor, latents, states, self.vae_decode)
-
-
-def flux_modulated_input(block: Any, kwargs: dict) -> torch.Tensor:
-    """TeaCache's input: the first block's AdaLN-Zero-normed, timestep-modulated image tokens."""
-    return block.norm1(kwargs["hidden_states"], emb=kwargs["temb"])[0]
+    # -- 4. decode: FluxStylePipeline's ---------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 
 from omnistage.core.errors import RequestError
 from omnistage.diffusion.checkpoint import CheckpointConfigs
-from omnistage.diffusion.guidance import Guidance, plain_cfg
+from omnistage.diffusion.guidance import Guidance, plain_cfg, scale_if_negative
 from omnistage.diffusion.request import DiffusionRequest
 from omnistage.models.flux2.pipeline import Flux2
 from omnistage.diffusion.accel.declaration import Accelerations
@@ -68,7 +68,4 @@ class Flux2Klein(Flux2):
 
     # True CFG on the negative prompt ("" unless given) when the request runs it; each branch
     # its own transformer call, as in diffusers.
-    guidance: ClassVar[Guidance] = Guidance(
-        scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
-        combine=plain_cfg,
-    )
+    guidance: ClassVar[Guidance] = Guidance(scale=scale_if_negative(), combine=plain_cfg)

@@ -37,8 +37,11 @@ from omnistage.diffusion.pipeline import (
     check_divisible,
     current_timesteps,
     encode_prompts_by_length,
-    group_by,
+    flow_sigmas,
+    grid_and_prompt_length,
+    image_size,
     map_groups,
+    repeat_per_output,
     split_per_state,
 )
 from omnistage.core.errors import RequestError
@@ -187,16 +190,14 @@ class Flux2(DiffusionPipelineBase):
 
         noise_scheduler = self.noise_scheduler_copy()
         num_steps = params.num_inference_steps
-        sigmas = np.linspace(1.0, 1 / num_steps, num_steps)
-        if noise_scheduler.config.get("use_flow_sigmas", False):
-            sigmas = None  # the noise scheduler builds its own flow sigmas: only the step count
         mu = compute_empirical_mu(image_seq_len=latents.shape[1], num_steps=num_steps)
-        timesteps, _ = retrieve_timesteps(noise_scheduler, num_steps, self.device, sigmas=sigmas, mu=mu)
+        timesteps, _ = retrieve_timesteps(noise_scheduler, num_steps, self.device,
+                                          sigmas=flow_sigmas(noise_scheduler, num_steps), mu=mu)
         noise_scheduler.set_begin_index(0)
 
         cond: dict[str, Any] = {
-            "prompt_embeds": prompt.unsqueeze(0).expand(n, *prompt.shape),
-            "negative_prompt_embeds": None if negative is None else negative.unsqueeze(0).expand(n, *negative.shape),
+            "prompt_embeds": repeat_per_output(prompt, n),
+            "negative_prompt_embeds": repeat_per_output(negative, n),
             # Text tokens sit at (0, 0, 0, l); image tokens at (0, row, col, 0).
             "text_ids": Flux2Pipeline._prepare_text_ids(prompt.unsqueeze(0)).to(self.device),
             "latent_ids": latent_ids[:1],
@@ -252,12 +253,9 @@ class Flux2(DiffusionPipelineBase):
         # grid, prompt length and reference-image layout.
         def key(s: DenoiseState) -> tuple:
             image_ids = s.cond.get("image_latent_ids")
-            return (s.request.params.height, s.request.params.width, s.cond["prompt_embeds"].shape[1],
-                    None if image_ids is None else tuple(image_ids.flatten().tolist()))
+            return (*grid_and_prompt_length(s), None if image_ids is None else tuple(image_ids.flatten().tolist()))
 
-        for group in group_by(states, key):
-            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self.noise_scheduler_step(state, pred)
+        self.guided_steps(states, key, self._predict)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """The transformer's prediction for one branch's rows, one per state; timesteps and
@@ -292,7 +290,7 @@ class Flux2(DiffusionPipelineBase):
     @torch.no_grad()
     def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
         # States with the same image size share one VAE call.
-        return map_groups(states, lambda s: (s.request.params.height, s.request.params.width), self._decode_group)
+        return map_groups(states, image_size, self._decode_group)
 
     def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
         from diffusers.pipelines.flux2.pipeline_flux2 import Flux2Pipeline

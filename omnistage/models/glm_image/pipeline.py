@@ -21,7 +21,7 @@ import torch
 
 from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.checkpoint import CheckpointConfigs
-from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
+from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg, scale_if_negative
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
     DenoiseState,
@@ -29,7 +29,7 @@ from omnistage.diffusion.pipeline import (
     DiffusionRequest,
     check_divisible,
     current_timesteps,
-    group_by,
+    image_size,
     map_groups,
     split_per_state,
 )
@@ -162,10 +162,7 @@ class GlmImage(DiffusionPipelineBase):
 
     # -- 3. denoise -----------------------------------------------------------------------
 
-    guidance: ClassVar[Guidance] = Guidance(
-        scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
-        combine=plain_cfg,
-    )
+    guidance: ClassVar[Guidance] = Guidance(scale=scale_if_negative(), combine=plain_cfg)
 
     # The step caches wrap the DiT's blocks (first-block cache; TeaCache has no coefficients
     # or modulated input for GLM-Image and is refused, cache-dit does not know the model).
@@ -178,9 +175,7 @@ class GlmImage(DiffusionPipelineBase):
         def key(s: DenoiseState) -> tuple:
             return s.request.params.height, s.request.params.width, s.cond["prompt_embeds"].shape[1]
 
-        for group in group_by(states, key):
-            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self.noise_scheduler_step(state, pred)
+        self.guided_steps(states, key, self._predict)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """One branch's transformer call over its rows; the uncond branch drops the prior tokens."""
@@ -206,7 +201,7 @@ class GlmImage(DiffusionPipelineBase):
 
     @torch.no_grad()
     def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
-        return map_groups(states, lambda s: (s.request.params.height, s.request.params.width), self._decode_group)
+        return map_groups(states, image_size, self._decode_group)
 
     def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
         latents = torch.cat([s.latents for s in states]).to(self.vae.dtype)

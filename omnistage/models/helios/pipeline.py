@@ -40,7 +40,6 @@ from omnistage.diffusion.pipeline import (
     DiffusionRequest,
     check_divisible,
     encode_prompts_by_length,
-    group_by,
     split_per_state,
 )
 from omnistage.models.wan.pipeline import latent_stats, umt5_prompt_embeds
@@ -227,9 +226,7 @@ class HeliosT2V(DiffusionPipelineBase):
         def key(s: DenoiseState) -> tuple:
             return tuple(s.latents.shape[1:]), s.cond["prompt_embeds"].shape[1]
 
-        for group in group_by(states, key):
-            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self._step(state, pred)
+        self.guided_steps(states, key, self._predict, self._step)
 
     def _history_inputs(self, state: DenoiseState) -> dict[str, torch.Tensor]:
         """The transformer's history latents and frame indices for the state's current chunk

@@ -31,7 +31,7 @@ from omnistage.diffusion.pipeline import (
     current_timesteps,
     decode_images,
     encode_prompts_by_length,
-    group_by,
+    latent_grid,
     map_groups,
     split_per_state,
 )
@@ -121,7 +121,7 @@ class HiDreamImage(PatchImagePipeline):
 
         params = request.params
         n = params.num_outputs_per_prompt
-        latent_h, latent_w = 2 * (params.height // self.multiple_of), 2 * (params.width // self.multiple_of)
+        latent_h, latent_w = latent_grid(params, self.multiple_of)
         latents = randn_tensor((n, self.transformer.config.in_channels, latent_h, latent_w),
                                generator=self.generator_for(request), device=self.device, dtype=prompt[2].dtype)
         noise_scheduler = self.noise_scheduler_copy()
@@ -151,9 +151,7 @@ class HiDreamImage(PatchImagePipeline):
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # One transformer call per latent size and prompt length.
-        for group in group_by(states, lambda s: (*s.latents.shape[2:], s.cond["t5"].shape[1])):
-            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self.noise_scheduler_step(state, pred)
+        self.guided_steps(states, lambda s: (*s.latents.shape[2:], s.cond["t5"].shape[1]), self._predict)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         states = [s for s, _ in rows]

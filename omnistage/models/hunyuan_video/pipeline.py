@@ -35,7 +35,8 @@ from omnistage.diffusion.pipeline import (
     check_divisible,
     check_one_image,
     check_video_frames,
-    group_by,
+    encode_prompt_pairs,
+    latent_shape,
     split_per_state,
 )
 from omnistage.core.errors import RequestError
@@ -164,11 +165,8 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
 
     @torch.no_grad()
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
-        guided = [i for i, r in enumerate(requests) if self._uses_cfg(r)]
-        rows = self._encode_texts([r.prompt for r in requests]
-                                  + [requests[i].params.negative_prompt or "" for i in guided])
-        negatives = dict(zip(guided, rows[len(requests):]))
-        return [self._initial_state(r, rows[i], negatives.get(i)) for i, r in enumerate(requests)]
+        embeds = encode_prompt_pairs(requests, uses_cfg=self._uses_cfg, encode=self._encode_texts)
+        return [self._initial_state(r, prompt, negative) for r, (prompt, negative) in zip(requests, embeds)]
 
     def _initial_state(self, request: DiffusionRequest, prompt: tuple[torch.Tensor, ...],
                        negative: tuple[torch.Tensor, ...] | None) -> DenoiseState:
@@ -217,9 +215,7 @@ class HunyuanVideo15T2V(DiffusionPipelineBase):
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # Prompt lengths are fixed, so one transformer call needs only equal latent shapes.
-        for group in group_by(states, lambda s: tuple(s.latents.shape[1:])):
-            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self.noise_scheduler_step(state, pred)
+        self.guided_steps(states, latent_shape, self._predict)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """The transformer over one branch's rows: the noise next to the condition latents and

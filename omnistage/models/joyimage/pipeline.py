@@ -38,7 +38,7 @@ import torch
 from omnistage.core.errors import RequestError
 from omnistage.diffusion.accel.declaration import Accelerations
 from omnistage.diffusion.checkpoint import CheckpointConfigs
-from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
+from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg, scale_if_negative
 from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
@@ -187,10 +187,7 @@ class JoyImageEdit(DiffusionPipelineBase):
 
     # -- 3. denoise -----------------------------------------------------------------------
 
-    guidance: ClassVar[Guidance] = Guidance(
-        scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
-        combine=channel_rescaled_cfg,
-    )
+    guidance: ClassVar[Guidance] = Guidance(scale=scale_if_negative(), combine=channel_rescaled_cfg)
 
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:

@@ -29,7 +29,6 @@ import numpy as np
 import torch
 
 from omnistage.core.errors import RequestError
-from omnistage.core.types import VideoPayload
 from omnistage.diffusion.accel.declaration import Accelerations
 from omnistage.diffusion.checkpoint import CheckpointConfigs
 from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
@@ -40,6 +39,7 @@ from omnistage.diffusion.pipeline import (
     DiffusionRequest,
     check_divisible,
     check_video_frames,
+    encode_prompts_by_length,
     group_by,
     map_groups,
 )
@@ -156,23 +156,12 @@ class Kandinsky6TI2VA(DiffusionPipelineBase):
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
         from diffusers import Kandinsky6TI2VAPipeline
 
-        prompts: list[Any] = [None] * len(requests)
-        negatives: list[Any] = [None] * len(requests)
-        # Requests with the same max_sequence_length share one call of each encoder.
-        for max_len in sorted({r.params.extras["max_sequence_length"] for r in requests}):
-            group = [i for i, r in enumerate(requests) if r.params.extras["max_sequence_length"] == max_len]
-            guided = [i for i in group if requests[i].params.guidance_scale > 1.0]
-            texts = [requests[i].prompt for i in group]
-            # diffusers' default negative prompt stands in for a missing or empty one.
-            texts += [requests[i].params.negative_prompt or Kandinsky6TI2VAPipeline._DEFAULT_NEGATIVE_PROMPT
-                      for i in guided]
-            rows = self._encode_texts(texts, max_len)
-            for i, row in zip(group + guided, rows):
-                if prompts[i] is None:
-                    prompts[i] = row
-                else:
-                    negatives[i] = row
-        return [self._initial_state(r, p, n) for r, p, n in zip(requests, prompts, negatives)]
+        # Requests with the same max_sequence_length share one call of each encoder; diffusers'
+        # default negative prompt stands in for a missing or empty one.
+        embeds = encode_prompts_by_length(requests, uses_cfg=lambda r: r.params.guidance_scale > 1.0,
+                                          encode=self._encode_texts,
+                                          default_negative=Kandinsky6TI2VAPipeline._DEFAULT_NEGATIVE_PROMPT)
+        return [self._initial_state(r, prompt, negative) for r, (prompt, negative) in zip(requests, embeds)]
 
     def _initial_state(self, request: DiffusionRequest, prompt: dict, negative: dict | None) -> DenoiseState:
         from diffusers.utils.torch_utils import randn_tensor
@@ -291,12 +280,8 @@ class Kandinsky6TI2VA(DiffusionPipelineBase):
     @torch.no_grad()
     def decode(self, states: list[DenoiseState]) -> list[Any]:
         sample_rate = int(self.audio_vae.config.sample_rate)
-        payloads = []
-        for state, (video, audio) in zip(states, self.decode_av(states)):
-            payload = self.to_payload(video, state.request)
-            payloads.append(VideoPayload(frames=payload.frames, fps=payload.fps, audio=audio.astype(np.float32),
-                                         sample_rate=sample_rate))
-        return payloads
+        return [self.to_av_payload(video, audio, state.request, sample_rate)
+                for state, (video, audio) in zip(states, self.decode_av(states))]
 
     def _decode_videos(self, states: list[DenoiseState]) -> list[np.ndarray]:
         # The image frame (if any) is dropped; [B, T, H, W, C] -> [B, C, T, H, W].

@@ -18,7 +18,7 @@ import torch
 
 from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.checkpoint import CheckpointConfigs
-from omnistage.diffusion.guidance import Guidance, Rows, norm_clamped_cfg
+from omnistage.diffusion.guidance import Guidance, Rows, norm_clamped_cfg, scale_if_negative
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
     DenoiseState,
@@ -27,9 +27,13 @@ from omnistage.diffusion.pipeline import (
     check_divisible,
     current_timesteps,
     encode_prompts_by_length,
-    group_by,
+    grid_and_prompt_length,
+    image_size,
     map_groups,
+    pack_latents,
+    repeat_per_output,
     split_per_state,
+    unpack_latents,
 )
 from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations
 
@@ -120,8 +124,8 @@ class Krea2(DiffusionPipelineBase):
         embeds = prompt[0]
         latent_h, latent_w = params.height // self.vae_scale_factor, params.width // self.vae_scale_factor
         shape = (n, self.transformer.config.in_channels // self.patch_size ** 2, latent_h, latent_w)
-        latents = self._pack(randn_tensor(shape, generator=self.generator_for(request), device=self.device,
-                                          dtype=embeds.dtype))
+        latents = pack_latents(randn_tensor(shape, generator=self.generator_for(request), device=self.device,
+                                            dtype=embeds.dtype), self.patch_size)
         noise_scheduler = self.noise_scheduler_copy()
         num_steps = params.num_inference_steps
         timesteps, _ = retrieve_timesteps(noise_scheduler, num_steps, self.device,
@@ -129,14 +133,12 @@ class Krea2(DiffusionPipelineBase):
                                           mu=self._timestep_shift(noise_scheduler.config, latents.shape[1]))
         noise_scheduler.set_begin_index(0)
 
-        def repeat(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.unsqueeze(0).expand(n, *t.shape)
-
+        negative_embeds, negative_mask = negative if negative is not None else (None, None)
         grid = (latent_h // self.patch_size, latent_w // self.patch_size)
         cond = {
-            "prompt_embeds": repeat(embeds), "prompt_mask": repeat(prompt[1]),
-            "negative_prompt_embeds": None if negative is None else repeat(negative[0]),
-            "negative_prompt_mask": None if negative is None else repeat(negative[1]),
+            "prompt_embeds": repeat_per_output(embeds, n), "prompt_mask": repeat_per_output(prompt[1], n),
+            "negative_prompt_embeds": repeat_per_output(negative_embeds, n),
+            "negative_prompt_mask": repeat_per_output(negative_mask, n),
             # Text tokens at the origin, image tokens at (0, row, col) of the patch grid.
             "position_ids": Krea2Pipeline.prepare_position_ids(embeds.shape[0], *grid, self.device),
             "guidance_scale": params.guidance_scale,
@@ -156,20 +158,10 @@ class Krea2(DiffusionPipelineBase):
                                config.get("max_image_seq_len", 6400), config.get("base_shift", 0.5),
                                config.get("max_shift", 1.15))
 
-    def _pack(self, latents: torch.Tensor) -> torch.Tensor:
-        """[B, C, H, W] -> [B, (H/p)*(W/p), C*p*p]: p x p patches as tokens (Krea2Pipeline._pack_latents)."""
-        b, c, h, w = latents.shape
-        p = self.patch_size
-        latents = latents.view(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
-        return latents.reshape(b, (h // p) * (w // p), c * p * p)
-
     # -- 3. denoise -----------------------------------------------------------------------
 
     # CFG when guidance_scale > 0: cond + scale * (cond - uncond), each branch its own call.
-    guidance: ClassVar[Guidance] = Guidance(
-        scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
-        combine=norm_clamped_cfg,
-    )
+    guidance: ClassVar[Guidance] = Guidance(scale=scale_if_negative(), combine=norm_clamped_cfg)
     # Step caches wrap the DiT blocks over the joined [text; image] sequence (hidden states
     # first, returned). TeaCache compares the first block's normed input, shifted and scaled by
     # its share of the timestep modulation; no coefficients are published for Krea 2: no rescaling.
@@ -182,12 +174,7 @@ class Krea2(DiffusionPipelineBase):
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # The position ids are shared across a transformer call: equal grids and text lengths.
-        def key(s: DenoiseState) -> tuple:
-            return (s.request.params.height, s.request.params.width, s.cond["prompt_embeds"].shape[1])
-
-        for group in group_by(states, key):
-            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self.noise_scheduler_step(state, pred)
+        self.guided_steps(states, grid_and_prompt_length, self._predict)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """The transformer's prediction for one branch's rows, one per state."""
@@ -210,16 +197,14 @@ class Krea2(DiffusionPipelineBase):
     @torch.no_grad()
     def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
         # States with the same image size share one VAE call.
-        return map_groups(states, lambda s: (s.request.params.height, s.request.params.width), self._decode_group)
+        return map_groups(states, image_size, self._decode_group)
 
     def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
         params = states[0].request.params
-        p = self.patch_size
         h, w = params.height // self.vae_scale_factor, params.width // self.vae_scale_factor
-        latents = torch.cat([s.latents for s in states])
-        b, _, channels = latents.shape
-        latents = latents.view(b, h // p, w // p, channels // (p * p), p, p).permute(0, 3, 1, 4, 2, 5)
-        latents = latents.reshape(b, channels // (p * p), 1, h, w).to(self.vae.dtype)
+        # [B, C, 1, H, W]: one frame for the video VAE.
+        latents = unpack_latents(torch.cat([s.latents for s in states]), h, w, self.patch_size)
+        latents = latents.unsqueeze(2).to(self.vae.dtype)
         config = self.vae.config
         mean = torch.tensor(config.latents_mean).view(1, config.z_dim, 1, 1, 1).to(latents.device, latents.dtype)
         # diffusers divides by the reciprocal std: kept, so the float rounding matches.

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import torch
 
 from omnistage.core.errors import RequestError
-from omnistage.diffusion.guidance import Guidance, plain_cfg
+from omnistage.diffusion.guidance import Guidance, plain_cfg, scale_if_negative
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import DenoiseState, map_groups, pack_latents
 from omnistage.diffusion.request import DiffusionRequest
@@ -139,10 +139,7 @@ class LongCatImageEdit(LongCatImage):
 
     # -- 3. denoise: LongCat-Image's, over the target and input-image tokens -----------------
 
-    guidance: ClassVar[Guidance] = Guidance(
-        scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
-        combine=plain_cfg,
-    )
+    guidance: ClassVar[Guidance] = Guidance(scale=scale_if_negative(), combine=plain_cfg)
 
     def _model_input(self, state: DenoiseState) -> torch.Tensor:
         return torch.cat([state.latents, state.cond["image_latents"]], dim=1)

@@ -19,21 +19,17 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from omnistage.diffusion.accel.step_cache import BlockChain
-from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
+from omnistage.diffusion.guidance import Guidance, plain_cfg, scale_if_negative
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.patch_pipeline import PatchImagePipeline
+from omnistage.diffusion.patch_pipeline import FluxStylePipeline
 from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionRequest,
-    current_timesteps,
-    decode_images,
-    group_by,
-    map_groups,
+    encode_prompt_pairs,
+    latent_grid,
     pack_latents,
+    repeat_per_output,
     set_flow_match_timesteps,
-    split_per_state,
-    unpack_latents,
 )
 from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations
 
@@ -56,7 +52,7 @@ def renormed_cfg(state: DenoiseState, cond: torch.Tensor, uncond: torch.Tensor, 
     return guided * (cond_norm / (guided_norm + 1e-8)).clamp(min=state.cond["cfg_renorm_min"], max=1.0)
 
 
-class LongCatImage(PatchImagePipeline):
+class LongCatImage(FluxStylePipeline):
     reference_class: ClassVar[str] = "LongCatImagePipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
         step_caches=CACHE_BACKENDS, cfg_parallel=True, fsdp=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, compile=True)
@@ -126,10 +122,9 @@ class LongCatImage(PatchImagePipeline):
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
         # One text-encoder call over every prompt, then the negative prompts ("" unless given) of
         # the requests that run CFG (guidance_scale > 1).
-        guided = [r for r in requests if r.params.guidance_scale > 1]
-        embeds = self._encode_prompts([r.prompt for r in requests] + [r.params.negative_prompt or "" for r in guided])
-        negative_of = dict(zip(map(id, guided), embeds[len(requests):]))
-        return [self._initial_state(r, e, negative_of.get(id(r))) for r, e in zip(requests, embeds)]
+        embeds = encode_prompt_pairs(requests, uses_cfg=lambda r: r.params.guidance_scale > 1,
+                                     encode=self._encode_prompts)
+        return [self._initial_state(r, prompt, negative) for r, (prompt, negative) in zip(requests, embeds)]
 
     def _initial_state(self, request: DiffusionRequest, prompt: torch.Tensor,
                        negative: torch.Tensor | None) -> DenoiseState:
@@ -138,8 +133,8 @@ class LongCatImage(PatchImagePipeline):
 
         params = request.params
         n = params.num_outputs_per_prompt
-        latent_h, latent_w = 2 * (params.height // self.multiple_of), 2 * (params.width // self.multiple_of)
-        # Drawn in the generator's default dtype, then cast, as diffusers does.
+        latent_h, latent_w = latent_grid(params, self.multiple_of)
+        # Drawn in the generator's default dtype, then cast, as diffusers does (not packed_noise).
         noise = randn_tensor((n, self.transformer.config.in_channels // 4, latent_h, latent_w),
                              generator=self.generator_for(request), device=self.device)
         latents = pack_latents(noise.to(prompt.dtype))
@@ -148,12 +143,9 @@ class LongCatImage(PatchImagePipeline):
         timesteps = set_flow_match_timesteps(noise_scheduler, np.linspace(1.0, 1.0 / num_steps, num_steps),
                                              latents.shape[1], self.device)
 
-        def repeat(embeds: torch.Tensor | None) -> torch.Tensor | None:
-            return None if embeds is None else embeds.unsqueeze(0).expand(n, *embeds.shape)
-
         cond = {
-            "prompt_embeds": repeat(prompt),
-            "negative_prompt_embeds": repeat(negative),
+            "prompt_embeds": repeat_per_output(prompt, n),
+            "negative_prompt_embeds": repeat_per_output(negative, n),
             # Text on plane 0 at (i, i); the image on plane 1, its grid offset past the text (the
             # edit pipeline's prompt embeddings also hold the input image's vision tokens).
             "text_ids": prepare_pos_ids(modality_id=0, type="text", start=(0, 0),
@@ -176,61 +168,9 @@ class LongCatImage(PatchImagePipeline):
         return {"guidance_scale": params.guidance_scale, "enable_cfg_renorm": params.extras["enable_cfg_renorm"],
                 "cfg_renorm_min": params.extras["cfg_renorm_min"]}
 
-    # -- 3. denoise -----------------------------------------------------------------------
+    # -- 3. denoise: FluxStylePipeline's (no TeaCache coefficients are published: no rescaling)
 
     # CFG when guidance_scale > 1, with the renorm; each branch its own call, as in diffusers.
-    guidance: ClassVar[Guidance] = Guidance(
-        scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
-        combine=renormed_cfg,
-    )
-    # Step caches wrap the dual-stream then the single-stream blocks (FLUX's layout: keyword
-    # inputs, (text, image) outputs). TeaCache compares the first block's AdaLN-Zero-normed,
-    # timestep-modulated image tokens; no coefficients are published for LongCat-Image: no rescaling.
-    step_cache_blocks: ClassVar[BlockChain] = BlockChain(
-        blocks=("transformer_blocks", "single_transformer_blocks"),
-        io="dual_stream",
-        modulated_input=lambda block, args, kwargs: block.norm1(kwargs["hidden_states"], emb=kwargs["temb"])[0],
-    )
+    guidance: ClassVar[Guidance] = Guidance(scale=scale_if_negative(), combine=renormed_cfg)
 
-    @torch.no_grad()
-    def denoise_step(self, states: list[DenoiseState]) -> None:
-        # The position ids are shared across a transformer call: equal latent grids (prompt
-        # embeddings all have TEXT_TOKENS rows).
-        for group in group_by(states, lambda s: (s.request.params.height, s.request.params.width)):
-            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self.noise_scheduler_step(state, pred)
-
-    def _predict(self, rows: Rows) -> list[torch.Tensor]:
-        """The transformer's prediction for one branch's rows, one per state."""
-        states = [s for s, _ in rows]
-        branch = rows[0][1]
-        prefix = "" if branch == "cond" else "negative_"
-        latents = torch.cat([s.latents for s in states])
-        with self.transformer.cache_context(branch):
-            pred = self.transformer(
-                hidden_states=torch.cat([self._model_input(s) for s in states]),
-                timestep=current_timesteps(states).to(latents.dtype) / 1000,
-                encoder_hidden_states=torch.cat([s.cond[f"{prefix}prompt_embeds"] for s in states]),
-                txt_ids=states[0].cond["text_ids"],
-                img_ids=states[0].cond["latent_image_ids"],
-                return_dict=False,
-            )[0]
-        # The edit pipeline also predicts the input image's tokens appended after the target's.
-        return split_per_state(pred[:, : latents.shape[1]], states)
-
-    def _model_input(self, state: DenoiseState) -> torch.Tensor:
-        """The transformer's image tokens for `state`: its latents (edit: plus the input image's)."""
-        return state.latents
-
-    # -- 4. decode ------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
-        # States with the same image size share one VAE call.
-        return map_groups(states, lambda s: (s.request.params.height, s.request.params.width), self._decode_group)
-
-    def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
-        params = states[0].request.params
-        latents = unpack_latents(torch.cat([s.latents for s in states]), 2 * (params.height // self.multiple_of),
-                                 2 * (params.width // self.multiple_of))
-        return decode_images(self.vae, self.image_processor, latents, states, self.vae_decode)
+    # -- 4. decode: FluxStylePipeline's ---------------------------------------------------

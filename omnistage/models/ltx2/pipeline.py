@@ -267,7 +267,6 @@ class LTX2T2V(DiffusionPipelineBase):
     def _initial_state(self, request: DiffusionRequest, prompt: dict, negative: dict | None) -> DenoiseState:
         from diffusers.pipelines.ltx2.pipeline_ltx2 import calculate_shift, retrieve_timesteps
         from diffusers.pipelines.ltx2.utils import conditioning_frame_rate
-        from diffusers.utils.torch_utils import randn_tensor
 
         params, extras = request.params, request.params.extras
         generator = self.generator_for(request)
@@ -519,12 +518,8 @@ class LTX2T2V(DiffusionPipelineBase):
 
     def _decode_payloads(self, states: list[DenoiseState]) -> list[VideoPayload]:
         sample_rate = int(self.vocoder.config.output_sampling_rate)
-        payloads = []
-        for state, (video, audio) in zip(states, self.decode_av(states)):
-            payload = self.to_payload(video, state.request)
-            payloads.append(VideoPayload(frames=payload.frames, fps=payload.fps, audio=audio.astype(np.float32),
-                                         sample_rate=sample_rate))
-        return payloads
+        return [self.to_av_payload(video, audio, state.request, sample_rate)
+                for state, (video, audio) in zip(states, self.decode_av(states))]
 
     def _decode_videos(self, states: list[DenoiseState]) -> list[np.ndarray]:
         from diffusers.utils.torch_utils import randn_tensor

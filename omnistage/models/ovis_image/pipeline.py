@@ -12,25 +12,17 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 
-from omnistage.diffusion.accel.step_cache import BlockChain
-from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
+from omnistage.diffusion.guidance import Guidance, plain_cfg, scale_if_negative
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.patch_pipeline import PatchImagePipeline
+from omnistage.diffusion.patch_pipeline import FluxStylePipeline
 from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionRequest,
-    current_timesteps,
-    decode_images,
     encode_prompts_by_length,
-    group_by,
-    map_groups,
-    pack_latents,
-    set_flow_match_timesteps,
-    split_per_state,
-    unpack_latents,
+    latent_grid,
+    repeat_per_output,
 )
 from omnistage.diffusion.accel.declaration import CACHE_BACKENDS, Accelerations
 
@@ -41,7 +33,7 @@ SYSTEM_PROMPT = ("Describe the image by detailing the color, quantity, text, sha
 USER_PROMPT_BEGIN_ID = 28
 
 
-class OvisImage(PatchImagePipeline):
+class OvisImage(FluxStylePipeline):
     reference_class: ClassVar[str] = "OvisImagePipeline"
     supported_accelerations: ClassVar[Accelerations] = Accelerations(
         step_caches=CACHE_BACKENDS, cfg_parallel=True, fsdp=True, vae_patch_parallel=True, vae_tiling=True, offload=True, quantization=True, compile=True)
@@ -91,31 +83,20 @@ class OvisImage(PatchImagePipeline):
     def _initial_state(self, request: DiffusionRequest, prompt: torch.Tensor,
                        negative: torch.Tensor | None) -> DenoiseState:
         from diffusers.pipelines.flux.pipeline_flux import FluxPipeline
-        from diffusers.utils.torch_utils import randn_tensor
 
         params = request.params
         n = params.num_outputs_per_prompt
-        latent_h, latent_w = 2 * (params.height // self.multiple_of), 2 * (params.width // self.multiple_of)
-        # Noise is drawn unpacked, as one [n, C, H, W] tensor from the request's own generator.
-        shape = (n, self.transformer.config.in_channels // 4, latent_h, latent_w)
-        latents = pack_latents(randn_tensor(shape, generator=self.generator_for(request), device=self.device,
-                                            dtype=prompt.dtype))
+        latent_h, latent_w = latent_grid(params, self.multiple_of)
+        latents = self.packed_noise(request, prompt.dtype)
         noise_scheduler = self.noise_scheduler_copy()
-        num_steps = params.num_inference_steps
-        sigmas = None if noise_scheduler.config.get("use_flow_sigmas", False) else np.linspace(1.0, 1 / num_steps,
-                                                                                              num_steps)
-        timesteps = set_flow_match_timesteps(noise_scheduler, sigmas, latents.shape[1], self.device,
-                                             num_steps=num_steps)
-
-        def repeat(embeds: torch.Tensor | None) -> torch.Tensor | None:
-            return None if embeds is None else embeds.unsqueeze(0).expand(n, *embeds.shape)
+        timesteps = self.flow_timesteps(noise_scheduler, params.num_inference_steps, latents.shape[1])
 
         # Text token i sits at (0, i, i); image tokens at (0, row, col) of the latent grid.
         text_ids = torch.zeros(prompt.shape[0], 3)
         text_ids[:, 1] = text_ids[:, 2] = torch.arange(prompt.shape[0])
         cond = {
-            "prompt_embeds": repeat(prompt),
-            "negative_prompt_embeds": repeat(negative),
+            "prompt_embeds": repeat_per_output(prompt, n),
+            "negative_prompt_embeds": repeat_per_output(negative, n),
             "text_ids": text_ids.to(self.device, prompt.dtype),
             "latent_image_ids": FluxPipeline._prepare_latent_image_ids(n, latent_h // 2, latent_w // 2, self.device,
                                                                         prompt.dtype),
@@ -124,58 +105,9 @@ class OvisImage(PatchImagePipeline):
         return DenoiseState(request=request, latents=latents, noise_scheduler=noise_scheduler, timesteps=timesteps,
                             cond=cond)
 
-    # -- 3. denoise -----------------------------------------------------------------------
+    # -- 3. denoise: FluxStylePipeline's (no TeaCache coefficients are published: no rescaling)
 
     # CFG when guidance_scale > 1, plain rule; each branch its own call, as in diffusers.
-    guidance: ClassVar[Guidance] = Guidance(
-        scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
-        combine=plain_cfg,
-    )
-    # Step caches wrap the dual-stream then the single-stream blocks (FLUX's layout: keyword
-    # inputs, (text, image) outputs). TeaCache compares the first block's AdaLN-Zero-normed,
-    # timestep-modulated image tokens; no coefficients are published for Ovis-Image: no rescaling.
-    step_cache_blocks: ClassVar[BlockChain] = BlockChain(
-        blocks=("transformer_blocks", "single_transformer_blocks"),
-        io="dual_stream",
-        modulated_input=lambda block, args, kwargs: block.norm1(kwargs["hidden_states"], emb=kwargs["temb"])[0],
-    )
+    guidance: ClassVar[Guidance] = Guidance(scale=scale_if_negative(), combine=plain_cfg)
 
-    @torch.no_grad()
-    def denoise_step(self, states: list[DenoiseState]) -> None:
-        # The position ids are shared across a transformer call: equal latent grids and prompt lengths.
-        def key(s: DenoiseState) -> tuple:
-            return (s.request.params.height, s.request.params.width, s.cond["prompt_embeds"].shape[1])
-
-        for group in group_by(states, key):
-            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self.noise_scheduler_step(state, pred)
-
-    def _predict(self, rows: Rows) -> list[torch.Tensor]:
-        """The transformer's prediction for one branch's rows, one per state."""
-        states = [s for s, _ in rows]
-        branch = rows[0][1]
-        prefix = "" if branch == "cond" else "negative_"
-        latents = torch.cat([s.latents for s in states])
-        with self.transformer.cache_context(branch):
-            pred = self.transformer(
-                hidden_states=latents,
-                timestep=current_timesteps(states).to(latents.dtype) / 1000,
-                encoder_hidden_states=torch.cat([s.cond[f"{prefix}prompt_embeds"] for s in states]),
-                txt_ids=states[0].cond["text_ids"],
-                img_ids=states[0].cond["latent_image_ids"],
-                return_dict=False,
-            )[0]
-        return split_per_state(pred, states)
-
-    # -- 4. decode ------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
-        # States with the same image size share one VAE call.
-        return map_groups(states, lambda s: (s.request.params.height, s.request.params.width), self._decode_group)
-
-    def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
-        params = states[0].request.params
-        latents = unpack_latents(torch.cat([s.latents for s in states]), 2 * (params.height // self.multiple_of),
-                                 2 * (params.width // self.multiple_of))
-        return decode_images(self.vae, self.image_processor, latents, states, self.vae_decode)
+    # -- 4. decode: FluxStylePipeline's ---------------------------------------------------

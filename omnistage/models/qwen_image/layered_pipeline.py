@@ -28,9 +28,9 @@ import numpy as np
 import torch
 
 from omnistage.core.errors import RequestError
-from omnistage.diffusion.guidance import Guidance, plain_cfg, rescaled_true_cfg
+from omnistage.diffusion.guidance import Guidance, plain_cfg, rescaled_true_cfg, scale_if_negative
 from omnistage.diffusion.params import ExtraSpec
-from omnistage.diffusion.pipeline import DenoiseState, map_groups, pack_latents, unpack_latents
+from omnistage.diffusion.pipeline import DenoiseState, latent_grid, map_groups, pack_latents, unpack_latents
 from omnistage.diffusion.request import DiffusionRequest
 from omnistage.models.qwen_image.pipeline import QwenImage
 
@@ -105,7 +105,7 @@ class QwenImageLayered(QwenImage):
         params = request.params
         dtype = prompt_embeds.dtype
         n, frames = params.num_outputs_per_prompt, params.extras["layers"] + 1
-        latent_h, latent_w = 2 * (params.height // self.multiple_of), 2 * (params.width // self.multiple_of)
+        latent_h, latent_w = latent_grid(params, self.multiple_of)
         channels = self.transformer.config.in_channels // 4
         # diffusers' [n, frames, C, h, w] draw, each frame packed to 2x2 tokens, frame after frame.
         noise = randn_tensor((n, frames, channels, latent_h, latent_w), generator=self.generator_for(request),
@@ -142,10 +142,7 @@ class QwenImageLayered(QwenImage):
 
     # -- 3. denoise: Qwen-Image's, over the layers and the input image's tokens ----------------
 
-    guidance: ClassVar[Guidance] = Guidance(
-        scale=lambda s: s.cond["true_cfg_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
-        combine=layered_cfg,
-    )
+    guidance: ClassVar[Guidance] = Guidance(scale=scale_if_negative("true_cfg_scale"), combine=layered_cfg)
 
     def _model_input(self, state: DenoiseState) -> torch.Tensor:
         return torch.cat([state.latents, state.cond["image_latents"]], dim=1)

@@ -24,7 +24,7 @@ import torch
 from omnistage.core.errors import RequestError
 from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.checkpoint import CheckpointConfigs
-from omnistage.diffusion.guidance import Guidance, Rows, rescaled_true_cfg
+from omnistage.diffusion.guidance import Guidance, Rows, rescaled_true_cfg, scale_if_negative
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
     DenoiseState,
@@ -32,7 +32,7 @@ from omnistage.diffusion.pipeline import (
     DiffusionRequest,
     check_divisible,
     current_timesteps,
-    group_by,
+    latent_grid,
     map_groups,
     pack_latents,
     set_flow_match_timesteps,
@@ -177,8 +177,7 @@ class QwenImage(DiffusionPipelineBase):
 
         params = request.params
         dtype = prompt_embeds.dtype
-        latent_h = 2 * (params.height // self.multiple_of)
-        latent_w = 2 * (params.width // self.multiple_of)
+        latent_h, latent_w = latent_grid(params, self.multiple_of)
         # Same draw as diffusers' [n, 1 frame, C, h, w] noise, packed to [n, h/2 * w/2, 4C].
         shape = (params.num_outputs_per_prompt, self.transformer.config.in_channels // 4, latent_h, latent_w)
         noise = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=dtype)
@@ -205,10 +204,7 @@ class QwenImage(DiffusionPipelineBase):
 
     # True CFG: a second pass on the negative prompt when the request has one, rescaled to
     # the cond prediction's norm; each branch its own call, as in diffusers.
-    guidance: ClassVar[Guidance] = Guidance(
-        scale=lambda s: s.cond["true_cfg_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
-        combine=rescaled_true_cfg,
-    )
+    guidance: ClassVar[Guidance] = Guidance(scale=scale_if_negative("true_cfg_scale"), combine=rescaled_true_cfg)
 
     # Step caches wrap the dual-stream blocks. TeaCache's coefficients for Qwen-Image are the
     # ones vLLM-Omni ships (diffusion/cache/teacache/config.py), which credits ComfyUI-TeaCache.
@@ -223,9 +219,7 @@ class QwenImage(DiffusionPipelineBase):
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # One transformer call per token-grid layout (RoPE is computed for the batch's first).
-        for group in group_by(states, lambda s: s.cond["img_shapes"]):
-            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self.noise_scheduler_step(state, pred)
+        self.guided_steps(states, lambda s: s.cond["img_shapes"], self._predict)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """One batched transformer pass over one branch's rows; each state's noise prediction."""

@@ -41,13 +41,14 @@ import numpy as np
 import torch
 
 from omnistage.diffusion.checkpoint import CheckpointConfigs
-from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
+from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg, scale_if_negative
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionRequest,
     current_timesteps,
     group_by,
+    latent_grid,
     set_flow_match_timesteps,
     split_per_state,
 )
@@ -238,8 +239,7 @@ class QwenImage21(QwenImage):
 
         params = request.params
         n = params.num_outputs_per_prompt
-        latent_h = 2 * (params.height // self.multiple_of)
-        latent_w = 2 * (params.width // self.multiple_of)
+        latent_h, latent_w = latent_grid(params, self.multiple_of)
         channels = self.transformer.config.in_channels
         # Same draw as diffusers' [n, 1 frame, C, h, w] noise, flattened to [n, h * w, C].
         noise = randn_tensor((n, 1, channels, latent_h, latent_w), generator=self.generator_for(request),
@@ -268,10 +268,7 @@ class QwenImage21(QwenImage):
 
     # -- 3. denoise -----------------------------------------------------------------------
 
-    guidance: ClassVar[Guidance] = Guidance(
-        scale=lambda s: s.cond["true_cfg_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
-        combine=plain_cfg,
-    )
+    guidance: ClassVar[Guidance] = Guidance(scale=scale_if_negative("true_cfg_scale"), combine=plain_cfg)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """One branch's rows: one transformer call for the rows that decode from their KV caches,

@@ -34,7 +34,6 @@ from omnistage.diffusion.pipeline import (
     DiffusionRequest,
     check_one_image,
     check_video_frames,
-    group_by,
     map_groups,
     split_per_state,
 )
@@ -202,9 +201,7 @@ class SanaVideoT2V(DiffusionPipelineBase):
         def key(s: DenoiseState) -> tuple:
             return tuple(s.latents.shape[1:]), s.cond["prompt_embeds"].shape[1]
 
-        for group in group_by(states, key):
-            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self._step(state, pred)
+        self.guided_steps(states, key, self._predict, self._step)
 
     def _timestep(self, state: DenoiseState) -> torch.Tensor:
         """[1]: one timestep per sample (image-to-video: one per latent token)."""

@@ -38,7 +38,6 @@ from omnistage.diffusion.pipeline import (
     check_divisible,
     check_one_image,
     check_video_frames,
-    group_by,
     map_groups,
     split_per_state,
 )
@@ -196,9 +195,7 @@ class SanaWM(DiffusionPipelineBase):
         def key(s: DenoiseState) -> tuple:
             return tuple(s.latents.shape[1:]), s.cond["prompt_embeds"].shape[2]
 
-        for group in group_by(states, key):
-            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self._step(state, pred)
+        self.guided_steps(states, key, self._predict, self._step)
 
     @staticmethod
     def _timesteps(state: DenoiseState) -> torch.Tensor:

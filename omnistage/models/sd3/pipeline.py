@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from omnistage.diffusion.checkpoint import CheckpointConfigs
-from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
+from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg, scale_if_negative
 from omnistage.diffusion.accel.step_cache import BlockChain
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
@@ -26,7 +26,7 @@ from omnistage.diffusion.pipeline import (
     current_timesteps,
     decode_images,
     encode_prompts_by_length,
-    group_by,
+    latent_shape,
     map_groups,
     pooled_prompt_cond,
     split_per_state,
@@ -158,11 +158,7 @@ class StableDiffusion3(DiffusionPipelineBase):
 
     # CFG when guidance_scale > 1 (the negative prompt "" by default), plain rule; SD3's
     # transformer takes both branches in one call, as diffusers batches them.
-    guidance: ClassVar[Guidance] = Guidance(
-        scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
-        combine=plain_cfg,
-        batch_branches=True,
-    )
+    guidance: ClassVar[Guidance] = Guidance(scale=scale_if_negative(), combine=plain_cfg, batch_branches=True)
 
     # Step caches wrap the joint blocks. TeaCache publishes no coefficients for SD3: no rescaling.
     step_cache_blocks: ClassVar[BlockChain] = BlockChain(
@@ -175,12 +171,7 @@ class StableDiffusion3(DiffusionPipelineBase):
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # One transformer call needs equal latent sizes and prompt lengths.
-        for group in group_by(states, lambda s: (tuple(s.latents.shape[1:]), s.cond["prompt_embeds"].shape[1])):
-            self._denoise_group(group)
-
-    def _denoise_group(self, states: list[DenoiseState]) -> None:
-        for state, pred in zip(states, self.guided_predictions(states, self._predict)):
-            self.noise_scheduler_step(state, pred)
+        self.guided_steps(states, lambda s: (latent_shape(s), s.cond["prompt_embeds"].shape[1]), self._predict)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """One transformer call over every row (cond and uncond together); one prediction per row."""
@@ -200,7 +191,7 @@ class StableDiffusion3(DiffusionPipelineBase):
     @torch.no_grad()
     def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
         # States with the same latent size share one VAE call.
-        return map_groups(states, lambda s: tuple(s.latents.shape[1:]), self._decode_group)
+        return map_groups(states, latent_shape, self._decode_group)
 
     def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
         latents = torch.cat([s.latents for s in states])

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from omnistage.diffusion.checkpoint import CheckpointConfigs
-from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg
+from omnistage.diffusion.guidance import Guidance, Rows, plain_cfg, scale_if_negative
 from omnistage.diffusion.params import ExtraSpec
 from omnistage.diffusion.pipeline import (
     DenoiseState,
@@ -30,8 +30,10 @@ from omnistage.diffusion.pipeline import (
     DiffusionRequest,
     check_divisible,
     current_timesteps,
-    group_by,
+    encode_prompt_pairs,
+    latent_shape,
     map_groups,
+    repeat_per_output,
     split_per_state,
 )
 from omnistage.core.types import LatentPayload
@@ -138,12 +140,9 @@ class StableDiffusionXL(DiffusionPipelineBase):
     def encode(self, requests: list[DiffusionRequest]) -> list[DenoiseState]:
         # One call per text encoder over every prompt, then the negative prompts that are
         # encoded; CLIP's length is fixed (77), so all rows share it.
-        negatives = [r for r in requests if self._encoded_negative(r)]
-        texts = [r.prompt for r in requests] + [r.params.negative_prompt or "" for r in negatives]
-        embeds, pooled = self._encode_prompts(texts)
-        rows = list(zip(embeds, pooled))
-        negative_of = dict(zip(map(id, negatives), rows[len(requests):]))
-        return [self._initial_state(r, row, negative_of.get(id(r))) for r, row in zip(requests, rows)]
+        embeds = encode_prompt_pairs(requests, uses_cfg=self._encoded_negative,
+                                     encode=lambda texts: list(zip(*self._encode_prompts(texts))))
+        return [self._initial_state(r, prompt, negative) for r, (prompt, negative) in zip(requests, embeds)]
 
     def _initial_state(self, request: DiffusionRequest, prompt: tuple[torch.Tensor, torch.Tensor],
                        negative: tuple[torch.Tensor, torch.Tensor] | None) -> DenoiseState:
@@ -158,16 +157,13 @@ class StableDiffusionXL(DiffusionPipelineBase):
         generator = self.generator_for(request)
         latents = self._start_latents(request, noise_scheduler, generator, prompt[0].dtype)
 
-        def repeat(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.unsqueeze(0).expand(n, *t.shape)
-
         time_ids, negative_time_ids = (torch.tensor([ids], device=self.device, dtype=prompt[0].dtype).expand(n, -1)
                                        for ids in self._time_ids(params))
         cond: dict[str, Any] = {
-            "prompt_embeds": repeat(prompt[0]),
-            "pooled_prompt_embeds": repeat(prompt[1]),
-            "negative_prompt_embeds": repeat(negative[0]) if uses_cfg else None,
-            "negative_pooled_prompt_embeds": repeat(negative[1]) if uses_cfg else None,
+            "prompt_embeds": repeat_per_output(prompt[0], n),
+            "pooled_prompt_embeds": repeat_per_output(prompt[1], n),
+            "negative_prompt_embeds": repeat_per_output(negative[0], n) if uses_cfg else None,
+            "negative_pooled_prompt_embeds": repeat_per_output(negative[1], n) if uses_cfg else None,
             "time_ids": time_ids,
             "negative_time_ids": negative_time_ids,
             "guidance_scale": params.guidance_scale,
@@ -208,19 +204,13 @@ class StableDiffusionXL(DiffusionPipelineBase):
     # -- 3. denoise -----------------------------------------------------------------------
 
     # CFG when guidance_scale > 1; both branches in one UNet call, as diffusers batches them.
-    guidance: ClassVar[Guidance] = Guidance(
-        scale=lambda s: s.cond["guidance_scale"] if s.cond["negative_prompt_embeds"] is not None else None,
-        combine=rescaled_cfg,
-        batch_branches=True,
-    )
+    guidance: ClassVar[Guidance] = Guidance(scale=scale_if_negative(), combine=rescaled_cfg, batch_branches=True)
     # No step caches: they hook a transformer's block chain, and SDXL denoises with a UNet.
 
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # One UNet call needs equal latent sizes (prompt lengths are CLIP's fixed 77).
-        for group in group_by(states, lambda s: tuple(s.latents.shape[1:])):
-            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self._noise_scheduler_step(state, pred)
+        self.guided_steps(states, latent_shape, self._predict, self._noise_scheduler_step)
 
     def _predict(self, rows: Rows) -> list[torch.Tensor]:
         """One UNet call over every (state, branch) row; one prediction per row."""
@@ -260,7 +250,7 @@ class StableDiffusionXL(DiffusionPipelineBase):
     @torch.no_grad()
     def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
         # States with the same latent size share one VAE call.
-        return map_groups(states, lambda s: tuple(s.latents.shape[1:]), self._decode_group)
+        return map_groups(states, latent_shape, self._decode_group)
 
     def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
         latents = torch.cat([s.latents for s in states])

@@ -35,7 +35,7 @@ from omnistage.diffusion.pipeline import (
     DenoiseState,
     DiffusionPipelineBase,
     DiffusionRequest,
-    group_by,
+    latent_shape,
     split_per_state,
 )
 from omnistage.core.errors import RequestError
@@ -194,9 +194,8 @@ class StableAudio(DiffusionPipelineBase):
     @torch.no_grad()
     def denoise_step(self, states: list[DenoiseState]) -> None:
         # One transformer call needs equal latent and prompt lengths (equal for one checkpoint).
-        for group in group_by(states, lambda s: (tuple(s.latents.shape[1:]), s.cond["text_duration_embeds"].shape[1])):
-            for state, pred in zip(group, self.guided_predictions(group, self._predict)):
-                self._noise_scheduler_step(state, pred)
+        self.guided_steps(states, lambda s: (latent_shape(s), s.cond["text_duration_embeds"].shape[1]), self._predict,
+                          self._noise_scheduler_step)
 
     def _rotary_embedding(self) -> tuple[torch.Tensor, torch.Tensor]:
         """RoPE over [global state, latent frames]: one table for every request."""

@@ -22,6 +22,8 @@ from omnistage.diffusion.pipeline import (
     DiffusionRequest,
     decode_images,
     encode_prompts_by_length,
+    latent_grid,
+    latent_shape,
     map_groups,
     set_flow_match_timesteps,
 )
@@ -90,8 +92,7 @@ class ZImage(PatchImagePipeline):
         from diffusers.utils.torch_utils import randn_tensor
 
         params = request.params
-        latent_h = 2 * (params.height // self.multiple_of)
-        latent_w = 2 * (params.width // self.multiple_of)
+        latent_h, latent_w = latent_grid(params, self.multiple_of)
         # Z-Image keeps latents in float32 whatever the transformer dtype, as diffusers does.
         shape = (params.num_outputs_per_prompt, self.transformer.config.in_channels, latent_h, latent_w)
         latents = randn_tensor(shape, generator=self.generator_for(request), device=self.device, dtype=torch.float32)
@@ -165,7 +166,7 @@ class ZImage(PatchImagePipeline):
 
     @torch.no_grad()
     def decode_arrays(self, states: list[DenoiseState]) -> list[np.ndarray]:
-        return map_groups(states, lambda s: tuple(s.latents.shape[1:]), self._decode_group)  # one VAE call per size
+        return map_groups(states, latent_shape, self._decode_group)  # one VAE call per size
 
     def _decode_group(self, states: list[DenoiseState]) -> list[np.ndarray]:
         # Cast before un-scaling, as diffusers' Z-Image does.
