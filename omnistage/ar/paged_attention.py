@@ -94,14 +94,29 @@ def uses_kernel(setting: str, device: torch.device, model_supports: bool) -> boo
 
 def kernel_for(device: torch.device) -> Any:
     """The ops (`paged_attention`, `write_keys`) for `device`; RuntimeError when there are none."""
+    if device.type == "cuda":
+        module, error = _load_triton_kernel()
+        if module is None:
+            raise RuntimeError(f"the CUDA kernel needs triton, which does not import ({error})")
+        return module
     if device.type != "cpu":
-        # NOTE: the selection point for a CUDA paged kernel (FlashInfer, flash-attn's block-table
-        # interface): none is wired in, because none can be tested without a GPU.
-        raise RuntimeError(f"no in-place paged attention kernel for {device.type} yet")
+        raise RuntimeError(f"no in-place paged attention kernel for {device.type}")
     module, error = _load_cpu_kernel()
     if module is None:
         raise RuntimeError(f"the CPU kernel did not build ({error})")
     return module
+
+
+@functools.cache
+def _load_triton_kernel() -> tuple[Any, str | None]:
+    """Import kernels/paged_attention_triton.py (triton compiles it for the GPU at its first launch)."""
+    try:
+        from omnistage.ar.kernels import paged_attention_triton
+    except ImportError as e:
+        logger.warning("paged attention: triton does not import (%s); AR stages on CUDA gather each sequence's "
+                       "KV blocks before SDPA instead", e)
+        return None, f"{type(e).__name__}: {e}"
+    return paged_attention_triton, None
 
 
 @functools.cache
