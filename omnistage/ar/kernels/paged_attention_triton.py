@@ -15,7 +15,8 @@ Over the row's blocks, read through its block table, an online softmax (running 
 rescaled accumulator) in fp32. The grid is fixed by the tensors' shapes (N // tokens + R tiles: a
 row's tiles start at query_starts[r] // tokens + r, vLLM's unified kernel's numbering), never by
 their values, so a launch needs no host sync and a CUDA graph can capture it; tiles past their
-row's tokens do nothing.
+row's tokens do nothing. The row count is an argument, not a compile-time constant (only its power
+of 2 is): a step with a new number of rows does not compile the kernel again.
 """
 
 from __future__ import annotations
@@ -31,17 +32,17 @@ QUERY_VECTORS = 64
 
 @triton.jit
 def _attend(query, keys, values, tables, query_starts, context_lens, out, scale,
-            q_token_stride, q_head_stride, table_width,
-            NUM_ROWS: tl.constexpr, ROWS_PAD: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
+            q_token_stride, q_head_stride, table_width, num_rows,
+            ROWS_PAD: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
             GROUP_PAD: tl.constexpr, TOKENS: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
             VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr):
     tile = tl.program_id(0)
     g = tl.program_id(1)
     # the row: how many rows' first tiles are at or before this one
     r_offs = tl.arange(0, ROWS_PAD)
-    row_ends = tl.load(query_starts + 1 + r_offs, mask=r_offs < NUM_ROWS, other=0)
+    row_ends = tl.load(query_starts + 1 + r_offs, mask=r_offs < num_rows, other=0)
     row_first_tiles = row_ends // TOKENS + r_offs + 1  # row r + 1's first tile
-    r = tl.sum(((row_first_tiles <= tile) & (r_offs < NUM_ROWS)).to(tl.int32))
+    r = tl.sum(((row_first_tiles <= tile) & (r_offs < num_rows)).to(tl.int32))
     q_start = tl.load(query_starts + r)
     n = tl.load(query_starts + r + 1) - q_start
     q0 = (tile - (q_start // TOKENS + r)) * TOKENS  # the tile's first query in its row
@@ -126,8 +127,8 @@ def paged_attention(query: torch.Tensor, key_pool: torch.Tensor, value_pool: tor
     tokens = max(1, QUERY_VECTORS // group_pad)
     grid = (num_tokens // tokens + rows, kv_heads)
     _attend[grid](query, key_pool, value_pool, block_tables, query_starts, context_lens, out, scale,
-                  query.stride(0), query.stride(1), block_tables.shape[1],
-                  NUM_ROWS=rows, ROWS_PAD=triton.next_power_of_2(rows), KV_HEADS=kv_heads, GROUP=group,
+                  query.stride(0), query.stride(1), block_tables.shape[1], rows,
+                  ROWS_PAD=triton.next_power_of_2(rows), KV_HEADS=kv_heads, GROUP=group,
                   GROUP_PAD=group_pad, TOKENS=tokens, HEAD_DIM=head_dim, DIM_PAD=_pad(head_dim),
                   VALUE_DIM=value_dim, VALUE_PAD=_pad(value_dim), BLOCK_SIZE=BLOCK,
                   IEEE=query.dtype == torch.float32)
