@@ -15,9 +15,14 @@ where its tokens start, how many keys it has), and the cache's `update()` return
 pools themselves rather than a gathered copy (`_PagedView.in_place`). `packed_sdpa` hands a
 `PagedLayout` to `attend_in_place`.
 
-CUDA: no kernel yet. FlashInfer's / flash-attn's paged interfaces (`flash_attn_with_kvcache`
-with a block table) would plug in at `kernel_for(device)`; they cannot be tested on a machine
-without a GPU, so a CUDA stage gathers ("auto"), or refuses to start ("kernel").
+CUDA: a Triton kernel with the CPU kernel's ops, arguments and pool layouts
+(kernels/paged_attention_triton.py; Triton compiles it at its first launch), picked where triton
+imports ("auto"; "kernel" refuses to start, saying why, where it does not). Triton rather than
+FlashInfer's or flash-attn's block-table interfaces: triton comes with CUDA torch, where those
+must be built for the machine's torch and CUDA. Its launches need no host sync, so the static
+decode of `compile: true` (cuda_graphs.py) captures it in CUDA graphs. It is checked on CPU
+tensors through Triton's interpreter (fp32, tests/ar/test_paged_attention.py); on a GPU (bf16,
+the engine, CUDA graphs: tests/gpu/test_paged_attention_cuda.py) it has not run yet.
 """
 
 from __future__ import annotations
