@@ -21,8 +21,9 @@ imports ("auto"; "kernel" refuses to start, saying why, where it does not). Trit
 FlashInfer's or flash-attn's block-table interfaces: triton comes with CUDA torch, where those
 must be built for the machine's torch and CUDA. Its launches need no host sync, so the static
 decode of `compile: true` (cuda_graphs.py) captures it in CUDA graphs. It is checked on CPU
-tensors through Triton's interpreter (fp32, tests/ar/test_paged_attention.py); on a GPU (bf16,
-the engine, CUDA graphs: tests/gpu/test_paged_attention_cuda.py) it has not run yet.
+tensors through Triton's interpreter (fp32) and compiled ahead of time for sm_90 (no GPU needed;
+tests/ar/test_paged_attention.py); on a GPU (bf16, the engine, CUDA graphs: tests/gpu/
+test_paged_attention_cuda.py) it has not run yet.
 """
 
 from __future__ import annotations

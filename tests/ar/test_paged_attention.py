@@ -5,7 +5,8 @@ kernel in omnistage/ar/kernels/paged_attention.cpp, the CUDA one in kernels/page
   prompt chunks after cached keys and from position 0, grouped key heads, fp32 and bf16;
 - the CUDA (Triton) kernel on the same cases, run on CPU tensors by Triton's interpreter, against
   the same reference and the CPU kernel (fp32: the interpreter's bf16 matmul is wrong; bf16 is
-  checked on a GPU, tests/gpu/test_paged_attention_cuda.py);
+  checked on a GPU, tests/gpu/test_paged_attention_cuda.py), and compiled ahead of time for sm_90
+  (no GPU needed) at the constants a launch uses;
 - the engine with the kernel against transformers' `generate` and against the engine that
   gathers, tokens and per-token logprobs, with a stream decoding while two long prompts are
   prefilled in chunks beside it, one of them after a prefix-cache hit. The kernel is the
@@ -127,6 +128,33 @@ def test_triton_kernel_equals_gather_and_sdpa_and_the_cpu_kernel(tmp_path):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
         torch.testing.assert_close(got, cpu_kernel.paged_attention(case["query"], case["key_pool"], *case["args"]),
                                    atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype,heads,kv_heads,head_dim",
+                         [(torch.float32, 8, 2, 128), (torch.bfloat16, 2, 1, 40), (torch.float16, 4, 4, 64)], ids=str)
+def test_triton_kernel_compiles_for_a_cuda_gpu(dtype, heads, kv_heads, head_dim):
+    """The interpreter checks what the kernel computes, not that Triton can compile it (it enforces
+    neither tl.dot's operand shapes nor shared memory): compiled here ahead of time, no GPU needed,
+    for an H100/H200 (sm_90) down to its cubin, at the constants a launch would use."""
+    import inspect
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from omnistage.ar.kernels import paged_attention_triton as kernel
+
+    constants = kernel.launch_constants(dtype, heads, kv_heads, head_dim, head_dim, rows=len(ROWS))
+    names = list(inspect.signature(kernel.attend_blocks.fn).parameters)
+    element = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+    pointers = {"query": element, "keys": element, "values": element, "out": element, "tables": "i32",
+                "query_starts": "i32", "context_lens": "i32"}
+    signature = {name: "constexpr" if name in constants else f"*{pointers[name]}" if name in pointers
+                 else "fp32" if name == "scale" else "i32" for name in names}
+    source = ASTSource(fn=kernel.attend_blocks, signature=signature,
+                       constexprs={(names.index(name),): value for name, value in constants.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+    assert compiled.asm["cubin"] and compiled.metadata.shared <= 227 * 1024  # sm_90's shared memory per block
 
 
 def test_the_engine_reads_blocks_in_place_with_generates_and_the_gather_paths_tokens(llm_path, hf_model):

@@ -31,7 +31,7 @@ QUERY_VECTORS = 64
 
 
 @triton.jit
-def _attend(query, keys, values, tables, query_starts, context_lens, out, scale,
+def attend_blocks(query, keys, values, tables, query_starts, context_lens, out, scale,
             q_token_stride, q_head_stride, table_width, num_rows,
             ROWS_PAD: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
             GROUP_PAD: tl.constexpr, TOKENS: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
@@ -122,17 +122,22 @@ def paged_attention(query: torch.Tensor, key_pool: torch.Tensor, value_pool: tor
     if query_starts.numel() != rows + 1 or block_tables.shape[0] != rows:
         raise ValueError("paged_attention: one table, start and length per row")
     out = query.new_empty(num_tokens, heads, value_dim)
+    constants = launch_constants(query.dtype, heads, kv_heads, head_dim, value_dim, rows)
+    grid = (num_tokens // constants["TOKENS"] + rows, kv_heads)
+    attend_blocks[grid](query, key_pool, value_pool, block_tables, query_starts, context_lens, out, scale,
+                        query.stride(0), query.stride(1), block_tables.shape[1], rows, **constants)
+    return out
+
+
+def launch_constants(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, value_dim: int,
+                     rows: int) -> dict[str, int | bool]:
+    """`attend_blocks`' compile-time constants for a launch at these shapes (what Triton compiles a
+    variant for: a model's shapes and dtype, and the power of 2 of the step's row count)."""
     group = heads // kv_heads
     group_pad = triton.next_power_of_2(group)
-    tokens = max(1, QUERY_VECTORS // group_pad)
-    grid = (num_tokens // tokens + rows, kv_heads)
-    _attend[grid](query, key_pool, value_pool, block_tables, query_starts, context_lens, out, scale,
-                  query.stride(0), query.stride(1), block_tables.shape[1], rows,
-                  ROWS_PAD=triton.next_power_of_2(rows), KV_HEADS=kv_heads, GROUP=group,
-                  GROUP_PAD=group_pad, TOKENS=tokens, HEAD_DIM=head_dim, DIM_PAD=_pad(head_dim),
-                  VALUE_DIM=value_dim, VALUE_PAD=_pad(value_dim), BLOCK_SIZE=BLOCK,
-                  IEEE=query.dtype == torch.float32)
-    return out
+    return dict(ROWS_PAD=triton.next_power_of_2(rows), KV_HEADS=kv_heads, GROUP=group, GROUP_PAD=group_pad,
+                TOKENS=max(1, QUERY_VECTORS // group_pad), HEAD_DIM=head_dim, DIM_PAD=_pad(head_dim),
+                VALUE_DIM=value_dim, VALUE_PAD=_pad(value_dim), BLOCK_SIZE=BLOCK, IEEE=dtype == torch.float32)
 
 
 def write_keys(key_pool: torch.Tensor, keys: torch.Tensor, slots: torch.Tensor) -> None:
