@@ -102,7 +102,8 @@ def paged_attention(query: torch.Tensor, key_pool: torch.Tensor, value_pool: tor
                     scale: float) -> torch.Tensor:
     """query [N, H, D] (the last dim contiguous), key_pool [B, H_kv, D, BLOCK] and value_pool
     [B * BLOCK, H_kv, Dv] contiguous, block_tables [R, W], query_starts [R + 1] and context_lens [R]
-    int32. Returns [N, H, Dv] in the query's dtype."""
+    int32. Returns [N, H, Dv] in the query's dtype. Triton launches on the current CUDA device: the
+    engine steps inside its stage's `device_scope`."""
     if query.dim() != 3 or key_pool.dim() != 4 or value_pool.dim() != 3 or query.stride(2) != 1:
         raise ValueError("paged_attention: query [N, H, D] (head dim contiguous), key_pool [B, H_kv, D, 16], "
                          "value_pool [B * 16, H_kv, Dv]")
