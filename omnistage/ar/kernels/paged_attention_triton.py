@@ -32,10 +32,12 @@ QUERY_VECTORS = 64
 
 @triton.jit
 def attend_blocks(query, keys, values, tables, query_starts, context_lens, out, scale,
-            q_token_stride, q_head_stride, table_width, num_rows,
-            ROWS_PAD: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr,
-            GROUP_PAD: tl.constexpr, TOKENS: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-            VALUE_DIM: tl.constexpr, VALUE_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr):
+                  q_token_stride, q_head_stride, table_width, num_rows,
+                  ROWS_PAD: tl.constexpr, KV_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+                  TOKENS: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, VALUE_DIM: tl.constexpr,
+                  VALUE_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, IEEE: tl.constexpr):
+    """One program: tile `program_id(0)` of the step's rows' query tiles, key head `program_id(1)`.
+    IEEE (fp32 pools): the matmuls in full fp32, not TF32, so fp32 stages match the gather path."""
     tile = tl.program_id(0)
     g = tl.program_id(1)
     # the row: how many rows' first tiles are at or before this one
