@@ -39,7 +39,8 @@ DEVICE_IMAGE=(numpy accelerate==1.15.0 huggingface-hub==1.33.0 safetensors==0.8.
               transformers==5.17.0 sentencepiece==0.2.2 tiktoken==0.14.0 filelock fsspec hf-xet httpx httpcore
               h11 anyio idna certifi jinja2 markupsafe packaging pillow psutil pyyaml regex requests tqdm typer
               click rich typing-extensions prometheus-client pytest pytest-timeout msgpack cloudpickle einops
-              scipy matplotlib)
+              scipy matplotlib
+              triton)  # 3.6 in the image, beside its torch 2.11; unpinned here, where the rehearsal's torch picks it
 REHEARSE_DIR="$ROOT/.device-rehearse"
 
 download_wheels() {  # download_wheels PYTHON_VERSION DEST: CARRIED at this checkout's versions
@@ -154,7 +155,9 @@ print('diffusers', diffusers.__version__, 'transformers', transformers.__version
 grep -E '^(torch|diffusers) ' "$OUT/setup.log" >>"$OUT/env.txt"
 
 # -- 2. GPU tests (zoo checkpoints build on first use into .omnistage-cache) ---------------
-# tests/gpu/test_parallel_cuda.py needs two GPUs (nccl takes one per rank) and skips on one.
+# tests/gpu/test_parallel_cuda.py needs two GPUs (nccl takes one per rank) and skips on one;
+# tests/gpu/test_paged_attention_cuda.py compiles the Triton paged kernel (AR stages on CUDA
+# run it by default, so most AR GPU tests do too).
 step "GPU tests" 140 "$OUT/gpu_tests.log" "$PY" -m pytest -m gpu tests/gpu -q -rA -p no:cacheprovider
 
 # -- 3. parity tests under the image's torch (test_offload places weights on CUDA there, and

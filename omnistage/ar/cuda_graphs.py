@@ -8,6 +8,10 @@ once and replays them with one launch, but only over fixed shapes and fixed memo
 - input ids, positions and write slots, `[3, max_batch]` (one token per row);
 - read slots `[b * kv_len]` (the slot of each key each row attends to, position order) and
   the attention mask `[b, 1, 1, kv_len]`, flat buffers viewed at each shape;
+- or, where attention reads the KV blocks in place (paged_attention.py, the cache built
+  `in_place`), a `PagedLayout` instead of the mask: each row's block table `[b, kv_len /
+  block_size]` (int32, in the read buffer), its key count (position + 1) and its start in the
+  flattened step (one token per row: fixed), with the tokens packed `[1, b]`;
 
 and fills them in place before each step. A step of `n` decodes runs at the smallest
 captured batch size `b >= n` (`batch_sizes`: 1, 2, 4, 8, ... up to `max_num_seqs`, and
@@ -17,7 +21,8 @@ padding rows feed token 0 at position 0, write to the scratch block's slot 0 and
 it; their logits are never sampled. Keys past a row's context read the scratch block
 and are masked.
 
-Cost of the static shapes: a step gathers and attends over 256 keys, or up to twice the
+Cost of the static shapes: a step gathers and attends over 256 keys (in place: reads only its
+rows' own blocks), or up to twice the
 keys of its longest row (the key-length bucket), for up to twice its rows (the batch
 bucket); padding is the price of one launch per step. With graphs the KV pools are
 allocated at their whole `kv_cache_memory` budget at start-up (eager decoding grows them
@@ -46,6 +51,7 @@ import torch
 
 from omnistage.ar.kv_cache import PagedKVCache
 from omnistage.ar.model import ARModel, ModelInput, ModelOutput
+from omnistage.ar.paged_attention import PagedLayout
 from omnistage.ar.scheduler import ScheduledSeq
 from omnistage.ar.staging import to_device
 
@@ -132,6 +138,8 @@ class StaticDecode:
             raise ValueError(f"CUDA graphs need a CUDA device, not {device}")
         self.model = model
         self.cache = cache
+        self.in_place = cache.in_place
+        """Attention reads the KV blocks in place: the forward gets a `PagedLayout`, not a mask."""
         self.block_size = block_size
         self.device = device
         self.batch_sizes = batch_sizes(max_num_seqs)
@@ -143,8 +151,13 @@ class StaticDecode:
             raise ValueError(f"max_graph_keys={max_graph_keys} is below one row of {self.kv_lens[0]} keys")
         keys = max(b * k for b, k in self.shapes)
         self.meta = torch.zeros(3, self.batch_sizes[-1], dtype=torch.long, device=device)  # ids, positions, writes
-        self.read = torch.zeros(keys // block_size, dtype=torch.long, device=device)  # block ids, per row
+        # block ids, per row (int32 where they are the kernel's block tables)
+        self.read = torch.zeros(keys // block_size, dtype=torch.int32 if self.in_place else torch.long, device=device)
         self.mask = torch.zeros(keys, dtype=torch.bool, device=device)
+        # in place: row r's one token is flattened position r, and it sees its position + 1 keys
+        self.rows = torch.arange(self.batch_sizes[-1] + 1, device=device)
+        self.query_starts = self.rows.to(torch.int32)
+        self.context_lens = torch.zeros(self.batch_sizes[-1], dtype=torch.int32, device=device)
         self.arange = torch.arange(self.kv_lens[-1], device=device)
         self.graphs: dict[tuple[int, int], _Graph] = {}
         self.num_replays = 0
@@ -176,6 +189,13 @@ class StaticDecode:
     def _inputs(self, b: int, k: int) -> ModelInput:
         """The model's input over views of the static buffers at shape (b, k); no sequences: a
         capturable forward reads only these tensors."""
+        if self.in_place:
+            width = k // self.block_size
+            layout = PagedLayout(self.read[:b * width].view(b, width), self.query_starts[:b + 1], self.context_lens[:b])
+            return ModelInput(
+                input_ids=self.meta[0, :b].view(1, b), positions=self.meta[1, :b].view(1, b), attention_mask=layout,
+                last_indices=self.rows[:b], query_lens=[1] * b, kv_len=k, seqs=[], is_prefill=False, packed=True,
+            )
         return ModelInput(
             input_ids=self.meta[0, :b].view(b, 1), positions=self.meta[1, :b].view(b, 1),
             attention_mask=self.mask[:b * k].view(b, 1, 1, k), last_indices=None,
@@ -195,10 +215,14 @@ class StaticDecode:
         self.meta[:, :b].copy_(meta_t.view(3, b))
         self.read[:b * width].view(b, width).copy_(table.view(b, width))
         # a row attends to keys 0 .. its position (a padding row: key 0 only, so no row is all-masked)
-        torch.le(self.arange[:k], self.meta[1, :b, None], out=self.mask[:b * k].view(b, k))
+        if self.in_place:
+            self.context_lens[:b].copy_(self.meta[1, :b]).add_(1)
+        else:
+            torch.le(self.arange[:k], self.meta[1, :b, None], out=self.mask[:b * k].view(b, k))
 
     def _begin(self, b: int, k: int, num_blocks: int) -> None:
-        self.cache.begin(num_blocks, self.meta[2, :b], self.read[:b * k // self.block_size], k)
+        read = None if self.in_place else self.read[:b * k // self.block_size]
+        self.cache.begin(num_blocks, self.meta[2, :b], read, k, in_place=self.in_place)
 
     # --- capture and run --------------------------------------------------------------------
 
@@ -240,7 +264,14 @@ class StaticDecode:
         self.steps_by_shape[b, k] = self.steps_by_shape.get((b, k), 0) + 1
         n = len(items)
         full = self._inputs(b, k)
-        inp = replace(full, input_ids=full.input_ids[:n], positions=full.positions[:n],
-                      attention_mask=full.attention_mask[:n], seqs=[it.seq for it in items],
-                      query_lens=[1] * n, context_lens=[it.start for it in items])
+        if self.in_place:  # packed [1, b]: the first n tokens, and the layout's first n rows
+            layout = full.attention_mask
+            real = dict(input_ids=full.input_ids[:, :n], positions=full.positions[:, :n], last_indices=self.rows[:n],
+                        attention_mask=PagedLayout(layout.block_tables[:n], layout.query_starts[:n + 1],
+                                                   layout.context_lens[:n]))
+        else:
+            real = dict(input_ids=full.input_ids[:n], positions=full.positions[:n],
+                        attention_mask=full.attention_mask[:n])
+        inp = replace(full, **real, seqs=[it.seq for it in items], query_lens=[1] * n,
+                      context_lens=[it.start for it in items])
         return inp, ModelOutput(logits=out.logits[:n])

@@ -14,7 +14,8 @@ KV cache: paged (block_manager.py, kv_cache.py). Its size is the stage's
 reuses cached blocks of a prompt's prefix; `max_num_batched_tokens` bounds the tokens
 one step feeds, longer prompts being prefilled in chunks next to the running decodes.
 `paged_attention` picks how attention reads the blocks: in place, by a kernel (CPU:
-kernels/paged_attention.cpp), or gathered into one tensor per row first (paged_attention.py).
+kernels/paged_attention.cpp; CUDA: kernels/paged_attention_triton.py), or gathered into one
+tensor per row first (paged_attention.py).
 `compile: true` (CUDA only) replays decode-only steps from CUDA graphs (cuda_graphs.py).
 `lora_adapters` / `max_loras`: requests pick a peft LoRA adapter (`SamplingParams.lora`), by name
 or loaded by path on first use (core/lora.py's LRU set); rows with different adapters share each

@@ -100,8 +100,6 @@ class ModelRunner:
 
     def enable_static_decode(self, max_num_seqs: int, *, capture: bool) -> None:
         """Run decode-only steps at static shapes, replayed from CUDA graphs when `capture`."""
-        if self.in_place:  # its graphs read gathered blocks; the in-place kernel is CPU-only anyway
-            raise ValueError("static decode (compile: true) needs paged_attention: gather")
         self.static_decode = StaticDecode(self.model, self.cache, self.block_size, max_num_seqs,
                                           self.max_model_len, self.device, capture=capture)
 

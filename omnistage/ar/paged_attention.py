@@ -15,9 +15,15 @@ where its tokens start, how many keys it has), and the cache's `update()` return
 pools themselves rather than a gathered copy (`_PagedView.in_place`). `packed_sdpa` hands a
 `PagedLayout` to `attend_in_place`.
 
-CUDA: no kernel yet. FlashInfer's / flash-attn's paged interfaces (`flash_attn_with_kvcache`
-with a block table) would plug in at `kernel_for(device)`; they cannot be tested on a machine
-without a GPU, so a CUDA stage gathers ("auto"), or refuses to start ("kernel").
+CUDA: a Triton kernel with the CPU kernel's ops, arguments and pool layouts
+(kernels/paged_attention_triton.py; Triton compiles it at its first launch), picked where triton
+imports ("auto"; "kernel" refuses to start, saying why, where it does not). Triton rather than
+FlashInfer's or flash-attn's block-table interfaces: triton comes with CUDA torch, where those
+must be built for the machine's torch and CUDA. Its launches need no host sync, so the static
+decode of `compile: true` (cuda_graphs.py) captures it in CUDA graphs. It is checked on CPU
+tensors through Triton's interpreter (fp32) and compiled ahead of time for sm_90 (no GPU needed;
+tests/ar/test_paged_attention.py); on a GPU (bf16, the engine, CUDA graphs: tests/gpu/
+test_paged_attention_cuda.py) it has not run yet.
 """
 
 from __future__ import annotations
@@ -94,14 +100,29 @@ def uses_kernel(setting: str, device: torch.device, model_supports: bool) -> boo
 
 def kernel_for(device: torch.device) -> Any:
     """The ops (`paged_attention`, `write_keys`) for `device`; RuntimeError when there are none."""
+    if device.type == "cuda":
+        module, error = _load_triton_kernel()
+        if module is None:
+            raise RuntimeError(f"the CUDA kernel needs triton, which does not import ({error})")
+        return module
     if device.type != "cpu":
-        # NOTE: the selection point for a CUDA paged kernel (FlashInfer, flash-attn's block-table
-        # interface): none is wired in, because none can be tested without a GPU.
-        raise RuntimeError(f"no in-place paged attention kernel for {device.type} yet")
+        raise RuntimeError(f"no in-place paged attention kernel for {device.type}")
     module, error = _load_cpu_kernel()
     if module is None:
         raise RuntimeError(f"the CPU kernel did not build ({error})")
     return module
+
+
+@functools.cache
+def _load_triton_kernel() -> tuple[Any, str | None]:
+    """Import kernels/paged_attention_triton.py (triton compiles it for the GPU at its first launch)."""
+    try:
+        from omnistage.ar.kernels import paged_attention_triton
+    except ImportError as e:
+        logger.warning("paged attention: triton does not import (%s); AR stages on CUDA gather each sequence's "
+                       "KV blocks before SDPA instead", e)
+        return None, f"{type(e).__name__}: {e}"
+    return paged_attention_triton, None
 
 
 @functools.cache

@@ -1,6 +1,7 @@
 """`compile: true`'s static-shape decode path (ar/cuda_graphs.py) on CPU: padded batch, bucketed
 key length, buffers filled in place, run eagerly and "replayed" from stand-in graphs recorded
-eagerly (a replay sees only what was filled in place; the KV pools never move). Greedy tokens
+eagerly (a replay sees only what was filled in place; the KV pools never move), gathering the KV
+blocks or reading them in place through the kernel (paged_attention.py). Greedy tokens
 equal the eager engine's alone, in a ragged batch, joining mid-decode, after the batch
 shrinks and across a key-length bucket; what capture records reads nothing back on the host;
 `compile: true` is refused on CPU and for families that cannot be captured. (Real CUDA graphs:
@@ -107,18 +108,21 @@ def pool_addresses(engine) -> list[int]:
     return [layer.keys.data_ptr() for layer in engine.runner.cache.layers]
 
 
-@pytest.fixture(scope="module", params=["static", "replayed"])
+@pytest.fixture(scope="module", params=["static", "replayed", "replayed in place"])
 def static(llm_path, request):
-    """The static path run eagerly, and "replayed" from eagerly recorded stand-in graphs."""
-    eng = make_engine(llm_path, max_num_seqs=4, paged_attention="gather")  # static decode gathers
+    """The static path run eagerly, and "replayed" from eagerly recorded stand-in graphs, gathering
+    the KV blocks or ("in place") reading them through a `PagedLayout` of static buffers."""
+    in_place = request.param.endswith("in place")
+    eng = make_engine(llm_path, max_num_seqs=4, paged_attention="kernel" if in_place else "gather")
     eng.runner.enable_static_decode(4, capture=False)
-    if request.param == "replayed":
+    assert eng.runner.static_decode.in_place == in_place
+    if request.param != "static":
         recorder = EagerRecorder()
         eng.runner.static_decode.capture(recorder)
         assert recorder.num_recorded == len(eng.runner.static_decode.graphs) == 3 * 4  # (1, 2, 4) x 256..2048
         pools = pool_addresses(eng)
     yield eng
-    if request.param == "replayed":
+    if request.param != "static":
         assert pool_addresses(eng) == pools  # the KV pools were allocated whole before capture, never regrown
         assert eng.runner.static_decode.num_replays == sum(eng.runner.static_decode.steps_by_shape.values())
     eng.close()
@@ -220,10 +224,11 @@ def test_steps_wanting_hidden_states_stay_eager(eager, static):
     assert final(got, "h").hidden_states.shape == final(want, "h").hidden_states.shape
 
 
-def test_the_captured_forward_never_syncs_with_the_host(llm_path):
+@pytest.mark.parametrize("paged_attention", ["gather", "kernel"])
+def test_the_captured_forward_never_syncs_with_the_host(llm_path, paged_attention):
     """What `capture()` records, at every (batch size, key length), reads nothing back on the host
     (the check itself catches a sync: the second half)."""
-    eng = make_engine(llm_path, max_num_seqs=4, paged_attention="gather")
+    eng = make_engine(llm_path, max_num_seqs=4, paged_attention=paged_attention)
     try:
         eng.runner.enable_static_decode(4, capture=False)
         recorder = EagerRecorder()
