@@ -16,8 +16,9 @@ pools themselves rather than a gathered copy (`_PagedView.in_place`). `packed_sd
 `PagedLayout` to `attend_in_place`.
 
 CUDA: a Triton kernel with the CPU kernel's ops, arguments and pool layouts
-(kernels/paged_attention_triton.py; Triton compiles it at its first launch), picked where triton
-imports ("auto"; "kernel" refuses to start, saying why, where it does not). Triton rather than
+(kernels/paged_attention_triton.py; Triton compiles it at its first launch), chosen with "kernel"
+(which refuses to start, saying why, where triton does not import). "auto" keeps the gather path
+on CUDA until the kernel has passed on a GPU: a default should be a tested path. Triton rather than
 FlashInfer's or flash-attn's block-table interfaces: triton comes with CUDA torch, where those
 must be built for the machine's torch and CUDA. Its launches need no host sync, so the static
 decode of `compile: true` (cuda_graphs.py) captures it in CUDA graphs. It is checked on CPU
@@ -81,12 +82,15 @@ def attend_in_place(module, query: torch.Tensor, key_pool: torch.Tensor, value_p
 
 def uses_kernel(setting: str, device: torch.device, model_supports: bool) -> bool:
     """The `paged_attention` deploy setting -> read the blocks in place? "auto": where a kernel runs
-    on `device` and the model's layers are plain causal attention; "kernel": required (else the
+    on `device` and the model's layers are plain causal attention (on CPU; CUDA gathers until its
+    kernel has run on a GPU); "kernel": required (else the
     stage refuses to start, saying why); "gather": never."""
     if setting not in SETTINGS:
         raise ValueError(f"paged_attention must be one of {list(SETTINGS)}, got {setting!r}")
     if setting == "gather":
         return False
+    if setting == "auto" and torch.device(device).type == "cuda":
+        return False  # the Triton kernel has not run on a GPU yet: opt in with "kernel"
     why_not = None if model_supports else "this model's attention is not plain causal (or it has its own forward)"
     if why_not is None:
         try:

@@ -113,9 +113,9 @@ class StageDeployConfig:
     paged_attention: str = "auto"
     """AR (native): how attention reads the paged KV cache. "kernel": in place, block by block (a C++
     CPU kernel built on first use; on CUDA a Triton kernel, not yet run on a GPU by our tests),
-    "gather": each sequence's blocks copied together, then SDPA; "auto": the kernel where it runs (a
-    transformers LLM of plain causal attention; on CPU the kernel built, on CUDA triton importable),
-    else gather."""
+    "gather": each sequence's blocks copied together, then SDPA; "auto": on CPU the kernel where it
+    runs (a transformers LLM of plain causal attention, the kernel built), else gather; on CUDA gather
+    until the Triton kernel has passed on a GPU ("kernel" opts in)."""
     default_sampling_params: dict[str, Any] = field(default_factory=dict)
     """Defaults for request params (SamplingParams or DiffusionParams fields) of this stage."""
     real_time_admission: bool = False

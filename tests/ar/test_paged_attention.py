@@ -195,7 +195,8 @@ def test_selection_auto_kernel_gather(llm_path):
     assert uses_kernel("auto", cpu, True)  # the kernel built here: the default on CPU
     assert not uses_kernel("auto", cpu, False)  # a model whose layers are not plain causal: gather
     assert not uses_kernel("gather", cpu, True)
-    assert uses_kernel("auto", cuda, True)  # the Triton kernel imports (it compiles at its first launch)
+    assert not uses_kernel("auto", cuda, True)  # CUDA gathers by default until the kernel has run on a GPU
+    assert uses_kernel("kernel", cuda, True)  # the Triton kernel imports (it compiles at its first launch)
     assert not uses_kernel("auto", torch.device("mps"), True)
     with pytest.raises(ValueError, match="paged_attention: kernel: no in-place paged attention kernel for mps"):
         uses_kernel("kernel", torch.device("mps"), True)
