@@ -157,17 +157,18 @@ def test_triton_kernel_compiles_for_a_cuda_gpu(dtype, heads, kv_heads, head_dim)
     assert compiled.asm["cubin"] and compiled.metadata.shared <= 227 * 1024  # sm_90's shared memory per block
 
 
-def test_the_engine_reads_blocks_in_place_with_generates_and_the_gather_paths_tokens(llm_path, hf_model):
-    """A stream decodes while two 40-token prompts join, prefilled in chunks of the 16-token budget
-    beside it; the second shares the first's 32-token prefix, so with prefix caching it starts after
-    the cached blocks of it that the first had filled. Every step of the kernel's engine attends
-    through a `PagedLayout`."""
+def kernel_and_gather_outputs(make):
+    """Each prompt's final output from the engine `make("kernel")` and from `make("gather")` (and the
+    prompts): a stream decodes while two 40-token prompts join, prefilled in chunks of the 16-token
+    budget beside it; the second shares the first's 32-token prefix, so with prefix caching it starts
+    after the cached blocks of it that the first had filled. Every step of the kernel's engine but the
+    stream's own first prefill attends through a `PagedLayout`."""
     params = SamplingParams(max_tokens=10, temperature=0.0, logprobs=0)
     short, first = token_prompts(1, 5, seed=3) + token_prompts(1, 40, seed=4)
     second = first[:32] + token_prompts(1, 8, seed=5)[0]
     finals, layouts = {}, []
     for setting in ("kernel", "gather"):
-        engine = make_engine(llm_path, max_num_seqs=4, max_num_batched_tokens=16, paged_attention=setting)
+        engine = make(setting)
         assert engine.runner.in_place == (setting == "kernel")
         forward = engine.model.forward
 
@@ -183,6 +184,12 @@ def test_the_engine_reads_blocks_in_place_with_generates_and_the_gather_paths_to
         assert_no_leak(engine)
         engine.close()
     assert sum(layouts) >= len(layouts) - 1  # all but the stream's own first prefill (position 0, alone)
+    return finals, (short, first, second)
+
+
+def test_the_engine_reads_blocks_in_place_with_generates_and_the_gather_paths_tokens(llm_path, hf_model):
+    finals, (short, first, second) = kernel_and_gather_outputs(lambda setting: make_engine(
+        llm_path, max_num_seqs=4, max_num_batched_tokens=16, paged_attention=setting))
     for name, prompt, max_new in (("s", short, 24), ("a", first, 10), ("b", second, 10)):
         assert_matches_reference(finals["kernel"][name], reference_generate(hf_model, prompt, max_new), name)
         kernel, gather = finals["kernel"][name], finals["gather"][name]

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ar_helpers import LOGPROB_ATOL, PROMPTS, final, join_two_long_prompts, run
-from test_ar_paged import token_prompts
-from test_paged_attention import BLOCK, ROWS, gather_sdpa, random_case
+from ar_helpers import LOGPROB_ATOL, PROMPTS, final, run
+from test_paged_attention import BLOCK, ROWS, gather_sdpa, kernel_and_gather_outputs, random_case
 
-from omnistage.ar.paged_attention import PagedLayout, kernel_for
+from omnistage.ar.paged_attention import kernel_for
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.config.spec import StageSpec
@@ -62,27 +61,8 @@ def test_kernel_equals_gather_and_sdpa_on_cuda(dtype, heads, kv_heads, head_dim,
 
 
 def test_the_engine_reads_blocks_in_place_with_the_gather_paths_tokens_and_logprobs(llm_path):
-    params = SamplingParams(max_tokens=10, temperature=0.0, logprobs=0)
-    short, first = token_prompts(1, 5, seed=3) + token_prompts(1, 40, seed=4)
-    second = first[:32] + token_prompts(1, 8, seed=5)[0]
-    finals, layouts = {}, []
-    for setting in ("kernel", "gather"):
-        engine = create_engine(llm_path, LLM, StageDeployConfig(
-            max_num_batched_tokens=16, enable_prefix_caching=True, paged_attention=setting, **CONFIG))
-        assert engine.runner.in_place == (setting == "kernel")
-        forward = engine.model.forward
-
-        def spy(batch, cache, forward=forward, setting=setting):
-            if setting == "kernel":
-                layouts.append(isinstance(batch.attention_mask, PagedLayout))
-            return forward(batch, cache)
-
-        engine.model.forward = spy
-        outputs = join_two_long_prompts(engine, short, [first, second], params)
-        finals[setting] = {name: final(outputs, name) for name in "sab"}
-        assert outputs["b"][-1].metrics["num_cached_tokens"] >= 16  # a prefix-cache hit
-        engine.close()
-    assert sum(layouts) >= len(layouts) - 1  # all but the stream's own first prefill read in place
+    finals, _ = kernel_and_gather_outputs(lambda setting: create_engine(llm_path, LLM, StageDeployConfig(
+        max_num_batched_tokens=16, enable_prefix_caching=True, paged_attention=setting, **CONFIG)))
     for name in "sab":
         kernel, gather = finals["kernel"][name], finals["gather"][name]
         assert kernel.token_ids == gather.token_ids, name
