@@ -113,7 +113,7 @@ def _enable(model: Any, family: SequencePlan, groups: Any, device: torch.device,
     parallel_config = ParallelConfig(context_parallel_config=cp_config)
     parallel_config.setup(dist.get_rank(), dist.get_world_size(), device, mesh=groups.sequence_mesh)
     model._parallel_config = parallel_config  # what enable_parallelism records
-    split = SplitSequence(groups, config.ways)
+    split = SplitSequence(groups, config.ways, cp_config)
     model._sequence_split = split  # for the step caches that keep a rank's shard (step_cache.py)
     # Ring, and padding (its mask), need the family's processor, which computes Ulysses and ring itself;
     # otherwise diffusers' dispatcher runs Ulysses around the attention op.

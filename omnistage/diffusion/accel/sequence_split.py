@@ -25,9 +25,11 @@ from omnistage.diffusion.accel.ring_attention import sequence_parallel_attention
 class SplitSequence:
     """One transformer's split: the ranks, and per forward the real tokens of each split sequence."""
 
-    def __init__(self, groups: Any, ways: int):
+    def __init__(self, groups: Any, ways: int, cp_config: Any):
         self.groups = groups
         self.ways = ways
+        self.cp_config = cp_config
+        """diffusers' ContextParallelConfig, set up: its flattened mesh is the one the plan's gather hooks use."""
         self.lengths: dict[str, int] = {}
         self._real: dict[str, torch.Tensor] = {}
         self._masks: dict[tuple[str, ...], torch.Tensor | None] = {}
@@ -67,6 +69,17 @@ class SplitSequence:
         ring-major, as diffusers' sharder takes them)."""
         ring, ulysses = self.groups.sequence_mesh.get_coordinate()
         return pad_rows(x, dim, self.ways).chunk(self.ways, dim=dim)[ring * self.groups.degrees.ulysses + ulysses]
+
+    def trim(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """`x`, a gathered sequence, without the padding rows the split added."""
+        length = self.gathered_length
+        return x if length is None else x.narrow(dim, 0, length)
+
+    def gather(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """The whole sequence from this rank's chunk `x` along `dim`, as the plan's gather hooks return it."""
+        from diffusers.hooks.context_parallel import EquipartitionSharder
+
+        return self.trim(EquipartitionSharder.unshard(x, dim, self.cp_config._flattened_mesh), dim)
 
     def shard_mask(self, *names: str) -> torch.Tensor | None:
         """bool [B, this rank's tokens] in this forward (False = padding) over this rank's chunks of the
@@ -118,12 +131,8 @@ def apply_plan(model: Any, cp_config: Any, plan: dict, split: SplitSequence) -> 
     class TrimmedGatherHook(ContextParallelGatherHook):
         def post_forward(self, module: Any, output: Any) -> Any:
             output = super().post_forward(module, output)
-            length = split.gathered_length
-            if length is None:
-                return output
             outputs = [output] if isinstance(output, torch.Tensor) else list(output)
-            trimmed = [x if cpm is None else x.narrow(cpm.gather_dim, 0, length)
-                       for x, cpm in zip(outputs, self.metadata)]
+            trimmed = [x if cpm is None else split.trim(x, cpm.gather_dim) for x, cpm in zip(outputs, self.metadata)]
             return trimmed[0] if isinstance(output, torch.Tensor) else type(output)(trimmed)
 
     for module_id, entry in plan.items():
