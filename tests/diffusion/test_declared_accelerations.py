@@ -328,11 +328,8 @@ rank) the ranks skip what one rank skips. One family, in the same spawn: a spawn
 (cache-dit is tested in test_cache_dit.py; the families whose caches run on a rank's shard of the
 sequence, Qwen-Image, FLUX, FLUX.2, Wan and SD3, in test_step_cache_sequence_parallel.py.) Z-Image's plan
 splits the sequence as its first block takes it and gathers it as its last returns it, so the caches see it
-whole; the first-block cache is the exception, refused with Ulysses (it compares the first block's output, a
-shard, with its input)."""
-CACHE_ON_SHARDS = [("z-image", "first_block_cache")]
-"""(family, backend) refused with Ulysses at load: the first-block cache would compare the first block's
-output, a shard, with its whole input (Z-Image's plan splits the sequence inside the first block)."""
+whole; the first-block cache gathers its first block's output, a shard (test_step_cache_sequence_parallel.py
+runs it under ring too, and on rows whose padded length changes)."""
 
 
 def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> None:
@@ -352,17 +349,9 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
         name, configs, steps = CACHED_PARALLEL
         for backend, config in configs.items():
             for label, fields in (("cfg", parallel_runs(name)["cfg"]), ("ulysses", ULYSSES)):
-                if (name, backend) in CACHE_ON_SHARDS and label == "ulysses":
-                    continue
                 pipeline = _load(CASES[name], paths[name], **fields, cache_backend=backend, cache_config=config)
                 arr, state = run(pipeline, CASES[name], num_inference_steps=steps)
                 results[f"{name} {label} {backend}"] = (arr, pipeline.state_metrics(state), pipeline.accelerations, 0)
-        for family, backend in CACHE_ON_SHARDS:
-            try:
-                _load(CASES[family], paths[family], **ULYSSES, cache_backend=backend)
-                results[f"{family} ulysses {backend}"] = (None, "loaded")
-            except ValueError as exc:
-                results[f"{family} ulysses {backend}"] = (None, str(exc))
     finally:  # rank 1 keeps its metrics only (rank 0's output is the one returned)
         if rank == 1:
             results = {key: (None, *rest) for key, (_, *rest) in results.items()}
@@ -413,7 +402,7 @@ def test_a_step_cache_on_two_ranks_skips_what_one_rank_skips(zoo, two_rank_resul
     want, state = run(one_rank, CASES[name], num_inference_steps=steps)
     want_metrics = one_rank.state_metrics(state)
     assert want_metrics["num_forwards_skipped"] > 0
-    for label in ("cfg", "ulysses") if (name, backend) not in CACHE_ON_SHARDS else ("cfg",):
+    for label in ("cfg", "ulysses"):
         got, metrics, applied, _ = two_rank_results[0][f"{name} {label} {backend}"]
         _, rank1_metrics, _, _ = two_rank_results[1][f"{name} {label} {backend}"]
         assert backend in applied and np.abs(got - want).max() <= TOLERANCE[label], label
@@ -421,15 +410,6 @@ def test_a_step_cache_on_two_ranks_skips_what_one_rank_skips(zoo, two_rank_resul
             assert {k: metrics[k] + rank1_metrics[k] for k in want_metrics} == want_metrics
         else:  # each rank holds a shard of every row: the same decisions as one rank
             assert metrics == rank1_metrics == want_metrics
-
-
-@pytest.mark.parametrize("family, backend", CACHE_ON_SHARDS)
-def test_a_step_cache_that_would_see_a_shard_of_the_sequence_is_refused_with_ulysses(two_rank_results, family,
-                                                                                     backend):
-    for results in two_rank_results:
-        assert results[f"{family} ulysses {backend}"][1] == (
-            f"cache_backend={backend} cannot be combined with ulysses_degree=2 for {CASES[family].key}: it "
-            "would compare the first block's output, a rank's shard of the sequence, with its whole input")
 
 
 def test_the_engine_refuses_an_undeclared_acceleration_before_loading(zoo):

@@ -1,6 +1,7 @@
 """Every step cache on shards of the sequence (step_cache.check_sequence_split), on two CPU ranks:
 Qwen-Image, FLUX, FLUX.2-klein, Wan and SD3, whose plans gather the sequence after the cached
-blocks, so each rank's blocks run on its shard of it.
+blocks, so each rank's blocks run on its shard of it; and Z-Image's first-block cache, whose first
+block returns a shard of the sequence its blocks take and return whole (the head gathers it).
 
 Per family, one run of the rank pair: each cache under Ulysses on two requests, the zoo's and one
 whose token counts have the other parity (one text token less; 3 x 3 image tokens where the
@@ -76,6 +77,16 @@ FAMILIES = {
     # 77 CLIP + 64 T5 text tokens: the zoo's request has an odd count, the other an even one.
     "sd3": Family("StableDiffusion3Pipeline", {**first_block(0.3), **SHARED}, SHORTER_ODD, ring="tea_cache",
                   cfg="easycache"),
+    # Its plan gathers the sequence inside the last block, so its other caches see it whole (with Ulysses in
+    # test_declared_accelerations.py); the first-block cache gathers the first block's output, a shard. 19
+    # prompt tokens where the zoo's has 20; the long negative prompt pads the cond row to the uncond's 96
+    # tokens (masked) until CFG stops at step 4, then the cond row runs alone at 64 and step 4 skips with
+    # the residual of step 3's 96 tokens, cut (the distances clear the threshold by 0.029 or more).
+    "z-image": Family("ZImagePipeline", first_block(0.7),
+                      {"prompt": "a photo of a cat on a red chair", "cfg_truncation": 0.2,
+                       "negative_prompt": "bad quality, blurry, low resolution, jpeg artifacts, watermark, text, "
+                                          "deformed hands, extra fingers, cropped, out of frame, oversaturated"},
+                      ring="first_block_cache", cfg="first_block_cache"),
 }
 
 

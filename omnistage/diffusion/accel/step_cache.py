@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 if TYPE_CHECKING:
+    from omnistage.diffusion.accel.sequence_split import SplitSequence
     from omnistage.diffusion.guidance import Guidance, Predict, Rows
     from omnistage.diffusion.pipeline import DenoiseState
 
@@ -249,6 +250,10 @@ class StepCache:
         self.shards: dict[str, RankShard] = {}
         """Transformer attribute -> how its blocks hold this rank's shard of the sequence (under
         Ulysses and ring), where the caches run on it."""
+        self.gathered_heads: dict[str, SplitSequence] = {}
+        """Transformer attribute -> its split, where the blocks take and return the
+        whole sequence but the first block's output is a rank's shard (Z-Image's plan): the first-block
+        cache gathers that output."""
         for attr in chain.transformers:
             transformer = getattr(pipeline, attr, None)
             if transformer is None:
@@ -258,8 +263,11 @@ class StepCache:
                 raise ValueError(f"cache_backend: {attr} of {pipeline.reference_class} has {len(blocks)} "
                                  "block(s); a step cache needs at least 2")
             if getattr(transformer, "_parallel_config", None) is not None:  # split over ranks (sequence_parallel.py)
-                if (shard := check_sequence_split(pipeline, transformer, chain, policy, hook_name)) is not None:
-                    self.shards[attr], policy.split = shard, shard.split
+                split = check_sequence_split(pipeline, transformer, chain, policy, hook_name)
+                if isinstance(split, RankShard):
+                    self.shards[attr], policy.split = split, split.split
+                elif split is not None:
+                    self.gathered_heads[attr] = split
             hooks = [_head_hook(self, attr)] + [_tail_hook(self, i == len(blocks) - 1) for i in range(1, len(blocks))]
             for block, hook in zip(blocks, hooks):
                 HookRegistry.check_if_exists_or_initialize(block).register_hook(hook, hook_name)
@@ -336,36 +344,37 @@ class StepCache:
 
 
 def check_sequence_split(pipeline: Any, transformer: torch.nn.Module, chain: BlockChain, policy: Policy,
-                         backend: str) -> RankShard | None:
+                         backend: str) -> RankShard | SplitSequence | None:
     """How the cache runs where the transformer's sequence is split over ranks (Ulysses, ring or both):
-    on the whole sequence (None), on this rank's shard (a RankShard), or refused where its hooks would
-    mix whole and shard.
+    on the whole sequence (None), on the whole with the head's output gathered (the transformer's
+    SplitSequence), on this rank's shard (a RankShard), or refused where its hooks
+    would mix whole and shard.
 
     The cache's hooks wrap the context-parallel hooks of the same blocks (they are registered after
     them), so the head sees the whole sequence where the family's plan splits the hidden states as
     the first block takes them. If the plan also gathers them as the last block returns them
-    (Z-Image), every hook but the first-block cache's (which compares the first block's output, a
-    shard, with its whole input) sees the whole. If it gathers them after the blocks (Qwen-Image,
-    Wan) or splits them before the blocks too (FLUX, FLUX.2, SD3), and the family names the split
-    sequences its blocks hold (`split_tokens`), the caches run on each rank's shard: the head takes
-    this rank's shard of its input and the signal where it sees them whole, every distance is
-    summed over the ranks (padding left out), so every rank decides alike, and each keeps its
-    shard's residual. Elsewhere a rank's cache would decide from its own shard or add a residual
-    to a tensor of another length."""
+    (Z-Image), every hook sees the whole but the first-block cache's head, whose block returns a
+    shard: it gathers that output, so every rank compares the whole residual of the first block and
+    a skipped call returns the whole sequence, as the skipped blocks would (one all-gather a call,
+    the size of the last block's). Its distances, residuals and padding are then one rank's, also
+    where a row's padded length changes between steps (Z-Image pads a call's rows to its longest).
+    If the plan gathers them after the blocks (Qwen-Image, Wan) or splits them before the blocks
+    too (FLUX, FLUX.2, SD3), and the family names the split sequences its blocks hold
+    (`split_tokens`), the caches run on each rank's shard: the head takes this rank's shard of its
+    input and the signal where it sees them whole, every distance is summed over the ranks (padding
+    left out), so every rank decides alike, and each keeps its shard's residual. Elsewhere a rank's
+    cache would decide from its own shard."""
     from diffusers.models._modeling_parallel import ContextParallelOutput
 
     plan = pipeline.supported_accelerations.sequence_parallel.plan(transformer)
     first = f"{chain.blocks[0]}.0"
     last = f"{chain.blocks[-1]}.{len(getattr(transformer, chain.blocks[-1])) - 1}"
     if first in plan and isinstance(plan.get(last), ContextParallelOutput):
-        if not policy.probe_head:
-            return None
-        why = "it would compare the first block's output, a rank's shard of the sequence, with its whole input"
-    elif chain.split_tokens:
+        return transformer._sequence_split if policy.probe_head else None
+    if chain.split_tokens:
         return RankShard(transformer._sequence_split, first in plan, chain.split_tokens)
-    else:
-        why = ("its blocks run on a shard of the sequence, from which each rank's cache would decide alone (the "
-               "family names no `split_tokens`)")
+    why = ("its blocks run on a shard of the sequence, from which each rank's cache would decide alone (the "
+           "family names no `split_tokens`)")
     degrees = transformer._parallel_config.context_parallel_config
     fields = [f"{name}={value}" for name, value in (("ulysses_degree", degrees.ulysses_degree),
                                                      ("ring_degree", degrees.ring_degree)) if value > 1]
@@ -434,6 +443,8 @@ def _head_forward(cache: StepCache, chain_name: str, forward: Callable, module: 
         return chain.with_hidden(args, kwargs, hidden + cache.cached_residual(call, chain_name, hidden))
     output = forward(*args, **kwargs)  # first-block cache: run the head, compare its residual
     head = chain.output_hidden(output)
+    if (split := cache.gathered_heads.get(chain_name)) is not None:  # a shard; the blocks return the whole
+        head = split.gather(head, 1)
     signal = cache.policy.signal(chain, module, args, kwargs, head - hidden)
     if cache.decide(call, chain_name, signal, mask, hidden):
         call.reference = head
