@@ -1,6 +1,8 @@
 """oneDNN prepacked linear layers on CPU (ar/cpu_linear.py): same results as `nn.Linear`
-up to rounding, and only large plain linears swapped. The AR engine running them with
-`generate`'s tokens is tests/ar/test_ar_parity.py's small-model test."""
+up to rounding, and only large plain linears swapped; q/k/v and gate/up fused into one packed
+matmul each, computing as transformers' own layers, taking updates of some parts by name and
+dropped and read back whole. The AR engine running them with `generate`'s tokens (and 4 matmuls
+per layer) is tests/ar/test_ar_parity.py's small-model tests."""
 
 from __future__ import annotations
 
