@@ -125,7 +125,6 @@ class FusedPrepackedLinear(nn.Module):
         super().__init__()
         self.in_features, self.rows = linears[0].in_features, rows
         self.sizes = [linear.out_features for linear in linears]
-        self.offsets = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
         self.out_features = sum(self.sizes)
         weight = torch.cat([linear.weight.detach() for linear in linears])
         self.register_buffer("packed_weight", pack_weight(weight, rows), persistent=False)
@@ -136,7 +135,7 @@ class FusedPrepackedLinear(nn.Module):
         """The dense weight while new weights come in by part (an update, or the read-back after sleep
         level 2); packed on the next call, when every part has come."""
         self._input: torch.Tensor | None = None
-        self._output: torch.Tensor | None = None
+        self._outputs: tuple[torch.Tensor, ...] | None = None
         self._unserved: set[int] = set()
 
     def output(self, part: int, x: torch.Tensor) -> torch.Tensor:
@@ -144,16 +143,18 @@ class FusedPrepackedLinear(nn.Module):
         if x is not self._input or part not in self._unserved:
             if self._staged is not None:
                 self.packed_weight, self._staged = pack_weight(self._staged, self.rows), None
-            self._input, self._output = x, packed_linear(x, self.packed_weight, self.bias)
+            self._input = x
+            self._outputs = packed_linear(x, self.packed_weight, self.bias).split(self.sizes, dim=-1)
             self._unserved = set(range(len(self.sizes)))
-        out = self._output.narrow(-1, self.offsets[part], self.sizes[part])
+        out = self._outputs[part]
         self._unserved.discard(part)
         if not self._unserved:  # every sibling has its columns: hold no activation between layers
-            self._input = self._output = None
+            self._input = self._outputs = None
         return out
 
     def load_part(self, part: int, name: str, tensor: torch.Tensor) -> None:
-        rows = slice(self.offsets[part], self.offsets[part] + self.sizes[part])
+        start = sum(self.sizes[:part])
+        rows = slice(start, start + self.sizes[part])
         if name == "bias":
             self.bias[rows].copy_(tensor)
             return
@@ -162,7 +163,7 @@ class FusedPrepackedLinear(nn.Module):
             self._staged = (self.packed_weight.to_dense() if self.packed_weight.is_mkldnn
                             else torch.zeros(self.out_features, self.in_features, dtype=dtype))  # dropped
         self._staged[rows].copy_(tensor)
-        self._input = self._output = None
+        self._input = self._outputs = None
 
     def drop(self) -> int:
         """Free the packed weight (sleep level 2; `load_part` of every part rebuilds it); bytes freed."""
@@ -170,7 +171,7 @@ class FusedPrepackedLinear(nn.Module):
             return 0  # a sibling dropped it already
         dtype = self.packed_weight.dtype
         self.packed_weight, self._staged = torch.empty(0, dtype=dtype), None
-        self._input = self._output = None
+        self._input = self._outputs = None
         return self.in_features * self.out_features * torch.empty(0, dtype=dtype).element_size()
 
     def extra_repr(self) -> str:
