@@ -152,7 +152,7 @@ class AREngine:
         if config.quantization is not None:
             quantize(self.model, config, device, stage)
         elif device.type == "cpu" and self.model.supports_prepacked_linears:
-            prepack_linears(self.model.model, max_batch=config.max_num_seqs)
+            prepack_linears(self.model.model, max_batch=config.max_num_seqs, fuse=True)
         limit = self.model.max_position_embeddings
         self.max_model_len = config.max_model_len or limit
         if self.max_model_len > limit:

@@ -168,3 +168,33 @@ def test_max_loras_unloads_the_cold_adapter_and_a_request_waits_for_a_slot(engin
     assert_matches_reference(final(out, "c"), references["b", 1], "c")  # the same matrices as b
     assert_matches_reference(final(out, "d"), references["b", 1], "d")
     assert {a["name"]: a["loaded"] for a in engine.list_lora_adapters()} == {"a": True, "c": False, "d": True}
+
+
+def test_adapters_on_fused_packed_layers_equal_peft(zoo, tmp_path):
+    """On the small qwen2 (above the packing threshold) q/k/v and gate/up are slices of one packed
+    matmul each (ar/cpu_linear.py): an adapter on some siblings adds its delta to their columns
+    only, and a batch mixing both adapters and none still equals transformers + peft."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from omnistage.ar.cpu_linear import PackedSlice
+
+    path = str(zoo("qwen2-llm", size="small"))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    adapters = {name: str(build_peft_lora(path, tmp_path / name, targets, seed=i + 1))
+                for i, (name, targets) in enumerate(TARGETS.items())}
+    engine = make_engine(path, lora_adapters=adapters, max_loras=2, max_num_seqs=4)
+    try:
+        attn = engine.model.model.model.layers[0].self_attn
+        assert isinstance(attn.q_proj, LoraLinear) and isinstance(attn.q_proj.base, PackedSlice)
+        assert isinstance(attn.k_proj.base, PackedSlice) and attn.k_proj.base.fused is attn.q_proj.base.fused
+        rows = [("a0", "a", 0), ("b1", "b", 1), ("n2", None, 2)]
+        out = run(engine, [request(tokenizer, rid, i, name and {"name": name}) for rid, name, i in rows])
+    finally:
+        engine.close()
+    for rid, name, i in rows:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        if name is not None:
+            model = PeftModel.from_pretrained(model, adapters[name]).eval()
+        want = reference_generate(model, tokenizer(PROMPTS[i]).input_ids, NEW_TOKENS)
+        assert_matches_reference(final(out, rid), want, f"{rid} on the small model")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from omnistage.ar.sampling_params import SamplingParams
 from omnistage.core.types import StageRequest
@@ -90,18 +91,21 @@ def test_hidden_states_match_a_full_forward(engine, hf_model, tokenizer):
 
 def test_small_model_with_prepacked_linears(zoo):
     """On CPU the generic LLM's linears run through oneDNN with prepacked weights
-    (ar/cpu_linear.py); the tiny model's are all below the packing threshold, so this is
-    the small one (4 layers of 512)."""
+    (ar/cpu_linear.py), q/k/v and gate/up each as one fused matrix; the tiny model's are all
+    below the packing threshold, so this is the small one (4 layers of 512)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from omnistage.ar.cpu_linear import PrepackedLinear
+    from omnistage.ar.cpu_linear import FusedPrepackedLinear, PackedSlice, PrepackedLinear
 
     path = str(zoo("qwen2-llm", size="small"))
     engine = make_engine(path, max_num_seqs=4)
     try:
-        packed = [m for m in engine.model.model.modules() if isinstance(m, PrepackedLinear)]
-        assert len(packed) == 4 * 7 + 1  # per layer q, k, v, o, gate, up, down; and the tied LM head
-        assert {m.rows for m in packed} == {8}  # max_num_seqs 4: packed for batches
+        modules = list(engine.model.model.modules())
+        packed = [m for m in modules if isinstance(m, PrepackedLinear)]
+        fused = [m for m in modules if isinstance(m, FusedPrepackedLinear)]
+        assert len(packed) == 4 * 2 + 1  # per layer o and down; and the tied LM head
+        assert len(fused) == 4 * 2 and sum(isinstance(m, PackedSlice) for m in modules) == 4 * 5  # qkv, gate-up
+        assert {m.rows for m in packed + fused} == {8}  # max_num_seqs 4: packed for batches
         outputs = run(engine, [StageRequest(f"p{i}", p, GREEDY) for i, p in enumerate(PROMPTS)])
     finally:
         engine.close()
@@ -109,3 +113,61 @@ def test_small_model_with_prepacked_linears(zoo):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     for i, p in enumerate(PROMPTS):
         assert_matches_reference(final(outputs, f"p{i}"), reference_generate(model, tokenizer(p)["input_ids"], MAX_NEW), p)
+
+
+class _CountPackedMatmuls(TorchDispatchMode):
+    """Counts oneDNN's packed linear calls (the op `PrepackedLinear` and `FusedPrepackedLinear` run)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.mkldnn._linear_pointwise.default:
+            self.num_calls += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_small_model_makes_four_packed_matmuls_per_layer(zoo):
+    """Like vLLM's CPU backend, a layer makes 4 matmuls (fused q/k/v, o, fused gate/up, down),
+    not transformers' 7: counted over a prefill step and a decode step (the LM head is one more)."""
+    path = str(zoo("qwen2-llm", size="small"))
+    engine = make_engine(path, max_num_seqs=4)
+    try:
+        num_layers = engine.model.num_layers
+        engine.add_request(StageRequest("c", PROMPTS[0], SamplingParams(max_tokens=4, temperature=0.0)))
+        for _ in range(2):  # the prompt, then one decode
+            with _CountPackedMatmuls() as counter:
+                engine.step()
+            assert counter.num_calls == 4 * num_layers + 1
+        run(engine)
+    finally:
+        engine.close()
+
+
+def test_small_model_fused_layers_wake_from_sleep_level_2_and_take_a_partial_update(zoo):
+    """The fused q/k/v and gate/up matrices are read back after sleep level 2, and an update of
+    some of their parts by name (`q_proj.weight`, `k_proj.bias`, `up_proj.weight`) keeps the
+    other parts: greedy tokens and logprobs equal `generate` with the same weights."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = str(zoo("qwen2-llm", size="small"))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = tokenizer(PROMPTS[1])["input_ids"]
+    before = reference_generate(model, ids, MAX_NEW)
+    names = [n for n in model.state_dict() if n.endswith(("layers.1.self_attn.q_proj.weight",
+                                                          "layers.1.self_attn.k_proj.bias", "layers.2.mlp.up_proj.weight"))]
+    update = {name: torch.randn_like(model.state_dict()[name]) * 0.05 for name in names}
+    model.load_state_dict(update, strict=False)
+    after = reference_generate(model, ids, MAX_NEW)
+    assert after[0] != before[0]
+    engine = make_engine(path, max_num_seqs=4)
+    try:
+        assert engine.sleep(2) > 0
+        engine.wake_up()
+        assert_matches_reference(final(run(engine, [StageRequest("woke", PROMPTS[1], GREEDY)]), "woke"), before, "woke")
+        assert engine.update_weights(tensors=update) == 3
+        assert_matches_reference(final(run(engine, [StageRequest("new", PROMPTS[1], GREEDY)]), "new"), after, "new")
+    finally:
+        engine.close()

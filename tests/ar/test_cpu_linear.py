@@ -1,6 +1,8 @@
 """oneDNN prepacked linear layers on CPU (ar/cpu_linear.py): same results as `nn.Linear`
-up to rounding, and only large plain linears swapped. The AR engine running them with
-`generate`'s tokens is tests/ar/test_ar_parity.py's small-model test."""
+up to rounding, and only large plain linears swapped; q/k/v and gate/up fused into one packed
+matmul each, computing as transformers' own layers, taking updates of some parts by name and
+dropped and read back whole. The AR engine running them with `generate`'s tokens (and 4 matmuls
+per layer) is tests/ar/test_ar_parity.py's small-model tests."""
 
 from __future__ import annotations
 
@@ -130,3 +132,79 @@ def test_packed_layers_take_new_weights_and_read_them_back_after_being_dropped()
         assert dropped.num_bytes >= (512 * 512 + 1024 * 512 * 2) * 4 and model.proj.packed_weight.numel() == 0
         dropped.restore(model, new)
         assert torch.allclose(model(x), want, atol=1e-4)
+
+
+def _qwen2(seed: int):
+    """A 2-layer transformers Qwen2 whose q/k/v (512 -> 512 + 128 + 128, with biases) and gate/up
+    (512 -> 2 x 1024) pass the packing threshold as groups, k and v alone not for one row."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                         num_attention_heads=8, num_key_value_heads=2, tie_word_embeddings=False)
+    return Qwen2ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("rows", [1, 8])
+def test_fused_siblings_compute_as_transformers_own_layers(rows):
+    from omnistage.ar.cpu_linear import FusedPrepackedLinear, PackedSlice
+
+    model, reference = _qwen2(0), _qwen2(0)
+    assert prepack_linears(model, max_batch=rows, fuse=True) == 2 * 7 + 1
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert all(isinstance(m, PackedSlice) for m in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj))
+    assert attn.q_proj.fused is attn.v_proj.fused and attn.q_proj.fused is not mlp.gate_proj.fused
+    assert isinstance(attn.o_proj, PrepackedLinear) and isinstance(mlp.down_proj, PrepackedLinear)
+    assert sum(isinstance(m, FusedPrepackedLinear) for m in model.modules()) == 2 * 2
+    ids = torch.randint(0, 512, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, reference(ids).logits, rtol=1e-4, atol=1e-4)
+        assert attn.q_proj.fused._outputs is None  # every sibling took its columns: no activation kept
+
+
+def test_a_sibling_called_on_other_states_computes_afresh():
+    """k and v on another tensor than q (cross-attention), or a sibling called twice: the same
+    values as its own linear, never another input's columns."""
+    torch.manual_seed(0)
+    linears = {name: nn.Linear(512, 256) for name in ("q_proj", "k_proj", "v_proj")}
+    block = nn.Module()
+    for name, linear in linears.items():
+        block.add_module(name, nn.Linear(512, 256))
+        block.get_submodule(name).load_state_dict(linear.state_dict())
+    prepack_linears(block, fuse=True)
+    x, states = torch.randn(3, 512), torch.randn(5, 512)
+    with torch.no_grad():
+        for layer, name, inp in [(block.q_proj, "q_proj", x), (block.k_proj, "k_proj", states),
+                                 (block.v_proj, "v_proj", states), (block.v_proj, "v_proj", states),
+                                 (block.k_proj, "k_proj", x), (block.k_proj, "k_proj", x)]:
+            torch.testing.assert_close(layer(inp), linears[name](inp), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_siblings_take_new_weights_by_name_and_read_them_back_after_being_dropped():
+    """An update of some siblings only (`q_proj.weight` and `up_proj.bias`-less MLP's `up_proj.weight`)
+    keeps the others; sleep level 2 frees the fused matrix once and reads every part back."""
+    from omnistage.core.weights import Dropped, load_weights
+
+    model, fresh = _qwen2(0), _qwen2(1)
+    want_model = _qwen2(0)
+    update = {name: t for name, t in fresh.state_dict().items()
+              if name.endswith(("self_attn.q_proj.weight", "self_attn.k_proj.bias", "mlp.up_proj.weight"))}
+    want_model.load_state_dict(update, strict=False)
+    prepack_linears(model, fuse=True)
+    ids = torch.randint(0, 512, (1, 7))
+    with torch.no_grad():
+        assert not torch.allclose(model(ids).logits, want_model(ids).logits, atol=1e-3)
+        with pytest.raises(ValueError, match=r"model.layers.0.self_attn.q_proj.weight: \(512, 256\) for \(512, 512\)"):
+            load_weights(model, {**update, "model.layers.0.self_attn.q_proj.weight": torch.zeros(512, 256)})
+        assert load_weights(model, update) == len(update) == 2 * 3
+        torch.testing.assert_close(model(ids).logits, want_model(ids).logits, rtol=1e-4, atol=1e-4)
+        checkpoint = want_model.state_dict()
+        dropped = Dropped(model, checkpoint)
+        fused = model.model.layers[0].self_attn.q_proj.fused
+        assert not fused.packed_weight.is_mkldnn
+        # per layer q/k/v (768 x 512) and gate/up (2048 x 512) once each, o and down; the head, the
+        # embedding and the norms (the fused biases are kept)
+        assert dropped.num_bytes == 4 * (2 * (768 * 512 + 2048 * 512 + 512 * 512 + 1024 * 512) + 2 * 512 * 512 + 5 * 512)
+        dropped.restore(model, checkpoint)
+        torch.testing.assert_close(model(ids).logits, want_model(ids).logits, rtol=1e-4, atol=1e-4)
+        assert fused.packed_weight.is_mkldnn  # packed again, on its first call
