@@ -90,11 +90,11 @@ def test_hidden_states_match_a_full_forward(engine, hf_model, tokenizer):
 
 def test_small_model_with_prepacked_linears(zoo):
     """On CPU the generic LLM's linears run through oneDNN with prepacked weights
-    (ar/cpu_linear.py); the tiny model's are all below the packing threshold, so this is
+    (core/cpu_linear.py); the tiny model's are all below the packing threshold, so this is
     the small one (4 layers of 512)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from omnistage.ar.cpu_linear import PrepackedLinear
+    from omnistage.core.cpu_linear import PrepackedLinear
 
     path = str(zoo("qwen2-llm", size="small"))
     engine = make_engine(path, max_num_seqs=4)

@@ -1,4 +1,4 @@
-"""oneDNN prepacked linear layers on CPU (ar/cpu_linear.py): same results as `nn.Linear`
+"""oneDNN prepacked linear layers on CPU (core/cpu_linear.py): same results as `nn.Linear`
 up to rounding, and only large plain linears swapped. The AR engine running them with
 `generate`'s tokens is tests/ar/test_ar_parity.py's small-model test."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from omnistage.ar.cpu_linear import MIN_PACKED_WEIGHT, PrepackedLinear, packable_dtypes, prepack_linears
+from omnistage.core.cpu_linear import MIN_PACKED_WEIGHT, PrepackedLinear, packable_dtypes, prepack_linears
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 BF16 = pytest.param(torch.bfloat16, 2e-2, marks=pytest.mark.skipif(

@@ -33,6 +33,14 @@ stage also prefills its prompts' hundreds to thousands of rows at a time, where 
 faster on a 512 -> 128 projection (a small model's keys or values; 2048 rows: 1.06 against 2.47 ms,
 64 rows 1.8x) and 14% slower at 8 rows (20 against 18 us): such a stage packs from 128 x 512 up.
 (One thread, fp32, AVX-512 host, medians of 31.)"""
+MIN_PACKED_WEIGHT_TOKEN_ROWS = 0
+"""The fewest weight elements worth packing where every call feeds hundreds to thousands of rows (a
+diffusion transformer's tokens x batch): any. oneDNN's 12 us per call are lost in the matmul there, and
+it is 1.6-2.3x faster from 32 -> 128 (576 rows: 31 against 50 us) to 512 -> 768 (128 rows); the few-row
+calls such a model also makes (a block's modulation from the timestep embedding: 1-2 rows) lose 3-5 us
+each on a small weight and gain on a large one (2 x 341 -> 2046: 45 against 88 us). The layout's row
+hint is `PACKED_FOR_ROWS` there too: packed for 8, 256 or 1024 rows, the DiT's matmuls (128 to 4096
+rows) ran within 1% of each other (benchmarks/RESULTS.md, "Diffusion: prepacked linears on CPU")."""
 
 
 def packable_dtypes() -> tuple[torch.dtype, ...]:
@@ -90,20 +98,21 @@ class PrepackedLinear(nn.Module):
                 f"packed for {self.rows} row(s)")
 
 
-def prepack_linears(module: nn.Module, max_batch: int = PACKED_FOR_ROWS) -> int:
+def prepack_linears(module: nn.Module, max_batch: int = PACKED_FOR_ROWS, min_weight: int | None = None) -> int:
     """Replace every plain `nn.Linear` under `module` that is on CPU, in a dtype this machine
     packs (`packable_dtypes`: fp32, and bf16 where the CPU supports it), and holds at least
-    `MIN_PACKED_WEIGHT` elements for its layout by a `PrepackedLinear`; returns how many.
-    `max_batch`: the most rows a step feeds the layers (an AR stage's `max_num_seqs`); 1
-    packs them for one row, more for `PACKED_FOR_ROWS`.
+    `min_weight` elements (default: `MIN_PACKED_WEIGHT` for its layout) by a `PrepackedLinear`;
+    returns how many. `max_batch`: the most rows a step feeds the layers (an AR stage's
+    `max_num_seqs`); 1 packs them for one row, more for `PACKED_FOR_ROWS`.
     A weight shared with another module (a tied LM head) gets its own packed copy, as in
     vLLM: that costs one more embedding-sized matrix of memory, for the largest matmul of
     a decode step."""
     dtypes = packable_dtypes()
     rows = 1 if max_batch == 1 else PACKED_FOR_ROWS
+    min_weight = MIN_PACKED_WEIGHT[rows] if min_weight is None else min_weight
     swaps = [(parent, name) for parent in module.modules() for name, child in parent.named_children()
              if type(child) is nn.Linear and child.weight.device.type == "cpu"
-             and child.weight.dtype in dtypes and child.weight.numel() >= MIN_PACKED_WEIGHT[rows]]
+             and child.weight.dtype in dtypes and child.weight.numel() >= min_weight]
     for parent, name in swaps:  # one layer at a time: the unpacked weight is freed as its copy lands
         setattr(parent, name, PrepackedLinear(getattr(parent, name), rows))
     return len(swaps)
