@@ -1,0 +1,75 @@
+"""`prepack_linears` (on by default): on CPU, the linear layers of the transformer's blocks run
+through oneDNN with their weights packed once at load (core/cpu_linear.py), about 2x torch's
+matmul on a DiT's hundreds to thousands of token rows; results differ by rounding only.
+
+Only the blocks are packed, where a family declares them (`step_cache_blocks`): they hold nearly
+all the weights and only call their linears. The glue around them is left as loaded, since some
+of it reads a linear's `.weight` (Z-Image's timestep embedder its dtype, Wan's the first parameter
+of its time embedder), which a packed layer no longer has (keeping it would double the memory).
+
+A stage whose linears something else wraps, shards, moves or replaces is left unpacked, saying
+so in a debug log: see `LEFT_UNPACKED_WITH`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from omnistage.core.cpu_linear import MIN_PACKED_WEIGHT_TOKEN_ROWS, prepack_linears
+from omnistage.core.device import resolve_device
+from omnistage.diffusion.accel.declaration import requested
+
+if TYPE_CHECKING:
+    from omnistage.config.deploy_fields import StageDeployConfig
+
+logger = logging.getLogger(__name__)
+
+LEFT_UNPACKED_WITH: dict[str, str] = {
+    "lora": "peft wraps each nn.Linear to fuse the adapters",
+    "lora_adapters": "peft wraps each nn.Linear",
+    "max_loras": "peft wraps each nn.Linear as adapters load",
+    "quantization": "its own layers replace the linears",
+    "transformer_file": "GGUF layers hold quantized weights",
+    "tensor_parallel_size": "its shards read and replace the linears' weights",
+    "fsdp_degree": "FSDP2 shards the weights as parameters",
+    "offload": "its hooks move the weights between devices",
+    "compile": "torch.compile traces the blocks' own linears",
+}
+"""Deploy fields that leave the transformer unpacked, and why. Ulysses and ring attention are not
+here: they split the sequence around the blocks and never touch a linear."""
+
+
+@dataclass(frozen=True)
+class PrepackConfig:
+    min_weight: int = MIN_PACKED_WEIGHT_TOKEN_ROWS
+    """The fewest weight elements packed: every block matmul sees the tokens' rows."""
+
+
+def from_deploy(deploy: StageDeployConfig) -> PrepackConfig | None:
+    if not deploy.prepack_linears or resolve_device(deploy.devices).type != "cpu":
+        return None
+    on = [name for name, _ in requested(deploy)] + (["transformer_file"] if deploy.transformer_file else [])
+    clashing = [name for name in on if name in LEFT_UNPACKED_WITH]
+    if clashing:
+        logger.debug("prepack_linears: the transformer is left unpacked: %s",
+                     "; ".join(f"{name} ({LEFT_UNPACKED_WITH[name]})" for name in clashing))
+        return None
+    return PrepackConfig()
+
+
+def apply(pipeline: Any, config: PrepackConfig) -> None:
+    chain = pipeline.step_cache_blocks
+    if pipeline.device.type != "cpu" or chain is None:
+        logger.debug("prepack_linears: %s is left unpacked (%s)", pipeline.reference_class,
+                     "not on CPU" if chain is not None else "it declares no transformer blocks")
+        return
+    num = 0
+    for name in chain.transformers:
+        model = pipeline.components.get(name)
+        for blocks in (getattr(model, attr, None) for attr in chain.blocks):
+            if blocks is not None:
+                num += prepack_linears(blocks, min_weight=config.min_weight)
+    logger.debug("prepack_linears: %d linear layers of %s's transformer blocks packed", num,
+                 pipeline.reference_class)

@@ -1,0 +1,67 @@
+"""`prepack_linears` on a diffusion stage (diffusion/accel/prepack.py), on the tiny Z-Image zoo model:
+on CPU the transformer blocks' linears are oneDNN prepacked ones and the output stays within the
+parity tolerance of the unpacked run; LoRA and quantized stages, and `prepack_linears: false`, keep
+torch's layers; Ulysses and ring leave packing on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from parity import BATCH_SEEDS, TOLERANCE, max_abs_diff, request_for, run_arrays
+
+from omnistage.config.deploy_fields import StageDeployConfig
+from omnistage.core.cpu_linear import PrepackedLinear, packable_dtypes
+from omnistage.diffusion.accel import prepack
+from omnistage.models.z_image.pipeline import ZImage
+from omnistage.testing import call_kwargs
+
+pytestmark = pytest.mark.skipif(torch.float32 not in packable_dtypes(), reason="this torch has no oneDNN packed ops")
+
+
+def packed_and_plain(model: torch.nn.Module) -> tuple[list[str], list[str]]:
+    """Names of the transformer's packed linears and of its plain ones."""
+    modules = dict(model.named_modules())
+    return ([n for n, m in modules.items() if isinstance(m, PrepackedLinear)],
+            [n for n, m in modules.items() if type(m) is torch.nn.Linear])
+
+
+@pytest.fixture(scope="module")
+def path(zoo):
+    return zoo("z-image")
+
+
+def draw(pipeline) -> list:
+    return run_arrays(pipeline, [request_for(call_kwargs("z-image"), BATCH_SEEDS[0])])
+
+
+def test_blocks_are_packed_and_the_image_stays_within_parity_tolerance(path):
+    packed = ZImage.from_pretrained(path)
+    plain = ZImage.from_pretrained(path, deploy=StageDeployConfig(prepack_linears=False))
+    names, left = packed_and_plain(packed.transformer)
+    blocks = [n for n in names if n.startswith(("layers.", "noise_refiner.", "context_refiner."))]
+    assert blocks and blocks == names  # every packed layer is a block's ...
+    assert not [n for n in left if n.startswith("layers.")]  # ... and no block keeps a plain one
+    assert packed_and_plain(plain.transformer)[0] == []
+    got, expected = draw(packed), draw(plain)
+    assert max_abs_diff(got[0], expected[0]) <= TOLERANCE
+
+
+@pytest.mark.parametrize("deploy", [dict(quantization="int8_dynamic"), dict(max_loras=1)], ids=["quantization", "lora"])
+def test_quantized_and_lora_stages_are_left_unpacked(path, deploy):
+    pipeline = ZImage.from_pretrained(path, deploy=StageDeployConfig(**deploy))
+    assert packed_and_plain(pipeline.transformer)[0] == []
+
+
+@pytest.mark.parametrize("field", sorted(prepack.LEFT_UNPACKED_WITH))
+def test_every_field_that_touches_the_linears_turns_packing_off(field):
+    values = dict(lora=({"path": "x"},), lora_adapters={"a": "x"}, max_loras=1, quantization="int8",
+                  transformer_file="x.gguf", tensor_parallel_size=2, fsdp_degree=2, offload="model", compile=True)
+    devices = dict(num_devices=2, devices=("cpu", "cpu"), executor="mp") if field in ("tensor_parallel_size", "fsdp_degree") else {}
+    assert prepack.from_deploy(StageDeployConfig(devices=("cpu",))) is not None
+    assert prepack.from_deploy(StageDeployConfig(**{"devices": ("cpu",), field: values[field], **devices})) is None
+
+
+def test_sequence_parallel_keeps_packing_on():
+    deploy = StageDeployConfig(devices=("cpu", "cpu"), num_devices=2, executor="mp", ulysses_degree=2)
+    assert prepack.from_deploy(deploy) is not None
+    assert prepack.from_deploy(StageDeployConfig(devices=("cpu", "cpu"), num_devices=2, executor="mp", ring_degree=2)) is not None
