@@ -2,8 +2,9 @@
 through oneDNN with their weights packed once at load (core/cpu_linear.py), about 2x torch's
 matmul on a DiT's hundreds to thousands of token rows; results differ by rounding only.
 
-Only the blocks are packed, where a family declares them (`step_cache_blocks`): they hold nearly
-all the weights and only call their linears. The glue around them is left as loaded, since some
+Only the blocks are packed: those of the classes the transformer lists in diffusers'
+`_repeated_blocks` (Z-Image's refiners too) and the block lists the family names for the step
+caches (`step_cache_blocks`). They hold nearly all the weights and only call their linears. The glue around them is left as loaded, since some
 of it reads a linear's `.weight` (Z-Image's timestep embedder its dtype, Wan's the first parameter
 of its time embedder), which a packed layer no longer has (keeping it would double the memory).
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from omnistage.core.cpu_linear import MIN_PACKED_WEIGHT_TOKEN_ROWS, prepack_linears
 from omnistage.core.device import resolve_device
@@ -35,7 +38,7 @@ LEFT_UNPACKED_WITH: dict[str, str] = {
     "tensor_parallel_size": "its shards read and replace the linears' weights",
     "fsdp_degree": "FSDP2 shards the weights as parameters",
     "offload": "its hooks move the weights between devices",
-    "compile": "torch.compile traces the blocks' own linears",
+    "compile": "inductor cannot lower the packed op with a packed weight as input (LoweringException, torch 2.13)",
 }
 """Deploy fields that leave the transformer unpacked, and why. Ulysses and ring attention are not
 here: they split the sequence around the blocks and never touch a linear."""
@@ -60,16 +63,26 @@ def from_deploy(deploy: StageDeployConfig) -> PrepackConfig | None:
 
 
 def apply(pipeline: Any, config: PrepackConfig) -> None:
-    chain = pipeline.step_cache_blocks
-    if pipeline.device.type != "cpu" or chain is None:
-        logger.debug("prepack_linears: %s is left unpacked (%s)", pipeline.reference_class,
-                     "not on CPU" if chain is not None else "it declares no transformer blocks")
+    if pipeline.device.type != "cpu":
+        logger.debug("prepack_linears: %s is left unpacked (not on CPU)", pipeline.reference_class)
         return
-    num = 0
-    for name in chain.transformers:
-        model = pipeline.components.get(name)
-        for blocks in (getattr(model, attr, None) for attr in chain.blocks):
-            if blocks is not None:
-                num += prepack_linears(blocks, min_weight=config.min_weight)
-    logger.debug("prepack_linears: %d linear layers of %s's transformer blocks packed", num,
-                 pipeline.reference_class)
+    blocks = transformer_blocks(pipeline)
+    num = sum(prepack_linears(block, min_weight=config.min_weight) for block in blocks)
+    logger.debug("prepack_linears: %d linear layers of %s's transformer blocks packed%s", num,
+                 pipeline.reference_class, "" if blocks else " (it declares no transformer blocks)")
+
+
+def transformer_blocks(pipeline: Any) -> list[torch.nn.Module]:
+    """The blocks of the pipeline's transformers (Wan 2.2 has two): the modules of their
+    `_repeated_blocks` classes and the block lists of `step_cache_blocks`."""
+    chain = pipeline.step_cache_blocks
+    blocks = []
+    for name, model in pipeline.components.items():
+        if not (name.startswith("transformer") and isinstance(model, torch.nn.Module)):
+            continue
+        repeated = set(getattr(model, "_repeated_blocks", None) or ())
+        blocks += [m for m in model.modules() if type(m).__name__ in repeated]
+        if chain is not None and name in chain.transformers:
+            blocks += [getattr(model, attr) for attr in chain.blocks if isinstance(getattr(model, attr, None),
+                                                                                   torch.nn.Module)]
+    return blocks
