@@ -39,8 +39,9 @@ diffusion transformer's tokens x batch): any. oneDNN's 12 us per call are lost i
 it is 1.6-2.3x faster from 32 -> 128 (576 rows: 31 against 50 us) to 512 -> 768 (128 rows); the few-row
 calls such a model also makes (a block's modulation from the timestep embedding: 1-2 rows) lose 3-5 us
 each on a small weight and gain on a large one (2 x 341 -> 2046: 45 against 88 us). The layout's row
-hint is `PACKED_FOR_ROWS` there too: packed for 8, 256 or 1024 rows, the DiT's matmuls (128 to 4096
-rows) ran within 1% of each other (benchmarks/RESULTS.md, "Diffusion: prepacked linears on CPU")."""
+hint is `PACKED_FOR_ROWS` there too: packed for 8, 256 or 1024 rows, the block matmuls of a request
+to the zoo's small Z-Image, FLUX.1 and Qwen-Image (1 to 576 rows) took the same CPU time to 1%
+(benchmarks/RESULTS.md, "Diffusion: prepacked linears on CPU"), and so did single ones of 128 to 4096 rows."""
 
 
 def packable_dtypes() -> tuple[torch.dtype, ...]:

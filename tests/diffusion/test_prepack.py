@@ -11,7 +11,9 @@ from parity import BATCH_SEEDS, TOLERANCE, max_abs_diff, request_for, run_arrays
 
 from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.core.cpu_linear import PrepackedLinear, packable_dtypes
+from omnistage.core.weights import Dropped, checkpoint_names, load_weights, read_checkpoint
 from omnistage.diffusion.accel import prepack
+from omnistage.diffusion.registry import pipeline_class
 from omnistage.models.z_image.pipeline import ZImage
 from omnistage.testing import call_kwargs
 
@@ -30,8 +32,8 @@ def path(zoo):
     return zoo("z-image")
 
 
-def draw(pipeline) -> list:
-    return run_arrays(pipeline, [request_for(call_kwargs("z-image"), BATCH_SEEDS[0])])
+def draw(pipeline, name: str = "z-image") -> list:
+    return run_arrays(pipeline, [request_for(call_kwargs(name), BATCH_SEEDS[0])])
 
 
 def test_blocks_are_packed_and_the_image_stays_within_parity_tolerance(path):
@@ -66,3 +68,25 @@ def test_sequence_parallel_keeps_packing_on():
     deploy = StageDeployConfig(devices=("cpu", "cpu"), num_devices=2, executor="mp", ulysses_degree=2)
     assert prepack.from_deploy(deploy) is not None
     assert prepack.from_deploy(StageDeployConfig(devices=("cpu", "cpu"), num_devices=2, executor="mp", ring_degree=2)) is not None
+
+
+def test_weight_updates_and_sleep_level_2_reach_the_packed_layers(zoo):
+    """On Qwen-Image (its feed-forwards are diffusers GELUs, whose linear is packed under its own name):
+    seed 1's transformer weights loaded into seed 0's packed pipeline draw, within the parity tolerance,
+    what they draw loaded into an unpacked one; sleep level 2's drop and read-back draw it again."""
+    qwen_image = pipeline_class("QwenImagePipeline")
+    old, new = zoo("qwen-image"), zoo("qwen-image", seed=1)
+    packed = qwen_image.from_pretrained(old)
+    plain = qwen_image.from_pretrained(old, deploy=StageDeployConfig(prepack_linears=False))
+    assert isinstance(packed.transformer.transformer_blocks[0].img_mlp.net[0].proj, PrepackedLinear)
+    before = draw(packed, "qwen-image")[0]
+    tensors = read_checkpoint(new, ["transformer"])
+    for pipeline in (packed, plain):
+        load_weights({"transformer": pipeline.transformer}, tensors)
+    after = draw(packed, "qwen-image")[0]
+    assert max_abs_diff(after, before) > 0.01  # the seeds draw differently
+    assert max_abs_diff(after, draw(plain, "qwen-image")[0]) <= TOLERANCE
+    modules = {"transformer": packed.transformer}
+    dropped = Dropped(modules, checkpoint_names(new, modules))
+    dropped.restore(modules, read_checkpoint(new, modules))
+    assert max_abs_diff(draw(packed, "qwen-image")[0], after) <= TOLERANCE  # runs differ in the last bits
