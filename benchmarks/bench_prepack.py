@@ -51,7 +51,8 @@ def block_linear_calls(path: str, kwargs: dict) -> Counter:
     key = json.loads((Path(path) / "model_index.json").read_text())["_class_name"]
     pipeline = pipeline_class(key).from_pretrained(path, deploy=StageDeployConfig(prepack_linears=False))
     calls = Counter()
-    linears = {id(m): m for block in transformer_blocks(pipeline) for m in block.modules() if type(m) is torch.nn.Linear}
+    linears = {id(m): m for block in transformer_blocks(pipeline) for m in block.modules()
+               if type(m) is torch.nn.Linear}
     for module in linears.values():  # the layers `prepack_linears` packs, each once (a block list holds blocks)
         module.register_forward_hook(lambda m, args, _out: calls.update(
             [(args[0].numel() // m.in_features, m.in_features, m.out_features)]))

@@ -109,3 +109,12 @@ def test_small_model_with_prepacked_linears(zoo):
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     for i, p in enumerate(PROMPTS):
         assert_matches_reference(final(outputs, f"p{i}"), reference_generate(model, tokenizer(p)["input_ids"], MAX_NEW), p)
+
+
+def test_prepack_linears_false_keeps_torch_linears(zoo):
+    """The deploy field `prepack_linears: false` leaves the small LLM's linears as torch's."""
+    engine = make_engine(str(zoo("qwen2-llm", size="small")), max_num_seqs=4, prepack_linears=False)
+    try:
+        assert sum(type(m) is torch.nn.Linear for m in engine.model.model.modules()) == 4 * 7 + 1
+    finally:
+        engine.close()

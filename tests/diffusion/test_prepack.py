@@ -59,15 +59,16 @@ def test_quantized_and_lora_stages_are_left_unpacked(path, deploy):
 def test_every_field_that_touches_the_linears_turns_packing_off(field):
     values = dict(lora=({"path": "x"},), lora_adapters={"a": "x"}, max_loras=1, quantization="int8",
                   transformer_file="x.gguf", tensor_parallel_size=2, fsdp_degree=2, offload="model", compile=True)
-    devices = dict(num_devices=2, devices=("cpu", "cpu"), executor="mp") if field in ("tensor_parallel_size", "fsdp_degree") else {}
+    two_ranks = field in ("tensor_parallel_size", "fsdp_degree")
+    devices = dict(num_devices=2, devices=("cpu", "cpu"), executor="mp") if two_ranks else {}
     assert prepack.from_deploy(StageDeployConfig(devices=("cpu",))) is not None
     assert prepack.from_deploy(StageDeployConfig(**{"devices": ("cpu",), field: values[field], **devices})) is None
 
 
 def test_sequence_parallel_keeps_packing_on():
-    deploy = StageDeployConfig(devices=("cpu", "cpu"), num_devices=2, executor="mp", ulysses_degree=2)
-    assert prepack.from_deploy(deploy) is not None
-    assert prepack.from_deploy(StageDeployConfig(devices=("cpu", "cpu"), num_devices=2, executor="mp", ring_degree=2)) is not None
+    two_ranks = dict(devices=("cpu", "cpu"), num_devices=2, executor="mp")
+    assert prepack.from_deploy(StageDeployConfig(**two_ranks, ulysses_degree=2)) is not None
+    assert prepack.from_deploy(StageDeployConfig(**two_ranks, ring_degree=2)) is not None
 
 
 def test_weight_updates_and_sleep_level_2_reach_the_packed_layers(zoo):

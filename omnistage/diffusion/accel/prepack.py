@@ -4,9 +4,10 @@ matmul on a DiT's hundreds to thousands of token rows; results differ by roundin
 
 Only the blocks are packed: those of the classes the transformer lists in diffusers'
 `_repeated_blocks` (Z-Image's refiners too) and the block lists the family names for the step
-caches (`step_cache_blocks`). They hold nearly all the weights and only call their linears. The glue around them is left as loaded, since some
-of it reads a linear's `.weight` (Z-Image's timestep embedder its dtype, Wan's the first parameter
-of its time embedder), which a packed layer no longer has (keeping it would double the memory).
+caches (`step_cache_blocks`). They hold nearly all the weights and only call their linears. The
+glue around them is left as loaded, since some of it reads a linear's `.weight` (Z-Image's
+timestep embedder its dtype, Wan's the first parameter of its time embedder), which a packed
+layer no longer has (keeping it would double the memory).
 
 A stage whose linears something else wraps, shards, moves or replaces is left unpacked, saying
 so in a debug log: see `LEFT_UNPACKED_WITH`.
