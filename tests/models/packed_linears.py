@@ -8,7 +8,7 @@ import torch
 
 
 def pack_every_linear(monkeypatch) -> None:
-    from omnistage.ar import cpu_linear
+    from omnistage.core import cpu_linear
 
     monkeypatch.setattr(cpu_linear, "MIN_PACKED_WEIGHT", dict.fromkeys(cpu_linear.MIN_PACKED_WEIGHT, 1))
 
