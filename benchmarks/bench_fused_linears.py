@@ -1,4 +1,4 @@
-"""Fused q/k/v and gate/up packed matmuls (ar/cpu_linear.py) against one packed matmul per linear.
+"""Fused q/k/v and gate/up packed matmuls (core/cpu_linear.py) against one packed matmul per linear.
 
 The zoo's qwen2-llm (small: 4 layers of 512), fp32, CPU, one thread: the transformers model with
 its linears prepacked as an AR stage does (`prepack_linears(fuse=True)`: 4 oneDNN calls per layer)
@@ -31,7 +31,7 @@ CASES = {"decode, 8 rows x 1 token": (8, 1), "prefill, 8 prompts x 24 tokens": (
 def packed_model(path: str, fuse: bool):
     from transformers import AutoModelForCausalLM
 
-    from omnistage.ar.cpu_linear import prepack_linears
+    from omnistage.core.cpu_linear import prepack_linears
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     prepack_linears(model, max_batch=8, fuse=fuse)

@@ -59,10 +59,12 @@ def timed_images(omni, kwargs: dict, steps: int, repeats: int) -> tuple[float, n
     return best, image
 
 
-def measure(path: str, kwargs: dict, steps: int, repeats: int, method: str | None) -> dict:
+def measure(path: str, kwargs: dict, steps: int, repeats: int, method: str | None, **overrides) -> dict:
+    """DiT step time (the difference of `steps` and 2 steps), request time at `steps` and its image,
+    with `quantization: method` and any other deploy `overrides`."""
     from omnistage import Omni
 
-    with Omni(path, stage_overrides={"*": {"quantization": method, "dtype": "float32"}}) as omni:
+    with Omni(path, stage_overrides={"*": {"quantization": method, "dtype": "float32", **overrides}}) as omni:
         timed_images(omni, kwargs, 2, 1)  # warm-up: first-call allocations and lazy imports
         short, _ = timed_images(omni, kwargs, 2, repeats)
         long, image = timed_images(omni, kwargs, steps, repeats)
@@ -148,7 +150,7 @@ def bench_layers(args) -> None:
     import torch
     import torchao.quantization
 
-    from omnistage.ar.cpu_linear import PrepackedLinear
+    from omnistage.core.cpu_linear import PrepackedLinear
     from omnistage.core.int8_linear import DynamicInt8Linear
 
     load = os.getloadavg()[0]

@@ -46,7 +46,7 @@ import time
 from typing import Any
 
 from omnistage.ar.block_manager import BlockManager
-from omnistage.ar.cpu_linear import prepack_linears
+from omnistage.core.cpu_linear import prepack_linears
 from omnistage.ar.detokenizer import IncrementalDetokenizer
 from omnistage.ar.lora import AdapterTable, adapter_folder_problem
 from omnistage.ar.model import ARModel, get_ar_model_class
@@ -151,7 +151,7 @@ class AREngine:
         self.model = model_class.load(model_path, stage, device, resolve_dtype(config.dtype, device))
         if config.quantization is not None:
             quantize(self.model, config, device, stage)
-        elif device.type == "cpu" and self.model.supports_prepacked_linears:
+        elif device.type == "cpu" and config.prepack_linears and self.model.supports_prepacked_linears:
             prepack_linears(self.model.model, max_batch=config.max_num_seqs, fuse=True)
         limit = self.model.max_position_embeddings
         self.max_model_len = config.max_model_len or limit

@@ -154,7 +154,7 @@ class ARModel(ABC):
     with the host. A stage whose model says False refuses `compile: true` at start-up."""
     supports_prepacked_linears: bool = False
     """`model`'s forward only calls its linear layers (never reads their `.weight`), so on CPU the
-    engine may swap them for oneDNN ones with prepacked weights (ar/cpu_linear.py)."""
+    engine may swap them for oneDNN ones with prepacked weights (core/cpu_linear.py)."""
     audio_frame_rate: float | None = None
     """Set by a talker, from its checkpoint: each generated token is one codec frame of audio at
     this many frames per second. The scheduler then knows how far each stream is ahead of a

@@ -92,6 +92,12 @@ class StageDeployConfig:
     compile: bool = False
     """Diffusion: regional torch.compile of the transformer's blocks. AR (native, CUDA only): decode
     steps replayed from CUDA graphs. AR (vllm): False = vLLM's enforce_eager."""
+    prepack_linears: bool = True
+    """CPU: linear layers run through oneDNN with their weights packed once at load (about 2x torch's
+    matmul on a DiT's or a decode batch's rows; results differ by rounding only): the AR and audio-decoder
+    models', and the diffusion transformer blocks' where nothing else wraps, shards, moves or quantizes
+    them (LoRA, quantization, a GGUF transformer_file, tensor parallel, FSDP, offload and compile leave a
+    diffusion stage unpacked). False keeps torch's own matmul. No effect on a GPU."""
     attention_backend: str = "sdpa"
     """Diffusion: one of diffusers' attention dispatcher backends ("sdpa", "sdpa_math", "flex",
     "flash_attn", "sage", "xformers", ...); an unknown or unavailable one is refused, listing those

@@ -37,7 +37,7 @@ class Decoder(ABC):
     """Most frames one stream may hold in total (e.g. a KV cache's length); None = unbounded."""
     supports_prepacked_linears: bool = False
     """`model`'s code only calls its linear layers (never reads their `.weight`), so on CPU the
-    engine may swap them for oneDNN ones with prepacked weights (ar/cpu_linear.py)."""
+    engine may swap them for oneDNN ones with prepacked weights (core/cpu_linear.py)."""
     model: Any = None
     """The decoder's torch module (None once closed)."""
 

@@ -172,12 +172,12 @@ def test_max_loras_unloads_the_cold_adapter_and_a_request_waits_for_a_slot(engin
 
 def test_adapters_on_fused_packed_layers_equal_peft(zoo, tmp_path):
     """On the small qwen2 (above the packing threshold) q/k/v and gate/up are slices of one packed
-    matmul each (ar/cpu_linear.py): an adapter on some siblings adds its delta to their columns
+    matmul each (core/cpu_linear.py): an adapter on some siblings adds its delta to their columns
     only, and a batch mixing both adapters and none still equals transformers + peft."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from omnistage.ar.cpu_linear import PackedSlice
+    from omnistage.core.cpu_linear import PackedSlice
 
     path = str(zoo("qwen2-llm", size="small"))
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -91,11 +91,11 @@ def test_hidden_states_match_a_full_forward(engine, hf_model, tokenizer):
 
 def test_small_model_with_prepacked_linears(zoo):
     """On CPU the generic LLM's linears run through oneDNN with prepacked weights
-    (ar/cpu_linear.py), q/k/v and gate/up each as one fused matrix; the tiny model's are all
+    (core/cpu_linear.py), q/k/v and gate/up each as one fused matrix; the tiny model's are all
     below the packing threshold, so this is the small one (4 layers of 512)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from omnistage.ar.cpu_linear import FusedPrepackedLinear, PackedSlice, PrepackedLinear
+    from omnistage.core.cpu_linear import FusedPrepackedLinear, PackedSlice, PrepackedLinear
 
     path = str(zoo("qwen2-llm", size="small"))
     engine = make_engine(path, max_num_seqs=4)
@@ -169,5 +169,14 @@ def test_small_model_fused_layers_wake_from_sleep_level_2_and_take_a_partial_upd
         assert_matches_reference(final(run(engine, [StageRequest("woke", PROMPTS[1], GREEDY)]), "woke"), before, "woke")
         assert engine.update_weights(tensors=update) == 3
         assert_matches_reference(final(run(engine, [StageRequest("new", PROMPTS[1], GREEDY)]), "new"), after, "new")
+    finally:
+        engine.close()
+
+
+def test_prepack_linears_false_keeps_torch_linears(zoo):
+    """The deploy field `prepack_linears: false` leaves the small LLM's linears as torch's."""
+    engine = make_engine(str(zoo("qwen2-llm", size="small")), max_num_seqs=4, prepack_linears=False)
+    try:
+        assert sum(type(m) is torch.nn.Linear for m in engine.model.model.modules()) == 4 * 7 + 1
     finally:
         engine.close()

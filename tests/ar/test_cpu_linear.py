@@ -1,4 +1,4 @@
-"""oneDNN prepacked linear layers on CPU (ar/cpu_linear.py): same results as `nn.Linear`
+"""oneDNN prepacked linear layers on CPU (core/cpu_linear.py): same results as `nn.Linear`
 up to rounding, and only large plain linears swapped; q/k/v and gate/up fused into one packed
 matmul each, computing as transformers' own layers, taking updates of some parts by name and
 dropped and read back whole. The AR engine running them with `generate`'s tokens (and 4 matmuls
@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from omnistage.ar.cpu_linear import MIN_PACKED_WEIGHT, PrepackedLinear, packable_dtypes, prepack_linears
+from omnistage.core.cpu_linear import (MIN_PACKED_WEIGHT, MIN_PACKED_WEIGHT_TOKEN_ROWS, PrepackedLinear, packable_dtypes,
+                                       prepack_linears)
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 BF16 = pytest.param(torch.bfloat16, 2e-2, marks=pytest.mark.skipif(
@@ -57,6 +58,13 @@ def test_prepack_swaps_large_plain_linears_only():
     torch.testing.assert_close(block.head(x), want[2], rtol=1e-5, atol=1e-4)  # N(0, 1) weights: |y| ~ 20
     assert prepack_linears(block) == 0  # already packed: nothing left to swap
     assert block.big.rows == 8
+
+
+def test_a_token_rows_caller_packs_every_size():
+    """A diffusion transformer's matmuls see hundreds of rows: `min_weight=0` packs the small layers too."""
+    block = _Block()
+    assert prepack_linears(block, min_weight=MIN_PACKED_WEIGHT_TOKEN_ROWS) == 5
+    assert isinstance(block.small, PrepackedLinear) and block.small.rows == 8
 
 
 def test_a_stage_that_never_batches_packs_for_one_row():
@@ -147,7 +155,7 @@ def _qwen2(seed: int):
 
 @pytest.mark.parametrize("rows", [1, 8])
 def test_fused_siblings_compute_as_transformers_own_layers(rows):
-    from omnistage.ar.cpu_linear import FusedPrepackedLinear, PackedSlice
+    from omnistage.core.cpu_linear import FusedPrepackedLinear, PackedSlice
 
     model, reference = _qwen2(0), _qwen2(0)
     assert prepack_linears(model, max_batch=rows, fuse=True) == 2 * 7 + 1

@@ -59,7 +59,8 @@ TOLERANCE = 1e-4
 
 def run_checks(name: str, path: str, deploy: StageDeployConfig | None) -> dict:
     cls, second_prompt = FAMILIES[name]
-    pipeline = pipeline_class(cls).from_pretrained(path, deploy=deploy)
+    # One rank keeps torch's linears, as FSDP does (accel/prepack.py): the same kernels on both sides.
+    pipeline = pipeline_class(cls).from_pretrained(path, deploy=deploy or StageDeployConfig(prepack_linears=False))
     transformer = pipeline.transformer
     units = blocks(transformer)
     whole_while_a_block_runs = []  # how many blocks hold their full weights as each block starts

@@ -75,7 +75,8 @@ def denoiser_rows(pipeline) -> list[int]:
 
 def run_checks(name: str, path: str, deploy: StageDeployConfig | None) -> dict:
     cls, second_prompt = FAMILIES[name]
-    pipeline = pipeline_class(cls).from_pretrained(path, deploy=deploy)
+    # One rank keeps torch's linears, as tensor parallel does (accel/prepack.py): the same kernels on both sides.
+    pipeline = pipeline_class(cls).from_pretrained(path, deploy=deploy or StageDeployConfig(prepack_linears=False))
     call = {**zoo_call_kwargs(name), "num_inference_steps": 2}
     if name == "flux-kontext":  # our request: the size asked for, auto_resize an extra
         call.pop("max_area")

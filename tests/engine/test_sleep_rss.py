@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from omnistage import SamplingParams
-from omnistage.ar.cpu_linear import MIN_PACKED_WEIGHT, PACKED_FOR_ROWS, packable_dtypes
+from omnistage.core.cpu_linear import MIN_PACKED_WEIGHT, PACKED_FOR_ROWS, packable_dtypes
 from omnistage.core.weights import read_checkpoint
 from omnistage.entrypoints.omni import AsyncOmni
 

@@ -1,5 +1,5 @@
 """Shared by the families' prepacked-linear tests: pack every linear layer of a zoo model (its
-layers are all below ar/cpu_linear.py's size threshold, where packing pays) and check
+layers are all below core/cpu_linear.py's size threshold, where packing pays) and check
 that every stage of a running pipeline did."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 
 def pack_every_linear(monkeypatch) -> None:
-    from omnistage.ar import cpu_linear
+    from omnistage.core import cpu_linear
 
     monkeypatch.setattr(cpu_linear, "MIN_PACKED_WEIGHT", dict.fromkeys(cpu_linear.MIN_PACKED_WEIGHT, 1))
 

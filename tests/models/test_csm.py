@@ -178,7 +178,7 @@ def test_bad_prompt_fails_only_its_request(omni):
 
 def test_prepacked_linears_keep_the_codes_and_waveform(csm, reference, monkeypatch):
     """On CPU the backbone's, depth decoder's and Mimi's linear layers run through oneDNN with
-    prepacked weights (ar/cpu_linear.py); the zoo model's are all below the size where that
+    prepacked weights (core/cpu_linear.py); the zoo model's are all below the size where that
     pays, so this packs every one of them: the same frames as transformers, and its waveform up
     to rounding."""
     from packed_linears import assert_every_stage_packed, pack_every_linear

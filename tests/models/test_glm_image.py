@@ -184,7 +184,7 @@ def test_bad_inputs_are_refused_naming_the_field(omni, prompt, params, field):
 
 def test_prepacked_linears_keep_the_prior_tokens(path, reference, monkeypatch):
     """On CPU the prior's linear layers run through oneDNN with prepacked weights
-    (ar/cpu_linear.py); the zoo model's are all below the size where that pays, so this
+    (core/cpu_linear.py); the zoo model's are all below the size where that pays, so this
     packs every one of them: a seeded request still writes the reference's tokens."""
     from packed_linears import pack_every_linear
 

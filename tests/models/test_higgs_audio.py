@@ -49,7 +49,7 @@ def reference(higgs):
 
 @pytest.fixture(scope="module")
 def omni(higgs):
-    """Both stages with every linear layer prepacked for oneDNN (ar/cpu_linear.py; the zoo's are all
+    """Both stages with every linear layer prepacked for oneDNN (core/cpu_linear.py; the zoo's are all
     below the size where that pays), so the waveform parity covers the packed layers too."""
     from packed_linears import assert_every_stage_packed, pack_every_linear
 

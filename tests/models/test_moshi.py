@@ -85,7 +85,7 @@ def test_tokens_and_codes_match_the_reference(moshi, model):
 
 def test_waveform_matches_the_reference_with_packed_linears(moshi, model, monkeypatch):
     """The whole pipeline (Moshi, then the streamed Mimi decoder), with every linear layer
-    packed (ar/cpu_linear.py; the zoo model's are all below the size where that pays): the
+    packed (core/cpu_linear.py; the zoo model's are all below the size where that pays): the
     reference's text and its waveform up to rounding."""
     from packed_linears import assert_every_stage_packed, pack_every_linear
 

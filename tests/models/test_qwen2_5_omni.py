@@ -628,7 +628,7 @@ def test_default_first_chunk_is_one_dit_block_with_its_look_ahead():
 
 def test_prepacked_linears_keep_the_reply(reference, path, monkeypatch):
     """On CPU every stage's linear layers (thinker, talker, token2wav) run through oneDNN with
-    prepacked weights (ar/cpu_linear.py); the zoo model's are all below the size where
+    prepacked weights (core/cpu_linear.py); the zoo model's are all below the size where
     that pays, so this packs every one of them: the same text as transformers, and its
     waveform up to rounding."""
     from packed_linears import assert_every_stage_packed, pack_every_linear

@@ -345,7 +345,7 @@ def test_speech_route_clones_an_inline_reference_clip(base):
 
 def test_prepacked_linears_keep_the_codes_and_audio(custom_voice, omni, monkeypatch):
     """On CPU the talker's, code predictor's and codec decoder's linear layers run through oneDNN
-    with prepacked weights (ar/cpu_linear.py); the zoo model's are all below the size where
+    with prepacked weights (core/cpu_linear.py); the zoo model's are all below the size where
     that pays, so this packs every one of them: the same frames as the reference, and the
     unpacked pipeline's audio up to rounding."""
     from packed_linears import assert_every_stage_packed, pack_every_linear

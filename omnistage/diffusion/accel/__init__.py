@@ -29,7 +29,9 @@ MODULES = ("lora", "quantization", "attention_backend", "sequence_parallel", "te
            "vae_patch_parallel", "offload", "compile")
 """Modules of this package, applied in this order; each has `from_deploy` and `apply`. The
 step caches come after cfg_parallel (they wrap the guidance function it installs) and
-before offload and compile (which wrap the blocks the caches hook)."""
+before offload and compile (which wrap the blocks the caches hook). After them all, on CPU,
+`prepack` packs the blocks' plain linears (which any of them may wrap or replace); it is on by
+default, no acceleration the deploy config turns on, so it is not listed among those applied."""
 
 NOT_YET_IMPLEMENTED: dict[str, Any] = {}
 
@@ -77,7 +79,8 @@ def check_cache(stage_label: str, deploy: StageDeployConfig) -> None:
 
 
 def apply_accelerations(pipeline: Any, deploy: StageDeployConfig) -> list[str]:
-    """Apply every acceleration the deploy config turns on; the names of those applied."""
+    """Apply every acceleration the deploy config turns on, then pack the transformer blocks'
+    linears on CPU (prepack.py); the names of the accelerations applied."""
     applied = []
     for name in MODULES:
         module = importlib.import_module(f"{__name__}.{name}")
@@ -85,4 +88,8 @@ def apply_accelerations(pipeline: Any, deploy: StageDeployConfig) -> list[str]:
         if config is not None:
             module.apply(pipeline, config)
             applied.append(name)
+    prepack = importlib.import_module(f"{__name__}.prepack")
+    config = prepack.from_deploy(deploy)
+    if config is not None:
+        prepack.apply(pipeline, config)
     return applied

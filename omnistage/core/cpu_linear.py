@@ -39,6 +39,15 @@ stage also prefills its prompts' hundreds to thousands of rows at a time, where 
 faster on a 512 -> 128 projection (a small model's keys or values; 2048 rows: 1.06 against 2.47 ms,
 64 rows 1.8x) and 14% slower at 8 rows (20 against 18 us): such a stage packs from 128 x 512 up.
 (One thread, fp32, AVX-512 host, medians of 31.)"""
+MIN_PACKED_WEIGHT_TOKEN_ROWS = 0
+"""The fewest weight elements worth packing where every call feeds hundreds to thousands of rows (a
+diffusion transformer's tokens x batch): any. oneDNN's 12 us per call are lost in the matmul there, and
+it is 1.6-2.3x faster from 32 -> 128 (576 rows: 31 against 50 us) to 512 -> 768 (128 rows); the few-row
+calls such a model also makes (a block's modulation from the timestep embedding: 1-2 rows) lose 3-5 us
+each on a small weight and gain on a large one (2 x 341 -> 2046: 45 against 88 us). The layout's row
+hint is `PACKED_FOR_ROWS` there too: packed for 8, 256 or 1024 rows, the block matmuls of a request
+to the zoo's small Z-Image, FLUX.1 and Qwen-Image (1 to 576 rows) took the same CPU time to 1%
+(benchmarks/RESULTS.md, "Diffusion: prepacked linears on CPU"), and so did single ones of 128 to 4096 rows."""
 
 
 FUSED_SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -206,12 +215,13 @@ class PackedSlice(nn.Module):
         return f"part {self.part} of the fused linear: out_features={self.out_features}"
 
 
-def prepack_linears(module: nn.Module, max_batch: int = PACKED_FOR_ROWS, fuse: bool = False) -> int:
+def prepack_linears(module: nn.Module, max_batch: int = PACKED_FOR_ROWS, fuse: bool = False,
+                    min_weight: int | None = None) -> int:
     """Replace every plain `nn.Linear` under `module` that is on CPU, in a dtype this machine
     packs (`packable_dtypes`: fp32, and bf16 where the CPU supports it), and holds at least
-    `MIN_PACKED_WEIGHT` elements for its layout by a `PrepackedLinear`; returns how many.
-    `max_batch`: the most rows a step feeds the layers (an AR stage's `max_num_seqs`); 1
-    packs them for one row, more for `PACKED_FOR_ROWS`.
+    `min_weight` elements (default: `MIN_PACKED_WEIGHT` for its layout) by a `PrepackedLinear`;
+    returns how many. `max_batch`: the most rows a step feeds the layers (an AR stage's
+    `max_num_seqs`); 1 packs them for one row, more for `PACKED_FOR_ROWS`.
     `fuse`: each group of `FUSED_SIBLINGS` that are all such linears, of one input size, dtype
     and bias presence, becomes one `FusedPrepackedLinear` (the threshold counts the group's
     elements), its members `PackedSlice`s of it.
@@ -220,6 +230,7 @@ def prepack_linears(module: nn.Module, max_batch: int = PACKED_FOR_ROWS, fuse: b
     a decode step."""
     dtypes = packable_dtypes()
     rows = 1 if max_batch == 1 else PACKED_FOR_ROWS
+    min_weight = MIN_PACKED_WEIGHT[rows] if min_weight is None else min_weight
 
     def packable(child: nn.Module) -> bool:
         return type(child) is nn.Linear and child.weight.device.type == "cpu" and child.weight.dtype in dtypes
@@ -232,11 +243,11 @@ def prepack_linears(module: nn.Module, max_batch: int = PACKED_FOR_ROWS, fuse: b
             linears = [children.get(name) for name in names]
             if (all(child is not None and packable(child) for child in linears)
                     and len({(c.in_features, c.weight.dtype, c.bias is None) for c in linears}) == 1
-                    and sum(c.weight.numel() for c in linears) >= MIN_PACKED_WEIGHT[rows]):
+                    and sum(c.weight.numel() for c in linears) >= min_weight):
                 groups.append((parent, names))
                 fused.update(names)
         singles += [(parent, name) for name, child in children.items() if name not in fused and packable(child)
-                    and child.weight.numel() >= MIN_PACKED_WEIGHT[rows]]
+                    and child.weight.numel() >= min_weight]
     for parent, names in groups:  # one group at a time: the unpacked weights are freed as their copy lands
         fused_linear = FusedPrepackedLinear([getattr(parent, name) for name in names], rows)
         for part, name in enumerate(names):
