@@ -151,7 +151,7 @@ class AREngine:
         self.model = model_class.load(model_path, stage, device, resolve_dtype(config.dtype, device))
         if config.quantization is not None:
             quantize(self.model, config, device, stage)
-        elif device.type == "cpu" and config.prepack_linears and self.model.supports_prepacked_linears:
+        elif device.type == "cpu" and config.prepack_linears is not False and self.model.supports_prepacked_linears:
             prepack_linears(self.model.model, max_batch=config.max_num_seqs, fuse=True)
         limit = self.model.max_position_embeddings
         self.max_model_len = config.max_model_len or limit

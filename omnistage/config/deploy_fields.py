@@ -92,12 +92,14 @@ class StageDeployConfig:
     compile: bool = False
     """Diffusion: regional torch.compile of the transformer's blocks. AR (native, CUDA only): decode
     steps replayed from CUDA graphs. AR (vllm): False = vLLM's enforce_eager."""
-    prepack_linears: bool = True
+    prepack_linears: bool | None = None
     """CPU: linear layers run through oneDNN with their weights packed once at load (about 2x torch's
-    matmul on a DiT's or a decode batch's rows; results differ by rounding only): the AR and audio-decoder
-    models', and the diffusion transformer blocks' where nothing else wraps, shards, moves or quantizes
-    them (LoRA, quantization, a GGUF transformer_file, tensor parallel, FSDP, offload and compile leave a
-    diffusion stage unpacked). False keeps torch's own matmul. No effect on a GPU."""
+    matmul on a DiT's or a decode batch's rows; results differ by rounding only). None (the default): on
+    for AR and audio-decoder stages, off for diffusion stages, where packed blocks make a request's image
+    differ by rounding (one 8-bit level) with what it is batched with; True packs the diffusion
+    transformer blocks too where nothing else wraps, shards, moves or quantizes them (LoRA,
+    quantization, a GGUF transformer_file, tensor parallel, FSDP, offload and compile leave a diffusion
+    stage unpacked). False keeps torch's own matmul everywhere. No effect on a GPU."""
     attention_backend: str = "sdpa"
     """Diffusion: one of diffusers' attention dispatcher backends ("sdpa", "sdpa_math", "flex",
     "flash_attn", "sage", "xformers", ...); an unknown or unavailable one is refused, listing those

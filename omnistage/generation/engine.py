@@ -107,7 +107,7 @@ class GenerationEngine:
                 model_path, stage, device, self._dtype, OPEN_STREAMS_PER_SEAT * config.max_num_seqs)
         self._weights_path = weights_folder(model_path)  # what sleep level 2 reads back
         self._dropped: Dropped | None = None
-        if device.type == "cpu" and config.prepack_linears and self.decoder.supports_prepacked_linears:
+        if device.type == "cpu" and config.prepack_linears is not False and self.decoder.supports_prepacked_linears:
             prepack_linears(self.decoder.model)  # a decode feeds many frames: packed for the batched case
         self.max_num_seqs = config.max_num_seqs
         self.max_open_streams = OPEN_STREAMS_PER_SEAT * config.max_num_seqs

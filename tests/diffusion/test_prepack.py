@@ -36,9 +36,12 @@ def draw(pipeline, name: str = "z-image") -> list:
     return run_arrays(pipeline, [request_for(call_kwargs(name), BATCH_SEEDS[0])])
 
 
+PACKED = StageDeployConfig(prepack_linears=True)
+
+
 def test_blocks_are_packed_and_the_image_stays_within_parity_tolerance(path):
-    packed = ZImage.from_pretrained(path)
-    plain = ZImage.from_pretrained(path, deploy=StageDeployConfig(prepack_linears=False))
+    packed = ZImage.from_pretrained(path, deploy=PACKED)
+    plain = ZImage.from_pretrained(path)  # the default: a diffusion stage stays unpacked
     names, left = packed_and_plain(packed.transformer)
     in_blocks = ("layers.", "noise_refiner.", "context_refiner.")  # its repeated ZImageTransformerBlocks
     assert names and all(n.startswith(in_blocks) for n in names)  # every packed layer is a block's,
@@ -51,7 +54,7 @@ def test_blocks_are_packed_and_the_image_stays_within_parity_tolerance(path):
 
 @pytest.mark.parametrize("deploy", [dict(quantization="int8_dynamic"), dict(max_loras=1)], ids=["quantization", "lora"])
 def test_quantized_and_lora_stages_are_left_unpacked(path, deploy):
-    pipeline = ZImage.from_pretrained(path, deploy=StageDeployConfig(**deploy))
+    pipeline = ZImage.from_pretrained(path, deploy=StageDeployConfig(prepack_linears=True, **deploy))
     assert packed_and_plain(pipeline.transformer)[0] == []
 
 
@@ -61,14 +64,21 @@ def test_every_field_that_touches_the_linears_turns_packing_off(field):
                   transformer_file="x.gguf", tensor_parallel_size=2, fsdp_degree=2, offload="model", compile=True)
     two_ranks = field in ("tensor_parallel_size", "fsdp_degree")
     devices = dict(num_devices=2, devices=("cpu", "cpu"), executor="mp") if two_ranks else {}
-    assert prepack.from_deploy(StageDeployConfig(devices=("cpu",))) is not None
-    assert prepack.from_deploy(StageDeployConfig(**{"devices": ("cpu",), field: values[field], **devices})) is None
+    assert prepack.from_deploy(StageDeployConfig(devices=("cpu",), prepack_linears=True)) is not None
+    assert prepack.from_deploy(StageDeployConfig(**{"devices": ("cpu",), field: values[field], **devices},
+                                                 prepack_linears=True)) is None
 
 
 def test_sequence_parallel_keeps_packing_on():
     two_ranks = dict(devices=("cpu", "cpu"), num_devices=2, executor="mp")
-    assert prepack.from_deploy(StageDeployConfig(**two_ranks, ulysses_degree=2)) is not None
-    assert prepack.from_deploy(StageDeployConfig(**two_ranks, ring_degree=2)) is not None
+    assert prepack.from_deploy(StageDeployConfig(**two_ranks, ulysses_degree=2, prepack_linears=True)) is not None
+    assert prepack.from_deploy(StageDeployConfig(**two_ranks, ring_degree=2, prepack_linears=True)) is not None
+
+
+def test_a_diffusion_stage_is_unpacked_by_default():
+    """Packed blocks change a request's image by rounding with its batch: the default keeps each
+    request's image independent of what it is batched with (tests/api/test_real_models.py)."""
+    assert prepack.from_deploy(StageDeployConfig(devices=("cpu",))) is None
 
 
 def test_weight_updates_and_sleep_level_2_reach_the_packed_layers(zoo):
@@ -77,8 +87,8 @@ def test_weight_updates_and_sleep_level_2_reach_the_packed_layers(zoo):
     what they draw loaded into an unpacked one; sleep level 2's drop and read-back draw it again."""
     qwen_image = pipeline_class("QwenImagePipeline")
     old, new = zoo("qwen-image"), zoo("qwen-image", seed=1)
-    packed = qwen_image.from_pretrained(old)
-    plain = qwen_image.from_pretrained(old, deploy=StageDeployConfig(prepack_linears=False))
+    packed = qwen_image.from_pretrained(old, deploy=PACKED)
+    plain = qwen_image.from_pretrained(old)
     assert isinstance(packed.transformer.transformer_blocks[0].img_mlp.net[0].proj, PrepackedLinear)
     before = draw(packed, "qwen-image")[0]
     tensors = read_checkpoint(new, ["transformer"])

@@ -1,6 +1,9 @@
-"""`prepack_linears` (on by default): on CPU, the linear layers of the transformer's blocks run
-through oneDNN with their weights packed once at load (core/cpu_linear.py), about 2x torch's
-matmul on a DiT's hundreds to thousands of token rows; results differ by rounding only.
+"""`prepack_linears: true` (off by default for diffusion): on CPU, the linear layers of the
+transformer's blocks run through oneDNN with their weights packed once at load (core/cpu_linear.py),
+about 2x torch's matmul on a DiT's hundreds to thousands of token rows; results differ by rounding
+only, but that rounding depends on the batch: a request's image batched with others differs from
+the same request alone by one 8-bit level (tests/api/test_real_models.py holds the default to
+batch-independent output), so it is an opt-in.
 
 Only the blocks are packed: those of the classes the transformer lists in diffusers'
 `_repeated_blocks` (Z-Image's refiners too) and the block lists the family names for the step
@@ -52,7 +55,7 @@ class PrepackConfig:
 
 
 def from_deploy(deploy: StageDeployConfig) -> PrepackConfig | None:
-    if not deploy.prepack_linears or resolve_device(deploy.devices).type != "cpu":
+    if deploy.prepack_linears is not True or resolve_device(deploy.devices).type != "cpu":
         return None
     on = [name for name, _ in requested(deploy)] + (["transformer_file"] if deploy.transformer_file else [])
     clashing = [name for name in on if name in LEFT_UNPACKED_WITH]
