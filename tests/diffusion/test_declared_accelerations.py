@@ -17,7 +17,6 @@ caches, with CFG parallel and with Ulysses, skips what one rank skips, with its 
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any
@@ -51,7 +50,7 @@ import test_parity_wan_vace
 import test_sequence_parallel
 import test_step_cache
 from parity import request_for
-from two_ranks import run_two_ranks
+from two_ranks import rank_results, run_two_ranks, save_rank_results
 
 STEPS = 2
 TOLERANCE = {"cfg": 1e-4, "ulysses": 1e-3, "ring": 1e-3}
@@ -357,7 +356,7 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
     finally:  # rank 1 keeps its metrics only (rank 0's output is the one returned)
         if rank == 1:
             results = {key: (None, *rest) for key, (_, *rest) in results.items()}
-        torch.save(results, os.path.join(out_dir, f"results-{rank}.pt"))
+        save_rank_results(out_dir, rank, results)
         dist.destroy_process_group()
 
 
@@ -366,7 +365,7 @@ def two_rank_results(zoo, tmp_path_factory):
     paths = {name: str(zoo(name)) for name in CASES}
     out_dir = str(tmp_path_factory.mktemp("declared_parallel"))
     run_two_ranks(_rank_main, paths, out_dir, timeout=400)
-    return [torch.load(os.path.join(out_dir, f"results-{rank}.pt"), weights_only=False) for rank in range(2)]
+    return rank_results(out_dir)
 
 
 def test_declared_parallel_degrees_on_two_ranks_equal_one_rank(zoo, two_rank_results):

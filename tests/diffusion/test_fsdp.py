@@ -10,7 +10,6 @@ with yet, are refused by name."""
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -27,7 +26,7 @@ from omnistage.testing import call_kwargs as zoo_call_kwargs
 from omnistage.testing.diffusion_models import default_input_image
 
 from parity import request_for
-from two_ranks import run_ranks, run_two_ranks
+from two_ranks import rank_results, run_ranks, run_two_ranks, save_rank_results
 
 FAMILIES = {  # zoo name -> diffusers class name, the second prompt of a batch of two
     "z-image": ("ZImagePipeline", "a small brown dog " * 8),
@@ -120,7 +119,7 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     results: dict = {name: run_checks(name, path, StageDeployConfig(**FSDP_2)) for name, path in paths.items()}
     results["cached"] = {backend: run_cached(backend, paths[name], FSDP_2) for backend, (name, _) in CACHED.items()}
-    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    save_rank_results(out_dir, rank, results)
     dist.destroy_process_group()
 
 
@@ -128,7 +127,7 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
 def two_rank_results(zoo, tmp_path_factory):
     out_dir = str(tmp_path_factory.mktemp("fsdp"))
     run_two_ranks(_rank_main, {name: str(zoo(name)) for name in FAMILIES}, out_dir, timeout=300)
-    return [torch.load(os.path.join(out_dir, f"rank{rank}.pt"), weights_only=False) for rank in range(2)]
+    return rank_results(out_dir)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -155,7 +154,7 @@ def _cfg_rank_main(rank: int, port: int, path: str, out_dir: str) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
-    torch.save(run_checks("qwen-image", path, StageDeployConfig(**CFG_FSDP)), os.path.join(out_dir, f"rank{rank}.pt"))
+    save_rank_results(out_dir, rank, run_checks("qwen-image", path, StageDeployConfig(**CFG_FSDP)))
     dist.destroy_process_group()
 
 
@@ -164,8 +163,7 @@ def test_with_cfg_parallel_each_branch_runs_on_its_own_pair_of_shard_holders(zoo
     within each branch's pair of ranks."""
     run_ranks(4, _cfg_rank_main, str(zoo("qwen-image")), str(tmp_path), timeout=300)
     one = run_checks("qwen-image", str(zoo("qwen-image")), None)
-    for rank in range(4):
-        four = torch.load(tmp_path / f"rank{rank}.pt", weights_only=False)
+    for four in rank_results(tmp_path, 4):
         assert sorted(four["accelerations"]) == ["cfg_parallel", "fsdp"]
         assert four["rows"] * 2 == one["rows"]  # its branch only: half the rows of one rank running both
         assert four["at_rest"] <= 0.55 * one["at_rest"] and four["whole_blocks"] == {1}

@@ -21,7 +21,7 @@ from omnistage.diffusion.registry import pipeline_class
 from omnistage.testing import call_kwargs as zoo_call_kwargs
 from omnistage.testing.diffusion_models import default_input_image
 
-from two_ranks import run_ranks, run_two_ranks
+from two_ranks import rank_results, run_ranks, run_two_ranks, save_rank_results
 from parity import request_for
 
 FAMILIES = {  # zoo name -> diffusers class name
@@ -185,7 +185,7 @@ def _hybrid_rank_main(rank: int, port: int, path: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
     name, overrides = HYBRID_CASE
-    torch.save(run_checks(name, path, StageDeployConfig(**HYBRID), **overrides), os.path.join(out_dir, f"{rank}.pt"))
+    save_rank_results(out_dir, rank, run_checks(name, path, StageDeployConfig(**HYBRID), **overrides))
     dist.destroy_process_group()
 
 
@@ -194,8 +194,7 @@ def test_ulysses_by_ring_hybrid_on_four_ranks_equals_one_rank(one_thread, zoo, t
     run_ranks(4, _hybrid_rank_main, str(zoo(name)), str(tmp_path), timeout=300)
     one_rank = run_checks(name, str(zoo(name)), None, **overrides)
     assert any(n % 4 for n in one_rank["counts"])  # padded
-    for rank in range(4):
-        four = torch.load(tmp_path / f"{rank}.pt", weights_only=False)
+    for four in rank_results(tmp_path, 4):
         assert four["counts"] == one_rank["counts"]
         assert four["lengths"] == [n // 4 for n in one_rank["lengths"]]  # a quarter of the image tokens each
         assert np.abs(four["alone"] - one_rank["alone"]).max() <= TOLERANCE

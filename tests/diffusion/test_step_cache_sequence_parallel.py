@@ -17,7 +17,6 @@ branch: their counts add up to one rank's.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +30,7 @@ from omnistage.diffusion.registry import pipeline_class
 from omnistage.testing import call_kwargs as zoo_call_kwargs
 
 from parity import request_for
-from two_ranks import run_ranks, run_two_ranks
+from two_ranks import rank_results, run_ranks, run_two_ranks, save_rank_results
 
 STEPS = 8
 TOLERANCE = 1 / 255
@@ -137,7 +136,7 @@ def _rank_main(rank: int, port: int, name: str, path: str, out_dir: str, plan: l
                 arr, metrics, measures = run(pipeline, calls[label])
                 results[degree, backend, label] = (arr if rank == 0 else None, metrics, measures)
     finally:
-        torch.save(results, os.path.join(out_dir, f"results-{rank}.pt"))
+        save_rank_results(out_dir, rank, results)
         dist.destroy_process_group()
 
 
@@ -171,7 +170,7 @@ def check_against_one_rank(name: str, path: str, plan: list, calls: dict, ranks:
 def test_every_step_cache_on_shards_of_the_sequence_decides_as_one_rank(one_thread, zoo, tmp_path, name):
     path, plan, calls = str(zoo(name)), runs(name), requests(name)
     run_two_ranks(_rank_main, name, path, str(tmp_path), plan, calls, 2, timeout=300)
-    ranks = [torch.load(tmp_path / f"results-{rank}.pt", weights_only=False) for rank in range(2)]
+    ranks = rank_results(tmp_path)
     check_against_one_rank(name, path, plan, calls, ranks)
 
 
@@ -187,7 +186,7 @@ def test_a_step_cache_under_ulysses_by_ring_on_four_ranks_decides_as_one_rank(on
     path, plan = str(zoo(name)), [("ulysses x ring", backend, ["padded"])]
     calls = {"padded": {**requests(name)["zoo"], **changes}}
     run_ranks(4, _rank_main, name, path, str(tmp_path), plan, calls, 4, timeout=300)
-    ranks = [torch.load(tmp_path / f"results-{rank}.pt", weights_only=False) for rank in range(4)]
+    ranks = rank_results(tmp_path, 4)
     check_against_one_rank(name, path, plan, calls, ranks)
 
 
@@ -202,5 +201,5 @@ def test_tea_cache_with_per_token_timesteps_under_ulysses_decides_as_one_rank(on
     index.write_text(json.dumps({**json.loads(index.read_text()), "expand_timesteps": True}))
     plan, calls = [("ulysses", "tea_cache", ["zoo"])], {"zoo": requests(name)["zoo"]}
     run_two_ranks(_rank_main, name, str(path), str(out), plan, calls, 2, timeout=300)
-    ranks = [torch.load(out / f"results-{rank}.pt", weights_only=False) for rank in range(2)]
+    ranks = rank_results(out)
     check_against_one_rank(name, str(path), plan, calls, ranks)

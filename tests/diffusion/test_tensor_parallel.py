@@ -12,7 +12,6 @@ does not combine with yet, are refused by name."""
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -27,7 +26,7 @@ from omnistage.diffusion.registry import pipeline_class
 from omnistage.testing import call_kwargs as zoo_call_kwargs
 from omnistage.testing.diffusion_models import default_input_image
 
-from two_ranks import run_ranks, run_two_ranks
+from two_ranks import rank_results, run_ranks, run_two_ranks, save_rank_results
 from parity import request_for
 
 FAMILIES = {  # zoo name -> diffusers class name, the second prompt of a batch of two
@@ -126,7 +125,7 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     results = {name: run_checks(name, path, StageDeployConfig(**TP_2)) for name, path in paths.items()}
     results["sd3.5"] = sd35_transformer_output(sharded=True)
-    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    save_rank_results(out_dir, rank, results)
     dist.destroy_process_group()
 
 
@@ -134,7 +133,7 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
 def two_rank_results(zoo, tmp_path_factory):
     out_dir = str(tmp_path_factory.mktemp("tensor_parallel"))
     run_two_ranks(_rank_main, {name: str(zoo(name)) for name in FAMILIES}, out_dir, timeout=300)
-    return [torch.load(os.path.join(out_dir, f"rank{rank}.pt"), weights_only=False) for rank in range(2)]
+    return rank_results(out_dir)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -168,13 +167,13 @@ def _cfg_rank_main(rank: int, port: int, path: str, out_dir: str) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=4)
-    torch.save(run_checks("wan-t2v", path, StageDeployConfig(**CFG_TP)), os.path.join(out_dir, f"rank{rank}.pt"))
+    save_rank_results(out_dir, rank, run_checks("wan-t2v", path, StageDeployConfig(**CFG_TP)))
     dist.destroy_process_group()
 
 
 def test_with_cfg_parallel_each_pair_of_shards_runs_one_branch(one_thread, zoo, tmp_path):
     run_ranks(4, _cfg_rank_main, str(zoo("wan-t2v")), str(tmp_path), timeout=300)
-    ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=False) for rank in range(4)]
+    ranks = rank_results(tmp_path, 4)
     one = run_checks("wan-t2v", str(zoo("wan-t2v")), None)
     for rank in ranks:
         assert sorted(rank["accelerations"]) == ["cfg_parallel", "tensor_parallel"]

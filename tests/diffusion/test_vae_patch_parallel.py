@@ -4,7 +4,6 @@ each kind of VAE (AutoencoderKL: Z-Image; causal per-frame: Qwen-Image, Wan vide
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ from omnistage.diffusion.accel.vae_patch_parallel import TileSharing
 from omnistage.diffusion.registry import pipeline_class
 
 from test_vae_tiling import request, small_tiles
-from two_ranks import run_two_ranks
+from two_ranks import rank_results, run_two_ranks, save_rank_results
 
 FAMILIES = {"z-image": "ZImagePipeline", "qwen-image": "QwenImagePipeline", "wan-t2v": "WanPipeline"}
 # CFG parallel keeps both ranks' latents identical; the VAE tiles are shared between them.
@@ -45,7 +44,7 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
         pipeline.vae_decode = lambda z: pipeline.vae.decode(z, return_dict=False)[0]
         (alone,) = pipeline.decode_arrays(states)
         results[name] = {"shared": shared, "alone": alone, "calls": num_calls, "decoded": len(decoded) - num_calls}
-    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    save_rank_results(out_dir, rank, results)
     dist.destroy_process_group()
 
 
@@ -54,18 +53,18 @@ def results(zoo, tmp_path_factory):
     paths = {name: str(zoo(name)) for name in FAMILIES}
     out_dir = str(tmp_path_factory.mktemp("vae_patch_parallel"))
     run_two_ranks(_rank_main, paths, out_dir, timeout=300)
-    return [torch.load(os.path.join(out_dir, f"rank{rank}.pt"), weights_only=False) for rank in range(2)]
+    return rank_results(out_dir)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_tiles_shared_over_two_ranks_equal_one_rank_tiled_decode(results, name):
-    for rank_results in results:
-        r = rank_results[name]
+    for per_rank in results:
+        r = per_rank[name]
         assert np.abs(r["shared"] - r["alone"]).max() <= 1e-6
     calls = results[0][name]["calls"]
     assert calls >= 4  # several tiles (x frames) went through the decoder
     # Each rank decoded its share: together every tile once, neither all of them.
-    decoded = [rank_results[name]["decoded"] for rank_results in results]
+    decoded = [per_rank[name]["decoded"] for per_rank in results]
     assert sum(decoded) == calls and 0 < decoded[0] < calls
 
 

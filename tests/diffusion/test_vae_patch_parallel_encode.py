@@ -6,7 +6,6 @@ causal per-frame: Qwen-Image-Edit, Wan and SANA-Video image-to-video)."""
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ from omnistage.testing.diffusion_models import default_input_image
 
 from parity import request_for
 from test_vae_tiling import SIDE, WITH_IMAGE, request, small_tiles
-from two_ranks import run_two_ranks
+from two_ranks import rank_results, run_two_ranks, save_rank_results
 
 SHARED = dict(executor="mp", num_devices=2, vae_patch_parallel_size=2)
 FAMILIES = {  # zoo name -> (diffusers class name, the degree that keeps both ranks' states identical)
@@ -67,7 +66,7 @@ def _rank_main(rank: int, port: int, paths: dict[str, str], out_dir: str) -> Non
         pipeline.vae_encode = lambda pixels: pipeline.vae.encode(pixels)
         (alone,) = pipeline.decode_arrays(pipeline.denoise([edit_request(name)]))
         results[name] = {"shared": shared, "alone": alone, "calls": num_calls, "encoded": num_encoded}
-    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    save_rank_results(out_dir, rank, results)
     dist.destroy_process_group()
 
 
@@ -76,16 +75,16 @@ def results(zoo, tmp_path_factory):
     paths = {name: str(zoo(name)) for name in FAMILIES}
     out_dir = str(tmp_path_factory.mktemp("vae_patch_parallel_encode"))
     run_two_ranks(_rank_main, paths, out_dir, timeout=300)
-    return [torch.load(os.path.join(out_dir, f"rank{rank}.pt"), weights_only=False) for rank in range(2)]
+    return rank_results(out_dir)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_input_image_tiles_shared_over_two_ranks_equal_one_rank_tiled_encode(results, name):
-    for rank_results in results:
-        r = rank_results[name]
+    for per_rank in results:
+        r = per_rank[name]
         assert np.abs(r["shared"] - r["alone"]).max() <= 1e-6
     calls = results[0][name]["calls"]
     assert calls >= 4  # several tiles (x frame chunks) went through the encoder
     # Each rank encoded its share: together every tile once, neither all of them.
-    encoded = [rank_results[name]["encoded"] for rank_results in results]
+    encoded = [per_rank[name]["encoded"] for per_rank in results]
     assert sum(encoded) == calls and 0 < encoded[0] < calls

@@ -15,11 +15,13 @@ compose (cfg x tensor)."""
 from __future__ import annotations
 
 import atexit
+import os
 import socket
 import time
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 from omnistage.runtime import process
@@ -135,3 +137,17 @@ def run_ranks(num_ranks: int, rank_main: Callable[..., None], *args: Any, timeou
             proc.kill()
         _close_pool(num_ranks)
         raise AssertionError("\n".join(problems))
+
+
+def save_rank_results(out_dir: str | os.PathLike, rank: int, results: Any) -> None:
+    """What rank `rank` hands the test (any picklable object), in `out_dir`."""
+    import torch
+
+    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+
+
+def rank_results(out_dir: str | os.PathLike, num_ranks: int = 2) -> list:
+    """What each of `num_ranks` ranks saved with `save_rank_results`, by rank."""
+    import torch
+
+    return [torch.load(Path(out_dir) / f"rank{rank}.pt", weights_only=False) for rank in range(num_ranks)]
