@@ -17,7 +17,7 @@ from omnistage.config.deploy_fields import StageDeployConfig
 from omnistage.diffusion.engine import DiffusionEngine
 from omnistage.diffusion.executor import WorkerDiedError
 
-from test_engine_z_image import PROMPTS, assert_same_image, pixels, req, run
+from test_engine_z_image import PROMPTS, assert_same_image, images_alone, pixels, req, run
 
 
 @pytest.fixture(scope="module")
@@ -26,11 +26,8 @@ def path(zoo):
 
 
 def test_step_mode_under_ulysses_matches_one_rank_and_a_killed_worker_fails_fast(path):
-    alone = {}
     engine = DiffusionEngine(path, config=StageDeployConfig(max_num_seqs=2))
-    for i in range(2):
-        engine.add_request(req(f"r{i}", PROMPTS[i], seed=i))
-        alone[i] = pixels(run(engine)[f"r{i}"][-1])
+    alone = images_alone(engine, PROMPTS[:2])
     engine.close()
 
     children_before = child_pids()

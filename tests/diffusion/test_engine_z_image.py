@@ -61,11 +61,17 @@ def alone(path):
                       model="ZImagePipeline")
     engine = DiffusionEngine(path, stage)
     assert engine.pipeline_cls is ZImage
+    images = images_alone(engine, PROMPTS)
+    engine.close()
+    return images
+
+
+def images_alone(engine: DiffusionEngine, prompts: list[str]) -> dict[int, np.ndarray]:
+    """Each prompt's image (its seed is its index), run alone on `engine`."""
     images = {}
-    for i, prompt in enumerate(PROMPTS):
+    for i, prompt in enumerate(prompts):
         engine.add_request(req(f"r{i}", prompt, seed=i))
         images[i] = pixels(run(engine)[f"r{i}"][-1])
-    engine.close()
     return images
 
 

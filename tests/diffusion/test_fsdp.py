@@ -212,14 +212,11 @@ def test_engine_with_fsdp_in_step_mode_returns_the_images_of_one_rank(zoo):
     that a second request joins while the first runs."""
     from omnistage.diffusion.engine import DiffusionEngine
 
-    from test_engine_z_image import PROMPTS, assert_same_image, pixels, req, run
+    from test_engine_z_image import PROMPTS, assert_same_image, images_alone, pixels, req, run
 
     path = zoo("z-image")
-    alone = {}
     engine = DiffusionEngine(path, config=StageDeployConfig(max_num_seqs=2))
-    for i in range(2):
-        engine.add_request(req(f"r{i}", PROMPTS[i], seed=i))
-        alone[i] = pixels(run(engine)[f"r{i}"][-1])
+    alone = images_alone(engine, PROMPTS[:2])
     engine.close()
     engine = DiffusionEngine(path, config=StageDeployConfig(**FSDP_2, step_execution=True, max_num_seqs=2))
     try:
